@@ -1,0 +1,1 @@
+//! RBAC authorization.

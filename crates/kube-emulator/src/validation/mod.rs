@@ -1,0 +1,1 @@
+//! Structural schema validation, defaulting, pruning and CEL rules for custom resources.

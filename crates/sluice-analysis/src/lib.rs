@@ -1,0 +1,2 @@
+//! Gate analysis engine.
+#![forbid(unsafe_code)]

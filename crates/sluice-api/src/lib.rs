@@ -1,0 +1,2 @@
+//! The sluice.dev API.
+#![forbid(unsafe_code)]

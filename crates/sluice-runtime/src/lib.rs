@@ -1,0 +1,2 @@
+//! What every sluice operator binary shares.
+#![forbid(unsafe_code)]

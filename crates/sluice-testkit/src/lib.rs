@@ -1,0 +1,8 @@
+//! Test-only fixtures for sluice: real services on loopback (Prometheus, the OCI registry, git) and, later,
+//! the simulated world. Never a dependency of an operator binary.
+#![forbid(unsafe_code)]
+
+pub mod git;
+pub mod prometheus;
+pub mod registry;
+pub mod remote_write;

@@ -1,0 +1,1 @@
+//! remote_write fixture.

@@ -1,0 +1,2 @@
+//! The revert operator.
+#![forbid(unsafe_code)]

@@ -1,0 +1,3 @@
+//! Binary entry point of sluice-revert.
+#![forbid(unsafe_code)]
+fn main() {}

@@ -1,0 +1,2 @@
+//! The rollout-weights operator.
+#![forbid(unsafe_code)]

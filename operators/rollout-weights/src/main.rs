@@ -1,0 +1,3 @@
+//! Binary entry point of sluice-rollout-weights.
+#![forbid(unsafe_code)]
+fn main() {}

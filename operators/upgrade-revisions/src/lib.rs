@@ -1,0 +1,2 @@
+//! The upgrade-revisions operator.
+#![forbid(unsafe_code)]

@@ -1,0 +1,3 @@
+//! Binary entry point of sluice-upgrade-revisions.
+#![forbid(unsafe_code)]
+fn main() {}

@@ -1,0 +1,2 @@
+//! The wave-gate operator.
+#![forbid(unsafe_code)]

@@ -1,0 +1,3 @@
+//! Binary entry point of sluice-wave-gate.
+#![forbid(unsafe_code)]
+fn main() {}
