@@ -1,0 +1,315 @@
+{{/*
+Shared naming, labels and the per-operator building blocks (Deployment, ServiceAccount,
+metrics Service, leader-election Role). Each operator's own file decides its RBAC rules; nothing
+here grants a permission beyond the operator's own Lease.
+*/}}
+
+{{- define "sluice.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "sluice.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Name of one operator's objects: <fullname>-<component>. Args: (dict "root" $ "component" "revert") */}}
+{{- define "sluice.componentName" -}}
+{{- printf "%s-%s" (include "sluice.fullname" .root) .component | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object. Args: (dict "root" $ "component" "revert"), component optional. */}}
+{{- define "sluice.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "sluice.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: sluice
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Labels that select one operator's pods. Args as sluice.labels. */}}
+{{- define "sluice.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sluice.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+{{- if .component }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+{{- end }}
+
+{{- define "sluice.image" -}}
+{{- $img := .Values.image }}
+{{- if $img.digest }}
+{{- printf "%s@%s" $img.repository $img.digest }}
+{{- else }}
+{{- printf "%s:%s" $img.repository (default .Chart.AppVersion $img.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The Lease each operator holds for leader election, in the release namespace. */}}
+{{- define "sluice.leaseName" -}}
+{{- include "sluice.componentName" . }}
+{{- end }}
+
+{{/*
+ServiceAccount of one operator.
+Args: (dict "root" $ "component" "revert")
+*/}}
+{{- define "sluice.serviceAccount" -}}
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: {{ include "sluice.componentName" . }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "sluice.labels" . | nindent 4 }}
+automountServiceAccountToken: true
+{{- end }}
+
+{{/*
+Leader election: create any Lease in the release namespace (create cannot be limited by name),
+but read and renew only the operator's own.
+Args: (dict "root" $ "component" "revert")
+*/}}
+{{- define "sluice.leaseRbac" -}}
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: {{ include "sluice.componentName" . }}-leader-election
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "sluice.labels" . | nindent 4 }}
+rules:
+  - apiGroups: ["coordination.k8s.io"]
+    resources: ["leases"]
+    verbs: ["create"]
+  - apiGroups: ["coordination.k8s.io"]
+    resources: ["leases"]
+    resourceNames: [{{ include "sluice.leaseName" . | quote }}]
+    verbs: ["get", "update", "patch"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: {{ include "sluice.componentName" . }}-leader-election
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "sluice.labels" . | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: {{ include "sluice.componentName" . }}-leader-election
+subjects:
+  - kind: ServiceAccount
+    name: {{ include "sluice.componentName" . }}
+    namespace: {{ .root.Release.Namespace }}
+{{- end }}
+
+{{/*
+A binding of one operator's ServiceAccount to a Role or ClusterRole.
+Args: (dict "root" $ "component" "revert" "kind" "RoleBinding"|"ClusterRoleBinding"
+            "roleKind" "Role"|"ClusterRole" "name" "<role and binding name>" "namespace" "<ns, RoleBinding only>")
+*/}}
+{{- define "sluice.binding" -}}
+apiVersion: rbac.authorization.k8s.io/v1
+kind: {{ .kind }}
+metadata:
+  name: {{ .name }}
+  {{- if eq .kind "RoleBinding" }}
+  namespace: {{ .namespace }}
+  {{- end }}
+  labels:
+    {{- include "sluice.labels" . | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: {{ .roleKind }}
+  name: {{ .name }}
+subjects:
+  - kind: ServiceAccount
+    name: {{ include "sluice.componentName" . }}
+    namespace: {{ .root.Release.Namespace }}
+{{- end }}
+
+{{/*
+The metrics Service of one operator.
+Args: (dict "root" $ "component" "revert")
+*/}}
+{{- define "sluice.metricsService" -}}
+{{- if .root.Values.metrics.service.enabled }}
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ include "sluice.componentName" . }}-metrics
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "sluice.labels" . | nindent 4 }}
+spec:
+  type: ClusterIP
+  selector:
+    {{- include "sluice.selectorLabels" . | nindent 4 }}
+  ports:
+    - name: metrics
+      port: {{ .root.Values.metrics.port }}
+      targetPort: metrics
+      protocol: TCP
+{{- end }}
+{{- end }}
+
+{{/*
+The Deployment of one operator: `replicas` pods with leader election, hardened pod and container
+security, probes on the metrics port.
+Args: (dict "root" $ "component" "revert" "values" .Values.revert "args" (list "--namespace=argocd"))
+*/}}
+{{- define "sluice.deployment" -}}
+{{- $root := .root }}
+{{- $v := .values }}
+{{- $port := $root.Values.metrics.port }}
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ include "sluice.componentName" . }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "sluice.labels" . | nindent 4 }}
+spec:
+  replicas: {{ $v.replicas }}
+  revisionHistoryLimit: 3
+  selector:
+    matchLabels:
+      {{- include "sluice.selectorLabels" . | nindent 6 }}
+  strategy:
+    type: RollingUpdate
+    rollingUpdate:
+      maxSurge: 1
+      maxUnavailable: 0
+  template:
+    metadata:
+      labels:
+        {{- include "sluice.labels" . | nindent 8 }}
+        {{- with $v.podLabels }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- with $v.podAnnotations }}
+      annotations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+    spec:
+      serviceAccountName: {{ include "sluice.componentName" . }}
+      automountServiceAccountToken: true
+      enableServiceLinks: false
+      terminationGracePeriodSeconds: 30
+      {{- with $root.Values.imagePullSecrets }}
+      imagePullSecrets:
+        {{- range . }}
+        - name: {{ . }}
+        {{- end }}
+      {{- end }}
+      {{- with $v.priorityClassName }}
+      priorityClassName: {{ . }}
+      {{- end }}
+      securityContext:
+        runAsNonRoot: true
+        runAsUser: 65532
+        runAsGroup: 65532
+        fsGroup: 65532
+        seccompProfile:
+          type: RuntimeDefault
+      containers:
+        - name: {{ .component }}
+          image: {{ include "sluice.image" $root | quote }}
+          imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+          command: ["/usr/local/bin/sluice-{{ .component }}"]
+          args:
+            - --lease-name={{ include "sluice.leaseName" . }}
+            - --lease-namespace={{ $root.Release.Namespace }}
+            - --lease-duration-seconds={{ $root.Values.leaderElection.leaseDurationSeconds }}
+            - --lease-renew-seconds={{ $root.Values.leaderElection.renewSeconds }}
+            - --lease-retry-seconds={{ $root.Values.leaderElection.retrySeconds }}
+            - --metrics-addr=0.0.0.0:{{ $port }}
+            - --log-format={{ $root.Values.logFormat }}
+            - --log-level={{ $root.Values.logLevel }}
+            {{- range .args }}
+            - {{ . | quote }}
+            {{- end }}
+            {{- range $v.extraArgs }}
+            - {{ . | quote }}
+            {{- end }}
+          env:
+            - name: POD_NAME
+              valueFrom:
+                fieldRef:
+                  fieldPath: metadata.name
+            - name: POD_NAMESPACE
+              valueFrom:
+                fieldRef:
+                  fieldPath: metadata.namespace
+          ports:
+            - name: metrics
+              containerPort: {{ $port }}
+              protocol: TCP
+          livenessProbe:
+            httpGet:
+              path: /healthz
+              port: metrics
+            initialDelaySeconds: 5
+            periodSeconds: 10
+            timeoutSeconds: 2
+            failureThreshold: 3
+          readinessProbe:
+            httpGet:
+              path: /readyz
+              port: metrics
+            periodSeconds: 5
+            timeoutSeconds: 2
+            failureThreshold: 2
+          {{- with $v.resources }}
+          resources:
+            {{- toYaml . | nindent 12 }}
+          {{- end }}
+          securityContext:
+            allowPrivilegeEscalation: false
+            privileged: false
+            readOnlyRootFilesystem: true
+            runAsNonRoot: true
+            capabilities:
+              drop: ["ALL"]
+            seccompProfile:
+              type: RuntimeDefault
+          volumeMounts:
+            - name: tmp
+              mountPath: /tmp
+      volumes:
+        - name: tmp
+          emptyDir:
+            sizeLimit: 64Mi
+      {{- with $v.nodeSelector }}
+      nodeSelector:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $v.tolerations }}
+      tolerations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- if $v.affinity }}
+      affinity:
+        {{- toYaml $v.affinity | nindent 8 }}
+      {{- else }}
+      topologySpreadConstraints:
+        - maxSkew: 1
+          topologyKey: kubernetes.io/hostname
+          whenUnsatisfiable: ScheduleAnyway
+          labelSelector:
+            matchLabels:
+              {{- include "sluice.selectorLabels" . | nindent 14 }}
+      {{- end }}
+{{- end }}

@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# Checks the Helm chart charts/sluice offline (run by scripts/test.sh):
+#
+#   bash scripts/chart-check.sh                     # all checks
+#   bash scripts/chart-check.sh --write-rbac-table  # record a deliberate RBAC change
+#
+# 1. the chart's crds/ equals the generated crds/ at the repo root;
+# 2. `helm lint --strict`;
+# 3. `helm template` with default values and with every operator disabled but one, each render
+#    validated by `kubernetes-validate --strict` against the oldest Kubernetes the chart supports
+#    and the newest the validator knows, then checked by scripts/chart_assert.py (hardening,
+#    wiring, least-privilege RBAC; the default render against charts/sluice/ci/rbac-table.txt);
+# 4. values.schema.json and the chart's own checks reject bad values with a clear message.
+# Needs helm v4 and kubernetes-validate (bash scripts/install-tools.sh).
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+export PATH="$ROOT/.tools/bin:$PATH"
+CHART=charts/sluice
+RELEASE=t
+NAMESPACE=sluice-system
+ARGOCD_NAMESPACE=argocd
+RBAC_TABLE="$CHART/ci/rbac-table.txt"
+# The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest the validator knows.
+KUBE_VERSIONS=(1.33.0 1.37.0)
+OPERATORS=(rollout-weights wave-gate revert upgrade-revisions)
+declare -A VALUES_KEY=([rollout-weights]=rolloutWeights [wave-gate]=waveGate [revert]=revert [upgrade-revisions]=upgradeRevisions)
+
+PY="$ROOT/.tools/venv/bin/python"
+OUT="$(mktemp -d)"
+trap 'rm -rf "$OUT"' EXIT
+
+passed=0
+failed=0
+pass() { passed=$((passed + 1)); printf 'ok   %s\n' "$1"; }
+fail() { failed=$((failed + 1)); printf 'FAIL %s\n' "$1"; [ -z "${2:-}" ] || printf '%s\n' "$2" | sed 's/^/     /'; }
+
+# Runs a command as one check; its output is shown only when it fails.
+check() {
+  local name="$1"; shift
+  local log="$OUT/log"
+  if "$@" >"$log" 2>&1; then pass "$name"; else fail "$name" "$(cat "$log")"; fi
+}
+
+require_tools() {
+  local missing=()
+  command -v helm >/dev/null 2>&1 || missing+=(helm)
+  command -v kubernetes-validate >/dev/null 2>&1 || missing+=(kubernetes-validate)
+  [ -x "$PY" ] || missing+=("$PY")
+  if [ "${#missing[@]}" -gt 0 ]; then
+    echo "chart-check: missing ${missing[*]}: run 'bash scripts/install-tools.sh' first" >&2
+    exit 1
+  fi
+  case "$(helm version --short)" in
+    v4.*) ;;
+    *) echo "chart-check: helm $(helm version --short) found, v4 needed: run 'bash scripts/install-tools.sh'" >&2; exit 1 ;;
+  esac
+}
+
+render() { # render NAME [helm template flags...]
+  local name="$1"; shift
+  helm template "$RELEASE" "$CHART" --namespace "$NAMESPACE" --include-crds "$@" >"$OUT/$name.yaml"
+}
+
+validate() { # validate NAME
+  local v rc=0
+  for v in "${KUBE_VERSIONS[@]}"; do
+    kubernetes-validate --strict --quiet -k "$v" "$OUT/$1.yaml" || rc=1
+  done
+  return "$rc"
+}
+
+only_flags() { # only_flags OPERATOR -> --set flags disabling every other operator
+  local op
+  for op in "${OPERATORS[@]}"; do
+    [ "$op" = "$1" ] || printf -- '--set\n%s.enabled=false\n' "${VALUES_KEY[$op]}"
+  done
+}
+
+# expect_rejected NAME PATTERN [helm template flags...]: rendering must fail with PATTERN in the error.
+expect_rejected() {
+  local name="$1" pattern="$2"; shift 2
+  local err="$OUT/rejected.err"
+  if helm template "$RELEASE" "$CHART" --namespace "$NAMESPACE" "$@" >/dev/null 2>"$err"; then
+    fail "$name" "helm template $* succeeded; it must be rejected"
+  elif grep -qF -- "$pattern" "$err"; then
+    pass "$name"
+  else
+    fail "$name" "rejected, but the error lacks '$pattern':
+$(cat "$err")"
+  fi
+}
+
+crds_match() {
+  if [ ! -d crds ] && [ ! -d "$CHART/crds" ]; then
+    echo "neither crds/ nor $CHART/crds exists"; return 1
+  fi
+  diff -r crds "$CHART/crds"
+}
+
+main() {
+  require_tools
+  if [ "${1:-}" = "--write-rbac-table" ]; then
+    render default || exit 1
+    "$PY" scripts/chart_assert.py "$OUT/default.yaml" --enabled "$(IFS=,; echo "${OPERATORS[*]}")" \
+      --release-namespace "$NAMESPACE" --argocd-namespace "$ARGOCD_NAMESPACE" --rbac-table "$RBAC_TABLE" --write
+    exit $?
+  fi
+  echo "chart-check: $(helm version --short), kubernetes-validate $(kubernetes-validate --version), Kubernetes ${KUBE_VERSIONS[*]}"
+
+  check "chart crds/ equals generated crds/" crds_match
+  check "helm lint --strict" helm lint --strict "$CHART" --namespace "$NAMESPACE"
+
+  # Default values: every operator, compared against the RBAC table.
+  if render default 2>"$OUT/render.err"; then
+    pass "helm template (default values)"
+    check "kubernetes-validate --strict (default values)" validate default
+    check "manifests and RBAC table (default values)" "$PY" scripts/chart_assert.py "$OUT/default.yaml" \
+      --enabled "$(IFS=,; echo "${OPERATORS[*]}")" --release-namespace "$NAMESPACE" \
+      --argocd-namespace "$ARGOCD_NAMESPACE" --rbac-table "$RBAC_TABLE"
+  else
+    fail "helm template (default values)" "$(cat "$OUT/render.err")"
+  fi
+
+  # Every operator disabled but one.
+  local op flags
+  for op in "${OPERATORS[@]}"; do
+    mapfile -t flags < <(only_flags "$op")
+    if render "only-$op" "${flags[@]}" 2>"$OUT/render.err"; then
+      pass "helm template (only $op)"
+      check "kubernetes-validate --strict (only $op)" validate "only-$op"
+      check "manifests and RBAC (only $op)" "$PY" scripts/chart_assert.py "$OUT/only-$op.yaml" \
+        --enabled "$op" --release-namespace "$NAMESPACE" --argocd-namespace "$ARGOCD_NAMESPACE"
+      check "helm lint --strict (only $op)" helm lint --strict "$CHART" --namespace "$NAMESPACE" "${flags[@]}"
+    else
+      fail "helm template (only $op)" "$(cat "$OUT/render.err")"
+    fi
+  done
+
+  # Non-default values that change the shape of the render.
+  if render variant --set rolloutWeights.watchNamespace=team-a --set-json 'revert.publicKeySecrets=[]' \
+    --set metrics.service.enabled=false --set argocd.namespace=gitops --set image.digest="sha256:$(printf '%064d' 0)" \
+    --set-json 'upgradeRevisions.affinity={"nodeAffinity":{}}' 2>"$OUT/render.err"; then
+    pass "helm template (namespaced rollout-weights, no key Secrets, other Argo CD namespace)"
+    check "kubernetes-validate --strict (variant values)" validate variant
+    check "manifests and RBAC (variant values)" "$PY" scripts/chart_assert.py "$OUT/variant.yaml" \
+      --enabled "$(IFS=,; echo "${OPERATORS[*]}")" --release-namespace "$NAMESPACE" --argocd-namespace gitops
+  else
+    fail "helm template (variant values)" "$(cat "$OUT/render.err")"
+  fi
+
+  # Bad values are refused before anything renders.
+  expect_rejected "schema rejects rolloutWeights.replicas=-1" "at '/rolloutWeights/replicas': minimum" \
+    --set rolloutWeights.replicas=-1
+  expect_rejected "schema rejects an unknown key" "additional properties 'replica' not allowed" \
+    --set waveGate.replica=2
+  expect_rejected "schema rejects image.pullPolicy=Sometimes" "at '/image/pullPolicy'" \
+    --set image.pullPolicy=Sometimes
+  expect_rejected "schema rejects a privileged metrics port" "at '/metrics/port': minimum" \
+    --set metrics.port=80
+  expect_rejected "schema rejects a bad Secret name" "at '/revert/publicKeySecrets/0'" \
+    --set 'revert.publicKeySecrets[0]=Not_A_Name'
+  expect_rejected "chart rejects renewSeconds >= leaseDurationSeconds" \
+    "leaderElection.renewSeconds (15) must be less than leaderElection.leaseDurationSeconds (15)" \
+    --set leaderElection.renewSeconds=15
+
+  echo
+  printf 'chart: %d passed, %d failed\n' "$passed" "$failed"
+  [ "$failed" -eq 0 ]
+}
+
+main "$@"
