@@ -58,6 +58,11 @@ def check_deployment(dep: dict, docs: list[dict], f: Failures) -> None:
     psc = pod.get("securityContext", {})
     f.check(psc.get("runAsNonRoot") is True, f"{where}: pod securityContext.runAsNonRoot is not true")
     f.check(psc.get("seccompProfile", {}).get("type") == "RuntimeDefault", f"{where}: pod seccompProfile is not RuntimeDefault")
+    selector = spec["selector"]["matchLabels"]
+    f.check(
+        any(d["kind"] == "PodDisruptionBudget" and d["spec"]["selector"].get("matchLabels") == selector for d in docs),
+        f"{where}: no PodDisruptionBudget keeps its standby through node drains",
+    )
     sa = pod.get("serviceAccountName")
     f.check(
         any(d["kind"] == "ServiceAccount" and d["metadata"]["name"] == sa for d in docs),

@@ -313,3 +313,24 @@ spec:
               {{- include "sluice.selectorLabels" . | nindent 14 }}
       {{- end }}
 {{- end }}
+
+{{/*
+Keeps the standby alive through voluntary disruptions (node drains) when there is one.
+Args: (dict "root" $ "component" "revert" "values" .Values.revert)
+*/}}
+{{- define "sluice.podDisruptionBudget" -}}
+{{- if gt (int .values.replicas) 1 }}
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ include "sluice.componentName" . }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "sluice.labels" . | nindent 4 }}
+spec:
+  maxUnavailable: 1
+  selector:
+    matchLabels:
+      {{- include "sluice.selectorLabels" . | nindent 6 }}
+{{- end }}
+{{- end }}
