@@ -15,7 +15,7 @@
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
+cd "$ROOT" || exit 1
 export PATH="$ROOT/.tools/bin:$PATH"
 CHART=charts/sluice
 RELEASE=t

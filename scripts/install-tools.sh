@@ -20,7 +20,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-TOOLS_DIR="${SLUICE_TOOLS_DIR:-$ROOT/.tools}"
+TOOLS_DIR="$ROOT/.tools"
 BIN_DIR="$TOOLS_DIR/bin"
 VENV_DIR="$TOOLS_DIR/venv"
 
