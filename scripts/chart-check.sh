@@ -33,6 +33,7 @@ trap 'rm -rf "$OUT"' EXIT
 
 passed=0
 failed=0
+skipped=0
 pass() { passed=$((passed + 1)); printf 'ok   %s\n' "$1"; }
 fail() { failed=$((failed + 1)); printf 'FAIL %s\n' "$1"; [ -z "${2:-}" ] || printf '%s\n' "$2" | sed 's/^/     /'; }
 
@@ -93,10 +94,8 @@ $(cat "$err")"
 }
 
 crds_match() {
-  if [ ! -d crds ] && [ ! -d "$CHART/crds" ]; then
-    echo "neither crds/ nor $CHART/crds exists"; return 1
-  fi
-  diff -r crds "$CHART/crds"
+  [ -d "$CHART/crds" ] || { echo "$CHART/crds is missing: run crdgen (it writes crds/ and $CHART/crds/)"; return 1; }
+  diff -r crds "$CHART/crds" || { echo "run crdgen: $CHART/crds/ must equal crds/"; return 1; }
 }
 
 main() {
@@ -109,7 +108,12 @@ main() {
   fi
   echo "chart-check: $(helm version --short), kubernetes-validate $(kubernetes-validate --version), Kubernetes ${KUBE_VERSIONS[*]}"
 
-  check "chart crds/ equals generated crds/" crds_match
+  if compgen -G 'crds/*.yaml' >/dev/null; then
+    check "chart crds/ equals generated crds/" crds_match
+  else
+    skipped=$((skipped + 1))
+    echo "skip chart crds/ equals generated crds/: crds/ holds no generated CRD yet"
+  fi
   check "helm lint --strict" helm lint --strict "$CHART" --namespace "$NAMESPACE"
 
   # Default values: every operator, compared against the RBAC table.
@@ -166,7 +170,7 @@ main() {
     --set leaderElection.renewSeconds=15
 
   echo
-  printf 'chart: %d passed, %d failed\n' "$passed" "$failed"
+  printf 'chart: %d passed, %d failed, %d skipped\n' "$passed" "$failed" "$skipped"
   [ "$failed" -eq 0 ]
 }
 

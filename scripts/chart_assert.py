@@ -176,6 +176,26 @@ def check_rbac(docs: list[dict], enabled: list[str], release_ns: str, argocd_ns:
     return g
 
 
+def check_crd_names(docs: list[dict], g: dict[str, set[str]], f: Failures) -> None:
+    """Every sluice.dev resource a rule names is a rendered CRD's plural (or its subresource)."""
+    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition" and d["spec"]["group"] == "sluice.dev"]
+    if not crds:
+        return  # nothing generated yet; chart-check reports the missing CRDs
+    known = set()
+    for d in crds:
+        plural = d["spec"]["names"]["plural"]
+        known.add(plural)
+        for v in d["spec"].get("versions", []):
+            if "status" in v.get("subresources", {}):
+                known.add(f"{plural}/status")
+        known.add(f"{plural}/finalizers")
+    for who, lines in g.items():
+        for line in lines:
+            _, group, res, _, _ = line.split(" ")
+            if group == "sluice.dev":
+                f.check(res in known, f"{who}: rule names sluice.dev/{res}, which no rendered CRD defines (known: {sorted(known)})")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("rendered")
@@ -203,6 +223,7 @@ def main() -> int:
     for d in deployments.values():
         check_deployment(d, docs, f)
     g = check_rbac(docs, enabled, a.release_namespace, a.argocd_namespace, f)
+    check_crd_names(docs, g, f)
 
     if a.rbac_table:
         lines = sorted(f"{who} {line}" for who, items in g.items() for line in items)
