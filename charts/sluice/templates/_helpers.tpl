@@ -77,8 +77,8 @@ automountServiceAccountToken: true
 {{- end }}
 
 {{/*
-Leader election: create any Lease in the release namespace (create cannot be limited by name),
-but read and renew only the operator's own.
+Leader election (kube-lease-manager: get, create, patch): create any Lease in the release
+namespace (create cannot be limited by name), but read and renew only the operator's own.
 Args: (dict "root" $ "component" "revert")
 */}}
 {{- define "sluice.leaseRbac" -}}
@@ -96,7 +96,7 @@ rules:
   - apiGroups: ["coordination.k8s.io"]
     resources: ["leases"]
     resourceNames: [{{ include "sluice.leaseName" . | quote }}]
-    verbs: ["get", "update", "patch"]
+    verbs: ["get", "patch"]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding
