@@ -165,6 +165,8 @@ main() {
     --set metrics.port=80
   expect_rejected "schema rejects a bad Secret name" "at '/revert/publicKeySecrets/0'" \
     --set 'revert.publicKeySecrets[0]=Not_A_Name'
+  expect_rejected "chart refuses Kubernetes older than 1.33" "chart requires kubeVersion: >=1.33.0-0" \
+    --kube-version 1.32.0
   expect_rejected "chart rejects renewSeconds >= leaseDurationSeconds" \
     "leaderElection.renewSeconds (15) must be less than leaderElection.leaseDurationSeconds (15)" \
     --set leaderElection.renewSeconds=15
