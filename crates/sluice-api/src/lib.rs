@@ -1,2 +1,7 @@
-//! The sluice.dev API.
+//! The sluice.dev API: every CRD type, the pure validation of what CEL cannot express, and typed
+//! views of the external objects sluice reads and writes.
+//!
+//! Declares types and pure helpers only; never talks to a cluster.
 #![forbid(unsafe_code)]
+
+pub mod v1alpha1;
