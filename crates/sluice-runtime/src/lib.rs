@@ -1,2 +1,29 @@
-//! What every sluice operator binary shares.
+//! What every sluice operator binary shares: configuration, the Kubernetes client, tracing,
+//! leader election, the metrics and health server, Events, condition helpers, fenced writes,
+//! bounded error categories and the bootstrap that wires them together.
+//!
+//! This crate only wires I/O; it never decides anything about a sluice kind.
 #![forbid(unsafe_code)]
+
+pub mod client;
+pub mod conditions;
+pub mod config;
+pub mod error;
+pub mod events;
+pub mod leader;
+pub mod metrics;
+pub mod operator;
+pub mod server;
+pub mod telemetry;
+pub mod write;
+
+#[cfg(test)]
+mod testing;
+
+pub use config::RuntimeArgs;
+pub use error::{Categorized, Category};
+pub use operator::Runtime;
+pub use write::FieldManager;
+
+/// Re-exported so operators name the same kube-runtime types the runtime uses.
+pub use kube::runtime::controller::Action;

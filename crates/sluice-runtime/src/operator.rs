@@ -1,0 +1,475 @@
+//! Operator bootstrap: parse config, install tracing, build the client, serve metrics and
+//! health, run leader election, and run a kube-runtime `Controller` for one kind only while
+//! this replica leads; shut down gracefully on SIGTERM/SIGINT.
+//!
+//! Owns the order of startup and shutdown and the per-object retry back-off. Must never contain
+//! reconcile logic: operators pass their reconcile function in.
+
+use std::{
+    collections::HashMap,
+    fmt::Debug,
+    future::Future,
+    hash::Hash,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt;
+use kube::{
+    Api, Client, Resource,
+    runtime::{
+        Controller,
+        controller::{Action, Error as ControllerError},
+        watcher,
+    },
+};
+use prometheus_client::registry::Registry;
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    client::ClientError,
+    config::{ConfigError, RuntimeArgs},
+    error::{Categorized, Category},
+    events::EventRecorder,
+    leader::{self, Leadership},
+    metrics::Metrics,
+    server::{Health, Server, ServerError},
+    telemetry::TelemetryError,
+};
+
+/// Startup failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    /// A flag is wrong.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Logging could not be set up.
+    #[error(transparent)]
+    Telemetry(#[from] TelemetryError),
+    /// No Kubernetes client.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// The HTTP server could not bind.
+    #[error(transparent)]
+    Server(#[from] ServerError),
+}
+
+impl Categorized for BootError {
+    fn category(&self) -> Category {
+        Category::Config
+    }
+}
+
+/// Per-object exponential back-off for failed reconciles: `base × 2^(failures-1)`, capped.
+/// A success resets the object's count.
+#[derive(Debug)]
+pub struct Backoff {
+    base: Duration,
+    max: Duration,
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Backoff {
+    /// A back-off from `base` doubling up to `max`.
+    pub fn new(base: Duration, max: Duration) -> Self {
+        Self {
+            base,
+            max,
+            failures: Mutex::default(),
+        }
+    }
+
+    /// Pure delay after `failures` consecutive failures (≥ 1).
+    pub fn delay(&self, failures: u32) -> Duration {
+        let exp = failures.saturating_sub(1).min(20);
+        self.base.saturating_mul(1u32 << exp).min(self.max)
+    }
+
+    /// Records a failure of `key` and returns the delay before its retry.
+    pub fn fail(&self, key: &str) -> Duration {
+        let mut map = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let n = map.entry(key.to_owned()).or_insert(0);
+        *n = n.saturating_add(1);
+        self.delay(*n)
+    }
+
+    /// Forgets the failures of `key`.
+    pub fn succeed(&self, key: &str) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new(Duration::from_millis(500), Duration::from_secs(300))
+    }
+}
+
+/// The shared pieces a controller run needs besides the reconcile function.
+#[derive(Debug, Clone)]
+pub struct Hooks {
+    /// Metrics to record reconciles into.
+    pub metrics: Metrics,
+    /// Health flags to report cache sync on.
+    pub health: Health,
+    /// Per-object back-off for failures.
+    pub backoff: Arc<Backoff>,
+}
+
+impl Hooks {
+    /// Hooks with their own registry (tests).
+    pub fn standalone() -> (Self, Registry) {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        (
+            Self {
+                metrics,
+                health: Health::default(),
+                backoff: Arc::new(Backoff::default()),
+            },
+            registry,
+        )
+    }
+}
+
+fn object_key<K: Resource>(obj: &K) -> String {
+    let m = obj.meta();
+    format!(
+        "{}/{}",
+        m.namespace.as_deref().unwrap_or_default(),
+        m.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// Runs a controller for `api`'s kind whenever `leadership` holds, until `shutdown` is
+/// cancelled. Every reconcile is timed and counted; an error is counted by category, logged
+/// and retried with per-object back-off. Losing leadership stops the controller gracefully
+/// (reconciles in flight finish; their writes are fenced by resourceVersion); regaining it
+/// starts a fresh one with fresh caches.
+pub async fn drive<K, Ctx, F, Fut, E>(
+    api: Api<K>,
+    watcher_config: watcher::Config,
+    ctx: Arc<Ctx>,
+    reconcile: F,
+    mut leadership: Leadership,
+    shutdown: CancellationToken,
+    hooks: Hooks,
+) where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Debug + Unpin,
+    Ctx: Send + Sync + 'static,
+    F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, E>> + Send + 'static,
+    E: std::error::Error + Categorized + Send + Sync + 'static,
+{
+    let kind = K::kind(&()).into_owned();
+    let reconcile = Arc::new(reconcile);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            got = leadership.acquired() => if !got { break },
+        }
+        tracing::info!(%kind, "leading: starting controller");
+        hooks.metrics.set_leader(true);
+
+        let stop = CancellationToken::new();
+        let stopper = {
+            let stop = stop.clone();
+            let shutdown = shutdown.clone();
+            let mut leadership = leadership.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = shutdown.cancelled() => {},
+                    _ = leadership.lost() => tracing::warn!("lost leadership: stopping reconciles"),
+                }
+                stop.cancel();
+            })
+        };
+
+        let controller = Controller::new(api.clone(), watcher_config.clone())
+            .graceful_shutdown_on(stop.clone().cancelled_owned());
+        let store = controller.store();
+        let sync_task = {
+            let health = hooks.health.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    ready = store.wait_until_ready() => if ready.is_ok() { health.set_synced(true) },
+                    _ = stop.cancelled() => {},
+                }
+            })
+        };
+
+        let run_hooks = hooks.clone();
+        let run_reconcile = reconcile.clone();
+        let run_kind = kind.clone();
+        let wrapped = move |obj: Arc<K>, ctx: Arc<Ctx>| {
+            let hooks = run_hooks.clone();
+            let kind = run_kind.clone();
+            let key = object_key(obj.as_ref());
+            let fut = run_reconcile(obj, ctx);
+            async move {
+                let started = Instant::now();
+                let result = fut.await;
+                let category = result.as_ref().err().map(Categorized::category);
+                hooks.metrics.observe(&kind, started.elapsed(), category);
+                if result.is_ok() {
+                    hooks.backoff.succeed(&key);
+                }
+                result
+            }
+        };
+        let error_hooks = hooks.clone();
+        let error_policy = move |obj: Arc<K>, err: &E, _ctx: Arc<Ctx>| {
+            let key = object_key(obj.as_ref());
+            let delay = error_hooks.backoff.fail(&key);
+            let category = err.category();
+            tracing::warn!(
+                object = %key,
+                category = category.label(),
+                retry_in = ?delay,
+                error = %err,
+                "reconcile failed"
+            );
+            Action::requeue(delay)
+        };
+
+        controller
+            .run(wrapped, error_policy, ctx.clone())
+            .for_each(|res| async move {
+                match res {
+                    Ok((obj, _)) => tracing::debug!(object = %obj, "reconciled"),
+                    Err(ControllerError::ReconcilerFailed(..)) => {} // logged by the error policy
+                    Err(ControllerError::ObjectNotFound(obj)) => {
+                        tracing::debug!(object = %obj, "object gone before reconcile")
+                    }
+                    Err(err) => tracing::warn!(error = %err, "controller error"),
+                }
+            })
+            .await;
+
+        stop.cancel();
+        let _ = stopper.await;
+        let _ = sync_task.await;
+        hooks.health.set_synced(false);
+        hooks.metrics.set_leader(false);
+        tracing::info!(%kind, "controller stopped");
+        if shutdown.is_cancelled() {
+            break;
+        }
+    }
+}
+
+/// Everything an operator binary sets up before it reconciles.
+pub struct Runtime {
+    /// The operator's name (`sluice-<operator>`): Lease name default, Event reporter.
+    pub name: &'static str,
+    /// The parsed flags.
+    pub args: RuntimeArgs,
+    /// The Kubernetes client.
+    pub client: Client,
+    /// The operator's Event recorder.
+    pub recorder: EventRecorder,
+    /// Metrics registry; operators may register more metrics before [`Runtime::run`].
+    pub registry: Registry,
+    /// Shared metrics.
+    pub metrics: Metrics,
+    /// Health flags.
+    pub health: Health,
+}
+
+impl Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("name", &self.name)
+            .field("args", &self.args)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn termination_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {},
+                    _ = tokio::signal::ctrl_c() => {},
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+impl Runtime {
+    /// Installs tracing, validates the flags and builds the client.
+    pub async fn init(name: &'static str, args: RuntimeArgs) -> Result<Self, BootError> {
+        crate::telemetry::init(args.log_format, &args.log_level)?;
+        args.lease_settings(name)?;
+        let client = crate::client::client(&args).await?;
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        Ok(Self {
+            name,
+            recorder: EventRecorder::new(client.clone(), name),
+            args,
+            client,
+            registry,
+            metrics,
+            health: Health::default(),
+        })
+    }
+
+    /// Serves metrics and health, runs leader election, and reconciles `api`'s kind with
+    /// `reconcile` while leading, until SIGTERM/SIGINT. Shutdown order: stop reconciling, then
+    /// release the Lease, then stop the server.
+    pub async fn run<K, Ctx, F, Fut, E>(
+        self,
+        api: Api<K>,
+        ctx: Arc<Ctx>,
+        reconcile: F,
+    ) -> Result<(), BootError>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        Ctx: Send + Sync + 'static,
+        F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        E: std::error::Error + Categorized + Send + Sync + 'static,
+    {
+        let settings = self.args.lease_settings(self.name)?;
+        let server_stop = CancellationToken::new();
+        let server = Server::bind(
+            self.args.metrics_addr,
+            Arc::new(self.registry),
+            self.health.clone(),
+        )
+        .await?;
+        tracing::info!(operator = self.name, addr = ?server.local_addr(), "serving /metrics, /healthz, /readyz");
+        let server_task = server.spawn(server_stop.clone());
+
+        let lease_stop = CancellationToken::new();
+        let (leadership, lease_task) = if self.args.leader_election_disabled {
+            tracing::warn!("leader election disabled: run a single replica only");
+            (Leadership::always(), None)
+        } else {
+            let (l, t) = leader::spawn(self.client.clone(), settings, lease_stop.clone());
+            (l, Some(t))
+        };
+        let health_task = {
+            let health = self.health.clone();
+            let mut l = leadership.clone();
+            health.set_leader(l.is_leader());
+            let initial_known = lease_task.is_none();
+            tokio::spawn(async move {
+                if initial_known {
+                    health.set_leader(true);
+                }
+                while let Some(leader) = l.changed().await {
+                    health.set_leader(leader);
+                }
+            })
+        };
+        if lease_task.is_some() {
+            // Until the first Lease answer the replica is Starting, not Standby.
+            self.health.set_leader(false);
+        }
+
+        let shutdown = CancellationToken::new();
+        tokio::spawn({
+            let shutdown = shutdown.clone();
+            let health = self.health.clone();
+            async move {
+                termination_signal().await;
+                tracing::info!("termination signal received: shutting down");
+                health.set_shutting_down();
+                shutdown.cancel();
+            }
+        });
+
+        let hooks = Hooks {
+            metrics: self.metrics.clone(),
+            health: self.health.clone(),
+            backoff: Arc::new(Backoff::default()),
+        };
+        // The namespace scope is in `api` (see `namespaced_api`).
+        let watcher_config = watcher::Config::default().any_semantic();
+        drive(
+            api,
+            watcher_config,
+            ctx,
+            reconcile,
+            leadership,
+            shutdown.clone(),
+            hooks,
+        )
+        .await;
+
+        lease_stop.cancel();
+        if let Some(t) = lease_task {
+            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
+        health_task.abort();
+        server_stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), server_task).await;
+        tracing::info!(operator = self.name, "stopped");
+        Ok(())
+    }
+
+    /// An `Api` for a namespaced kind honouring `--namespace` (all namespaces when empty).
+    pub fn namespaced_api<K>(&self) -> Api<K>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+    {
+        match self.args.namespace_scope() {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_caps_and_resets() {
+        let b = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+        let table = [
+            (1, 100),
+            (2, 200),
+            (3, 400),
+            (4, 800),
+            (5, 1000),
+            (40, 1000),
+        ];
+        for (failures, want_ms) in table {
+            assert_eq!(
+                b.delay(failures),
+                Duration::from_millis(want_ms),
+                "failures {failures}"
+            );
+        }
+        assert_eq!(b.fail("ns/a"), Duration::from_millis(100));
+        assert_eq!(b.fail("ns/a"), Duration::from_millis(200));
+        assert_eq!(
+            b.fail("ns/b"),
+            Duration::from_millis(100),
+            "objects back off independently"
+        );
+        b.succeed("ns/a");
+        assert_eq!(b.fail("ns/a"), Duration::from_millis(100));
+    }
+}
