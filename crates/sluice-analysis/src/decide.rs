@@ -1,0 +1,757 @@
+//! The pure verdict logic: (resolved gate, observation, previous verdict, now) → next verdict,
+//! and (gate, verdict, now) → what the owner should do.
+//!
+//! Owns the rules every operator shares: an error, an empty result or a NaN is never a Pass;
+//! below the minimum sample count the verdict is Inconclusive; a breach becomes Fail only after
+//! `consecutiveFailures` breaches in a row; a gate Inconclusive for longer than its policy's
+//! `after` triggers the policy's action. Never performs I/O and never reads the clock.
+//!
+//! The share check's minimum follows from the target share `p` and the relative tolerance `t`:
+//! with `n` requests the observed share has binomial standard error `sqrt(p(1-p)/n)`; requiring
+//! it to be at most `t·p / z` (so the tolerance band is `z` standard errors wide, z = 1.96 for
+//! ≈95%) gives `n ≥ z²(1-p) / (p·t²)` — about 9,500 requests at 1% ±20%, 100 at 50% ±20%
+//! ([`sluice_api::v1alpha1::gate::share_min_samples`]). The effective minimum is the larger of
+//! that and the gate's `minSamples`.
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use sluice_api::v1alpha1::gate::share_min_samples;
+use sluice_api::v1alpha1::{
+    BaselineSource, GateVerdict, InconclusiveAction, ResolvedGate, Verdict, VerdictReason,
+};
+
+/// Longest message kept in a verdict (the CRD bounds it at 1024 characters).
+const MAX_MESSAGE: usize = 1024;
+
+/// What the engine saw for one gate instance.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Observation {
+    /// The query answered.
+    Measured {
+        /// The value (`None`: the query returned nothing for this object).
+        value: Option<f64>,
+        /// Samples behind the value (`None`: unknown).
+        samples: Option<f64>,
+        /// The baseline reading, for relative comparisons (`None`: none available).
+        baseline: Option<BaselineReading>,
+    },
+    /// The provider failed (reason `QueryError` or `Timeout`).
+    Failed {
+        /// `QueryError` or `Timeout`.
+        reason: VerdictReason,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// A baseline value and the samples behind it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BaselineReading {
+    /// The baseline value (`None`: no data).
+    pub value: Option<f64>,
+    /// Samples behind it.
+    pub samples: Option<f64>,
+}
+
+/// Inputs of [`decide`] that come from the owner rather than the gate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OwnerContext {
+    /// Target share (0..1) for share checks, e.g. a Rollout's desired weight ÷ 100.
+    pub share_target: Option<f64>,
+    /// Relative tolerance (0..1) used when the gate's share comparison sets none.
+    pub share_tolerance: f64,
+}
+
+/// What the owner should do with a gate's verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateAction {
+    /// The gate passed (or a sustained Inconclusive with policy Continue).
+    Proceed,
+    /// Not yet judgeable, keep waiting (Inconclusive, not yet sustained).
+    Wait,
+    /// Sustained Inconclusive with policy Pause: hold until a person acts or the gate passes.
+    Pause,
+    /// Fail, or sustained Inconclusive with policy Abort.
+    Abort,
+}
+
+fn time(now: Timestamp) -> Time {
+    Time(now)
+}
+
+fn truncate(mut message: String) -> String {
+    if message.len() > MAX_MESSAGE {
+        let mut cut = MAX_MESSAGE - 3;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+        message.push_str("...");
+    }
+    message
+}
+
+/// The judgement of one evaluation before the consecutive-failure rule.
+struct Judgement {
+    passed: Option<bool>,
+    reason: VerdictReason,
+    message: String,
+    value: Option<f64>,
+    baseline: Option<f64>,
+    threshold: Option<f64>,
+    samples: Option<u64>,
+    min_samples: Option<u64>,
+}
+
+fn inconclusive(reason: VerdictReason, message: String) -> Judgement {
+    Judgement {
+        passed: None,
+        reason,
+        message,
+        value: None,
+        baseline: None,
+        threshold: None,
+        samples: None,
+        min_samples: None,
+    }
+}
+
+fn judge(gate: &ResolvedGate, observation: &Observation, owner: OwnerContext) -> Judgement {
+    let (value, samples, baseline) = match observation {
+        Observation::Failed { reason, message } => return inconclusive(*reason, message.clone()),
+        Observation::Measured {
+            value,
+            samples,
+            baseline,
+        } => (*value, *samples, *baseline),
+    };
+    let Some(value) = value else {
+        return inconclusive(
+            VerdictReason::NoData,
+            "the query returned no series for this object".into(),
+        );
+    };
+    let share = gate.comparison.share.as_ref();
+    let tolerance = share
+        .and_then(|s| s.tolerance_percent)
+        .map_or(owner.share_tolerance, |p| f64::from(p) / 100.0);
+    let min_samples = match (share, owner.share_target) {
+        (Some(_), Some(target)) => gate.min_samples.max(share_min_samples(target, tolerance)),
+        _ => gate.min_samples,
+    };
+    let seen = samples
+        .filter(|s| s.is_finite())
+        .map(|s| s.max(0.0).round() as u64);
+    let mut j = inconclusive(VerdictReason::TooFewSamples, String::new());
+    j.value = Some(value).filter(|v| !v.is_nan());
+    j.samples = seen;
+    j.min_samples = Some(min_samples);
+    match seen {
+        None if min_samples > 0 => {
+            j.message = format!(
+                "the query reports no sample count and {min_samples} samples are required; a custom template reports \
+                 its count as a series labelled sluice_part=\"samples\", or set minSamples: 0"
+            );
+            return j;
+        }
+        Some(n) if n < min_samples => {
+            j.message = format!("{n} samples in the window, {min_samples} required");
+            return j;
+        }
+        _ => {}
+    }
+    if value.is_nan() {
+        j.reason = VerdictReason::NoData;
+        j.message = "the value is undefined (NaN: no traffic in the window)".into();
+        return j;
+    }
+    if let Some(abs) = &gate.comparison.absolute {
+        let passed = abs.op.passes(value, abs.value);
+        j.threshold = Some(abs.value);
+        j.passed = Some(passed);
+        j.reason = if passed {
+            VerdictReason::ThresholdMet
+        } else {
+            VerdictReason::ThresholdBreached
+        };
+        j.message = format!(
+            "value {value} {:?} {}: {}",
+            abs.op,
+            abs.value,
+            if passed { "held" } else { "breached" }
+        );
+        return j;
+    }
+    if let Some(rel) = &gate.comparison.relative {
+        let source = match rel.baseline {
+            BaselineSource::StableNow => "stable baseline",
+            BaselineSource::PreChangeWindow => "pre-change baseline",
+        };
+        let Some(base) = baseline else {
+            j.reason = VerdictReason::BaselineMissing;
+            j.message = format!("no {source} available (not bound or not captured)");
+            return j;
+        };
+        let Some(base_value) = base.value.filter(|v| !v.is_nan()) else {
+            j.reason = VerdictReason::BaselineMissing;
+            j.message = format!("the {source} query returned no data");
+            return j;
+        };
+        if let Some(base_samples) = base.samples
+            && base_samples.round() < gate.min_samples as f64
+        {
+            j.reason = VerdictReason::TooFewSamples;
+            j.message = format!(
+                "{source} has {base_samples} samples, {} required",
+                gate.min_samples
+            );
+            return j;
+        }
+        let threshold = rel.factor * base_value + rel.slack.unwrap_or(0.0);
+        let passed = rel.op.passes(value, threshold);
+        j.baseline = Some(base_value);
+        j.threshold = Some(threshold);
+        j.passed = Some(passed);
+        j.reason = if passed {
+            VerdictReason::ThresholdMet
+        } else {
+            VerdictReason::ThresholdBreached
+        };
+        j.message = format!(
+            "value {value} {:?} {threshold} ({} × {source} {base_value} + {}): {}",
+            rel.op,
+            rel.factor,
+            rel.slack.unwrap_or(0.0),
+            if passed { "held" } else { "breached" }
+        );
+        return j;
+    }
+    if share.is_some() {
+        let Some(target) = owner.share_target else {
+            j.reason = VerdictReason::QueryError;
+            j.message = "share check without a target share from the owner".into();
+            return j;
+        };
+        let passed = (value - target).abs() <= tolerance * target;
+        j.threshold = Some(target);
+        j.passed = Some(passed);
+        j.reason = if passed {
+            VerdictReason::WithinTolerance
+        } else {
+            VerdictReason::OutsideTolerance
+        };
+        j.message = format!(
+            "applied share {value:.4} vs target {target:.4} ±{:.0}%: {}",
+            tolerance * 100.0,
+            if passed { "within" } else { "outside" }
+        );
+        return j;
+    }
+    j.reason = VerdictReason::QueryError;
+    j.message = "the gate has no comparison".into();
+    j
+}
+
+/// The next verdict of a gate. `previous` is the verdict recorded in the owner's status (its
+/// `consecutiveFailures` and `inconclusiveSince` carry the state across restarts).
+pub fn decide(
+    gate: &ResolvedGate,
+    observation: &Observation,
+    previous: Option<&GateVerdict>,
+    owner: OwnerContext,
+    now: Timestamp,
+) -> GateVerdict {
+    let j = judge(gate, observation, owner);
+    let prev_failures = previous.map_or(0, |p| p.consecutive_failures);
+    let prev_since = previous.and_then(|p| p.inconclusive_since.clone());
+    let (verdict, failures, message) = match j.passed {
+        Some(true) => (Verdict::Pass, 0, j.message),
+        Some(false) => {
+            let failures = prev_failures.saturating_add(1);
+            if failures >= gate.consecutive_failures {
+                (Verdict::Fail, failures, j.message)
+            } else {
+                let message = format!(
+                    "{} (breach {failures} of {} before Fail)",
+                    j.message, gate.consecutive_failures
+                );
+                (Verdict::Inconclusive, failures, message)
+            }
+        }
+        // Not judgeable: the failure streak is neither extended nor reset.
+        None => (Verdict::Inconclusive, prev_failures, j.message),
+    };
+    let inconclusive_since = match verdict {
+        Verdict::Inconclusive => Some(prev_since.unwrap_or_else(|| time(now))),
+        _ => None,
+    };
+    GateVerdict {
+        gate: gate.name.clone(),
+        verdict,
+        reason: j.reason,
+        message: Some(truncate(message)),
+        value: j.value,
+        baseline: j.baseline,
+        threshold: j.threshold,
+        samples: j.samples,
+        min_samples: j.min_samples,
+        consecutive_failures: failures,
+        inconclusive_since,
+        evaluated_at: time(now),
+    }
+}
+
+/// What the owner should do: Pass → Proceed, Fail → Abort, Inconclusive → Wait until it has
+/// lasted the policy's `after`, then the policy's action (Pause, Abort, or Continue = Proceed).
+pub fn action(gate: &ResolvedGate, verdict: &GateVerdict, now: Timestamp) -> GateAction {
+    match verdict.verdict {
+        Verdict::Pass => GateAction::Proceed,
+        Verdict::Fail => GateAction::Abort,
+        Verdict::Inconclusive => {
+            let since = verdict.inconclusive_since.as_ref().map_or(now, |t| t.0);
+            let lasted = now.duration_since(since);
+            let after = jiff::SignedDuration::try_from(gate.inconclusive_after)
+                .unwrap_or(jiff::SignedDuration::MAX);
+            if lasted < after {
+                return GateAction::Wait;
+            }
+            match gate.inconclusive_action {
+                InconclusiveAction::Pause => GateAction::Pause,
+                InconclusiveAction::Abort => GateAction::Abort,
+                InconclusiveAction::Continue => GateAction::Proceed,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sluice_api::v1alpha1::{BuiltinGate, Comparison, ComparisonOp, Gate};
+
+    use super::*;
+
+    fn t(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    fn gate(comparison: Comparison) -> ResolvedGate {
+        let mut g = Gate::builtin("g", BuiltinGate::ErrorRatioVsStable)
+            .resolve(None)
+            .unwrap();
+        g.comparison = comparison;
+        g.min_samples = 100;
+        g.consecutive_failures = 2;
+        g
+    }
+
+    fn measured(
+        value: Option<f64>,
+        samples: Option<f64>,
+        baseline: Option<(Option<f64>, Option<f64>)>,
+    ) -> Observation {
+        Observation::Measured {
+            value,
+            samples,
+            baseline: baseline.map(|(value, samples)| BaselineReading { value, samples }),
+        }
+    }
+
+    const OWNER: OwnerContext = OwnerContext {
+        share_target: None,
+        share_tolerance: 0.2,
+    };
+
+    #[test]
+    fn decide_table() {
+        let abs = Comparison::absolute(ComparisonOp::LessOrEqual, 0.01);
+        let rel = Comparison::relative(BaselineSource::StableNow, 1.5);
+        let share = Comparison::share();
+        let share_owner = |target| OwnerContext {
+            share_target: Some(target),
+            share_tolerance: 0.2,
+        };
+        let failed = |reason| Observation::Failed {
+            reason,
+            message: "boom".into(),
+        };
+        #[rustfmt::skip]
+        type Case = (&'static str, Comparison, Observation, OwnerContext, u32, Verdict, VerdictReason, u32);
+        let cases: Vec<Case> = vec![
+            // name, comparison, observation, owner, previous failures, verdict, reason, next failures
+            (
+                "pass",
+                abs.clone(),
+                measured(Some(0.001), Some(500.0), None),
+                OWNER,
+                0,
+                Verdict::Pass,
+                VerdictReason::ThresholdMet,
+                0,
+            ),
+            (
+                "pass resets streak",
+                abs.clone(),
+                measured(Some(0.001), Some(500.0), None),
+                OWNER,
+                1,
+                Verdict::Pass,
+                VerdictReason::ThresholdMet,
+                0,
+            ),
+            (
+                "first breach waits",
+                abs.clone(),
+                measured(Some(0.2), Some(500.0), None),
+                OWNER,
+                0,
+                Verdict::Inconclusive,
+                VerdictReason::ThresholdBreached,
+                1,
+            ),
+            (
+                "second breach fails",
+                abs.clone(),
+                measured(Some(0.2), Some(500.0), None),
+                OWNER,
+                1,
+                Verdict::Fail,
+                VerdictReason::ThresholdBreached,
+                2,
+            ),
+            (
+                "no data",
+                abs.clone(),
+                measured(None, None, None),
+                OWNER,
+                1,
+                Verdict::Inconclusive,
+                VerdictReason::NoData,
+                1,
+            ),
+            (
+                "NaN is no data",
+                abs.clone(),
+                measured(Some(f64::NAN), Some(500.0), None),
+                OWNER,
+                0,
+                Verdict::Inconclusive,
+                VerdictReason::NoData,
+                0,
+            ),
+            (
+                "too few samples",
+                abs.clone(),
+                measured(Some(0.0), Some(99.0), None),
+                OWNER,
+                0,
+                Verdict::Inconclusive,
+                VerdictReason::TooFewSamples,
+                0,
+            ),
+            (
+                "unknown samples",
+                abs.clone(),
+                measured(Some(0.0), None, None),
+                OWNER,
+                0,
+                Verdict::Inconclusive,
+                VerdictReason::TooFewSamples,
+                0,
+            ),
+            (
+                "query error",
+                abs.clone(),
+                failed(VerdictReason::QueryError),
+                OWNER,
+                1,
+                Verdict::Inconclusive,
+                VerdictReason::QueryError,
+                1,
+            ),
+            (
+                "timeout",
+                abs.clone(),
+                failed(VerdictReason::Timeout),
+                OWNER,
+                0,
+                Verdict::Inconclusive,
+                VerdictReason::Timeout,
+                0,
+            ),
+            (
+                "relative pass",
+                rel.clone(),
+                measured(Some(0.014), Some(500.0), Some((Some(0.01), Some(500.0)))),
+                OWNER,
+                0,
+                Verdict::Pass,
+                VerdictReason::ThresholdMet,
+                0,
+            ),
+            (
+                "relative breach",
+                rel.clone(),
+                measured(Some(0.05), Some(500.0), Some((Some(0.01), Some(500.0)))),
+                OWNER,
+                1,
+                Verdict::Fail,
+                VerdictReason::ThresholdBreached,
+                2,
+            ),
+            (
+                "relative without baseline",
+                rel.clone(),
+                measured(Some(0.0), Some(500.0), None),
+                OWNER,
+                0,
+                Verdict::Inconclusive,
+                VerdictReason::BaselineMissing,
+                0,
+            ),
+            (
+                "relative baseline no data",
+                rel.clone(),
+                measured(Some(0.0), Some(500.0), Some((None, None))),
+                OWNER,
+                0,
+                Verdict::Inconclusive,
+                VerdictReason::BaselineMissing,
+                0,
+            ),
+            (
+                "relative baseline too few",
+                rel.clone(),
+                measured(Some(0.0), Some(500.0), Some((Some(0.0), Some(10.0)))),
+                OWNER,
+                0,
+                Verdict::Inconclusive,
+                VerdictReason::TooFewSamples,
+                0,
+            ),
+            (
+                "share within",
+                share.clone(),
+                measured(Some(0.27), Some(2000.0), None),
+                share_owner(0.25),
+                0,
+                Verdict::Pass,
+                VerdictReason::WithinTolerance,
+                0,
+            ),
+            (
+                "share outside",
+                share.clone(),
+                measured(Some(0.35), Some(2000.0), None),
+                share_owner(0.25),
+                1,
+                Verdict::Fail,
+                VerdictReason::OutsideTolerance,
+                2,
+            ),
+            // 1% at ±20% needs ~9,500 requests: 5,000 is too few even though minSamples is 100.
+            (
+                "share 1% needs more traffic",
+                share.clone(),
+                measured(Some(0.01), Some(5000.0), None),
+                share_owner(0.01),
+                0,
+                Verdict::Inconclusive,
+                VerdictReason::TooFewSamples,
+                0,
+            ),
+            (
+                "share 1% with enough",
+                share.clone(),
+                measured(Some(0.011), Some(10_000.0), None),
+                share_owner(0.01),
+                0,
+                Verdict::Pass,
+                VerdictReason::WithinTolerance,
+                0,
+            ),
+            (
+                "share without target",
+                share.clone(),
+                measured(Some(0.5), Some(2000.0), None),
+                OWNER,
+                0,
+                Verdict::Inconclusive,
+                VerdictReason::QueryError,
+                0,
+            ),
+        ];
+        for (name, comparison, observation, owner, prev_failures, want, reason, failures) in cases {
+            let g = gate(comparison);
+            let previous = GateVerdict {
+                gate: "g".into(),
+                verdict: Verdict::Inconclusive,
+                reason: VerdictReason::Pending,
+                message: None,
+                value: None,
+                baseline: None,
+                threshold: None,
+                samples: None,
+                min_samples: None,
+                consecutive_failures: prev_failures,
+                inconclusive_since: None,
+                evaluated_at: time(t(0)),
+            };
+            let v = decide(&g, &observation, Some(&previous), owner, t(30));
+            assert_eq!(
+                (v.verdict, v.reason, v.consecutive_failures),
+                (want, reason, failures),
+                "{name}: {:?}",
+                v.message
+            );
+            assert_ne!(
+                v.verdict == Verdict::Pass,
+                v.inconclusive_since.is_some() || v.verdict == Verdict::Fail,
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn empty_or_failed_observations_never_pass_whatever_the_comparison() {
+        let comparisons = [
+            Comparison::absolute(ComparisonOp::GreaterOrEqual, 0.0),
+            Comparison::absolute(ComparisonOp::LessOrEqual, f64::INFINITY),
+            Comparison::relative(BaselineSource::StableNow, 1e9),
+            Comparison::share(),
+        ];
+        let observations = [
+            measured(None, None, None),
+            measured(None, Some(1e9), Some((Some(1.0), Some(1e9)))),
+            measured(Some(f64::NAN), Some(1e9), Some((Some(1.0), Some(1e9)))),
+            Observation::Failed {
+                reason: VerdictReason::QueryError,
+                message: String::new(),
+            },
+            Observation::Failed {
+                reason: VerdictReason::Timeout,
+                message: String::new(),
+            },
+        ];
+        for c in &comparisons {
+            for o in &observations {
+                let mut g = gate(c.clone());
+                g.min_samples = 0;
+                let owner = OwnerContext {
+                    share_target: Some(0.5),
+                    share_tolerance: 1.0,
+                };
+                let v = decide(&g, o, None, owner, t(0));
+                assert_ne!(v.verdict, Verdict::Pass, "{c:?} {o:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn inconclusive_since_is_kept_across_evaluations_and_cleared_on_pass() {
+        let g = gate(Comparison::absolute(ComparisonOp::LessOrEqual, 0.01));
+        let first = decide(&g, &measured(None, None, None), None, OWNER, t(0));
+        assert_eq!(first.inconclusive_since, Some(time(t(0))));
+        let second = decide(
+            &g,
+            &measured(Some(0.5), Some(10.0), None),
+            Some(&first),
+            OWNER,
+            t(30),
+        );
+        assert_eq!(second.inconclusive_since, Some(time(t(0))));
+        let third = decide(
+            &g,
+            &measured(Some(0.0), Some(500.0), None),
+            Some(&second),
+            OWNER,
+            t(60),
+        );
+        assert_eq!(third.verdict, Verdict::Pass);
+        assert_eq!(third.inconclusive_since, None);
+    }
+
+    #[test]
+    fn action_table() {
+        let cases = [
+            (
+                Verdict::Pass,
+                InconclusiveAction::Pause,
+                0,
+                GateAction::Proceed,
+            ),
+            (
+                Verdict::Fail,
+                InconclusiveAction::Continue,
+                0,
+                GateAction::Abort,
+            ),
+            (
+                Verdict::Inconclusive,
+                InconclusiveAction::Pause,
+                299,
+                GateAction::Wait,
+            ),
+            (
+                Verdict::Inconclusive,
+                InconclusiveAction::Pause,
+                300,
+                GateAction::Pause,
+            ),
+            (
+                Verdict::Inconclusive,
+                InconclusiveAction::Abort,
+                300,
+                GateAction::Abort,
+            ),
+            (
+                Verdict::Inconclusive,
+                InconclusiveAction::Continue,
+                299,
+                GateAction::Wait,
+            ),
+            (
+                Verdict::Inconclusive,
+                InconclusiveAction::Continue,
+                300,
+                GateAction::Proceed,
+            ),
+        ];
+        for (verdict, policy, lasted, want) in cases {
+            let mut g = gate(Comparison::absolute(ComparisonOp::LessOrEqual, 0.01));
+            g.inconclusive_action = policy;
+            g.inconclusive_after = Duration::from_secs(300);
+            let v = GateVerdict {
+                gate: "g".into(),
+                verdict,
+                reason: VerdictReason::NoData,
+                message: None,
+                value: None,
+                baseline: None,
+                threshold: None,
+                samples: None,
+                min_samples: None,
+                consecutive_failures: 0,
+                inconclusive_since: (verdict == Verdict::Inconclusive).then(|| time(t(0))),
+                evaluated_at: time(t(lasted)),
+            };
+            assert_eq!(
+                action(&g, &v, t(lasted)),
+                want,
+                "{verdict:?} {policy:?} after {lasted}s"
+            );
+        }
+    }
+
+    #[test]
+    fn long_messages_are_bounded() {
+        let g = gate(Comparison::absolute(ComparisonOp::LessOrEqual, 0.01));
+        let o = Observation::Failed {
+            reason: VerdictReason::QueryError,
+            message: "é".repeat(2000),
+        };
+        let v = decide(&g, &o, None, OWNER, t(0));
+        assert!(v.message.unwrap().len() <= MAX_MESSAGE);
+    }
+}

@@ -1,0 +1,761 @@
+//! The tick: plans one grouped query per (template, window, shared variables) across every
+//! active gate instance, runs those queries, splits each answer back per object, and decides.
+//!
+//! Owns batching and policy. Queries per tick depend on the distinct templates and windows in
+//! use, never on how many objects use them: the objects' label values are unioned into one
+//! escaped `=~` matcher per key label and the answer, grouped `by` those labels, is split back
+//! by them. It refuses free-form PromQL on namespaced objects unless the platform enabled it
+//! (`EngineOptions::allow_inline_promql_in_namespaced`), because that query would run with the
+//! operator's view of every team's metrics. It never writes status: it returns verdicts.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use sluice_api::v1alpha1::gate::KNOWN_VARIABLES;
+use sluice_api::v1alpha1::{
+    BaselineSource, BuiltinGate, CapturedBaseline, GateQuery, GateVerdict, ResolvedGate,
+    VerdictReason,
+};
+
+use crate::builtin::{self, PART_LABEL, Parts, Reading, VALUE_PART};
+use crate::decide::{self, BaselineReading, Observation, OwnerContext};
+use crate::source::{MetricsSource, SeriesValue, SourceError};
+use crate::template::{Template, TemplateError};
+
+/// Variables of one binding (label values by variable name).
+pub type Vars = BTreeMap<String, String>;
+
+/// Platform settings of the engine.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineOptions {
+    /// Allow inline `promql` (not from a GateTemplate) on namespaced objects. Default false:
+    /// such a query would run with the operator's view of every team's metrics.
+    pub allow_inline_promql_in_namespaced: bool,
+    /// The label scoping a series to one cluster (Thanos external label). Default `cluster`.
+    pub cluster_label: String,
+    /// Relative tolerance of share checks whose gate sets none. Default 0.2 (±20%).
+    pub share_tolerance: f64,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            allow_inline_promql_in_namespaced: false,
+            cluster_label: "cluster".into(),
+            share_tolerance: 0.2,
+        }
+    }
+}
+
+/// A gate instance of one owner object, as the operator hands it to the engine each tick.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GateCheck {
+    /// The owner, for messages and logs (e.g. `Rollout shop/checkout`).
+    pub owner: String,
+    /// Whether the owner is a namespaced object (free-form PromQL policy).
+    pub owner_namespaced: bool,
+    /// The gate, resolved against its template.
+    pub gate: ResolvedGate,
+    /// Variables shared by every binding: cluster, namespace, canaryService, stableService, ...
+    pub vars: Vars,
+    /// Overrides per subject binding. Empty: one binding with `service = canaryService` and
+    /// `version = canaryVersion` when those are set.
+    pub subject: Vec<Vars>,
+    /// Overrides per baseline binding (relative to stable; the rest of the route for a share).
+    /// Empty: one binding with `service = stableService`, `version = stableVersion` when set.
+    pub baseline: Vec<Vars>,
+    /// Target share (0..1) for share checks.
+    pub share_target: Option<f64>,
+    /// Baseline captured before the change, for `PreChangeWindow` comparisons.
+    pub captured_baseline: Option<CapturedBaseline>,
+    /// The verdict in the owner's status from the previous evaluation.
+    pub previous: Option<GateVerdict>,
+}
+
+impl GateCheck {
+    /// A check with shared variables only (roles derived from them).
+    pub fn new(owner: impl Into<String>, gate: ResolvedGate, vars: Vars) -> Self {
+        Self {
+            owner: owner.into(),
+            owner_namespaced: true,
+            gate,
+            vars,
+            subject: Vec::new(),
+            baseline: Vec::new(),
+            share_target: None,
+            captured_baseline: None,
+            previous: None,
+        }
+    }
+}
+
+/// Why a check could not be planned: a configuration problem of the gate or its owner.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CheckError {
+    /// The template does not parse or a variable is missing.
+    #[error("gate {gate:?} of {owner}: {source}")]
+    Template {
+        /// The owner.
+        owner: String,
+        /// The gate.
+        gate: String,
+        /// The template problem.
+        source: TemplateError,
+    },
+    /// Inline PromQL on a namespaced object while the platform does not allow it.
+    #[error(
+        "gate {gate:?} of {owner} uses inline promql, which is disabled for namespaced objects; reference a \
+         GateTemplate (templateRef) or use a builtin gate"
+    )]
+    InlinePromqlRefused {
+        /// The owner.
+        owner: String,
+        /// The gate.
+        gate: String,
+    },
+}
+
+impl CheckError {
+    /// Bounded category, usable as a metric label or Event reason.
+    pub fn category(&self) -> &'static str {
+        match self {
+            CheckError::Template { source, .. } => source.category(),
+            CheckError::InlinePromqlRefused { .. } => "InlinePromqlRefused",
+        }
+    }
+}
+
+/// The result of one check in a tick.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckOutcome {
+    /// What the engine saw (absent when the check could not be planned).
+    pub observation: Option<Observation>,
+    /// The next verdict, or why the gate cannot be evaluated.
+    pub verdict: Result<GateVerdict, CheckError>,
+}
+
+/// What a tick did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TickReport {
+    /// One outcome per check, in input order.
+    pub outcomes: Vec<CheckOutcome>,
+    /// Queries sent (one per group), independent of the number of objects.
+    pub queries: usize,
+    /// Queries that failed.
+    pub failed_queries: usize,
+    /// Wall time of the tick.
+    pub elapsed: Duration,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct GroupKey {
+    source: String,
+    window: Duration,
+    constants: Vec<(String, String)>,
+}
+
+#[derive(Debug)]
+struct Group {
+    key: GroupKey,
+    template: Arc<Template>,
+    tuples: BTreeSet<Vec<String>>,
+}
+
+/// Where one binding's answer will be found: group index and key tuple.
+type Slot = (usize, Vec<String>);
+
+#[derive(Debug)]
+struct CheckPlan {
+    subject: Vec<Slot>,
+    baseline: Vec<Slot>,
+}
+
+/// The grouped queries of a tick and where each check finds its answers. Pure.
+#[derive(Debug)]
+pub struct Plan {
+    groups: Vec<Group>,
+    checks: Vec<Result<CheckPlan, CheckError>>,
+}
+
+impl Plan {
+    /// The rendered queries, one per group.
+    pub fn queries(&self) -> Result<Vec<String>, TemplateError> {
+        self.groups
+            .iter()
+            .map(|g| {
+                g.template.render(
+                    &g.tuples,
+                    &g.key.constants.iter().cloned().collect(),
+                    g.key.window,
+                )
+            })
+            .collect()
+    }
+}
+
+fn role_overrides(vars: &Vars, prefix: &str) -> Option<Vars> {
+    let mut out = Vars::new();
+    if let Some(s) = vars.get(&format!("{prefix}Service")) {
+        out.insert("service".into(), s.clone());
+    }
+    if let Some(v) = vars.get(&format!("{prefix}Version")) {
+        out.insert("version".into(), v.clone());
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+fn is_share(gate: &ResolvedGate) -> bool {
+    gate.comparison.share.is_some()
+}
+
+fn baseline_queried(gate: &ResolvedGate) -> bool {
+    matches!(gate.query, GateQuery::Builtin(BuiltinGate::AppliedShare))
+        || gate
+            .comparison
+            .relative
+            .as_ref()
+            .is_some_and(|r| r.baseline == BaselineSource::StableNow)
+}
+
+/// A valid Prometheus label name.
+pub fn is_label_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Plans a tick: groups every binding of every check by (template, window, shared variables).
+pub fn plan(checks: &[GateCheck], options: &EngineOptions, subject_only: bool) -> Plan {
+    let mut parsed: HashMap<(String, Vec<String>), Result<Arc<Template>, TemplateError>> =
+        HashMap::new();
+    let mut index: BTreeMap<GroupKey, usize> = BTreeMap::new();
+    let mut groups: Vec<Group> = Vec::new();
+    let mut out = Vec::with_capacity(checks.len());
+    for check in checks {
+        let gate = &check.gate;
+        let template_error = |source| CheckError::Template {
+            owner: check.owner.clone(),
+            gate: gate.name.clone(),
+            source,
+        };
+        let source = match &gate.query {
+            GateQuery::Builtin(b) => builtin::template_for(*b, &options.cluster_label),
+            GateQuery::PromQl(q) => {
+                if gate.template.is_none()
+                    && check.owner_namespaced
+                    && !options.allow_inline_promql_in_namespaced
+                {
+                    out.push(Err(CheckError::InlinePromqlRefused {
+                        owner: check.owner.clone(),
+                        gate: gate.name.clone(),
+                    }));
+                    continue;
+                }
+                q.clone()
+            }
+        };
+        let declared: Vec<String> = gate.variables.keys().cloned().collect();
+        let template = parsed
+            .entry((source.clone(), declared.clone()))
+            .or_insert_with(|| {
+                let allowed: BTreeSet<String> = KNOWN_VARIABLES
+                    .iter()
+                    .map(|s| s.to_string())
+                    .chain(declared.iter().cloned())
+                    .collect();
+                Template::parse(&source, &allowed).map(Arc::new)
+            })
+            .clone();
+        let template = match template {
+            Ok(t) => t,
+            Err(e) => {
+                out.push(Err(template_error(e)));
+                continue;
+            }
+        };
+        let mut shared: Vars = gate.variables.clone();
+        shared.extend(check.vars.clone());
+        let subject_roles: Vec<Vars> = if check.subject.is_empty() {
+            vec![role_overrides(&shared, "canary").unwrap_or_default()]
+        } else {
+            check.subject.clone()
+        };
+        let queried = !subject_only && baseline_queried(gate);
+        let baseline_roles: Vec<Vars> = if !queried {
+            Vec::new()
+        } else if check.baseline.is_empty() {
+            role_overrides(&shared, "stable").into_iter().collect()
+        } else {
+            check.baseline.clone()
+        };
+        let mut slot = |role: &Vars| -> Result<Slot, CheckError> {
+            let mut vars = shared.clone();
+            vars.extend(role.clone());
+            let tuple = template.key_tuple(&vars).map_err(template_error)?;
+            let constants = template.constants(&vars).map_err(template_error)?;
+            let key = GroupKey {
+                source: source.clone(),
+                window: gate.window,
+                constants,
+            };
+            let idx = *index.entry(key.clone()).or_insert_with(|| {
+                groups.push(Group {
+                    key,
+                    template: template.clone(),
+                    tuples: BTreeSet::new(),
+                });
+                groups.len() - 1
+            });
+            groups[idx].tuples.insert(tuple.clone());
+            Ok((idx, tuple))
+        };
+        let planned = (|| {
+            Ok(CheckPlan {
+                subject: subject_roles
+                    .iter()
+                    .map(&mut slot)
+                    .collect::<Result<_, _>>()?,
+                baseline: baseline_roles
+                    .iter()
+                    .map(&mut slot)
+                    .collect::<Result<_, _>>()?,
+            })
+        })();
+        out.push(planned);
+    }
+    Plan {
+        groups,
+        checks: out,
+    }
+}
+
+/// Splits an answer by key tuple: tuple → part → value (summed over series with the same key).
+/// Series missing a key label cannot be attributed to an object and are ignored.
+pub fn split(series: &[SeriesValue], key_labels: &[String]) -> HashMap<Vec<String>, Parts> {
+    let mut out: HashMap<Vec<String>, Parts> = HashMap::new();
+    for s in series {
+        let tuple: Option<Vec<String>> = key_labels
+            .iter()
+            .map(|l| s.labels.get(l).cloned())
+            .collect();
+        let Some(tuple) = tuple else { continue };
+        let part = s
+            .labels
+            .get(PART_LABEL)
+            .map_or(VALUE_PART, String::as_str)
+            .to_string();
+        *out.entry(tuple).or_default().entry(part).or_insert(0.0) += s.value;
+    }
+    out
+}
+
+type Answers = Vec<Result<HashMap<Vec<String>, Parts>, Arc<SourceError>>>;
+
+fn failure(error: &SourceError) -> Observation {
+    let reason = if error.is_timeout() {
+        VerdictReason::Timeout
+    } else {
+        VerdictReason::QueryError
+    };
+    Observation::Failed {
+        reason,
+        message: error.to_string(),
+    }
+}
+
+/// Collects the parts of a role's slots, or the first query failure among them.
+fn gather(answers: &Answers, slots: &[Slot]) -> Result<Vec<Parts>, Arc<SourceError>> {
+    slots
+        .iter()
+        .map(|(group, tuple)| match &answers[*group] {
+            Ok(map) => Ok(map.get(tuple).cloned().unwrap_or_default()),
+            Err(e) => Err(e.clone()),
+        })
+        .collect()
+}
+
+fn reading(gate: &ResolvedGate, parts: &[Parts]) -> Reading {
+    match gate.query {
+        GateQuery::Builtin(b) => builtin::reduce(b, parts),
+        GateQuery::PromQl(_) => builtin::reduce_custom(parts),
+    }
+}
+
+fn observe(check: &GateCheck, plan: &CheckPlan, answers: &Answers) -> Observation {
+    let gate = &check.gate;
+    let subject = match gather(answers, &plan.subject) {
+        Ok(p) => p,
+        Err(e) => return failure(&e),
+    };
+    let baseline_parts = match gather(answers, &plan.baseline) {
+        Ok(p) => p,
+        Err(e) => return failure(&e),
+    };
+    if matches!(gate.query, GateQuery::Builtin(BuiltinGate::AppliedShare)) && is_share(gate) {
+        let r = builtin::applied_share(&subject, &baseline_parts);
+        return Observation::Measured {
+            value: r.value,
+            samples: r.samples,
+            baseline: None,
+        };
+    }
+    let r = reading(gate, &subject);
+    let baseline = match gate.comparison.relative.as_ref().map(|rel| rel.baseline) {
+        Some(BaselineSource::StableNow) if !plan.baseline.is_empty() => {
+            let b = reading(gate, &baseline_parts);
+            Some(BaselineReading {
+                value: b.value,
+                samples: b.samples,
+            })
+        }
+        Some(BaselineSource::PreChangeWindow) => {
+            check.captured_baseline.as_ref().map(|c| BaselineReading {
+                value: Some(c.value),
+                samples: c.samples.map(|s| s as f64),
+            })
+        }
+        _ => None,
+    };
+    Observation::Measured {
+        value: r.value,
+        samples: r.samples,
+        baseline,
+    }
+}
+
+/// The gate engine over a metrics source.
+#[derive(Debug)]
+pub struct Engine<S> {
+    source: S,
+    options: EngineOptions,
+}
+
+/// Why an engine could not be built.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    /// The cluster label is not a valid label name.
+    #[error(
+        "cluster label {0:?} is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*); fix the engine setting"
+    )]
+    BadClusterLabel(String),
+}
+
+impl EngineError {
+    /// Bounded category.
+    pub fn category(&self) -> &'static str {
+        match self {
+            EngineError::BadClusterLabel(_) => "BadClusterLabel",
+        }
+    }
+}
+
+impl<S: MetricsSource> Engine<S> {
+    /// An engine over `source`.
+    pub fn new(source: S, options: EngineOptions) -> Result<Self, EngineError> {
+        if !is_label_name(&options.cluster_label) {
+            return Err(EngineError::BadClusterLabel(options.cluster_label));
+        }
+        Ok(Self { source, options })
+    }
+
+    /// The metrics source.
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+
+    /// The engine's settings.
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+
+    async fn run(&self, plan: &Plan, at: Timestamp) -> (Answers, usize) {
+        let queries = match plan.queries() {
+            Ok(q) => q,
+            // Every template was validated while planning; rendering a planned group cannot fail.
+            Err(e) => {
+                let err = Arc::new(SourceError::Decode {
+                    url: String::new(),
+                    message: e.to_string(),
+                });
+                return (
+                    plan.groups.iter().map(|_| Err(err.clone())).collect(),
+                    plan.groups.len(),
+                );
+            }
+        };
+        let futures = queries.iter().map(|q| self.source.query(q, at));
+        let results = futures::future::join_all(futures).await;
+        let mut failed = 0;
+        let answers = results
+            .into_iter()
+            .zip(&plan.groups)
+            .map(|(result, group)| match result {
+                Ok(series) => Ok(split(&series, &group.template.key_labels())),
+                Err(e) => {
+                    failed += 1;
+                    tracing::warn!(category = e.category(), error = %e, "gate query failed");
+                    Err(Arc::new(e))
+                }
+            })
+            .collect();
+        (answers, failed)
+    }
+
+    /// One analysis tick at `now`: one query per group, then a verdict per check.
+    pub async fn tick(&self, checks: &[GateCheck], now: Timestamp) -> TickReport {
+        let started = Instant::now();
+        let plan = plan(checks, &self.options, false);
+        let (answers, failed_queries) = self.run(&plan, now).await;
+        let outcomes = checks
+            .iter()
+            .zip(plan.checks.iter())
+            .map(|(check, planned)| match planned {
+                Err(e) => CheckOutcome {
+                    observation: None,
+                    verdict: Err(e.clone()),
+                },
+                Ok(p) => {
+                    let observation = observe(check, p, &answers);
+                    let owner = OwnerContext {
+                        share_target: check.share_target,
+                        share_tolerance: self.options.share_tolerance,
+                    };
+                    let verdict = decide::decide(
+                        &check.gate,
+                        &observation,
+                        check.previous.as_ref(),
+                        owner,
+                        now,
+                    );
+                    CheckOutcome {
+                        observation: Some(observation),
+                        verdict: Ok(verdict),
+                    }
+                }
+            })
+            .collect();
+        TickReport {
+            outcomes,
+            queries: plan.groups.len(),
+            failed_queries,
+            elapsed: started.elapsed(),
+        }
+    }
+
+    /// Captures pre-change baselines: the subject reading of each check over the window ending at
+    /// `change_start` (one grouped query per template and window, like a tick). A check whose
+    /// query failed or returned no data gets an error naming why; nothing is captured for it.
+    pub async fn capture_baselines(
+        &self,
+        checks: &[GateCheck],
+        change_start: Timestamp,
+        now: Timestamp,
+    ) -> Vec<Result<CapturedBaseline, String>> {
+        let plan = plan(checks, &self.options, true);
+        let (answers, _) = self.run(&plan, change_start).await;
+        checks
+            .iter()
+            .zip(plan.checks.iter())
+            .map(|(check, planned)| {
+                let planned = planned.as_ref().map_err(ToString::to_string)?;
+                let parts = gather(&answers, &planned.subject).map_err(|e| e.to_string())?;
+                let r = reading(&check.gate, &parts);
+                let value = r.value.filter(|v| !v.is_nan()).ok_or_else(|| {
+                    format!(
+                        "gate {:?} of {}: the pre-change window has no data",
+                        check.gate.name, check.owner
+                    )
+                })?;
+                let window = jiff::SignedDuration::try_from(check.gate.window)
+                    .unwrap_or(jiff::SignedDuration::ZERO);
+                Ok(CapturedBaseline {
+                    gate: check.gate.name.clone(),
+                    value,
+                    samples: r.samples.map(|s| s.max(0.0).round() as u64),
+                    window_start: Time(change_start.checked_sub(window).unwrap_or(change_start)),
+                    window_end: Time(change_start),
+                    captured_at: Time(now),
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_api::v1alpha1::{Comparison, ComparisonOp, Gate, GateDefinition};
+
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> Vars {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn service_check(i: usize, gate: BuiltinGate) -> GateCheck {
+        let mut g = Gate::builtin("g", gate).resolve(None).unwrap();
+        if g.comparison.share.is_none() && g.comparison.relative.is_none() {
+            g.comparison = Comparison::absolute(ComparisonOp::LessOrEqual, 0.0);
+        }
+        GateCheck::new(
+            format!("Rollout shop/r{i}"),
+            g,
+            vars(&[
+                ("cluster", &format!("c{}", i % 3)),
+                ("namespace", "shop"),
+                ("canaryService", &format!("svc{i}-canary")),
+                ("stableService", &format!("svc{i}-stable")),
+                ("commit", "abc"),
+                ("revision", "1-28"),
+            ]),
+        )
+    }
+
+    #[test]
+    fn query_count_does_not_grow_with_objects() {
+        let options = EngineOptions::default();
+        let gates = [
+            BuiltinGate::AppliedShare,
+            BuiltinGate::ErrorRatioVsStable,
+            BuiltinGate::LatencyP99VsStable,
+            BuiltinGate::MeshErrorRatio,
+        ];
+        for n in [1, 10, 1000] {
+            let checks: Vec<GateCheck> = (0..n)
+                .flat_map(|i| gates.iter().map(move |g| service_check(i, *g)))
+                .collect();
+            let p = plan(&checks, &options, false);
+            assert_eq!(p.groups.len(), gates.len(), "{n} objects");
+            assert!(p.checks.iter().all(Result::is_ok));
+        }
+    }
+
+    #[test]
+    fn different_windows_and_constants_are_separate_groups() {
+        let options = EngineOptions::default();
+        let mut a = service_check(0, BuiltinGate::ErrorRatioVsStable);
+        let mut b = service_check(1, BuiltinGate::ErrorRatioVsStable);
+        b.gate.window = Duration::from_secs(300);
+        let p = plan(&[a.clone(), b.clone()], &options, false);
+        assert_eq!(p.groups.len(), 2);
+
+        // A template whose variable sits inside a larger string is batched per value.
+        let custom = |check: &mut GateCheck| {
+            check.gate.query = GateQuery::PromQl(
+                r#"sum by ({{by}}) (m{cluster="{{cluster}}", job="{{service}}-x"})"#.into(),
+            );
+            check.gate.template = Some("t".into());
+        };
+        custom(&mut a);
+        custom(&mut b);
+        // Absolute comparisons: only the subject binding is queried.
+        a.gate.comparison = Comparison::absolute(ComparisonOp::LessThan, 1.0);
+        b.gate.comparison = a.gate.comparison.clone();
+        b.gate.window = a.gate.window;
+        let p = plan(&[a, b], &options, false);
+        assert_eq!(p.groups.len(), 2, "job constant differs: two queries");
+    }
+
+    #[test]
+    fn inline_promql_policy() {
+        let inline = |namespaced: bool| {
+            let g = Gate {
+                name: "g".into(),
+                template_ref: None,
+                definition: GateDefinition {
+                    promql: Some(r#"sum(m{cluster="{{cluster}}"})"#.into()),
+                    comparison: Some(Comparison::absolute(ComparisonOp::LessThan, 1.0)),
+                    ..GateDefinition::default()
+                },
+                variables: BTreeMap::new(),
+            };
+            let mut c = GateCheck::new(
+                "WaveGate argocd/site-a",
+                g.resolve(None).unwrap(),
+                vars(&[("cluster", "c1")]),
+            );
+            c.owner_namespaced = namespaced;
+            c
+        };
+        let cases = [
+            (true, false, Some("InlinePromqlRefused")),
+            (true, true, None),
+            (false, false, None),
+        ];
+        for (namespaced, allow, want) in cases {
+            let options = EngineOptions {
+                allow_inline_promql_in_namespaced: allow,
+                ..EngineOptions::default()
+            };
+            let p = plan(&[inline(namespaced)], &options, false);
+            assert_eq!(
+                p.checks[0].as_ref().err().map(CheckError::category),
+                want,
+                "{namespaced} {allow}"
+            );
+        }
+    }
+
+    #[test]
+    fn planning_errors_name_the_gate_and_owner() {
+        let mut c = service_check(0, BuiltinGate::ErrorRatioVsStable);
+        c.vars.remove("namespace");
+        let p = plan(&[c], &EngineOptions::default(), false);
+        let err = p.checks[0].as_ref().unwrap_err();
+        assert_eq!(err.category(), "MissingVariable");
+        assert!(
+            err.to_string().contains("Rollout shop/r0") && err.to_string().contains("namespace"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn split_table() {
+        let s = |pairs: &[(&str, &str)], value: f64| SeriesValue {
+            labels: vars(pairs),
+            value,
+        };
+        let series = vec![
+            s(&[("cluster", "a"), ("sluice_part", "requests")], 10.0),
+            s(&[("cluster", "a"), ("sluice_part", "errors")], 1.0),
+            s(&[("cluster", "b")], 5.0),
+            s(&[("cluster", "b")], 2.0),
+            s(&[("other", "x")], 99.0),
+        ];
+        let got = split(&series, &["cluster".to_string()]);
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[&vec!["a".to_string()]]["requests"], 10.0);
+        assert_eq!(got[&vec!["a".to_string()]]["errors"], 1.0);
+        assert_eq!(got[&vec!["b".to_string()]]["value"], 7.0);
+    }
+
+    #[test]
+    fn bad_cluster_label_is_refused() {
+        struct Never;
+        impl MetricsSource for Never {
+            async fn query(&self, _: &str, _: Timestamp) -> Result<Vec<SeriesValue>, SourceError> {
+                Ok(Vec::new())
+            }
+        }
+        for (label, ok) in [
+            ("cluster", true),
+            ("k8s_cluster", true),
+            ("9x", false),
+            ("a-b", false),
+            ("", false),
+        ] {
+            let options = EngineOptions {
+                cluster_label: label.into(),
+                ..EngineOptions::default()
+            };
+            assert_eq!(Engine::new(Never, options).is_ok(), ok, "{label}");
+        }
+    }
+}

@@ -1,0 +1,482 @@
+//! The metrics provider: instant queries against the Prometheus HTTP API (`/api/v1/query`),
+//! compatible with Thanos Query.
+//!
+//! Owns transport concerns only: a per-attempt timeout (also sent as the `timeout` parameter so
+//! the server gives up too), retries with exponential backoff on transient failures (transport
+//! errors, timeouts, HTTP 429 and 5xx), a limit on concurrent queries, and Thanos' optional
+//! `partial_response` and `dedup` parameters. It never interprets a result (no verdicts here) and
+//! never retries a query the server rejected as invalid (HTTP 400/422).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use serde::Deserialize;
+use tokio::sync::Semaphore;
+
+/// One series of an instant-vector answer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SeriesValue {
+    /// The series labels.
+    pub labels: BTreeMap<String, String>,
+    /// The value.
+    pub value: f64,
+}
+
+/// Why a query failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// No answer within the timeout.
+    #[error(
+        "query to {url} timed out after {timeout:?} ({attempts} attempts); the provider is slow or overloaded"
+    )]
+    Timeout {
+        /// The query endpoint.
+        url: String,
+        /// The per-attempt timeout.
+        timeout: Duration,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// The connection failed (provider down, DNS, TLS).
+    #[error(
+        "query to {url} failed after {attempts} attempts: {message}; check that the provider is reachable"
+    )]
+    Transport {
+        /// The query endpoint.
+        url: String,
+        /// Attempts made.
+        attempts: u32,
+        /// The transport error.
+        message: String,
+    },
+    /// The provider answered with an error (bad query, execution error, overload).
+    #[error("query to {url} was rejected with HTTP {status} ({error_type}): {message}")]
+    Rejected {
+        /// The query endpoint.
+        url: String,
+        /// HTTP status.
+        status: u16,
+        /// Prometheus' `errorType` (bad_data, execution, timeout, ...), or `http`.
+        error_type: String,
+        /// Prometheus' `error`, or the body.
+        message: String,
+    },
+    /// The answer could not be read.
+    #[error("answer from {url} could not be read: {message}")]
+    Decode {
+        /// The query endpoint.
+        url: String,
+        /// What was wrong.
+        message: String,
+    },
+}
+
+impl SourceError {
+    /// Bounded category of this error, usable as a metric label.
+    pub fn category(&self) -> &'static str {
+        match self {
+            SourceError::Timeout { .. } => "timeout",
+            SourceError::Transport { .. } => "transport",
+            SourceError::Rejected { .. } => "rejected",
+            SourceError::Decode { .. } => "decode",
+        }
+    }
+
+    /// Whether this is a timeout (the verdict reason is then `Timeout`, otherwise `QueryError`).
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            SourceError::Timeout { .. } => true,
+            SourceError::Rejected { error_type, .. } => error_type == "timeout",
+            _ => false,
+        }
+    }
+}
+
+/// Something that answers instant PromQL queries. The engine is generic over it so tests and
+/// benchmarks can count or fake queries.
+pub trait MetricsSource: Send + Sync {
+    /// Evaluates `promql` at `at`.
+    fn query(
+        &self,
+        promql: &str,
+        at: Timestamp,
+    ) -> impl Future<Output = Result<Vec<SeriesValue>, SourceError>> + Send;
+}
+
+/// Settings of a [`PrometheusSource`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct PrometheusConfig {
+    /// Base URL of Prometheus or Thanos Query, e.g. `http://thanos-query.monitoring:9090`.
+    pub url: String,
+    /// Timeout of one attempt. Default 10 s.
+    pub timeout: Duration,
+    /// Retries after the first attempt on transient failures. Default 2.
+    pub retries: u32,
+    /// Delay before the first retry; doubles on each further retry. Default 200 ms.
+    pub backoff: Duration,
+    /// Most queries in flight at once. Default 8.
+    pub max_concurrency: usize,
+    /// Thanos `partial_response` (answer even when a store is down). Default: not sent.
+    pub partial_response: Option<bool>,
+    /// Thanos `dedup` (merge replicas). Default: not sent.
+    pub dedup: Option<bool>,
+}
+
+impl PrometheusConfig {
+    /// Defaults for `url`.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            timeout: Duration::from_secs(10),
+            retries: 2,
+            backoff: Duration::from_millis(200),
+            max_concurrency: 8,
+            partial_response: None,
+            dedup: None,
+        }
+    }
+}
+
+/// A [`MetricsSource`] over the Prometheus HTTP API.
+#[derive(Clone, Debug)]
+pub struct PrometheusSource {
+    config: PrometheusConfig,
+    endpoint: String,
+    http: reqwest::Client,
+    permits: Arc<Semaphore>,
+    sent: Arc<AtomicU64>,
+}
+
+#[derive(Deserialize)]
+struct Answer {
+    status: String,
+    #[serde(default)]
+    data: Option<Data>,
+    #[serde(default, rename = "errorType")]
+    error_type: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "resultType", content = "result", rename_all = "lowercase")]
+enum Data {
+    Vector(Vec<VectorItem>),
+    Scalar((f64, String)),
+    Matrix(serde::de::IgnoredAny),
+    String(serde::de::IgnoredAny),
+}
+
+#[derive(Deserialize)]
+struct VectorItem {
+    metric: BTreeMap<String, String>,
+    value: (f64, String),
+}
+
+fn parse_value(raw: &str) -> f64 {
+    match raw {
+        "+Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        other => other.parse().unwrap_or(f64::NAN),
+    }
+}
+
+/// `application/x-www-form-urlencoded` body of the given pairs.
+fn form_encode(pairs: &[(&str, String)]) -> String {
+    let mut out = String::new();
+    for (i, (key, value)) in pairs.iter().enumerate() {
+        if i > 0 {
+            out.push('&');
+        }
+        for (j, raw) in [*key, value.as_str()].into_iter().enumerate() {
+            if j == 1 {
+                out.push('=');
+            }
+            for byte in raw.bytes() {
+                match byte {
+                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'*' | b'-' | b'.' | b'_' => {
+                        out.push(byte as char)
+                    }
+                    b' ' => out.push('+'),
+                    other => out.push_str(&format!("%{other:02X}")),
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Parses a Prometheus API answer into series.
+fn parse_answer(url: &str, status: u16, body: &str) -> Result<Vec<SeriesValue>, SourceError> {
+    let answer: Answer = serde_json::from_str(body).map_err(|e| {
+        if (200..300).contains(&status) {
+            SourceError::Decode {
+                url: url.to_string(),
+                message: format!("{e}: {}", truncate(body)),
+            }
+        } else {
+            SourceError::Rejected {
+                url: url.to_string(),
+                status,
+                error_type: "http".into(),
+                message: truncate(body),
+            }
+        }
+    })?;
+    if answer.status != "success" {
+        return Err(SourceError::Rejected {
+            url: url.to_string(),
+            status,
+            error_type: answer.error_type.unwrap_or_else(|| "unknown".into()),
+            message: answer.error.unwrap_or_default(),
+        });
+    }
+    match answer.data {
+        Some(Data::Vector(items)) => Ok(items
+            .into_iter()
+            .map(|i| SeriesValue {
+                labels: i.metric,
+                value: parse_value(&i.value.1),
+            })
+            .collect()),
+        Some(Data::Scalar((_, v))) => Ok(vec![SeriesValue {
+            labels: BTreeMap::new(),
+            value: parse_value(&v),
+        }]),
+        Some(Data::Matrix(_)) | Some(Data::String(_)) | None => Err(SourceError::Decode {
+            url: url.to_string(),
+            message: "expected an instant vector; a gate query must not return a range or a string"
+                .into(),
+        }),
+    }
+}
+
+fn truncate(body: &str) -> String {
+    body.chars().take(512).collect()
+}
+
+impl PrometheusSource {
+    /// A source for `config`.
+    pub fn new(config: PrometheusConfig) -> Self {
+        let http = reqwest::Client::builder()
+            .timeout(config.timeout)
+            .build()
+            .expect("building an HTTP client from static settings cannot fail");
+        let endpoint = format!("{}/api/v1/query", config.url.trim_end_matches('/'));
+        let permits = Arc::new(Semaphore::new(config.max_concurrency.max(1)));
+        Self {
+            config,
+            endpoint,
+            http,
+            permits,
+            sent: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// HTTP requests sent so far (attempts, retries included).
+    pub fn requests_sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    fn params(&self, promql: &str, at: Timestamp) -> Vec<(&'static str, String)> {
+        let mut params = vec![
+            ("query", promql.to_string()),
+            (
+                "time",
+                format!("{:.3}", at.as_millisecond() as f64 / 1000.0),
+            ),
+            ("timeout", format!("{}ms", self.config.timeout.as_millis())),
+        ];
+        if let Some(p) = self.config.partial_response {
+            params.push(("partial_response", p.to_string()));
+        }
+        if let Some(d) = self.config.dedup {
+            params.push(("dedup", d.to_string()));
+        }
+        params
+    }
+
+    async fn attempt(&self, body: &str) -> Result<Vec<SeriesValue>, (bool, SourceError)> {
+        self.sent.fetch_add(1, Ordering::Relaxed);
+        let response = self
+            .http
+            .post(&self.endpoint)
+            .header("Content-Type", "application/x-www-form-urlencoded")
+            .body(body.to_string())
+            .send()
+            .await;
+        let response = match response {
+            Ok(r) => r,
+            Err(e) if e.is_timeout() => {
+                return Err((
+                    true,
+                    SourceError::Timeout {
+                        url: self.endpoint.clone(),
+                        timeout: self.config.timeout,
+                        attempts: 1,
+                    },
+                ));
+            }
+            Err(e) => {
+                return Err((
+                    true,
+                    SourceError::Transport {
+                        url: self.endpoint.clone(),
+                        attempts: 1,
+                        message: e.to_string(),
+                    },
+                ));
+            }
+        };
+        let status = response.status().as_u16();
+        let text = match response.text().await {
+            Ok(t) => t,
+            Err(e) if e.is_timeout() => {
+                return Err((
+                    true,
+                    SourceError::Timeout {
+                        url: self.endpoint.clone(),
+                        timeout: self.config.timeout,
+                        attempts: 1,
+                    },
+                ));
+            }
+            Err(e) => {
+                return Err((
+                    true,
+                    SourceError::Transport {
+                        url: self.endpoint.clone(),
+                        attempts: 1,
+                        message: e.to_string(),
+                    },
+                ));
+            }
+        };
+        parse_answer(&self.endpoint, status, &text).map_err(|e| (status == 429 || status >= 500, e))
+    }
+}
+
+fn with_attempts(error: SourceError, attempts: u32) -> SourceError {
+    match error {
+        SourceError::Timeout { url, timeout, .. } => SourceError::Timeout {
+            url,
+            timeout,
+            attempts,
+        },
+        SourceError::Transport { url, message, .. } => SourceError::Transport {
+            url,
+            attempts,
+            message,
+        },
+        other => other,
+    }
+}
+
+impl MetricsSource for PrometheusSource {
+    async fn query(&self, promql: &str, at: Timestamp) -> Result<Vec<SeriesValue>, SourceError> {
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| SourceError::Transport {
+                url: self.endpoint.clone(),
+                attempts: 0,
+                message: "the source was shut down".into(),
+            })?;
+        let body = form_encode(&self.params(promql, at));
+        let mut delay = self.config.backoff;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.attempt(&body).await {
+                Ok(series) => return Ok(series),
+                Err((retryable, error)) => {
+                    if !retryable || attempt > self.config.retries {
+                        return Err(with_attempts(error, attempt));
+                    }
+                    tracing::debug!(attempt, error = %error, "metrics query failed, retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = delay.saturating_mul(2);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_answer_table() {
+        let url = "http://p/api/v1/query";
+        let vector = r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"a":"b"},"value":[1,"2.5"]},{"metric":{},"value":[1,"NaN"]}]}}"#;
+        let got = parse_answer(url, 200, vector).unwrap();
+        assert_eq!(got[0].labels.get("a").map(String::as_str), Some("b"));
+        assert_eq!(got[0].value, 2.5);
+        assert!(got[1].value.is_nan());
+        let scalar = r#"{"status":"success","data":{"resultType":"scalar","result":[1,"+Inf"]}}"#;
+        assert_eq!(
+            parse_answer(url, 200, scalar).unwrap()[0].value,
+            f64::INFINITY
+        );
+
+        let cases: &[(u16, &str, &str, bool)] = &[
+            (
+                400,
+                r#"{"status":"error","errorType":"bad_data","error":"parse error"}"#,
+                "rejected",
+                false,
+            ),
+            (
+                503,
+                r#"{"status":"error","errorType":"timeout","error":"query timed out"}"#,
+                "rejected",
+                true,
+            ),
+            (502, "<html>bad gateway</html>", "rejected", false),
+            (200, "not json", "decode", false),
+            (
+                200,
+                r#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#,
+                "decode",
+                false,
+            ),
+        ];
+        for (status, body, category, timeout) in cases {
+            let err = parse_answer(url, *status, body).unwrap_err();
+            assert_eq!(err.category(), *category, "{body}");
+            assert_eq!(err.is_timeout(), *timeout, "{body}");
+        }
+    }
+
+    #[test]
+    fn thanos_parameters_are_sent_only_when_set() {
+        let mut config = PrometheusConfig::new("http://127.0.0.1:1");
+        let at = Timestamp::from_millisecond(1_500).unwrap();
+        let plain = PrometheusSource::new(config.clone()).params("up", at);
+        assert!(
+            plain
+                .iter()
+                .all(|(k, _)| *k != "partial_response" && *k != "dedup")
+        );
+        assert!(plain.contains(&("time", "1.500".into())));
+        config.partial_response = Some(false);
+        config.dedup = Some(true);
+        let thanos = PrometheusSource::new(config).params("up", at);
+        assert!(thanos.contains(&("partial_response", "false".into())));
+        assert!(thanos.contains(&("dedup", "true".into())));
+    }
+
+    #[test]
+    fn form_encoding() {
+        assert_eq!(
+            form_encode(&[("query", "a{b=\"c d\"}".into()), ("t", "1".into())]),
+            "query=a%7Bb%3D%22c+d%22%7D&t=1"
+        );
+    }
+}
