@@ -4,4 +4,5 @@
 //! Declares types and pure helpers only; never talks to a cluster.
 #![forbid(unsafe_code)]
 
+pub mod crds;
 pub mod v1alpha1;

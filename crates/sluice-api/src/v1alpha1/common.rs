@@ -199,6 +199,36 @@ pub struct NamespacedObjectRef {
     pub namespace: Option<String>,
 }
 
+/// The pattern of an OCI manifest digest: `sha256:` and 64 lowercase hex digits (never a tag).
+pub const DIGEST_PATTERN: &str = "^sha256:[a-f0-9]{64}$";
+
+/// Whether `s` is an OCI manifest digest matching [`DIGEST_PATTERN`].
+pub fn is_digest(s: &str) -> bool {
+    s.len() == 71
+        && s.starts_with("sha256:")
+        && s[7..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Schema of a gate's `variables` map: at most 16 entries, values at most 256 characters.
+pub fn variables_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "maxProperties": 16,
+        "additionalProperties": {"type": "string", "maxLength": 256},
+    })
+}
+
+/// Schema of a status field kept verbatim as arbitrary JSON (`x-kubernetes-preserve-unknown-fields`).
+pub fn preserved_json_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "nullable": true,
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,6 +267,21 @@ mod tests {
             DurationString::from_duration(Duration::from_millis(1500)).as_str(),
             "1s500ms"
         );
+    }
+
+    #[test]
+    fn digest_table() {
+        let hex = "a".repeat(64);
+        let cases = [
+            (format!("sha256:{hex}"), true),
+            (format!("sha256:{}", "A".repeat(64)), false),
+            (format!("sha256:{}", "a".repeat(63)), false),
+            ("latest".to_owned(), false),
+            (format!("sha512:{hex}"), false),
+        ];
+        for (d, want) in cases {
+            assert_eq!(is_digest(&d), want, "{d}");
+        }
     }
 
     #[test]

@@ -56,6 +56,7 @@ pub const SHARE_CONFIDENCE_Z: f64 = 1.96;
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
 )]
+#[schemars(transform = super::common::drop_type_description)]
 pub enum BuiltinGate {
     /// Share of the route's requests that reached the canary backend, as seen by the source or
     /// gateway reporter (mirrored copies never count). Use with a `share` comparison.
@@ -361,7 +362,7 @@ pub struct Gate {
     /// Extra static template variables (`{{key}}`), escaped like every other value.
     /// At most 16 entries; keys are lowerCamelCase identifiers.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(extend("maxProperties" = 16))]
+    #[schemars(schema_with = "super::common::variables_schema")]
     pub variables: BTreeMap<String, String>,
 }
 

@@ -52,6 +52,6 @@ pub struct GateTemplateSpec {
     pub definition: GateDefinition,
     /// Default values of extra `{{key}}` variables; gates may override them. At most 16 entries.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(extend("maxProperties" = 16))]
+    #[schemars(schema_with = "super::common::variables_schema")]
     pub variables: BTreeMap<String, String>,
 }
