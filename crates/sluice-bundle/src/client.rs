@@ -1,0 +1,746 @@
+//! Registry I/O for bundles: push, pull, sign, verify, inspect.
+//!
+//! Owns every network call of the crate, through `oci-client`. Plain HTTP is used for loopback
+//! registries (127.0.0.0/8, `localhost`, `[::1]`) and for hosts listed in
+//! [`RegistryOptions::plain_http_hosts`]; everything else is HTTPS. The decisions (bundle layout,
+//! digests, the signature verdict) live in the pure modules; this one only fetches and stores.
+//! It must never verify by tag (every signature call requires a `@sha256:` reference), never
+//! write a bundle's tag before its blobs, and never log credentials.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::errors::{OciDistributionError, OciErrorCode};
+use oci_client::manifest::OciDescriptor;
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+use serde::Serialize;
+
+use crate::artifact::{self, Artifact, MANIFEST_MEDIA_TYPE};
+use crate::error::{BundleError, Result};
+use crate::keys::{PublicKey, SigningKey};
+use crate::manifests::BundleObject;
+use crate::signature::{self, SIMPLE_SIGNING_MEDIA_TYPE, SignatureLayer, Verified};
+
+/// How to reach registries.
+#[derive(Clone, Debug, Default)]
+pub struct RegistryOptions {
+    /// Extra `host:port`s spoken to over plain HTTP (loopback always is).
+    pub plain_http_hosts: Vec<String>,
+    /// Basic credentials `(username, password)`; anonymous when `None`.
+    pub basic_auth: Option<(String, String)>,
+    /// Per-request timeout; 30 s when `None`.
+    pub timeout: Option<Duration>,
+}
+
+/// A parsed bundle reference.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BundleRef {
+    /// `host[:port]`.
+    pub registry: String,
+    /// Repository path.
+    pub repository: String,
+    /// Tag, if given.
+    pub tag: Option<String>,
+    /// Digest, if given.
+    pub digest: Option<String>,
+}
+
+impl BundleRef {
+    /// Parses `host[:port]/repo[:tag][@sha256:hex]`. The registry host is required (no implicit
+    /// Docker Hub), since bundles live in the platform's own registry.
+    pub fn parse(input: &str) -> Result<Self> {
+        let invalid = |reason: &str| BundleError::InvalidReference {
+            what: "reference",
+            value: input.to_string(),
+            reason: reason.to_string(),
+        };
+        let input_trimmed = input.trim_start_matches("oci://");
+        let (first, _) = input_trimmed
+            .split_once('/')
+            .ok_or_else(|| invalid("expected <registry>/<repository>[:tag][@sha256:...]"))?;
+        if !(first.contains('.') || first.contains(':') || first == "localhost") {
+            return Err(invalid(
+                "the first path component must be a registry host (e.g. registry.example:5000/mesh/config)",
+            ));
+        }
+        let parsed: Reference = input_trimmed
+            .parse()
+            .map_err(|e| invalid(&format!("{e}")))?;
+        if let Some(digest) = parsed.digest() {
+            signature::signature_tag(digest)?;
+        }
+        // The parser defaults a missing tag to "latest"; keep "no tag" as no tag.
+        let without_digest = input_trimmed.split('@').next().unwrap_or_default();
+        let has_tag = without_digest
+            .rsplit('/')
+            .next()
+            .is_some_and(|last| last.contains(':'));
+        Ok(Self {
+            registry: parsed.registry().to_string(),
+            repository: parsed.repository().to_string(),
+            tag: parsed.tag().filter(|_| has_tag).map(str::to_string),
+            digest: parsed.digest().map(str::to_string),
+        })
+    }
+
+    /// `registry/repository`.
+    pub fn repository_ref(&self) -> String {
+        format!("{}/{}", self.registry, self.repository)
+    }
+
+    /// `registry/repository@digest`, or an error naming the input if there is no digest.
+    pub fn digest_ref(&self) -> Result<String> {
+        match &self.digest {
+            Some(d) => Ok(format!("{}@{d}", self.repository_ref())),
+            None => Err(BundleError::DigestRequired {
+                reference: self.to_string(),
+            }),
+        }
+    }
+
+    fn with_digest(&self, digest: &str) -> Reference {
+        Reference::with_digest(
+            self.registry.clone(),
+            self.repository.clone(),
+            digest.to_string(),
+        )
+    }
+
+    fn with_tag(&self, tag: &str) -> Reference {
+        Reference::with_tag(
+            self.registry.clone(),
+            self.repository.clone(),
+            tag.to_string(),
+        )
+    }
+
+    fn oci(&self) -> Reference {
+        match (&self.tag, &self.digest) {
+            (_, Some(d)) => self.with_digest(d),
+            (Some(t), None) => self.with_tag(t),
+            (None, None) => self.with_tag("latest"),
+        }
+    }
+}
+
+impl std::fmt::Display for BundleRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.repository_ref())?;
+        if let Some(tag) = &self.tag {
+            write!(f, ":{tag}")?;
+        }
+        if let Some(digest) = &self.digest {
+            write!(f, "@{digest}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether `host[:port]` is a loopback address.
+pub fn is_loopback_host(host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("")
+    } else {
+        host.rsplit_once(':').map_or(host, |(h, _)| h)
+    };
+    name == "localhost"
+        || name == "::1"
+        || name
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Where a bundle was pushed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Pushed {
+    /// `registry/repository@sha256:...`: the name to sign, verify and pin.
+    pub reference: String,
+    /// The manifest digest.
+    pub manifest_digest: String,
+    /// The content digest.
+    pub content_digest: String,
+    /// The tag written, if any.
+    pub tag: Option<String>,
+}
+
+/// What a signature push did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Signed {
+    /// The digest reference signed.
+    pub reference: String,
+    /// `registry/repository:sha256-<hex>.sig`.
+    pub signature_reference: String,
+    /// Fingerprint of the signing key.
+    pub key_fingerprint: String,
+    /// Signatures stored at the tag after this call.
+    pub signatures: usize,
+    /// False when this key had already signed this digest (nothing was written).
+    pub added: bool,
+}
+
+/// A bundle whose signature verified, with its content.
+#[derive(Debug)]
+pub struct VerifiedBundle {
+    /// The signature verdict.
+    pub verified: Verified,
+    /// The bundle, every digest checked.
+    pub artifact: Artifact,
+}
+
+impl VerifiedBundle {
+    /// The objects to apply.
+    pub fn objects(&self) -> &[BundleObject] {
+        self.artifact.manifests.objects()
+    }
+}
+
+/// What `inspect` reports.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Inspection {
+    /// What was inspected (reference or layout path).
+    pub reference: String,
+    /// The manifest digest (Argo CD's synced revision).
+    pub manifest_digest: String,
+    /// The content digest, recomputed from the layer.
+    pub content_digest: String,
+    /// `org.opencontainers.image.revision`.
+    pub source_commit: Option<String>,
+    /// `org.opencontainers.image.created`.
+    pub created: Option<String>,
+    /// `artifactType`.
+    pub artifact_type: Option<String>,
+    /// Layer digest.
+    pub layer_digest: String,
+    /// Layer size in bytes.
+    pub layer_size: u64,
+    /// Object count.
+    pub objects: usize,
+    /// Objects per kind (`Kind.group`).
+    pub kinds: BTreeMap<String, usize>,
+    /// Manifest files inside.
+    pub files: Vec<String>,
+    /// All manifest annotations.
+    pub annotations: BTreeMap<String, String>,
+    /// Signatures stored at the cosign tag (unverified count); `None` for a local layout.
+    pub signatures: Option<usize>,
+}
+
+/// Builds the inspection of an artifact (pure).
+pub fn inspection(artifact: &Artifact, reference: &str, signatures: Option<usize>) -> Inspection {
+    let annotations = artifact.manifest.annotations.clone();
+    let layer = &artifact.manifest.layers[0];
+    Inspection {
+        reference: reference.to_string(),
+        manifest_digest: artifact.manifest_digest.clone(),
+        content_digest: artifact.content_digest().to_string(),
+        source_commit: annotations.get(artifact::ANNOTATION_REVISION).cloned(),
+        created: annotations.get(artifact::ANNOTATION_CREATED).cloned(),
+        artifact_type: artifact.manifest.artifact_type.clone(),
+        layer_digest: layer.digest.clone(),
+        layer_size: layer.size,
+        objects: artifact.manifests.objects().len(),
+        kinds: artifact
+            .manifests
+            .kinds()
+            .into_iter()
+            .map(|(k, n)| (k.to_string(), n))
+            .collect(),
+        files: artifact
+            .manifests
+            .files()
+            .iter()
+            .map(|f| f.path.clone())
+            .collect(),
+        annotations,
+        signatures,
+    }
+}
+
+/// A registry client for bundles.
+pub struct BundleClient {
+    options: RegistryOptions,
+    clients: Mutex<BTreeMap<String, Client>>,
+}
+
+impl std::fmt::Debug for BundleClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BundleClient")
+            .field("plain_http_hosts", &self.options.plain_http_hosts)
+            .field("authenticated", &self.options.basic_auth.is_some())
+            .finish()
+    }
+}
+
+fn oci_descriptor(d: &artifact::Descriptor) -> OciDescriptor {
+    OciDescriptor {
+        media_type: d.media_type.clone(),
+        digest: d.digest.clone(),
+        size: d.size as i64,
+        ..OciDescriptor::default()
+    }
+}
+
+impl BundleClient {
+    /// A client with these options.
+    pub fn new(options: RegistryOptions) -> Self {
+        Self {
+            options,
+            clients: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn client(&self, registry: &str) -> Client {
+        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        clients
+            .entry(registry.to_string())
+            .or_insert_with(|| {
+                let plain = is_loopback_host(registry)
+                    || self.options.plain_http_hosts.iter().any(|h| h == registry);
+                let timeout = self.options.timeout.unwrap_or(Duration::from_secs(30));
+                Client::new(ClientConfig {
+                    protocol: if plain {
+                        ClientProtocol::Http
+                    } else {
+                        ClientProtocol::Https
+                    },
+                    read_timeout: Some(timeout),
+                    connect_timeout: Some(Duration::from_secs(5).min(timeout)),
+                    platform_resolver: None,
+                    ..ClientConfig::default()
+                })
+            })
+            .clone()
+    }
+
+    fn auth(&self) -> RegistryAuth {
+        match &self.options.basic_auth {
+            Some((user, password)) => RegistryAuth::Basic(user.clone(), password.clone()),
+            None => RegistryAuth::Anonymous,
+        }
+    }
+
+    fn map_err(
+        &self,
+        err: OciDistributionError,
+        registry: &str,
+        reference: &str,
+        action: &str,
+    ) -> BundleError {
+        let not_found = |envelope: &oci_client::errors::OciEnvelope| {
+            envelope.errors.iter().any(|e| {
+                matches!(
+                    e.code,
+                    OciErrorCode::ManifestUnknown
+                        | OciErrorCode::BlobUnknown
+                        | OciErrorCode::NameUnknown
+                        | OciErrorCode::NotFound
+                )
+            })
+        };
+        match err {
+            OciDistributionError::RequestError(e)
+                if e.is_connect() || e.is_timeout() || e.is_request() =>
+            {
+                BundleError::RegistryUnavailable {
+                    registry: registry.to_string(),
+                    action: action.to_string(),
+                    reason: e.to_string(),
+                }
+            }
+            OciDistributionError::ImageManifestNotFoundError(_) => BundleError::NotFound {
+                reference: reference.to_string(),
+                action: action.to_string(),
+            },
+            OciDistributionError::RegistryError { envelope, .. } if not_found(&envelope) => {
+                BundleError::NotFound {
+                    reference: reference.to_string(),
+                    action: action.to_string(),
+                }
+            }
+            OciDistributionError::ServerError { code: 404, .. } => BundleError::NotFound {
+                reference: reference.to_string(),
+                action: action.to_string(),
+            },
+            OciDistributionError::ServerError { code, message, .. } if code >= 500 => {
+                BundleError::RegistryUnavailable {
+                    registry: registry.to_string(),
+                    action: action.to_string(),
+                    reason: format!("HTTP {code}: {message}"),
+                }
+            }
+            OciDistributionError::DigestError(e) => BundleError::DigestMismatch {
+                subject: reference.to_string(),
+                expected: "the digest that names it".to_string(),
+                actual: e.to_string(),
+            },
+            other => BundleError::Registry {
+                reference: reference.to_string(),
+                action: action.to_string(),
+                reason: other.to_string(),
+            },
+        }
+    }
+
+    async fn push_blob(&self, target: &BundleRef, data: &[u8], digest: &str) -> Result<()> {
+        let client = self.client(&target.registry);
+        let reference = target.with_digest(digest);
+        client
+            .store_auth_if_needed(&target.registry, &self.auth())
+            .await;
+        let exists = client.blob_exists(&reference, digest).await.map_err(|e| {
+            self.map_err(
+                e,
+                &target.registry,
+                &target.repository_ref(),
+                "check a blob",
+            )
+        })?;
+        if exists {
+            return Ok(());
+        }
+        client
+            .push_blob(&reference, data.to_vec(), digest)
+            .await
+            .map_err(|e| {
+                self.map_err(e, &target.registry, &target.repository_ref(), "push a blob")
+            })?;
+        Ok(())
+    }
+
+    async fn push_manifest(
+        &self,
+        reference: &Reference,
+        bytes: &[u8],
+        registry: &str,
+    ) -> Result<()> {
+        let client = self.client(registry);
+        client.store_auth_if_needed(registry, &self.auth()).await;
+        client
+            .push_manifest_raw(
+                reference,
+                bytes.to_vec(),
+                http::HeaderValue::from_static(MANIFEST_MEDIA_TYPE),
+            )
+            .await
+            .map_err(|e| self.map_err(e, registry, &reference.whole(), "push a manifest"))?;
+        Ok(())
+    }
+
+    async fn pull_manifest(&self, reference: &Reference, registry: &str) -> Result<Vec<u8>> {
+        let client = self.client(registry);
+        let (bytes, _digest) = client
+            .pull_manifest_raw(reference, &self.auth(), &[MANIFEST_MEDIA_TYPE])
+            .await
+            .map_err(|e| self.map_err(e, registry, &reference.whole(), "pull a manifest"))?;
+        Ok(bytes.to_vec())
+    }
+
+    async fn pull_blob(
+        &self,
+        target: &BundleRef,
+        descriptor: &artifact::Descriptor,
+    ) -> Result<Vec<u8>> {
+        let client = self.client(&target.registry);
+        let mut out = Vec::with_capacity(descriptor.size as usize);
+        client
+            .pull_blob(
+                &target.with_digest(&descriptor.digest),
+                &oci_descriptor(descriptor),
+                &mut out,
+            )
+            .await
+            .map_err(|e| {
+                self.map_err(
+                    e,
+                    &target.registry,
+                    &format!("{}@{}", target.repository_ref(), descriptor.digest),
+                    "pull a blob",
+                )
+            })?;
+        Ok(out)
+    }
+
+    /// Pushes a rendered bundle: blobs first, then the manifest by digest, then (if `target`
+    /// has one) the tag. `target` is `registry/repository[:tag]`.
+    pub async fn push(&self, artifact: &Artifact, target: &str) -> Result<Pushed> {
+        let target = BundleRef::parse(target)?;
+        if target.digest.is_some() {
+            return Err(BundleError::InvalidReference {
+                what: "push target",
+                value: target.to_string(),
+                reason:
+                    "a push target names a repository and optionally a tag; the digest is computed"
+                        .into(),
+            });
+        }
+        self.push_blob(&target, &artifact.config, &artifact.manifest.config.digest)
+            .await?;
+        self.push_blob(
+            &target,
+            &artifact.layer,
+            &artifact.manifest.layers[0].digest,
+        )
+        .await?;
+        self.push_manifest(
+            &target.with_digest(&artifact.manifest_digest),
+            &artifact.manifest_bytes,
+            &target.registry,
+        )
+        .await?;
+        if let Some(tag) = &target.tag {
+            self.push_manifest(
+                &target.with_tag(tag),
+                &artifact.manifest_bytes,
+                &target.registry,
+            )
+            .await?;
+        }
+        Ok(Pushed {
+            reference: format!("{}@{}", target.repository_ref(), artifact.manifest_digest),
+            manifest_digest: artifact.manifest_digest.clone(),
+            content_digest: artifact.content_digest().to_string(),
+            tag: target.tag.clone(),
+        })
+    }
+
+    /// Resolves a reference (tag or digest) to its manifest digest.
+    pub async fn resolve(&self, reference: &str) -> Result<String> {
+        let target = BundleRef::parse(reference)?;
+        let bytes = self.pull_manifest(&target.oci(), &target.registry).await?;
+        Ok(artifact::sha256_digest(&bytes))
+    }
+
+    /// Pulls a bundle by tag or digest and checks every digest along the way (manifest, layer,
+    /// content annotation). Pulling by tag is for inspection; pin and verify by digest.
+    pub async fn pull(&self, reference: &str) -> Result<Artifact> {
+        let target = BundleRef::parse(reference)?;
+        let manifest_bytes = self.pull_manifest(&target.oci(), &target.registry).await?;
+        let (manifest, layer) =
+            artifact::parse_bundle_manifest(&manifest_bytes, &target.to_string())?;
+        let config = self.pull_blob(&target, &manifest.config).await?;
+        let layer_bytes = self.pull_blob(&target, &layer).await?;
+        artifact::from_parts(
+            manifest_bytes,
+            config,
+            layer_bytes,
+            target.digest.as_deref(),
+            &target.to_string(),
+        )
+    }
+
+    /// The signature layers stored at `digest`'s cosign tag (empty when there is no tag).
+    async fn signature_layers(
+        &self,
+        target: &BundleRef,
+        digest: &str,
+    ) -> Result<(String, Vec<SignatureLayer>, Vec<artifact::Descriptor>)> {
+        let tag = signature::signature_tag(digest)?;
+        let manifest_bytes = match self
+            .pull_manifest(&target.with_tag(&tag), &target.registry)
+            .await
+        {
+            Ok(bytes) => bytes,
+            Err(BundleError::NotFound { .. }) => return Ok((tag, Vec::new(), Vec::new())),
+            Err(other) => return Err(other),
+        };
+        let manifest: artifact::ImageManifest =
+            serde_json::from_slice(&manifest_bytes).map_err(|e| {
+                BundleError::not_a_bundle(
+                    format!("{}:{tag}", target.repository_ref()),
+                    format!("signature tag does not hold an OCI manifest: {e}"),
+                )
+            })?;
+        let mut layers = Vec::new();
+        for descriptor in manifest
+            .layers
+            .iter()
+            .filter(|l| l.media_type == SIMPLE_SIGNING_MEDIA_TYPE)
+        {
+            let payload = self.pull_blob(target, descriptor).await?;
+            layers.push(SignatureLayer {
+                payload,
+                signature: descriptor
+                    .annotations
+                    .get(signature::SIGNATURE_ANNOTATION)
+                    .cloned(),
+            });
+        }
+        Ok((tag, layers, manifest.layers))
+    }
+
+    /// Signs the manifest digest of `reference` (which must carry `@sha256:...`) in cosign's tag
+    /// layout, appending to the signatures already there. Signing twice with the same key adds
+    /// nothing. The bundle must exist in the registry.
+    pub async fn sign(&self, reference: &str, key: &SigningKey) -> Result<Signed> {
+        let target = BundleRef::parse(reference)?;
+        let digest_ref = target.digest_ref()?;
+        let digest = target.digest.clone().unwrap_or_default();
+        // The bundle must exist: never sign a digest nobody can pull.
+        self.pull_manifest(&target.with_digest(&digest), &target.registry)
+            .await?;
+        let (tag, existing, mut descriptors) = self.signature_layers(&target, &digest).await?;
+        let signature_reference = format!("{}:{tag}", target.repository_ref());
+        let already = existing.iter().any(|layer| {
+            layer
+                .signature
+                .as_deref()
+                .is_some_and(|s| key.public_key().verifies(&layer.payload, s))
+                && serde_json::from_slice::<signature::Payload>(&layer.payload)
+                    .is_ok_and(|p| p.critical.image.docker_manifest_digest == digest)
+        });
+        if already {
+            return Ok(Signed {
+                reference: digest_ref,
+                signature_reference,
+                key_fingerprint: key.public_key().fingerprint().to_string(),
+                signatures: existing.len(),
+                added: false,
+            });
+        }
+        let payload = signature::payload(&target.repository_ref(), &digest);
+        let signature_b64 = key.sign(&payload)?;
+        let descriptor = signature::signature_descriptor(&payload, &signature_b64);
+        self.push_blob(&target, &payload, &descriptor.digest)
+            .await?;
+        descriptors.push(descriptor);
+        let count = descriptors
+            .iter()
+            .filter(|d| d.media_type == SIMPLE_SIGNING_MEDIA_TYPE)
+            .count();
+        let image = signature::signature_image(descriptors);
+        self.push_blob(
+            &target,
+            &image.config,
+            &artifact::sha256_digest(&image.config),
+        )
+        .await?;
+        self.push_manifest(
+            &target.with_tag(&tag),
+            &image.manifest_bytes,
+            &target.registry,
+        )
+        .await?;
+        Ok(Signed {
+            reference: digest_ref,
+            signature_reference,
+            key_fingerprint: key.public_key().fingerprint().to_string(),
+            signatures: count,
+            added: true,
+        })
+    }
+
+    /// Verifies the cosign signature of `reference`'s digest (a tag is refused) against `keys`
+    /// (any one suffices). The bundle manifest must exist at that digest.
+    pub async fn verify(&self, reference: &str, keys: &[PublicKey]) -> Result<Verified> {
+        let target = BundleRef::parse(reference)?;
+        let digest_ref = target.digest_ref()?;
+        let digest = target.digest.clone().unwrap_or_default();
+        self.pull_manifest(&target.with_digest(&digest), &target.registry)
+            .await?;
+        let (tag, layers, _) = self.signature_layers(&target, &digest).await?;
+        signature::judge(
+            &digest,
+            &layers,
+            keys,
+            &digest_ref,
+            &format!("{}:{tag}", target.repository_ref()),
+        )
+    }
+
+    /// Verifies the signature on `reference`'s digest, then pulls the bundle at that digest with
+    /// every digest checked: what an operator calls before applying anything.
+    pub async fn verify_and_pull(
+        &self,
+        reference: &str,
+        keys: &[PublicKey],
+    ) -> Result<VerifiedBundle> {
+        let verified = self.verify(reference, keys).await?;
+        let artifact = self.pull(reference).await?;
+        Ok(VerifiedBundle { verified, artifact })
+    }
+
+    /// Inspects a bundle in a registry (tag or digest): digests, source commit, kinds, and how
+    /// many signatures its cosign tag holds (unverified).
+    pub async fn inspect(&self, reference: &str) -> Result<Inspection> {
+        let target = BundleRef::parse(reference)?;
+        let artifact = self.pull(reference).await?;
+        let (_, layers, _) = self
+            .signature_layers(&target, &artifact.manifest_digest)
+            .await?;
+        Ok(inspection(
+            &artifact,
+            &target.to_string(),
+            Some(layers.len()),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_parse_and_require_a_registry_host() {
+        let d = format!("sha256:{}", "a".repeat(64));
+        // (input, Some((registry, repository, tag, has digest)) or None for a parse error)
+        type Want = Option<(&'static str, &'static str, Option<&'static str>, bool)>;
+        let cases: Vec<(String, Want)> = vec![
+            (
+                "127.0.0.1:5000/mesh/config:v1".into(),
+                Some(("127.0.0.1:5000", "mesh/config", Some("v1"), false)),
+            ),
+            (
+                format!("127.0.0.1:5000/mesh@{d}"),
+                Some(("127.0.0.1:5000", "mesh", None, true)),
+            ),
+            (
+                format!("oci://registry.example/mesh@{d}"),
+                Some(("registry.example", "mesh", None, true)),
+            ),
+            (
+                "localhost/mesh".into(),
+                Some(("localhost", "mesh", None, false)),
+            ),
+            ("mesh/config:v1".into(), None),
+            ("nohost".into(), None),
+            ("127.0.0.1:5000/mesh@sha256:short".into(), None),
+        ];
+        for (input, want) in cases {
+            match (BundleRef::parse(&input), want) {
+                (Ok(r), Some((registry, repository, tag, has_digest))) => {
+                    assert_eq!(r.registry, registry, "{input}");
+                    assert_eq!(r.repository, repository, "{input}");
+                    assert_eq!(r.tag.as_deref(), tag, "{input}");
+                    assert_eq!(r.digest.is_some(), has_digest, "{input}");
+                }
+                (Err(e), None) => assert_eq!(e.category(), "InvalidReference", "{input}: {e}"),
+                (got, want) => panic!("{input}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn digest_ref_refuses_tags() {
+        let r = BundleRef::parse("127.0.0.1:5000/mesh:latest").unwrap();
+        let err = r.digest_ref().unwrap_err();
+        assert_eq!(err.category(), "DigestRequired");
+        assert!(err.to_string().contains("never a tag"), "{err}");
+    }
+
+    #[test]
+    fn loopback_hosts() {
+        for (host, want) in [
+            ("127.0.0.1:5000", true),
+            ("127.8.9.1", true),
+            ("localhost:5000", true),
+            ("[::1]:5000", true),
+            ("registry.example:5000", false),
+            ("10.0.0.1:5000", false),
+        ] {
+            assert_eq!(is_loopback_host(host), want, "{host}");
+        }
+    }
+}
