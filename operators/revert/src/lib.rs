@@ -1,2 +1,17 @@
-//! The revert operator.
+//! The revert operator: pinning Argo CD Applications to a signed bundle (`BundlePin`).
+//!
+//! `decide` holds the pure logic, `reconcile` the I/O, `validity` the checks CEL cannot
+//! express. Never applies anything before the signature and the bundle's kinds are verified.
 #![forbid(unsafe_code)]
+
+pub mod decide;
+pub mod reconcile;
+pub mod validity;
+
+use sluice_runtime::FieldManager;
+
+/// The operator's name: Lease name, Event reporter, binary name.
+pub const OPERATOR: &str = "sluice-revert";
+
+/// The one field manager this operator writes under.
+pub const FIELD_MANAGER: FieldManager = FieldManager::new("sluice-revert");

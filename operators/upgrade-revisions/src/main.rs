@@ -1,3 +1,40 @@
-//! Binary entry point of sluice-upgrade-revisions.
+//! Binary entry point of sluice-upgrade-revisions: flags, then the shared runtime runs the RevisionUpgrade
+//! controller while this replica holds the Lease.
 #![forbid(unsafe_code)]
-fn main() {}
+
+use std::{process::ExitCode, sync::Arc};
+
+use clap::Parser;
+use sluice_runtime::{Runtime, RuntimeArgs};
+use sluice_upgrade_revisions::{OPERATOR, reconcile};
+
+/// Moves namespaces between Istio revision tags in waves, never upgrading in place.
+#[derive(Debug, Parser)]
+#[command(name = OPERATOR, version)]
+struct Cli {
+    #[command(flatten)]
+    runtime: RuntimeArgs,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = async {
+        let rt = Runtime::init(OPERATOR, cli.runtime).await?;
+        let api = kube::Api::all(rt.client.clone());
+        let ctx = Arc::new(reconcile::Context::new(
+            rt.client.clone(),
+            rt.recorder.clone(),
+        ));
+        rt.run(api, ctx, reconcile::reconcile).await
+    }
+    .await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("{OPERATOR}: {err}");
+            tracing::error!(error = %err, "{OPERATOR} failed to start");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,3 +1,40 @@
-//! Binary entry point of sluice-wave-gate.
+//! Binary entry point of sluice-wave-gate: flags, then the shared runtime runs the WaveGate
+//! controller while this replica holds the Lease.
 #![forbid(unsafe_code)]
-fn main() {}
+
+use std::{process::ExitCode, sync::Arc};
+
+use clap::Parser;
+use sluice_runtime::{Runtime, RuntimeArgs};
+use sluice_wave_gate::{OPERATOR, reconcile};
+
+/// Gates a site's ApplicationSet across cluster waves of mesh configuration changes.
+#[derive(Debug, Parser)]
+#[command(name = OPERATOR, version)]
+struct Cli {
+    #[command(flatten)]
+    runtime: RuntimeArgs,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = async {
+        let rt = Runtime::init(OPERATOR, cli.runtime).await?;
+        let api = rt.namespaced_api();
+        let ctx = Arc::new(reconcile::Context::new(
+            rt.client.clone(),
+            rt.recorder.clone(),
+        ));
+        rt.run(api, ctx, reconcile::reconcile).await
+    }
+    .await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("{OPERATOR}: {err}");
+            tracing::error!(error = %err, "{OPERATOR} failed to start");
+            ExitCode::FAILURE
+        }
+    }
+}

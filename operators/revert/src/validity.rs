@@ -1,0 +1,92 @@
+//! What a BundlePin's CRD schema and CEL rules cannot check: that the kinds it may apply are
+//! mesh configuration, never identity, RBAC or secrets (revert's per-cluster identity is
+//! allowed only mesh kinds; a pin must not ask for more). Each problem names its field
+//! (`spec.allowedKinds[2]: ...`).
+//!
+//! Pure; never reads the cluster or the registry (signatures are verified by the reconcile).
+
+use sluice_api::v1alpha1::BundlePinSpec;
+
+/// Kinds a bundle may never carry, by (group, kind).
+pub const FORBIDDEN_KINDS: &[(&str, &str)] = &[
+    ("", "Secret"),
+    ("", "ServiceAccount"),
+    ("rbac.authorization.k8s.io", "Role"),
+    ("rbac.authorization.k8s.io", "RoleBinding"),
+    ("rbac.authorization.k8s.io", "ClusterRole"),
+    ("rbac.authorization.k8s.io", "ClusterRoleBinding"),
+    (
+        "admissionregistration.k8s.io",
+        "MutatingWebhookConfiguration",
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "ValidatingWebhookConfiguration",
+    ),
+    ("apiextensions.k8s.io", "CustomResourceDefinition"),
+];
+
+/// The spec's problems, empty when it is valid.
+pub fn problems(spec: &BundlePinSpec) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, gk) in spec.allowed_kinds.iter().enumerate() {
+        if FORBIDDEN_KINDS
+            .iter()
+            .any(|(g, k)| *g == gk.group && *k == gk.kind)
+        {
+            let shown = if gk.group.is_empty() {
+                gk.kind.clone()
+            } else {
+                format!("{}.{}", gk.kind, gk.group)
+            };
+            out.push(format!(
+                "spec.allowedKinds[{i}]: {shown} is not mesh configuration and may never be pinned; remove it"
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(patch: serde_json::Value) -> BundlePinSpec {
+        let mut base = serde_json::json!({
+            "targets": [{"name": "mesh-config-c1", "namespace": "argocd"}],
+            "bundle": {"repository": "oci://registry.example/mesh", "digest": format!("sha256:{}", "b".repeat(64))},
+            "publicKeysSecretRef": {"name": "cosign", "keys": ["cosign.pub"]},
+            "reason": "bad route",
+        });
+        for (k, v) in patch.as_object().unwrap() {
+            base[k] = v.clone();
+        }
+        serde_json::from_value(base).expect("fixture deserializes")
+    }
+
+    #[test]
+    fn problems_name_their_field() {
+        let table = [
+            (serde_json::json!({}), vec![]),
+            (
+                serde_json::json!({"allowedKinds": [{"group": "networking.istio.io", "kind": "VirtualService"}]}),
+                vec![],
+            ),
+            (
+                serde_json::json!({"allowedKinds": [{"group": "networking.istio.io", "kind": "VirtualService"}, {"kind": "Secret"}]}),
+                vec!["spec.allowedKinds[1]"],
+            ),
+            (
+                serde_json::json!({"allowedKinds": [{"group": "rbac.authorization.k8s.io", "kind": "ClusterRoleBinding"}]}),
+                vec!["spec.allowedKinds[0]"],
+            ),
+        ];
+        for (patch, want) in table {
+            let got = problems(&spec(patch.clone()));
+            assert_eq!(got.len(), want.len(), "{patch}: {got:?}");
+            for (g, w) in got.iter().zip(want) {
+                assert!(g.starts_with(&format!("{w}: ")), "{patch}: {g}");
+            }
+        }
+    }
+}
