@@ -29,6 +29,12 @@ OWN_KIND = {
 }
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "*"}
 RUNS_GATES = {"rollout-weights", "wave-gate", "upgrade-revisions"}
+# Built-in resources a RoleBinding cannot grant (they have no namespace).
+CLUSTER_SCOPED_BUILTINS = {
+    "namespaces", "nodes", "persistentvolumes", "mutatingwebhookconfigurations",
+    "validatingwebhookconfigurations", "validatingadmissionpolicies", "validatingadmissionpolicybindings",
+    "customresourcedefinitions", "clusterroles", "clusterrolebindings", "priorityclasses", "storageclasses",
+}
 
 
 class Failures:
@@ -182,16 +188,21 @@ def check_crd_names(docs: list[dict], g: dict[str, set[str]], f: Failures) -> No
     if not crds:
         return  # nothing generated yet; chart-check reports the missing CRDs
     known = set()
+    cluster_scoped = set(CLUSTER_SCOPED_BUILTINS)
     for d in crds:
         plural = d["spec"]["names"]["plural"]
         known.add(plural)
+        if d["spec"].get("scope") == "Cluster":
+            cluster_scoped.add(plural)
         for v in d["spec"].get("versions", []):
             if "status" in v.get("subresources", {}):
                 known.add(f"{plural}/status")
         known.add(f"{plural}/finalizers")
     for who, lines in g.items():
         for line in lines:
-            _, group, res, _, _ = line.split(" ")
+            scope, group, res, _, _ = line.split(" ")
+            f.check(not (scope.startswith("ns/") and res.split("/")[0] in cluster_scoped),
+                    f"{who}: {res} is cluster-scoped, so a namespaced binding grants nothing: {line}")
             if group == "sluice.dev":
                 f.check(res in known, f"{who}: rule names sluice.dev/{res}, which no rendered CRD defines (known: {sorted(known)})")
 
