@@ -148,6 +148,8 @@ pub struct TickReport {
     pub failed_queries: usize,
     /// Wall time of the tick.
     pub elapsed: Duration,
+    /// Part of `elapsed` spent waiting for the metrics source (the rest is planning and deciding).
+    pub query_time: Duration,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -510,7 +512,9 @@ impl<S: MetricsSource> Engine<S> {
     pub async fn tick(&self, checks: &[GateCheck], now: Timestamp) -> TickReport {
         let started = Instant::now();
         let plan = plan(checks, &self.options, false);
+        let query_started = Instant::now();
         let (answers, failed_queries) = self.run(&plan, now).await;
+        let query_time = query_started.elapsed();
         let outcomes = checks
             .iter()
             .zip(plan.checks.iter())
@@ -544,6 +548,7 @@ impl<S: MetricsSource> Engine<S> {
             queries: plan.groups.len(),
             failed_queries,
             elapsed: started.elapsed(),
+            query_time,
         }
     }
 
