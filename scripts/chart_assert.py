@@ -182,6 +182,30 @@ def check_rbac(docs: list[dict], enabled: list[str], release_ns: str, argocd_ns:
     return g
 
 
+def check_decision_configmap(docs: list[dict], enabled: list[str], argocd_ns: str, f: Failures) -> None:
+    """The duck ConfigMap points Argo CD at a status list the WaveGate CRD really has."""
+    cms = [d for d in docs if d["kind"] == "ConfigMap" and component(d) == "wave-gate"]
+    if "wave-gate" not in enabled or not cms:
+        return
+    for cm in cms:
+        where = f"ConfigMap {cm['metadata']['name']}"
+        data = cm.get("data", {})
+        f.check(cm["metadata"].get("namespace") == argocd_ns, f"{where}: must live in the Argo CD namespace {argocd_ns}")
+        f.check(data.get("apiVersion") == "sluice.dev/v1alpha1" and data.get("kind") == "wavegates",
+                f"{where}: must name sluice.dev/v1alpha1 wavegates (the plural), has {data}")
+        crd = next((d for d in docs if d["kind"] == "CustomResourceDefinition"
+                    and d["metadata"]["name"] == "wavegates.sluice.dev"), None)
+        if crd is None:
+            continue
+        version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1")
+        status = version["schema"]["openAPIV3Schema"].get("properties", {}).get("status", {}).get("properties", {})
+        lst = status.get(data.get("statusListKey"), {})
+        f.check(lst.get("type") == "array", f"{where}: statusListKey {data.get('statusListKey')!r} is not a list in the WaveGate status")
+        item = lst.get("items", {})
+        f.check(data.get("matchKey") in item.get("required", []),
+                f"{where}: matchKey {data.get('matchKey')!r} is not a required key of the WaveGate's decisions")
+
+
 def check_crd_names(docs: list[dict], g: dict[str, set[str]], f: Failures) -> None:
     """Every sluice.dev resource a rule names is a rendered CRD's plural (or its subresource)."""
     crds = [d for d in docs if d["kind"] == "CustomResourceDefinition" and d["spec"]["group"] == "sluice.dev"]
@@ -235,6 +259,7 @@ def main() -> int:
         check_deployment(d, docs, f)
     g = check_rbac(docs, enabled, a.release_namespace, a.argocd_namespace, f)
     check_crd_names(docs, g, f)
+    check_decision_configmap(docs, enabled, a.argocd_namespace, f)
 
     if a.rbac_table:
         lines = sorted(f"{who} {line}" for who, items in g.items() for line in items)
