@@ -1,0 +1,285 @@
+//! Object storage: JSON objects per (group, resource, namespace, name), one resourceVersion
+//! counter per emulator, a bounded per-resource event history for watch resume, and broadcast
+//! channels feeding live watches.
+//!
+//! Owns resourceVersion assignment and event emission. Never interprets objects beyond
+//! `metadata.namespace`/`metadata.name`/`metadata.resourceVersion`; semantics live in `api`.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+use crate::resources::TableKey;
+
+/// Watch event type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    /// Object created.
+    Added,
+    /// Object changed.
+    Modified,
+    /// Object removed.
+    Deleted,
+}
+
+impl EventType {
+    /// The wire name (`ADDED`, `MODIFIED`, `DELETED`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One change of one object.
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// The resourceVersion the change was committed at.
+    pub rv: u64,
+    /// What happened.
+    pub kind: EventType,
+    /// The object after the change (before removal, for deletes).
+    pub object: Arc<Value>,
+}
+
+/// Objects of one resource plus its recent history.
+#[derive(Debug)]
+pub struct Table {
+    /// (namespace, name) → object; cluster-scoped objects use an empty namespace.
+    pub objects: BTreeMap<(String, String), Arc<Value>>,
+    history: VecDeque<Arc<Event>>,
+    /// Events at or below this resourceVersion are no longer in the history.
+    compacted: u64,
+    tx: broadcast::Sender<Arc<Event>>,
+}
+
+/// Capacity of each live watch channel; a watcher lagging by more is closed with 410.
+const CHANNEL_CAPACITY: usize = 65_536;
+
+impl Table {
+    fn new(created_at: u64) -> Self {
+        Table {
+            objects: BTreeMap::new(),
+            history: VecDeque::new(),
+            compacted: created_at,
+            tx: broadcast::channel(CHANNEL_CAPACITY).0,
+        }
+    }
+
+    /// Objects in one namespace (or all when `ns` is `None`), in name order.
+    pub fn iter_ns<'a>(
+        &'a self,
+        ns: Option<&'a str>,
+    ) -> Box<dyn Iterator<Item = &'a Arc<Value>> + 'a> {
+        match ns {
+            None => Box::new(self.objects.values()),
+            Some(ns) => Box::new(
+                self.objects
+                    .range((ns.to_string(), String::new())..)
+                    .take_while(move |((n, _), _)| n == ns)
+                    .map(|(_, v)| v),
+            ),
+        }
+    }
+
+    /// Events after `rv`, or `None` when some of them were already dropped from the history.
+    pub fn events_since(&self, rv: u64) -> Option<Vec<Arc<Event>>> {
+        if rv < self.compacted {
+            return None;
+        }
+        Some(self.history.iter().filter(|e| e.rv > rv).cloned().collect())
+    }
+
+    /// A live feed of events committed from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
+        self.tx.subscribe()
+    }
+
+    /// The oldest resourceVersion a watch may resume from.
+    pub fn compacted(&self) -> u64 {
+        self.compacted
+    }
+}
+
+/// Everything behind the store lock.
+#[derive(Debug)]
+pub struct Inner {
+    rv: u64,
+    tables: HashMap<TableKey, Table>,
+    history_limit: usize,
+}
+
+/// Reads `metadata.namespace`/`metadata.name`.
+pub fn key_of(obj: &Value) -> (String, String) {
+    let m = obj.get("metadata");
+    let s = |k: &str| {
+        m.and_then(|m| m.get(k))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    (s("namespace"), s("name"))
+}
+
+impl Inner {
+    /// The last committed resourceVersion.
+    pub fn rv(&self) -> u64 {
+        self.rv
+    }
+
+    /// The table for `key`, created empty on first use.
+    pub fn table_mut(&mut self, key: &TableKey) -> &mut Table {
+        let rv = self.rv;
+        self.tables
+            .entry(key.clone())
+            .or_insert_with(|| Table::new(rv))
+    }
+
+    /// The table for `key`, if any object was ever stored in it.
+    pub fn table(&self, key: &TableKey) -> Option<&Table> {
+        self.tables.get(key)
+    }
+
+    /// The stored object at (namespace, name).
+    pub fn get(&self, key: &TableKey, ns: &str, name: &str) -> Option<Arc<Value>> {
+        self.tables
+            .get(key)?
+            .objects
+            .get(&(ns.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// Ensures the table exists and returns a live feed plus the events after `rv`
+    /// (`None` when they were compacted away).
+    pub fn watch_from(
+        &mut self,
+        key: &TableKey,
+        rv: u64,
+    ) -> (broadcast::Receiver<Arc<Event>>, Option<Vec<Arc<Event>>>) {
+        let t = self.table_mut(key);
+        (t.subscribe(), t.events_since(rv))
+    }
+
+    fn emit(&mut self, key: &TableKey, kind: EventType, object: Arc<Value>) {
+        let limit = self.history_limit;
+        let rv = self.rv;
+        let t = self.table_mut(key);
+        let ev = Arc::new(Event { rv, kind, object });
+        t.history.push_back(ev.clone());
+        while t.history.len() > limit {
+            if let Some(old) = t.history.pop_front() {
+                t.compacted = old.rv;
+            }
+        }
+        let _ = t.tx.send(ev);
+    }
+
+    /// Stores `obj` at a new resourceVersion (written into `metadata.resourceVersion`) and
+    /// emits ADDED or MODIFIED.
+    pub fn put(&mut self, key: &TableKey, mut obj: Value) -> Arc<Value> {
+        self.rv += 1;
+        obj["metadata"]["resourceVersion"] = Value::String(self.rv.to_string());
+        let k = key_of(&obj);
+        let obj = Arc::new(obj);
+        let existed = self.table_mut(key).objects.insert(k, obj.clone()).is_some();
+        self.emit(
+            key,
+            if existed {
+                EventType::Modified
+            } else {
+                EventType::Added
+            },
+            obj.clone(),
+        );
+        obj
+    }
+
+    /// Removes the object, emits DELETED carrying the object at a new resourceVersion.
+    pub fn remove(&mut self, key: &TableKey, ns: &str, name: &str) -> Option<Arc<Value>> {
+        let old = self
+            .table_mut(key)
+            .objects
+            .remove(&(ns.to_string(), name.to_string()))?;
+        self.rv += 1;
+        let mut last = (*old).clone();
+        last["metadata"]["resourceVersion"] = Value::String(self.rv.to_string());
+        let last = Arc::new(last);
+        self.emit(key, EventType::Deleted, last.clone());
+        Some(last)
+    }
+
+    /// Drops a whole table (its CRD was deleted); live watches end.
+    pub fn drop_table(&mut self, key: &TableKey) {
+        self.tables.remove(key);
+    }
+}
+
+/// The store: one lock around all tables.
+#[derive(Debug)]
+pub struct Store {
+    inner: RwLock<Inner>,
+}
+
+impl Store {
+    /// An empty store keeping up to `history_limit` events per resource for watch resume.
+    pub fn new(history_limit: usize) -> Self {
+        Store {
+            inner: RwLock::new(Inner {
+                rv: 0,
+                tables: HashMap::new(),
+                history_limit: history_limit.max(1),
+            }),
+        }
+    }
+
+    /// Shared access.
+    pub fn read(&self) -> RwLockReadGuard<'_, Inner> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Exclusive access.
+    pub fn write(&self) -> RwLockWriteGuard<'_, Inner> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn key() -> TableKey {
+        TableKey {
+            group: "".into(),
+            plural: "configmaps".into(),
+        }
+    }
+
+    #[test]
+    fn resource_versions_increase_and_history_compacts() {
+        let store = Store::new(2);
+        let mut w = store.write();
+        let a = w.put(&key(), json!({"metadata": {"name": "a", "namespace": "n"}}));
+        assert_eq!(a["metadata"]["resourceVersion"], "1");
+        w.put(&key(), json!({"metadata": {"name": "b", "namespace": "n"}}));
+        w.put(
+            &key(),
+            json!({"metadata": {"name": "a", "namespace": "n", "labels": {"x": "y"}}}),
+        );
+        let t = w.table(&key()).unwrap();
+        // Only two events kept: rv 2 and 3; resuming from 1 still works (nothing after 1 lost),
+        // resuming from 0 does not.
+        assert_eq!(t.events_since(1).unwrap().len(), 2);
+        assert!(t.events_since(0).is_none());
+        let gone = w.remove(&key(), "n", "a").unwrap();
+        assert_eq!(gone["metadata"]["resourceVersion"], "4");
+        let evs = w.table(&key()).unwrap().events_since(3).unwrap();
+        assert_eq!(evs[0].kind, EventType::Deleted);
+        assert_eq!(w.table(&key()).unwrap().iter_ns(Some("n")).count(), 1);
+        assert_eq!(w.table(&key()).unwrap().iter_ns(Some("m")).count(), 0);
+    }
+}

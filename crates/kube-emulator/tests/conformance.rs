@@ -1,0 +1,886 @@
+//! Conformance suite: one test per API behaviour the operators rely on, driven through kube-rs
+//! against a fresh emulator each. Expected wording follows kube-apiserver's.
+
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams, WatchEvent, WatchParams,
+};
+use kube_emulator::{Emulator, Options};
+use serde_json::{Value, json};
+
+const WIDGET_CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.test.sluice.dev
+spec:
+  group: test.sluice.dev
+  scope: Namespaced
+  names: {plural: widgets, singular: widget, kind: Widget, shortNames: [wg]}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    subresources: {status: {}}
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              replicas: {type: integer, minimum: 0, maximum: 10}
+              hosts: {type: array, items: {type: string}}
+              tags: {type: array, x-kubernetes-list-type: set, items: {type: string}}
+              backends:
+                type: array
+                x-kubernetes-list-type: map
+                x-kubernetes-list-map-keys: [name]
+                items:
+                  type: object
+                  required: [name]
+                  properties:
+                    name: {type: string}
+                    weight: {type: integer}
+          status:
+            type: object
+            properties:
+              phase: {type: string}
+"#;
+
+fn widget_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("test.sluice.dev", "v1", "Widget"),
+        "widgets",
+    )
+}
+
+async fn with_widgets() -> (Emulator, Api<DynamicObject>) {
+    let emu = Emulator::start().await;
+    emu.load_yaml(WIDGET_CRD).expect("widget CRD loads");
+    let api = Api::namespaced_with(emu.client(), "default", &widget_resource());
+    (emu, api)
+}
+
+fn widget(name: &str, spec: Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "test.sluice.dev/v1", "kind": "Widget",
+        "metadata": {"name": name}, "spec": spec
+    }))
+    .unwrap()
+}
+
+fn api_error(e: kube::Error) -> Box<kube::core::Status> {
+    match e {
+        kube::Error::Api(s) => s,
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+fn cm(name: &str, labels: Value) -> ConfigMap {
+    serde_json::from_value(
+        json!({"metadata": {"name": name, "labels": labels}, "data": {"k": "v"}}),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn controller_reconciles_an_object_created_after_start_within_a_second() {
+    use kube::runtime::controller::{Action, Controller};
+    use kube::runtime::watcher;
+    use std::sync::Arc;
+
+    let emu = Emulator::start().await;
+    let client = emu.client();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let ctrl = Controller::new(api.clone(), watcher::Config::default()).run(
+        |obj: Arc<ConfigMap>, tx: Arc<tokio::sync::mpsc::UnboundedSender<String>>| async move {
+            let _ = tx.send(obj.metadata.name.clone().unwrap_or_default());
+            Ok::<_, kube::Error>(Action::await_change())
+        },
+        |_, _, _| Action::requeue(Duration::from_secs(1)),
+        Arc::new(tx),
+    );
+    let handle = tokio::spawn(ctrl.for_each(|_| async {}));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    api.create(&PostParams::default(), &cm("late", json!({})))
+        .await
+        .unwrap();
+    let name = tokio::time::timeout(Duration::from_secs(1), async {
+        loop {
+            let n = rx.recv().await.unwrap();
+            if n == "late" {
+                return n;
+            }
+        }
+    })
+    .await
+    .expect("reconciled within a second");
+    assert_eq!(name, "late");
+    println!("reconciled {:?} after creation", started.elapsed());
+    handle.abort();
+}
+
+#[tokio::test]
+async fn create_get_list_with_selectors_and_pagination() {
+    let emu = Emulator::start().await;
+    let api: Api<ConfigMap> = Api::namespaced(emu.client(), "default");
+    for (n, tier) in [("a", "front"), ("b", "back"), ("c", "front"), ("d", "db")] {
+        api.create(
+            &PostParams::default(),
+            &cm(n, json!({"tier": tier, "app": "shop"})),
+        )
+        .await
+        .unwrap();
+    }
+    let got = api.get("b").await.unwrap();
+    assert!(got.metadata.uid.is_some() && got.metadata.creation_timestamp.is_some());
+    let names = |l: kube::core::ObjectList<ConfigMap>| -> Vec<String> {
+        l.items
+            .into_iter()
+            .map(|c| c.metadata.name.unwrap())
+            .collect()
+    };
+    let cases = [
+        ("tier=front", vec!["a", "c"]),
+        ("tier!=front", vec!["b", "d"]),
+        ("tier in (back,db)", vec!["b", "d"]),
+        ("tier notin (back,db)", vec!["a", "c"]),
+        ("app", vec!["a", "b", "c", "d"]),
+        ("!app", vec![]),
+    ];
+    for (sel, want) in cases {
+        assert_eq!(
+            names(api.list(&ListParams::default().labels(sel)).await.unwrap()),
+            want,
+            "{sel}"
+        );
+    }
+    assert_eq!(
+        names(
+            api.list(&ListParams::default().fields("metadata.name=c"))
+                .await
+                .unwrap()
+        ),
+        vec!["c"]
+    );
+    let page1 = api.list(&ListParams::default().limit(3)).await.unwrap();
+    let token = page1.metadata.continue_.clone().expect("continue token");
+    assert_eq!(names(page1), vec!["a", "b", "c"]);
+    let page2 = api
+        .list(&ListParams::default().limit(3).continue_token(&token))
+        .await
+        .unwrap();
+    assert!(page2.metadata.continue_.is_none());
+    assert_eq!(names(page2), vec!["d"]);
+    // Other namespaces do not exist until created.
+    let other: Api<ConfigMap> = Api::namespaced(emu.client(), "nowhere");
+    let err = api_error(
+        other
+            .create(&PostParams::default(), &cm("x", json!({})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        (err.code, err.message.as_str()),
+        (404, "namespaces \"nowhere\" not found")
+    );
+    // generateName.
+    let mut g = cm("", json!({}));
+    g.metadata.name = None;
+    g.metadata.generate_name = Some("gen-".into());
+    let made = api.create(&PostParams::default(), &g).await.unwrap();
+    assert!(made.metadata.name.unwrap().starts_with("gen-"));
+}
+
+#[tokio::test]
+async fn not_found_and_already_exists_are_worded_like_the_apiserver() {
+    let (_emu, api) = with_widgets().await;
+    let err = api_error(api.get("x").await.unwrap_err());
+    assert_eq!((err.code, err.reason.as_str()), (404, "NotFound"));
+    assert_eq!(err.message, "widgets.test.sluice.dev \"x\" not found");
+    api.create(&PostParams::default(), &widget("x", json!({})))
+        .await
+        .unwrap();
+    let err = api_error(
+        api.create(&PostParams::default(), &widget("x", json!({})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        (err.code, err.message.as_str()),
+        (409, "widgets.test.sluice.dev \"x\" already exists")
+    );
+}
+
+#[tokio::test]
+async fn update_with_a_stale_resource_version_is_a_409() {
+    let (_emu, api) = with_widgets().await;
+    let first = api
+        .create(&PostParams::default(), &widget("w", json!({"replicas": 1})))
+        .await
+        .unwrap();
+    let mut a = first.clone();
+    a.data["spec"]["replicas"] = json!(2);
+    let second = api.replace("w", &PostParams::default(), &a).await.unwrap();
+    assert!(
+        second
+            .metadata
+            .resource_version
+            .as_ref()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            > first
+                .metadata
+                .resource_version
+                .as_ref()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+    );
+    let mut stale = first.clone();
+    stale.data["spec"]["replicas"] = json!(3);
+    let err = api_error(
+        api.replace("w", &PostParams::default(), &stale)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 409);
+    assert_eq!(
+        err.message,
+        "Operation cannot be fulfilled on widgets.test.sluice.dev \"w\": the object has been modified; please apply your changes to the latest version and try again"
+    );
+}
+
+#[tokio::test]
+async fn generation_changes_on_spec_only_and_status_is_a_separate_subresource() {
+    let (_emu, api) = with_widgets().await;
+    let w = api
+        .create(&PostParams::default(), &widget("w", json!({"replicas": 1})))
+        .await
+        .unwrap();
+    assert_eq!(w.metadata.generation, Some(1));
+    // A status write keeps the generation and the spec.
+    let st = api
+        .patch_status(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Ready"}, "spec": {"replicas": 9}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(st.metadata.generation, Some(1));
+    assert_eq!(st.data["status"]["phase"], "Ready");
+    assert_eq!(st.data["spec"]["replicas"], 1);
+    // A main-resource write ignores status.
+    let m = api
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Lost"}, "metadata": {"labels": {"a": "b"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(m.data["status"]["phase"], "Ready");
+    assert_eq!(
+        m.metadata.generation,
+        Some(1),
+        "a metadata change does not bump generation"
+    );
+    let s = api
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 2}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s.metadata.generation, Some(2));
+    // A write that changes nothing does not change the resourceVersion.
+    let again = api
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 2}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again.metadata.resource_version, s.metadata.resource_version);
+}
+
+#[tokio::test]
+async fn a_finalizer_holds_a_delete_until_it_is_removed() {
+    let (_emu, api) = with_widgets().await;
+    let mut w = widget("w", json!({}));
+    w.metadata.finalizers = Some(vec!["test.sluice.dev/hold".into()]);
+    api.create(&PostParams::default(), &w).await.unwrap();
+    api.delete("w", &DeleteParams::default()).await.unwrap();
+    let held = api.get("w").await.unwrap();
+    assert!(held.metadata.deletion_timestamp.is_some());
+    api.patch(
+        "w",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    let err = api_error(api.get("w").await.unwrap_err());
+    assert_eq!(err.code, 404);
+}
+
+#[tokio::test]
+async fn server_side_apply_conflicts_between_two_managers_and_force_takes_over() {
+    let (_emu, api) = with_widgets().await;
+    let cfg = |replicas: i64| json!({"apiVersion": "test.sluice.dev/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"replicas": replicas}});
+    api.patch("w", &PatchParams::apply("alpha"), &Patch::Apply(cfg(1)))
+        .await
+        .unwrap();
+    let err = api_error(
+        api.patch("w", &PatchParams::apply("beta"), &Patch::Apply(cfg(2)))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 409);
+    assert_eq!(
+        err.message,
+        "Apply failed with 1 conflict: conflict with \"alpha\": .spec.replicas"
+    );
+    let forced = api
+        .patch(
+            "w",
+            &PatchParams::apply("beta").force(),
+            &Patch::Apply(cfg(2)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(forced.data["spec"]["replicas"], 2);
+    let mf = forced.metadata.managed_fields.unwrap();
+    let beta = mf
+        .iter()
+        .find(|m| m.manager.as_deref() == Some("beta"))
+        .expect("beta entry");
+    assert_eq!(beta.operation.as_deref(), Some("Apply"));
+    assert!(
+        mf.iter().all(|m| m.manager.as_deref() != Some("alpha")),
+        "alpha lost its only field: {mf:?}"
+    );
+    // Now alpha conflicts with beta.
+    let err = api_error(
+        api.patch("w", &PatchParams::apply("alpha"), &Patch::Apply(cfg(3)))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        err.message,
+        "Apply failed with 1 conflict: conflict with \"beta\": .spec.replicas"
+    );
+}
+
+#[tokio::test]
+async fn an_atomic_list_is_owned_as_a_whole_and_map_lists_per_item() {
+    let (_emu, api) = with_widgets().await;
+    let apply = |m: &'static str, spec: Value| {
+        let api = api.clone();
+        async move {
+            api.patch(
+                "w",
+                &PatchParams::apply(m),
+                &Patch::Apply(json!({"apiVersion": "test.sluice.dev/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": spec})),
+            )
+            .await
+        }
+    };
+    apply(
+        "alpha",
+        json!({"hosts": ["a.example", "b.example"], "backends": [{"name": "blue", "weight": 100}]}),
+    )
+    .await
+    .unwrap();
+    // Adding one host to the atomic list replaces it: a conflict with its owner.
+    let err = api_error(
+        apply("beta", json!({"hosts": ["c.example"]}))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        err.message,
+        "Apply failed with 1 conflict: conflict with \"alpha\": .spec.hosts"
+    );
+    // A new item of a map list is beta's own: no conflict, both items kept.
+    let both = apply(
+        "beta",
+        json!({"backends": [{"name": "green", "weight": 0}]}),
+    )
+    .await
+    .unwrap();
+    let names: Vec<&str> = both.data["spec"]["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["blue", "green"]);
+    // Changing alpha's item is a conflict on that item's field only.
+    let err = api_error(
+        apply(
+            "beta",
+            json!({"backends": [{"name": "blue", "weight": 50}]}),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(
+        err.message,
+        "Apply failed with 1 conflict: conflict with \"alpha\": .spec.backends[name=\"blue\"].weight"
+    );
+    // When alpha stops applying blue, the item goes (beta's green stays).
+    let after = apply("alpha", json!({"hosts": ["a.example", "b.example"]}))
+        .await
+        .unwrap();
+    let names: Vec<&str> = after.data["spec"]["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["green"]);
+}
+
+#[tokio::test]
+async fn update_operations_are_recorded_and_client_supplied_managed_fields_honoured() {
+    let (_emu, api) = with_widgets().await;
+    api.create(
+        &PostParams {
+            field_manager: Some("creator".into()),
+            ..Default::default()
+        },
+        &widget("w", json!({"replicas": 1})),
+    )
+    .await
+    .unwrap();
+    let w = api.get("w").await.unwrap();
+    let mf = w.metadata.managed_fields.clone().unwrap();
+    assert_eq!(mf.len(), 1);
+    assert_eq!(
+        (mf[0].manager.as_deref(), mf[0].operation.as_deref()),
+        (Some("creator"), Some("Update"))
+    );
+    let fields = serde_json::to_value(&mf[0].fields_v1).unwrap();
+    assert_eq!(fields["f:spec"]["f:replicas"], json!({}));
+    // An empty list is ignored.
+    let same = api
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"managedFields": []}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(same.metadata.managed_fields.unwrap().len(), 1);
+    // [{}] clears the list.
+    let cleared = api
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"managedFields": [{}]}})),
+        )
+        .await
+        .unwrap();
+    assert!(
+        cleared
+            .metadata
+            .managed_fields
+            .unwrap_or_default()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn watch_resumes_from_a_resource_version_after_a_dropped_connection() {
+    let emu = Emulator::start().await;
+    let api: Api<ConfigMap> = Api::namespaced(emu.client(), "default");
+    let first = api
+        .create(&PostParams::default(), &cm("one", json!({})))
+        .await
+        .unwrap();
+    let rv0 = first.metadata.resource_version.unwrap();
+    {
+        let stream = api
+            .watch(&WatchParams::default().timeout(10), &rv0)
+            .await
+            .unwrap();
+        futures::pin_mut!(stream);
+        api.create(&PostParams::default(), &cm("two", json!({})))
+            .await
+            .unwrap();
+        match stream.try_next().await.unwrap().unwrap() {
+            WatchEvent::Added(c) => assert_eq!(c.metadata.name.as_deref(), Some("two")),
+            other => panic!("unexpected {other:?}"),
+        }
+        // Connection dropped here.
+    }
+    let seen = api
+        .get("two")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    api.create(&PostParams::default(), &cm("three", json!({})))
+        .await
+        .unwrap();
+    api.delete("one", &DeleteParams::default()).await.unwrap();
+    let stream = api
+        .watch(&WatchParams::default().timeout(10), &seen)
+        .await
+        .unwrap();
+    futures::pin_mut!(stream);
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        match tokio::time::timeout(Duration::from_secs(2), stream.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+        {
+            WatchEvent::Added(c) => got.push(format!("added {}", c.metadata.name.unwrap())),
+            WatchEvent::Deleted(c) => got.push(format!("deleted {}", c.metadata.name.unwrap())),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(got, vec!["added three", "deleted one"]);
+}
+
+#[tokio::test]
+async fn a_compacted_resource_version_is_410_and_the_watcher_relists() {
+    let emu = Emulator::start_with(Options {
+        watch_history: 3,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(emu.client(), "default");
+    let first = api
+        .create(&PostParams::default(), &cm("c0", json!({})))
+        .await
+        .unwrap();
+    for i in 1..10 {
+        api.create(&PostParams::default(), &cm(&format!("c{i}"), json!({})))
+            .await
+            .unwrap();
+    }
+    let stream = api
+        .watch(
+            &WatchParams::default().timeout(5),
+            first.metadata.resource_version.as_deref().unwrap(),
+        )
+        .await
+        .unwrap();
+    futures::pin_mut!(stream);
+    match stream.try_next().await.unwrap().unwrap() {
+        WatchEvent::Error(s) => {
+            assert_eq!((s.code, s.reason.as_str()), (410, "Expired"));
+            assert!(
+                s.message.starts_with("too old resource version"),
+                "{}",
+                s.message
+            );
+        }
+        other => panic!("expected a 410 ERROR event, got {other:?}"),
+    }
+    // kube-runtime's watcher relists and sees everything.
+    let names: Vec<String> =
+        kube::runtime::watcher(api.clone(), kube::runtime::watcher::Config::default())
+            .take_while(|e| {
+                futures::future::ready(!matches!(e, Ok(kube::runtime::watcher::Event::InitDone)))
+            })
+            .filter_map(|e| async move {
+                match e {
+                    Ok(kube::runtime::watcher::Event::InitApply(c)) => c.metadata.name,
+                    _ => None,
+                }
+            })
+            .collect()
+            .await;
+    assert_eq!(names.len(), 10);
+}
+
+#[tokio::test]
+async fn watch_bookmarks_and_streaming_initial_events() {
+    let emu = Emulator::start_with(Options {
+        bookmark_interval: Duration::from_millis(100),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(emu.client(), "default");
+    api.create(&PostParams::default(), &cm("a", json!({})))
+        .await
+        .unwrap();
+    let stream = api
+        .watch(&WatchParams::default().timeout(5), "0")
+        .await
+        .unwrap();
+    futures::pin_mut!(stream);
+    let mut saw_added = false;
+    let mut saw_bookmark = false;
+    while let Some(ev) = tokio::time::timeout(Duration::from_secs(2), stream.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        match ev {
+            WatchEvent::Added(_) => saw_added = true,
+            WatchEvent::Bookmark(b) => {
+                assert!(!b.metadata.resource_version.is_empty());
+                saw_bookmark = true;
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(saw_added && saw_bookmark);
+    // The streaming-list strategy ends its initial events with an annotated bookmark.
+    let items: Vec<ConfigMap> = kube::runtime::watcher(
+        api.clone(),
+        kube::runtime::watcher::Config::default().streaming_lists(),
+    )
+    .take_while(|e| {
+        futures::future::ready(!matches!(e, Ok(kube::runtime::watcher::Event::InitDone)))
+    })
+    .filter_map(|e| async move {
+        match e {
+            Ok(kube::runtime::watcher::Event::InitApply(c)) => Some(c),
+            _ => None,
+        }
+    })
+    .collect()
+    .await;
+    assert_eq!(items.len(), 1);
+}
+
+#[tokio::test]
+async fn eviction_is_refused_while_a_disruption_budget_allows_none() {
+    let emu = Emulator::start().await;
+    // kube-rs retries 429 with backoff by default; the refusal itself is what is under test.
+    let mut config = emu.client_config();
+    config.default_retry = false;
+    let client = kube::Client::try_from(config).unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pod: Pod =
+        serde_json::from_value(json!({"metadata": {"name": "p", "labels": {"app": "web"}},
+        "spec": {"containers": [{"name": "c", "image": "i"}]}}))
+        .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let pdbs: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        "default",
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("policy", "v1", "PodDisruptionBudget"),
+            "poddisruptionbudgets",
+        ),
+    );
+    let pdb: DynamicObject = serde_json::from_value(json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "web"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}}))
+    .unwrap();
+    pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+    pdbs.patch_status(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"observedGeneration": 1, "disruptionsAllowed": 0, "desiredHealthy": 1, "currentHealthy": 1, "expectedPods": 1}})),
+    )
+    .await
+    .unwrap();
+    let err = api_error(pods.evict("p", &Default::default()).await.unwrap_err());
+    assert_eq!((err.code, err.reason.as_str()), (429, "TooManyRequests"));
+    assert_eq!(
+        err.message,
+        "Cannot evict pod as it would violate the pod's disruption budget."
+    );
+    let cause = &err.details.as_ref().unwrap().causes[0];
+    assert_eq!(
+        cause.message,
+        "The disruption budget web needs 1 healthy pods and has 1 currently"
+    );
+    pods.get("p").await.unwrap();
+    // Once the budget allows one disruption the eviction goes through and uses it up.
+    pdbs.patch_status(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"disruptionsAllowed": 1}})),
+    )
+    .await
+    .unwrap();
+    pods.evict("p", &Default::default()).await.unwrap();
+    assert_eq!(api_error(pods.get("p").await.unwrap_err()).code, 404);
+    assert_eq!(
+        pdbs.get("web").await.unwrap().data["status"]["disruptionsAllowed"],
+        0
+    );
+}
+
+#[tokio::test]
+async fn strategic_merge_patches_containers_by_name() {
+    let emu = Emulator::start().await;
+    let pods: Api<Pod> = Api::namespaced(emu.client(), "default");
+    let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "app", "image": "app:1"}, {"name": "proxy", "image": "proxy:1"}]}}))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let p = pods
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Strategic(
+                json!({"spec": {"containers": [{"name": "proxy", "image": "proxy:2"}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let images: Vec<String> = p
+        .spec
+        .unwrap()
+        .containers
+        .into_iter()
+        .map(|c| c.image.unwrap())
+        .collect();
+    assert_eq!(images, vec!["app:1", "proxy:2"]);
+    // Strategic merge patch is refused for custom resources, as the real server does.
+    emu.load_yaml(WIDGET_CRD).unwrap();
+    let api: Api<DynamicObject> = Api::namespaced_with(emu.client(), "default", &widget_resource());
+    api.create(&PostParams::default(), &widget("w", json!({})))
+        .await
+        .unwrap();
+    let err = api_error(
+        api.patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {}})),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(err.code, 415);
+}
+
+#[tokio::test]
+async fn json_patch_and_delete_collection() {
+    let emu = Emulator::start().await;
+    let api: Api<ConfigMap> = Api::namespaced(emu.client(), "default");
+    for n in ["a", "b", "c"] {
+        api.create(
+            &PostParams::default(),
+            &cm(n, json!({"sweep": if n == "c" { "no" } else { "yes" }})),
+        )
+        .await
+        .unwrap();
+    }
+    let patched = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Json::<()>(
+                serde_json::from_value(json!([{"op": "replace", "path": "/data/k", "value": "w"}]))
+                    .unwrap(),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.data.unwrap()["k"], "w");
+    api.delete_collection(
+        &DeleteParams::default(),
+        &ListParams::default().labels("sweep=yes"),
+    )
+    .await
+    .unwrap();
+    let left: Vec<String> = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|c| c.metadata.name.unwrap())
+        .collect();
+    assert_eq!(left, vec!["c"]);
+}
+
+#[tokio::test]
+async fn several_emulators_are_independent() {
+    let a = Emulator::start().await;
+    let b = Emulator::start().await;
+    assert_ne!(a.port(), b.port());
+    Api::<ConfigMap>::namespaced(a.client(), "default")
+        .create(&PostParams::default(), &cm("only-in-a", json!({})))
+        .await
+        .unwrap();
+    let in_b = Api::<ConfigMap>::namespaced(b.client(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(in_b.items.is_empty());
+    a.shutdown().await;
+    // b still serves after a is gone.
+    Api::<ConfigMap>::namespaced(b.client(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn upstream_crds_load_and_serve() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/upstream");
+    if !dir.exists() {
+        println!(
+            "skipping: {} is absent (upstream CRDs are reference data outside the repo)",
+            dir.display()
+        );
+        return;
+    }
+    let emu = Emulator::start().await;
+    for f in [
+        "gateway-api-v1.6.1/gateway.networking.k8s.io_httproutes.yaml",
+        "gateway-api-v1.6.1/gateway.networking.k8s.io_grpcroutes.yaml",
+        "argo-cd-v3.5.1/application-crd.yaml",
+        "argo-cd-v3.5.1/applicationset-crd.yaml",
+    ] {
+        emu.load_manifest_file(dir.join(f))
+            .unwrap_or_else(|e| panic!("{f}: {e}"));
+    }
+    let routes: Api<DynamicObject> = Api::namespaced_with(
+        emu.client(),
+        "default",
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", "HTTPRoute"),
+            "httproutes",
+        ),
+    );
+    let route: DynamicObject = serde_json::from_value(json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": "r"}, "spec": {"parentRefs": [{"name": "gw"}], "rules": [{"backendRefs": [
+            {"name": "stable", "port": 80, "weight": 90}, {"name": "canary", "port": 80, "weight": 10}]}]}}))
+    .unwrap();
+    let made = routes.create(&PostParams::default(), &route).await.unwrap();
+    assert_eq!(
+        made.data["spec"]["rules"][0]["backendRefs"][1]["weight"],
+        10
+    );
+    let apps: Api<DynamicObject> = Api::namespaced_with(
+        emu.client(),
+        "default",
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"),
+            "applications",
+        ),
+    );
+    let app: DynamicObject = serde_json::from_value(json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        "metadata": {"name": "a"}, "spec": {"project": "default", "destination": {"server": "https://kubernetes.default.svc", "namespace": "x"},
+        "source": {"repoURL": "https://example.invalid/repo.git", "path": "p", "targetRevision": "HEAD"}}}))
+    .unwrap();
+    apps.create(&PostParams::default(), &app).await.unwrap();
+}
