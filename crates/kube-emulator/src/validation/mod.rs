@@ -8,6 +8,7 @@
 
 pub(crate) mod cel_library;
 mod defaults;
+mod field_check;
 mod formats;
 mod quantity;
 mod schema;

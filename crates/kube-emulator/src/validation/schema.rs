@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use super::SchemaError;
 use super::cel_library;
+use super::field_check;
 
 /// What `additionalProperties` says about keys not listed in `properties`.
 #[derive(Debug, Default)]
@@ -188,7 +189,12 @@ fn compile_cel(source: &str, at: &str, what: &str) -> Result<cel::Program, Schem
     Ok(program)
 }
 
-fn compile_rules(list: &Value, at: &str) -> Result<Vec<Rule>, SchemaError> {
+fn compile_rules(
+    list: &Value,
+    at: &str,
+    node: &Node,
+    is_root: bool,
+) -> Result<Vec<Rule>, SchemaError> {
     let Some(items) = list.as_array() else {
         return Err(SchemaError::InvalidSchema {
             path: at.to_owned(),
@@ -209,8 +215,36 @@ fn compile_rules(list: &Value, at: &str) -> Result<Vec<Rule>, SchemaError> {
         let refs = program.references();
         let transition = refs.has_variable("oldSelf");
         drop(refs);
+        let optional_old_self_flag = item
+            .get("optionalOldSelf")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let undefined =
+            field_check::undefined_fields(&program, node, !optional_old_self_flag, is_root);
+        if !undefined.is_empty() {
+            return Err(SchemaError::CelCompile {
+                path: where_,
+                rule: source.to_owned(),
+                detail: format!("compilation failed: {}", undefined.join(", ")),
+            });
+        }
         let message_expression = match item.get("messageExpression").and_then(Value::as_str) {
-            Some(src) => Some(compile_cel(src, &where_, "messageExpression")?),
+            Some(src) => {
+                let me = compile_cel(src, &where_, "messageExpression")?;
+                let undefined =
+                    field_check::undefined_fields(&me, node, !optional_old_self_flag, is_root);
+                if !undefined.is_empty() {
+                    return Err(SchemaError::CelCompile {
+                        path: where_,
+                        rule: src.to_owned(),
+                        detail: format!(
+                            "messageExpression compilation failed: {}",
+                            undefined.join(", ")
+                        ),
+                    });
+                }
+                Some(me)
+            }
             None => None,
         };
         let field_path = match item.get("fieldPath").and_then(Value::as_str) {
@@ -375,7 +409,13 @@ pub(crate) fn compile(schema: &Value, at: &str) -> Result<Node, SchemaError> {
         });
     }
     if let Some(rules) = obj.get("x-kubernetes-validations") {
-        node.rules = compile_rules(rules, if at.is_empty() { "<root>" } else { at })?;
+        let compiled = compile_rules(
+            rules,
+            if at.is_empty() { "<root>" } else { at },
+            &node,
+            at.is_empty(),
+        )?;
+        node.rules = compiled;
     }
     Ok(node)
 }

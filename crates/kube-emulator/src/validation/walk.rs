@@ -691,3 +691,254 @@ fn run_rules(w: &mut Walker, node: &Node, new: &Value, old: Option<&Value>, path
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::schema::compile;
+    use super::*;
+    use serde_json::json;
+
+    fn schema() -> Node {
+        compile(
+            &json!({
+                "type": "object",
+                "x-kubernetes-validations": [{"rule": "self.metadata.name != 'forbidden'", "message": "that name is taken"}],
+                "properties": {
+                    "spec": {
+                        "type": "object",
+                        "required": ["target"],
+                        "x-kubernetes-validations": [
+                            {"rule": "self.replicas <= self.maxReplicas", "messageExpression": "'replicas ' + string(self.replicas) + ' exceeds ' + string(self.maxReplicas)", "fieldPath": ".replicas"},
+                            {"rule": "self.target == oldSelf.target", "message": "target is immutable", "reason": "FieldValueForbidden"},
+                            {"rule": "!oldSelf.hasValue() || oldSelf.value().mode != 'Locked' || self.mode == 'Locked'", "optionalOldSelf": true, "message": "a locked spec stays locked"},
+                            {"rule": "!has(self.ratio) || self.ratio < 1.0"}
+                        ],
+                        "properties": {
+                            "target": {"type": "string", "minLength": 1, "maxLength": 8, "pattern": "^[a-z]+$"},
+                            "replicas": {"type": "integer", "minimum": 0, "exclusiveMinimum": true, "default": 1},
+                            "maxReplicas": {"type": "integer", "maximum": 10, "default": 10},
+                            "ratio": {"type": "number"},
+                            "mode": {"type": "string", "enum": ["Open", "Locked"]},
+                            "port": {"x-kubernetes-int-or-string": true},
+                            "note": {"type": "string", "nullable": true},
+                            "since": {"type": "string", "format": "date-time"},
+                            "tags": {"type": "array", "x-kubernetes-list-type": "set", "minItems": 1, "items": {"type": "string"}},
+                            "backends": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+                                "items": {"type": "object", "required": ["name"], "properties": {
+                                    "name": {"type": "string"},
+                                    "weight": {"type": "integer", "maximum": 100}
+                                },
+                                "x-kubernetes-validations": [{"rule": "self.weight >= oldSelf.weight", "message": "weights only grow"}]}}
+                        }
+                    }
+                }
+            }),
+            "",
+        )
+        .unwrap()
+    }
+
+    fn obj(spec: Value) -> Value {
+        json!({"apiVersion": "x/v1", "kind": "K", "metadata": {"name": "n"}, "spec": spec})
+    }
+
+    fn errors(new: &Value, old: Option<&Value>) -> Vec<String> {
+        let node = schema();
+        let mut new = new.clone();
+        super::super::defaults::default_and_prune(&node, &mut new, true);
+        validate(&node, &new, old)
+            .iter()
+            .map(|e| e.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn schema_and_rule_errors_are_worded_like_the_apiserver() {
+        let cases: Vec<(&str, Value, &[&str])> = vec![
+            (
+                "valid",
+                obj(
+                    json!({"target": "web", "tags": ["a"], "port": "http", "note": null, "since": "2024-01-02T03:04:05Z"}),
+                ),
+                &[],
+            ),
+            ("required", obj(json!({})), &["spec.target: Required value"]),
+            (
+                "pattern and length",
+                obj(json!({"target": "WEB-SERVER-1"})),
+                &[
+                    "spec.target: Too long: may not be more than 8 bytes",
+                    "spec.target: Invalid value: \"WEB-SERVER-1\": spec.target in body should match '^[a-z]+$'",
+                ],
+            ),
+            (
+                "minLength",
+                obj(json!({"target": ""})),
+                &[
+                    "spec.target: Invalid value: \"\": spec.target in body should be at least 1 chars long",
+                    "spec.target: Invalid value: \"\": spec.target in body should match '^[a-z]+$'",
+                ],
+            ),
+            (
+                "exclusive minimum",
+                obj(json!({"target": "a", "replicas": 0})),
+                &[
+                    "spec.replicas: Invalid value: 0: spec.replicas in body should be greater than 0",
+                ],
+            ),
+            (
+                "maximum",
+                obj(json!({"target": "a", "maxReplicas": 11})),
+                &[
+                    "spec.maxReplicas: Invalid value: 11: spec.maxReplicas in body should be less than or equal to 10",
+                ],
+            ),
+            (
+                "enum",
+                obj(json!({"target": "a", "mode": "Shut"})),
+                &["spec.mode: Unsupported value: \"Shut\": supported values: \"Open\", \"Locked\""],
+            ),
+            (
+                "int-or-string",
+                obj(json!({"target": "a", "port": true})),
+                &[
+                    "spec.port: Invalid value: \"boolean\": spec.port in body must be of type integer,string: \"boolean\"",
+                ],
+            ),
+            (
+                "null not nullable",
+                obj(json!({"target": "a", "ratio": null, "mode": null})),
+                &[],
+            ),
+            (
+                "format",
+                obj(json!({"target": "a", "since": "yesterday"})),
+                &[
+                    "spec.since: Invalid value: \"yesterday\": spec.since in body must be of type date-time: \"yesterday\"",
+                ],
+            ),
+            (
+                "set duplicate",
+                obj(json!({"target": "a", "tags": ["a", "b", "a"]})),
+                &["spec.tags[2]: Duplicate value: \"a\""],
+            ),
+            (
+                "minItems",
+                obj(json!({"target": "a", "tags": []})),
+                &["spec.tags: Invalid value: 0: spec.tags in body should have at least 1 items"],
+            ),
+            (
+                "map duplicate",
+                obj(json!({"target": "a", "backends": [{"name": "x"}, {"name": "x"}]})),
+                &["spec.backends[1]: Duplicate value: map[string]interface {}{\"name\":\"x\"}"],
+            ),
+            (
+                "messageExpression and fieldPath",
+                obj(json!({"target": "a", "replicas": 5, "maxReplicas": 3})),
+                &["spec.replicas: Invalid value: \"object\": replicas 5 exceeds 3"],
+            ),
+            (
+                "rule without message",
+                obj(json!({"target": "a", "ratio": 1.5})),
+                &[
+                    "spec: Invalid value: \"object\": failed rule: !has(self.ratio) || self.ratio < 1.0",
+                ],
+            ),
+            (
+                "root rule",
+                json!({"apiVersion": "x/v1", "kind": "K", "metadata": {"name": "forbidden"}, "spec": {"target": "a"}}),
+                &["<nil>: Invalid value: \"object\": that name is taken"],
+            ),
+            (
+                "type error stops the subtree",
+                obj(json!({"target": 7})),
+                &[
+                    "spec.target: Invalid value: \"integer\": spec.target in body must be of type string: \"integer\"",
+                ],
+            ),
+        ];
+        for (what, new, want) in cases {
+            assert_eq!(
+                errors(&new, None),
+                want.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+                "{what}"
+            );
+        }
+    }
+
+    #[test]
+    fn transition_rules_run_only_against_a_correlated_old_value() {
+        let old = obj(
+            json!({"target": "a", "mode": "Locked", "backends": [{"name": "x", "weight": 50}], "replicas": 1, "maxReplicas": 10}),
+        );
+        let cases: Vec<(&str, Value, Option<&Value>, &[&str])> = vec![
+            (
+                "create skips transition rules",
+                obj(json!({"target": "b", "mode": "Open"})),
+                None,
+                &[],
+            ),
+            ("unchanged passes", old.clone(), Some(&old), &[]),
+            (
+                "immutable with reason",
+                obj(
+                    json!({"target": "b", "mode": "Locked", "backends": [{"name": "x", "weight": 50}]}),
+                ),
+                Some(&old),
+                &["spec: Forbidden: target is immutable"],
+            ),
+            (
+                "optionalOldSelf sees the old value",
+                obj(
+                    json!({"target": "a", "mode": "Open", "backends": [{"name": "x", "weight": 50}]}),
+                ),
+                Some(&old),
+                &["spec: Invalid value: \"object\": a locked spec stays locked"],
+            ),
+            (
+                "map-list items correlate by key",
+                obj(
+                    json!({"target": "a", "mode": "Locked", "backends": [{"name": "x", "weight": 40}]}),
+                ),
+                Some(&old),
+                &["spec.backends[0]: Invalid value: \"object\": weights only grow"],
+            ),
+            (
+                "a new map-list item has no old value",
+                obj(
+                    json!({"target": "a", "mode": "Locked", "backends": [{"name": "x", "weight": 50}, {"name": "y", "weight": 1}]}),
+                ),
+                Some(&old),
+                &[],
+            ),
+        ];
+        for (what, new, old, want) in cases {
+            assert_eq!(
+                errors(&new, old),
+                want.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+                "{what}"
+            );
+        }
+    }
+
+    #[test]
+    fn evaluation_errors_are_reported_not_passed() {
+        let node = compile(
+            &json!({"type": "object", "properties": {"spec": {"type": "object",
+                "x-kubernetes-validations": [{"rule": "self.a > 0", "message": "a must be positive"}],
+                "properties": {"a": {"type": "integer"}}}}}),
+            "",
+        )
+        .unwrap();
+        let errs = validate(&node, &json!({"spec": {}}), None);
+        assert_eq!(errs.len(), 1);
+        assert_eq!(errs[0].path, "spec");
+        assert!(
+            errs[0]
+                .detail
+                .ends_with("evaluating rule: a must be positive"),
+            "{}",
+            errs[0].detail
+        );
+    }
+}
