@@ -1,0 +1,539 @@
+//! `kubectl sluice bundle ...`: the producer and checker side of signed bundles, for CI and
+//! release engineers.
+//!
+//! Owns the bundle subcommands' arguments, their output (human text by default, one JSON object
+//! with `--json`/`-o json` for scripts) and their exit codes: 0 success, 1 failure,
+//! [`EXIT_REFUSED`] when a signature check refuses the bundle (unsigned, wrong key, tampered).
+//! All logic lives in `sluice-bundle`; this module only parses, calls, and prints. It must never
+//! print key material or passwords, and never verify a tag.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Subcommand, ValueEnum};
+use serde::Serialize;
+use sluice_bundle::{
+    BundleClient, BundleError, Manifests, Metadata, PublicKey, ReadOptions, RegistryOptions,
+    SigningKey,
+};
+
+use crate::EXIT_FAILURE;
+
+/// Exit code when a signature check refuses the bundle (Unsigned, WrongKey, Tampered,
+/// DigestRequired), so CI can tell "bad bundle" from "broken pipeline".
+pub const EXIT_REFUSED: u8 = 3;
+
+/// Default environment variable holding the private key's password (cosign's name for it).
+pub const DEFAULT_PASSWORD_ENV: &str = "COSIGN_PASSWORD";
+
+/// Bundle subcommands and the registry options they share.
+#[derive(Debug, Args)]
+pub struct BundleArgs {
+    #[command(flatten)]
+    registry: RegistryArgs,
+    #[command(subcommand)]
+    command: BundleCommand,
+}
+
+#[derive(Debug, Args)]
+struct RegistryArgs {
+    /// Registry `host:port` to reach over plain HTTP (repeatable). Loopback registries always are.
+    #[arg(long = "plain-http", value_name = "HOST:PORT", global = true)]
+    plain_http: Vec<String>,
+    /// Registry user name for basic auth (password from --registry-password-env).
+    #[arg(long, global = true, requires = "registry_password_env")]
+    registry_username: Option<String>,
+    /// Environment variable holding the registry password.
+    #[arg(long, value_name = "VAR", global = true)]
+    registry_password_env: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum BundleCommand {
+    /// Render a manifests directory into a bundle: to a local OCI layout and/or pushed.
+    Render(RenderArgs),
+    /// Push a bundle from a local OCI layout (written by `render --output-layout`).
+    Push(PushArgs),
+    /// Sign a pushed bundle's manifest digest with a cosign key (cosign's tag layout).
+    Sign(SignArgs),
+    /// Verify a bundle's signature by manifest digest against one or more public keys.
+    Verify(VerifyArgs),
+    /// Show a bundle's digests, source commit, kinds and signatures.
+    Inspect(InspectArgs),
+    /// Generate a cosign-compatible key pair (`<prefix>.key`, encrypted, and `<prefix>.pub`).
+    GenerateKeyPair(KeyPairArgs),
+}
+
+#[derive(Debug, Args)]
+struct RenderArgs {
+    /// Directory of Kubernetes manifests (.yaml, .yml, .json).
+    dir: PathBuf,
+    /// Write the bundle as an OCI image layout into this directory.
+    #[arg(long, value_name = "DIR", required_unless_present = "push")]
+    output_layout: Option<PathBuf>,
+    /// Push the bundle to this repository (`host:port/repo[:tag]`).
+    #[arg(long, value_name = "REPOSITORY[:TAG]")]
+    push: Option<String>,
+    /// Source commit sha (annotation org.opencontainers.image.revision).
+    #[arg(long, value_name = "SHA")]
+    source_commit: Option<String>,
+    /// Source repository URL (annotation org.opencontainers.image.source).
+    #[arg(long, value_name = "URL")]
+    source_url: Option<String>,
+    /// Creation time, RFC 3339 or `now`; defaults to $SOURCE_DATE_EPOCH when set, else none
+    /// (no time annotation, so the manifest digest depends on content and commit only).
+    #[arg(long, value_name = "TIME")]
+    created: Option<String>,
+    /// Extra manifest annotation (repeatable).
+    #[arg(long = "annotation", value_name = "KEY=VALUE")]
+    annotations: Vec<String>,
+    /// Read subdirectories too (the Applications then need `directory.recurse: true`).
+    #[arg(long)]
+    recurse: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct PushArgs {
+    /// OCI layout directory holding one bundle.
+    layout: PathBuf,
+    /// Target repository (`host:port/repo[:tag]`).
+    target: String,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct SignArgs {
+    /// The bundle, by digest: `host:port/repo@sha256:<hex>`.
+    reference: String,
+    /// Private key file (cosign.key, encrypted; or an unencrypted PKCS#8 PEM).
+    #[arg(long, value_name = "FILE")]
+    key: PathBuf,
+    /// Environment variable holding the key's password (empty when unset).
+    #[arg(long, value_name = "VAR", default_value = DEFAULT_PASSWORD_ENV)]
+    password_env: String,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct VerifyArgs {
+    /// The bundle, by digest: `host:port/repo@sha256:<hex>` (a tag is refused).
+    reference: String,
+    /// Public key file (repeatable; any one verifying suffices).
+    #[arg(long = "key", value_name = "FILE", required = true)]
+    keys: Vec<PathBuf>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+struct InspectArgs {
+    /// A registry reference (tag or digest) or a local OCI layout directory.
+    target: String,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
+    output: Format,
+}
+
+#[derive(Debug, Args)]
+struct KeyPairArgs {
+    /// Path prefix of the files written (`<prefix>.key`, `<prefix>.pub`).
+    #[arg(long, value_name = "PATH", default_value = "cosign")]
+    output_prefix: PathBuf,
+    /// Environment variable holding the password for the private key (empty when unset).
+    #[arg(long, value_name = "VAR", default_value = DEFAULT_PASSWORD_ENV)]
+    password_env: String,
+    /// Overwrite existing files.
+    #[arg(long)]
+    force: bool,
+}
+
+/// A failure ready to print: message and exit code.
+#[derive(Debug)]
+struct Failure {
+    message: String,
+    category: &'static str,
+    code: u8,
+}
+
+impl From<BundleError> for Failure {
+    fn from(err: BundleError) -> Self {
+        let code = match err {
+            BundleError::Unsigned { .. }
+            | BundleError::WrongKey { .. }
+            | BundleError::Tampered { .. }
+            | BundleError::DigestRequired { .. } => EXIT_REFUSED,
+            _ => EXIT_FAILURE,
+        };
+        Failure {
+            category: err.category(),
+            message: err.to_string(),
+            code,
+        }
+    }
+}
+
+fn usage(message: impl Into<String>) -> Failure {
+    Failure {
+        message: message.into(),
+        category: "Usage",
+        code: EXIT_FAILURE,
+    }
+}
+
+/// Runs a bundle subcommand; on failure prints `error [Category]: message` to stderr and
+/// returns the exit code.
+pub async fn run(args: BundleArgs) -> Result<(), u8> {
+    match dispatch(args).await {
+        Ok(()) => Ok(()),
+        Err(failure) => {
+            eprintln!("error [{}]: {}", failure.category, failure.message);
+            Err(failure.code)
+        }
+    }
+}
+
+async fn dispatch(args: BundleArgs) -> Result<(), Failure> {
+    let options = registry_options(&args.registry)?;
+    let client = BundleClient::new(options);
+    match args.command {
+        BundleCommand::Render(a) => render(&client, a).await,
+        BundleCommand::Push(a) => push(&client, a).await,
+        BundleCommand::Sign(a) => sign(&client, a).await,
+        BundleCommand::Verify(a) => verify(&client, a).await,
+        BundleCommand::Inspect(a) => inspect(&client, a).await,
+        BundleCommand::GenerateKeyPair(a) => generate_key_pair(a),
+    }
+}
+
+fn registry_options(args: &RegistryArgs) -> Result<RegistryOptions, Failure> {
+    let basic_auth = match (&args.registry_username, &args.registry_password_env) {
+        (Some(user), Some(var)) => {
+            let password = std::env::var(var).map_err(|_| {
+                usage(format!(
+                    "--registry-password-env names {var}, which is not set"
+                ))
+            })?;
+            Some((user.clone(), password))
+        }
+        _ => None,
+    };
+    Ok(RegistryOptions {
+        plain_http_hosts: args.plain_http.clone(),
+        basic_auth,
+        timeout: None,
+    })
+}
+
+/// Prints `value` as one JSON line, or `lines` as `key: value` text.
+fn emit<T: Serialize>(json: bool, value: &T, lines: &[(&str, String)]) {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(value).expect("output always serializes")
+        );
+    } else {
+        for (key, text) in lines {
+            println!("{key}: {text}");
+        }
+    }
+}
+
+fn parse_created(arg: Option<&str>) -> Result<Option<jiff::Timestamp>, Failure> {
+    match arg {
+        Some("now") => Ok(Some(jiff::Timestamp::now())),
+        Some(text) => text
+            .parse()
+            .map(Some)
+            .map_err(|e| usage(format!("--created {text:?} is not RFC 3339 or `now`: {e}"))),
+        None => match std::env::var("SOURCE_DATE_EPOCH") {
+            Ok(epoch) => {
+                let seconds: i64 = epoch
+                    .trim()
+                    .parse()
+                    .map_err(|_| usage(format!("SOURCE_DATE_EPOCH {epoch:?} is not an integer")))?;
+                jiff::Timestamp::from_second(seconds)
+                    .map(Some)
+                    .map_err(|e| usage(format!("SOURCE_DATE_EPOCH {epoch:?} is out of range: {e}")))
+            }
+            Err(_) => Ok(None),
+        },
+    }
+}
+
+fn parse_annotations(items: &[String]) -> Result<BTreeMap<String, String>, Failure> {
+    items
+        .iter()
+        .map(|item| {
+            item.split_once('=')
+                .filter(|(k, _)| !k.is_empty())
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .ok_or_else(|| usage(format!("--annotation {item:?} must be KEY=VALUE")))
+        })
+        .collect()
+}
+
+#[derive(Serialize)]
+struct RenderOutput {
+    manifest_digest: String,
+    content_digest: String,
+    objects: usize,
+    kinds: BTreeMap<String, usize>,
+    skipped: Vec<String>,
+    layout: Option<String>,
+    reference: Option<String>,
+    tag: Option<String>,
+}
+
+async fn render(client: &BundleClient, args: RenderArgs) -> Result<(), Failure> {
+    let metadata = Metadata {
+        source_commit: args.source_commit.clone(),
+        source_url: args.source_url.clone(),
+        created: parse_created(args.created.as_deref())?,
+        extra: parse_annotations(&args.annotations)?,
+    };
+    let (manifests, skipped) = Manifests::read_dir(
+        &args.dir,
+        &ReadOptions {
+            recurse: args.recurse,
+        },
+    )?;
+    let artifact = sluice_bundle::render(&manifests, &metadata)?;
+    if let Some(layout) = &args.output_layout {
+        let tag = args
+            .push
+            .as_deref()
+            .and_then(|p| sluice_bundle::BundleRef::parse(p).ok())
+            .and_then(|r| r.tag);
+        sluice_bundle::write_layout(layout, &artifact, tag.as_deref())?;
+    }
+    let pushed = match &args.push {
+        Some(target) => Some(client.push(&artifact, target).await?),
+        None => None,
+    };
+    for file in &skipped.files {
+        eprintln!("skipped (not a manifest): {file}");
+    }
+    let output = RenderOutput {
+        manifest_digest: artifact.manifest_digest.clone(),
+        content_digest: artifact.content_digest().to_string(),
+        objects: manifests.objects().len(),
+        kinds: manifests
+            .kinds()
+            .into_iter()
+            .map(|(k, n)| (k.to_string(), n))
+            .collect(),
+        skipped: skipped.files.clone(),
+        layout: args.output_layout.as_ref().map(|p| p.display().to_string()),
+        reference: pushed.as_ref().map(|p| p.reference.clone()),
+        tag: pushed.as_ref().and_then(|p| p.tag.clone()),
+    };
+    let mut lines = vec![
+        ("manifest digest", output.manifest_digest.clone()),
+        ("content digest", output.content_digest.clone()),
+        ("objects", output.objects.to_string()),
+    ];
+    if let Some(layout) = &output.layout {
+        lines.push(("layout", layout.clone()));
+    }
+    if let Some(reference) = &output.reference {
+        lines.push(("reference", reference.clone()));
+    }
+    emit(args.json, &output, &lines);
+    Ok(())
+}
+
+async fn push(client: &BundleClient, args: PushArgs) -> Result<(), Failure> {
+    let (artifact, _tag) = sluice_bundle::read_layout(&args.layout)?;
+    let pushed = client.push(&artifact, &args.target).await?;
+    emit(
+        args.json,
+        &pushed,
+        &[
+            ("manifest digest", pushed.manifest_digest.clone()),
+            ("content digest", pushed.content_digest.clone()),
+            ("reference", pushed.reference.clone()),
+        ],
+    );
+    Ok(())
+}
+
+fn password_from(var: &str) -> Vec<u8> {
+    std::env::var(var).unwrap_or_default().into_bytes()
+}
+
+async fn sign(client: &BundleClient, args: SignArgs) -> Result<(), Failure> {
+    let key = SigningKey::from_file(&args.key, &password_from(&args.password_env))?;
+    let signed = client.sign(&args.reference, &key).await?;
+    emit(
+        args.json,
+        &signed,
+        &[
+            ("signed", signed.reference.clone()),
+            ("signature", signed.signature_reference.clone()),
+            ("key", signed.key_fingerprint.clone()),
+            (
+                "result",
+                if signed.added {
+                    format!("signature added ({} stored)", signed.signatures)
+                } else {
+                    format!("already signed by this key ({} stored)", signed.signatures)
+                },
+            ),
+        ],
+    );
+    Ok(())
+}
+
+async fn verify(client: &BundleClient, args: VerifyArgs) -> Result<(), Failure> {
+    let keys = args
+        .keys
+        .iter()
+        .map(|path| PublicKey::from_file(path))
+        .collect::<Result<Vec<_>, _>>()?;
+    let verified = client.verify(&args.reference, &keys).await?;
+    emit(
+        args.json,
+        &verified,
+        &[
+            ("verified", args.reference.clone()),
+            ("key", verified.key_fingerprint.clone()),
+        ],
+    );
+    Ok(())
+}
+
+async fn inspect(client: &BundleClient, args: InspectArgs) -> Result<(), Failure> {
+    let path = Path::new(&args.target);
+    let inspection = if path.join("index.json").is_file() {
+        let (artifact, _) = sluice_bundle::read_layout(path)?;
+        sluice_bundle::inspection(&artifact, &args.target, None)
+    } else {
+        client.inspect(&args.target).await?
+    };
+    match args.output {
+        Format::Json => emit(true, &inspection, &[]),
+        Format::Text => {
+            let kinds = inspection
+                .kinds
+                .iter()
+                .map(|(k, n)| format!("{k}={n}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let mut lines = vec![
+                ("reference", inspection.reference.clone()),
+                ("manifest digest", inspection.manifest_digest.clone()),
+                ("content digest", inspection.content_digest.clone()),
+                (
+                    "source commit",
+                    inspection
+                        .source_commit
+                        .clone()
+                        .unwrap_or_else(|| "-".into()),
+                ),
+                (
+                    "created",
+                    inspection.created.clone().unwrap_or_else(|| "-".into()),
+                ),
+                ("objects", inspection.objects.to_string()),
+                ("kinds", kinds),
+            ];
+            if let Some(signatures) = inspection.signatures {
+                lines.push(("signatures (unverified)", signatures.to_string()));
+            }
+            emit(false, &inspection, &lines);
+        }
+    }
+    Ok(())
+}
+
+fn generate_key_pair(args: KeyPairArgs) -> Result<(), Failure> {
+    let private = args.output_prefix.with_extension("key");
+    let public = args.output_prefix.with_extension("pub");
+    for path in [&private, &public] {
+        if path.exists() && !args.force {
+            return Err(usage(format!(
+                "{} exists; pass --force to overwrite",
+                path.display()
+            )));
+        }
+    }
+    let pair = sluice_bundle::generate_key_pair(&password_from(&args.password_env))?;
+    let write = |path: &Path, text: &str| {
+        std::fs::write(path, text).map_err(|e| usage(format!("writing {}: {e}", path.display())))
+    };
+    write(&private, &pair.private_pem)?;
+    restrict_permissions(&private)?;
+    write(&public, &pair.public_pem)?;
+    println!("private key: {}", private.display());
+    println!("public key: {}", public.display());
+    Ok(())
+}
+
+fn restrict_permissions(path: &Path) -> Result<(), Failure> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| usage(format!("restricting {}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn annotations_parse_as_key_value() {
+        let parsed = parse_annotations(&["a=1".into(), "b=x=y".into(), "c=".into()]).unwrap();
+        assert_eq!(parsed["a"], "1");
+        assert_eq!(parsed["b"], "x=y");
+        assert_eq!(parsed["c"], "");
+        for bad in ["novalue", "=v"] {
+            assert!(parse_annotations(&[bad.into()]).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn created_accepts_rfc3339_and_now() {
+        let t = parse_created(Some("2026-01-02T03:04:05Z"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(t.to_string(), "2026-01-02T03:04:05Z");
+        assert!(parse_created(Some("now")).unwrap().is_some());
+        assert!(parse_created(Some("yesterday")).is_err());
+    }
+
+    #[test]
+    fn refusals_have_their_own_exit_code() {
+        let refused: Failure = BundleError::DigestRequired {
+            reference: "r:tag".into(),
+        }
+        .into();
+        assert_eq!(refused.code, EXIT_REFUSED);
+        let broken: Failure = BundleError::RegistryUnavailable {
+            registry: "r".into(),
+            action: "a".into(),
+            reason: "x".into(),
+        }
+        .into();
+        assert_eq!(broken.code, EXIT_FAILURE);
+        assert_eq!(broken.category, "RegistryUnavailable");
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        crate::Cli::command().debug_assert();
+    }
+}
