@@ -6,3 +6,4 @@
 
 pub mod crds;
 pub mod v1alpha1;
+pub mod validation;
