@@ -14,6 +14,8 @@
 //! that and the gate's `minSamples`.
 
 use jiff::Timestamp;
+
+use crate::mann_whitney::UTest;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use sluice_api::v1alpha1::gate::share_min_samples;
 use sluice_api::v1alpha1::{
@@ -34,6 +36,8 @@ pub enum Observation {
         samples: Option<f64>,
         /// The baseline reading, for relative comparisons (`None`: none available).
         baseline: Option<BaselineReading>,
+        /// The optional Mann–Whitney comparison of per-interval samples (relative gates only).
+        distribution: Option<DistributionTest>,
     },
     /// The provider failed (reason `QueryError` or `Timeout`).
     Failed {
@@ -51,6 +55,15 @@ pub struct BaselineReading {
     pub value: Option<f64>,
     /// Samples behind it.
     pub samples: Option<f64>,
+}
+
+/// A Mann–Whitney test result and the significance level it is judged at.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DistributionTest {
+    /// The test over canary and baseline per-interval values.
+    pub test: UTest,
+    /// Significance level: the canary is significantly worse when `p_worse < alpha`.
+    pub alpha: f64,
 }
 
 /// Inputs of [`decide`] that come from the owner rather than the gate.
@@ -117,13 +130,14 @@ fn inconclusive(reason: VerdictReason, message: String) -> Judgement {
 }
 
 fn judge(gate: &ResolvedGate, observation: &Observation, owner: OwnerContext) -> Judgement {
-    let (value, samples, baseline) = match observation {
+    let (value, samples, baseline, distribution) = match observation {
         Observation::Failed { reason, message } => return inconclusive(*reason, message.clone()),
         Observation::Measured {
             value,
             samples,
             baseline,
-        } => (*value, *samples, *baseline),
+            distribution,
+        } => (*value, *samples, *baseline, *distribution),
     };
     let Some(value) = value else {
         return inconclusive(
@@ -208,7 +222,25 @@ fn judge(gate: &ResolvedGate, observation: &Observation, owner: OwnerContext) ->
             return j;
         }
         let threshold = rel.factor * base_value + rel.slack.unwrap_or(0.0);
-        let passed = rel.op.passes(value, threshold);
+        let mut passed = rel.op.passes(value, threshold);
+        let mut note = String::new();
+        if let Some(d) = distribution {
+            // Kayenta-style: a significant difference fails only when its size (the medians of
+            // the per-interval samples) also breaches the allowed factor. It never turns a breach
+            // into a pass.
+            let t = d.test;
+            let median_threshold = rel.factor * t.baseline_median + rel.slack.unwrap_or(0.0);
+            let significant = t.p_worse < d.alpha;
+            let large = !rel.op.passes(t.canary_median, median_threshold);
+            note = format!(
+                "; Mann-Whitney over {} and {} intervals: p={:.4}, medians {} vs {}",
+                t.n_canary, t.n_baseline, t.p_worse, t.canary_median, t.baseline_median
+            );
+            if passed && significant && large {
+                passed = false;
+                note.push_str(": canary significantly worse");
+            }
+        }
         j.baseline = Some(base_value);
         j.threshold = Some(threshold);
         j.passed = Some(passed);
@@ -223,7 +255,7 @@ fn judge(gate: &ResolvedGate, observation: &Observation, owner: OwnerContext) ->
             rel.factor,
             rel.slack.unwrap_or(0.0),
             if passed { "held" } else { "breached" }
-        );
+        ) + &note;
         return j;
     }
     if share.is_some() {
@@ -355,6 +387,7 @@ mod tests {
             value,
             samples,
             baseline: baseline.map(|(value, samples)| BaselineReading { value, samples }),
+            distribution: None,
         }
     }
 
@@ -741,6 +774,43 @@ mod tests {
                 want,
                 "{verdict:?} {policy:?} after {lasted}s"
             );
+        }
+    }
+
+    #[test]
+    fn mann_whitney_adds_a_breach_only_when_significant_and_large() {
+        let g = gate(Comparison::relative(BaselineSource::StableNow, 1.5));
+        let with = |p_worse: f64, canary_median: f64| Observation::Measured {
+            value: Some(0.012),
+            samples: Some(500.0),
+            baseline: Some(BaselineReading {
+                value: Some(0.01),
+                samples: Some(500.0),
+            }),
+            distribution: Some(DistributionTest {
+                test: UTest {
+                    u: 0.0,
+                    z: 0.0,
+                    p_worse,
+                    n_canary: 10,
+                    n_baseline: 10,
+                    canary_median,
+                    baseline_median: 0.01,
+                },
+                alpha: 0.05,
+            }),
+        };
+        let cases = [
+            (0.5, 0.03, VerdictReason::ThresholdMet),
+            (0.01, 0.012, VerdictReason::ThresholdMet),
+            (0.01, 0.03, VerdictReason::ThresholdBreached),
+        ];
+        for (p, median, want) in cases {
+            let mut g = g.clone();
+            g.consecutive_failures = 1;
+            let v = decide(&g, &with(p, median), None, OWNER, t(0));
+            assert_eq!(v.reason, want, "p={p} median={median}: {:?}", v.message);
+            assert!(v.message.unwrap().contains("Mann-Whitney"));
         }
     }
 

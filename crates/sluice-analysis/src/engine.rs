@@ -16,13 +16,14 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use sluice_api::v1alpha1::gate::KNOWN_VARIABLES;
 use sluice_api::v1alpha1::{
-    BaselineSource, BuiltinGate, CapturedBaseline, GateQuery, GateVerdict, ResolvedGate,
-    VerdictReason,
+    BaselineSource, BuiltinGate, CapturedBaseline, ComparisonOp, GateQuery, GateVerdict,
+    ResolvedGate, VerdictReason,
 };
 
 use crate::builtin::{self, PART_LABEL, Parts, Reading, VALUE_PART};
-use crate::decide::{self, BaselineReading, Observation, OwnerContext};
-use crate::source::{MetricsSource, SeriesValue, SourceError};
+use crate::decide::{self, BaselineReading, DistributionTest, Observation, OwnerContext};
+use crate::mann_whitney::{Worse, mann_whitney_u};
+use crate::source::{MetricsSource, RangeValues, SeriesValue, SourceError};
 use crate::template::{Template, TemplateError};
 
 /// Variables of one binding (label values by variable name).
@@ -38,6 +39,9 @@ pub struct EngineOptions {
     pub cluster_label: String,
     /// Relative tolerance of share checks whose gate sets none. Default 0.2 (±20%).
     pub share_tolerance: f64,
+    /// Optional Mann–Whitney comparison of canary and stable per-interval samples for relative
+    /// gates against `StableNow`. Default off (`None`).
+    pub mann_whitney: Option<MannWhitneyOptions>,
 }
 
 impl Default for EngineOptions {
@@ -46,6 +50,33 @@ impl Default for EngineOptions {
             allow_inline_promql_in_namespaced: false,
             cluster_label: "cluster".into(),
             share_tolerance: 0.2,
+            mann_whitney: None,
+        }
+    }
+}
+
+/// Settings of the optional Mann–Whitney comparison. Each tick it adds one range query per
+/// group of relative gates (still independent of the number of objects).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MannWhitneyOptions {
+    /// How far back the per-interval samples reach. Default 10m.
+    pub lookback: Duration,
+    /// Length of one interval (the query's window and the range step, so intervals do not
+    /// overlap). Default 1m.
+    pub interval: Duration,
+    /// Significance level. Default 0.05.
+    pub alpha: f64,
+    /// Fewest intervals per side for a test; fewer and the test is skipped. Default 5.
+    pub min_intervals: usize,
+}
+
+impl Default for MannWhitneyOptions {
+    fn default() -> Self {
+        Self {
+            lookback: Duration::from_secs(600),
+            interval: Duration::from_secs(60),
+            alpha: 0.05,
+            min_intervals: 5,
         }
     }
 }
@@ -404,6 +435,7 @@ fn observe(check: &GateCheck, plan: &CheckPlan, answers: &Answers) -> Observatio
             value: r.value,
             samples: r.samples,
             baseline: None,
+            distribution: None,
         };
     }
     let r = reading(gate, &subject);
@@ -427,7 +459,64 @@ fn observe(check: &GateCheck, plan: &CheckPlan, answers: &Answers) -> Observatio
         value: r.value,
         samples: r.samples,
         baseline,
+        distribution: None,
     }
+}
+
+fn uses_stable_now(gate: &ResolvedGate) -> bool {
+    gate.comparison
+        .relative
+        .as_ref()
+        .is_some_and(|r| r.baseline == BaselineSource::StableNow)
+}
+
+/// Per-timestamp answers of one range query: timestamp → key tuple → parts.
+type RangeAnswer = BTreeMap<i64, HashMap<Vec<String>, Parts>>;
+
+fn split_range(series: &[RangeValues], key_labels: &[String]) -> RangeAnswer {
+    let mut by_time: BTreeMap<i64, Vec<SeriesValue>> = BTreeMap::new();
+    for s in series {
+        for &(t, value) in &s.points {
+            by_time.entry(t).or_default().push(SeriesValue {
+                labels: s.labels.clone(),
+                value,
+            });
+        }
+    }
+    by_time
+        .into_iter()
+        .map(|(t, v)| (t, split(&v, key_labels)))
+        .collect()
+}
+
+/// The finite per-interval values of one role.
+fn interval_values(
+    gate: &ResolvedGate,
+    answers: &[Option<RangeAnswer>],
+    slots: &[Slot],
+) -> Vec<f64> {
+    let times: BTreeSet<i64> = slots
+        .iter()
+        .filter_map(|(g, _)| answers[*g].as_ref())
+        .flat_map(|a| a.keys().copied())
+        .collect();
+    times
+        .into_iter()
+        .filter_map(|t| {
+            let parts: Vec<Parts> = slots
+                .iter()
+                .map(|(g, tuple)| {
+                    answers[*g]
+                        .as_ref()
+                        .and_then(|a| a.get(&t))
+                        .and_then(|m| m.get(tuple))
+                        .cloned()
+                        .unwrap_or_default()
+                })
+                .collect();
+            reading(gate, &parts).value.filter(|v| v.is_finite())
+        })
+        .collect()
 }
 
 /// The gate engine over a metrics source.
@@ -513,18 +602,29 @@ impl<S: MetricsSource> Engine<S> {
         let started = Instant::now();
         let plan = plan(checks, &self.options, false);
         let query_started = Instant::now();
-        let (answers, failed_queries) = self.run(&plan, now).await;
+        let ((answers, mut failed_queries), (distributions, range_queries, range_failed)) = futures::join!(
+            self.run(&plan, now),
+            self.compare_distributions(checks, &plan, now)
+        );
+        failed_queries += range_failed;
         let query_time = query_started.elapsed();
         let outcomes = checks
             .iter()
             .zip(plan.checks.iter())
-            .map(|(check, planned)| match planned {
+            .zip(distributions)
+            .map(|((check, planned), distribution)| match planned {
                 Err(e) => CheckOutcome {
                     observation: None,
                     verdict: Err(e.clone()),
                 },
                 Ok(p) => {
-                    let observation = observe(check, p, &answers);
+                    let mut observation = observe(check, p, &answers);
+                    if let Observation::Measured {
+                        distribution: d, ..
+                    } = &mut observation
+                    {
+                        *d = distribution;
+                    }
                     let owner = OwnerContext {
                         share_target: check.share_target,
                         share_tolerance: self.options.share_tolerance,
@@ -545,11 +645,85 @@ impl<S: MetricsSource> Engine<S> {
             .collect();
         TickReport {
             outcomes,
-            queries: plan.groups.len(),
+            queries: plan.groups.len() + range_queries,
             failed_queries,
             elapsed: started.elapsed(),
             query_time,
         }
+    }
+
+    /// The optional Mann–Whitney comparison: for every planned relative gate against
+    /// `StableNow`, the canary's and the stable's per-interval values over the lookback, from one
+    /// range query per group. Returns one entry per check (None: off, not applicable, too few
+    /// intervals, or the range query failed, in which case the instant check decides alone),
+    /// the number of range queries and how many failed.
+    async fn compare_distributions(
+        &self,
+        checks: &[GateCheck],
+        instant: &Plan,
+        now: Timestamp,
+    ) -> (Vec<Option<DistributionTest>>, usize, usize) {
+        let mut out = vec![None; checks.len()];
+        let Some(mw) = &self.options.mann_whitney else {
+            return (out, 0, 0);
+        };
+        let eligible: Vec<usize> = (0..checks.len())
+            .filter(|&i| instant.checks[i].is_ok() && uses_stable_now(&checks[i].gate))
+            .collect();
+        if eligible.is_empty() {
+            return (out, 0, 0);
+        }
+        let per_interval: Vec<GateCheck> = eligible
+            .iter()
+            .map(|&i| {
+                let mut c = checks[i].clone();
+                c.gate.window = mw.interval;
+                c
+            })
+            .collect();
+        let plan = plan(&per_interval, &self.options, false);
+        let Ok(queries) = plan.queries() else {
+            return (out, 0, 0);
+        };
+        let lookback =
+            jiff::SignedDuration::try_from(mw.lookback).unwrap_or(jiff::SignedDuration::ZERO);
+        let start = now.checked_sub(lookback).unwrap_or(now);
+        let results = futures::future::join_all(
+            queries
+                .iter()
+                .map(|q| self.source.query_range(q, start, now, mw.interval)),
+        )
+        .await;
+        let mut failed = 0;
+        let answers: Vec<Option<RangeAnswer>> = results
+            .into_iter()
+            .zip(&plan.groups)
+            .map(|(r, g)| match r {
+                Ok(series) => Some(split_range(&series, &g.template.key_labels())),
+                Err(e) => {
+                    failed += 1;
+                    tracing::warn!(category = e.category(), error = %e, "range query for Mann-Whitney failed");
+                    None
+                }
+            })
+            .collect();
+        for ((&i, check), planned) in eligible.iter().zip(&per_interval).zip(&plan.checks) {
+            let Ok(p) = planned else { continue };
+            let canary = interval_values(&check.gate, &answers, &p.subject);
+            let stable = interval_values(&check.gate, &answers, &p.baseline);
+            if canary.len() < mw.min_intervals || stable.len() < mw.min_intervals {
+                continue;
+            }
+            let worse = match check.gate.comparison.relative.as_ref().map(|r| r.op) {
+                Some(ComparisonOp::GreaterThan | ComparisonOp::GreaterOrEqual) => Worse::Lower,
+                _ => Worse::Higher,
+            };
+            out[i] = mann_whitney_u(&canary, &stable, worse).map(|test| DistributionTest {
+                test,
+                alpha: mw.alpha,
+            });
+        }
+        (out, queries.len(), failed)
     }
 
     /// Captures pre-change baselines: the subject reading of each check over the window ending at
@@ -746,6 +920,15 @@ mod tests {
         struct Never;
         impl MetricsSource for Never {
             async fn query(&self, _: &str, _: Timestamp) -> Result<Vec<SeriesValue>, SourceError> {
+                Ok(Vec::new())
+            }
+            async fn query_range(
+                &self,
+                _: &str,
+                _: Timestamp,
+                _: Timestamp,
+                _: Duration,
+            ) -> Result<Vec<RangeValues>, SourceError> {
                 Ok(Vec::new())
             }
         }

@@ -10,16 +10,23 @@
 //! - [`decide`]: pure verdict and sustained-Inconclusive rules.
 //! - [`source`]: the Prometheus / Thanos Query HTTP provider.
 //! - [`engine`]: planning, batching and the tick.
+//! - [`mann_whitney`]: the optional canary-vs-stable U test over per-interval samples.
 #![forbid(unsafe_code)]
 
 pub mod builtin;
 pub mod decide;
 pub mod engine;
+pub mod mann_whitney;
 pub mod source;
 pub mod template;
 
-pub use decide::{BaselineReading, GateAction, Observation, OwnerContext, action, decide};
-pub use engine::{
-    CheckError, CheckOutcome, Engine, EngineError, EngineOptions, GateCheck, TickReport, Vars,
+pub use decide::{
+    BaselineReading, DistributionTest, GateAction, Observation, OwnerContext, action, decide,
 };
-pub use source::{MetricsSource, PrometheusConfig, PrometheusSource, SeriesValue, SourceError};
+pub use engine::{
+    CheckError, CheckOutcome, Engine, EngineError, EngineOptions, GateCheck, MannWhitneyOptions,
+    TickReport, Vars,
+};
+pub use source::{
+    MetricsSource, PrometheusConfig, PrometheusSource, RangeValues, SeriesValue, SourceError,
+};

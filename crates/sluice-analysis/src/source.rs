@@ -1,5 +1,6 @@
-//! The metrics provider: instant queries against the Prometheus HTTP API (`/api/v1/query`),
-//! compatible with Thanos Query.
+//! The metrics provider: instant queries against the Prometheus HTTP API (`/api/v1/query`; range
+//! queries on `/api/v1/query_range` only for the optional Mann–Whitney comparison), compatible
+//! with Thanos Query.
 //!
 //! Owns transport concerns only: a per-attempt timeout (also sent as the `timeout` parameter so
 //! the server gives up too), retries with exponential backoff on transient failures (transport
@@ -24,6 +25,15 @@ pub struct SeriesValue {
     pub labels: BTreeMap<String, String>,
     /// The value.
     pub value: f64,
+}
+
+/// One series of a range (matrix) answer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RangeValues {
+    /// The series labels.
+    pub labels: BTreeMap<String, String>,
+    /// `(timestamp in milliseconds, value)` points, oldest first.
+    pub points: Vec<(i64, f64)>,
 }
 
 /// Why a query failed.
@@ -105,6 +115,16 @@ pub trait MetricsSource: Send + Sync {
         promql: &str,
         at: Timestamp,
     ) -> impl Future<Output = Result<Vec<SeriesValue>, SourceError>> + Send;
+
+    /// Evaluates `promql` at every `step` from `start` to `end` (used only by the optional
+    /// Mann–Whitney comparison).
+    fn query_range(
+        &self,
+        promql: &str,
+        start: Timestamp,
+        end: Timestamp,
+        step: Duration,
+    ) -> impl Future<Output = Result<Vec<RangeValues>, SourceError>> + Send;
 }
 
 /// Settings of a [`PrometheusSource`].
@@ -146,6 +166,7 @@ impl PrometheusConfig {
 pub struct PrometheusSource {
     config: PrometheusConfig,
     endpoint: String,
+    range_endpoint: String,
     http: reqwest::Client,
     permits: Arc<Semaphore>,
     sent: Arc<AtomicU64>,
@@ -167,8 +188,14 @@ struct Answer {
 enum Data {
     Vector(Vec<VectorItem>),
     Scalar((f64, String)),
-    Matrix(serde::de::IgnoredAny),
+    Matrix(Vec<MatrixItem>),
     String(serde::de::IgnoredAny),
+}
+
+#[derive(Deserialize)]
+struct MatrixItem {
+    metric: BTreeMap<String, String>,
+    values: Vec<(f64, String)>,
 }
 
 #[derive(Deserialize)]
@@ -210,8 +237,8 @@ fn form_encode(pairs: &[(&str, String)]) -> String {
     out
 }
 
-/// Parses a Prometheus API answer into series.
-fn parse_answer(url: &str, status: u16, body: &str) -> Result<Vec<SeriesValue>, SourceError> {
+/// Parses a Prometheus API answer and checks its status.
+fn parse_data(url: &str, status: u16, body: &str) -> Result<Option<Data>, SourceError> {
     let answer: Answer = serde_json::from_str(body).map_err(|e| {
         if (200..300).contains(&status) {
             SourceError::Decode {
@@ -235,7 +262,12 @@ fn parse_answer(url: &str, status: u16, body: &str) -> Result<Vec<SeriesValue>, 
             message: answer.error.unwrap_or_default(),
         });
     }
-    match answer.data {
+    Ok(answer.data)
+}
+
+/// Parses an instant-query answer into series.
+fn parse_answer(url: &str, status: u16, body: &str) -> Result<Vec<SeriesValue>, SourceError> {
+    match parse_data(url, status, body)? {
         Some(Data::Vector(items)) => Ok(items
             .into_iter()
             .map(|i| SeriesValue {
@@ -255,6 +287,27 @@ fn parse_answer(url: &str, status: u16, body: &str) -> Result<Vec<SeriesValue>, 
     }
 }
 
+/// Parses a range-query answer into series.
+fn parse_range_answer(url: &str, status: u16, body: &str) -> Result<Vec<RangeValues>, SourceError> {
+    match parse_data(url, status, body)? {
+        Some(Data::Matrix(items)) => Ok(items
+            .into_iter()
+            .map(|i| RangeValues {
+                labels: i.metric,
+                points: i
+                    .values
+                    .into_iter()
+                    .map(|(t, v)| ((t * 1000.0).round() as i64, parse_value(&v)))
+                    .collect(),
+            })
+            .collect()),
+        _ => Err(SourceError::Decode {
+            url: url.to_string(),
+            message: "expected a matrix from a range query".into(),
+        }),
+    }
+}
+
 fn truncate(body: &str) -> String {
     body.chars().take(512).collect()
 }
@@ -266,11 +319,14 @@ impl PrometheusSource {
             .timeout(config.timeout)
             .build()
             .expect("building an HTTP client from static settings cannot fail");
-        let endpoint = format!("{}/api/v1/query", config.url.trim_end_matches('/'));
+        let base = config.url.trim_end_matches('/');
+        let endpoint = format!("{base}/api/v1/query");
+        let range_endpoint = format!("{base}/api/v1/query_range");
         let permits = Arc::new(Semaphore::new(config.max_concurrency.max(1)));
         Self {
             config,
             endpoint,
+            range_endpoint,
             http,
             permits,
             sent: Arc::new(AtomicU64::new(0)),
@@ -283,12 +339,30 @@ impl PrometheusSource {
     }
 
     fn params(&self, promql: &str, at: Timestamp) -> Vec<(&'static str, String)> {
+        let mut params = vec![("time", seconds(at))];
+        params.extend(self.common_params(promql));
+        params
+    }
+
+    fn range_params(
+        &self,
+        promql: &str,
+        start: Timestamp,
+        end: Timestamp,
+        step: Duration,
+    ) -> Vec<(&'static str, String)> {
+        let mut params = vec![
+            ("start", seconds(start)),
+            ("end", seconds(end)),
+            ("step", format!("{:.3}", step.as_secs_f64())),
+        ];
+        params.extend(self.common_params(promql));
+        params
+    }
+
+    fn common_params(&self, promql: &str) -> Vec<(&'static str, String)> {
         let mut params = vec![
             ("query", promql.to_string()),
-            (
-                "time",
-                format!("{:.3}", at.as_millisecond() as f64 / 1000.0),
-            ),
             ("timeout", format!("{}ms", self.config.timeout.as_millis())),
         ];
         if let Some(p) = self.config.partial_response {
@@ -300,64 +374,86 @@ impl PrometheusSource {
         params
     }
 
-    async fn attempt(&self, body: &str) -> Result<Vec<SeriesValue>, (bool, SourceError)> {
+    /// One HTTP attempt; the error says whether it may be retried.
+    async fn attempt(
+        &self,
+        endpoint: &str,
+        body: &str,
+    ) -> Result<(u16, String), (bool, SourceError)> {
         self.sent.fetch_add(1, Ordering::Relaxed);
+        let transport = |e: reqwest::Error| {
+            if e.is_timeout() {
+                SourceError::Timeout {
+                    url: endpoint.to_string(),
+                    timeout: self.config.timeout,
+                    attempts: 1,
+                }
+            } else {
+                SourceError::Transport {
+                    url: endpoint.to_string(),
+                    attempts: 1,
+                    message: e.to_string(),
+                }
+            }
+        };
         let response = self
             .http
-            .post(&self.endpoint)
+            .post(endpoint)
             .header("Content-Type", "application/x-www-form-urlencoded")
             .body(body.to_string())
             .send()
-            .await;
-        let response = match response {
-            Ok(r) => r,
-            Err(e) if e.is_timeout() => {
-                return Err((
-                    true,
-                    SourceError::Timeout {
-                        url: self.endpoint.clone(),
-                        timeout: self.config.timeout,
-                        attempts: 1,
-                    },
-                ));
-            }
-            Err(e) => {
-                return Err((
-                    true,
-                    SourceError::Transport {
-                        url: self.endpoint.clone(),
-                        attempts: 1,
-                        message: e.to_string(),
-                    },
-                ));
-            }
-        };
+            .await
+            .map_err(|e| (true, transport(e)))?;
         let status = response.status().as_u16();
-        let text = match response.text().await {
-            Ok(t) => t,
-            Err(e) if e.is_timeout() => {
-                return Err((
-                    true,
-                    SourceError::Timeout {
-                        url: self.endpoint.clone(),
-                        timeout: self.config.timeout,
-                        attempts: 1,
-                    },
-                ));
-            }
-            Err(e) => {
-                return Err((
-                    true,
-                    SourceError::Transport {
-                        url: self.endpoint.clone(),
-                        attempts: 1,
-                        message: e.to_string(),
-                    },
-                ));
-            }
-        };
-        parse_answer(&self.endpoint, status, &text).map_err(|e| (status == 429 || status >= 500, e))
+        let text = response.text().await.map_err(|e| (true, transport(e)))?;
+        Ok((status, text))
     }
+
+    /// Sends `params` to `endpoint` with the concurrency limit, retries and backoff, and parses
+    /// the answer with `parse`.
+    async fn send<T>(
+        &self,
+        endpoint: &str,
+        params: &[(&str, String)],
+        parse: impl Fn(&str, u16, &str) -> Result<T, SourceError>,
+    ) -> Result<T, SourceError> {
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| SourceError::Transport {
+                url: endpoint.to_string(),
+                attempts: 0,
+                message: "the source was shut down".into(),
+            })?;
+        let body = form_encode(params);
+        let mut delay = self.config.backoff;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let outcome = match self.attempt(endpoint, &body).await {
+                Ok((status, text)) => {
+                    parse(endpoint, status, &text).map_err(|e| (status == 429 || status >= 500, e))
+                }
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(value) => return Ok(value),
+                Err((retryable, error)) => {
+                    if !retryable || attempt > self.config.retries {
+                        return Err(with_attempts(error, attempt));
+                    }
+                    tracing::debug!(attempt, error = %error, "metrics query failed, retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = delay.saturating_mul(2);
+                }
+            }
+        }
+    }
+}
+
+fn seconds(at: Timestamp) -> String {
+    format!("{:.3}", at.as_millisecond() as f64 / 1000.0)
 }
 
 fn with_attempts(error: SourceError, attempts: u32) -> SourceError {
@@ -378,32 +474,23 @@ fn with_attempts(error: SourceError, attempts: u32) -> SourceError {
 
 impl MetricsSource for PrometheusSource {
     async fn query(&self, promql: &str, at: Timestamp) -> Result<Vec<SeriesValue>, SourceError> {
-        let _permit = self
-            .permits
-            .acquire()
+        self.send(&self.endpoint, &self.params(promql, at), parse_answer)
             .await
-            .map_err(|_| SourceError::Transport {
-                url: self.endpoint.clone(),
-                attempts: 0,
-                message: "the source was shut down".into(),
-            })?;
-        let body = form_encode(&self.params(promql, at));
-        let mut delay = self.config.backoff;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match self.attempt(&body).await {
-                Ok(series) => return Ok(series),
-                Err((retryable, error)) => {
-                    if !retryable || attempt > self.config.retries {
-                        return Err(with_attempts(error, attempt));
-                    }
-                    tracing::debug!(attempt, error = %error, "metrics query failed, retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = delay.saturating_mul(2);
-                }
-            }
-        }
+    }
+
+    async fn query_range(
+        &self,
+        promql: &str,
+        start: Timestamp,
+        end: Timestamp,
+        step: Duration,
+    ) -> Result<Vec<RangeValues>, SourceError> {
+        self.send(
+            &self.range_endpoint,
+            &self.range_params(promql, start, end, step),
+            parse_range_answer,
+        )
+        .await
     }
 }
 
@@ -452,6 +539,19 @@ mod tests {
             assert_eq!(err.category(), *category, "{body}");
             assert_eq!(err.is_timeout(), *timeout, "{body}");
         }
+    }
+
+    #[test]
+    fn range_answers_parse_to_millisecond_points() {
+        let body = r#"{"status":"success","data":{"resultType":"matrix","result":[{"metric":{"a":"b"},"values":[[1.5,"1"],[2.5,"NaN"]]}]}}"#;
+        let got = parse_range_answer("u", 200, body).unwrap();
+        assert_eq!(got[0].points[0], (1_500, 1.0));
+        assert!(got[0].points[1].1.is_nan());
+        let vector = r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
+        assert_eq!(
+            parse_range_answer("u", 200, vector).unwrap_err().category(),
+            "decode"
+        );
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! literal for the regex first), so no value can end the string, add a matcher or an operator.
 //! Variables outside a string literal are refused, except the two the engine renders itself:
 //! `{{window}}` (a duration it formats) and `{{by}}` (the grouping labels it derives).
-//! An unknown or missing variable is an error, never an empty string.
+//! An unknown or missing variable is an error, never an empty string. Comments (`# ...`) are
+//! copied verbatim.
 //!
 //! Batching: a matcher whose whole string is one variable after `=` (`label="{{service}}"`) is a
 //! *key matcher*. For a batch of objects it is rendered as `label=~"a|b|c"` over every object's
@@ -292,6 +293,13 @@ impl Template {
                     }
                     text.push('"');
                     i = end + 1;
+                }
+                '#' => {
+                    // A comment runs to the end of the line and is copied verbatim: quotes and
+                    // placeholders in it mean nothing to PromQL.
+                    let end = source[i..].find('\n').map_or(source.len(), |n| i + n);
+                    text.push_str(&source[i..end]);
+                    i = end;
                 }
                 '\'' | '`' => {
                     let end = string_end(source, i, c)?;
@@ -629,7 +637,11 @@ mod tests {
                 Ok(r#"m{svc!="a"}"#),
             ),
             (r#"m{a="{{window}}"}"#, &[], Err("OutsideString")),
-            (r#"sum(m) # {{window}}"#, &[], Ok("sum(m) # 120s")),
+            (
+                "sum(m) # don't {{service}}\n+ m{a=\"{{service}}\"}",
+                &[("service", "x")],
+                Ok("sum(m) # don't {{service}}\n+ m{a=\"x\"}"),
+            ),
         ];
         for (source, values, want) in cases {
             let got = render_one(source, values);

@@ -7,8 +7,8 @@ use std::time::Duration;
 use jiff::Timestamp;
 use sluice_analysis::builtin;
 use sluice_analysis::{
-    CheckOutcome, Engine, EngineOptions, GateCheck, Observation, PrometheusConfig,
-    PrometheusSource, TickReport, Vars,
+    CheckOutcome, Engine, EngineOptions, GateCheck, MannWhitneyOptions, Observation,
+    PrometheusConfig, PrometheusSource, TickReport, Vars,
 };
 use sluice_api::v1alpha1::{
     BaselineSource, BuiltinGate, Comparison, ComparisonOp, Gate, GateDefinition, GateTemplateSpec,
@@ -891,4 +891,96 @@ async fn the_documented_gate_template_batches_by_version() {
         "a version without 5xx is a ratio of 0, not no data"
     );
     assert_eq!(report.queries, 1);
+}
+
+/// A counter whose rate changes: `segments` are (duration in ms, requests per second), oldest
+/// first, ending at `now`.
+fn piecewise(name_labels: Series, now: i64, segments: &[(i64, f64)]) -> Series {
+    let total: i64 = segments.iter().map(|(d, _)| d).sum();
+    let step = STEP.as_millis() as i64;
+    let mut series = name_labels;
+    let (mut t, mut value) = (now - total, 0.0);
+    for &(duration, rps) in segments {
+        let end = t + duration;
+        while t < end {
+            series = series.sample(t, value);
+            value += rps * step as f64 / 1000.0;
+            t += step;
+        }
+    }
+    series.sample(t, value)
+}
+
+#[tokio::test]
+async fn mann_whitney_catches_a_sustained_regression_a_good_last_window_hides() {
+    let w = World::start().await;
+    let n = w.now_ms;
+    let base = |service: &str, code: &str| {
+        Series::new("istio_requests_total")
+            .label("reporter", "source")
+            .label("cluster", "c1")
+            .label("destination_service_namespace", "shop")
+            .label("destination_service_name", service)
+            .label("response_code", code)
+            .label("response_flags", "-")
+    };
+    // Stable: 1% errors throughout. Canary: 3% for eight minutes, then 1% for the last two.
+    w.write(vec![
+        piecewise(base("cart-stable", "200"), n, &[(600_000, 9.9)]),
+        piecewise(base("cart-stable", "503"), n, &[(600_000, 0.1)]),
+        piecewise(
+            base("cart-canary", "200"),
+            n,
+            &[(480_000, 9.7), (120_000, 9.9)],
+        ),
+        piecewise(
+            base("cart-canary", "503"),
+            n,
+            &[(480_000, 0.3), (120_000, 0.1)],
+        ),
+    ])
+    .await;
+    let gate = builtin_gate(BuiltinGate::ErrorRatioVsStable, |g| {
+        g.consecutive_failures = 1
+    });
+    let checks = [check("Rollout shop/cart", gate, rollout_vars("c1", "cart"))];
+
+    // Off by default: the last two-minute window looks as good as stable.
+    let plain = w.engine().tick(&checks, w.now()).await;
+    assert_eq!(
+        summary(&plain),
+        [(Verdict::Pass, VerdictReason::ThresholdMet)]
+    );
+    assert_eq!(plain.queries, 1);
+
+    // On: per-minute samples over ten minutes show the canary significantly and largely worse.
+    let options = EngineOptions {
+        mann_whitney: Some(MannWhitneyOptions::default()),
+        ..EngineOptions::default()
+    };
+    let report = w.engine_with(options).tick(&checks, w.now()).await;
+    let v = verdict(&report.outcomes[0]);
+    assert_eq!(
+        (v.verdict, v.reason),
+        (Verdict::Fail, VerdictReason::ThresholdBreached),
+        "{:?}",
+        v.message
+    );
+    assert!(
+        v.message
+            .as_deref()
+            .unwrap()
+            .contains("significantly worse"),
+        "{:?}",
+        v.message
+    );
+    let Some(Observation::Measured {
+        distribution: Some(d),
+        ..
+    }) = &report.outcomes[0].observation
+    else {
+        panic!("no distribution test: {:?}", report.outcomes[0]);
+    };
+    assert!(d.test.p_worse < 0.01 && d.test.n_canary >= 8, "{d:?}");
+    assert_eq!(report.queries, 2, "one instant and one range query");
 }
