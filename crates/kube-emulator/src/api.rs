@@ -11,12 +11,15 @@ use std::sync::{Arc, RwLock};
 
 use serde_json::{Value, json};
 
+use crate::admission;
 use crate::error::ApiError;
 use crate::managed::{self, Scope, Shape, Write};
 use crate::patch;
+use crate::rbac;
 use crate::resources::{Registry, ResourceType, TableKey};
 use crate::selector;
 use crate::store::{Inner, Store, key_of};
+use crate::validation::{self, CrdSchema};
 
 /// Who is making a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,7 +71,7 @@ impl UserInfo {
 }
 
 /// What RBAC is asked about one request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Attributes {
     /// Verb (`get`, `list`, `watch`, `create`, `update`, `patch`, `delete`, `deletecollection`).
     pub verb: String,
@@ -82,80 +85,8 @@ pub struct Attributes {
     pub namespace: String,
     /// Object name or empty.
     pub name: String,
-}
-
-/// Decides RBAC questions; rebuilt whenever a Role, ClusterRole or binding changes.
-pub trait Authorize: Send + Sync {
-    /// Whether `user` may do `attrs`.
-    fn allowed(&self, user: &UserInfo, attrs: &Attributes) -> bool;
-}
-
-/// Builds an authorizer from all RBAC objects (roles, cluster roles, bindings, cluster bindings).
-pub type AuthorizerFactory = fn(&[Value], &[Value], &[Value], &[Value]) -> Arc<dyn Authorize>;
-
-/// What admission policies see of a write.
-#[derive(Debug, Clone)]
-pub struct AdmissionRequest<'a> {
-    /// `CREATE`, `UPDATE` or `DELETE`.
-    pub operation: &'a str,
-    /// The resource written.
-    pub resource: &'a ResourceType,
-    /// Subresource or empty.
-    pub subresource: &'a str,
-    /// Namespace or empty.
-    pub namespace: &'a str,
-    /// Object name.
-    pub name: &'a str,
-    /// The object after the write (`None` for deletes).
-    pub object: Option<&'a Value>,
-    /// The object before the write (`None` for creates).
-    pub old_object: Option<&'a Value>,
-    /// Who writes.
-    pub user: &'a UserInfo,
-    /// The namespace object, for `namespaceObject` and namespace selectors.
-    pub namespace_object: Option<&'a Value>,
-}
-
-/// Evaluates ValidatingAdmissionPolicies; rebuilt whenever a policy or binding changes.
-pub trait Admit: Send + Sync {
-    /// `Err(message)` denies the request with 422/403 as the binding's actions say; the message
-    /// is the full Status message.
-    fn admit(&self, req: &AdmissionRequest<'_>) -> Result<(), ApiError>;
-}
-
-/// Builds the admission evaluator from all policies and bindings.
-pub type AdmissionFactory = fn(&[Value], &[Value]) -> Arc<dyn Admit>;
-
-/// Defaulting, pruning and validation of one served custom resource version.
-pub trait SchemaCheck: Send + Sync {
-    /// Applies defaults and drops unknown fields.
-    fn default_and_prune(&self, obj: &mut Value);
-    /// Field errors as (field path, message) pairs, worded as kube-apiserver words them.
-    fn validate(&self, new: &Value, old: Option<&Value>) -> Vec<(String, String)>;
-}
-
-/// Compiles the schema of one CRD version (`openAPIV3Schema`).
-pub type SchemaFactory = fn(&Value) -> Result<Arc<dyn SchemaCheck>, String>;
-
-/// Pluggable policy engines (schema validation, RBAC, admission).
-#[derive(Clone, Copy, Default)]
-pub struct Engines {
-    /// CRD schema compiler; `None` serves custom resources unvalidated.
-    pub schema: Option<SchemaFactory>,
-    /// RBAC authorizer factory; required for RBAC enforcement.
-    pub rbac: Option<AuthorizerFactory>,
-    /// Admission factory; `None` admits everything.
-    pub admission: Option<AdmissionFactory>,
-}
-
-impl std::fmt::Debug for Engines {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engines")
-            .field("schema", &self.schema.is_some())
-            .field("rbac", &self.rbac.is_some())
-            .field("admission", &self.admission.is_some())
-            .finish()
-    }
+    /// Request path, for non-resource requests (discovery).
+    pub path: String,
 }
 
 /// One parsed object request.
@@ -250,7 +181,10 @@ pub struct Semantics {
 }
 
 /// Compiled schemas per (group, version, plural).
-type SchemaChecks = HashMap<(String, String, String), Arc<dyn SchemaCheck>>;
+type SchemaChecks = HashMap<(String, String, String), Arc<CrdSchema>>;
+
+/// One compiled CRD version.
+type CompiledVersion = ((String, String, String), Arc<CrdSchema>);
 
 /// The shared state of one emulator instance.
 pub struct State {
@@ -262,19 +196,16 @@ pub struct State {
     pub tokens: RwLock<HashMap<String, UserInfo>>,
     /// Semantics switches.
     pub semantics: Semantics,
-    /// Policy engines.
-    pub engines: Engines,
     checks: RwLock<SchemaChecks>,
-    authorizer: RwLock<Option<Arc<dyn Authorize>>>,
-    admission: RwLock<Option<Arc<dyn Admit>>>,
+    authorizer: RwLock<Arc<rbac::Authorizer>>,
+    admission: RwLock<Arc<admission::PolicySet>>,
 }
 
 impl std::fmt::Debug for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("State")
             .field("semantics", &self.semantics)
-            .field("engines", &self.engines)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -354,21 +285,30 @@ pub fn selectors(
 
 impl State {
     /// A fresh state with the built-in kinds and the default namespaces.
-    pub fn new(semantics: Semantics, engines: Engines, watch_history: usize) -> Self {
+    pub fn new(semantics: Semantics, watch_history: usize) -> Self {
         let s = State {
             store: Store::new(watch_history),
             registry: RwLock::new(Registry::with_builtins()),
             tokens: RwLock::new(HashMap::new()),
             semantics,
-            engines,
             checks: RwLock::new(HashMap::new()),
-            authorizer: RwLock::new(None),
-            admission: RwLock::new(None),
+            authorizer: RwLock::new(Arc::new(rbac::Authorizer::default())),
+            admission: RwLock::new(Arc::new(admission::PolicySet::new())),
         };
         {
             let mut w = s.store.write();
             for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
                 w.put(&table("", "namespaces"), new_namespace(ns));
+            }
+            // The bootstrap policy every cluster starts with (cluster-admin, discovery, ...).
+            let (roles, bindings) = rbac::bootstrap_policy();
+            let now = now_rfc3339();
+            for (plural, objs) in [("clusterroles", roles), ("clusterrolebindings", bindings)] {
+                for mut o in objs {
+                    o["metadata"]["uid"] = json!(uuid::Uuid::new_v4().to_string());
+                    o["metadata"]["creationTimestamp"] = json!(now);
+                    w.put(&table("rbac.authorization.k8s.io", plural), o);
+                }
             }
         }
         s.rebuild_rbac();
@@ -408,81 +348,84 @@ impl State {
         if !self.semantics.rbac || user.is_master() {
             return Ok(());
         }
-        let allowed = self
+        let a = rbac::Attributes {
+            user: user.username.clone(),
+            groups: user.groups.clone(),
+            verb: attrs.verb.clone(),
+            api_group: attrs.group.clone(),
+            resource: attrs.resource.clone(),
+            subresource: attrs.subresource.clone(),
+            namespace: attrs.namespace.clone(),
+            name: attrs.name.clone(),
+            path: attrs.path.clone(),
+        };
+        let authorizer = self
             .authorizer
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .is_some_and(|a| a.allowed(user, attrs));
-        if allowed {
+            .clone();
+        if authorizer.authorize(&a).is_allowed() {
             return Ok(());
         }
-        let resource = if attrs.subresource.is_empty() {
-            attrs.resource.clone()
-        } else {
-            format!("{}/{}", attrs.resource, attrs.subresource)
-        };
-        let qualified = rt
-            .map(|r| r.qualified())
-            .unwrap_or_else(|| attrs.resource.clone());
-        let subject = if attrs.name.is_empty() {
-            qualified
-        } else {
-            format!("{qualified} \"{}\"", attrs.name)
-        };
-        let scope = if attrs.namespace.is_empty() {
-            "at the cluster scope".to_string()
-        } else {
-            format!("in the namespace \"{}\"", attrs.namespace)
-        };
-        let message = format!(
-            "{subject} is forbidden: User \"{}\" cannot {} resource \"{resource}\" in API group \"{}\" {scope}",
-            user.username, attrs.verb, attrs.group
-        );
-        let mut details = json!({"kind": attrs.resource});
-        if !attrs.name.is_empty() {
-            details["name"] = json!(attrs.name);
-        }
-        if !attrs.group.is_empty() {
-            details["group"] = json!(attrs.group);
-        }
-        Err(ApiError::Forbidden { message, details })
+        let _ = rt;
+        Err(ApiError::from_status(rbac::forbidden_status(&a)))
     }
 
     fn rebuild_rbac(&self) {
-        let Some(factory) = self.engines.rbac else {
-            return;
-        };
         let r = self.store.read();
         let all = |plural: &str| -> Vec<Value> {
             r.table(&table("rbac.authorization.k8s.io", plural))
                 .map(|t| t.iter_ns(None).map(|v| (**v).clone()).collect())
                 .unwrap_or_default()
         };
-        let a = factory(
+        let a = rbac::Authorizer::new(
             &all("roles"),
             &all("clusterroles"),
             &all("rolebindings"),
             &all("clusterrolebindings"),
         );
-        *self.authorizer.write().unwrap_or_else(|p| p.into_inner()) = Some(a);
+        *self.authorizer.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(a);
     }
 
     fn rebuild_admission(&self) {
-        let Some(factory) = self.engines.admission else {
-            return;
-        };
         let r = self.store.read();
-        let all = |plural: &str| -> Vec<Value> {
-            r.table(&table("admissionregistration.k8s.io", plural))
-                .map(|t| t.iter_ns(None).map(|v| (**v).clone()).collect())
-                .unwrap_or_default()
-        };
-        let a = factory(
-            &all("validatingadmissionpolicies"),
-            &all("validatingadmissionpolicybindings"),
-        );
-        *self.admission.write().unwrap_or_else(|p| p.into_inner()) = Some(a);
+        let mut set = admission::PolicySet::new();
+        for plural in [
+            "validatingadmissionpolicies",
+            "validatingadmissionpolicybindings",
+        ] {
+            if let Some(t) = r.table(&table("admissionregistration.k8s.io", plural)) {
+                for o in t.iter_ns(None) {
+                    if let Err(e) = set.upsert(o) {
+                        tracing::warn!(error = %e, category = e.category(), "admission object not installed");
+                    }
+                }
+            }
+        }
+        *self.admission.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(set);
+    }
+
+    /// Compiles every served version's schema; a rule the emulator cannot evaluate refuses the CRD.
+    fn compile_crd(name: &str, types: &[ResourceType]) -> Result<Vec<CompiledVersion>, ApiError> {
+        let mut compiled = Vec::new();
+        for t in types {
+            let schema = t.schema.as_deref().cloned().unwrap_or(Value::Null);
+            let check = CrdSchema::from_openapi_v3(&schema).map_err(|e| {
+                ApiError::invalid(
+                    "CustomResourceDefinition.apiextensions.k8s.io",
+                    name,
+                    &[(
+                        format!("spec.versions[{}].schema.openAPIV3Schema", t.version),
+                        e.to_string(),
+                    )],
+                )
+            })?;
+            compiled.push((
+                (t.group.clone(), t.version.clone(), t.plural.clone()),
+                Arc::new(check),
+            ));
+        }
+        Ok(compiled)
     }
 
     /// Compiles the schemas of a CRD's versions and serves its resources.
@@ -498,26 +441,7 @@ impl State {
                 &[(String::new(), e.to_string())],
             )
         })?;
-        let mut compiled = Vec::new();
-        if let Some(factory) = self.engines.schema {
-            for t in &types {
-                let schema = t.schema.as_deref().cloned().unwrap_or(Value::Null);
-                let check = factory(&schema).map_err(|e| {
-                    ApiError::invalid(
-                        "CustomResourceDefinition.apiextensions.k8s.io",
-                        name,
-                        &[(
-                            format!("spec.versions[{}].schema.openAPIV3Schema", t.version),
-                            e,
-                        )],
-                    )
-                })?;
-                compiled.push((
-                    (t.group.clone(), t.version.clone(), t.plural.clone()),
-                    check,
-                ));
-            }
-        }
+        let compiled = Self::compile_crd(name, &types)?;
         self.registry
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -536,7 +460,7 @@ impl State {
         Ok(())
     }
 
-    fn check_for(&self, rt: &ResourceType) -> Option<Arc<dyn SchemaCheck>> {
+    fn check_for(&self, rt: &ResourceType) -> Option<Arc<CrdSchema>> {
         self.checks
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -584,6 +508,67 @@ impl State {
             subresource: req.subresource.clone().unwrap_or_default(),
             namespace: req.namespace.clone(),
             name: req.name.clone().unwrap_or_default(),
+            path: String::new(),
+        }
+    }
+
+    /// Runs the ValidatingAdmissionPolicies that match a write.
+    #[allow(clippy::too_many_arguments)]
+    fn admit(
+        &self,
+        inner: &Inner,
+        user: &UserInfo,
+        rt: &ResourceType,
+        operation: &str,
+        subresource: &str,
+        ns: &str,
+        name: &str,
+        object: Option<&Value>,
+        old_object: Option<&Value>,
+        dry_run: bool,
+    ) -> Result<(), ApiError> {
+        let policies = self
+            .admission
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let namespace_object = if ns.is_empty() {
+            None
+        } else {
+            inner
+                .get(&table("", "namespaces"), "", ns)
+                .map(|n| (*n).clone())
+        };
+        let request = admission::AdmissionRequest {
+            operation: operation.into(),
+            api_group: rt.group.clone(),
+            api_version: rt.version.clone(),
+            kind: rt.kind.clone(),
+            resource: rt.plural.clone(),
+            subresource: subresource.into(),
+            namespace: ns.into(),
+            name: name.into(),
+            user: user.username.clone(),
+            uid: user.uid.clone(),
+            groups: user.groups.clone(),
+            object: object.cloned(),
+            old_object: old_object.cloned(),
+            namespace_object,
+            dry_run,
+        };
+        let registry = self
+            .registry
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let params = StoreParams {
+            inner,
+            registry: &registry,
+        };
+        let outcome = policies.validate(&request, &params);
+        match outcome.denied {
+            Some(status) => Err(ApiError::from_status(status)),
+            None => Ok(()),
         }
     }
 
@@ -936,33 +921,29 @@ impl State {
             check.default_and_prune(&mut new);
             let errs = check.validate(&new, live.as_deref());
             if !errs.is_empty() {
-                return Err(ApiError::invalid(&kind_group, &name, &errs));
+                return Err(ApiError::from_status(validation::invalid_status(
+                    &qualified, &rt.kind, &name, &errs,
+                )));
             }
         }
         if rt.group == "apiextensions.k8s.io" && rt.plural == "customresourcedefinitions" {
-            crate::resources::from_crd(&new).map_err(|e| {
+            let types = crate::resources::from_crd(&new).map_err(|e| {
                 ApiError::invalid(&kind_group, &name, &[(String::new(), e.to_string())])
             })?;
+            Self::compile_crd(&name, &types)?;
         }
-        if let Some(adm) = self
-            .admission
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-        {
-            let ns_obj = inner.get(&table("", "namespaces"), "", &ns);
-            adm.admit(&AdmissionRequest {
-                operation: if created { "CREATE" } else { "UPDATE" },
-                resource: &rt,
-                subresource: &sub,
-                namespace: &ns,
-                name: &name,
-                object: Some(&new),
-                old_object: live.as_deref(),
-                user: &req.user,
-                namespace_object: ns_obj.as_deref(),
-            })?;
-        }
+        self.admit(
+            &inner,
+            &req.user,
+            &rt,
+            if created { "CREATE" } else { "UPDATE" },
+            &sub,
+            &ns,
+            &name,
+            Some(&new),
+            live.as_deref(),
+            req.dry_run(),
+        )?;
         // A write that changes nothing is not a write.
         if let Some(l) = &live {
             let mut probe = new.clone();
@@ -995,7 +976,14 @@ impl State {
     pub fn delete(&self, req: &Req, body: &Value) -> Result<Arc<Value>, ApiError> {
         self.authorize(&req.user, &self.attrs(req, "delete"), Some(&req.rt))?;
         let name = req.name.clone().unwrap_or_default();
-        let out = self.delete_one(&req.rt, &req.namespace, &name, body, req.dry_run())?;
+        let out = self.delete_one(
+            &req.rt,
+            &req.namespace,
+            &name,
+            body,
+            req.dry_run(),
+            &req.user,
+        )?;
         Ok(Self::present(&req.rt, &out))
     }
 
@@ -1006,6 +994,7 @@ impl State {
         name: &str,
         body: &Value,
         dry_run: bool,
+        user: &UserInfo,
     ) -> Result<Arc<Value>, ApiError> {
         let key = rt.table();
         let qualified = rt.qualified();
@@ -1044,6 +1033,18 @@ impl State {
                 });
             }
         }
+        self.admit(
+            &inner,
+            user,
+            rt,
+            "DELETE",
+            "",
+            ns,
+            name,
+            None,
+            Some(&live),
+            dry_run,
+        )?;
         if dry_run {
             return Ok(live);
         }
@@ -1091,7 +1092,7 @@ impl State {
                     .unwrap_or_default()
             };
             for n in names {
-                let _ = self.delete_one(&t, ns, &n, &Value::Null, false);
+                let _ = self.delete_one(&t, ns, &n, &Value::Null, false, &UserInfo::admin());
             }
         }
     }
@@ -1121,7 +1122,9 @@ impl State {
         };
         let mut out = Vec::new();
         for (ns, name) in keys {
-            if let Ok(o) = self.delete_one(&req.rt, &ns, &name, &Value::Null, req.dry_run()) {
+            if let Ok(o) =
+                self.delete_one(&req.rt, &ns, &name, &Value::Null, req.dry_run(), &req.user)
+            {
                 out.push(Self::present(&req.rt, &o));
             }
         }
@@ -1219,7 +1222,14 @@ impl State {
             }
         }
         if !req.dry_run() {
-            self.delete_one(&req.rt, &req.namespace, &name, &Value::Null, false)?;
+            self.delete_one(
+                &req.rt,
+                &req.namespace,
+                &name,
+                &Value::Null,
+                false,
+                &req.user,
+            )?;
         }
         Ok(
             json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
@@ -1279,6 +1289,44 @@ impl State {
             out.entry(t.api_version()).or_default().push(t.clone());
         }
         out
+    }
+}
+
+/// Policy parameters read from the store.
+struct StoreParams<'a> {
+    inner: &'a Inner,
+    registry: &'a Registry,
+}
+
+impl admission::ParamSource for StoreParams<'_> {
+    fn params(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: Option<&str>,
+        name: Option<&str>,
+        selector: Option<&Value>,
+    ) -> Vec<Value> {
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let Some(rt) = self
+            .registry
+            .all()
+            .find(|t| t.group == group && t.version == version && t.kind == kind)
+        else {
+            return Vec::new();
+        };
+        let Some(t) = self.inner.table(&rt.table()) else {
+            return Vec::new();
+        };
+        t.iter_ns(namespace)
+            .filter(|o| name.is_none_or(|n| key_of(o).1 == n))
+            .filter(|o| {
+                selector.is_none_or(|s| {
+                    selector::label_selector_object_matches(s, o.pointer("/metadata/labels"))
+                })
+            })
+            .map(|o| (**o).clone())
+            .collect()
     }
 }
 

@@ -74,6 +74,9 @@ pub enum ApiError {
     /// 500 InternalError: the emulator could not do what the request needs.
     #[error("{0}")]
     Internal(String),
+    /// A complete Status built elsewhere (validation, RBAC, admission).
+    #[error("{}", .0.get("message").and_then(Value::as_str).unwrap_or_default())]
+    Status(Box<Value>),
 }
 
 fn details(qualified: &str, name: &str) -> Value {
@@ -147,9 +150,15 @@ impl ApiError {
         }
     }
 
+    /// Wraps a complete `Status` object.
+    pub fn from_status(status: Value) -> Self {
+        ApiError::Status(Box::new(status))
+    }
+
     /// HTTP status code.
     pub fn code(&self) -> u16 {
         match self {
+            ApiError::Status(s) => s.get("code").and_then(Value::as_u64).unwrap_or(500) as u16,
             ApiError::NotFound { .. } => 404,
             ApiError::AlreadyExists { .. } | ApiError::Conflict { .. } => 409,
             ApiError::Invalid { .. } => 422,
@@ -167,6 +176,14 @@ impl ApiError {
     /// The Status `reason`; also the bounded category for logs and metrics.
     pub fn category(&self) -> &'static str {
         match self {
+            ApiError::Status(s) => match s.get("reason").and_then(Value::as_str) {
+                Some("Invalid") => "Invalid",
+                Some("Forbidden") => "Forbidden",
+                Some("NotFound") => "NotFound",
+                Some("Conflict") => "Conflict",
+                Some("BadRequest") => "BadRequest",
+                _ => "InternalError",
+            },
             ApiError::NotFound { .. } => "NotFound",
             ApiError::AlreadyExists { .. } => "AlreadyExists",
             ApiError::Conflict { .. } => "Conflict",
@@ -184,6 +201,9 @@ impl ApiError {
 
     /// The `metav1.Status` body.
     pub fn status(&self) -> Value {
+        if let ApiError::Status(s) = self {
+            return (**s).clone();
+        }
         let mut s = json!({
             "kind": "Status",
             "apiVersion": "v1",

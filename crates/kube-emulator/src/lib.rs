@@ -28,7 +28,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::watch;
 
-pub use api::{Engines, UserInfo};
+pub use api::UserInfo;
 pub use error::ApiError;
 
 /// The token every emulator kubeconfig carries for the administrator (`system:masters`).
@@ -47,8 +47,6 @@ pub struct Options {
     pub watch_history: usize,
     /// How often a watch that allows bookmarks gets one.
     pub bookmark_interval: Duration,
-    /// Schema validation, RBAC and admission engines.
-    pub engines: Engines,
 }
 
 impl Default for Options {
@@ -59,14 +57,8 @@ impl Default for Options {
             manifests: Vec::new(),
             watch_history: 10_000,
             bookmark_interval: Duration::from_secs(2),
-            engines: default_engines(),
         }
     }
-}
-
-/// The validation, RBAC and admission engines of this crate.
-pub fn default_engines() -> Engines {
-    Engines::default()
 }
 
 /// Why an emulator could not start or load a manifest.
@@ -172,7 +164,6 @@ impl Emulator {
     pub async fn start_with(options: Options) -> Result<Emulator, EmulatorError> {
         let state = Arc::new(api::State::new(
             api::Semantics { rbac: options.rbac },
-            options.engines,
             options.watch_history,
         ));
         state.add_token(ADMIN_TOKEN.into(), UserInfo::admin());

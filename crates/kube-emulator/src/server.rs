@@ -163,6 +163,18 @@ async fn route(
         message: "the server could not find the requested resource".into(),
         details: json!({}),
     };
+    let is_resource = matches!(segs.as_slice(), ["api", _, _, ..] | ["apis", _, _, _, ..]);
+    if !is_resource {
+        ctx.state.authorize(
+            &user,
+            &Attributes {
+                verb: method.as_str().to_ascii_lowercase(),
+                path: uri.path().to_string(),
+                ..Default::default()
+            },
+            None,
+        )?;
+    }
     let (group, version, rest): (&str, &str, &[&str]) = match segs.as_slice() {
         ["version"] => return Ok(json_response(200, &discovery::version())),
         ["healthz" | "readyz" | "livez"] => return Ok(bytes_response(200, b"ok".to_vec())),
@@ -389,6 +401,7 @@ fn watch_response(ctx: &Ctx, req: Req, table: bool) -> Result<Response, ApiError
             subresource: String::new(),
             namespace: req.namespace.clone(),
             name: String::new(),
+            path: String::new(),
         },
         Some(&req.rt),
     )?;

@@ -32,7 +32,14 @@ spec:
         properties:
           spec:
             type: object
+            x-kubernetes-validations:
+            - rule: "!has(self.replicas) || !has(self.hosts) || self.replicas <= size(self.hosts) * 2"
+              message: replicas may not exceed twice the number of hosts
             properties:
+              owner:
+                type: string
+                x-kubernetes-validations:
+                - {rule: "self == oldSelf", message: owner is immutable}
               replicas: {type: integer, minimum: 0, maximum: 10}
               hosts: {type: array, items: {type: string}}
               tags: {type: array, x-kubernetes-list-type: set, items: {type: string}}
@@ -883,4 +890,182 @@ async fn upstream_crds_load_and_serve() {
         "source": {"repoURL": "https://example.invalid/repo.git", "path": "p", "targetRevision": "HEAD"}}}))
     .unwrap();
     apps.create(&PostParams::default(), &app).await.unwrap();
+}
+
+#[tokio::test]
+async fn schema_and_cel_rejections_are_422_with_the_field_and_the_rule_message() {
+    let (_emu, api) = with_widgets().await;
+    let err = api_error(
+        api.create(
+            &PostParams::default(),
+            &widget("w", json!({"replicas": 3, "hosts": ["a"]})),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
+    assert_eq!(
+        err.message,
+        "Widget.test.sluice.dev \"w\" is invalid: spec: Invalid value: \"object\": replicas may not exceed twice the number of hosts"
+    );
+    let err = api_error(
+        api.create(
+            &PostParams::default(),
+            &widget("w", json!({"replicas": 11})),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(err.code, 422);
+    assert!(
+        err.message.contains("spec.replicas: Invalid value: 11: spec.replicas in body should be less than or equal to 10"),
+        "{}",
+        err.message
+    );
+    // Transition rule: oldSelf is the stored object.
+    api.create(
+        &PostParams::default(),
+        &widget("w", json!({"owner": "team-a"})),
+    )
+    .await
+    .unwrap();
+    let err = api_error(
+        api.patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"owner": "team-b"}})),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(
+        err.message,
+        "Widget.test.sluice.dev \"w\" is invalid: spec.owner: Invalid value: \"string\": owner is immutable"
+    );
+    // Unknown fields are pruned, not stored.
+    let pruned = api
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"surprise": true}})),
+        )
+        .await
+        .unwrap();
+    assert!(pruned.data["spec"].get("surprise").is_none());
+}
+
+#[tokio::test]
+async fn rbac_denies_what_no_role_grants_with_the_apiserver_wording() {
+    let emu = Emulator::start_with(Options {
+        rbac: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    emu.load_yaml(
+        r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: cm-reader, namespace: default}
+rules:
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: op-reads, namespace: default}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: cm-reader}
+subjects:
+- {kind: ServiceAccount, name: op, namespace: default}
+"#,
+    )
+    .unwrap();
+    let token = emu.service_account_token("default", "op");
+    let as_op: Api<ConfigMap> = Api::namespaced(emu.client_with_token(&token), "default");
+    as_op
+        .list(&ListParams::default())
+        .await
+        .expect("granted by the role");
+    let err = api_error(
+        as_op
+            .create(&PostParams::default(), &cm("x", json!({})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (403, "Forbidden"));
+    assert_eq!(
+        err.message,
+        "configmaps is forbidden: User \"system:serviceaccount:default:op\" cannot create resource \"configmaps\" in API group \"\" in the namespace \"default\""
+    );
+    let other: Api<ConfigMap> = Api::namespaced(emu.client_with_token(&token), "kube-system");
+    let err = api_error(other.get("y").await.unwrap_err());
+    assert_eq!(
+        err.message,
+        "configmaps \"y\" is forbidden: User \"system:serviceaccount:default:op\" cannot get resource \"configmaps\" in API group \"\" in the namespace \"kube-system\""
+    );
+    // The administrator is never denied; an unknown token is 401.
+    Api::<ConfigMap>::namespaced(emu.client(), "default")
+        .create(&PostParams::default(), &cm("x", json!({})))
+        .await
+        .unwrap();
+    let err = api_error(
+        Api::<ConfigMap>::namespaced(emu.client_with_token("nope"), "default")
+            .list(&ListParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 401);
+}
+
+#[tokio::test]
+async fn a_validating_admission_policy_denies_a_write() {
+    let emu = Emulator::start().await;
+    emu.load_yaml(
+        r#"
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {name: cm-names}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+    - apiGroups: [""]
+      apiVersions: [v1]
+      operations: [CREATE, UPDATE]
+      resources: [configmaps]
+  validations:
+  - expression: "object.metadata.name.startsWith('ok-') || request.userInfo.username == 'emulator-admin'"
+    message: configmap names must start with ok-
+    reason: Forbidden
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {name: cm-names-binding}
+spec:
+  policyName: cm-names
+  validationActions: [Deny]
+"#,
+    )
+    .unwrap();
+    // The administrator passes by the policy's own expression; a service account does not.
+    let token = emu.service_account_token("default", "writer");
+    let api: Api<ConfigMap> = Api::namespaced(emu.client_with_token(&token), "default");
+    api.create(&PostParams::default(), &cm("ok-1", json!({})))
+        .await
+        .unwrap();
+    let err = api_error(
+        api.create(&PostParams::default(), &cm("bad", json!({})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (403, "Forbidden"));
+    assert_eq!(
+        err.message,
+        "configmaps \"bad\" is forbidden: ValidatingAdmissionPolicy 'cm-names' with binding 'cm-names-binding' denied request: configmap names must start with ok-"
+    );
+    Api::<ConfigMap>::namespaced(emu.client(), "default")
+        .create(&PostParams::default(), &cm("bad", json!({})))
+        .await
+        .unwrap();
 }
