@@ -371,10 +371,12 @@ impl BundleClient {
                     reason: format!("HTTP {code}: {message}"),
                 }
             }
-            OciDistributionError::DigestError(e) => BundleError::DigestMismatch {
-                subject: reference.to_string(),
-                expected: "the digest that names it".to_string(),
-                actual: e.to_string(),
+            OciDistributionError::DigestError(
+                oci_client::errors::DigestError::VerificationError { expected, actual },
+            ) => BundleError::DigestMismatch {
+                subject: format!("{reference} (content served by the registry)"),
+                expected,
+                actual,
             },
             other => BundleError::Registry {
                 reference: reference.to_string(),

@@ -273,6 +273,29 @@ mod tests {
     }
 
     #[test]
+    fn generated_pair_is_cosign_encrypted_and_needs_the_password() {
+        let pair = generate_key_pair(b"s3cret").unwrap();
+        assert!(
+            pair.private_pem
+                .contains("-----BEGIN ENCRYPTED SIGSTORE PRIVATE KEY-----"),
+            "cosign v2+ label expected"
+        );
+        assert!(pair.public_pem.contains("-----BEGIN PUBLIC KEY-----"));
+        let key =
+            SigningKey::from_pem(pair.private_pem.as_bytes(), b"s3cret", "cosign.key").unwrap();
+        let public = PublicKey::from_pem(pair.public_pem.as_bytes(), "cosign.pub").unwrap();
+        assert_eq!(key.public_key().fingerprint(), public.fingerprint());
+        let signature = key.sign(b"payload").unwrap();
+        assert!(public.verifies(b"payload", &signature));
+
+        let err =
+            SigningKey::from_pem(pair.private_pem.as_bytes(), b"wrong", "cosign.key").unwrap_err();
+        assert_eq!(err.category(), "Key");
+        assert!(err.to_string().contains("wrong password"), "{err}");
+        assert!(!format!("{pair:?}").contains("PRIVATE"));
+    }
+
+    #[test]
     fn bad_keys_are_reported_with_their_location() {
         let err = PublicKey::from_pem(b"garbage", "keys/a.pub").unwrap_err();
         assert_eq!(err.category(), "Key");
