@@ -10,5 +10,9 @@
 
 pub mod cluster;
 pub mod duration;
+pub mod mesh;
+pub mod world;
 
 pub use cluster::{ClusterConfig, SvidCounter};
+pub use mesh::scenario::Scenario;
+pub use world::{World, WorldBuilder};

@@ -1,0 +1,405 @@
+//! The metric series the simulated mesh exports: Istio's request counters and duration
+//! histograms per reporter, control-plane counters and gauges, the drift contract and the SVID
+//! counter (all documented in `crates/sluice-sim/CONTRACT.md`). Owns the cumulative counter
+//! state and the fixed label sets; pure (the telemetry loop feeds it elapsed time and
+//! observations and ships the series).
+//!
+//! Counters hold expected counts (real numbers), so measured shares are exact up to the
+//! propagation and rate-window effects that a real mesh also shows.
+
+use super::latency::{ISTIO_BUCKETS_MS, LogNormal};
+use super::scenario::{ServiceScenario, VersionScenario};
+use super::split::Split;
+use sluice_testkit::remote_write::Series;
+use std::collections::BTreeMap;
+
+/// `istio_requests_total`.
+pub const REQUESTS_TOTAL: &str = "istio_requests_total";
+/// `istio_request_duration_milliseconds` (histogram base name).
+pub const REQUEST_DURATION: &str = "istio_request_duration_milliseconds";
+/// xDS rejections (NACKs) per cluster.
+pub const XDS_REJECTS: &str = "pilot_total_xds_rejects";
+/// xDS pushes per cluster.
+pub const XDS_PUSHES: &str = "pilot_xds_pushes";
+/// Connected proxies per revision.
+pub const PROXIES_PER_REVISION: &str = "pilot_xds";
+/// Drift contract: proxies whose acknowledged config is not `commit`.
+pub const DRIFT_BEHIND: &str = "sluice_drift_proxies_behind";
+/// Drift contract: proxies evaluated for `commit`.
+pub const DRIFT_PROXIES: &str = "sluice_drift_proxies";
+/// SVIDs issued.
+pub const SVID_ISSUED: &str = "citadel_server_success_cert_issuance_count";
+/// CSRs received (one per SVID here).
+pub const CSR_COUNT: &str = "citadel_server_csr_count";
+/// `destination_version` of a backend the scenario does not list.
+pub const UNKNOWN_VERSION: &str = "unknown";
+
+/// The fixed label set of Istio request metrics (plus `le` on buckets).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RequestKey {
+    /// `source` or `destination`.
+    pub reporter: &'static str,
+    /// `cluster`.
+    pub cluster: String,
+    /// `source_workload`.
+    pub source_workload: String,
+    /// `destination_service_name` (the backend Service).
+    pub service: String,
+    /// `destination_service_namespace`.
+    pub namespace: String,
+    /// `destination_version`.
+    pub version: String,
+    /// `destination_workload`.
+    pub workload: String,
+    /// `response_code`.
+    pub code: u16,
+    /// `response_flags`.
+    pub flags: &'static str,
+}
+
+impl RequestKey {
+    fn series(&self, name: &str) -> Series {
+        Series::new(name)
+            .label("reporter", self.reporter)
+            .label("cluster", self.cluster.as_str())
+            .label("source_workload", self.source_workload.as_str())
+            .label("destination_service_name", self.service.as_str())
+            .label("destination_service_namespace", self.namespace.as_str())
+            .label("destination_version", self.version.as_str())
+            .label("destination_workload", self.workload.as_str())
+            .label("response_code", self.code.to_string())
+            .label("response_flags", self.flags)
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct Histogram {
+    buckets: [f64; ISTIO_BUCKETS_MS.len()],
+    sum: f64,
+    count: f64,
+}
+
+/// Cumulative counters of the whole simulated mesh.
+#[derive(Debug, Clone, Default)]
+pub struct MeshCounters {
+    requests: BTreeMap<RequestKey, f64>,
+    durations: BTreeMap<RequestKey, Histogram>,
+    xds_pushes: BTreeMap<String, f64>,
+    xds_rejects: BTreeMap<String, f64>,
+}
+
+/// Per-cluster gauges observed at one tick.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClusterGauges {
+    /// Injected proxies per revision (from the pods' `sidecar.istio.io/status`).
+    pub proxies_by_revision: BTreeMap<String, u64>,
+    /// Drift: `(commit, proxies evaluated, proxies behind)`, if a commit is known.
+    pub drift: Option<(String, u64, u64)>,
+    /// SVIDs issued so far, if the cluster behaviour runs in this cluster.
+    pub svids: Option<u64>,
+}
+
+fn version_for<'a>(svc: &'a ServiceScenario, backend: &str) -> Option<&'a VersionScenario> {
+    svc.versions.iter().find(|v| v.backend == backend)
+}
+
+impl MeshCounters {
+    /// Adds `dt_seconds` of one service's traffic, split as `split` says. Every listed version
+    /// gets its series (zero while unused); backends the scenario does not list appear as
+    /// [`UNKNOWN_VERSION`] with no errors and stable latency.
+    pub fn add_service(
+        &mut self,
+        svc: &ServiceScenario,
+        cluster: &str,
+        split: &Split,
+        dt_seconds: f64,
+    ) {
+        let total = svc.requests_per_second * dt_seconds;
+        let stable = &svc.versions[0];
+        let mut backends: Vec<&str> = svc.versions.iter().map(|v| v.backend.as_str()).collect();
+        for b in split.served.keys().chain(split.mirrored.keys()) {
+            if !backends.contains(&b.as_str()) {
+                backends.push(b);
+            }
+        }
+        for backend in backends {
+            let v = version_for(svc, backend);
+            let (version, workload, error_ratio, dist) = match v {
+                Some(v) => (
+                    v.name.as_str(),
+                    v.workload.as_deref().unwrap_or(backend),
+                    v.error_ratio,
+                    LogNormal::from_p50_p99(v.p50_ms, v.p99_ms),
+                ),
+                None => (
+                    UNKNOWN_VERSION,
+                    backend,
+                    0.0,
+                    LogNormal::from_p50_p99(stable.p50_ms, stable.p99_ms),
+                ),
+            };
+            let served = total * split.served.get(backend).copied().unwrap_or(0.0);
+            let mirrored = total * split.mirrored.get(backend).copied().unwrap_or(0.0);
+            for (reporter, n) in [("source", served), ("destination", served + mirrored)] {
+                for (code, n) in [(200u16, n * (1.0 - error_ratio)), (500u16, n * error_ratio)] {
+                    let key = RequestKey {
+                        reporter,
+                        cluster: cluster.to_string(),
+                        source_workload: svc.source_workload.clone(),
+                        service: backend.to_string(),
+                        namespace: svc.namespace.clone(),
+                        version: version.to_string(),
+                        workload: workload.to_string(),
+                        code,
+                        flags: "-",
+                    };
+                    let h = self.durations.entry(key.clone()).or_default();
+                    for (i, le) in ISTIO_BUCKETS_MS.iter().enumerate() {
+                        h.buckets[i] += n * dist.cdf(*le);
+                    }
+                    h.sum += n * dist.mean();
+                    h.count += n;
+                    *self.requests.entry(key).or_default() += n;
+                }
+            }
+        }
+    }
+
+    /// Adds `dt_seconds` of a cluster's xDS pushes and rejections.
+    pub fn add_xds(
+        &mut self,
+        cluster: &str,
+        pushes_per_second: f64,
+        rejects_per_second: f64,
+        dt_seconds: f64,
+    ) {
+        *self.xds_pushes.entry(cluster.to_string()).or_default() += pushes_per_second * dt_seconds;
+        *self.xds_rejects.entry(cluster.to_string()).or_default() +=
+            rejects_per_second * dt_seconds;
+    }
+
+    /// The cumulative request count of one series (tests and diagnostics).
+    pub fn requests(&self, key: &RequestKey) -> f64 {
+        self.requests.get(key).copied().unwrap_or(0.0)
+    }
+
+    /// Every series at `timestamp_ms`: the counters plus the given per-cluster gauges.
+    pub fn series(
+        &self,
+        timestamp_ms: i64,
+        gauges: &BTreeMap<String, ClusterGauges>,
+    ) -> Vec<Series> {
+        let mut out = Vec::with_capacity(self.requests.len() * (ISTIO_BUCKETS_MS.len() + 4));
+        for (key, v) in &self.requests {
+            out.push(key.series(REQUESTS_TOTAL).sample(timestamp_ms, *v));
+        }
+        let bucket = format!("{REQUEST_DURATION}_bucket");
+        let sum = format!("{REQUEST_DURATION}_sum");
+        let count = format!("{REQUEST_DURATION}_count");
+        for (key, h) in &self.durations {
+            let base = key.series(&bucket);
+            for (i, le) in ISTIO_BUCKETS_MS.iter().enumerate() {
+                out.push(
+                    base.clone()
+                        .label("le", le.to_string())
+                        .sample(timestamp_ms, h.buckets[i]),
+                );
+            }
+            out.push(base.label("le", "+Inf").sample(timestamp_ms, h.count));
+            out.push(key.series(&sum).sample(timestamp_ms, h.sum));
+            out.push(key.series(&count).sample(timestamp_ms, h.count));
+        }
+        for (cluster, v) in &self.xds_pushes {
+            out.push(
+                Series::new(XDS_PUSHES)
+                    .label("cluster", cluster.as_str())
+                    .sample(timestamp_ms, *v),
+            );
+        }
+        for (cluster, v) in &self.xds_rejects {
+            out.push(
+                Series::new(XDS_REJECTS)
+                    .label("cluster", cluster.as_str())
+                    .sample(timestamp_ms, *v),
+            );
+        }
+        for (cluster, g) in gauges {
+            for (rev, n) in &g.proxies_by_revision {
+                out.push(
+                    Series::new(PROXIES_PER_REVISION)
+                        .label("cluster", cluster.as_str())
+                        .label("revision", rev.as_str())
+                        .sample(timestamp_ms, *n as f64),
+                );
+            }
+            if let Some((commit, proxies, behind)) = &g.drift {
+                for (name, v) in [(DRIFT_PROXIES, *proxies), (DRIFT_BEHIND, *behind)] {
+                    out.push(
+                        Series::new(name)
+                            .label("cluster", cluster.as_str())
+                            .label("commit", commit.as_str())
+                            .sample(timestamp_ms, v as f64),
+                    );
+                }
+            }
+            if let Some(n) = g.svids {
+                for name in [SVID_ISSUED, CSR_COUNT] {
+                    out.push(
+                        Series::new(name)
+                            .label("cluster", cluster.as_str())
+                            .sample(timestamp_ms, n as f64),
+                    );
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Proxies still behind a commit applied `since` ago: all but the converged ones, never fewer
+/// than `stuck`. Linear convergence over `convergence`.
+pub fn drift_behind(
+    total: u64,
+    stuck: u64,
+    since: std::time::Duration,
+    convergence: std::time::Duration,
+) -> u64 {
+    let stuck = stuck.min(total);
+    let remaining = if convergence.is_zero() {
+        0.0
+    } else {
+        (1.0 - since.as_secs_f64() / convergence.as_secs_f64()).clamp(0.0, 1.0)
+    };
+    stuck + ((total - stuck) as f64 * remaining).ceil() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mesh::scenario::Scenario;
+    use std::time::Duration;
+
+    fn svc() -> ServiceScenario {
+        Scenario::from_yaml(
+            r#"
+name: t
+services:
+  - name: checkout
+    namespace: shop
+    requests_per_second: 100
+    versions:
+      - {name: v1, backend: c-v1, error_ratio: 0.1}
+      - {name: v2, backend: c-v2, error_ratio: 0.5}
+"#,
+        )
+        .unwrap()
+        .services[0]
+            .clone()
+    }
+
+    fn key(reporter: &'static str, service: &str, version: &str, code: u16) -> RequestKey {
+        RequestKey {
+            reporter,
+            cluster: "east".into(),
+            source_workload: "istio-ingressgateway".into(),
+            service: service.into(),
+            namespace: "shop".into(),
+            version: version.into(),
+            workload: service.into(),
+            code,
+            flags: "-",
+        }
+    }
+
+    #[test]
+    fn counts_split_reporters_and_errors() {
+        let mut c = MeshCounters::default();
+        let split = Split {
+            served: BTreeMap::from([("c-v1".into(), 0.9), ("c-v2".into(), 0.1)]),
+            mirrored: BTreeMap::from([("c-v2".into(), 0.5), ("c-other".into(), 0.2)]),
+            unrouted: 0.0,
+        };
+        c.add_service(&svc(), "east", &split, 2.0);
+        // (key, want) — 200 requests in 2 s.
+        let cases = [
+            (key("source", "c-v1", "v1", 200), 162.0),
+            (key("source", "c-v1", "v1", 500), 18.0),
+            (key("source", "c-v2", "v2", 200), 10.0),
+            (key("source", "c-v2", "v2", 500), 10.0),
+            // Mirrored copies only at the destination.
+            (key("destination", "c-v2", "v2", 200), 60.0),
+            (key("destination", "c-v2", "v2", 500), 60.0),
+            (key("source", "c-other", UNKNOWN_VERSION, 200), 0.0),
+            (key("destination", "c-other", UNKNOWN_VERSION, 200), 40.0),
+        ];
+        for (k, want) in cases {
+            assert!(
+                (c.requests(&k) - want).abs() < 1e-9,
+                "{k:?}: {}",
+                c.requests(&k)
+            );
+        }
+    }
+
+    #[test]
+    fn series_have_the_fixed_label_set() {
+        let mut c = MeshCounters::default();
+        let split = Split {
+            served: BTreeMap::from([("c-v1".into(), 1.0)]),
+            ..Default::default()
+        };
+        c.add_service(&svc(), "east", &split, 1.0);
+        c.add_xds("east", 1.0, 0.5, 1.0);
+        let gauges = BTreeMap::from([(
+            "east".to_string(),
+            ClusterGauges {
+                proxies_by_revision: BTreeMap::from([("1-27".into(), 3)]),
+                drift: Some(("abc".into(), 3, 1)),
+                svids: Some(7),
+            },
+        )]);
+        let series = c.series(1_000, &gauges);
+        // 2 versions x 2 reporters x 2 codes = 8 keys; each: 1 counter + 20 buckets + sum + count.
+        let per_key = 1 + ISTIO_BUCKETS_MS.len() + 1 + 2;
+        let extra = 2 + 1 + 2 + 2;
+        assert_eq!(series.len(), 8 * per_key + extra);
+        let names: std::collections::BTreeSet<&str> = series.iter().map(|s| s.name()).collect();
+        for want in [
+            REQUESTS_TOTAL,
+            "istio_request_duration_milliseconds_bucket",
+            "istio_request_duration_milliseconds_sum",
+            "istio_request_duration_milliseconds_count",
+            XDS_PUSHES,
+            XDS_REJECTS,
+            PROXIES_PER_REVISION,
+            DRIFT_BEHIND,
+            DRIFT_PROXIES,
+            SVID_ISSUED,
+            CSR_COUNT,
+        ] {
+            assert!(names.contains(want), "missing {want}");
+        }
+    }
+
+    #[test]
+    fn drift_table() {
+        let s = Duration::from_secs;
+        // (total, stuck, since, convergence, want)
+        let cases = [
+            (100, 0, s(0), s(10), 100),
+            (100, 0, s(5), s(10), 50),
+            (100, 0, s(10), s(10), 0),
+            (100, 3, s(20), s(10), 3),
+            (100, 3, s(5), s(10), 3 + 49),
+            (2, 5, s(0), s(10), 2),
+            (10, 0, s(0), s(0), 0),
+        ];
+        for (total, stuck, since, conv, want) in cases {
+            assert_eq!(
+                drift_behind(total, stuck, since, conv),
+                want,
+                "{total} {stuck} {since:?} {conv:?}"
+            );
+        }
+    }
+}

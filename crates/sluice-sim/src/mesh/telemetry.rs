@@ -1,0 +1,378 @@
+//! The telemetry loop: on a fixed interval, read every simulated route through the Kubernetes
+//! API, hold each change back for the propagation delay, split the scenario's traffic over the
+//! routes in force, add the interval's requests to the cumulative counters and remote-write
+//! every series to Prometheus at one timestamp. Owns the clock of the simulated mesh; never
+//! writes to the Kubernetes API.
+
+use super::route::RouteModel;
+use super::scenario::{Event, Scenario};
+use super::series::{ClusterGauges, MeshCounters, drift_behind};
+use super::split::{Propagation, Split, request_classes, split};
+use crate::cluster::SvidCounter;
+use crate::cluster::injection::injected_revision;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use sluice_testkit::remote_write::RemoteWriteClient;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::task::JoinHandle;
+
+/// Default write interval (production-like); tests use 1 s.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
+
+/// One cluster the telemetry covers.
+#[derive(Clone)]
+pub struct MeshCluster {
+    /// Cluster name (`cluster` label).
+    pub name: String,
+    /// Client for that cluster's API (routes and pods are read through it).
+    pub client: Client,
+    /// The cluster's SVID counter, when the cluster behaviour runs there.
+    pub svid: Option<SvidCounter>,
+}
+
+impl std::fmt::Debug for MeshCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MeshCluster")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+/// What the loop has done so far.
+#[derive(Debug, Clone, Default)]
+pub struct MeshStats {
+    /// Ticks completed (written or not).
+    pub ticks: u64,
+    /// Series in the last write.
+    pub series_last_tick: usize,
+    /// Samples accepted by Prometheus in total.
+    pub samples_written: u64,
+    /// Writes Prometheus refused or that failed in transport.
+    pub write_errors: u64,
+    /// The last write or read error.
+    pub last_error: Option<String>,
+    /// The split in force at the last tick, per service (`namespace/name`).
+    pub last_split: BTreeMap<String, Split>,
+}
+
+struct Shared {
+    started: Instant,
+    events: Mutex<Vec<Event>>,
+    commits: Mutex<BTreeMap<String, (String, Instant)>>,
+    stats: Mutex<MeshStats>,
+}
+
+/// The running telemetry; dropping it stops the loop.
+pub struct MeshTelemetry {
+    handles: Vec<JoinHandle<()>>,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for MeshTelemetry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MeshTelemetry")
+            .field("started", &self.shared.started)
+            .finish()
+    }
+}
+
+fn http_route_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", "HTTPRoute"),
+        "httproutes",
+    )
+}
+
+impl MeshTelemetry {
+    /// Starts writing `scenario`'s telemetry for `clusters` to the Prometheus at
+    /// `prometheus_url` (its base URL; remote write goes to `/api/v1/write`) every `interval`.
+    /// Services without a `cluster` belong to the first cluster.
+    pub fn start(
+        scenario: Scenario,
+        clusters: Vec<MeshCluster>,
+        prometheus_url: &str,
+        interval: Duration,
+    ) -> Self {
+        let shared = Arc::new(Shared {
+            started: Instant::now(),
+            events: Mutex::new(Vec::new()),
+            commits: Mutex::new(BTreeMap::new()),
+            stats: Mutex::new(MeshStats::default()),
+        });
+        let mut handles = Vec::new();
+        let mut pod_stores = BTreeMap::new();
+        for c in &clusters {
+            let (reader, writer) = reflector::store::<Pod>();
+            let stream = reflector::reflector(
+                writer,
+                watcher(
+                    Api::<Pod>::all(c.client.clone()),
+                    watcher::Config::default(),
+                ),
+            )
+            .default_backoff()
+            .applied_objects();
+            handles.push(tokio::spawn(async move {
+                futures::pin_mut!(stream);
+                while let Some(item) = stream.next().await {
+                    if let Err(e) = item {
+                        tracing::debug!(error = %e, "pod watch for proxy counts interrupted");
+                    }
+                }
+            }));
+            pod_stores.insert(c.name.clone(), reader);
+        }
+        let rw = RemoteWriteClient::new(prometheus_url);
+        let s = shared.clone();
+        handles.push(tokio::spawn(async move {
+            run(scenario, clusters, pod_stores, rw, interval, s).await;
+        }));
+        Self { handles, shared }
+    }
+
+    /// When the mesh clock started (scenario time 0).
+    pub fn started(&self) -> Instant {
+        self.shared.started
+    }
+
+    /// Scenario time now.
+    pub fn elapsed(&self) -> Duration {
+        self.shared.started.elapsed()
+    }
+
+    /// Applies `event` from now on (its `at` is replaced by the current scenario time).
+    pub fn apply_now(&self, mut event: Event) {
+        event.at = self.elapsed();
+        self.shared.events.lock().expect("events lock").push(event);
+    }
+
+    /// Records that config `commit` was applied in `cluster` now: every proxy is behind it at
+    /// first and converges as the scenario's drift settings say.
+    pub fn config_applied(&self, cluster: &str, commit: &str) {
+        self.shared
+            .commits
+            .lock()
+            .expect("commits lock")
+            .insert(cluster.to_string(), (commit.to_string(), Instant::now()));
+    }
+
+    /// A snapshot of the loop's statistics.
+    pub fn stats(&self) -> MeshStats {
+        self.shared.stats.lock().expect("stats lock").clone()
+    }
+
+    /// Stops the loop and its watchers.
+    pub fn abort(&self) {
+        for h in &self.handles {
+            h.abort();
+        }
+    }
+}
+
+impl Drop for MeshTelemetry {
+    fn drop(&mut self) {
+        self.abort();
+    }
+}
+
+type RouteKey = (String, String, String);
+
+async fn list_routes(
+    client: &Client,
+) -> Result<BTreeMap<(String, String), RouteModel>, kube::Error> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &http_route_resource());
+    let list = api.list(&ListParams::default()).await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|obj| {
+            let ns = obj.metadata.namespace.clone()?;
+            let name = obj.metadata.name.clone()?;
+            let value = serde_json::to_value(&obj).ok()?;
+            Some(((ns, name), RouteModel::from_object(&value)))
+        })
+        .collect())
+}
+
+fn proxies_by_revision(store: &Store<Pod>) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for pod in store.state() {
+        if pod.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        if let Some(rev) = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(injected_revision)
+        {
+            *out.entry(rev).or_default() += 1;
+        }
+    }
+    out
+}
+
+async fn run(
+    scenario: Scenario,
+    clusters: Vec<MeshCluster>,
+    pod_stores: BTreeMap<String, Store<Pod>>,
+    rw: RemoteWriteClient,
+    interval: Duration,
+    shared: Arc<Shared>,
+) {
+    let default_cluster = clusters.first().map(|c| c.name.clone()).unwrap_or_default();
+    let mut counters = MeshCounters::default();
+    let mut routes: BTreeMap<RouteKey, Propagation<Option<RouteModel>>> = BTreeMap::new();
+    let mut last_read_error: BTreeMap<String, String> = BTreeMap::new();
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = Instant::now();
+    loop {
+        ticker.tick().await;
+        let now = Instant::now();
+        let dt = now.duration_since(last).as_secs_f64();
+        last = now;
+        let t = now.duration_since(shared.started);
+        let extra = shared.events.lock().expect("events lock").clone();
+        let state = scenario.state_at(t, &extra);
+        // Read the stored routes of every cluster that has routed services.
+        for c in &clusters {
+            let routed = state.services.iter().any(|s| {
+                s.route.is_some() && s.cluster.as_deref().unwrap_or(&default_cluster) == c.name
+            });
+            if !routed {
+                continue;
+            }
+            match list_routes(&c.client).await {
+                Ok(listed) => {
+                    last_read_error.remove(&c.name);
+                    for svc in state
+                        .services
+                        .iter()
+                        .filter(|s| s.cluster.as_deref().unwrap_or(&default_cluster) == c.name)
+                    {
+                        let Some(route) = &svc.route else { continue };
+                        let stored = listed.get(&(svc.namespace.clone(), route.clone())).cloned();
+                        routes
+                            .entry((c.name.clone(), svc.namespace.clone(), route.clone()))
+                            .or_default()
+                            .observe(now, stored);
+                    }
+                }
+                Err(e) => {
+                    let msg = format!("listing HTTPRoutes in cluster {}: {e}", c.name);
+                    if last_read_error.get(&c.name) != Some(&msg) {
+                        tracing::warn!(error = %msg, "mesh telemetry keeps the routes it last read");
+                        last_read_error.insert(c.name.clone(), msg.clone());
+                    }
+                    shared.stats.lock().expect("stats lock").last_error = Some(msg);
+                }
+            }
+        }
+        let mut splits = BTreeMap::new();
+        for svc in &state.services {
+            let cluster = svc
+                .cluster
+                .clone()
+                .unwrap_or_else(|| default_cluster.clone());
+            let classes = request_classes(
+                &svc.path,
+                svc.idempotent_share,
+                svc.cohort
+                    .as_ref()
+                    .map(|c| (c.header.as_str(), c.value.as_str(), c.share)),
+            );
+            let factor = |b: &str| {
+                svc.versions
+                    .iter()
+                    .find(|v| v.backend == b)
+                    .map_or(1.0, |v| v.weight_factor)
+            };
+            let s = match &svc.route {
+                None => split(None, &classes, &svc.versions[0].backend, factor),
+                Some(route) => {
+                    let key = (cluster.clone(), svc.namespace.clone(), route.clone());
+                    match routes
+                        .get_mut(&key)
+                        .and_then(|p| p.effective(now, state.propagation_delay))
+                    {
+                        Some(Some(model)) => {
+                            split(Some(model), &classes, &svc.versions[0].backend, factor)
+                        }
+                        // No route in force: the gateway has nowhere to send the requests.
+                        _ => Split {
+                            unrouted: 1.0,
+                            ..Default::default()
+                        },
+                    }
+                }
+            };
+            counters.add_service(svc, &cluster, &s, dt);
+            splits.insert(format!("{}/{}", svc.namespace, svc.name), s);
+        }
+        let mut gauges = BTreeMap::new();
+        let commits = shared.commits.lock().expect("commits lock").clone();
+        for c in &clusters {
+            let cs = state.clusters.iter().find(|x| x.name == c.name);
+            let (pushes, rejects) = cs.map_or((1.0, 0.0), |x| {
+                (x.xds_pushes_per_second, x.xds_rejects_per_second)
+            });
+            counters.add_xds(&c.name, pushes, rejects, dt);
+            let by_rev = pod_stores
+                .get(&c.name)
+                .map(proxies_by_revision)
+                .unwrap_or_default();
+            let drift_cfg = cs.map(|x| x.drift.clone()).unwrap_or_default();
+            let total = drift_cfg
+                .proxies
+                .map(u64::from)
+                .unwrap_or_else(|| by_rev.values().sum());
+            let drift = match commits.get(&c.name) {
+                Some((commit, at)) => Some((
+                    commit.clone(),
+                    total,
+                    drift_behind(
+                        total,
+                        u64::from(drift_cfg.stuck),
+                        now.duration_since(*at),
+                        drift_cfg.convergence,
+                    ),
+                )),
+                None if !drift_cfg.commit.is_empty() => Some((drift_cfg.commit.clone(), total, 0)),
+                None => None,
+            };
+            gauges.insert(
+                c.name.clone(),
+                ClusterGauges {
+                    proxies_by_revision: by_rev,
+                    drift,
+                    svids: c.svid.as_ref().map(SvidCounter::get),
+                },
+            );
+        }
+        let ts = jiff::Timestamp::now().as_millisecond();
+        let series = counters.series(ts, &gauges);
+        let result = rw.write(&series).await;
+        let mut stats = shared.stats.lock().expect("stats lock");
+        stats.ticks += 1;
+        stats.series_last_tick = series.len();
+        stats.last_split = splits;
+        match result {
+            Ok(()) => stats.samples_written += series.len() as u64,
+            Err(e) => {
+                stats.write_errors += 1;
+                let msg = format!("remote write to {}: {e}", rw.url());
+                if stats.last_error.as_deref() != Some(msg.as_str()) {
+                    tracing::warn!(error = %msg, "mesh telemetry write failed; counters keep growing and the next write carries them");
+                }
+                stats.last_error = Some(msg);
+            }
+        }
+    }
+}
