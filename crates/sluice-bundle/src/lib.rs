@@ -34,12 +34,15 @@
 //!
 //! ```text
 //! cosign generate-key-pair                      # writes cosign.key (encrypted) and cosign.pub
-//! COSIGN_PASSWORD=... cosign sign --key cosign.key \
-//!     --new-bundle-format=false --tlog-upload=false \
+//! COSIGN_PASSWORD=... cosign sign --yes --key cosign.key \
+//!     --new-bundle-format=false --tlog-upload=false --use-signing-config=false \
 //!     registry.example/mesh/config@sha256:<manifest digest>
-//! cosign verify --key cosign.pub --insecure-ignore-tlog=true \
+//! cosign verify --key cosign.pub --insecure-ignore-tlog=true --new-bundle-format=false \
 //!     registry.example/mesh/config@sha256:<manifest digest>
 //! ```
+//!
+//! `--use-signing-config=false` is needed from cosign v3.1 on, where `--tlog-upload=false` is
+//! otherwise refused; earlier v3 releases accept it too.
 //!
 //! `kubectl sluice bundle sign --key cosign.key` (password from `$COSIGN_PASSWORD`) reads the same
 //! key files and writes the same `sha256-<hex>.sig` tag, simple-signing payload, and
