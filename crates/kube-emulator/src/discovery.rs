@@ -158,6 +158,34 @@ pub fn openapi_v3_index(types: &[Arc<ResourceType>], hash: u64) -> Value {
     json!({"paths": paths})
 }
 
+/// Query parameters of write operations; kubectl looks for `fieldValidation` here to decide
+/// that validation happens on the server.
+fn write_params() -> Value {
+    let q = |name: &str| json!({"name": name, "in": "query", "schema": {"type": "string", "uniqueItems": true}});
+    json!([
+        q("dryRun"),
+        q("fieldManager"),
+        q("fieldValidation"),
+        q("force")
+    ])
+}
+
+/// The collection and item paths of a resource.
+fn resource_paths(t: &ResourceType) -> (String, String) {
+    let base = if t.group.is_empty() {
+        format!("/api/{}", t.version)
+    } else {
+        format!("/apis/{}/{}", t.group, t.version)
+    };
+    let collection = if t.namespaced {
+        format!("{base}/namespaces/{{namespace}}/{}", t.plural)
+    } else {
+        format!("{base}/{}", t.plural)
+    };
+    let item = format!("{collection}/{{name}}");
+    (collection, item)
+}
+
 /// `/openapi/v3/api/v1` or `/openapi/v3/apis/<g>/<v>`.
 pub fn openapi_v3_doc(types: &[Arc<ResourceType>], group: &str, version: &str) -> Option<Value> {
     let here: Vec<&Arc<ResourceType>> = types
@@ -168,13 +196,44 @@ pub fn openapi_v3_doc(types: &[Arc<ResourceType>], group: &str, version: &str) -
         return None;
     }
     let mut schemas = serde_json::Map::new();
+    let mut paths = serde_json::Map::new();
     for t in here {
         schemas.insert(definition_name(t), kind_schema(t));
+        let (collection, item) = resource_paths(t);
+        let gvk = json!({"group": t.group, "version": t.version, "kind": t.kind});
+        let reference = json!({"$ref": format!("#/components/schemas/{}", definition_name(t))});
+        let body = json!({"content": {"application/json": {"schema": reference.clone()}}});
+        let ok = json!({"200": {"description": "OK", "content": {"application/json": {"schema": reference}}}});
+        let op = |action: &str, write: bool| {
+            let mut o = json!({
+                "operationId": format!("{action}{}", t.kind),
+                "x-kubernetes-action": action,
+                "x-kubernetes-group-version-kind": gvk,
+                "responses": ok,
+                "parameters": if write { write_params() } else { json!([]) },
+            });
+            if write && action != "patch" {
+                o["requestBody"] = body.clone();
+            }
+            if action == "patch" {
+                o["requestBody"] = json!({"content": {
+                    "application/json-patch+json": {"schema": {"type": "object"}},
+                    "application/merge-patch+json": {"schema": {"type": "object"}},
+                    "application/apply-patch+yaml": {"schema": {"type": "object"}},
+                }});
+            }
+            o
+        };
+        paths.insert(
+            collection,
+            json!({"get": op("list", false), "post": op("post", true)}),
+        );
+        paths.insert(item, json!({"get": op("get", false), "put": op("put", true), "patch": op("patch", true), "delete": op("delete", false)}));
     }
     Some(json!({
         "openapi": "3.0.0",
         "info": {"title": "Kubernetes", "version": "v1.32.0"},
-        "paths": {},
+        "paths": paths,
         "components": {"schemas": schemas},
     }))
 }
