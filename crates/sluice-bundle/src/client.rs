@@ -24,6 +24,9 @@ use crate::keys::{PublicKey, SigningKey};
 use crate::manifests::BundleObject;
 use crate::signature::{self, SIMPLE_SIGNING_MEDIA_TYPE, SignatureLayer, Verified};
 
+/// Largest config blob or signature payload read (1 MiB): they are a few hundred bytes.
+const MAX_SMALL_BLOB: u64 = 1024 * 1024;
+
 /// How to reach registries.
 #[derive(Clone, Debug, Default)]
 pub struct RegistryOptions {
@@ -522,6 +525,16 @@ impl BundleClient {
         let manifest_bytes = self.pull_manifest(&target.oci(), &target.registry).await?;
         let (manifest, layer) =
             artifact::parse_bundle_manifest(&manifest_bytes, &target.to_string())?;
+        if layer.size > crate::archive::MAX_UNPACKED_BYTES || manifest.config.size > MAX_SMALL_BLOB
+        {
+            return Err(BundleError::not_a_bundle(
+                target.to_string(),
+                format!(
+                    "layer of {} bytes or config of {} bytes is larger than a bundle may be",
+                    layer.size, manifest.config.size
+                ),
+            ));
+        }
         let config = self.pull_blob(&target, &manifest.config).await?;
         let layer_bytes = self.pull_blob(&target, &layer).await?;
         artifact::from_parts(
@@ -561,6 +574,15 @@ impl BundleClient {
             .iter()
             .filter(|l| l.media_type == SIMPLE_SIGNING_MEDIA_TYPE)
         {
+            if descriptor.size > MAX_SMALL_BLOB {
+                return Err(BundleError::not_a_bundle(
+                    format!("{}:{tag}", target.repository_ref()),
+                    format!(
+                        "a signature payload of {} bytes is not a cosign payload",
+                        descriptor.size
+                    ),
+                ));
+            }
             let payload = self.pull_blob(target, descriptor).await?;
             layers.push(SignatureLayer {
                 payload,

@@ -135,6 +135,7 @@ impl Manifests {
         let mut objects = Vec::new();
         for file in &files {
             validate_path(&file.path)?;
+            refuse_tool_files(&file.path)?;
             objects.extend(parse_file(file)?);
         }
         if objects.is_empty() {
@@ -264,6 +265,34 @@ fn collect(
 pub fn is_manifest_name(name: &str) -> bool {
     name.rsplit_once('.')
         .is_some_and(|(stem, ext)| !stem.is_empty() && MANIFEST_EXTENSIONS.contains(&ext))
+}
+
+/// Files that make Argo CD treat the directory as a Kustomize or Helm source instead of plain
+/// manifests: a bundle must hold what will be applied, rendered.
+const TOOL_FILES: &[(&str, &str)] = &[
+    ("kustomization.yaml", "kustomize build"),
+    ("kustomization.yml", "kustomize build"),
+    ("Kustomization", "kustomize build"),
+    ("Chart.yaml", "helm template"),
+];
+
+fn refuse_tool_files(path: &str) -> Result<()> {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    if let Some((_, tool)) = TOOL_FILES.iter().find(|(file, _)| *file == name) {
+        return Err(BundleError::invalid(
+            path,
+            format!(
+                "Argo CD would treat this directory as a {} source, not plain manifests; bundle the output \
+                 of `{tool}` instead",
+                if tool.starts_with("helm") {
+                    "Helm"
+                } else {
+                    "Kustomize"
+                }
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A bundle path must be relative, `/`-separated, without empty, `.` or `..` components.
@@ -597,6 +626,19 @@ mod tests {
                     "{what}: location missing in {message}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn kustomize_and_helm_sources_are_refused() {
+        for name in ["kustomization.yaml", "sub/kustomization.yml", "Chart.yaml"] {
+            let err = Manifests::from_files(vec![
+                file("route.yaml", ROUTE),
+                file(name, "apiVersion: v2\n"),
+            ])
+            .unwrap_err();
+            assert!(err.to_string().contains("instead"), "{name}: {err}");
+            assert!(err.to_string().contains(name), "{name}: {err}");
         }
     }
 

@@ -11,7 +11,9 @@
 //! The verdict ([`judge`]) is taken on the digest, never on a tag: a signature counts only if it
 //! verifies with one of the given keys **and** its payload names exactly the digest asked about.
 //! It must never accept a signature whose payload names another digest (a copied or tampered
-//! signature tag), and never report a wrong key as unsigned or the reverse.
+//! signature tag), and never report a wrong key as unsigned or the reverse. Like `cosign verify`,
+//! it reports the payload's `docker-reference` but does not require it to equal the repository
+//! read from, so a bundle copied to a mirror keeps its signature.
 
 use std::collections::BTreeMap;
 
