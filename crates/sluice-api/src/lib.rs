@@ -5,5 +5,6 @@
 #![forbid(unsafe_code)]
 
 pub mod crds;
+pub mod external;
 pub mod v1alpha1;
 pub mod validation;
