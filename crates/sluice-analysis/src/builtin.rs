@@ -32,6 +32,10 @@
 //! `commit`) and `sluice_drift_proxies{cluster, commit}` (proxies the exporter evaluated).
 //! ProxiesPerRevision reads `pilot_xds` (connected proxies per istiod) with the istiod pod's
 //! `istio.io/rev` label kept as `revision` at scrape time.
+//!
+//! The full PromQL of every gate follows (this module's documentation includes `GATES.md`).
+//!
+#![doc = include_str!("../GATES.md")]
 
 use std::collections::BTreeMap;
 

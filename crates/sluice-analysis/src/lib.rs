@@ -7,7 +7,7 @@
 //!
 //! - [`template`]: `{{variable}}` templates, escaping, batched rendering.
 //! - [`builtin`]: the built-in gates on Istio's standard metrics (PromQL in `GATES.md`).
-//! - [`decide`]: pure verdict and sustained-Inconclusive rules.
+//! - [`decide`](mod@decide): pure verdict and sustained-Inconclusive rules.
 //! - [`source`]: the Prometheus / Thanos Query HTTP provider.
 //! - [`engine`]: planning, batching and the tick.
 //! - [`mann_whitney`]: the optional canary-vs-stable U test over per-interval samples.
