@@ -89,6 +89,18 @@ impl BundleRef {
         })
     }
 
+    /// The bundle an Argo CD OCI source names: `repo_url` is its `repoURL`
+    /// (`oci://registry/repository`), `revision` its `targetRevision` or its reported synced
+    /// revision (a `sha256:` digest, or a tag).
+    pub fn from_oci_source(repo_url: &str, revision: &str) -> Result<Self> {
+        let repository = repo_url.trim_start_matches("oci://").trim_end_matches('/');
+        if revision.starts_with("sha256:") {
+            Self::parse(&format!("{repository}@{revision}"))
+        } else {
+            Self::parse(&format!("{repository}:{revision}"))
+        }
+    }
+
     /// `registry/repository`.
     pub fn repository_ref(&self) -> String {
         format!("{}/{}", self.registry, self.repository)
@@ -744,6 +756,22 @@ mod tests {
                 (got, want) => panic!("{input}: got {got:?}, want {want:?}"),
             }
         }
+    }
+
+    #[test]
+    fn argo_cd_oci_sources_map_to_references() {
+        let d = format!("sha256:{}", "b".repeat(64));
+        let by_digest = BundleRef::from_oci_source("oci://127.0.0.1:5000/mesh/config", &d).unwrap();
+        assert_eq!(
+            by_digest.digest_ref().unwrap(),
+            format!("127.0.0.1:5000/mesh/config@{d}")
+        );
+        let by_tag = BundleRef::from_oci_source("oci://127.0.0.1:5000/mesh/config/", "v1").unwrap();
+        assert_eq!(by_tag.tag.as_deref(), Some("v1"));
+        assert_eq!(
+            by_tag.digest_ref().unwrap_err().category(),
+            "DigestRequired"
+        );
     }
 
     #[test]

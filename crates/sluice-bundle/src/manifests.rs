@@ -50,6 +50,22 @@ pub struct GroupKind {
     pub kind: String,
 }
 
+impl GroupKind {
+    /// Parses `Kind.group` (or `Kind` for the core group), the form [`fmt::Display`] writes.
+    pub fn parse(text: &str) -> Option<Self> {
+        let (kind, group) = text.split_once('.').unwrap_or((text, ""));
+        let valid = !kind.is_empty()
+            && kind.chars().all(|c| c.is_ascii_alphanumeric())
+            && group
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-');
+        valid.then(|| GroupKind {
+            group: group.to_string(),
+            kind: kind.to_string(),
+        })
+    }
+}
+
 impl fmt::Display for GroupKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.group.is_empty() {
@@ -189,6 +205,15 @@ impl Manifests {
     /// The content digest (`sha256:<hex>`), see the module docs.
     pub fn content_digest(&self) -> &str {
         &self.content_digest
+    }
+
+    /// The objects whose group and kind are not in `allowed` (empty when all are allowed).
+    /// Callers refuse the whole bundle when this is not empty, before applying anything.
+    pub fn objects_outside<'a>(&'a self, allowed: &[GroupKind]) -> Vec<&'a BundleObject> {
+        self.objects
+            .iter()
+            .filter(|o| !allowed.contains(&o.group_kind))
+            .collect()
     }
 
     /// How many objects of each kind the bundle holds.
@@ -627,6 +652,30 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn group_kinds_parse_and_filter_an_allowlist() {
+        let route = GroupKind::parse("HTTPRoute.gateway.networking.k8s.io").unwrap();
+        assert_eq!(route.group, "gateway.networking.k8s.io");
+        assert_eq!(route.kind, "HTTPRoute");
+        assert_eq!(route.to_string(), "HTTPRoute.gateway.networking.k8s.io");
+        assert_eq!(GroupKind::parse("ConfigMap").unwrap().group, "");
+        assert_eq!(GroupKind::parse(""), None);
+        assert_eq!(GroupKind::parse("Bad Kind.x"), None);
+
+        let m = Manifests::from_files(vec![file("a.yaml", ROUTE), file("b.yaml", CM)]).unwrap();
+        let outside: Vec<String> = m
+            .objects_outside(&[route])
+            .iter()
+            .map(|o| o.display_name())
+            .collect();
+        assert_eq!(outside, ["ConfigMap shop/settings"]);
+        let all = [
+            GroupKind::parse("HTTPRoute.gateway.networking.k8s.io").unwrap(),
+            GroupKind::parse("ConfigMap").unwrap(),
+        ];
+        assert!(m.objects_outside(&all).is_empty());
     }
 
     #[test]
