@@ -984,3 +984,53 @@ async fn mann_whitney_catches_a_sustained_regression_a_good_last_window_hides() 
     assert!(d.test.p_worse < 0.01 && d.test.n_canary >= 8, "{d:?}");
     assert_eq!(report.queries, 2, "one instant and one range query");
 }
+
+#[tokio::test]
+async fn inline_promql_on_a_namespaced_object_is_refused_unless_enabled() {
+    let w = World::start().await;
+    w.write(traffic(w.now_ms, "c1", "inline-canary", 5.0, 0.0))
+        .await;
+    let gate = Gate {
+        name: "inline".into(),
+        template_ref: None,
+        definition: GateDefinition {
+            promql: Some(
+                r#"sum by ({{by}}) (increase(istio_requests_total{cluster="{{cluster}}"}[{{window}}]))"#
+                    .into(),
+            ),
+            comparison: Some(Comparison::absolute(ComparisonOp::GreaterOrEqual, 0.0)),
+            min_samples: Some(0),
+            ..GateDefinition::default()
+        },
+        variables: BTreeMap::new(),
+    }
+    .resolve(None)
+    .unwrap();
+    let checks = [check(
+        "Rollout shop/inline",
+        gate,
+        vars(&[("cluster", "c1")]),
+    )];
+
+    let before = w.query_requests().await;
+    let refused = w.engine().tick(&checks, w.now()).await;
+    let err = refused.outcomes[0].verdict.as_ref().unwrap_err();
+    assert_eq!(err.category(), "InlinePromqlRefused");
+    assert!(err.to_string().contains("GateTemplate"), "{err}");
+    assert_eq!(refused.queries, 0);
+    assert_eq!(
+        w.query_requests().await,
+        before,
+        "a refused gate sends nothing"
+    );
+
+    let options = EngineOptions {
+        allow_inline_promql_in_namespaced: true,
+        ..EngineOptions::default()
+    };
+    let allowed = w.engine_with(options).tick(&checks, w.now()).await;
+    assert_eq!(
+        summary(&allowed),
+        [(Verdict::Pass, VerdictReason::ThresholdMet)]
+    );
+}
