@@ -198,7 +198,8 @@ pub struct State {
     pub semantics: Semantics,
     checks: RwLock<SchemaChecks>,
     authorizer: RwLock<Arc<rbac::Authorizer>>,
-    admission: RwLock<Arc<admission::PolicySet>>,
+    /// `None` while no policy or binding exists (the common case: no evaluation at all).
+    admission: RwLock<Option<Arc<admission::PolicySet>>>,
 }
 
 impl std::fmt::Debug for State {
@@ -293,7 +294,7 @@ impl State {
             semantics,
             checks: RwLock::new(HashMap::new()),
             authorizer: RwLock::new(Arc::new(rbac::Authorizer::default())),
-            admission: RwLock::new(Arc::new(admission::PolicySet::new())),
+            admission: RwLock::new(None),
         };
         {
             let mut w = s.store.write();
@@ -390,19 +391,21 @@ impl State {
     fn rebuild_admission(&self) {
         let r = self.store.read();
         let mut set = admission::PolicySet::new();
+        let mut any = false;
         for plural in [
             "validatingadmissionpolicies",
             "validatingadmissionpolicybindings",
         ] {
             if let Some(t) = r.table(&table("admissionregistration.k8s.io", plural)) {
                 for o in t.iter_ns(None) {
+                    any = true;
                     if let Err(e) = set.upsert(o) {
                         tracing::warn!(error = %e, category = e.category(), "admission object not installed");
                     }
                 }
             }
         }
-        *self.admission.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(set);
+        *self.admission.write().unwrap_or_else(|p| p.into_inner()) = any.then(|| Arc::new(set));
     }
 
     /// Compiles every served version's schema; a rule the emulator cannot evaluate refuses the CRD.
@@ -527,11 +530,14 @@ impl State {
         old_object: Option<&Value>,
         dry_run: bool,
     ) -> Result<(), ApiError> {
-        let policies = self
+        let Some(policies) = self
             .admission
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .clone();
+            .clone()
+        else {
+            return Ok(());
+        };
         let namespace_object = if ns.is_empty() {
             None
         } else {
@@ -918,7 +924,14 @@ impl State {
             }
         }
         if let Some(check) = self.check_for(&rt) {
+            // apiVersion, kind and metadata are never pruned or defaulted by a CRD schema.
+            let metadata = new.get("metadata").cloned();
             check.default_and_prune(&mut new);
+            if let (Some(m), Some(obj)) = (metadata, new.as_object_mut()) {
+                obj.insert("metadata".into(), m);
+                obj.insert("apiVersion".into(), json!(api_version));
+                obj.insert("kind".into(), json!(rt.kind));
+            }
             let errs = check.validate(&new, live.as_deref());
             if !errs.is_empty() {
                 return Err(ApiError::from_status(validation::invalid_status(
