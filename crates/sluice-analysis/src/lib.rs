@@ -11,6 +11,36 @@
 //! - [`source`]: the Prometheus / Thanos Query HTTP provider.
 //! - [`engine`]: planning, batching and the tick.
 //! - [`mann_whitney`]: the optional canary-vs-stable U test over per-interval samples.
+//!
+//! An operator builds one [`Engine`] and, each analysis interval, hands it every active gate
+//! instance as a [`GateCheck`] (the resolved gate, the owner's variables, the previous verdict
+//! from status), records the returned verdicts in status, and acts on [`action`]:
+//!
+//! ```no_run
+//! use sluice_analysis::{Engine, EngineOptions, GateAction, GateCheck, PrometheusConfig, PrometheusSource, action};
+//! use sluice_api::v1alpha1::{BuiltinGate, Gate};
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let source = PrometheusSource::new(PrometheusConfig::new("http://thanos-query.monitoring:9090"));
+//! let engine = Engine::new(source, EngineOptions::default())?;
+//! let gate = Gate::builtin("errors", BuiltinGate::ErrorRatioVsStable).resolve(None)?;
+//! let vars = [
+//!     ("cluster", "eu-1"),
+//!     ("namespace", "shop"),
+//!     ("canaryService", "checkout-v2"),
+//!     ("stableService", "checkout-v1"),
+//! ]
+//! .into_iter()
+//! .map(|(k, v)| (k.to_string(), v.to_string()))
+//! .collect();
+//! let check = GateCheck::new("Rollout shop/checkout", gate, vars);
+//! let now = jiff::Timestamp::now();
+//! let report = engine.tick(std::slice::from_ref(&check), now).await;
+//! let verdict = report.outcomes[0].verdict.clone()?; // Err: the gate is misconfigured
+//! if action(&check.gate, &verdict, now) == GateAction::Abort {
+//!     // set the canary weight to 0
+//! }
+//! # Ok(()) }
+//! ```
 #![forbid(unsafe_code)]
 
 pub mod builtin;
