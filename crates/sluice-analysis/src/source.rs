@@ -572,6 +572,77 @@ mod tests {
         assert!(thanos.contains(&("dedup", "true".into())));
     }
 
+    /// A loopback HTTP server answering every request with an empty vector after `delay`,
+    /// recording the most requests it ever had in flight at once.
+    async fn counting_server(delay: Duration) -> (String, Arc<AtomicU64>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let in_flight = Arc::new(AtomicU64::new(0));
+        let max = Arc::new(AtomicU64::new(0));
+        let max_out = max.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let (in_flight, max) = (in_flight.clone(), max.clone());
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 65536];
+                    let mut read = 0;
+                    // Read headers and the form body (Content-Length).
+                    loop {
+                        let Ok(n) = socket.read(&mut buf[read..]).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        read += n;
+                        let text = String::from_utf8_lossy(&buf[..read]).to_string();
+                        if let Some(end) = text.find("\r\n\r\n") {
+                            let length = text
+                                .lines()
+                                .find_map(|l| {
+                                    l.to_ascii_lowercase()
+                                        .strip_prefix("content-length:")
+                                        .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                                })
+                                .unwrap_or(0);
+                            if read >= end + 4 + length {
+                                break;
+                            }
+                        }
+                    }
+                    let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                    max.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(delay).await;
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                    let body = r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
+                    let response = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = socket.write_all(response.as_bytes()).await;
+                });
+            }
+        });
+        (url, max_out)
+    }
+
+    #[tokio::test]
+    async fn concurrency_limit_bounds_queries_in_flight() {
+        for limit in [1usize, 3] {
+            let (url, max) = counting_server(Duration::from_millis(300)).await;
+            let mut config = PrometheusConfig::new(url);
+            config.max_concurrency = limit;
+            let source = PrometheusSource::new(config);
+            let at = Timestamp::from_second(1_800_000_000).unwrap();
+            let queries: Vec<String> = (0..8).map(|i| format!("vector({i})")).collect();
+            let results =
+                futures::future::join_all(queries.iter().map(|q| source.query(q, at))).await;
+            assert!(results.iter().all(Result::is_ok));
+            assert_eq!(max.load(Ordering::SeqCst), limit as u64, "limit {limit}");
+        }
+    }
+
     #[test]
     fn form_encoding() {
         assert_eq!(
