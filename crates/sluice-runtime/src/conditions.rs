@@ -69,6 +69,24 @@ pub fn lists_equal_ignoring_time(a: &[Condition], b: &[Condition]) -> bool {
             .all(|ca| b.iter().any(|cb| same_ignoring_time(ca, cb)))
 }
 
+/// Problems listed in one condition message at most; the rest are counted.
+pub const MAX_LISTED_PROBLEMS: usize = 5;
+
+/// Joins validation problems (each naming its field, e.g. `spec.steps[2].setWeight.weight:
+/// ...`) into one condition message, listing at most [`MAX_LISTED_PROBLEMS`].
+pub fn problems_message(problems: &[String]) -> String {
+    let listed = problems
+        .iter()
+        .take(MAX_LISTED_PROBLEMS)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join("; ");
+    match problems.len().saturating_sub(MAX_LISTED_PROBLEMS) {
+        0 => listed,
+        more => format!("{listed}; and {more} more"),
+    }
+}
+
 /// Finds the condition of `type_`.
 pub fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
     conditions.iter().find(|c| c.type_ == type_)
@@ -188,6 +206,24 @@ mod tests {
         assert!(!is_true(&list, "Paused"));
         assert!(remove(&mut list, "Paused"));
         assert!(!remove(&mut list, "Paused"));
+    }
+
+    #[test]
+    fn problem_messages_are_bounded() {
+        let many: Vec<String> = (0..8)
+            .map(|i| format!("spec.waves[{i}].name: empty"))
+            .collect();
+        let table = [
+            (&many[..1], "spec.waves[0].name: empty".to_owned()),
+            (
+                &many[..2],
+                "spec.waves[0].name: empty; spec.waves[1].name: empty".to_owned(),
+            ),
+            (&many[..], format!("{}; and 3 more", many[..5].join("; "))),
+        ];
+        for (input, want) in table {
+            assert_eq!(problems_message(input), want);
+        }
     }
 
     #[test]

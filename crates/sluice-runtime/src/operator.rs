@@ -197,9 +197,23 @@ pub async fn drive<K, Ctx, F, Fut, E>(
             let health = hooks.health.clone();
             let stop = stop.clone();
             tokio::spawn(async move {
-                tokio::select! {
-                    ready = store.wait_until_ready() => if ready.is_ok() { health.set_synced(true) },
-                    _ = stop.cancelled() => {},
+                // The store's readiness signal wakes only one waiter, and the controller waits
+                // on it too: re-poll on a short period instead of relying on the wake-up.
+                loop {
+                    let poll =
+                        tokio::time::timeout(Duration::from_millis(200), store.wait_until_ready());
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        ready = poll => match ready {
+                            Ok(Ok(())) => {
+                                health.set_synced(true);
+                                tracing::info!("caches synced");
+                                break;
+                            }
+                            Ok(Err(_)) => break,
+                            Err(_) => {}
+                        },
+                    }
                 }
             })
         };

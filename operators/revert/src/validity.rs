@@ -1,7 +1,8 @@
-//! What a BundlePin's CRD schema and CEL rules cannot check: that the kinds it may apply are
-//! mesh configuration, never identity, RBAC or secrets (revert's per-cluster identity is
-//! allowed only mesh kinds; a pin must not ask for more). Each problem names its field
-//! (`spec.allowedKinds[2]: ...`).
+//! Validity of a BundlePin beyond what the API server's schema and CEL rules enforce:
+//! `sluice_api::validation` (which also re-checks the CEL rules), plus revert's own rule that
+//! the kinds a pin may apply are mesh configuration, never identity, RBAC or secrets (revert's
+//! per-cluster identity is allowed only mesh kinds; a pin must not ask for more). Each problem
+//! names its field (`spec.allowedKinds[2]: ...`).
 //!
 //! Pure; never reads the cluster or the registry (signatures are verified by the reconcile).
 
@@ -28,7 +29,7 @@ pub const FORBIDDEN_KINDS: &[(&str, &str)] = &[
 
 /// The spec's problems, empty when it is valid.
 pub fn problems(spec: &BundlePinSpec) -> Vec<String> {
-    let mut out = Vec::new();
+    let mut out: Vec<String> = spec.validate().iter().map(ToString::to_string).collect();
     for (i, gk) in spec.allowed_kinds.iter().enumerate() {
         if FORBIDDEN_KINDS
             .iter()

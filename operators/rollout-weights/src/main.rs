@@ -14,6 +14,10 @@ use sluice_runtime::{Runtime, RuntimeArgs};
 struct Cli {
     #[command(flatten)]
     runtime: RuntimeArgs,
+    /// Allow free-form PromQL in gates of namespaced objects (it runs with the operator's view
+    /// of all metrics).
+    #[arg(long, env = "SLUICE_ALLOW_FREE_FORM_PROMQL", default_value_t = false)]
+    allow_free_form_promql: bool,
 }
 
 #[tokio::main]
@@ -22,10 +26,10 @@ async fn main() -> ExitCode {
     let result = async {
         let rt = Runtime::init(OPERATOR, cli.runtime).await?;
         let api = rt.namespaced_api();
-        let ctx = Arc::new(reconcile::Context::new(
-            rt.client.clone(),
-            rt.recorder.clone(),
-        ));
+        let ctx = Arc::new(reconcile::Context {
+            allow_free_form_promql: cli.allow_free_form_promql,
+            ..reconcile::Context::new(rt.client.clone(), rt.recorder.clone())
+        });
         rt.run(api, ctx, reconcile::reconcile).await
     }
     .await;

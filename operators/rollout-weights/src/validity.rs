@@ -1,65 +1,19 @@
-//! What a Rollout's CRD schema and CEL rules cannot check: durations that must parse and be
-//! positive. Each problem names its field (`spec.steps[2].setWeight.duration: ...`).
+//! Validity of a Rollout beyond what the API server's schema and CEL rules enforce: delegates to
+//! `sluice_api::validation` (which also re-checks the CEL rules, in case the API server did not
+//! run them) and turns its field errors into condition-message lines, each naming its field
+//! (`spec.analysisInterval: ...`).
 //!
-//! Pure; never reads the cluster (references to routes and workloads are checked by the
-//! reconcile against what it observes).
+//! Pure; never reads the cluster.
 
-use sluice_api::v1alpha1::{DurationString, RolloutSpec};
+use sluice_api::v1alpha1::RolloutSpec;
 
-fn duration(problems: &mut Vec<String>, path: &str, value: &DurationString) {
-    match value.parse() {
-        Ok(d) if d.is_zero() => problems.push(format!(
-            "{path}: {value:?} is zero; give a positive duration such as 30s"
-        )),
-        Ok(_) => {}
-        Err(err) => problems.push(format!("{path}: {err}")),
-    }
-}
-
-/// The spec's problems, empty when it is valid.
-pub fn problems(spec: &RolloutSpec) -> Vec<String> {
-    let mut out = Vec::new();
-    duration(&mut out, "spec.analysisInterval", &spec.analysis_interval);
-    duration(
-        &mut out,
-        "spec.appliedShareDeadline",
-        &spec.applied_share_deadline,
-    );
-    duration(&mut out, "spec.stepDuration", &spec.step_duration);
-    duration(
-        &mut out,
-        "spec.canaryReadyDeadline",
-        &spec.canary_ready_deadline,
-    );
-    duration(&mut out, "spec.handBackDeadline", &spec.hand_back_deadline);
-    for (i, step) in spec.steps.iter().enumerate() {
-        let own = [
-            (
-                "mirror",
-                step.mirror.as_ref().and_then(|s| s.duration.as_ref()),
-            ),
-            (
-                "headerCohort",
-                step.header_cohort
-                    .as_ref()
-                    .and_then(|s| s.duration.as_ref()),
-            ),
-            (
-                "setWeight",
-                step.set_weight.as_ref().and_then(|s| s.duration.as_ref()),
-            ),
-            (
-                "pause",
-                step.pause.as_ref().and_then(|s| s.duration.as_ref()),
-            ),
-        ];
-        for (kind, d) in own {
-            if let Some(d) = d {
-                duration(&mut out, &format!("spec.steps[{i}].{kind}.duration"), d);
-            }
-        }
-    }
-    out
+/// The spec's problems, each `path: what is wrong`; empty when it is valid.
+/// `allow_free_form_promql` is the platform's policy for free-form PromQL gates.
+pub fn problems(spec: &RolloutSpec, allow_free_form_promql: bool) -> Vec<String> {
+    spec.validate(allow_free_form_promql)
+        .iter()
+        .map(ToString::to_string)
+        .collect()
 }
 
 #[cfg(test)]
@@ -102,7 +56,7 @@ mod tests {
             ),
         ];
         for (patch, want) in table {
-            let got = problems(&spec(patch.clone()));
+            let got = problems(&spec(patch.clone()), false);
             assert_eq!(got.len(), want.len(), "{patch}: {got:?}");
             for (g, w) in got.iter().zip(want) {
                 assert!(g.starts_with(&format!("{w}: ")), "{patch}: {g}");

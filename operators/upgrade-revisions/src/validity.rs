@@ -1,31 +1,19 @@
-//! What a RevisionUpgrade's CRD schema and CEL rules cannot check: durations that must parse
-//! and be positive. Each problem names its field (`spec.waves[0].soak: ...`).
+//! Validity of a RevisionUpgrade beyond what the API server's schema and CEL rules enforce: delegates to
+//! `sluice_api::validation` (which also re-checks the CEL rules, in case the API server did not
+//! run them) and turns its field errors into condition-message lines, each naming its field
+//! (`spec.analysisInterval: ...`).
 //!
-//! Pure; never reads the cluster (revision tags are checked by the reconcile against the
-//! webhook configurations it observes).
+//! Pure; never reads the cluster.
 
-use sluice_api::v1alpha1::{DurationString, RevisionUpgradeSpec};
+use sluice_api::v1alpha1::RevisionUpgradeSpec;
 
-fn duration(problems: &mut Vec<String>, path: &str, value: &DurationString) {
-    match value.parse() {
-        Ok(d) if d.is_zero() => problems.push(format!(
-            "{path}: {value:?} is zero; give a positive duration such as 15m"
-        )),
-        Ok(_) => {}
-        Err(err) => problems.push(format!("{path}: {err}")),
-    }
-}
-
-/// The spec's problems, empty when it is valid.
-pub fn problems(spec: &RevisionUpgradeSpec) -> Vec<String> {
-    let mut out = Vec::new();
-    duration(&mut out, "spec.analysisInterval", &spec.analysis_interval);
-    for (i, wave) in spec.waves.iter().enumerate() {
-        if let Some(soak) = &wave.soak {
-            duration(&mut out, &format!("spec.waves[{i}].soak"), soak);
-        }
-    }
-    out
+/// The spec's problems, each `path: what is wrong`; empty when it is valid.
+/// `allow_free_form_promql` is the platform's policy for free-form PromQL gates.
+pub fn problems(spec: &RevisionUpgradeSpec, allow_free_form_promql: bool) -> Vec<String> {
+    spec.validate(allow_free_form_promql)
+        .iter()
+        .map(ToString::to_string)
+        .collect()
 }
 
 #[cfg(test)]
@@ -52,12 +40,15 @@ mod tests {
                 vec!["spec.analysisInterval"],
             ),
             (
-                serde_json::json!({"waves": [{"name": "low", "namespaceSelector": {}, "soak": "0m"}]}),
-                vec!["spec.waves[0].soak"],
+                serde_json::json!({"waves": [
+                    {"name": "all", "namespaceSelector": {}},
+                    {"name": "tier-1", "namespaceSelector": {"matchLabels": {"sluice.dev/risk-tier": "tier-1"}}},
+                ]}),
+                vec!["spec.waves[0].namespaceSelector"],
             ),
         ];
         for (patch, want) in table {
-            let got = problems(&spec(patch.clone()));
+            let got = problems(&spec(patch.clone()), false);
             assert_eq!(got.len(), want.len(), "{patch}: {got:?}");
             for (g, w) in got.iter().zip(want) {
                 assert!(g.starts_with(&format!("{w}: ")), "{patch}: {g}");

@@ -24,6 +24,9 @@ use crate::validity;
 pub struct Observations {
     /// `metadata.generation` of the object.
     pub generation: Option<i64>,
+    /// Whether the platform allows free-form PromQL in namespaced objects (off by default:
+    /// it runs with the operator's view of all metrics).
+    pub allow_free_form_promql: bool,
 }
 
 /// Something the reconcile must do after the status is written.
@@ -72,7 +75,12 @@ pub fn decide(
     obs: &Observations,
     now: Timestamp,
 ) -> Decision {
-    decide_validity(&validity::problems(spec), status, obs, now)
+    decide_validity(
+        &validity::problems(spec, obs.allow_free_form_promql),
+        status,
+        obs,
+        now,
+    )
 }
 
 /// The validity part of [`decide`], given the spec's problems (empty when valid).
@@ -156,6 +164,7 @@ mod tests {
     fn obs(generation: i64) -> Observations {
         Observations {
             generation: Some(generation),
+            ..Observations::default()
         }
     }
 

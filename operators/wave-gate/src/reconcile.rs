@@ -28,6 +28,8 @@ pub struct Context {
     pub recorder: EventRecorder,
     /// The clock; tests pin it.
     pub clock: fn() -> Timestamp,
+    /// Whether free-form PromQL gates are allowed (`--allow-free-form-promql`).
+    pub allow_free_form_promql: bool,
 }
 
 impl std::fmt::Debug for Context {
@@ -43,6 +45,7 @@ impl Context {
             client,
             recorder,
             clock: Timestamp::now,
+            allow_free_form_promql: false,
         }
     }
 }
@@ -82,6 +85,7 @@ pub async fn reconcile(
     let api: Api<WaveGate> = Api::namespaced(ctx.client.clone(), &ns);
     let obs = Observations {
         generation: obj.metadata.generation,
+        allow_free_form_promql: ctx.allow_free_form_promql,
     };
     let decision = decide::decide(&obj.spec, obj.status.as_ref(), &obs, (ctx.clock)());
     if obj.status.as_ref() != Some(&decision.status) {

@@ -1,37 +1,19 @@
-//! What a WaveGate's CRD schema and CEL rules cannot check: durations that must parse and be
-//! positive. Each problem names its field (`spec.waves[1].soak: ...`).
+//! Validity of a WaveGate beyond what the API server's schema and CEL rules enforce: delegates to
+//! `sluice_api::validation` (which also re-checks the CEL rules, in case the API server did not
+//! run them) and turns its field errors into condition-message lines, each naming its field
+//! (`spec.analysisInterval: ...`).
 //!
-//! Pure; never reads the cluster (the ApplicationSet's safety is checked by the reconcile
-//! against what it observes).
+//! Pure; never reads the cluster.
 
-use sluice_api::v1alpha1::{DurationString, WaveGateSpec};
+use sluice_api::v1alpha1::WaveGateSpec;
 
-fn duration(problems: &mut Vec<String>, path: &str, value: &DurationString) {
-    match value.parse() {
-        Ok(d) if d.is_zero() => problems.push(format!(
-            "{path}: {value:?} is zero; give a positive duration such as 10m"
-        )),
-        Ok(_) => {}
-        Err(err) => problems.push(format!("{path}: {err}")),
-    }
-}
-
-/// The spec's problems, empty when it is valid.
-pub fn problems(spec: &WaveGateSpec) -> Vec<String> {
-    let mut out = Vec::new();
-    duration(&mut out, "spec.defaultSoak", &spec.default_soak);
-    duration(
-        &mut out,
-        "spec.convergenceTimeout",
-        &spec.convergence_timeout,
-    );
-    duration(&mut out, "spec.analysisInterval", &spec.analysis_interval);
-    for (i, wave) in spec.waves.iter().enumerate() {
-        if let Some(soak) = &wave.soak {
-            duration(&mut out, &format!("spec.waves[{i}].soak"), soak);
-        }
-    }
-    out
+/// The spec's problems, each `path: what is wrong`; empty when it is valid.
+/// `allow_free_form_promql` is the platform's policy for free-form PromQL gates.
+pub fn problems(spec: &WaveGateSpec, allow_free_form_promql: bool) -> Vec<String> {
+    spec.validate(allow_free_form_promql)
+        .iter()
+        .map(ToString::to_string)
+        .collect()
 }
 
 #[cfg(test)]
@@ -60,20 +42,20 @@ mod tests {
         let table = [
             (serde_json::json!({}), vec![]),
             (
-                serde_json::json!({"defaultSoak": "0s"}),
-                vec!["spec.defaultSoak"],
+                serde_json::json!({"driftGate": {"exporter": "Platform"}}),
+                vec!["spec.driftGate.metric"],
             ),
             (
                 serde_json::json!({"convergenceTimeout": "0m", "analysisInterval": "0s"}),
                 vec!["spec.convergenceTimeout", "spec.analysisInterval"],
             ),
             (
-                serde_json::json!({"waves": [{"name": "a", "clusters": ["c1"]}, {"name": "b", "clusters": ["c2"], "soak": "0s"}]}),
-                vec!["spec.waves[1].soak"],
+                serde_json::json!({"waves": [{"name": "a", "clusters": ["c1"]}, {"name": "a", "clusters": ["c2"]}]}),
+                vec!["spec.waves[1].name"],
             ),
         ];
         for (patch, want) in table {
-            let got = problems(&spec(patch.clone()));
+            let got = problems(&spec(patch.clone()), false);
             assert_eq!(got.len(), want.len(), "{patch}: {got:?}");
             for (g, w) in got.iter().zip(want) {
                 assert!(g.starts_with(&format!("{w}: ")), "{patch}: {g}");

@@ -1,0 +1,168 @@
+//! End to end over the Kubernetes API emulator: the CRDs from `crds/` installed, the
+//! rollout-weights controller running in-process; an invalid Rollout gets `Ready=False`
+//! (`InvalidSpec`) naming the field, and once fixed, `Ready=True`.
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use kube::{
+    Api,
+    api::{Patch, PatchParams, PostParams},
+    runtime::watcher,
+};
+use sluice_api::v1alpha1::{
+    Rollout, RolloutPhase,
+    rollout::{conditions, reasons},
+};
+use sluice_rollout_weights::{OPERATOR, reconcile};
+use sluice_runtime::{
+    conditions::find,
+    events::EventRecorder,
+    leader::Leadership,
+    operator::{Hooks, drive},
+    server::Readiness,
+};
+use tokio_util::sync::CancellationToken;
+
+fn crd_file() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../crds/rollouts.sluice.dev.yaml")
+}
+
+/// Polls `api` for `name` until `check` holds, or fails after 15 s with the last object seen.
+async fn eventually(
+    api: &Api<Rollout>,
+    name: &str,
+    what: &str,
+    check: impl Fn(&Rollout) -> bool,
+) -> Rollout {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let obj = api.get(name).await.expect("Rollout readable");
+        if check(&obj) {
+            return obj;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!(
+                "timed out waiting for {what}; last status: {:#?}",
+                obj.status
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn ready_reason(obj: &Rollout) -> Option<(String, String)> {
+    let status = obj.status.as_ref()?;
+    let c = find(&status.conditions, conditions::READY)?;
+    Some((c.status.clone(), c.reason.clone()))
+}
+
+#[tokio::test]
+async fn invalid_rollout_is_named_then_ready_once_fixed() {
+    let emu = kube_emulator::Emulator::start().await;
+    emu.load_manifest_file(crd_file())
+        .expect("Rollout CRD installs");
+    let client = emu.client();
+    let api: Api<Rollout> = Api::namespaced(client.clone(), "default");
+
+    let ctx = Arc::new(reconcile::Context::new(
+        client.clone(),
+        EventRecorder::new(client.clone(), OPERATOR),
+    ));
+    let (hooks, registry) = Hooks::standalone();
+    hooks.health.set_leader(true);
+    let shutdown = CancellationToken::new();
+    let controller = tokio::spawn(drive(
+        Api::<Rollout>::all(client.clone()),
+        watcher::Config::default(),
+        ctx,
+        reconcile::reconcile,
+        Leadership::always(),
+        shutdown.clone(),
+        hooks.clone(),
+    ));
+
+    // Given a Rollout the schema accepts but whose analysis interval is zero.
+    let invalid: Rollout = serde_json::from_value(serde_json::json!({
+        "apiVersion": "sluice.dev/v1alpha1",
+        "kind": "Rollout",
+        "metadata": {"name": "checkout", "namespace": "default"},
+        "spec": {
+            "routeRef": {"name": "checkout"},
+            "stableService": {"name": "checkout-v1"},
+            "canaryService": {"name": "checkout-v2"},
+            "canaryWorkload": {"name": "checkout-v2"},
+            "steps": [{"setWeight": {"weight": 5}}, {"setWeight": {"weight": 50}}],
+            "analysisInterval": "0s",
+        },
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &invalid)
+        .await
+        .expect("the API server accepts it");
+
+    // Then it is Invalid, and the condition names the field.
+    let seen = eventually(&api, "checkout", "Ready=False InvalidSpec", |o| {
+        ready_reason(o) == Some(("False".into(), reasons::INVALID_SPEC.into()))
+    })
+    .await;
+    let status = seen.status.as_ref().unwrap();
+    assert_eq!(status.phase, RolloutPhase::Invalid);
+    assert_eq!(status.observed_generation, seen.metadata.generation);
+    let ready = find(&status.conditions, conditions::READY).unwrap();
+    assert!(
+        ready.message.contains("spec.analysisInterval"),
+        "message names the field: {}",
+        ready.message
+    );
+    let managers: Vec<_> = seen
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    assert!(
+        managers.iter().any(|m| m == OPERATOR),
+        "status written by {OPERATOR}: {managers:?}"
+    );
+
+    // When the spec is fixed.
+    api.patch(
+        "checkout",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"analysisInterval": "30s"}})),
+    )
+    .await
+    .unwrap();
+
+    // Then it is Ready for the new generation.
+    let fixed = eventually(&api, "checkout", "Ready=True for generation 2", |o| {
+        ready_reason(o) == Some(("True".into(), reasons::VALID.into()))
+            && o.status.as_ref().and_then(|s| s.observed_generation) == o.metadata.generation
+    })
+    .await;
+    assert_eq!(fixed.metadata.generation, Some(2));
+    assert_eq!(fixed.status.as_ref().unwrap().phase, RolloutPhase::Pending);
+
+    // And an identical state causes no further writes (no hot loop).
+    let rv = fixed.metadata.resource_version.clone();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        api.get("checkout").await.unwrap().metadata.resource_version,
+        rv
+    );
+
+    assert_eq!(hooks.health.readiness(), Readiness::Ready, "caches synced");
+    let metrics = sluice_runtime::metrics::encode(&registry);
+    assert!(
+        metrics.contains("sluice_reconciles_total{kind=\"Rollout\"}"),
+        "{metrics}"
+    );
+
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), controller)
+        .await
+        .expect("controller stops on shutdown")
+        .unwrap();
+    emu.shutdown().await;
+}
