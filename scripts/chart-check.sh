@@ -28,6 +28,9 @@ OPERATORS=(rollout-weights wave-gate revert upgrade-revisions)
 declare -A VALUES_KEY=([rollout-weights]=rolloutWeights [wave-gate]=waveGate [revert]=revert [upgrade-revisions]=upgradeRevisions)
 
 PY="$ROOT/.tools/venv/bin/python"
+# The owned-route annotation as sluice-api declares it; the admission policy must use the same.
+ROUTE_OWNER_ANNOTATION="$(sed -n 's/^pub const ROUTE_OWNER_ANNOTATION: &str = "\(.*\)";$/\1/p' \
+  crates/sluice-api/src/v1alpha1/rollout.rs 2>/dev/null)"
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 
@@ -114,6 +117,11 @@ main() {
     skipped=$((skipped + 1))
     echo "skip chart crds/ equals generated crds/: crds/ holds no generated CRD yet"
   fi
+  if [ -n "$ROUTE_OWNER_ANNOTATION" ]; then
+    pass "sluice-api declares ROUTE_OWNER_ANNOTATION ($ROUTE_OWNER_ANNOTATION)"
+  else
+    fail "sluice-api declares ROUTE_OWNER_ANNOTATION" "no 'pub const ROUTE_OWNER_ANNOTATION' in crates/sluice-api/src/v1alpha1/rollout.rs: point scripts/chart-check.sh at where it moved"
+  fi
   check "helm lint --strict" helm lint --strict "$CHART" --namespace "$NAMESPACE"
 
   # Default values: every operator, compared against the RBAC table.
@@ -122,7 +130,7 @@ main() {
     check "kubernetes-validate --strict (default values)" validate default
     check "manifests and RBAC table (default values)" "$PY" scripts/chart_assert.py "$OUT/default.yaml" \
       --enabled "$(IFS=,; echo "${OPERATORS[*]}")" --release-namespace "$NAMESPACE" \
-      --argocd-namespace "$ARGOCD_NAMESPACE" --rbac-table "$RBAC_TABLE"
+      --argocd-namespace "$ARGOCD_NAMESPACE" --rbac-table "$RBAC_TABLE" --route-owner-annotation "$ROUTE_OWNER_ANNOTATION"
   else
     fail "helm template (default values)" "$(cat "$OUT/render.err")"
   fi
@@ -135,7 +143,8 @@ main() {
       pass "helm template (only $op)"
       check "kubernetes-validate --strict (only $op)" validate "only-$op"
       check "manifests and RBAC (only $op)" "$PY" scripts/chart_assert.py "$OUT/only-$op.yaml" \
-        --enabled "$op" --release-namespace "$NAMESPACE" --argocd-namespace "$ARGOCD_NAMESPACE"
+        --enabled "$op" --release-namespace "$NAMESPACE" --argocd-namespace "$ARGOCD_NAMESPACE" \
+        --route-owner-annotation "$ROUTE_OWNER_ANNOTATION"
       check "helm lint --strict (only $op)" helm lint --strict "$CHART" --namespace "$NAMESPACE" "${flags[@]}"
     else
       fail "helm template (only $op)" "$(cat "$OUT/render.err")"
@@ -145,11 +154,13 @@ main() {
   # Non-default values that change the shape of the render.
   if render variant --set rolloutWeights.watchNamespace=team-a --set-json 'revert.publicKeySecrets=[]' \
     --set metrics.service.enabled=false --set argocd.namespace=gitops --set image.digest="sha256:$(printf '%064d' 0)" \
-    --set-json 'upgradeRevisions.affinity={"nodeAffinity":{}}' 2>"$OUT/render.err"; then
+    --set-json 'upgradeRevisions.affinity={"nodeAffinity":{}}' \
+    --set 'ownedRoutePolicy.extraAllowedUsers[0]=system:serviceaccount:mesh:sluice-revert-target' 2>"$OUT/render.err"; then
     pass "helm template (namespaced rollout-weights, no key Secrets, other Argo CD namespace)"
     check "kubernetes-validate --strict (variant values)" validate variant
     check "manifests and RBAC (variant values)" "$PY" scripts/chart_assert.py "$OUT/variant.yaml" \
-      --enabled "$(IFS=,; echo "${OPERATORS[*]}")" --release-namespace "$NAMESPACE" --argocd-namespace gitops
+      --enabled "$(IFS=,; echo "${OPERATORS[*]}")" --release-namespace "$NAMESPACE" --argocd-namespace gitops \
+      --route-owner-annotation "$ROUTE_OWNER_ANNOTATION"
   else
     fail "helm template (variant values)" "$(cat "$OUT/render.err")"
   fi

@@ -206,6 +206,28 @@ def check_decision_configmap(docs: list[dict], enabled: list[str], argocd_ns: st
                 f"{where}: matchKey {data.get('matchKey')!r} is not a required key of the WaveGate's decisions")
 
 
+def check_owned_route_policy(docs: list[dict], enabled: list[str], annotation: str | None, f: Failures) -> None:
+    """The owned-route policy names the annotation sluice-api writes and exactly sluice's route writers."""
+    policies = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    bindings = {d["spec"]["policyName"]: d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"}
+    for p in policies:
+        where = f"ValidatingAdmissionPolicy {p['metadata']['name']}"
+        b = bindings.get(p["metadata"]["name"])
+        f.check(b is not None and b["spec"].get("validationActions") == ["Deny"], f"{where}: needs a Deny binding")
+        f.check(p["spec"].get("failurePolicy") == "Fail", f"{where}: failurePolicy must be Fail")
+        text = yaml.safe_dump(p["spec"])
+        if annotation:
+            f.check(f"'{annotation}'" in text, f"{where}: does not use the route owner annotation {annotation!r} from sluice-api")
+        sas = {component(d): f"system:serviceaccount:{d['metadata']['namespace']}:{d['metadata']['name']}"
+               for d in docs if d["kind"] == "ServiceAccount"}
+        for op in ("rollout-weights", "revert"):
+            if op in enabled:
+                f.check(f"'{sas.get(op)}'" in text, f"{where}: {op} ({sas.get(op)}) is not an allowed writer")
+        for op in ("wave-gate", "upgrade-revisions"):
+            if op in enabled:
+                f.check(f"'{sas.get(op)}'" not in text, f"{where}: {op} must not be an allowed route writer")
+
+
 def check_crd_names(docs: list[dict], g: dict[str, set[str]], f: Failures) -> None:
     """Every sluice.dev resource a rule names is a rendered CRD's plural (or its subresource)."""
     crds = [d for d in docs if d["kind"] == "CustomResourceDefinition" and d["spec"]["group"] == "sluice.dev"]
@@ -237,6 +259,7 @@ def main() -> int:
     p.add_argument("--enabled", required=True, help="comma-separated operators expected to be rendered")
     p.add_argument("--release-namespace", required=True)
     p.add_argument("--argocd-namespace", default="argocd")
+    p.add_argument("--route-owner-annotation", help="the annotation sluice-api puts on owned routes")
     p.add_argument("--rbac-table", help="file holding every expected grant, one per line")
     p.add_argument("--write", action="store_true", help="rewrite --rbac-table from the render")
     a = p.parse_args()
@@ -260,6 +283,7 @@ def main() -> int:
     g = check_rbac(docs, enabled, a.release_namespace, a.argocd_namespace, f)
     check_crd_names(docs, g, f)
     check_decision_configmap(docs, enabled, a.argocd_namespace, f)
+    check_owned_route_policy(docs, enabled, a.route_owner_annotation, f)
 
     if a.rbac_table:
         lines = sorted(f"{who} {line}" for who, items in g.items() for line in items)

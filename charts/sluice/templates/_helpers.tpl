@@ -334,3 +334,8 @@ spec:
       {{- include "sluice.selectorLabels" . | nindent 6 }}
 {{- end }}
 {{- end }}
+
+{{/* The annotation rollout-weights puts on an HTTPRoute it owns (sluice-api ROUTE_OWNER_ANNOTATION). */}}
+{{- define "sluice.routeOwnerAnnotation" -}}
+sluice.dev/owned-by-rollout
+{{- end }}
