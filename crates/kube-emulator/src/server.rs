@@ -20,7 +20,7 @@ use crate::api::{Attributes, PatchKind, Req, State, selectors};
 use crate::discovery;
 use crate::error::ApiError;
 use crate::resources::ResourceType;
-use crate::store::EventType;
+use crate::store::{Event, EventType};
 
 /// Everything a request handler needs.
 #[derive(Clone, Debug)]
@@ -111,6 +111,11 @@ fn parse_body(headers: &HeaderMap, body: &Bytes, yaml: bool) -> Result<Value, Ap
         .get(header::CONTENT_TYPE)
         .and_then(|c| c.to_str().ok())
         .unwrap_or_default();
+    if ct.contains("protobuf") || ct.contains("cbor") {
+        return Err(ApiError::UnsupportedMediaType(format!(
+            "the emulator accepts JSON and YAML request bodies, not {ct:?}; kubectl's imperative create commands send protobuf: use kubectl apply -f or kubectl create -f with a manifest"
+        )));
+    }
     if yaml || ct.contains("yaml") {
         serde_yaml::from_slice(body)
             .map_err(|e| ApiError::BadRequest(format!("error decoding YAML request body: {e}")))
@@ -387,6 +392,19 @@ fn gone_line(rv: u64, oldest: u64) -> Bytes {
     event_line("ERROR", &e.status())
 }
 
+/// How a watch with a selection sees an event: changes that leave the selection are DELETED,
+/// changes that enter it are ADDED, others pass through when the object is selected.
+fn selected(e: &Event, sel: &dyn Fn(&Value) -> bool) -> Option<(EventType, Arc<Value>)> {
+    let now = sel(&e.object);
+    let before = e.prev.as_deref().map(sel);
+    match (e.kind, before, now) {
+        (EventType::Modified, Some(true), false) => Some((EventType::Deleted, e.object.clone())),
+        (EventType::Modified, Some(false), true) => Some((EventType::Added, e.object.clone())),
+        (_, _, true) => Some((e.kind, e.object.clone())),
+        _ => None,
+    }
+}
+
 /// The events a watch starts with, or the oldest resourceVersion still available (410).
 type Initial = Result<Vec<(EventType, Arc<Value>)>, u64>;
 
@@ -424,6 +442,7 @@ fn watch_response(ctx: &Ctx, req: Req, table: bool) -> Result<Response, ApiError
                 == Some(ns_filter.as_str())
     };
 
+    let sel = move |o: &Value| in_ns(o) && matches(o);
     let (tx, rx_body) = mpsc::channel::<Bytes>(256);
     // Subscribe and snapshot under one lock so no event falls between them.
     let (mut live, initial, start_rv): (broadcast::Receiver<_>, Initial, u64) = {
@@ -435,7 +454,7 @@ fn watch_response(ctx: &Ctx, req: Req, table: bool) -> Result<Response, ApiError
                 .table(&key)
                 .map(|t| {
                     t.iter_ns(None)
-                        .filter(|o| in_ns(o) && matches(o))
+                        .filter(|o| sel(o))
                         .map(|o| (EventType::Added, o.clone()))
                         .collect()
                 })
@@ -449,7 +468,7 @@ fn watch_response(ctx: &Ctx, req: Req, table: bool) -> Result<Response, ApiError
             match evs {
                 Some(evs) => (
                     rx,
-                    Ok(evs.iter().map(|e| (e.kind, e.object.clone())).collect()),
+                    Ok(evs.iter().filter_map(|e| selected(e, &sel)).collect()),
                     from,
                 ),
                 None => {
@@ -480,9 +499,6 @@ fn watch_response(ctx: &Ctx, req: Req, table: bool) -> Result<Response, ApiError
         };
         let mut last_rv = start_rv;
         for (kind, obj) in &initial {
-            if !in_ns(obj) || !matches(obj) {
-                continue;
-            }
             if let Some(rv) = obj
                 .pointer("/metadata/resourceVersion")
                 .and_then(Value::as_str)
@@ -522,7 +538,7 @@ fn watch_response(ctx: &Ctx, req: Req, table: bool) -> Result<Response, ApiError
                         match live.try_recv() {
                             Ok(ev) => {
                                 last_rv = last_rv.max(ev.rv);
-                                if in_ns(&ev.object) && matches(&ev.object) && tx.send(render(ev.kind, &ev.object)).await.is_err() {
+                                if let Some((kind, obj)) = selected(&ev, &sel) && tx.send(render(kind, &obj)).await.is_err() {
                                     return;
                                 }
                             }
@@ -545,7 +561,7 @@ fn watch_response(ctx: &Ctx, req: Req, table: bool) -> Result<Response, ApiError
                             continue;
                         }
                         last_rv = last_rv.max(ev.rv);
-                        if in_ns(&ev.object) && matches(&ev.object) && tx.send(render(ev.kind, &ev.object)).await.is_err() {
+                        if let Some((kind, obj)) = selected(&ev, &sel) && tx.send(render(kind, &obj)).await.is_err() {
                             return;
                         }
                     }

@@ -44,6 +44,9 @@ pub struct Event {
     pub kind: EventType,
     /// The object after the change (before removal, for deletes).
     pub object: Arc<Value>,
+    /// The object before a MODIFIED change (selector-filtered watches turn a change that leaves
+    /// or enters the selection into DELETED or ADDED, as the apiserver's watch cache does).
+    pub prev: Option<Arc<Value>>,
 }
 
 /// Objects of one resource plus its recent history.
@@ -164,11 +167,22 @@ impl Inner {
         (t.subscribe(), t.events_since(rv))
     }
 
-    fn emit(&mut self, key: &TableKey, kind: EventType, object: Arc<Value>) {
+    fn emit(
+        &mut self,
+        key: &TableKey,
+        kind: EventType,
+        object: Arc<Value>,
+        prev: Option<Arc<Value>>,
+    ) {
         let limit = self.history_limit;
         let rv = self.rv;
         let t = self.table_mut(key);
-        let ev = Arc::new(Event { rv, kind, object });
+        let ev = Arc::new(Event {
+            rv,
+            kind,
+            object,
+            prev,
+        });
         t.history.push_back(ev.clone());
         while t.history.len() > limit {
             if let Some(old) = t.history.pop_front() {
@@ -185,16 +199,13 @@ impl Inner {
         obj["metadata"]["resourceVersion"] = Value::String(self.rv.to_string());
         let k = key_of(&obj);
         let obj = Arc::new(obj);
-        let existed = self.table_mut(key).objects.insert(k, obj.clone()).is_some();
-        self.emit(
-            key,
-            if existed {
-                EventType::Modified
-            } else {
-                EventType::Added
-            },
-            obj.clone(),
-        );
+        let prev = self.table_mut(key).objects.insert(k, obj.clone());
+        let kind = if prev.is_some() {
+            EventType::Modified
+        } else {
+            EventType::Added
+        };
+        self.emit(key, kind, obj.clone(), prev);
         obj
     }
 
@@ -208,7 +219,7 @@ impl Inner {
         let mut last = (*old).clone();
         last["metadata"]["resourceVersion"] = Value::String(self.rv.to_string());
         let last = Arc::new(last);
-        self.emit(key, EventType::Deleted, last.clone());
+        self.emit(key, EventType::Deleted, last.clone(), None);
         Some(last)
     }
 
