@@ -14,6 +14,7 @@ pub mod discovery;
 pub mod error;
 pub mod managed;
 pub mod patch;
+pub mod protobuf;
 pub mod rbac;
 pub mod resources;
 pub mod selector;

@@ -111,7 +111,11 @@ fn parse_body(headers: &HeaderMap, body: &Bytes, yaml: bool) -> Result<Value, Ap
         .get(header::CONTENT_TYPE)
         .and_then(|c| c.to_str().ok())
         .unwrap_or_default();
-    if ct.contains("protobuf") || ct.contains("cbor") {
+    if ct.contains("protobuf") {
+        return crate::protobuf::decode(body)
+            .map_err(|e| ApiError::UnsupportedMediaType(e.to_string()));
+    }
+    if ct.contains("cbor") {
         return Err(ApiError::UnsupportedMediaType(format!(
             "the emulator accepts JSON and YAML request bodies, not {ct:?}; kubectl's imperative create commands send protobuf: use kubectl apply -f or kubectl create -f with a manifest"
         )));
