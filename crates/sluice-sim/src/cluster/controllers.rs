@@ -5,7 +5,7 @@
 //! changed. Never touches an object it does not own except pod and workload status.
 
 use super::injection::{self, Decision, Webhooks};
-use super::pdb::pdb_numbers;
+use super::pdb::{pdb_numbers, pending_disruptions};
 use super::pods::{
     self, CONTROLLER_REVISION_HASH, Owner, POD_INDEX, POD_TEMPLATE_GENERATION, POD_TEMPLATE_HASH,
     STS_POD_NAME, controlled_by, is_ready, is_terminating, label, pod_from_template, template_hash,
@@ -710,7 +710,29 @@ async fn reconcile_pdb(
         .iter()
         .filter(|p| !is_terminating(p) && pdb_selects(&pdb, p.labels()))
         .collect();
-    let healthy = matching.iter().filter(|p| is_ready(p)).count() as i32;
+    let recorded = pdb
+        .status
+        .as_ref()
+        .and_then(|s| s.disrupted_pods.clone())
+        .unwrap_or_default();
+    let recorded: BTreeMap<String, String> = recorded
+        .into_iter()
+        .map(|(k, v)| {
+            (
+                k,
+                serde_json::to_value(v)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default(),
+            )
+        })
+        .collect();
+    let live: std::collections::BTreeSet<String> = matching.iter().map(|p| p.name_any()).collect();
+    let pending = pending_disruptions(&recorded, &live, jiff::Timestamp::now());
+    let healthy = matching
+        .iter()
+        .filter(|p| is_ready(p) && !pending.contains(&p.name_any()))
+        .count() as i32;
     let mut owners: BTreeMap<(String, String), ()> = BTreeMap::new();
     let mut orphans = 0;
     for p in &matching {
@@ -743,7 +765,7 @@ async fn reconcile_pdb(
             && s.disruptions_allowed == Some(n.disruptions_allowed)
             && s.expected_pods == Some(n.expected_pods)
             && s.observed_generation == Some(id.generation)
-    });
+    }) && pending.len() == recorded.len();
     if unchanged {
         return Ok(Action::await_change());
     }
@@ -753,7 +775,10 @@ async fn reconcile_pdb(
         "desiredHealthy": n.desired_healthy,
         "disruptionsAllowed": n.disruptions_allowed,
         "expectedPods": n.expected_pods,
-        "disruptedPods": {},
+        "disruptedPods": pending
+            .iter()
+            .map(|k| (k.clone(), json!(recorded[k])))
+            .collect::<serde_json::Map<String, Value>>(),
         "conditions": [{
             "type": "DisruptionAllowed",
             "status": if allowed { "True" } else { "False" },
@@ -763,17 +788,27 @@ async fn reconcile_pdb(
             "lastTransitionTime": now_rfc3339(),
         }],
     });
+    // Replace (not patch) with the resourceVersion the decision was made from: an eviction that
+    // spent a disruption in the meantime makes this write fail with 409 instead of undoing it.
+    let mut next = (*pdb).clone();
+    let status_value = status;
+    next.status =
+        Some(
+            serde_json::from_value(status_value).map_err(|_| ClusterError::Invalid {
+                what: id.what.clone(),
+                field: "status",
+            })?,
+        );
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), &id.ns);
     match pdbs
-        .patch_status(
-            &id.name,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"status": status})),
-        )
+        .replace_status(&id.name, &PostParams::default(), &next)
         .await
     {
         Ok(_) => Ok(Action::await_change()),
         Err(e) if is_status(&e, kube::core::Status::is_not_found) => Ok(Action::await_change()),
+        Err(e) if is_status(&e, kube::core::Status::is_conflict) => {
+            Ok(Action::requeue(Duration::from_millis(50)))
+        }
         Err(e) => Err(api_err(format!("writing status of {}", id.what))(e)),
     }
 }

@@ -50,9 +50,57 @@ pub fn pdb_numbers(
     }
 }
 
+/// How long an eviction the API server recorded in `status.disruptedPods` keeps the pod out of
+/// the healthy count if the pod is not deleted (Kubernetes' `DeletionTimeout`, 2 minutes).
+pub const DISRUPTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Which entries of `status.disruptedPods` still hold: the pod is still there and not yet
+/// terminating, and the eviction was recorded less than [`DISRUPTION_TIMEOUT`] ago (an
+/// unparsable time counts as recent). Such pods are not healthy, like the disruption
+/// controller treats them, so a status computed between an eviction and the pod's deletion does
+/// not hand the spent disruption back.
+pub fn pending_disruptions(
+    disrupted: &std::collections::BTreeMap<String, String>,
+    live_not_terminating: &std::collections::BTreeSet<String>,
+    now: jiff::Timestamp,
+) -> std::collections::BTreeSet<String> {
+    disrupted
+        .iter()
+        .filter(|(pod, _)| live_not_terminating.contains(*pod))
+        .filter(|(_, at)| {
+            at.parse::<jiff::Timestamp>().map_or(true, |at| {
+                now.duration_since(at).unsigned_abs() < DISRUPTION_TIMEOUT
+            })
+        })
+        .map(|(pod, _)| pod.clone())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pending_disruptions_table() {
+        use std::collections::{BTreeMap, BTreeSet};
+        let now: jiff::Timestamp = "2026-11-30T02:00:00Z".parse().unwrap();
+        let disrupted = BTreeMap::from([
+            ("recent".to_string(), "2026-11-30T01:59:30Z".to_string()),
+            ("old".to_string(), "2026-11-30T01:50:00Z".to_string()),
+            ("gone".to_string(), "2026-11-30T01:59:59Z".to_string()),
+            ("garbled".to_string(), "yesterday".to_string()),
+        ]);
+        let live: BTreeSet<String> = ["recent", "old", "garbled", "other"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let got = pending_disruptions(&disrupted, &live, now);
+        let want: BTreeSet<String> = ["recent", "garbled"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(got, want);
+    }
 
     #[test]
     fn pdb_table() {
