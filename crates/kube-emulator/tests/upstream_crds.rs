@@ -370,3 +370,34 @@ fn argo_cd_applications_are_validated() {
 fn schema_opt_appset() -> Option<CrdSchema> {
     schema(FILES[3], "v1alpha1")
 }
+
+/// Prints what validating a canary HTTPRoute costs (defaulting, pruning, schema and all CEL rules).
+/// A figure, not an assertion: `cargo test -p kube-emulator --release --test upstream_crds -- --ignored --nocapture`.
+#[test]
+#[ignore = "prints a measurement; run explicitly"]
+fn measure_httproute_validation_cost() {
+    let Some(schema) = schema(FILES[0], "v1") else {
+        return;
+    };
+    let obj = route(canary_rules());
+    let rounds = 2000;
+    let started = std::time::Instant::now();
+    for _ in 0..rounds {
+        let mut o = obj.clone();
+        schema.default_and_prune(&mut o);
+        assert!(schema.validate(&o, None).is_empty());
+    }
+    let create = started.elapsed() / rounds;
+    let mut stored = obj.clone();
+    schema.default_and_prune(&mut stored);
+    let mut changed = stored.clone();
+    changed["spec"]["rules"][0]["backendRefs"][1]["weight"] = json!(25);
+    let started = std::time::Instant::now();
+    for _ in 0..rounds {
+        assert!(schema.validate(&changed, Some(&stored)).is_empty());
+    }
+    let update = started.elapsed() / rounds;
+    println!(
+        "HTTPRoute v1 canary route: create {create:?} per object, weight update {update:?} per object ({rounds} rounds)"
+    );
+}

@@ -41,9 +41,7 @@ pub enum SchemaError {
     },
     /// A CEL rule or message expression does not compile, or calls a function the emulator does
     /// not provide.
-    #[error(
-        "CEL rule {rule:?} at {path} cannot be evaluated: {detail}; fix the rule, or extend the emulator's CEL library"
-    )]
+    #[error("CEL rule {rule:?} at {path} cannot be evaluated: {detail}")]
     CelCompile {
         /// Where in the schema.
         path: String,

@@ -169,7 +169,7 @@ fn compile_cel(source: &str, at: &str, what: &str) -> Result<cel::Program, Schem
     let program = env.compile(source).map_err(|e| SchemaError::CelCompile {
         path: at.to_owned(),
         rule: source.to_owned(),
-        detail: format!("{what} does not parse: {e}"),
+        detail: format!("{what} does not parse: {e}; fix the expression"),
     })?;
     let unknown = cel_library::unknown_functions(&program);
     if !unknown.is_empty() {
@@ -177,7 +177,7 @@ fn compile_cel(source: &str, at: &str, what: &str) -> Result<cel::Program, Schem
             path: at.to_owned(),
             rule: source.to_owned(),
             detail: format!(
-                "{what} calls {} that the emulator's CEL environment does not provide",
+                "{what} calls {} that the emulator's CEL environment does not provide; use the Kubernetes CEL libraries, or extend the emulator's",
                 unknown
                     .iter()
                     .map(|u| format!("'{u}'"))
@@ -225,7 +225,10 @@ fn compile_rules(
             return Err(SchemaError::CelCompile {
                 path: where_,
                 rule: source.to_owned(),
-                detail: format!("compilation failed: {}", undefined.join(", ")),
+                detail: format!(
+                    "compilation failed: {}; select properties by their CEL names (reserved words and '-', '.', '/' are escaped)",
+                    undefined.join(", ")
+                ),
             });
         }
         let message_expression = match item.get("messageExpression").and_then(Value::as_str) {
@@ -238,7 +241,7 @@ fn compile_rules(
                         path: where_,
                         rule: src.to_owned(),
                         detail: format!(
-                            "messageExpression compilation failed: {}",
+                            "messageExpression compilation failed: {}; select properties by their CEL names",
                             undefined.join(", ")
                         ),
                     });

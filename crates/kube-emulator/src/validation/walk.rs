@@ -464,6 +464,25 @@ fn value_checks(w: &mut Walker, node: &Node, v: &Value, path: &[Seg], name: &str
             }
         }
         Value::Object(map) => {
+            if node.embedded_resource {
+                // An embedded resource must say what it is, as the apiserver demands.
+                for field in ["apiVersion", "kind"] {
+                    if map
+                        .get(field)
+                        .and_then(Value::as_str)
+                        .is_none_or(str::is_empty)
+                    {
+                        let mut p = path.to_vec();
+                        p.push(Seg::Field(field.to_owned()));
+                        w.err(
+                            &p,
+                            FieldErrorKind::Required,
+                            None,
+                            "must not be empty".to_owned(),
+                        );
+                    }
+                }
+            }
             for r in &node.required {
                 if !map.contains_key(r) {
                     let mut p = path.to_vec();
@@ -722,6 +741,7 @@ mod tests {
                             "port": {"x-kubernetes-int-or-string": true},
                             "note": {"type": "string", "nullable": true},
                             "since": {"type": "string", "format": "date-time"},
+                            "template": {"type": "object", "x-kubernetes-embedded-resource": true, "x-kubernetes-preserve-unknown-fields": true},
                             "tags": {"type": "array", "x-kubernetes-list-type": "set", "minItems": 1, "items": {"type": "string"}},
                             "backends": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
                                 "items": {"type": "object", "required": ["name"], "properties": {
@@ -848,6 +868,11 @@ mod tests {
                 "root rule",
                 json!({"apiVersion": "x/v1", "kind": "K", "metadata": {"name": "forbidden"}, "spec": {"target": "a"}}),
                 &["<nil>: Invalid value: \"object\": that name is taken"],
+            ),
+            (
+                "embedded resource without kind",
+                obj(json!({"target": "a", "template": {"apiVersion": "v1"}})),
+                &["spec.template.kind: Required value: must not be empty"],
             ),
             (
                 "type error stops the subtree",
