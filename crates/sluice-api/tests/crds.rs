@@ -231,7 +231,13 @@ fn fields_read(rule: &str) -> Vec<String> {
                 j += 1;
             }
             if j > start && !b[start].is_ascii_digit() {
-                out.push(rule[start..j].to_owned());
+                // CEL escapes reserved words: `__namespace__` reads the property `namespace`.
+                let name = &rule[start..j];
+                let name = name
+                    .strip_prefix("__")
+                    .and_then(|n| n.strip_suffix("__"))
+                    .unwrap_or(name);
+                out.push(name.to_owned());
             }
             i = j;
         } else {

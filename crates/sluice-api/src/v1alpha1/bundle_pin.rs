@@ -60,7 +60,7 @@ pub struct BundlePinSpec {
     /// Argo CD Applications to pin (OCI-sourced only). 1..64, unique.
     #[schemars(length(min = 1, max = 64))]
     #[schemars(extend("x-kubernetes-validations" = [
-        {"rule": "self.all(a, self.filter(b, b.name == a.name && (has(b.namespace) ? b.namespace : '') == (has(a.namespace) ? a.namespace : '')).size() == 1)", "message": "targets must be unique"}
+        {"rule": "self.all(a, self.filter(b, b.name == a.name && (has(b.__namespace__) ? b.__namespace__ : '') == (has(a.__namespace__) ? a.__namespace__ : '')).size() == 1)", "message": "targets must be unique"}
     ]))]
     pub targets: Vec<ApplicationTarget>,
     /// The bundle to pin to, by digest.
