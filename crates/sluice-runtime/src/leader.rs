@@ -73,6 +73,11 @@ async fn build(
         .await
 }
 
+/// Reports "not leader", notifying observers only if this replica was leading.
+fn step_down(tx: &watch::Sender<bool>) {
+    tx.send_if_modified(|leader| std::mem::replace(leader, false));
+}
+
 /// Starts leader election. The task runs until `stop` is cancelled, then releases the Lease if
 /// held so a standby takes over at once instead of after expiry. Cancel `stop` only after the
 /// controller stopped reconciling.
@@ -90,11 +95,16 @@ pub fn spawn(
             let m = match manager.take() {
                 Some(m) => m,
                 None => match build(&client, &settings).await {
-                    Ok(m) => m,
+                    Ok(m) => {
+                        // The Lease is reachable: announce "not leader (yet)" so observers can
+                        // tell a standby from a replica that cannot reach the API.
+                        tx.send_replace(false);
+                        m
+                    }
                     Err(err) => {
                         tracing::warn!(error = %err, lease = %settings.name, retry_in = ?settings.retry,
                             "cannot use the leader-election Lease; check RBAC for coordination.k8s.io/leases");
-                        tx.send_replace(false);
+                        step_down(&tx);
                         tokio::select! {
                             _ = stop.cancelled() => break,
                             _ = tokio::time::sleep(settings.retry) => continue,
@@ -119,7 +129,7 @@ pub fn spawn(
                     Err(err) => {
                         tracing::warn!(error = %err, lease = %settings.name, retry_in = ?settings.retry,
                             "Lease read or renewal failed; stepping down until it works again");
-                        tx.send_replace(false);
+                        step_down(&tx);
                         tokio::select! {
                             _ = stop.cancelled() => break,
                             _ = tokio::time::sleep(settings.retry) => {}

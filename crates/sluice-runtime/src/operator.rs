@@ -385,21 +385,16 @@ impl Runtime {
         let health_task = {
             let health = self.health.clone();
             let mut l = leadership.clone();
-            health.set_leader(l.is_leader());
-            let initial_known = lease_task.is_none();
+            if lease_task.is_none() {
+                health.set_leader(true);
+            }
+            // Until the Lease first answers, the replica is Starting (not ready), not Standby.
             tokio::spawn(async move {
-                if initial_known {
-                    health.set_leader(true);
-                }
                 while let Some(leader) = l.changed().await {
                     health.set_leader(leader);
                 }
             })
         };
-        if lease_task.is_some() {
-            // Until the first Lease answer the replica is Starting, not Standby.
-            self.health.set_leader(false);
-        }
 
         let shutdown = CancellationToken::new();
         tokio::spawn({

@@ -119,6 +119,12 @@ async fn standby_takes_over_after_expiry_then_after_release() {
     // B stands by while A renews.
     let stop_b = CancellationToken::new();
     let (mut lead_b, task_b) = leader::spawn(client.clone(), settings("b"), stop_b.clone());
+    let first = timeout(Duration::from_secs(5), lead_b.changed()).await;
+    assert_eq!(
+        first,
+        Ok(Some(false)),
+        "a standby announces itself once the Lease is readable"
+    );
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(lead_a.is_leader(), "A keeps renewing");
     assert!(!lead_b.is_leader(), "B waits while A's Lease is valid");

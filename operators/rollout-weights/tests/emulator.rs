@@ -4,6 +4,7 @@
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
+use k8s_openapi::api::events::v1::Event;
 use kube::{
     Api,
     api::{Patch, PatchParams, PostParams},
@@ -125,6 +126,24 @@ async fn invalid_rollout_is_named_then_ready_once_fixed() {
         managers.iter().any(|m| m == OPERATOR),
         "status written by {OPERATOR}: {managers:?}"
     );
+
+    // And a Warning Event says so.
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let warned = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .any(|e| {
+            e.reason.as_deref() == Some(reasons::INVALID_SPEC)
+                && e.type_.as_deref() == Some("Warning")
+                && e.reporting_controller.as_deref() == Some(OPERATOR)
+                && e.note
+                    .as_deref()
+                    .is_some_and(|n| n.contains("spec.analysisInterval"))
+        });
+    assert!(warned, "a Warning InvalidSpec Event names the field");
 
     // When the spec is fixed.
     api.patch(
