@@ -10,7 +10,7 @@
 use super::latency::{ISTIO_BUCKETS_MS, LogNormal};
 use super::scenario::{ServiceScenario, VersionScenario};
 use super::split::Split;
-use sluice_testkit::remote_write::Series;
+use sluice_testkit::remote_write::{Label, Sample, TimeSeries};
 use std::collections::BTreeMap;
 
 /// `istio_requests_total`.
@@ -57,20 +57,67 @@ pub struct RequestKey {
     pub flags: &'static str,
 }
 
-impl RequestKey {
-    fn series(&self, name: &str) -> Series {
-        Series::new(name)
-            .label("reporter", self.reporter)
-            .label("cluster", self.cluster.as_str())
-            .label("source_workload", self.source_workload.as_str())
-            .label("destination_service_name", self.service.as_str())
-            .label("destination_service_namespace", self.namespace.as_str())
-            .label("destination_version", self.version.as_str())
-            .label("destination_workload", self.workload.as_str())
-            .label("response_code", self.code.to_string())
-            .label("response_flags", self.flags)
+fn label(name: &str, value: &str) -> Label {
+    Label {
+        name: name.to_string(),
+        value: value.to_string(),
     }
 }
+
+fn one_sample(labels: Vec<Label>, timestamp_ms: i64, value: f64) -> TimeSeries {
+    TimeSeries {
+        labels,
+        samples: vec![Sample {
+            value,
+            timestamp: timestamp_ms,
+        }],
+    }
+}
+
+/// A wire series with `__name__` and the given labels, sorted by name as remote write requires.
+pub fn simple_series(
+    name: &str,
+    labels: &[(&str, &str)],
+    timestamp_ms: i64,
+    value: f64,
+) -> TimeSeries {
+    let mut all: Vec<Label> = std::iter::once(label("__name__", name))
+        .chain(labels.iter().map(|(n, v)| label(n, v)))
+        .collect();
+    all.sort_by(|a, b| a.name.cmp(&b.name));
+    one_sample(all, timestamp_ms, value)
+}
+
+/// The metric name of a wire series.
+pub fn name_of(series: &TimeSeries) -> &str {
+    series
+        .labels
+        .iter()
+        .find(|l| l.name == "__name__")
+        .map_or("", |l| l.value.as_str())
+}
+
+impl RequestKey {
+    /// The key's labels with `__name__`, in the sorted order remote write requires; `le` (for
+    /// buckets) sorts between `destination_workload` and `reporter`, at index [`LE_INDEX`].
+    fn labels(&self, name: &str) -> Vec<Label> {
+        vec![
+            label("__name__", name),
+            label("cluster", &self.cluster),
+            label("destination_service_name", &self.service),
+            label("destination_service_namespace", &self.namespace),
+            label("destination_version", &self.version),
+            label("destination_workload", &self.workload),
+            label("reporter", self.reporter),
+            label("response_code", &self.code.to_string()),
+            label("response_flags", self.flags),
+            label("source_workload", &self.source_workload),
+        ]
+    }
+}
+
+/// Where `le` goes in [`RequestKey::labels`] to keep the labels sorted.
+const LE_INDEX: usize = 6;
 
 #[derive(Debug, Clone, Default)]
 struct Histogram {
@@ -183,72 +230,76 @@ impl MeshCounters {
         self.requests.get(key).copied().unwrap_or(0.0)
     }
 
-    /// Every series at `timestamp_ms`: the counters plus the given per-cluster gauges.
+    /// Every series at `timestamp_ms`, in wire form: the counters plus the given per-cluster
+    /// gauges.
     pub fn series(
         &self,
         timestamp_ms: i64,
         gauges: &BTreeMap<String, ClusterGauges>,
-    ) -> Vec<Series> {
+    ) -> Vec<TimeSeries> {
         let mut out = Vec::with_capacity(self.requests.len() * (ISTIO_BUCKETS_MS.len() + 4));
         for (key, v) in &self.requests {
-            out.push(key.series(REQUESTS_TOTAL).sample(timestamp_ms, *v));
+            out.push(one_sample(key.labels(REQUESTS_TOTAL), timestamp_ms, *v));
         }
         let bucket = format!("{REQUEST_DURATION}_bucket");
         let sum = format!("{REQUEST_DURATION}_sum");
         let count = format!("{REQUEST_DURATION}_count");
         for (key, h) in &self.durations {
-            let base = key.series(&bucket);
+            let base = key.labels(&bucket);
             for (i, le) in ISTIO_BUCKETS_MS.iter().enumerate() {
-                out.push(
-                    base.clone()
-                        .label("le", le.to_string())
-                        .sample(timestamp_ms, h.buckets[i]),
-                );
+                let mut labels = base.clone();
+                labels.insert(LE_INDEX, label("le", &le.to_string()));
+                out.push(one_sample(labels, timestamp_ms, h.buckets[i]));
             }
-            out.push(base.label("le", "+Inf").sample(timestamp_ms, h.count));
-            out.push(key.series(&sum).sample(timestamp_ms, h.sum));
-            out.push(key.series(&count).sample(timestamp_ms, h.count));
+            let mut labels = base;
+            labels.insert(LE_INDEX, label("le", "+Inf"));
+            out.push(one_sample(labels, timestamp_ms, h.count));
+            out.push(one_sample(key.labels(&sum), timestamp_ms, h.sum));
+            out.push(one_sample(key.labels(&count), timestamp_ms, h.count));
         }
         for (cluster, v) in &self.xds_pushes {
-            out.push(
-                Series::new(XDS_PUSHES)
-                    .label("cluster", cluster.as_str())
-                    .sample(timestamp_ms, *v),
-            );
+            out.push(simple_series(
+                XDS_PUSHES,
+                &[("cluster", cluster)],
+                timestamp_ms,
+                *v,
+            ));
         }
         for (cluster, v) in &self.xds_rejects {
-            out.push(
-                Series::new(XDS_REJECTS)
-                    .label("cluster", cluster.as_str())
-                    .sample(timestamp_ms, *v),
-            );
+            out.push(simple_series(
+                XDS_REJECTS,
+                &[("cluster", cluster)],
+                timestamp_ms,
+                *v,
+            ));
         }
         for (cluster, g) in gauges {
             for (rev, n) in &g.proxies_by_revision {
-                out.push(
-                    Series::new(PROXIES_PER_REVISION)
-                        .label("cluster", cluster.as_str())
-                        .label("revision", rev.as_str())
-                        .sample(timestamp_ms, *n as f64),
-                );
+                out.push(simple_series(
+                    PROXIES_PER_REVISION,
+                    &[("cluster", cluster), ("revision", rev)],
+                    timestamp_ms,
+                    *n as f64,
+                ));
             }
             if let Some((commit, proxies, behind)) = &g.drift {
                 for (name, v) in [(DRIFT_PROXIES, *proxies), (DRIFT_BEHIND, *behind)] {
-                    out.push(
-                        Series::new(name)
-                            .label("cluster", cluster.as_str())
-                            .label("commit", commit.as_str())
-                            .sample(timestamp_ms, v as f64),
-                    );
+                    out.push(simple_series(
+                        name,
+                        &[("cluster", cluster), ("commit", commit)],
+                        timestamp_ms,
+                        v as f64,
+                    ));
                 }
             }
             if let Some(n) = g.svids {
                 for name in [SVID_ISSUED, CSR_COUNT] {
-                    out.push(
-                        Series::new(name)
-                            .label("cluster", cluster.as_str())
-                            .sample(timestamp_ms, n as f64),
-                    );
+                    out.push(simple_series(
+                        name,
+                        &[("cluster", cluster)],
+                        timestamp_ms,
+                        n as f64,
+                    ));
                 }
             }
         }
@@ -363,7 +414,34 @@ services:
         let per_key = 1 + ISTIO_BUCKETS_MS.len() + 1 + 2;
         let extra = 2 + 1 + 2 + 2;
         assert_eq!(series.len(), 8 * per_key + extra);
-        let names: std::collections::BTreeSet<&str> = series.iter().map(|s| s.name()).collect();
+        for s in &series {
+            let names: Vec<&str> = s.labels.iter().map(|l| l.name.as_str()).collect();
+            let mut sorted = names.clone();
+            sorted.sort();
+            assert_eq!(names, sorted, "labels must be sorted for remote write");
+        }
+        let bucket = series
+            .iter()
+            .find(|s| name_of(s) == "istio_request_duration_milliseconds_bucket")
+            .unwrap();
+        let label_names: Vec<&str> = bucket.labels.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(
+            label_names,
+            [
+                "__name__",
+                "cluster",
+                "destination_service_name",
+                "destination_service_namespace",
+                "destination_version",
+                "destination_workload",
+                "le",
+                "reporter",
+                "response_code",
+                "response_flags",
+                "source_workload"
+            ]
+        );
+        let names: std::collections::BTreeSet<&str> = series.iter().map(name_of).collect();
         for want in [
             REQUESTS_TOTAL,
             "istio_request_duration_milliseconds_bucket",

@@ -16,7 +16,8 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-use sluice_testkit::remote_write::RemoteWriteClient;
+use prost::Message;
+use sluice_testkit::remote_write::{TimeSeries, WriteRequest};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -59,6 +60,12 @@ pub struct MeshStats {
     pub last_error: Option<String>,
     /// The split in force at the last tick, per service (`namespace/name`).
     pub last_split: BTreeMap<String, Split>,
+    /// Time the last write took (building and sending every series).
+    pub last_write: Duration,
+    /// Longest write so far; above the interval, the loop falls behind.
+    pub max_write: Duration,
+    /// Total time spent writing.
+    pub write_time: Duration,
 }
 
 struct Shared {
@@ -128,7 +135,7 @@ impl MeshTelemetry {
             }));
             pod_stores.insert(c.name.clone(), reader);
         }
-        let rw = RemoteWriteClient::new(prometheus_url);
+        let rw = RemoteWriter::new(prometheus_url);
         let s = shared.clone();
         handles.push(tokio::spawn(async move {
             run(scenario, clusters, pod_stores, rw, interval, s).await;
@@ -183,6 +190,57 @@ impl Drop for MeshTelemetry {
 
 type RouteKey = (String, String, String);
 
+/// Series per remote-write request: large enough to amortise HTTP, small enough to stay far
+/// below Prometheus' request size limits.
+const SERIES_PER_REQUEST: usize = 10_000;
+
+/// Remote write 1.0 to a Prometheus (protobuf `WriteRequest`, snappy block format).
+struct RemoteWriter {
+    url: String,
+    http: reqwest::Client,
+}
+
+impl RemoteWriter {
+    fn new(prometheus_url: &str) -> Self {
+        Self {
+            url: format!("{}/api/v1/write", prometheus_url.trim_end_matches('/')),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .no_proxy()
+                .build()
+                .unwrap_or_default(),
+        }
+    }
+
+    async fn write(&self, series: Vec<TimeSeries>) -> Result<(), String> {
+        let mut series = series;
+        while !series.is_empty() {
+            let rest = series.split_off(series.len().min(SERIES_PER_REQUEST));
+            let body = WriteRequest { timeseries: series }.encode_to_vec();
+            let body = snap::raw::Encoder::new()
+                .compress_vec(&body)
+                .map_err(|e| format!("snappy encoding failed: {e}"))?;
+            let response = self
+                .http
+                .post(&self.url)
+                .header("Content-Encoding", "snappy")
+                .header("Content-Type", "application/x-protobuf")
+                .header("X-Prometheus-Remote-Write-Version", "0.1.0")
+                .body(body)
+                .send()
+                .await
+                .map_err(|e| format!("sending failed: {e}"))?;
+            let status = response.status();
+            if !status.is_success() {
+                let text = response.text().await.unwrap_or_default();
+                return Err(format!("Prometheus answered {status}: {}", text.trim()));
+            }
+            series = rest;
+        }
+        Ok(())
+    }
+}
+
 async fn list_routes(
     client: &Client,
 ) -> Result<BTreeMap<(String, String), RouteModel>, kube::Error> {
@@ -222,7 +280,7 @@ async fn run(
     scenario: Scenario,
     clusters: Vec<MeshCluster>,
     pod_stores: BTreeMap<String, Store<Pod>>,
-    rw: RemoteWriteClient,
+    rw: RemoteWriter,
     interval: Duration,
     shared: Arc<Shared>,
 ) {
@@ -357,17 +415,23 @@ async fn run(
             );
         }
         let ts = jiff::Timestamp::now().as_millisecond();
+        let write_started = Instant::now();
         let series = counters.series(ts, &gauges);
-        let result = rw.write(&series).await;
+        let n = series.len();
+        let result = rw.write(series).await;
+        let took = write_started.elapsed();
         let mut stats = shared.stats.lock().expect("stats lock");
+        stats.last_write = took;
+        stats.max_write = stats.max_write.max(took);
+        stats.write_time += took;
         stats.ticks += 1;
-        stats.series_last_tick = series.len();
+        stats.series_last_tick = n;
         stats.last_split = splits;
         match result {
-            Ok(()) => stats.samples_written += series.len() as u64,
+            Ok(()) => stats.samples_written += n as u64,
             Err(e) => {
                 stats.write_errors += 1;
-                let msg = format!("remote write to {}: {e}", rw.url());
+                let msg = format!("remote write to {}: {e}", rw.url);
                 if stats.last_error.as_deref() != Some(msg.as_str()) {
                     tracing::warn!(error = %msg, "mesh telemetry write failed; counters keep growing and the next write carries them");
                 }
