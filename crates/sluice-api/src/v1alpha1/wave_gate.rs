@@ -28,6 +28,14 @@ pub const DEFAULT_DRIFT_CLUSTER_LABEL: &str = "cluster";
 /// Label on the drift exporter's metric naming the bundle's source commit (the contract's default).
 pub const DEFAULT_DRIFT_COMMIT_LABEL: &str = "commit";
 
+/// `statusListKey` of the duck-type ConfigMap Argo CD's clusterDecisionResource generator reads:
+/// the decisions live in `status.decisions`.
+pub const DUCK_STATUS_LIST_KEY: &str = "decisions";
+/// `matchKey` of the duck-type ConfigMap: each decision names its cluster in `clusterName`.
+pub const DUCK_MATCH_KEY: &str = "clusterName";
+/// `kind` of the duck-type ConfigMap: Argo CD expects the plural resource name.
+pub const DUCK_RESOURCE: &str = "wavegates";
+
 /// A site's wave gate for mesh configuration changes, and Argo CD's Cluster Decision Resource.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
@@ -632,6 +640,22 @@ mod tests {
         assert_eq!(s.drift_gate.exporter, DriftExporter::None);
         assert_eq!(s.effective_gates().len(), 3);
         assert_eq!(s.convergence_timeout.as_str(), "30m");
+    }
+
+    #[test]
+    fn duck_keys_match_the_wire_names() {
+        let status = WaveGateStatus {
+            decisions: vec![ClusterDecision {
+                cluster_name: "eu-west-1".into(),
+                revision: format!("sha256:{}", "b".repeat(64)),
+                wave: "canary".into(),
+            }],
+            ..WaveGateStatus::default()
+        };
+        let v = serde_json::to_value(&status).unwrap();
+        assert!(v[DUCK_STATUS_LIST_KEY][0][DUCK_MATCH_KEY].is_string());
+        let crd = <WaveGate as kube::CustomResourceExt>::crd();
+        assert_eq!(crd.spec.names.plural, DUCK_RESOURCE);
     }
 
     #[test]
