@@ -208,3 +208,122 @@ async fn deposed_leaders_stale_status_write_fails_on_resource_version() {
         .unwrap();
     emu.shutdown().await;
 }
+
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+struct TestError(#[from] WriteError);
+
+impl sluice_runtime::Categorized for TestError {
+    fn category(&self) -> sluice_runtime::Category {
+        self.0.category()
+    }
+}
+
+async fn mark_seen(
+    obj: std::sync::Arc<Widget>,
+    ctx: std::sync::Arc<kube::Client>,
+) -> Result<sluice_runtime::Action, TestError> {
+    if obj.status.is_none() {
+        let api: Api<Widget> = Api::namespaced(ctx.as_ref().clone(), "default");
+        write::apply_status(
+            &api,
+            FieldManager::new("sluice-test"),
+            obj.as_ref(),
+            &serde_json::json!({"seen": true}),
+        )
+        .await?;
+    }
+    Ok(sluice_runtime::Action::await_change())
+}
+
+async fn seen_within(api: &Api<Widget>, name: &str, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if api.get(name).await.unwrap().status.is_some() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+async fn create(api: &Api<Widget>, name: &str) {
+    let w = Widget {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        ..Widget::default()
+    };
+    api.create(&PostParams::default(), &w).await.unwrap();
+}
+
+#[tokio::test]
+async fn controller_reconciles_only_while_leading() {
+    use sluice_runtime::{operator, server::Readiness};
+
+    let (emu, client, api) = start().await;
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let (hooks, registry) = operator::Hooks::standalone();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(operator::drive(
+        Api::<Widget>::namespaced(client.clone(), "default"),
+        kube::runtime::watcher::Config::default(),
+        std::sync::Arc::new(client.clone()),
+        mark_seen,
+        leader::Leadership::from_receiver(rx),
+        shutdown.clone(),
+        hooks.clone(),
+    ));
+
+    // Standby: nothing is reconciled.
+    assert!(
+        !seen_within(&api, "w", Duration::from_millis(800)).await,
+        "a standby must not reconcile"
+    );
+
+    // Leading: reconciled, caches synced, leader gauge 1.
+    tx.send_replace(true);
+    hooks.health.set_leader(true);
+    assert!(
+        seen_within(&api, "w", Duration::from_secs(10)).await,
+        "the leader reconciles"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while hooks.health.readiness() != Readiness::Ready {
+        assert!(Instant::now() < deadline, "caches never reported synced");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(sluice_runtime::metrics::encode(&registry).contains("sluice_leader 1"));
+
+    // Lost leadership: the controller stops; new objects wait.
+    tx.send_replace(false);
+    hooks.health.set_leader(false);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !sluice_runtime::metrics::encode(&registry).contains("sluice_leader 0") {
+        assert!(
+            Instant::now() < deadline,
+            "controller did not stop on lost leadership"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    create(&api, "w2").await;
+    assert!(
+        !seen_within(&api, "w2", Duration::from_millis(800)).await,
+        "a deposed leader must not reconcile"
+    );
+
+    // Leading again: a fresh controller picks it up.
+    tx.send_replace(true);
+    assert!(
+        seen_within(&api, "w2", Duration::from_secs(10)).await,
+        "the re-elected leader reconciles"
+    );
+
+    shutdown.cancel();
+    timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap();
+    emu.shutdown().await;
+}
