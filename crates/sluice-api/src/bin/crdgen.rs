@@ -30,6 +30,7 @@ fn main() -> ExitCode {
         .nth(1)
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."));
+    let root = root.canonicalize().unwrap_or(root);
     let files = match sluice_api::crds::files() {
         Ok(f) => f,
         Err(e) => {
