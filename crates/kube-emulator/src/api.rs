@@ -832,6 +832,24 @@ impl State {
                     if live.is_none() && scope == Scope::StatusOnly {
                         return Err(ApiError::not_found(&qualified, &name));
                     }
+                    // A resourceVersion in the configuration is a precondition (a fenced write).
+                    let body_rv = body
+                        .pointer("/metadata/resourceVersion")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
+                    if !body_rv.is_empty() {
+                        let live_rv = live
+                            .as_ref()
+                            .and_then(|l| l.pointer("/metadata/resourceVersion"))
+                            .and_then(Value::as_str);
+                        match live_rv {
+                            None => return Err(ApiError::not_found(&qualified, &name)),
+                            Some(rv) if rv != body_rv => {
+                                return Err(ApiError::stale(&qualified, &name));
+                            }
+                            Some(_) => {}
+                        }
+                    }
                     let force = req.q("force") == Some("true");
                     managed::apply(live.as_deref(), &body, shape, &w, force)?
                 }

@@ -1160,3 +1160,48 @@ async fn a_selected_watch_sees_objects_leave_and_enter_its_selection() {
     }
     assert_eq!(got, vec!["deleted", "added"]);
 }
+
+#[tokio::test]
+async fn a_resource_version_in_an_apply_fences_the_write() {
+    let (_emu, api) = with_widgets().await;
+    let w = api
+        .create(&PostParams::default(), &widget("w", json!({"replicas": 1})))
+        .await
+        .unwrap();
+    let seen = w.metadata.resource_version.clone().unwrap();
+    let status = |phase: &str, rv: &str| {
+        json!({"apiVersion": "test.sluice.dev/v1", "kind": "Widget",
+            "metadata": {"name": "w", "resourceVersion": rv}, "status": {"phase": phase}})
+    };
+    let written = api
+        .patch_status(
+            "w",
+            &PatchParams::apply("decider"),
+            &Patch::Apply(status("Progressing", &seen)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(written.data["status"]["phase"], "Progressing");
+    // A decision made from the older version fails instead of overwriting.
+    let err = api_error(
+        api.patch_status(
+            "w",
+            &PatchParams::apply("decider"),
+            &Patch::Apply(status("Aborted", &seen)),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(err.code, 409);
+    assert!(
+        err.message.contains("the object has been modified"),
+        "{}",
+        err.message
+    );
+    let mf = written.metadata.managed_fields.unwrap();
+    let entry = mf
+        .iter()
+        .find(|m| m.manager.as_deref() == Some("decider"))
+        .unwrap();
+    assert_eq!(entry.subresource.as_deref(), Some("status"));
+}
