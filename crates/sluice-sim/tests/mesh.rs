@@ -208,3 +208,87 @@ async fn a_route_change_shows_in_the_measured_share_only_after_the_propagation_d
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxies_per_revision_svids_nacks_and_drift_reach_prometheus() {
+    let Some((emu, prometheus, world)) = given_a_world_at_90_10().await else {
+        return;
+    };
+    // Given: namespace `shop` injected through tag `stable` → 1-27, and a 2-replica Deployment.
+    emu.load_yaml(
+        "apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\nmetadata:\n  name: istio-revision-tag-stable\n  labels: {istio.io/tag: stable, istio.io/rev: 1-27}\n",
+    )
+    .unwrap();
+    let client = emu.client();
+    let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    nss.patch(
+        NS,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"istio.io/rev": "stable"}}})),
+    )
+    .await
+    .unwrap();
+    let deploy: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "checkout-v2-13", "namespace": NS},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "checkout"}},
+                 "template": {"metadata": {"labels": {"app": "checkout"}}, "spec": {"containers": [{"name": "app", "image": "checkout:2.13"}]}}}
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &deploy)
+        .await
+        .unwrap();
+    // When: a config commit is applied in the cluster.
+    world.mesh().unwrap().config_applied("cluster-1", "abc123");
+
+    // Then: Prometheus shows the proxies by injecting revision, the SVIDs, and drift converging.
+    let value = |q: String| {
+        let prometheus = &prometheus;
+        async move {
+            prometheus
+                .query(&q, None)
+                .await
+                .unwrap()
+                .first()
+                .map(|s| s.value)
+        }
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let proxies = value(r#"pilot_xds{cluster="cluster-1", revision="1-27"}"#.into()).await;
+        let svids =
+            value(r#"citadel_server_success_cert_issuance_count{cluster="cluster-1"}"#.into())
+                .await;
+        if proxies == Some(2.0) && svids == Some(2.0) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "proxies {proxies:?} svids {svids:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let behind_max = value(
+        r#"max_over_time(sluice_drift_proxies_behind{cluster="cluster-1", commit="abc123"}[1m])"#
+            .into(),
+    )
+    .await;
+    assert!(
+        behind_max.is_some_and(|v| v >= 1.0),
+        "drift never showed proxies behind: {behind_max:?}"
+    );
+    // The scenario's default convergence is 5 s.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let behind =
+        value(r#"sluice_drift_proxies_behind{cluster="cluster-1", commit="abc123"}"#.into()).await;
+    let evaluated =
+        value(r#"sluice_drift_proxies{cluster="cluster-1", commit="abc123"}"#.into()).await;
+    assert_eq!((behind, evaluated), (Some(0.0), Some(2.0)));
+    let pushes = value(r#"increase(pilot_xds_pushes{cluster="cluster-1"}[5s])"#.into()).await;
+    assert!(
+        pushes.is_some_and(|v| v > 2.0),
+        "xDS pushes from the scenario: {pushes:?}"
+    );
+    let rejects = value(r#"pilot_total_xds_rejects{cluster="cluster-1"}"#.into()).await;
+    assert_eq!(rejects, Some(0.0), "the world scenario has no NACKs");
+}
