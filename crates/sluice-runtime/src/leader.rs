@@ -79,7 +79,8 @@ fn step_down(tx: &watch::Sender<bool>) {
 }
 
 /// Starts leader election. The task runs until `stop` is cancelled, then releases the Lease if
-/// held so a standby takes over at once instead of after expiry. Cancel `stop` only after the
+/// held: a standby, which sleeps until the Lease's expiry time, then finds it free and takes it
+/// without first force-releasing an expired holder. Cancel `stop` only after the
 /// controller stopped reconciling.
 pub fn spawn(
     client: Client,

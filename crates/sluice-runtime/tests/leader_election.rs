@@ -1,5 +1,5 @@
 //! Leader election and write fencing against the Kubernetes API emulator: a standby takes over
-//! after the leader's Lease expires, a released Lease is taken over at once, and a deposed
+//! after the leader's Lease expires, a released Lease is taken over, and a deposed
 //! leader's stale status write fails on its resourceVersion precondition.
 
 use std::{borrow::Cow, time::Duration};
@@ -140,7 +140,7 @@ async fn standby_takes_over_after_expiry_then_after_release() {
         "B must wait for expiry, took {took:?}"
     );
 
-    // A graceful stop releases the Lease: a new standby takes over without waiting for expiry.
+    // A graceful stop releases the Lease (holder cleared): a new standby takes it over.
     let stop_c = CancellationToken::new();
     let (mut lead_c, task_c) = leader::spawn(client.clone(), settings("c"), stop_c.clone());
     tokio::time::sleep(Duration::from_millis(300)).await;
