@@ -64,11 +64,13 @@ pub struct Table {
 const CHANNEL_CAPACITY: usize = 65_536;
 
 impl Table {
-    fn new(created_at: u64) -> Self {
+    /// A new table: nothing was ever stored in it, so no event is missing from its history and a
+    /// watch may resume from any resourceVersion.
+    fn new() -> Self {
         Table {
             objects: BTreeMap::new(),
             history: VecDeque::new(),
-            compacted: created_at,
+            compacted: 0,
             tx: broadcast::channel(CHANNEL_CAPACITY).0,
         }
     }
@@ -136,10 +138,7 @@ impl Inner {
 
     /// The table for `key`, created empty on first use.
     pub fn table_mut(&mut self, key: &TableKey) -> &mut Table {
-        let rv = self.rv;
-        self.tables
-            .entry(key.clone())
-            .or_insert_with(|| Table::new(rv))
+        self.tables.entry(key.clone()).or_insert_with(Table::new)
     }
 
     /// The table for `key`, if any object was ever stored in it.
@@ -292,5 +291,24 @@ mod tests {
         assert_eq!(evs[0].kind, EventType::Deleted);
         assert_eq!(w.table(&key()).unwrap().iter_ns(Some("n")).count(), 1);
         assert_eq!(w.table(&key()).unwrap().iter_ns(Some("m")).count(), 0);
+    }
+
+    #[test]
+    fn a_resource_first_written_after_other_writes_can_be_watched_from_earlier_versions() {
+        let store = Store::new(2);
+        let mut w = store.write();
+        for n in ["a", "b", "c"] {
+            w.put(&key(), json!({"metadata": {"name": n, "namespace": "n"}}));
+        }
+        let other = TableKey {
+            group: "x.io".into(),
+            plural: "things".into(),
+        };
+        let (_rx, evs) = w.watch_from(&other, 1);
+        assert_eq!(
+            evs.map(|e| e.len()),
+            Some(0),
+            "no event of a new resource was ever dropped"
+        );
     }
 }
