@@ -404,4 +404,92 @@ mod tests {
         assert!(schema.is_atomic_map(&["spec", "selector"]));
         assert!(!schema.is_atomic_map(&["spec"]));
     }
+
+    fn repo_crd(file: &str) -> Option<Value> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../crds")
+            .join(file);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            println!(
+                "skipping: {} not found (generate it with the crdgen binary)",
+                path.display()
+            );
+            return None;
+        };
+        let yaml: serde_yaml::Value = serde_yaml::from_str(&text).expect("CRD YAML parses");
+        Some(serde_json::to_value(yaml).expect("CRD converts to JSON"))
+    }
+
+    #[test]
+    fn sluice_crds_compile_and_their_rules_run() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crds");
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            println!("skipping: {} not found", dir.display());
+            return;
+        };
+        for entry in entries {
+            let name = entry
+                .expect("dir entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned();
+            if !name.ends_with(".yaml") {
+                continue;
+            }
+            let crd = repo_crd(&name).expect("listed file");
+            for v in crd
+                .pointer("/spec/versions")
+                .and_then(Value::as_array)
+                .expect("versions")
+            {
+                let version = v["name"].as_str().expect("version name");
+                if let Err(e) = CrdSchema::from_crd_version(&crd, version) {
+                    panic!("{name} {version}: {e}");
+                }
+            }
+        }
+        let Some(crd) = repo_crd("rollouts.sluice.dev.yaml") else {
+            return;
+        };
+        let schema = CrdSchema::from_crd_version(&crd, "v1alpha1").expect("Rollout schema");
+        let rollout = |steps: Value| {
+            json!({
+                "apiVersion": "sluice.dev/v1alpha1", "kind": "Rollout",
+                "metadata": {"name": "checkout", "namespace": "shop"},
+                "spec": {
+                    "routeRef": {"name": "checkout"},
+                    "stableService": {"name": "checkout-v1"},
+                    "canaryService": {"name": "checkout-v2"},
+                    "canaryWorkload": {"name": "checkout-v2"},
+                    "steps": steps
+                }
+            })
+        };
+        let check = |steps: Value| {
+            let mut obj = rollout(steps);
+            schema.default_and_prune(&mut obj);
+            schema
+                .validate(&obj, None)
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            check(
+                json!([{"setWeight": {"weight": 5}}, {"setWeight": {"weight": 25}}, {"promote": {}}])
+            ),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            check(json!([{"setWeight": {"weight": 25}}, {"setWeight": {"weight": 5}}])),
+            vec![
+                "spec.steps: Invalid value: \"array\": setWeight steps must be strictly increasing"
+                    .to_owned()
+            ]
+        );
+        assert_eq!(
+            check(json!([{"setWeight": {"weight": 5}, "promote": {}}])),
+            vec!["spec.steps[0]: Invalid value: \"object\": a step sets exactly one of mirror, headerCohort, setWeight, pause or promote".to_owned()]
+        );
+    }
 }
