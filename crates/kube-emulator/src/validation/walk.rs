@@ -647,21 +647,33 @@ fn run_rules(w: &mut Walker, node: &Node, new: &Value, old: Option<&Value>, path
     let env = cel_library::env();
     let self_val = to_cel(Some(node), new);
     let old_val = old.map(|o| to_cel(Some(node), o));
+    // One context per shape of `oldSelf`, shared by the node's rules: converting the value into
+    // the interpreter's form is the dominant cost, so it is done once per node, not per rule.
+    let make_ctx = |old_self: Option<CelValue>| {
+        let mut ctx = Context::with_env(env.clone());
+        ctx.add_variable_from_value("self", self_val.clone());
+        if let Some(o) = old_self {
+            ctx.add_variable_from_value("oldSelf", o);
+        }
+        ctx
+    };
+    let plain_ctx = make_ctx(old_val.clone());
+    let optional_ctx = std::cell::OnceCell::new();
     for rule in &node.rules {
         if rule.transition && old_val.is_none() && !rule.optional_old_self {
             continue;
         }
-        let mut ctx = Context::with_env(env.clone());
-        ctx.add_variable_from_value("self", self_val.clone());
-        if rule.transition {
-            let o = match (&old_val, rule.optional_old_self) {
-                (Some(o), false) => o.clone(),
-                (Some(o), true) => CelValue::Opaque(Arc::new(OptionalValue::of(o.clone()))),
-                (None, _) => CelValue::Opaque(Arc::new(OptionalValue::none())),
-            };
-            ctx.add_variable_from_value("oldSelf", o);
-        }
-        match rule.program.execute(&ctx) {
+        let ctx = if rule.optional_old_self {
+            optional_ctx.get_or_init(|| {
+                make_ctx(Some(CelValue::Opaque(Arc::new(match &old_val {
+                    Some(o) => OptionalValue::of(o.clone()),
+                    None => OptionalValue::none(),
+                }))))
+            })
+        } else {
+            &plain_ctx
+        };
+        match rule.program.execute(ctx) {
             Ok(CelValue::Bool(true)) => {}
             Ok(CelValue::Bool(false)) => {
                 let fallback = match &rule.message {
@@ -669,7 +681,7 @@ fn run_rules(w: &mut Walker, node: &Node, new: &Value, old: Option<&Value>, path
                     _ => format!("failed rule: {}", rule.source.trim()),
                 };
                 let detail = match &rule.message_expression {
-                    Some(me) => match me.execute(&ctx) {
+                    Some(me) => match me.execute(ctx) {
                         Ok(CelValue::String(s)) if !s.trim().is_empty() && !s.contains('\n') => {
                             s.trim().to_owned()
                         }
