@@ -96,6 +96,17 @@ $(cat "$err")"
   fi
 }
 
+# The wave-gate duck ConfigMap says what sluice-api's DUCK_* constants say.
+duck_configmap_matches_api() {
+  local src=crates/sluice-api/src/v1alpha1/wave_gate.rs const value
+  for const in DUCK_RESOURCE:kind DUCK_STATUS_LIST_KEY:statusListKey DUCK_MATCH_KEY:matchKey; do
+    value="$(sed -n "s/^pub const ${const%%:*}: &str = \"\(.*\)\";$/\1/p" "$src")"
+    [ -n "$value" ] || { echo "no 'pub const ${const%%:*}' in $src"; return 1; }
+    grep -qx "  ${const##*:}: $value" "$OUT/default.yaml" \
+      || { echo "the duck ConfigMap lacks '${const##*:}: $value' (${const%%:*} in $src)"; return 1; }
+  done
+}
+
 crds_match() {
   [ -d "$CHART/crds" ] || { echo "$CHART/crds is missing: run crdgen (it writes crds/ and $CHART/crds/)"; return 1; }
   diff -r crds "$CHART/crds" || { echo "run crdgen: $CHART/crds/ must equal crds/"; return 1; }
@@ -128,6 +139,7 @@ main() {
   if render default 2>"$OUT/render.err"; then
     pass "helm template (default values)"
     check "kubernetes-validate --strict (default values)" validate default
+    check "duck ConfigMap matches sluice-api's DUCK_* constants" duck_configmap_matches_api
     check "manifests and RBAC table (default values)" "$PY" scripts/chart_assert.py "$OUT/default.yaml" \
       --enabled "$(IFS=,; echo "${OPERATORS[*]}")" --release-namespace "$NAMESPACE" \
       --argocd-namespace "$ARGOCD_NAMESPACE" --rbac-table "$RBAC_TABLE" --route-owner-annotation "$ROUTE_OWNER_ANNOTATION"
