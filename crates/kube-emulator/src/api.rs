@@ -1000,6 +1000,9 @@ impl State {
         };
         drop(inner);
         self.after_write(&rt, &stored, finalizing);
+        if finalizing {
+            self.collect_dependents(&stored);
+        }
         Ok((created, Self::present(&rt, &stored)))
     }
 
@@ -1102,7 +1105,85 @@ impl State {
             self.empty_namespace(name);
         }
         self.after_write(rt, &gone, true);
+        if body.get("propagationPolicy").and_then(Value::as_str) != Some("Orphan") {
+            self.collect_dependents(&gone);
+        }
         Ok(gone)
+    }
+
+    /// Background garbage collection after `owner` is gone: a dependent whose only owner it was
+    /// is deleted (and its own dependents after it); a dependent with other owners loses the
+    /// dangling reference.
+    fn collect_dependents(&self, owner: &Value) {
+        let Some(uid) = owner.pointer("/metadata/uid").and_then(Value::as_str) else {
+            return;
+        };
+        let owner_ns = key_of(owner).0;
+        let types: Vec<Arc<ResourceType>> = {
+            let reg = self.registry.read().unwrap_or_else(|p| p.into_inner());
+            let mut seen = std::collections::BTreeSet::new();
+            reg.all()
+                .filter(|t| seen.insert(t.table()))
+                .cloned()
+                .collect()
+        };
+        let owns = |o: &Value| {
+            o.pointer("/metadata/ownerReferences")
+                .and_then(Value::as_array)
+                .is_some_and(|refs| {
+                    refs.iter()
+                        .any(|r| r.get("uid").and_then(Value::as_str) == Some(uid))
+                })
+        };
+        let mut dependents = Vec::new();
+        {
+            let r = self.store.read();
+            for t in &types {
+                // Namespaced owners only own objects of their namespace.
+                let ns = match (owner_ns.is_empty(), t.namespaced) {
+                    (true, _) => None,
+                    (false, true) => Some(owner_ns.as_str()),
+                    (false, false) => continue,
+                };
+                if let Some(tb) = r.table(&t.table()) {
+                    dependents.extend(
+                        tb.iter_ns(ns)
+                            .filter(|o| owns(o))
+                            .map(|o| (t.clone(), key_of(o))),
+                    );
+                }
+            }
+        }
+        let collector = UserInfo::service_account("kube-system", "generic-garbage-collector");
+        for (t, (ns, name)) in dependents {
+            let remaining: Option<Vec<Value>> = {
+                let mut inner = self.store.write();
+                let Some(live) = inner.get(&t.table(), &ns, &name) else {
+                    continue;
+                };
+                let refs: Vec<Value> = live
+                    .pointer("/metadata/ownerReferences")
+                    .and_then(Value::as_array)
+                    .map(|refs| {
+                        refs.iter()
+                            .filter(|r| r.get("uid").and_then(Value::as_str) != Some(uid))
+                            .cloned()
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if refs.is_empty() {
+                    None
+                } else {
+                    let mut v = (*live).clone();
+                    v["metadata"]["ownerReferences"] = Value::Array(refs.clone());
+                    inner.put(&t.table(), v);
+                    Some(refs)
+                }
+            };
+            if remaining.is_none() {
+                let _ = self.delete_one(&t, &ns, &name, &Value::Null, false, &collector);
+            }
+        }
     }
 
     /// Deletes every namespaced object in a deleted namespace.
@@ -1123,7 +1204,9 @@ impl State {
                     .unwrap_or_default()
             };
             for n in names {
-                let _ = self.delete_one(&t, ns, &n, &Value::Null, false, &UserInfo::admin());
+                // Everything in the namespace goes anyway: no per-object collection pass.
+                let orphan = json!({"propagationPolicy": "Orphan"});
+                let _ = self.delete_one(&t, ns, &n, &orphan, false, &UserInfo::admin());
             }
         }
     }

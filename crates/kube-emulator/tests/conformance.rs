@@ -1205,3 +1205,52 @@ async fn a_resource_version_in_an_apply_fences_the_write() {
         .unwrap();
     assert_eq!(entry.subresource.as_deref(), Some("status"));
 }
+
+#[tokio::test]
+async fn deleting_an_owner_collects_its_dependents_unless_orphaned() {
+    let emu = Emulator::start().await;
+    let api: Api<ConfigMap> = Api::namespaced(emu.client(), "default");
+    let owner = |name: &str, uid: &str| json!({"apiVersion": "v1", "kind": "ConfigMap", "name": name, "uid": uid});
+    let a = api
+        .create(&PostParams::default(), &cm("owner-a", json!({})))
+        .await
+        .unwrap();
+    let b = api
+        .create(&PostParams::default(), &cm("owner-b", json!({})))
+        .await
+        .unwrap();
+    let (ua, ub) = (a.metadata.uid.unwrap(), b.metadata.uid.unwrap());
+    let mut only_a = cm("only-a", json!({}));
+    only_a.metadata.owner_references =
+        Some(vec![serde_json::from_value(owner("owner-a", &ua)).unwrap()]);
+    api.create(&PostParams::default(), &only_a).await.unwrap();
+    let mut both = cm("both", json!({}));
+    both.metadata.owner_references = Some(vec![
+        serde_json::from_value(owner("owner-a", &ua)).unwrap(),
+        serde_json::from_value(owner("owner-b", &ub)).unwrap(),
+    ]);
+    api.create(&PostParams::default(), &both).await.unwrap();
+    let mut only_b = cm("only-b", json!({}));
+    only_b.metadata.owner_references =
+        Some(vec![serde_json::from_value(owner("owner-b", &ub)).unwrap()]);
+    api.create(&PostParams::default(), &only_b).await.unwrap();
+
+    api.delete("owner-a", &DeleteParams::background())
+        .await
+        .unwrap();
+    assert_eq!(api_error(api.get("only-a").await.unwrap_err()).code, 404);
+    let kept = api.get("both").await.unwrap();
+    let refs: Vec<String> = kept
+        .metadata
+        .owner_references
+        .unwrap()
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(refs, vec!["owner-b"], "the dangling reference is dropped");
+
+    api.delete("owner-b", &DeleteParams::orphan())
+        .await
+        .unwrap();
+    api.get("only-b").await.expect("orphaned dependents stay");
+}
