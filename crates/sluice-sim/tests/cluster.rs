@@ -422,6 +422,14 @@ async fn statefulset_and_daemonset_own_pods_named_like_the_real_controllers() {
         "only the injected db pods cost SVIDs"
     );
 
+    eventually(Duration::from_secs(10), "workload status", || async {
+        let s = sets.get("db").await.unwrap().status?;
+        let d = dss.get("agent").await.unwrap().status?;
+        (s.ready_replicas == Some(2) && d.number_ready == 3 && d.desired_number_scheduled == 3)
+            .then_some(())
+    })
+    .await;
+
     // A deleted StatefulSet pod comes back under its name, injected by the tag's new revision.
     retag_namespace(&client, "canary").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
@@ -439,11 +447,10 @@ async fn statefulset_and_daemonset_own_pods_named_like_the_real_controllers() {
     )
     .await;
     assert_eq!(db.len(), 2);
-    eventually(Duration::from_secs(10), "workload status", || async {
-        let s = sets.get("db").await.unwrap().status?;
-        let d = dss.get("agent").await.unwrap().status?;
-        (s.ready_replicas == Some(2) && d.number_ready == 3 && d.desired_number_scheduled == 3)
-            .then_some(())
+    // Deleting a workload deletes its pods (garbage collection of dependents).
+    dss.delete("agent", &DeleteParams::default()).await.unwrap();
+    eventually(Duration::from_secs(10), "agent pods collected", || async {
+        live_pods(&client, "agent").await.is_empty().then_some(())
     })
     .await;
 }

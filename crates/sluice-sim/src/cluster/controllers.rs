@@ -85,6 +85,11 @@ impl ClusterTasks {
                     .for_each(|_| async {}),
             ));
         }
+        if config.workloads {
+            handles.push(tokio::spawn(collect_garbage::<Deployment>(ctx.clone())));
+            handles.push(tokio::spawn(collect_garbage::<StatefulSet>(ctx.clone())));
+            handles.push(tokio::spawn(collect_garbage::<DaemonSet>(ctx.clone())));
+        }
         if config.disruption {
             let controller = Controller::new(Api::<PodDisruptionBudget>::all(client.clone()), wc());
             let store = controller.store();
@@ -173,6 +178,55 @@ fn pdb_selects(pdb: &PodDisruptionBudget, labels: &BTreeMap<String, String>) -> 
         return false;
     };
     Selector::try_from(sel).is_ok_and(|s| s.matches(labels))
+}
+
+// ---------------------------------------------------------------- garbage collection
+
+/// Deletes the pods of a workload when the workload is deleted, as the garbage collector does
+/// for dependents whose controller owner is gone (background propagation).
+async fn collect_garbage<K>(ctx: Arc<Ctx>)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    use kube::runtime::WatchStreamExt;
+    let stream = watcher(
+        Api::<K>::all(ctx.client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff();
+    futures::pin_mut!(stream);
+    while let Some(event) = stream.next().await {
+        let Ok(watcher::Event::Delete(owner)) = event else {
+            continue;
+        };
+        let (Some(ns), Some(uid)) = (owner.meta().namespace.clone(), owner.meta().uid.clone())
+        else {
+            continue;
+        };
+        let what = format!(
+            "{} {ns}/{}",
+            K::kind(&()),
+            owner.meta().name.clone().unwrap_or_default()
+        );
+        let result = async {
+            let names: Vec<String> = owned_pods(&ctx, &ns, &uid, &what)
+                .await?
+                .iter()
+                .map(|p| p.name_any())
+                .collect();
+            delete_pods(&ctx, &ns, &names).await
+        }
+        .await;
+        if let Err(e) = result {
+            tracing::warn!(category = e.category(), error = %e, "collecting the pods of a deleted workload failed");
+        }
+    }
 }
 
 // ---------------------------------------------------------------- kubelet

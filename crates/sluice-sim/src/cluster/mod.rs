@@ -8,8 +8,9 @@
 //! real-looking names); pods are scheduled round-robin over [`ClusterConfig::nodes`] when created;
 //! injection happens when the simulator creates a pod (a real cluster's injector webhook does it at
 //! admission); every pod without a Ready condition becomes Ready after
-//! [`ClusterConfig::readiness_delay`]. Never deletes or changes objects it does not own, other
-//! than pod and workload status.
+//! [`ClusterConfig::readiness_delay`]; deleting a workload deletes its pods (the garbage
+//! collector's background propagation). Never deletes or changes objects other than the pods of
+//! simulated workloads, pod status (the kubelet's part) and workload and PDB status.
 
 pub mod controllers;
 pub mod injection;
