@@ -494,6 +494,20 @@ fn watch_response(ctx: &Ctx, req: Req, table: bool) -> Result<Response, ApiError
                 event_line(kind.as_str(), &obj)
             }
         };
+        let api_version = rt.api_version();
+        // Watchers sending an event as stored share one encoding of it.
+        let render_event = |ev: &Event, kind: EventType, obj: &Arc<Value>| -> Bytes {
+            let as_stored = !table
+                && kind == ev.kind
+                && obj.get("apiVersion").and_then(Value::as_str) == Some(api_version.as_str());
+            if as_stored {
+                ev.wire
+                    .get_or_init(|| event_line(kind.as_str(), obj))
+                    .clone()
+            } else {
+                render(kind, obj)
+            }
+        };
         let initial = match initial {
             Ok(i) => i,
             Err(oldest) => {
@@ -542,7 +556,7 @@ fn watch_response(ctx: &Ctx, req: Req, table: bool) -> Result<Response, ApiError
                         match live.try_recv() {
                             Ok(ev) => {
                                 last_rv = last_rv.max(ev.rv);
-                                if let Some((kind, obj)) = selected(&ev, &sel) && tx.send(render(kind, &obj)).await.is_err() {
+                                if let Some((kind, obj)) = selected(&ev, &sel) && tx.send(render_event(&ev, kind, &obj)).await.is_err() {
                                     return;
                                 }
                             }
@@ -565,7 +579,7 @@ fn watch_response(ctx: &Ctx, req: Req, table: bool) -> Result<Response, ApiError
                             continue;
                         }
                         last_rv = last_rv.max(ev.rv);
-                        if let Some((kind, obj)) = selected(&ev, &sel) && tx.send(render(kind, &obj)).await.is_err() {
+                        if let Some((kind, obj)) = selected(&ev, &sel) && tx.send(render_event(&ev, kind, &obj)).await.is_err() {
                             return;
                         }
                     }

@@ -47,6 +47,9 @@ pub struct Event {
     /// The object before a MODIFIED change (selector-filtered watches turn a change that leaves
     /// or enters the selection into DELETED or ADDED, as the apiserver's watch cache does).
     pub prev: Option<Arc<Value>>,
+    /// The watch line (`{"type":...,"object":...}`) encoded once and shared by every watcher
+    /// that sends the event unchanged.
+    pub wire: std::sync::OnceLock<axum::body::Bytes>,
 }
 
 /// Objects of one resource plus its recent history.
@@ -181,6 +184,7 @@ impl Inner {
             kind,
             object,
             prev,
+            wire: std::sync::OnceLock::new(),
         });
         t.history.push_back(ev.clone());
         while t.history.len() > limit {
