@@ -162,7 +162,6 @@ async fn standby_takes_over_after_expiry_then_after_release() {
 }
 
 #[tokio::test]
-#[ignore = "kube-emulator does not yet enforce metadata.resourceVersion in a server-side apply body (the API server answers 409); the unit test write::tests::stale_status_apply_fails_with_conflict covers the client side"]
 async fn deposed_leaders_stale_status_write_fails_on_resource_version() {
     let (emu, client, api) = start().await;
     let old_manager = FieldManager::new("sluice-test-a");
