@@ -1,0 +1,934 @@
+//! Pure editing of a Gateway API HTTPRoute for a Rollout: find the managed rule, set the canary
+//! weight, add or remove the header-cohort and mirror rules, take and hand back ownership.
+//!
+//! Owns the shape of the rules this operator adds and the guarantee that everything else on the
+//! route stays exactly as it was (other rules, matches, filters, extra backends, parentRefs,
+//! hostnames, unknown fields). Must never do I/O and never touch a rule it did not add, except the
+//! two weights of the managed rule.
+//!
+//! # The rules we generate, under Gateway API match precedence
+//!
+//! Gateway API picks the matching rule by specificity, not by order: exact path, then longest
+//! prefix, then a method match, then the most header matches, then the most query-param
+//! matches; only ties fall back to rule order. For every match `m` of the managed rule (a rule
+//! without matches counts as the match `PathPrefix /`):
+//!
+//! - **Cohort rule** `sluice-cohort`: `m` plus the cohort header. Same path and method as `m`,
+//!   one header more, so it outranks `m`. While the mirror rule is present it also holds
+//!   `m` + method + cohort header for every mirrored method, because a method match outranks
+//!   header matches: without these, a cohort `GET` would land on the mirror rule (stable).
+//!   Backends: the canary Service only.
+//! - **Mirror rule** `sluice-mirror`: `m` plus `method: X` for each mirrored method (idempotent
+//!   only); a match that already names a method is kept as it is when that method is mirrored
+//!   and skipped otherwise. It is a copy of the managed rule (same filters, backends, weights,
+//!   timeouts) with a `RequestMirror` filter to the canary appended, so requests it captures are
+//!   served exactly as before and a copy goes to the canary.
+//!
+//! Both rules are inserted right before the managed rule so that any tie is also won by them.
+//! A more specific rule elsewhere on the route still wins over both; that traffic is simply
+//! not part of the cohort or mirror.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+use sluice_api::{
+    external::http_route::{
+        BackendObjectReference, FILTER_REQUEST_MIRROR, HttpBackendRef, HttpHeaderMatch, HttpRoute,
+        HttpRouteFilter, HttpRouteMatch, HttpRouteRule, MAX_MATCHES, MAX_RULES, RequestMirror,
+    },
+    v1alpha1::rollout::{HeaderMatch, HeaderMatchType, HttpMethod, ROUTE_OWNER_ANNOTATION},
+};
+
+/// Name of the header-cohort rule this operator adds.
+pub const COHORT_RULE: &str = "sluice-cohort";
+/// Name of the mirror rule this operator adds.
+pub const MIRROR_RULE: &str = "sluice-mirror";
+
+/// Which route the Rollout governs and with which Services.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// `<namespace>/<name>` of the Rollout: the ownership annotation's value.
+    pub owner: String,
+    /// Stable Service name.
+    pub stable: String,
+    /// Canary Service name.
+    pub canary: String,
+    /// Canary Service port (absent: the stable backend's port).
+    pub canary_port: Option<u16>,
+    /// Name of the managed rule (absent: the single rule with the stable backend).
+    pub rule_name: Option<String>,
+}
+
+/// The mirror the route should carry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mirror {
+    /// Percent of matching requests copied, 1..100.
+    pub percent: u32,
+    /// Methods mirrored (idempotent only).
+    pub methods: Vec<HttpMethod>,
+}
+
+/// What the operator's parts of the route should be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Desired {
+    /// Canary weight of the managed rule, percent 0..100 (stable gets the rest).
+    pub weight: u32,
+    /// The header-cohort rule, when it should be present.
+    pub cohort: Option<HeaderMatch>,
+    /// The mirror rule, when it should be present.
+    pub mirror: Option<Mirror>,
+}
+
+impl Desired {
+    /// Abort: canary weight 0, cohort and mirror rules removed (one write).
+    pub fn abort() -> Self {
+        Self {
+            weight: 0,
+            cohort: None,
+            mirror: None,
+        }
+    }
+}
+
+/// Which optional HTTPRoute fields the installed CRD keeps (older CRDs prune them silently).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CrdSupport {
+    /// `spec.rules[].name`.
+    pub rule_name: bool,
+    /// `requestMirror.percent`.
+    pub mirror_percent: bool,
+}
+
+impl CrdSupport {
+    /// Every field supported (Gateway API ≥ v1.2).
+    pub const ALL: CrdSupport = CrdSupport {
+        rule_name: true,
+        mirror_percent: true,
+    };
+
+    /// Reads the support from an installed HTTPRoute CustomResourceDefinition (its JSON): the
+    /// schema of the served version `v1`. A CRD without that version supports nothing optional.
+    pub fn from_crd(crd: &Value) -> Self {
+        let versions = crd["spec"]["versions"].as_array();
+        let schema = versions
+            .into_iter()
+            .flatten()
+            .find(|v| v["name"] == "v1")
+            .map(|v| &v["schema"]["openAPIV3Schema"]);
+        let Some(schema) = schema else {
+            return CrdSupport {
+                rule_name: false,
+                mirror_percent: false,
+            };
+        };
+        let rule = &schema["properties"]["spec"]["properties"]["rules"]["items"]["properties"];
+        let filter = &rule["filters"]["items"]["properties"];
+        CrdSupport {
+            rule_name: rule.get("name").is_some(),
+            mirror_percent: filter["requestMirror"]["properties"]
+                .get("percent")
+                .is_some(),
+        }
+    }
+}
+
+/// Why a route cannot be edited as asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EditError {
+    /// No rule has the stable Service as a backend (or the named rule is absent).
+    #[error("HTTPRoute {route}: {detail}; fix spec.routeRef or spec.stableService of the Rollout")]
+    RuleNotFound {
+        /// Route name.
+        route: String,
+        /// What was looked for.
+        detail: String,
+    },
+    /// Several rules have the stable backend and no rule name was given.
+    #[error(
+        "HTTPRoute {route}: rules {indices:?} all send to Service {stable}; name the managed rule in spec.routeRef.ruleName"
+    )]
+    Ambiguous {
+        /// Route name.
+        route: String,
+        /// Stable Service.
+        stable: String,
+        /// Indices of the candidate rules.
+        indices: Vec<usize>,
+    },
+    /// The route has no room for the extra rules.
+    #[error(
+        "HTTPRoute {route}: adding the {what} rule needs {rules} rules and {matches} matches, over the limit of {max_rules} rules and {max_matches} matches; remove the {what} step or split the route"
+    )]
+    RouteFull {
+        /// Route name.
+        route: String,
+        /// cohort or mirror.
+        what: &'static str,
+        /// Rules after the edit.
+        rules: usize,
+        /// Matches after the edit.
+        matches: usize,
+        /// Limit on rules.
+        max_rules: usize,
+        /// Limit on matches.
+        max_matches: usize,
+    },
+    /// The installed CRD would prune a field a step needs.
+    #[error(
+        "the installed HTTPRoute CRD prunes {field}, which the {what} step needs; install Gateway API CRDs v1.2 or later, or remove the step"
+    )]
+    FieldPruned {
+        /// The pruned field.
+        field: &'static str,
+        /// cohort or mirror.
+        what: &'static str,
+    },
+    /// A match of the managed rule already matches on the cohort header.
+    #[error(
+        "HTTPRoute {route}: the managed rule already matches on header {header}; choose another cohort header"
+    )]
+    CohortHeaderTaken {
+        /// Route name.
+        route: String,
+        /// Header name.
+        header: String,
+    },
+    /// The route has too many backends to add the canary.
+    #[error(
+        "HTTPRoute {route}: the managed rule has 16 backendRefs, no room for canary Service {canary}"
+    )]
+    NoBackendRoom {
+        /// Route name.
+        route: String,
+        /// Canary Service.
+        canary: String,
+    },
+}
+
+impl EditError {
+    /// Bounded category for metrics and condition reasons.
+    pub fn category(&self) -> &'static str {
+        match self {
+            EditError::RuleNotFound { .. } | EditError::Ambiguous { .. } => "RouteNotFound",
+            EditError::RouteFull { .. } | EditError::NoBackendRoom { .. } => "RouteFull",
+            EditError::FieldPruned { .. } => "RouteFieldPruned",
+            EditError::CohortHeaderTaken { .. } => "InvalidSpec",
+        }
+    }
+}
+
+/// What this operator's parts of a route are right now.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Observed {
+    /// Index of the managed rule.
+    pub rule_index: usize,
+    /// Canary weight share of the managed rule, percent (0 when the canary is absent).
+    pub weight: f64,
+    /// Whether the cohort rule is present.
+    pub cohort: bool,
+    /// Whether the mirror rule is present.
+    pub mirror: bool,
+    /// The ownership annotation's value.
+    pub owner: Option<String>,
+}
+
+fn route_name(route: &HttpRoute) -> String {
+    route.metadata.name.clone().unwrap_or_default()
+}
+
+fn is_ours(rule: &HttpRouteRule) -> bool {
+    matches!(rule.name.as_deref(), Some(COHORT_RULE | MIRROR_RULE))
+}
+
+/// Finds the managed rule: the named one, else the single rule (not added by us) whose
+/// backends include the stable Service.
+pub fn locate(route: &HttpRoute, target: &Target) -> Result<usize, EditError> {
+    let name = route_name(route);
+    if let Some(rule_name) = &target.rule_name {
+        return route
+            .rules()
+            .iter()
+            .position(|r| r.name.as_deref() == Some(rule_name))
+            .ok_or_else(|| EditError::RuleNotFound {
+                route: name,
+                detail: format!("no rule named {rule_name}"),
+            });
+    }
+    let candidates: Vec<usize> = route
+        .rules_with_backend(&target.stable)
+        .into_iter()
+        .filter(|&i| !is_ours(&route.rules()[i]))
+        .collect();
+    match candidates.as_slice() {
+        [] => Err(EditError::RuleNotFound {
+            route: name,
+            detail: format!("no rule has Service {} as a backendRef", target.stable),
+        }),
+        [one] => Ok(*one),
+        _ => Err(EditError::Ambiguous {
+            route: name,
+            stable: target.stable.clone(),
+            indices: candidates,
+        }),
+    }
+}
+
+/// Reads this operator's parts of the route.
+pub fn observe(route: &HttpRoute, target: &Target) -> Result<Observed, EditError> {
+    let rule_index = locate(route, target)?;
+    let rules = route.rules();
+    Ok(Observed {
+        rule_index,
+        weight: rules[rule_index].weight_share_percent(&target.canary),
+        cohort: rules.iter().any(|r| r.name.as_deref() == Some(COHORT_RULE)),
+        mirror: rules.iter().any(|r| r.name.as_deref() == Some(MIRROR_RULE)),
+        owner: route
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ROUTE_OWNER_ANNOTATION))
+            .cloned(),
+    })
+}
+
+fn matches_of(rule: &HttpRouteRule) -> Vec<HttpRouteMatch> {
+    match &rule.matches {
+        Some(m) if !m.is_empty() => m.clone(),
+        _ => vec![HttpRouteMatch {
+            path: Some(sluice_api::external::http_route::HttpPathMatch {
+                match_type: Some("PathPrefix".into()),
+                value: Some("/".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+    }
+}
+
+fn with_header(m: &HttpRouteMatch, header: &HeaderMatch) -> HttpRouteMatch {
+    let mut m = m.clone();
+    m.headers
+        .get_or_insert_with(Vec::new)
+        .push(HttpHeaderMatch {
+            match_type: Some(
+                match header.match_type {
+                    HeaderMatchType::Exact => "Exact",
+                    HeaderMatchType::RegularExpression => "RegularExpression",
+                }
+                .into(),
+            ),
+            name: header.name.clone(),
+            value: header.value.clone(),
+            ..Default::default()
+        });
+    m
+}
+
+/// The matches of the mirror rule: each base match with each mirrored method.
+fn mirror_matches(base: &[HttpRouteMatch], mirror: &Mirror) -> Vec<HttpRouteMatch> {
+    let mut out = Vec::new();
+    for m in base {
+        match &m.method {
+            Some(method) => {
+                if mirror.methods.iter().any(|x| x.as_str() == method) {
+                    out.push(m.clone());
+                }
+            }
+            None => {
+                for x in &mirror.methods {
+                    let mut with = m.clone();
+                    with.method = Some(x.as_str().into());
+                    out.push(with);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn canary_backend(rule: &HttpRouteRule, target: &Target, weight: i32) -> HttpBackendRef {
+    let port = target
+        .canary_port
+        .map(i32::from)
+        .or_else(|| rule.backend(&target.stable).and_then(|b| b.port));
+    HttpBackendRef {
+        name: target.canary.clone(),
+        port,
+        weight: Some(weight),
+        ..Default::default()
+    }
+}
+
+/// Sets the two weights of the managed rule; adds the canary backend (after the stable one)
+/// when it is absent and the weight is not 0.
+fn set_weights(
+    rule: &mut HttpRouteRule,
+    target: &Target,
+    weight: u32,
+    route: &str,
+) -> Result<(), EditError> {
+    let canary = i32::try_from(weight.min(100)).unwrap_or(100);
+    if rule.backend(&target.canary).is_none() {
+        if canary == 0 {
+            // Nothing to send to the canary: leave the rule as it is (stable keeps its weight).
+            return Ok(());
+        }
+        let backend = canary_backend(rule, target, canary);
+        let refs = rule.backend_refs.get_or_insert_with(Vec::new);
+        if refs.len() >= sluice_api::external::http_route::MAX_BACKEND_REFS {
+            return Err(EditError::NoBackendRoom {
+                route: route.into(),
+                canary: target.canary.clone(),
+            });
+        }
+        let at = refs
+            .iter()
+            .position(|b| b.is_service(&target.stable))
+            .map_or(refs.len(), |i| i + 1);
+        refs.insert(at, backend);
+    } else if let Some(b) = rule.backend_mut(&target.canary) {
+        b.weight = Some(canary);
+    }
+    if let Some(b) = rule.backend_mut(&target.stable) {
+        b.weight = Some(100 - canary);
+    }
+    Ok(())
+}
+
+/// Returns the route with this operator's parts set to `desired` and ownership taken; every
+/// other field is carried over unchanged.
+pub fn apply(
+    route: &HttpRoute,
+    target: &Target,
+    desired: &Desired,
+    crd: CrdSupport,
+) -> Result<HttpRoute, EditError> {
+    let name = route_name(route);
+    if (desired.cohort.is_some() || desired.mirror.is_some()) && !crd.rule_name {
+        return Err(EditError::FieldPruned {
+            field: "spec.rules[].name",
+            what: if desired.cohort.is_some() {
+                "headerCohort"
+            } else {
+                "mirror"
+            },
+        });
+    }
+    if let Some(m) = &desired.mirror
+        && m.percent < 100
+        && !crd.mirror_percent
+    {
+        return Err(EditError::FieldPruned {
+            field: "spec.rules[].filters[].requestMirror.percent",
+            what: "mirror",
+        });
+    }
+    let mut out = route.clone();
+    let index = locate(route, target)?;
+    let mut rules: Vec<HttpRouteRule> = out.spec.rules.take().unwrap_or_default();
+    let mut managed = rules[index].clone();
+    set_weights(&mut managed, target, desired.weight, &name)?;
+    rules[index] = managed.clone();
+
+    // Our rules are rebuilt from the managed rule each time, so a weight change or a change of
+    // the managed rule's matches reaches them too.
+    let mut kept: Vec<HttpRouteRule> = Vec::with_capacity(rules.len() + 2);
+    let mut managed_at = 0;
+    for (i, r) in rules.into_iter().enumerate() {
+        if is_ours(&r) {
+            continue;
+        }
+        if i == index {
+            managed_at = kept.len();
+        }
+        kept.push(r);
+    }
+    let base = matches_of(&managed);
+    let mut added = Vec::new();
+    if let Some(header) = &desired.cohort {
+        if base.iter().any(|m| {
+            m.headers
+                .iter()
+                .flatten()
+                .any(|h| h.name.eq_ignore_ascii_case(&header.name))
+        }) {
+            return Err(EditError::CohortHeaderTaken {
+                route: name,
+                header: header.name.clone(),
+            });
+        }
+        let mut matches: Vec<HttpRouteMatch> =
+            base.iter().map(|m| with_header(m, header)).collect();
+        if let Some(mirror) = &desired.mirror {
+            matches.extend(
+                mirror_matches(&base, mirror)
+                    .iter()
+                    .filter(|m| !base.contains(m))
+                    .map(|m| with_header(m, header)),
+            );
+        }
+        let mut rule = managed.clone();
+        rule.name = Some(COHORT_RULE.into());
+        rule.matches = Some(matches);
+        let canary = managed
+            .backend(&target.canary)
+            .cloned()
+            .map(|mut b| {
+                b.weight = Some(1);
+                b
+            })
+            .unwrap_or_else(|| canary_backend(&managed, target, 1));
+        rule.backend_refs = Some(vec![canary]);
+        added.push(("headerCohort", rule));
+    }
+    if let Some(mirror) = &desired.mirror {
+        let mut rule = managed.clone();
+        rule.name = Some(MIRROR_RULE.into());
+        rule.matches = Some(mirror_matches(&base, mirror));
+        let port = canary_backend(&managed, target, 0).port;
+        rule.filters
+            .get_or_insert_with(Vec::new)
+            .push(HttpRouteFilter {
+                filter_type: FILTER_REQUEST_MIRROR.into(),
+                request_mirror: Some(RequestMirror {
+                    backend_ref: BackendObjectReference {
+                        name: target.canary.clone(),
+                        port,
+                        ..Default::default()
+                    },
+                    percent: (mirror.percent < 100)
+                        .then(|| i32::try_from(mirror.percent).unwrap_or(100)),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        added.push(("mirror", rule));
+    }
+    for (what, rule) in added {
+        kept.insert(managed_at, rule);
+        managed_at += 1;
+        let matches: usize = kept.iter().map(HttpRouteRule::match_count).sum();
+        if kept.len() > MAX_RULES || matches > MAX_MATCHES {
+            return Err(EditError::RouteFull {
+                route: name,
+                what,
+                rules: kept.len(),
+                matches,
+                max_rules: MAX_RULES,
+                max_matches: MAX_MATCHES,
+            });
+        }
+    }
+    out.spec.rules = Some(kept);
+    out.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(ROUTE_OWNER_ANNOTATION.into(), target.owner.clone());
+    Ok(out)
+}
+
+/// Hand-back: the route with the ownership annotation removed (and the annotations map
+/// dropped when it held nothing else); nothing else changes.
+pub fn hand_back(route: &HttpRoute) -> HttpRoute {
+    let mut out = route.clone();
+    if let Some(a) = out.metadata.annotations.as_mut() {
+        a.remove(ROUTE_OWNER_ANNOTATION);
+        if a.is_empty() {
+            out.metadata.annotations = None;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn rich() -> Value {
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "HTTPRoute",
+            "metadata": {
+                "name": "checkout", "namespace": "shop", "resourceVersion": "7",
+                "labels": {"app": "checkout"},
+                "annotations": {"team": "payments"}
+            },
+            "spec": {
+                "parentRefs": [{"name": "mesh-gw", "namespace": "gateways", "sectionName": "https", "futureParentField": true}],
+                "hostnames": ["shop.example.com"],
+                "rules": [
+                    {"name": "admin", "matches": [{"path": {"type": "PathPrefix", "value": "/admin"}}],
+                     "backendRefs": [{"name": "admin", "port": 80}]},
+                    {"name": "main",
+                     "matches": [
+                        {"path": {"type": "PathPrefix", "value": "/api"}, "queryParams": [{"type": "Exact", "name": "debug", "value": "1"}]},
+                        {"path": {"type": "Exact", "value": "/checkout"}, "method": "POST"}
+                     ],
+                     "filters": [
+                        {"type": "RequestHeaderModifier", "requestHeaderModifier": {"add": [{"name": "x-route", "value": "main"}]}},
+                        {"type": "ExtensionRef", "extensionRef": {"group": "example.io", "kind": "Thing", "name": "t"}}
+                     ],
+                     "backendRefs": [
+                        {"name": "checkout-v1", "port": 8080, "weight": 100, "filters": [{"type": "ResponseHeaderModifier", "responseHeaderModifier": {"set": [{"name": "x-v", "value": "1"}]}}]},
+                        {"group": "", "kind": "Service", "name": "legacy", "namespace": "old", "port": 80, "weight": 0}
+                     ],
+                     "timeouts": {"request": "10s"},
+                     "futureRuleField": {"a": 1}},
+                    {"backendRefs": [{"name": "catch-all", "port": 80}]}
+                ],
+                "useDefaultGateways": "All"
+            },
+            "status": {"parents": []}
+        })
+    }
+
+    fn target() -> Target {
+        Target {
+            owner: "shop/checkout".into(),
+            stable: "checkout-v1".into(),
+            canary: "checkout-v2".into(),
+            canary_port: None,
+            rule_name: None,
+        }
+    }
+
+    fn cohort() -> HeaderMatch {
+        HeaderMatch {
+            name: "x-cohort".into(),
+            value: "staff".into(),
+            match_type: HeaderMatchType::Exact,
+        }
+    }
+
+    fn mirror() -> Mirror {
+        Mirror {
+            percent: 10,
+            methods: vec![HttpMethod::Get, HttpMethod::Head],
+        }
+    }
+
+    fn route(v: Value) -> HttpRoute {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn want(weight: u32, cohort: bool, mirror: bool) -> Desired {
+        Desired {
+            weight,
+            cohort: cohort.then(super::tests::cohort),
+            mirror: mirror.then(super::tests::mirror),
+        }
+    }
+
+    /// The managed rule's backendRefs with the canary at `w`.
+    fn expected_backends(w: i64) -> Value {
+        json!([
+            {"name": "checkout-v1", "port": 8080, "weight": 100 - w, "filters": [{"type": "ResponseHeaderModifier", "responseHeaderModifier": {"set": [{"name": "x-v", "value": "1"}]}}]},
+            {"name": "checkout-v2", "port": 8080, "weight": w},
+            {"group": "", "kind": "Service", "name": "legacy", "namespace": "old", "port": 80, "weight": 0}
+        ])
+    }
+
+    /// Strips everything this operator owns, leaving what must equal the original.
+    fn foreign_part(mut v: Value) -> Value {
+        let rules = v["spec"]["rules"].as_array_mut().unwrap();
+        rules.retain(|r| r["name"] != COHORT_RULE && r["name"] != MIRROR_RULE);
+        for r in rules.iter_mut() {
+            if let Some(refs) = r["backendRefs"].as_array_mut() {
+                refs.retain(|b| b["name"] != "checkout-v2");
+                for b in refs.iter_mut() {
+                    if b["name"] == "checkout-v1" {
+                        b["weight"] = json!(100);
+                    }
+                }
+            }
+        }
+        v["metadata"]["annotations"]
+            .as_object_mut()
+            .unwrap()
+            .remove(ROUTE_OWNER_ANNOTATION);
+        v
+    }
+
+    #[test]
+    fn whole_rollout_promote_and_abort_keep_everything_else() {
+        let original = rich();
+        let t = target();
+        let steps = [
+            want(0, false, true),
+            want(0, true, true),
+            want(1, false, false),
+            want(5, false, false),
+            want(25, true, false),
+            want(50, false, false),
+            want(100, false, false),
+        ];
+        let mut current = route(original.clone());
+        for d in &steps {
+            current = apply(&current, &t, d, CrdSupport::ALL).unwrap();
+            let v = serde_json::to_value(&current).unwrap();
+            assert_eq!(foreign_part(v.clone()), original, "step {d:?}");
+            let obs = observe(&current, &t).unwrap();
+            assert_eq!(obs.weight, f64::from(d.weight), "{d:?}");
+            assert_eq!(obs.cohort, d.cohort.is_some(), "{d:?}");
+            assert_eq!(obs.mirror, d.mirror.is_some(), "{d:?}");
+            assert_eq!(obs.owner.as_deref(), Some("shop/checkout"));
+            // Re-applying the same desired state changes nothing (idempotent writes).
+            assert_eq!(apply(&current, &t, d, CrdSupport::ALL).unwrap(), current);
+        }
+        // Promoted at 100: the managed rule has exactly the expected backends.
+        let v = serde_json::to_value(&current).unwrap();
+        assert_eq!(v["spec"]["rules"][1]["backendRefs"], expected_backends(100));
+        // Hand-back removes only the annotation.
+        let back = serde_json::to_value(hand_back(&current)).unwrap();
+        let mut want_back = v.clone();
+        want_back["metadata"]["annotations"]
+            .as_object_mut()
+            .unwrap()
+            .remove(ROUTE_OWNER_ANNOTATION);
+        assert_eq!(back, want_back);
+    }
+
+    #[test]
+    fn abort_is_one_edit_to_zero_with_extra_rules_gone() {
+        let original = rich();
+        let t = target();
+        let at_25 = apply(
+            &route(original.clone()),
+            &t,
+            &want(25, true, true),
+            CrdSupport::ALL,
+        )
+        .unwrap();
+        assert_eq!(at_25.rules().len(), 5);
+        let aborted = apply(&at_25, &t, &Desired::abort(), CrdSupport::ALL).unwrap();
+        let v = serde_json::to_value(&aborted).unwrap();
+        assert_eq!(v["spec"]["rules"].as_array().unwrap().len(), 3);
+        assert_eq!(v["spec"]["rules"][1]["backendRefs"], expected_backends(0));
+        let mut expect = original;
+        expect["spec"]["rules"][1]["backendRefs"] = expected_backends(0);
+        expect["metadata"]["annotations"][ROUTE_OWNER_ANNOTATION] = json!("shop/checkout");
+        assert_eq!(v, expect, "only the weights and the annotation differ");
+    }
+
+    #[test]
+    fn generated_rules_land_under_match_precedence() {
+        let t = target();
+        let r = apply(&route(rich()), &t, &want(0, true, true), CrdSupport::ALL).unwrap();
+        let v = serde_json::to_value(&r).unwrap();
+        let rules = v["spec"]["rules"].as_array().unwrap();
+        let names: Vec<_> = rules.iter().map(|r| r["name"].clone()).collect();
+        assert_eq!(
+            names,
+            vec![
+                json!("admin"),
+                json!(COHORT_RULE),
+                json!(MIRROR_RULE),
+                json!("main"),
+                Value::Null
+            ],
+            "our rules sit right before the managed rule"
+        );
+        let cohort = &rules[1];
+        // Base matches + header, and GET/HEAD variants of the methodless match with the header
+        // (a method match outranks header matches, so these keep cohort GETs off the mirror rule).
+        let cm = cohort["matches"].as_array().unwrap();
+        assert_eq!(cm.len(), 4, "{cm:?}");
+        for m in cm {
+            assert_eq!(
+                m["headers"].as_array().unwrap().last().unwrap()["name"],
+                "x-cohort"
+            );
+        }
+        assert_eq!(cm[0]["queryParams"][0]["name"], "debug");
+        assert_eq!(cm[1]["method"], "POST");
+        assert_eq!(cm[2]["method"], "GET");
+        assert_eq!(cm[3]["method"], "HEAD");
+        assert_eq!(
+            cohort["backendRefs"],
+            json!([{"name": "checkout-v2", "port": 8080, "weight": 1}])
+        );
+        let mirror = &rules[2];
+        let mm = mirror["matches"].as_array().unwrap();
+        // The POST match is not mirrored (not idempotent); the methodless one gets GET and HEAD.
+        assert_eq!(mm.len(), 2);
+        assert!(mm.iter().all(|m| m["path"]["value"] == "/api"));
+        assert_eq!(mm[0]["method"], "GET");
+        let last = mirror["filters"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()
+            .clone();
+        assert_eq!(
+            last,
+            json!({"type": "RequestMirror", "requestMirror": {"backendRef": {"name": "checkout-v2", "port": 8080}, "percent": 10}})
+        );
+        assert_eq!(mirror["timeouts"], json!({"request": "10s"}));
+        assert_eq!(mirror["backendRefs"], rules[3]["backendRefs"]);
+    }
+
+    #[test]
+    fn refusals_table() {
+        let full = {
+            let mut v = rich();
+            let rules = v["spec"]["rules"].as_array_mut().unwrap();
+            for i in 0..13 {
+                rules.push(
+                    json!({"name": format!("r{i}"), "backendRefs": [{"name": "x", "port": 80}]}),
+                );
+            }
+            v
+        };
+        let ambiguous = {
+            let mut v = rich();
+            v["spec"]["rules"][2]["backendRefs"] = json!([{"name": "checkout-v1", "port": 8080}]);
+            v
+        };
+        let header_taken = {
+            let mut v = rich();
+            v["spec"]["rules"][1]["matches"][0]["headers"] =
+                json!([{"name": "X-Cohort", "value": "a"}]);
+            v
+        };
+        let old_crd = CrdSupport {
+            rule_name: false,
+            mirror_percent: false,
+        };
+        let table: Vec<(&str, Value, Desired, CrdSupport, &str, &str)> = vec![
+            (
+                "16 rules, mirror",
+                full.clone(),
+                want(0, false, true),
+                CrdSupport::ALL,
+                "RouteFull",
+                "17 rules",
+            ),
+            (
+                "16 rules, weight only",
+                full,
+                want(5, false, false),
+                CrdSupport::ALL,
+                "",
+                "",
+            ),
+            (
+                "ambiguous",
+                ambiguous,
+                want(5, false, false),
+                CrdSupport::ALL,
+                "RouteNotFound",
+                "ruleName",
+            ),
+            (
+                "header taken",
+                header_taken,
+                want(0, true, false),
+                CrdSupport::ALL,
+                "InvalidSpec",
+                "x-cohort",
+            ),
+            (
+                "old CRD, cohort",
+                rich(),
+                want(0, true, false),
+                old_crd,
+                "RouteFieldPruned",
+                "spec.rules[].name",
+            ),
+            (
+                "old CRD, weight",
+                rich(),
+                want(5, false, false),
+                old_crd,
+                "",
+                "",
+            ),
+            (
+                "no percent in CRD",
+                rich(),
+                want(0, false, true),
+                CrdSupport {
+                    rule_name: true,
+                    mirror_percent: false,
+                },
+                "RouteFieldPruned",
+                "requestMirror.percent",
+            ),
+        ];
+        for (name, v, d, crd, category, needle) in table {
+            match apply(&route(v), &target(), &d, crd) {
+                Ok(_) => assert!(category.is_empty(), "{name}: expected {category}"),
+                Err(e) => {
+                    assert_eq!(e.category(), category, "{name}: {e}");
+                    assert!(e.to_string().contains(needle), "{name}: {e}");
+                }
+            }
+        }
+        let mut named = target();
+        named.rule_name = Some("nope".into());
+        let err = locate(&route(rich()), &named).unwrap_err();
+        assert!(err.to_string().contains("no rule named nope"), "{err}");
+    }
+
+    #[test]
+    fn matches_limit_counts_generated_matches() {
+        let mut v = rich();
+        let many: Vec<Value> = (0..60)
+            .map(|i| json!({"path": {"type": "Exact", "value": format!("/p{i}")}}))
+            .collect();
+        v["spec"]["rules"][1]["matches"] = json!(many);
+        // 60 + 1 + 1 + 60 (cohort) = 122 ≤ 128; + 120 (mirror GET/HEAD) > 128.
+        assert!(
+            apply(
+                &route(v.clone()),
+                &target(),
+                &want(0, true, false),
+                CrdSupport::ALL
+            )
+            .is_ok()
+        );
+        let err = apply(&route(v), &target(), &want(0, false, true), CrdSupport::ALL).unwrap_err();
+        assert_eq!(err.category(), "RouteFull", "{err}");
+    }
+
+    #[test]
+    fn crd_support_from_schema() {
+        let crd = |rule_props: Value| json!({"spec": {"versions": [{"name": "v1", "schema": {"openAPIV3Schema": {"properties": {"spec": {"properties": {"rules": {"items": {"properties": rule_props}}}}}}}}]}});
+        let new = crd(
+            json!({"name": {}, "filters": {"items": {"properties": {"requestMirror": {"properties": {"percent": {}, "fraction": {}}}}}}}),
+        );
+        assert_eq!(CrdSupport::from_crd(&new), CrdSupport::ALL);
+        let old = crd(
+            json!({"filters": {"items": {"properties": {"requestMirror": {"properties": {"backendRef": {}}}}}}}),
+        );
+        assert_eq!(
+            CrdSupport::from_crd(&old),
+            CrdSupport {
+                rule_name: false,
+                mirror_percent: false
+            }
+        );
+        let upstream = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../shared/upstream/gateway-api-v1.6.1");
+        let Some(file) = std::fs::read_dir(&upstream).ok().and_then(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .find(|p| p.to_string_lossy().contains("httproutes"))
+        }) else {
+            println!(
+                "skipping the upstream CRD check: {} absent",
+                upstream.display()
+            );
+            return;
+        };
+        let text = std::fs::read_to_string(&file).unwrap();
+        let doc: Value = serde_yaml::from_str(&text).expect("the upstream HTTPRoute CRD parses");
+        assert_eq!(
+            CrdSupport::from_crd(&doc),
+            CrdSupport::ALL,
+            "{}",
+            file.display()
+        );
+    }
+}
