@@ -7,6 +7,7 @@
 pub mod decide;
 pub mod reconcile;
 pub mod route_edit;
+pub mod step;
 pub mod validity;
 
 use sluice_runtime::FieldManager;

@@ -1,0 +1,1099 @@
+//! The Rollout state machine: given a valid spec, the status decided so far, what the route and
+//! the mesh look like, and `now`, decides the next status and the route writes.
+//!
+//! Owns ownership, waiting for the canary, step progression, the applied-share check that must
+//! pass before a weight step's analysis clock starts, acting on gate verdicts, the controls
+//! (abort, paused, promoteThroughStep, promoteFull, retry), abort and its verification, pin
+//! detection and hand-back. Everything it needs to resume lives in the status it returns, so a
+//! restarted operator reaches the same decision. Must never do I/O or read the clock.
+
+use std::time::Duration;
+
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use sluice_analysis::GateAction;
+use sluice_api::v1alpha1::{
+    GateVerdict, RolloutPhase, RolloutSpec, RolloutStatus, Verdict,
+    bundle_pin::FIELD_MANAGER as REVERT_FIELD_MANAGER,
+    rollout::{
+        AbortReason, AbortStatus, OwnedRouteStatus, StepKind, StepOutcome, StepRecord, conditions,
+        reasons,
+    },
+};
+use sluice_runtime::{
+    conditions::{self as cond, Status},
+    events::Severity,
+};
+
+use crate::route_edit::{Desired, Mirror};
+
+pub use crate::decide::Requeue;
+
+/// What the reconcile saw, for the state machine.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Observations {
+    /// `metadata.generation` of the object.
+    pub generation: Option<i64>,
+    /// What the route looks like.
+    pub route: RouteObs,
+    /// Whether the canary workload is ready (`None`: not read).
+    pub canary_ready: Option<bool>,
+    /// Verdicts evaluated this tick with the action each calls for (empty: no analysis ran).
+    pub gates: Vec<(GateVerdict, GateAction)>,
+    /// Canary share of the route's requests the mesh reports, percent (`None`: no data).
+    pub applied_share: Option<f64>,
+    /// The Rollout is being deleted (hand back the route).
+    pub deleting: bool,
+}
+
+/// An effect the reconcile carries out.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Publish a Kubernetes Event about the Rollout.
+    Event {
+        /// Normal or Warning.
+        severity: Severity,
+        /// CamelCase reason.
+        reason: &'static str,
+        /// CamelCase action.
+        action: &'static str,
+        /// Human-readable note.
+        note: String,
+    },
+    /// Bring the route's owned parts to this state (a no-op write is skipped), taking ownership.
+    WriteRoute(Desired),
+    /// Remove the ownership annotation from the route.
+    HandBack,
+}
+
+/// The outcome of [`step`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// Effects, in order.
+    pub actions: Vec<Action>,
+    /// The next status.
+    pub status: RolloutStatus,
+    /// When to look again.
+    pub requeue: Requeue,
+}
+
+/// A canary share at or below this (percent) counts as ~0 when verifying an abort.
+pub const REVERTED_SHARE_PERCENT: f64 = 0.5;
+/// History entries kept in status.
+pub const MAX_HISTORY: usize = 64;
+
+/// The route as the reconcile found it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum RouteObs {
+    /// Not read (the decision then only validates).
+    #[default]
+    Unknown,
+    /// No HTTPRoute of that name.
+    Missing,
+    /// The route exists but cannot be governed (no managed rule, ambiguous, ...).
+    Unusable {
+        /// Condition reason (bounded).
+        reason: &'static str,
+        /// What is wrong and what to do.
+        message: String,
+    },
+    /// The route and this operator's parts of it.
+    Present(RouteState),
+}
+
+/// This operator's parts of the route.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RouteState {
+    /// `metadata.resourceVersion`.
+    pub resource_version: Option<String>,
+    /// The ownership annotation's value.
+    pub owner: Option<String>,
+    /// `<namespace>/<name>` of this Rollout.
+    pub me: String,
+    /// The canary backend's weight on the managed rule (0 when absent).
+    pub canary_weight: u32,
+    /// Whether the cohort rule is present.
+    pub cohort: bool,
+    /// Whether the mirror rule is present.
+    pub mirror: bool,
+    /// Field manager of the newest managedFields entry (who wrote last).
+    pub last_writer: Option<String>,
+}
+
+/// Event action names.
+pub mod event_actions {
+    /// Route ownership taken or handed back.
+    pub const OWN: &str = "Own";
+    /// A step started or finished.
+    pub const STEP: &str = "Step";
+    /// The applied share was judged.
+    pub const SHARE: &str = "Share";
+    /// The rollout aborted or its abort was verified.
+    pub const ABORT: &str = "Abort";
+    /// Promotion.
+    pub const PROMOTE: &str = "Promote";
+    /// A foreign edit was restored.
+    pub const RESTORE: &str = "Restore";
+}
+
+/// The route parts a step wants: weight of the last setWeight at or before `index` (100 for
+/// promote), and the mirror and cohort rules of earlier steps until the first weight step
+/// (kept afterwards when `keepMirror` / `keepCohort`).
+pub fn desired_at(spec: &RolloutSpec, index: usize) -> Desired {
+    let mut d = Desired::abort();
+    let mut weighted = false;
+    for step in spec.steps.iter().take(index + 1) {
+        if let Some(m) = &step.mirror {
+            d.mirror = Some(Mirror {
+                percent: m.percent,
+                methods: m
+                    .methods
+                    .iter()
+                    .copied()
+                    .filter(|x| x.is_idempotent_read())
+                    .collect(),
+            });
+        }
+        if let Some(c) = &step.header_cohort {
+            d.cohort = Some(c.header.clone());
+        }
+        if let Some(w) = &step.set_weight {
+            d.weight = w.weight;
+            weighted = true;
+        }
+        if step.promote.is_some() {
+            d.weight = 100;
+            weighted = true;
+        }
+    }
+    if weighted {
+        if !spec.keep_mirror || d.weight == 100 {
+            d.mirror = None;
+        }
+        if !spec.keep_cohort || d.weight == 100 {
+            d.cohort = None;
+        }
+    }
+    d
+}
+
+fn dur(s: &sluice_api::v1alpha1::DurationString, fallback: Duration) -> Duration {
+    s.parse().unwrap_or(fallback)
+}
+
+fn since(t: Option<&Time>, now: Timestamp) -> Duration {
+    t.map_or(Duration::ZERO, |t| now.duration_since(t.0).unsigned_abs())
+}
+
+struct Machine<'a> {
+    spec: &'a RolloutSpec,
+    obs: &'a Observations,
+    now: Timestamp,
+    next: RolloutStatus,
+    actions: Vec<Action>,
+    requeue: Option<Duration>,
+}
+
+impl Machine<'_> {
+    fn event(
+        &mut self,
+        severity: Severity,
+        reason: &'static str,
+        action: &'static str,
+        note: String,
+    ) {
+        self.actions.push(Action::Event {
+            severity,
+            reason,
+            action,
+            note,
+        });
+    }
+
+    fn wake(&mut self, after: Duration) {
+        let after = after.max(Duration::from_millis(200));
+        self.requeue = Some(self.requeue.map_or(after, |r| r.min(after)));
+    }
+
+    fn condition(&mut self, type_: &str, status: Status, reason: &str, message: impl Into<String>) {
+        let c = cond::new(
+            type_,
+            status,
+            reason,
+            message,
+            self.obs.generation,
+            self.now,
+        );
+        cond::set(&mut self.next.conditions, c);
+    }
+
+    fn interval(&self) -> Duration {
+        dur(&self.spec.analysis_interval, Duration::from_secs(30))
+    }
+
+    fn write(&mut self, d: Desired) {
+        self.next.desired_weight = Some(d.weight);
+        self.next.cohort_active = d.cohort.is_some();
+        self.next.mirror_active = d.mirror.is_some();
+        let owned = self
+            .next
+            .owned_route
+            .get_or_insert_with(OwnedRouteStatus::default);
+        owned.name = self.spec.route_ref.name.clone();
+        owned.rule_name = self.spec.route_ref.rule_name.clone();
+        owned.written_weight = Some(d.weight);
+        owned.cohort_rule_name = d
+            .cohort
+            .is_some()
+            .then(|| crate::route_edit::COHORT_RULE.into());
+        owned.mirror_rule_name = d
+            .mirror
+            .is_some()
+            .then(|| crate::route_edit::MIRROR_RULE.into());
+        if owned.owned_since.is_none() {
+            owned.owned_since = Some(Time(self.now));
+        }
+        self.actions.push(Action::WriteRoute(d));
+    }
+
+    fn abort(&mut self, reason: AbortReason, message: String, gate: Option<GateVerdict>) {
+        let idx = self.next.current_step_index;
+        let first_failed_at = gate.as_ref().map(|g| {
+            let back = self.interval() * g.consecutive_failures.saturating_sub(1);
+            Time(
+                g.evaluated_at
+                    .0
+                    .checked_sub(
+                        k8s_openapi::jiff::SignedDuration::try_from(back).unwrap_or_default(),
+                    )
+                    .unwrap_or(g.evaluated_at.0),
+            )
+        });
+        self.finish_step(StepOutcome::Aborted);
+        self.next.phase = RolloutPhase::Aborted;
+        self.next.abort = Some(AbortStatus {
+            reason,
+            message: Some(truncate(&message)),
+            gate,
+            step_index: idx,
+            first_failed_at,
+            decided_at: Time(self.now),
+            route_reverted_at: None,
+            revert_verified_at: None,
+        });
+        let why = match reason {
+            AbortReason::GateFailed => reasons::GATE_FAILED,
+            AbortReason::Manual => reasons::ABORTED_MANUALLY,
+            AbortReason::PinnedByBundlePin => reasons::PINNED_BY_BUNDLE_PIN,
+            AbortReason::InconclusiveTimeout => reasons::INCONCLUSIVE,
+            AbortReason::AppliedShareNotConfirmed => reasons::SHARE_NOT_YET_APPLIED,
+            AbortReason::CanaryNotReady => reasons::WAITING_FOR_CANARY,
+        };
+        self.condition(conditions::PROGRESSING, Status::False, why, message.clone());
+        if reason != AbortReason::PinnedByBundlePin {
+            self.write(Desired::abort());
+        }
+        self.event(
+            Severity::Warning,
+            why,
+            event_actions::ABORT,
+            format!("rollout aborted: {message}"),
+        );
+    }
+
+    fn finish_step(&mut self, outcome: StepOutcome) {
+        let idx = self.next.current_step_index;
+        if let Some(rec) = self
+            .next
+            .history
+            .iter_mut()
+            .rev()
+            .find(|r| Some(r.index) == idx && r.finished_at.is_none())
+        {
+            rec.finished_at = Some(Time(self.now));
+            rec.outcome = Some(outcome);
+        }
+    }
+
+    fn start_step(&mut self, index: usize) {
+        self.next.gates.clear();
+        self.next.applied_share = None;
+        self.next.applied_share_observed_at = None;
+        cond::remove(
+            &mut self.next.conditions,
+            conditions::APPLIED_SHARE_CONFIRMED,
+        );
+        let Some(step) = self.spec.steps.get(index) else {
+            self.promote("all steps passed".into());
+            return;
+        };
+        let kind = step.kind().unwrap_or(StepKind::Pause);
+        if kind == StepKind::Promote {
+            self.next.current_step_index = Some(index as u32);
+            self.promote(format!("step {index} promotes"));
+            return;
+        }
+        self.next.phase = RolloutPhase::Progressing;
+        self.next.current_step_index = Some(index as u32);
+        self.next.current_step_started_at = Some(Time(self.now));
+        self.next.history.push(StepRecord {
+            index: index as u32,
+            kind,
+            weight: step.set_weight.as_ref().map(|w| w.weight),
+            started_at: Time(self.now),
+            share_confirmed_at: None,
+            finished_at: None,
+            outcome: None,
+        });
+        let excess = self.next.history.len().saturating_sub(MAX_HISTORY);
+        self.next.history.drain(..excess);
+        let d = desired_at(self.spec, index);
+        let note = format!(
+            "step {index} ({kind:?}) started, canary weight {}",
+            d.weight
+        );
+        self.condition(
+            conditions::PROGRESSING,
+            Status::True,
+            reasons::STEP_IN_PROGRESS,
+            note.clone(),
+        );
+        self.event(
+            Severity::Normal,
+            reasons::STEP_IN_PROGRESS,
+            event_actions::STEP,
+            note,
+        );
+        self.write(d);
+    }
+
+    fn promote(&mut self, why: String) {
+        self.next.phase = RolloutPhase::Promoted;
+        self.next.promoted_at = Some(Time(self.now));
+        self.condition(
+            conditions::PROGRESSING,
+            Status::False,
+            reasons::PROMOTED,
+            why.clone(),
+        );
+        self.event(
+            Severity::Normal,
+            reasons::PROMOTED,
+            event_actions::PROMOTE,
+            format!("promoted to 100%: {why}"),
+        );
+        self.write(Desired {
+            weight: 100,
+            cohort: None,
+            mirror: None,
+        });
+    }
+
+    /// Runs the current step; returns true when it completed.
+    fn run_step(&mut self, index: usize) -> bool {
+        let spec = self.spec;
+        let Some(step) = spec.steps.get(index) else {
+            return true;
+        };
+        if spec
+            .promote_through_step
+            .is_some_and(|p| p as usize >= index)
+        {
+            return true;
+        }
+        let started = self.next.current_step_started_at.clone();
+        let elapsed = since(started.as_ref(), self.now);
+        let duration = spec
+            .step_duration_of(index)
+            .map(|d| dur(&d, Duration::from_secs(300)));
+        match step.kind() {
+            Some(StepKind::Mirror | StepKind::HeaderCohort) => {
+                let d = duration.unwrap_or_default();
+                if elapsed >= d {
+                    return true;
+                }
+                self.wake(d - elapsed);
+                false
+            }
+            Some(StepKind::Pause) => match duration {
+                Some(d) if elapsed >= d => true,
+                Some(d) => {
+                    self.next.phase = RolloutPhase::Paused;
+                    self.condition(
+                        conditions::PROGRESSING,
+                        Status::True,
+                        reasons::PAUSED,
+                        format!("pause step {index} for {}s", d.as_secs()),
+                    );
+                    self.wake(d - elapsed);
+                    false
+                }
+                None => {
+                    self.next.phase = RolloutPhase::Paused;
+                    self.condition(conditions::PROGRESSING, Status::True, reasons::PAUSED, format!("pause step {index} waits for spec.promoteThroughStep >= {index} or spec.promoteFull"));
+                    false
+                }
+            },
+            Some(StepKind::SetWeight) => self.run_weight(index, duration.unwrap_or_default()),
+            Some(StepKind::Promote) | None => true,
+        }
+    }
+
+    fn run_weight(&mut self, index: usize, duration: Duration) -> bool {
+        let target = f64::from(
+            self.spec.steps[index]
+                .set_weight
+                .as_ref()
+                .map_or(0, |w| w.weight),
+        );
+        let tol = f64::from(self.spec.applied_share_tolerance_percent) / 100.0;
+        let interval = self.interval();
+        self.next.phase = RolloutPhase::Progressing;
+        if let Some(s) = self.obs.applied_share {
+            self.next.applied_share = Some(s);
+            self.next.applied_share_observed_at = Some(Time(self.now));
+        }
+        let confirmed = self
+            .next
+            .history
+            .last()
+            .and_then(|r| r.share_confirmed_at.clone());
+        let Some(confirmed) = confirmed else {
+            let within = self
+                .obs
+                .applied_share
+                .is_some_and(|s| (s - target).abs() <= tol * target.max(f64::EPSILON));
+            if within {
+                if let Some(rec) = self.next.history.last_mut() {
+                    rec.share_confirmed_at = Some(Time(self.now));
+                }
+                let note = format!(
+                    "applied share {:.2}% within ±{:.0}% of {target}%; analysis starts",
+                    self.obs.applied_share.unwrap_or_default(),
+                    tol * 100.0
+                );
+                self.condition(
+                    conditions::APPLIED_SHARE_CONFIRMED,
+                    Status::True,
+                    reasons::SHARE_WITHIN_TOLERANCE,
+                    note.clone(),
+                );
+                self.event(
+                    Severity::Normal,
+                    reasons::SHARE_WITHIN_TOLERANCE,
+                    event_actions::SHARE,
+                    note,
+                );
+                self.wake(interval);
+                return false;
+            }
+            let deadline = dur(&self.spec.applied_share_deadline, Duration::from_secs(600));
+            let elapsed = since(self.next.current_step_started_at.as_ref(), self.now);
+            let seen = self
+                .obs
+                .applied_share
+                .map_or("no data".to_owned(), |s| format!("{s:.2}%"));
+            let note = format!(
+                "canary weight {target}% written; the mesh reports {seen} (needs ±{:.0}%); the step is not judged on the written weight",
+                tol * 100.0
+            );
+            if elapsed >= deadline {
+                self.abort(
+                    AbortReason::AppliedShareNotConfirmed,
+                    format!("{note}; deadline {}s passed", deadline.as_secs()),
+                    None,
+                );
+                return false;
+            }
+            let was = cond::find(&self.next.conditions, conditions::APPLIED_SHARE_CONFIRMED)
+                .map(|c| c.reason.clone());
+            self.condition(
+                conditions::APPLIED_SHARE_CONFIRMED,
+                Status::False,
+                reasons::SHARE_NOT_YET_APPLIED,
+                note.clone(),
+            );
+            if was.as_deref() != Some(reasons::SHARE_NOT_YET_APPLIED) && elapsed >= interval * 2 {
+                self.event(
+                    Severity::Warning,
+                    reasons::SHARE_NOT_YET_APPLIED,
+                    event_actions::SHARE,
+                    note,
+                );
+            }
+            self.wake(interval);
+            return false;
+        };
+        // The share is confirmed: judge the gates evaluated since.
+        for (v, act) in &self.obs.gates {
+            if v.evaluated_at.0 < confirmed.0 {
+                continue;
+            }
+            self.next.gates.retain(|g| g.gate != v.gate);
+            self.next.gates.push(v.clone());
+            match act {
+                GateAction::Abort => {
+                    let (reason, why) = if v.verdict == Verdict::Fail {
+                        (AbortReason::GateFailed, "failed")
+                    } else {
+                        (
+                            AbortReason::InconclusiveTimeout,
+                            "stayed inconclusive (policy Abort)",
+                        )
+                    };
+                    let msg = format!(
+                        "gate {} {why} at step {index}: value {:?} vs threshold {:?} ({})",
+                        v.gate,
+                        v.value,
+                        v.threshold,
+                        v.message.clone().unwrap_or_default()
+                    );
+                    self.abort(reason, msg, Some(v.clone()));
+                    return false;
+                }
+                GateAction::Pause => {
+                    self.next.phase = RolloutPhase::Paused;
+                    self.condition(conditions::PROGRESSING, Status::True, reasons::INCONCLUSIVE, format!("gate {} inconclusive for too long; held (policy Pause) until it passes or a person acts", v.gate));
+                }
+                GateAction::Proceed | GateAction::Wait => {}
+            }
+        }
+        self.next.gates.sort_by(|a, b| a.gate.cmp(&b.gate));
+        let names: Vec<String> = self
+            .spec
+            .effective_gates()
+            .into_iter()
+            .map(|g| g.name)
+            .collect();
+        let all_pass = names.iter().all(|n| {
+            self.next
+                .gates
+                .iter()
+                .any(|g| &g.gate == n && g.verdict == Verdict::Pass)
+        });
+        let analysed = since(Some(&confirmed), self.now);
+        if all_pass && analysed >= duration {
+            return true;
+        }
+        self.wake(
+            interval.min(
+                duration
+                    .saturating_sub(analysed)
+                    .max(Duration::from_millis(200)),
+            ),
+        );
+        false
+    }
+
+    fn run(&mut self) {
+        let spec = self.spec;
+        let route = match &self.obs.route {
+            RouteObs::Unknown => return,
+            RouteObs::Missing => {
+                let msg = format!(
+                    "HTTPRoute {} not found in the Rollout's namespace",
+                    spec.route_ref.name
+                );
+                self.route_problem(reasons::ROUTE_NOT_FOUND, msg);
+                return;
+            }
+            RouteObs::Unusable { reason, message } => {
+                let (r, m) = (*reason, message.clone());
+                self.route_problem(r, m);
+                return;
+            }
+            RouteObs::Present(r) => r.clone(),
+        };
+        if let Some(other) = route.owner.as_ref().filter(|o| **o != route.me) {
+            let msg = format!(
+                "HTTPRoute {} is owned by Rollout {other}; one Rollout per route",
+                spec.route_ref.name
+            );
+            self.route_problem(reasons::ROUTE_OWNED_BY_OTHER, msg);
+            return;
+        }
+        if self.obs.deleting {
+            if route.owner.is_some() {
+                self.actions.push(Action::HandBack);
+                self.event(
+                    Severity::Normal,
+                    "HandedBack",
+                    event_actions::OWN,
+                    format!("HTTPRoute {} handed back", spec.route_ref.name),
+                );
+            }
+            return;
+        }
+        let pinned = self
+            .next
+            .abort
+            .as_ref()
+            .is_some_and(|a| a.reason == AbortReason::PinnedByBundlePin);
+        let last_written = self
+            .next
+            .owned_route
+            .as_ref()
+            .and_then(|o| o.last_written_resource_version.clone());
+        let changed_by_other = last_written.is_some() && route.resource_version != last_written;
+        if changed_by_other && !pinned {
+            let drifted = Some(route.canary_weight)
+                != self
+                    .next
+                    .owned_route
+                    .as_ref()
+                    .and_then(|o| o.written_weight)
+                || route.cohort != self.next.cohort_active
+                || route.mirror != self.next.mirror_active;
+            if route.last_writer.as_deref() == Some(REVERT_FIELD_MANAGER) && drifted {
+                let msg = format!(
+                    "a BundlePin rewrote HTTPRoute {}; the pin wins and this rollout stops",
+                    spec.route_ref.name
+                );
+                if self.next.phase == RolloutPhase::Aborted {
+                    if let Some(a) = self.next.abort.as_mut() {
+                        a.reason = AbortReason::PinnedByBundlePin;
+                    }
+                } else {
+                    self.abort(AbortReason::PinnedByBundlePin, msg.clone(), None);
+                }
+                self.condition(
+                    conditions::ROUTE_OWNED,
+                    Status::False,
+                    reasons::PINNED_BY_BUNDLE_PIN,
+                    msg,
+                );
+                return;
+            }
+            if drifted {
+                self.event(Severity::Warning, reasons::FOREIGN_EDIT_RESTORED, event_actions::RESTORE, format!(
+                    "HTTPRoute {} was edited by {}: canary weight {} (wrote {:?}), cohort {}, mirror {}; restoring",
+                    spec.route_ref.name,
+                    route.last_writer.clone().unwrap_or_else(|| "an unknown writer".into()),
+                    route.canary_weight,
+                    self.next.owned_route.as_ref().and_then(|o| o.written_weight),
+                    route.cohort,
+                    route.mirror
+                ));
+                self.condition(
+                    conditions::ROUTE_OWNED,
+                    Status::True,
+                    reasons::FOREIGN_EDIT_RESTORED,
+                    "a foreign edit of owned weights was restored",
+                );
+            }
+        }
+        if pinned {
+            return;
+        }
+        if route.owner.is_some() && !drift_reported(&self.next) {
+            self.condition(
+                conditions::ROUTE_OWNED,
+                Status::True,
+                "Owned",
+                format!("HTTPRoute {} is owned by this Rollout", spec.route_ref.name),
+            );
+        }
+
+        // Controls.
+        if spec.abort && self.next.phase != RolloutPhase::Aborted {
+            self.abort(AbortReason::Manual, "spec.abort is true".into(), None);
+        }
+        if self.next.phase == RolloutPhase::Aborted
+            && !spec.abort
+            && spec.retry > self.next.retries_handled
+        {
+            self.next.retries_handled = spec.retry;
+            self.next.abort = None;
+            self.next.phase = RolloutPhase::WaitingForCanary;
+            self.next.current_step_index = None;
+            self.event(
+                Severity::Normal,
+                reasons::STEP_IN_PROGRESS,
+                event_actions::STEP,
+                format!("retry {} from the first step", spec.retry),
+            );
+        }
+        match self.next.phase {
+            RolloutPhase::Aborted => self.aborted(&route),
+            RolloutPhase::Invalid => {}
+            RolloutPhase::Pending => {
+                self.next.phase = RolloutPhase::WaitingForCanary;
+                self.event(
+                    Severity::Normal,
+                    "Owned",
+                    event_actions::OWN,
+                    format!("took ownership of HTTPRoute {}", spec.route_ref.name),
+                );
+                self.write(Desired::abort());
+                self.waiting();
+            }
+            RolloutPhase::WaitingForCanary => {
+                self.write(Desired::abort());
+                self.waiting();
+            }
+            RolloutPhase::Promoted => {
+                self.write(desired_promoted());
+                let deadline = dur(&spec.hand_back_deadline, Duration::from_secs(86_400));
+                let waited = since(self.next.promoted_at.as_ref(), self.now);
+                if waited >= deadline {
+                    self.condition(conditions::HAND_BACK_OVERDUE, Status::True, reasons::HAND_BACK_OVERDUE, format!("promoted {}s ago; the Git change making the canary stable should delete this Rollout", waited.as_secs()));
+                } else {
+                    self.wake(deadline - waited);
+                }
+            }
+            RolloutPhase::Progressing | RolloutPhase::Paused => self.progressing(),
+        }
+    }
+
+    fn waiting(&mut self) {
+        let spec = self.spec;
+        match self.obs.canary_ready {
+            Some(true) => {
+                self.condition(
+                    conditions::CANARY_READY,
+                    Status::True,
+                    "Ready",
+                    format!(
+                        "{} {} is ready",
+                        spec.canary_workload.kind, spec.canary_workload.name
+                    ),
+                );
+                if spec.promote_full {
+                    self.promote("spec.promoteFull".into());
+                } else {
+                    self.start_step(0);
+                    self.progressing();
+                }
+            }
+            _ => {
+                let deadline = dur(&spec.canary_ready_deadline, Duration::from_secs(600));
+                let waited = since(
+                    self.next
+                        .owned_route
+                        .as_ref()
+                        .and_then(|o| o.owned_since.as_ref()),
+                    self.now,
+                );
+                let msg = format!(
+                    "{} {} is not ready; no live weight until it is",
+                    spec.canary_workload.kind, spec.canary_workload.name
+                );
+                self.condition(
+                    conditions::CANARY_READY,
+                    Status::False,
+                    reasons::WAITING_FOR_CANARY,
+                    msg.clone(),
+                );
+                if waited >= deadline {
+                    self.abort(
+                        AbortReason::CanaryNotReady,
+                        format!("{msg}; deadline {}s passed", deadline.as_secs()),
+                        None,
+                    );
+                } else {
+                    self.wake(self.interval().min(deadline - waited));
+                }
+            }
+        }
+    }
+
+    fn progressing(&mut self) {
+        let spec = self.spec;
+        if spec.promote_full {
+            self.finish_step(StepOutcome::Promoted);
+            self.promote("spec.promoteFull".into());
+            return;
+        }
+        let mut index = self.next.current_step_index.unwrap_or(0) as usize;
+        if spec.paused {
+            self.next.phase = RolloutPhase::Paused;
+            self.condition(
+                conditions::PROGRESSING,
+                Status::True,
+                reasons::PAUSED,
+                "spec.paused is true",
+            );
+            self.write(desired_at(spec, index));
+            return;
+        }
+        // Bounded: each pass completes a step or stops.
+        for _ in 0..=spec.steps.len() {
+            let Some(_) = spec.steps.get(index) else {
+                self.promote("all steps passed".into());
+                return;
+            };
+            if !self.run_step(index) {
+                if self.next.phase != RolloutPhase::Aborted {
+                    self.write(desired_at(spec, index));
+                }
+                return;
+            }
+            let outcome = if spec
+                .promote_through_step
+                .is_some_and(|p| p as usize >= index)
+            {
+                StepOutcome::Promoted
+            } else {
+                StepOutcome::Passed
+            };
+            self.finish_step(outcome);
+            index += 1;
+            self.start_step(index);
+            if self.next.phase == RolloutPhase::Promoted {
+                return;
+            }
+        }
+    }
+
+    fn aborted(&mut self, route: &RouteState) {
+        let reverted = route.canary_weight == 0 && !route.cohort && !route.mirror;
+        if !self
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::WriteRoute(_)))
+        {
+            self.write(Desired::abort());
+        }
+        let Some(a) = self.next.abort.clone() else {
+            return;
+        };
+        let mut a = a;
+        if reverted && a.route_reverted_at.is_none() {
+            a.route_reverted_at = Some(Time(self.now));
+        }
+        if a.route_reverted_at.is_some() && a.revert_verified_at.is_none() {
+            match self.obs.applied_share {
+                Some(s)
+                    if s <= REVERTED_SHARE_PERCENT
+                        && a.route_reverted_at.as_ref().is_some_and(|t| t.0 < self.now) =>
+                {
+                    a.revert_verified_at = Some(Time(self.now));
+                    self.event(
+                        Severity::Normal,
+                        "RevertVerified",
+                        event_actions::ABORT,
+                        format!("the mesh reports canary share {s:.2}% after the abort"),
+                    );
+                }
+                _ => self.wake(self.interval()),
+            }
+        }
+        self.next.abort = Some(a);
+    }
+
+    fn route_problem(&mut self, reason: &'static str, message: String) {
+        let before =
+            cond::find(&self.next.conditions, conditions::ROUTE_OWNED).map(|c| c.reason.clone());
+        self.condition(
+            conditions::ROUTE_OWNED,
+            Status::False,
+            reason,
+            message.clone(),
+        );
+        if before.as_deref() != Some(reason) {
+            self.event(Severity::Warning, reason, event_actions::OWN, message);
+        }
+        self.wake(self.interval());
+    }
+}
+
+fn drift_reported(_s: &RolloutStatus) -> bool {
+    false
+}
+
+fn desired_promoted() -> Desired {
+    Desired {
+        weight: 100,
+        cohort: None,
+        mirror: None,
+    }
+}
+
+fn truncate(s: &str) -> String {
+    s.chars().take(1024).collect()
+}
+
+/// Runs the state machine for a valid spec from `status`.
+pub fn step(
+    spec: &RolloutSpec,
+    status: RolloutStatus,
+    obs: &Observations,
+    now: Timestamp,
+) -> Decision {
+    let mut m = Machine {
+        spec,
+        obs,
+        now,
+        next: status,
+        actions: Vec::new(),
+        requeue: None,
+    };
+    m.run();
+    Decision {
+        actions: m.actions,
+        status: m.next,
+        requeue: m.requeue.map_or(Requeue::AwaitChange, Requeue::After),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    fn spec() -> RolloutSpec {
+        serde_json::from_value(serde_json::json!({
+            "routeRef": {"name": "checkout"},
+            "stableService": {"name": "v1"},
+            "canaryService": {"name": "v2"},
+            "canaryWorkload": {"name": "v2"},
+            "analysisInterval": "1s",
+            "steps": [{"mirror": {"duration": "2s"}}, {"setWeight": {"weight": 5, "duration": "2s"}}, {"promote": {}}]
+        }))
+        .unwrap()
+    }
+
+    fn route(w: u32, mirror: bool) -> RouteObs {
+        RouteObs::Present(RouteState {
+            resource_version: Some("1".into()),
+            owner: Some("shop/checkout".into()),
+            me: "shop/checkout".into(),
+            canary_weight: w,
+            mirror,
+            ..RouteState::default()
+        })
+    }
+
+    fn writes(d: &Decision) -> Vec<u32> {
+        d.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::WriteRoute(d) => Some(d.weight),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn no_weight_before_ready_then_mirror_then_share_then_abort_on_fail() {
+        let s = spec();
+        let mut obs = Observations {
+            route: route(0, false),
+            canary_ready: Some(false),
+            ..Default::default()
+        };
+        let d = step(&s, RolloutStatus::default(), &obs, t(0));
+        assert_eq!(d.status.phase, RolloutPhase::WaitingForCanary);
+        assert_eq!(writes(&d), vec![0], "ownership taken at weight 0");
+        obs.canary_ready = Some(true);
+        let d = step(&s, d.status, &obs, t(1));
+        assert_eq!(d.status.current_step_index, Some(0));
+        assert!(d.status.mirror_active);
+        obs.route = route(0, true);
+        let d = step(&s, d.status, &obs, t(4));
+        assert_eq!(d.status.current_step_index, Some(1), "mirror step elapsed");
+        assert_eq!(d.status.desired_weight, Some(5));
+        assert!(
+            !d.status.mirror_active,
+            "mirror ends at the first weight step"
+        );
+        // Share not yet applied: no judgement, even on a failing verdict.
+        obs.route = route(5, false);
+        let fail = GateVerdict {
+            gate: "error-ratio".into(),
+            verdict: Verdict::Fail,
+            reason: sluice_api::v1alpha1::VerdictReason::ThresholdBreached,
+            message: None,
+            value: Some(0.023),
+            baseline: Some(0.01),
+            threshold: Some(0.015),
+            samples: Some(1000),
+            min_samples: Some(100),
+            consecutive_failures: 1,
+            inconclusive_since: None,
+            evaluated_at: Time(t(5)),
+        };
+        obs.gates = vec![(fail.clone(), GateAction::Abort)];
+        obs.applied_share = Some(1.0);
+        let d = step(&s, d.status, &obs, t(5));
+        assert_eq!(
+            d.status.phase,
+            RolloutPhase::Progressing,
+            "never judged on the written weight"
+        );
+        obs.applied_share = Some(5.3);
+        obs.gates.clear();
+        let d = step(&s, d.status, &obs, t(6));
+        assert!(
+            d.status
+                .history
+                .last()
+                .unwrap()
+                .share_confirmed_at
+                .is_some()
+        );
+        let mut f = fail;
+        f.evaluated_at = Time(t(7));
+        obs.gates = vec![(f, GateAction::Abort)];
+        let d = step(&s, d.status, &obs, t(7));
+        assert_eq!(d.status.phase, RolloutPhase::Aborted);
+        assert_eq!(writes(&d), vec![0], "abort writes weight 0 once");
+        let a = d.status.abort.clone().unwrap();
+        assert_eq!(a.reason, AbortReason::GateFailed);
+        obs.route = route(0, false);
+        obs.gates.clear();
+        obs.applied_share = Some(0.1);
+        let d2 = step(&s, d.status.clone(), &obs, t(8));
+        assert!(
+            d2.status
+                .abort
+                .as_ref()
+                .unwrap()
+                .route_reverted_at
+                .is_some()
+        );
+        let d3 = step(&s, d2.status, &obs, t(9));
+        assert!(
+            d3.status.abort.unwrap().revert_verified_at.is_some(),
+            "share ~0 verified"
+        );
+        // A restarted operator with the same status decides the same.
+        assert_eq!(
+            step(&s, d.status.clone(), &obs, t(8)).status.phase,
+            RolloutPhase::Aborted
+        );
+    }
+
+    #[test]
+    fn bundle_pin_rewrite_aborts_and_stops() {
+        let s = spec();
+        let st = RolloutStatus {
+            phase: RolloutPhase::Progressing,
+            current_step_index: Some(1),
+            owned_route: Some(OwnedRouteStatus {
+                last_written_resource_version: Some("1".into()),
+                written_weight: Some(5),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let RouteObs::Present(mut r) = route(0, false) else {
+            unreachable!()
+        };
+        r.resource_version = Some("2".into());
+        r.last_writer = Some(REVERT_FIELD_MANAGER.into());
+        let obs = Observations {
+            route: RouteObs::Present(r),
+            canary_ready: Some(true),
+            ..Default::default()
+        };
+        let d = step(&s, st, &obs, t(0));
+        assert_eq!(
+            d.status.abort.as_ref().unwrap().reason,
+            AbortReason::PinnedByBundlePin
+        );
+        assert!(writes(&d).is_empty(), "never fights the pin");
+    }
+}
