@@ -1096,4 +1096,118 @@ mod tests {
         );
         assert!(writes(&d).is_empty(), "never fights the pin");
     }
+
+    #[test]
+    fn controls_table() {
+        let progressing = |idx: u32| RolloutStatus {
+            phase: RolloutPhase::Progressing,
+            current_step_index: Some(idx),
+            current_step_started_at: Some(Time(t(0))),
+            ..Default::default()
+        };
+        let aborted = RolloutStatus {
+            phase: RolloutPhase::Aborted,
+            abort: Some(AbortStatus {
+                reason: AbortReason::Manual,
+                message: None,
+                gate: None,
+                step_index: Some(1),
+                first_failed_at: None,
+                decided_at: Time(t(0)),
+                route_reverted_at: Some(Time(t(0))),
+                revert_verified_at: None,
+            }),
+            ..Default::default()
+        };
+        let with = |patch: serde_json::Value| {
+            let mut v = serde_json::to_value(spec()).unwrap();
+            for (k, x) in patch.as_object().unwrap() {
+                v[k] = x.clone();
+            }
+            serde_json::from_value::<RolloutSpec>(v).unwrap()
+        };
+        let table: Vec<(
+            &str,
+            RolloutSpec,
+            RolloutStatus,
+            i64,
+            RolloutPhase,
+            Option<u32>,
+        )> = vec![
+            (
+                "manual abort",
+                with(serde_json::json!({"abort": true})),
+                progressing(1),
+                1,
+                RolloutPhase::Aborted,
+                Some(0),
+            ),
+            (
+                "paused holds the weight",
+                with(serde_json::json!({"paused": true})),
+                progressing(1),
+                1,
+                RolloutPhase::Paused,
+                Some(5),
+            ),
+            (
+                "promoteFull",
+                with(serde_json::json!({"promoteFull": true})),
+                progressing(1),
+                1,
+                RolloutPhase::Promoted,
+                Some(100),
+            ),
+            (
+                "promoteThroughStep skips analysis",
+                with(serde_json::json!({"promoteThroughStep": 1})),
+                progressing(1),
+                1,
+                RolloutPhase::Promoted,
+                Some(100),
+            ),
+            (
+                "share never applied: abort after the deadline",
+                with(serde_json::json!({"appliedShareDeadline": "3s"})),
+                progressing(1),
+                4,
+                RolloutPhase::Aborted,
+                Some(0),
+            ),
+            (
+                "share not yet applied: hold",
+                spec(),
+                progressing(1),
+                2,
+                RolloutPhase::Progressing,
+                Some(5),
+            ),
+            (
+                "retry restarts",
+                with(serde_json::json!({"retry": 1})),
+                aborted.clone(),
+                1,
+                RolloutPhase::Progressing,
+                Some(0),
+            ),
+            (
+                "aborted stays aborted",
+                spec(),
+                aborted,
+                1,
+                RolloutPhase::Aborted,
+                Some(0),
+            ),
+        ];
+        for (name, s, st, now, phase, weight) in table {
+            let obs = Observations {
+                route: route(5, false),
+                canary_ready: Some(true),
+                ..Default::default()
+            };
+            let d = step(&s, st, &obs, t(now));
+            assert_eq!(d.status.phase, phase, "{name}");
+            assert_eq!(d.status.desired_weight, weight, "{name}");
+        }
+    }
 }
