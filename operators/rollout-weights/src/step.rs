@@ -1126,14 +1126,15 @@ mod tests {
             }
             serde_json::from_value::<RolloutSpec>(v).unwrap()
         };
-        let table: Vec<(
-            &str,
+        type Row = (
+            &'static str,
             RolloutSpec,
             RolloutStatus,
             i64,
             RolloutPhase,
             Option<u32>,
-        )> = vec![
+        );
+        let table: Vec<Row> = vec![
             (
                 "manual abort",
                 with(serde_json::json!({"abort": true})),
