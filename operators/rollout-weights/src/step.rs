@@ -684,7 +684,7 @@ impl Machine<'_> {
         if pinned {
             return;
         }
-        if route.owner.is_some() && !drift_reported(&self.next) {
+        if route.owner.is_some() {
             self.condition(
                 conditions::ROUTE_OWNED,
                 Status::True,
@@ -894,10 +894,6 @@ impl Machine<'_> {
         }
         self.wake(self.interval());
     }
-}
-
-fn drift_reported(_s: &RolloutStatus) -> bool {
-    false
 }
 
 fn desired_promoted() -> Desired {
