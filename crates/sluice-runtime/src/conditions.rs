@@ -127,6 +127,62 @@ pub fn remove(conditions: &mut Vec<Condition>, type_: &str) -> bool {
     before != conditions.len()
 }
 
+/// Condition type every sluice kind carries: whether the spec was accepted.
+pub const READY: &str = "Ready";
+/// Reason of `Ready=True` once the spec passed validation.
+pub const VALID: &str = "Valid";
+/// Reason of `Ready=False` while the spec is invalid.
+pub const INVALID_SPEC: &str = "InvalidSpec";
+
+/// What [`set_validity`] did to a status's conditions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Validity {
+    /// The spec had no problems.
+    pub valid: bool,
+    /// `Ready` was `InvalidSpec` before this decision.
+    pub was_invalid: bool,
+    /// `Ready` changed status, reason or message: worth an Event.
+    pub transitioned: bool,
+    /// The `Ready` condition's message.
+    pub message: String,
+}
+
+/// Sets the `Ready` condition from a spec's validation problems (empty when valid), keeping
+/// `lastTransitionTime` when nothing changed. Shared by every operator's decide step.
+pub fn set_validity(
+    conditions: &mut Vec<Condition>,
+    problems: &[String],
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Validity {
+    let before = find(conditions, READY).cloned();
+    let was_invalid = before.as_ref().is_some_and(|c| c.reason == INVALID_SPEC);
+    let valid = problems.is_empty();
+    let ready = if valid {
+        new(READY, Status::True, VALID, "spec is valid", generation, now)
+    } else {
+        new(
+            READY,
+            Status::False,
+            INVALID_SPEC,
+            problems_message(problems),
+            generation,
+            now,
+        )
+    };
+    let transitioned = before.as_ref().is_none_or(|b| {
+        b.status != ready.status || b.reason != ready.reason || b.message != ready.message
+    });
+    let message = ready.message.clone();
+    set(conditions, ready);
+    Validity {
+        valid,
+        was_invalid,
+        transitioned,
+        message,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,14 +8,8 @@
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use sluice_api::v1alpha1::{
-    RolloutPhase, RolloutSpec, RolloutStatus,
-    rollout::{conditions, reasons},
-};
-use sluice_runtime::{
-    conditions::{self as cond, Status},
-    events::Severity,
-};
+use sluice_api::v1alpha1::{RolloutPhase, RolloutSpec, RolloutStatus, rollout::reasons};
+use sluice_runtime::{conditions as cond, events::Severity};
 
 use crate::validity;
 
@@ -92,43 +86,17 @@ pub fn decide_validity(
 ) -> Decision {
     let mut next = status.cloned().unwrap_or_default();
     next.observed_generation = obs.generation;
-    let before = cond::find(&next.conditions, conditions::READY).cloned();
-    let was_invalid = before
-        .as_ref()
-        .is_some_and(|c| c.reason == reasons::INVALID_SPEC);
-
-    let ready = if problems.is_empty() {
-        if was_invalid && next.phase == RolloutPhase::Invalid {
-            next.phase = RolloutPhase::Pending;
-        }
-        cond::new(
-            conditions::READY,
-            Status::True,
-            reasons::VALID,
-            "spec is valid",
-            obs.generation,
-            now,
-        )
-    } else {
+    let validity = cond::set_validity(&mut next.conditions, problems, obs.generation, now);
+    if !validity.valid {
         next.phase = RolloutPhase::Invalid;
-        cond::new(
-            conditions::READY,
-            Status::False,
-            reasons::INVALID_SPEC,
-            cond::problems_message(problems),
-            obs.generation,
-            now,
-        )
-    };
-    let transitioned = before.as_ref().is_none_or(|b| {
-        b.status != ready.status || b.reason != ready.reason || b.message != ready.message
-    });
-    let note = ready.message.clone();
-    cond::set(&mut next.conditions, ready);
+    } else if validity.was_invalid && next.phase == RolloutPhase::Invalid {
+        next.phase = RolloutPhase::Pending;
+    }
+    let note = validity.message;
 
     let mut actions = Vec::new();
-    if transitioned {
-        actions.push(if problems.is_empty() {
+    if validity.transitioned {
+        actions.push(if validity.valid {
             Action::Event {
                 severity: Severity::Normal,
                 reason: reasons::VALID,
@@ -156,6 +124,7 @@ pub fn decide_validity(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_api::v1alpha1::rollout::conditions;
 
     fn t(secs: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + secs).unwrap()
