@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod git;
+pub mod operator_binary;
 pub mod prometheus;
 pub mod registry;
 pub mod remote_write;
