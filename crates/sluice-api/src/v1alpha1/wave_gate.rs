@@ -88,6 +88,12 @@ pub struct WaveGateSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 71, max = 71), regex(pattern = r"^sha256:[a-f0-9]{64}$"))]
     pub previous_revision: Option<String>,
+    /// Source commit sha of the bundle at `revision` (its `org.opencontainers.image.revision`
+    /// annotation): the value of the drift exporter's commit label. Required when
+    /// `driftGate.exporter` is Platform (the operator refuses the spec otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 7, max = 64), regex(pattern = r"^[a-f0-9]+$"))]
+    pub source_commit: Option<String>,
     /// Waves in order. Every cluster of the site is named in exactly one wave. 1..16 waves.
     #[schemars(length(min = 1, max = 16))]
     #[schemars(extend("x-kubernetes-validations" = [
