@@ -10,7 +10,9 @@
 #    validated by `kubernetes-validate --strict` against the oldest Kubernetes the chart supports
 #    and the newest the validator knows, then checked by scripts/chart_assert.py (hardening,
 #    wiring, least-privilege RBAC; the default render against charts/sluice/ci/rbac-table.txt);
-# 4. values.schema.json and the chart's own checks reject bad values with a clear message.
+# 4. values.schema.json and the chart's own checks reject bad values with a clear message;
+# 5. with monitoring on: the PrometheusRule passes `promtool check rules` and the cases of
+#    charts/sluice/ci/alerts-test.yaml (`promtool test rules`; skipped without promtool).
 # Needs helm v4 and kubernetes-validate (bash scripts/install-tools.sh).
 set -uo pipefail
 
@@ -107,6 +109,19 @@ duck_configmap_matches_api() {
   done
 }
 
+# The PrometheusRule as rendered: its rule groups pass `promtool check rules` and the cases of
+# charts/sluice/ci/alerts-test.yaml pass `promtool test rules`.
+alert_rules() {
+  local dir="$OUT/alerts"
+  mkdir -p "$dir"
+  helm template "$RELEASE" "$CHART" --namespace "$NAMESPACE" --set monitoring.prometheusRule.enabled=true \
+    --show-only templates/monitoring/prometheusrule.yaml >"$dir/rendered.yaml" || return 1
+  "$PY" -c 'import sys, yaml; yaml.safe_dump(yaml.safe_load(open(sys.argv[1]))["spec"], open(sys.argv[2], "w"), sort_keys=False)' \
+    "$dir/rendered.yaml" "$dir/rules.yaml" || return 1
+  cp "$CHART/ci/alerts-test.yaml" "$dir/" || return 1
+  promtool check rules "$dir/rules.yaml" && promtool test rules "$dir/alerts-test.yaml"
+}
+
 crds_match() {
   [ -d "$CHART/crds" ] || { echo "$CHART/crds is missing: run crdgen (it writes crds/ and $CHART/crds/)"; return 1; }
   diff -r crds "$CHART/crds" || { echo "run crdgen: $CHART/crds/ must equal crds/"; return 1; }
@@ -177,6 +192,25 @@ main() {
     fail "helm template (variant values)" "$(cat "$OUT/render.err")"
   fi
 
+  # Monitoring: ServiceMonitor, PrometheusRule and dashboards rendered and validated; alert rules
+  # unit-tested with promtool when it is installed.
+  if render monitoring --set monitoring.serviceMonitor.enabled=true --set monitoring.prometheusRule.enabled=true \
+    --set monitoring.dashboards.enabled=true 2>"$OUT/render.err"; then
+    pass "helm template (monitoring enabled)"
+    check "kubernetes-validate --strict (monitoring enabled)" validate monitoring
+    check "manifests and RBAC (monitoring enabled)" "$PY" scripts/chart_assert.py "$OUT/monitoring.yaml" \
+      --enabled "$(IFS=,; echo "${OPERATORS[*]}")" --release-namespace "$NAMESPACE" \
+      --argocd-namespace "$ARGOCD_NAMESPACE" --route-owner-annotation "$ROUTE_OWNER_ANNOTATION"
+  else
+    fail "helm template (monitoring enabled)" "$(cat "$OUT/render.err")"
+  fi
+  if command -v promtool >/dev/null 2>&1; then
+    check "promtool check rules + test rules (ci/alerts-test.yaml)" alert_rules
+  else
+    skipped=$((skipped + 1))
+    echo "skip promtool test rules: promtool is not installed (Debian package prometheus)"
+  fi
+
   # Bad values are refused before anything renders.
   expect_rejected "schema rejects rolloutWeights.replicas=-1" "at '/rolloutWeights/replicas': minimum" \
     --set rolloutWeights.replicas=-1
@@ -190,6 +224,11 @@ main() {
     --set 'revert.publicKeySecrets[0]=Not_A_Name'
   expect_rejected "chart refuses Kubernetes older than 1.33" "chart requires kubeVersion: >=1.33.0-0" \
     --kube-version 1.32.0
+  expect_rejected "chart refuses a ServiceMonitor without metrics Services" \
+    "monitoring.serviceMonitor.enabled needs metrics.service.enabled" \
+    --set monitoring.serviceMonitor.enabled=true --set metrics.service.enabled=false
+  expect_rejected "schema rejects a bad alert duration" "at '/monitoring/prometheusRule/alerts/rolloutStuckFor'" \
+    --set monitoring.prometheusRule.alerts.rolloutStuckFor=soon
   expect_rejected "chart rejects renewSeconds >= leaseDurationSeconds" \
     "leaderElection.renewSeconds (15) must be less than leaderElection.leaseDurationSeconds (15)" \
     --set leaderElection.renewSeconds=15
