@@ -1,0 +1,162 @@
+//! The one error type of the gitops crate, with a bounded [`GitopsError::category`] (a metric
+//! label and an Event reason). Messages say what failed, where, and what to do; they never carry
+//! a token.
+
+/// Everything that can go wrong pushing a branch or opening a pull request.
+#[derive(Debug, thiserror::Error)]
+pub enum GitopsError {
+    /// The `git` binary is not installed.
+    #[error("the git binary was not found on PATH; install git in the operator image")]
+    GitMissing,
+    /// A git command failed.
+    #[error("`git {args}` failed ({status}): {stderr}")]
+    Git {
+        /// The arguments (never a token: credentials travel in the environment).
+        args: String,
+        /// Exit status.
+        status: String,
+        /// Standard error, trimmed.
+        stderr: String,
+    },
+    /// The commit to revert is not on the base branch.
+    #[error(
+        "commit {commit} is not on branch {base} of {repository}; name a commit of the base branch in spec.gitRevert.commit"
+    )]
+    CommitNotOnBase {
+        /// The commit asked for.
+        commit: String,
+        /// The base branch.
+        base: String,
+        /// The repository URL (without credentials).
+        repository: String,
+    },
+    /// Reverting the commit conflicts with later changes.
+    #[error(
+        "reverting {commit} onto {base} conflicts with later changes in {paths}; revert it by hand"
+    )]
+    RevertConflict {
+        /// The commit.
+        commit: String,
+        /// The base branch.
+        base: String,
+        /// The conflicting paths.
+        paths: String,
+    },
+    /// Local I/O (a temporary checkout).
+    #[error("gitops I/O at {path}: {source}")]
+    Io {
+        /// Path involved.
+        path: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The forge could not be reached.
+    #[error("forge at {url} unreachable: {source}; check the forge URL and network policy")]
+    ForgeUnavailable {
+        /// The URL called.
+        url: String,
+        /// The underlying error.
+        source: reqwest::Error,
+    },
+    /// The forge answered with an error.
+    #[error("forge {method} {url} answered {status}: {body}")]
+    Forge {
+        /// HTTP method.
+        method: &'static str,
+        /// The URL called.
+        url: String,
+        /// HTTP status.
+        status: u16,
+        /// Response body (truncated).
+        body: String,
+    },
+    /// The forge rejected the token.
+    #[error(
+        "forge {url} rejected the token ({status}); give the token write access to pull requests of the repository"
+    )]
+    ForgeUnauthorized {
+        /// The URL called.
+        url: String,
+        /// HTTP status (401 or 403).
+        status: u16,
+    },
+}
+
+impl GitopsError {
+    /// Bounded category: a metric label and an Event reason, never a payload.
+    pub fn category(&self) -> &'static str {
+        match self {
+            GitopsError::GitMissing => "GitMissing",
+            GitopsError::Git { .. } => "Git",
+            GitopsError::CommitNotOnBase { .. } => "CommitNotOnBase",
+            GitopsError::RevertConflict { .. } => "RevertConflict",
+            GitopsError::Io { .. } => "Io",
+            GitopsError::ForgeUnavailable { .. } => "ForgeUnavailable",
+            GitopsError::Forge { .. } => "Forge",
+            GitopsError::ForgeUnauthorized { .. } => "ForgeUnauthorized",
+        }
+    }
+
+    /// Whether retrying later may succeed without a change of input.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            GitopsError::Git { .. } | GitopsError::Io { .. } => true,
+            GitopsError::ForgeUnavailable { .. } => true,
+            GitopsError::Forge { status, .. } => *status >= 500 || *status == 429,
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn categories_are_bounded_and_transience_is_by_cause() {
+        let table: Vec<(GitopsError, &str, bool)> = vec![
+            (GitopsError::GitMissing, "GitMissing", false),
+            (
+                GitopsError::CommitNotOnBase {
+                    commit: "abc".into(),
+                    base: "main".into(),
+                    repository: "file:///x".into(),
+                },
+                "CommitNotOnBase",
+                false,
+            ),
+            (
+                GitopsError::Forge {
+                    method: "POST",
+                    url: "u".into(),
+                    status: 503,
+                    body: String::new(),
+                },
+                "Forge",
+                true,
+            ),
+            (
+                GitopsError::Forge {
+                    method: "POST",
+                    url: "u".into(),
+                    status: 422,
+                    body: String::new(),
+                },
+                "Forge",
+                false,
+            ),
+            (
+                GitopsError::ForgeUnauthorized {
+                    url: "u".into(),
+                    status: 401,
+                },
+                "ForgeUnauthorized",
+                false,
+            ),
+        ];
+        for (err, category, transient) in table {
+            assert_eq!(err.category(), category, "{err}");
+            assert_eq!(err.is_transient(), transient, "{err}");
+        }
+    }
+}
