@@ -122,6 +122,54 @@ alert_rules() {
   promtool check rules "$dir/rules.yaml" && promtool test rules "$dir/alerts-test.yaml"
 }
 
+# The container image's inputs (no container engine in CI): every binary a rendered Deployment
+# runs is built and installed by the Dockerfile from a workspace package, the image's user is the
+# chart's runAsUser, and .dockerignore keeps what the build copies.
+image_inputs() {
+  local bin pkg rc=0
+  for bin in $(sed -n 's|.*command: \["/usr/local/bin/\([a-z-]*\)"\]|\1|p' "$OUT/default.yaml" | sort -u) kubectl-sluice; do
+    grep -q -- "-p $bin\b" Dockerfile || { echo "Dockerfile does not build package $bin (cargo build -p $bin)"; rc=1; }
+    grep -q "for bin in .*\b$bin\b" Dockerfile || { echo "Dockerfile does not install $bin into /usr/local/bin"; rc=1; }
+  done
+  for pkg in $(grep -o -- '-p [a-z-]*' Dockerfile | cut -d' ' -f2 | sort -u); do
+    grep -qx "name = \"$pkg\"" crates/*/Cargo.toml operators/*/Cargo.toml \
+      || { echo "Dockerfile builds -p $pkg, which no workspace package is named"; rc=1; }
+  done
+  local uid
+  uid="$(sed -n 's/^ *runAsUser: \([0-9]*\)$/\1/p' "$OUT/default.yaml" | sort -u)"
+  grep -qx "USER $uid:$uid" Dockerfile || { echo "Dockerfile USER is not the chart's runAsUser ($uid)"; rc=1; }
+  for path in Cargo.toml Cargo.lock crates/ operators/; do
+    grep -qx "!$path" .dockerignore || { echo ".dockerignore excludes $path, which the Dockerfile copies"; rc=1; }
+  done
+  return "$rc"
+}
+
+# The rendered argocd-cm snippet holds each sluice kind's Lua health check exactly as
+# charts/sluice/argocd/health/<Kind>.lua (the file crates/sluice-chart-tests runs) and the
+# HTTPRoute ignoreDifferences naming sluice-api's field managers.
+argocd_customizations() {
+  "$PY" - "$OUT/default.yaml" "$CHART/argocd/health" <<'PYEOF'
+import os, sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+cms = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-argocd-cm")]
+if len(cms) != 1:
+    sys.exit(f"expected one ConfigMap *-argocd-cm, found {len(cms)}")
+data = cms[0]["data"]
+for kind in ("Rollout", "WaveGate", "BundlePin", "RevisionUpgrade", "GateTemplate"):
+    key = f"resource.customizations.health.sluice.dev_{kind}"
+    want = open(os.path.join(sys.argv[2], f"{kind}.lua")).read()
+    if data.get(key, "").rstrip("\n") != want.rstrip("\n"):
+        sys.exit(f"{key} differs from argocd/health/{kind}.lua")
+ign = yaml.safe_load(data["resource.customizations.ignoreDifferences.gateway.networking.k8s.io_HTTPRoute"])
+if sorted(ign["managedFieldsManagers"]) != ["sluice-revert", "sluice-rollout-weights"]:
+    sys.exit(f"HTTPRoute ignoreDifferences names {ign['managedFieldsManagers']}")
+PYEOF
+  local m
+  for m in $(sed -n 's/^pub const FIELD_MANAGER: &str = "\(.*\)";$/\1/p' crates/sluice-api/src/v1alpha1/rollout.rs crates/sluice-api/src/v1alpha1/bundle_pin.rs); do
+    grep -q -- "- $m\$" "$CHART/values.yaml" || { echo "values.yaml argocd.resourceCustomizations.routeFieldManagers lacks sluice-api's FIELD_MANAGER $m"; return 1; }
+  done
+}
+
 crds_match() {
   [ -d "$CHART/crds" ] || { echo "$CHART/crds is missing: run crdgen (it writes crds/ and $CHART/crds/)"; return 1; }
   diff -r crds "$CHART/crds" || { echo "run crdgen: $CHART/crds/ must equal crds/"; return 1; }
@@ -155,6 +203,8 @@ main() {
     pass "helm template (default values)"
     check "kubernetes-validate --strict (default values)" validate default
     check "duck ConfigMap matches sluice-api's DUCK_* constants" duck_configmap_matches_api
+    check "Dockerfile builds every binary the chart runs, as its user" image_inputs
+    check "Argo CD resource customizations ship every health check verbatim" argocd_customizations
     check "manifests and RBAC table (default values)" "$PY" scripts/chart_assert.py "$OUT/default.yaml" \
       --enabled "$(IFS=,; echo "${OPERATORS[*]}")" --release-namespace "$NAMESPACE" \
       --argocd-namespace "$ARGOCD_NAMESPACE" --rbac-table "$RBAC_TABLE" --route-owner-annotation "$ROUTE_OWNER_ANNOTATION"

@@ -181,6 +181,9 @@ metadata:
   namespace: {{ $root.Release.Namespace }}
   labels:
     {{- include "sluice.labels" . | nindent 4 }}
+  annotations:
+    # Under Argo CD: after the CRDs and RBAC of wave 0 are applied and healthy.
+    argocd.argoproj.io/sync-wave: {{ $root.Values.argocd.syncWave.operators | quote }}
 spec:
   replicas: {{ $v.replicas }}
   revisionHistoryLimit: 3
