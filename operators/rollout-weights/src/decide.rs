@@ -1,92 +1,58 @@
-//! The pure heart of sluice-rollout-weights: (spec, current status, observations, now) → (actions, next
-//! status).
+//! The pure heart of sluice-rollout-weights: (spec, current status, observations, now) → (actions,
+//! next status, requeue).
 //!
-//! Today it validates what CEL cannot express and sets `status.observedGeneration`, the phase
-//! and the `Ready` condition; the operator's state machine grows here. Must never do I/O or
-//! read the clock.
-
-use std::time::Duration;
+//! Owns the order of judgement: validity first (what CEL cannot express; sets
+//! `status.observedGeneration`, the `Ready` condition and phase `Invalid`), then, for a valid spec
+//! only, the state machine in [`crate::step`]. Must never do I/O or read the clock.
 
 use k8s_openapi::jiff::Timestamp;
 use sluice_api::v1alpha1::{RolloutPhase, RolloutSpec, RolloutStatus, rollout::reasons};
 use sluice_runtime::{conditions as cond, events::Severity};
 
-use crate::validity;
-
-/// What the reconcile saw besides the object's spec and status.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Observations {
-    /// `metadata.generation` of the object.
-    pub generation: Option<i64>,
-    /// Whether the platform allows free-form PromQL in namespaced objects (off by default:
-    /// it runs with the operator's view of all metrics).
-    pub allow_free_form_promql: bool,
-}
-
-/// Something the reconcile must do after the status is written.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Action {
-    /// Publish a Kubernetes Event about the Rollout.
-    Event {
-        /// Normal or Warning.
-        severity: Severity,
-        /// CamelCase reason.
-        reason: &'static str,
-        /// CamelCase action.
-        action: &'static str,
-        /// Human-readable note.
-        note: String,
-    },
-}
-
-/// When to look at the object again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Requeue {
-    /// Only when the object (or something it watches) changes.
-    AwaitChange,
-    /// After this long, even without a change.
-    After(Duration),
-}
-
-/// The outcome of [`decide`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct Decision {
-    /// Effects to carry out after the status write succeeded.
-    pub actions: Vec<Action>,
-    /// The status to write (equal to the current one when nothing changed).
-    pub status: RolloutStatus,
-    /// When to reconcile again.
-    pub requeue: Requeue,
-}
+pub use crate::step::{Action, Decision, Observations, Requeue};
+use crate::{step, validity};
 
 /// The Event action name of validation outcomes.
 pub const VALIDATE: &str = "Validate";
 
-/// Decides the next status of a Rollout.
+/// Decides the next status of a Rollout: validity, then the state machine when the spec is
+/// valid. `allow_free_form_promql` is the platform's policy for free-form PromQL gates.
 pub fn decide(
     spec: &RolloutSpec,
     status: Option<&RolloutStatus>,
     obs: &Observations,
+    allow_free_form_promql: bool,
     now: Timestamp,
 ) -> Decision {
-    decide_validity(
-        &validity::problems(spec, obs.allow_free_form_promql),
+    let checked = decide_validity(
+        &validity::problems(spec, allow_free_form_promql),
         status,
-        obs,
+        obs.generation,
         now,
-    )
+    );
+    if checked.status.phase == RolloutPhase::Invalid {
+        // An invalid spec is waited on; a Rollout being deleted still hands its route back.
+        if !obs.deleting {
+            return checked;
+        }
+    }
+    let mut next = step::step(spec, checked.status, obs, now);
+    let mut actions = checked.actions;
+    actions.append(&mut next.actions);
+    next.actions = actions;
+    next
 }
 
 /// The validity part of [`decide`], given the spec's problems (empty when valid).
 pub fn decide_validity(
     problems: &[String],
     status: Option<&RolloutStatus>,
-    obs: &Observations,
+    generation: Option<i64>,
     now: Timestamp,
 ) -> Decision {
     let mut next = status.cloned().unwrap_or_default();
-    next.observed_generation = obs.generation;
-    let validity = cond::set_validity(&mut next.conditions, problems, obs.generation, now);
+    next.observed_generation = generation;
+    let validity = cond::set_validity(&mut next.conditions, problems, generation, now);
     if !validity.valid {
         next.phase = RolloutPhase::Invalid;
     } else if validity.was_invalid && next.phase == RolloutPhase::Invalid {
@@ -115,8 +81,7 @@ pub fn decide_validity(
     Decision {
         actions,
         status: next,
-        // An invalid spec is waited on (no requeue loop); a valid one has nothing timed to do
-        // yet.
+        // An invalid spec is waited on (no requeue loop).
         requeue: Requeue::AwaitChange,
     }
 }
@@ -130,11 +95,8 @@ mod tests {
         Timestamp::from_second(1_800_000_000 + secs).unwrap()
     }
 
-    fn obs(generation: i64) -> Observations {
-        Observations {
-            generation: Some(generation),
-            ..Observations::default()
-        }
+    fn obs(generation: i64) -> Option<i64> {
+        Some(generation)
     }
 
     fn problem() -> Vec<String> {
@@ -157,15 +119,15 @@ mod tests {
         decide_validity(
             &row.problems,
             row.status.as_ref(),
-            &obs(row.generation),
+            obs(row.generation),
             t(row.now),
         )
     }
 
     #[test]
     fn validity_transitions() {
-        let invalid_at_0 = decide_validity(&problem(), None, &obs(1), t(0)).status;
-        let valid_at_0 = decide_validity(&[], None, &obs(1), t(0)).status;
+        let invalid_at_0 = decide_validity(&problem(), None, obs(1), t(0)).status;
+        let valid_at_0 = decide_validity(&[], None, obs(1), t(0)).status;
         let table = vec![
             Row {
                 name: "new valid object",
@@ -266,8 +228,9 @@ mod tests {
             let events: Vec<_> = d
                 .actions
                 .iter()
-                .map(|a| match a {
-                    Action::Event { reason, .. } => *reason,
+                .filter_map(|a| match a {
+                    Action::Event { reason, .. } => Some(*reason),
+                    _ => None,
                 })
                 .collect();
             assert_eq!(events, row.want_events, "{}", row.name);
@@ -289,8 +252,8 @@ mod tests {
 
     #[test]
     fn identical_reconcile_produces_an_identical_status() {
-        let first = decide_validity(&problem(), None, &obs(3), t(0));
-        let second = decide_validity(&problem(), Some(&first.status), &obs(3), t(120));
+        let first = decide_validity(&problem(), None, obs(3), t(0));
+        let second = decide_validity(&problem(), Some(&first.status), obs(3), t(120));
         assert_eq!(
             first.status, second.status,
             "no status write on an identical reconcile"

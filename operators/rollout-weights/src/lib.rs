@@ -1,10 +1,16 @@
 //! The rollout-weights operator: canary weights on a Gateway API HTTPRoute for the life of a `Rollout`.
 //!
-//! `decide` holds the pure logic, `reconcile` the I/O, `validity` the checks CEL cannot
-//! express. Never writes a route it does not own, and never writes outside its field manager.
+//! Pure logic: `decide` (validity, then the state machine), `step` (the state machine),
+//! `route_edit` (route editing), `observe` (route and workload readings), `analysis` (gate
+//! checks and the analysis schedule; its batcher shares one engine). I/O: `reconcile`.
+//! `metrics` registers every metric. Never writes a route it does not own, and never writes
+//! outside its field manager.
 #![forbid(unsafe_code)]
 
+pub mod analysis;
 pub mod decide;
+pub mod metrics;
+pub mod observe;
 pub mod reconcile;
 pub mod route_edit;
 pub mod step;

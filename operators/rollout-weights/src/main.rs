@@ -5,7 +5,7 @@
 use std::{process::ExitCode, sync::Arc};
 
 use clap::Parser;
-use sluice_rollout_weights::{OPERATOR, reconcile};
+use sluice_rollout_weights::{OPERATOR, metrics, reconcile};
 use sluice_runtime::{Runtime, RuntimeArgs};
 
 /// Sole writer of canary weights on a Gateway API HTTPRoute for the life of a Rollout.
@@ -18,19 +18,30 @@ struct Cli {
     /// of all metrics).
     #[arg(long, env = "SLUICE_ALLOW_FREE_FORM_PROMQL", default_value_t = false)]
     allow_free_form_promql: bool,
+    /// Base URL of the Prometheus HTTP API (Thanos Query in production) the gates query.
+    #[arg(
+        long,
+        env = "SLUICE_PROMETHEUS_URL",
+        default_value = "http://thanos-query.monitoring:9090"
+    )]
+    prometheus_url: String,
+    /// Value of the `cluster` label that scopes this cluster's series.
+    #[arg(long, env = "SLUICE_CLUSTER", default_value = "cluster-1")]
+    cluster: String,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = async {
-        let rt = Runtime::init(OPERATOR, cli.runtime).await?;
+    let result: Result<(), Box<dyn std::error::Error>> = async {
+        let mut rt = Runtime::init(OPERATOR, cli.runtime).await?;
         let api = rt.namespaced_api();
-        let ctx = Arc::new(reconcile::Context {
-            allow_free_form_promql: cli.allow_free_form_promql,
-            ..reconcile::Context::new(rt.client.clone(), rt.recorder.clone())
-        });
-        rt.run(api, ctx, reconcile::reconcile).await
+        let metrics = metrics::register(&mut rt.registry);
+        let mut ctx = reconcile::Context::new(rt.client.clone(), rt.recorder.clone());
+        ctx.allow_free_form_promql = cli.allow_free_form_promql;
+        let ctx = ctx.with_analysis(&cli.prometheus_url, &cli.cluster, metrics)?;
+        rt.run(api, Arc::new(ctx), reconcile::reconcile).await?;
+        Ok(())
     }
     .await;
     match result {

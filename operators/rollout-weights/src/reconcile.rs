@@ -1,24 +1,64 @@
-//! The I/O side of sluice-rollout-weights: reads what `decide` needs, writes the status it returns
-//! (server-side apply fenced by resourceVersion), then carries out its actions.
+//! The I/O side of sluice-rollout-weights: reads what `decide` needs (the HTTPRoute through the
+//! field-preserving view, the installed HTTPRoute CRD, the canary workload, the gate verdicts of
+//! the shared analysis), writes the status it returns (server-side apply fenced by
+//! resourceVersion), then carries out its route writes and Events.
 //!
-//! Owns the order of effects: status first, Events only after the status write succeeded, so
-//! a deposed leader whose write is refused publishes nothing. Must never decide anything.
+//! Owns the order of effects: the status decision first (a deposed leader's stale decision is
+//! refused there and nothing else happens), then the route write (read-modify-write with a
+//! resourceVersion precondition under this operator's field manager), then a second fenced
+//! status write recording the route's resourceVersion and, on abort, when the route was
+//! reverted; Events and the transition log line last. Holds a finalizer so that deleting a
+//! Rollout hands its route back (ownership annotation and this manager's managedFields entry
+//! removed, nothing else). Must never decide anything and never write a route another Rollout
+//! owns.
 
-use std::sync::Arc;
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
-use k8s_openapi::jiff::Timestamp;
-use kube::{Api, Client, ResourceExt, runtime::controller::Action as ControllerAction};
-use sluice_api::v1alpha1::Rollout;
+use k8s_openapi::{
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time},
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ApiResource, DynamicObject, GroupVersionKind},
+    runtime::controller::Action as ControllerAction,
+};
+use prometheus_client::registry::Registry;
+use sluice_analysis::{Engine, EngineOptions, PrometheusConfig, PrometheusSource};
+use sluice_api::{
+    external::http_route::HttpRoute,
+    v1alpha1::{
+        GateTemplate, GateTemplateSpec, Rollout, RolloutPhase, RolloutStatus,
+        rollout::ROUTE_OWNER_ANNOTATION,
+    },
+};
 use sluice_runtime::{
     Categorized, Category,
     events::EventRecorder,
-    write::{self, WriteError},
+    write::{self, RetryPolicy, Updated, WriteError},
 };
 
 use crate::{
     FIELD_MANAGER,
+    analysis::{self, Analyzer},
     decide::{self, Action, Observations, Requeue},
+    metrics::{self, RolloutMetrics},
+    observe,
+    route_edit::{self, CrdSupport, Desired, EditError, Target},
+    step::RouteObs,
 };
+
+/// The finalizer that makes deleting a Rollout hand its route back first.
+pub const FINALIZER: &str = "sluice.dev/route-hand-back";
+/// Name of the HTTPRoute CustomResourceDefinition read to learn which fields it keeps.
+pub const HTTPROUTE_CRD: &str = "httproutes.gateway.networking.k8s.io";
+/// How long the installed CRD's field support is cached.
+const CRD_TTL: Duration = Duration::from_secs(60);
 
 /// What every reconcile shares.
 pub struct Context {
@@ -30,23 +70,81 @@ pub struct Context {
     pub clock: fn() -> Timestamp,
     /// Whether free-form PromQL gates are allowed (`--allow-free-form-promql`).
     pub allow_free_form_promql: bool,
+    /// The `cluster` label value of this cluster's series.
+    pub cluster: String,
+    /// The shared gate analysis (`None`: no metrics source; no weight step is ever judged).
+    pub analyzer: Option<Arc<Analyzer<PrometheusSource>>>,
+    /// The operator's metrics.
+    pub metrics: RolloutMetrics,
+    crd: Mutex<Option<(Instant, CrdSupport)>>,
 }
 
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Context").finish_non_exhaustive()
+        f.debug_struct("Context")
+            .field("cluster", &self.cluster)
+            .finish_non_exhaustive()
     }
 }
 
 impl Context {
-    /// A context reading the system clock.
+    /// A context reading the system clock, without a metrics source, recording metrics into a
+    /// registry of its own.
     pub fn new(client: Client, recorder: EventRecorder) -> Self {
         Self {
             client,
             recorder,
             clock: Timestamp::now,
             allow_free_form_promql: false,
+            cluster: String::new(),
+            analyzer: None,
+            metrics: metrics::register(&mut Registry::default()),
+            crd: Mutex::new(None),
         }
+    }
+
+    /// The same context judging weight steps with metrics from `prometheus_url` (Prometheus or
+    /// Thanos Query), series scoped by `cluster`, recording into `metrics`.
+    pub fn with_analysis(
+        mut self,
+        prometheus_url: &str,
+        cluster: &str,
+        metrics: RolloutMetrics,
+    ) -> Result<Self, sluice_analysis::EngineError> {
+        let mut config = PrometheusConfig::new(prometheus_url);
+        config.timeout = Duration::from_secs(5);
+        let engine = Engine::new(PrometheusSource::new(config), EngineOptions::default())?;
+        let observer = metrics.clone();
+        self.analyzer = Some(Arc::new(Analyzer::new(
+            engine,
+            Duration::from_millis(40),
+            move |t| observer.tick(t),
+        )));
+        self.cluster = cluster.to_owned();
+        self.metrics = metrics;
+        Ok(self)
+    }
+
+    async fn crd_support(&self) -> CrdSupport {
+        if let Some((at, s)) = *self.crd.lock().unwrap_or_else(|e| e.into_inner())
+            && at.elapsed() < CRD_TTL
+        {
+            return s;
+        }
+        let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        let support = match api.get_opt(HTTPROUTE_CRD).await {
+            Ok(Some(crd)) => match serde_json::to_value(&crd) {
+                Ok(v) => CrdSupport::from_crd(&v),
+                Err(_) => CrdSupport::ALL,
+            },
+            Ok(None) => CrdSupport::ALL,
+            Err(e) => {
+                tracing::warn!(error = %e, crd = HTTPROUTE_CRD, "cannot read the HTTPRoute CRD; assuming it keeps rule names and mirror percent");
+                CrdSupport::ALL
+            }
+        };
+        *self.crd.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), support));
+        support
     }
 }
 
@@ -59,18 +157,262 @@ pub enum ReconcileError {
         /// Object name.
         name: String,
     },
+    /// Reading an object failed.
+    #[error("reading {what} for Rollout {rollout}: {source}; retrying")]
+    Read {
+        /// What was read.
+        what: String,
+        /// `<namespace>/<name>` of the Rollout.
+        rollout: String,
+        /// Client error.
+        #[source]
+        source: kube::Error,
+    },
     /// Writing the status failed.
     #[error("writing Rollout status: {0}")]
-    Status(#[from] WriteError),
+    Status(WriteError),
+    /// Writing the route failed.
+    #[error("writing HTTPRoute: {0}")]
+    Route(WriteError),
+    /// The route changed between the read and the write so that the edit no longer applies.
+    #[error("editing HTTPRoute for Rollout {rollout}: {source}")]
+    Edit {
+        /// `<namespace>/<name>` of the Rollout.
+        rollout: String,
+        /// Why the edit failed.
+        #[source]
+        source: EditError,
+    },
+    /// Adding or removing the finalizer failed.
+    #[error("updating the finalizer of Rollout {rollout}: {source}")]
+    Finalizer {
+        /// `<namespace>/<name>` of the Rollout.
+        rollout: String,
+        /// Write error.
+        #[source]
+        source: WriteError,
+    },
 }
 
 impl Categorized for ReconcileError {
     fn category(&self) -> Category {
         match self {
             ReconcileError::NoNamespace { .. } => Category::Internal,
-            ReconcileError::Status(e) => e.category(),
+            ReconcileError::Read { source, .. } => Category::of_kube(source),
+            ReconcileError::Status(e)
+            | ReconcileError::Route(e)
+            | ReconcileError::Finalizer { source: e, .. } => e.category(),
+            ReconcileError::Edit { .. } => Category::Conflict,
         }
     }
+}
+
+fn read_err(what: impl Into<String>, rollout: &str) -> impl FnOnce(kube::Error) -> ReconcileError {
+    let what = what.into();
+    let rollout = rollout.to_owned();
+    move |source| ReconcileError::Read {
+        what,
+        rollout,
+        source,
+    }
+}
+
+async fn set_finalizer(
+    api: &Api<Rollout>,
+    name: &str,
+    key: &str,
+    present: bool,
+) -> Result<(), ReconcileError> {
+    write::update_with_retry(
+        api,
+        FIELD_MANAGER,
+        name,
+        RetryPolicy::default(),
+        |r: &mut Rollout| {
+            let list = r.metadata.finalizers.get_or_insert_with(Vec::new);
+            let has = list.iter().any(|f| f == FINALIZER);
+            if has == present {
+                return false;
+            }
+            if present {
+                list.push(FINALIZER.to_owned());
+            } else {
+                list.retain(|f| f != FINALIZER);
+            }
+            true
+        },
+    )
+    .await
+    .map(|_| ())
+    .map_err(|source| ReconcileError::Finalizer {
+        rollout: key.to_owned(),
+        source,
+    })
+}
+
+async fn canary_ready(
+    ctx: &Context,
+    ns: &str,
+    obj: &Rollout,
+    key: &str,
+) -> Result<bool, ReconcileError> {
+    let w = &obj.spec.canary_workload;
+    let (group, version) = match w.api_version.split_once('/') {
+        Some((g, v)) => (g, v),
+        None => ("", w.api_version.as_str()),
+    };
+    let gvk = GroupVersionKind::gvk(group, version, &w.kind);
+    let plural = format!("{}s", w.kind.to_ascii_lowercase());
+    let ar = ApiResource::from_gvk_with_plural(&gvk, &plural);
+    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), ns, &ar);
+    let got = api
+        .get_opt(&w.name)
+        .await
+        .map_err(read_err(format!("{} {}", w.kind, w.name), key))?;
+    Ok(match got {
+        Some(o) => observe::workload_ready(&serde_json::to_value(&o).unwrap_or_default()),
+        None => false,
+    })
+}
+
+async fn templates(
+    ctx: &Context,
+    obj: &Rollout,
+    key: &str,
+) -> Result<HashMap<String, GateTemplateSpec>, ReconcileError> {
+    let mut out = HashMap::new();
+    let api: Api<GateTemplate> = Api::all(ctx.client.clone());
+    for g in &obj.spec.gates {
+        if let Some(name) = &g.template_ref
+            && !out.contains_key(name)
+            && let Some(t) = api
+                .get_opt(name)
+                .await
+                .map_err(read_err(format!("GateTemplate {name}"), key))?
+        {
+            out.insert(name.clone(), t.spec);
+        }
+    }
+    Ok(out)
+}
+
+/// The outcome of a route write.
+struct Written {
+    route: HttpRoute,
+    changed: bool,
+}
+
+async fn write_route(
+    api: &Api<HttpRoute>,
+    route_name: &str,
+    target: &Target,
+    desired: &Desired,
+    crd: CrdSupport,
+    key: &str,
+) -> Result<Option<Written>, ReconcileError> {
+    let mut edit_error = None;
+    let mut foreign = false;
+    let result = write::update_with_retry(
+        api,
+        FIELD_MANAGER,
+        route_name,
+        RetryPolicy::default(),
+        |r: &mut HttpRoute| {
+            edit_error = None;
+            foreign = false;
+            let owner = r
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ROUTE_OWNER_ANNOTATION));
+            if owner.is_some_and(|o| *o != target.owner) {
+                foreign = true;
+                return false;
+            }
+            match route_edit::apply(r, target, desired, crd) {
+                Ok(next) if next == *r => false,
+                Ok(next) => {
+                    *r = next;
+                    true
+                }
+                Err(e) => {
+                    edit_error = Some(e);
+                    false
+                }
+            }
+        },
+    )
+    .await;
+    if let Some(source) = edit_error {
+        return Err(ReconcileError::Edit {
+            rollout: key.to_owned(),
+            source,
+        });
+    }
+    if foreign {
+        return Ok(None);
+    }
+    match result {
+        Ok(Updated::Unchanged(route)) => Ok(Some(Written {
+            route,
+            changed: false,
+        })),
+        Ok(Updated::Written { object, .. }) => Ok(Some(Written {
+            route: object,
+            changed: true,
+        })),
+        Err(e) => Err(ReconcileError::Route(e)),
+    }
+}
+
+async fn hand_back(api: &Api<HttpRoute>, route_name: &str, me: &str) -> Result<(), ReconcileError> {
+    let result = write::update_with_retry(
+        api,
+        FIELD_MANAGER,
+        route_name,
+        RetryPolicy::default(),
+        |r: &mut HttpRoute| {
+            let owner = r
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ROUTE_OWNER_ANNOTATION));
+            if owner.is_none_or(|o| o != me) {
+                return false;
+            }
+            let mut next = route_edit::hand_back(r);
+            let kept: Vec<ManagedFieldsEntry> = next
+                .metadata
+                .managed_fields
+                .take()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|e| e.manager.as_deref() != Some(FIELD_MANAGER.as_str()))
+                .collect();
+            // An empty list would leave managedFields as they were; one empty entry clears them.
+            next.metadata.managed_fields = Some(if kept.is_empty() {
+                vec![ManagedFieldsEntry::default()]
+            } else {
+                kept
+            });
+            *r = next;
+            true
+        },
+    )
+    .await;
+    match result {
+        Ok(_) => Ok(()),
+        Err(WriteError::Api {
+            source: kube::Error::Api(s),
+            ..
+        }) if s.code == 404 => Ok(()),
+        Err(e) => Err(ReconcileError::Route(e)),
+    }
+}
+
+fn same_status(a: Option<&RolloutStatus>, b: &RolloutStatus) -> bool {
+    // Compared as stored: times are kept to the second.
+    serde_json::to_value(a.cloned().unwrap_or_default()).ok() == serde_json::to_value(b).ok()
 }
 
 /// Reconciles one Rollout.
@@ -82,32 +424,225 @@ pub async fn reconcile(
     let ns = obj.namespace().ok_or_else(|| ReconcileError::NoNamespace {
         name: obj.name_any(),
     })?;
+    let name = obj.name_any();
+    let key = format!("{ns}/{name}");
     let api: Api<Rollout> = Api::namespaced(ctx.client.clone(), &ns);
-    let obs = Observations {
-        generation: obj.metadata.generation,
-        allow_free_form_promql: ctx.allow_free_form_promql,
-    };
-    let decision = decide::decide(&obj.spec, obj.status.as_ref(), &obs, (ctx.clock)());
-    if obj.status.as_ref() != Some(&decision.status) {
-        write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &decision.status).await?;
-        tracing::info!(phase = ?decision.status.phase, "status written");
+    let deleting = obj.metadata.deletion_timestamp.is_some();
+    let has_finalizer = obj.finalizers().iter().any(|f| f == FINALIZER);
+    if deleting && !has_finalizer {
+        return Ok(ControllerAction::await_change());
     }
+    if !deleting && !has_finalizer {
+        // Before the route is ever touched, so deleting the Rollout always hands it back.
+        set_finalizer(&api, &name, &key, true).await?;
+        return Ok(ControllerAction::await_change());
+    }
+
+    // Observations.
+    let target = observe::target(&obj.spec, &ns, &name);
+    let routes: Api<HttpRoute> = Api::namespaced(ctx.client.clone(), &ns);
+    let crd = ctx.crd_support().await;
+    let route = routes
+        .get_opt(&obj.spec.route_ref.name)
+        .await
+        .map_err(read_err(
+            format!("HTTPRoute {}", obj.spec.route_ref.name),
+            &key,
+        ))?;
+    let route_obs = match &route {
+        None => RouteObs::Missing,
+        Some(r) => observe::route(r, &target, &obj.spec, crd),
+    };
+    let current = obj.status.clone().unwrap_or_default();
+    let canary_ready = match current.phase {
+        RolloutPhase::Pending | RolloutPhase::WaitingForCanary | RolloutPhase::Aborted
+            if !deleting =>
+        {
+            Some(canary_ready(&ctx, &ns, &obj, &key).await?)
+        }
+        _ => None,
+    };
+    let mut obs = Observations {
+        generation: obj.metadata.generation,
+        route: route_obs,
+        canary_ready,
+        deleting,
+        ..Observations::default()
+    };
+    let interval: Duration = obj
+        .spec
+        .analysis_interval
+        .parse()
+        .unwrap_or(Duration::from_secs(30));
+    let analysing = !deleting
+        && matches!(obs.route, RouteObs::Present(_))
+        && analysis::wants_analysis(&obj.spec, &current);
+    if analysing && let Some(analyzer) = &ctx.analyzer {
+        let last = analyzer.last(&key).max(analysis::last_analysis(&current));
+        if analysis::due(last, (ctx.clock)(), interval) {
+            let templates = templates(&ctx, &obj, &key).await?;
+            let plan = analysis::plan(&obj.spec, &current, (&ns, &name), &ctx.cluster, &templates);
+            let outcomes = analyzer.evaluate(&key, plan.checks.clone()).await;
+            let found = analysis::findings(&plan, &outcomes, (ctx.clock)());
+            if let Some(s) = found.applied_share {
+                ctx.metrics.share(s);
+            }
+            for (v, _) in &found.gates {
+                ctx.metrics.verdict(v.verdict, v.reason);
+            }
+            obs.gates = found.gates;
+            obs.applied_share = found.applied_share;
+            obs.analysis_error = found.error;
+        }
+    } else if analysing {
+        obs.analysis_error = Some("no metrics source is configured (--prometheus-url)".into());
+    }
+
+    // Decide.
+    let now = (ctx.clock)();
+    let decision = decide::decide(
+        &obj.spec,
+        obj.status.as_ref(),
+        &obs,
+        ctx.allow_free_form_promql,
+        now,
+    );
+    let mut status = decision.status.clone();
+
+    // 1. The decision, fenced by the resourceVersion it was made from.
+    let mut stored = obj.as_ref().clone();
+    if !deleting && !same_status(obj.status.as_ref(), &status) {
+        stored = write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &status)
+            .await
+            .map_err(ReconcileError::Status)?;
+    }
+
+    // 2. The route.
+    let mut route_changed = false;
     for action in &decision.actions {
         match action {
-            Action::Event {
-                severity,
-                reason,
-                action,
-                note,
-            } => {
-                ctx.recorder
-                    .publish(obj.as_ref(), *severity, reason, action, note)
-                    .await
+            Action::WriteRoute(d) => {
+                let written =
+                    match write_route(&routes, &obj.spec.route_ref.name, &target, d, crd, &key)
+                        .await
+                    {
+                        Ok(w) => w,
+                        Err(e) => {
+                            ctx.metrics.route_write("Failed");
+                            return Err(e);
+                        }
+                    };
+                let Some(w) = written else { continue };
+                ctx.metrics
+                    .route_write(if w.changed { "Written" } else { "Unchanged" });
+                if w.changed {
+                    ctx.metrics.weight_written(d.weight);
+                    route_changed = true;
+                }
+                let reverted_at = (ctx.clock)();
+                let owned = status.owned_route.get_or_insert_with(Default::default);
+                owned.last_written_resource_version = w.route.metadata.resource_version.clone();
+                if status.phase == RolloutPhase::Aborted
+                    && *d == Desired::abort()
+                    && let Some(a) = status.abort.as_mut()
+                    && a.route_reverted_at.is_none()
+                {
+                    a.route_reverted_at = Some(Time(reverted_at));
+                    let from_decision = a
+                        .gate
+                        .as_ref()
+                        .map_or(a.decided_at.0, |g| g.evaluated_at.0.min(a.decided_at.0));
+                    let took = |from: Timestamp| reverted_at.duration_since(from).unsigned_abs();
+                    ctx.metrics.reverted(
+                        a.first_failed_at.as_ref().map(|t| took(t.0)),
+                        took(from_decision),
+                    );
+                    tracing::info!(
+                        reason = ?a.reason,
+                        detect_to_revert_ms = took(from_decision).as_millis() as u64,
+                        "route reverted: canary weight 0, cohort and mirror rules removed"
+                    );
+                }
             }
+            Action::HandBack => {
+                hand_back(&routes, &obj.spec.route_ref.name, &target.owner).await?;
+            }
+            Action::Event { .. } => {}
         }
     }
-    Ok(match decision.requeue {
-        Requeue::AwaitChange => ControllerAction::await_change(),
-        Requeue::After(d) => ControllerAction::requeue(d),
+    let was_verified = current
+        .abort
+        .as_ref()
+        .is_some_and(|a| a.revert_verified_at.is_some());
+    if !was_verified
+        && let Some(a) = status.abort.as_ref()
+        && let (Some(rev), Some(ver)) = (&a.route_reverted_at, &a.revert_verified_at)
+    {
+        ctx.metrics
+            .revert_verified(ver.0.duration_since(rev.0).unsigned_abs());
+    }
+    if current.abort.is_none()
+        && let Some(a) = &status.abort
+    {
+        ctx.metrics.abort(&format!("{:?}", a.reason));
+    }
+
+    // 3. What the route write left behind, fenced by the first write.
+    if !deleting && !same_status(stored.status.as_ref(), &status) {
+        write::apply_status(&api, FIELD_MANAGER, &stored, &status)
+            .await
+            .map_err(ReconcileError::Status)?;
+    }
+
+    // 4. Events and one log line per transition, only after the writes succeeded.
+    for action in &decision.actions {
+        if let Action::Event {
+            severity,
+            reason,
+            action,
+            note,
+        } = action
+        {
+            tracing::info!(
+                reason,
+                action,
+                phase = ?status.phase,
+                step = status.current_step_index,
+                desired_weight = status.desired_weight,
+                applied_share = status.applied_share,
+                route_changed,
+                "{note}"
+            );
+            ctx.recorder
+                .publish(obj.as_ref(), *severity, reason, action, note)
+                .await;
+        }
+    }
+
+    if deleting {
+        // Every hand-back above succeeded (errors returned early): let the deletion finish.
+        set_finalizer(&api, &name, &key, false).await?;
+        ctx.metrics.phase(&key, None);
+        if let Some(a) = &ctx.analyzer {
+            a.forget(&key);
+        }
+        return Ok(ControllerAction::await_change());
+    }
+    ctx.metrics.phase(&key, Some(status.phase));
+
+    let mut requeue = match decision.requeue {
+        Requeue::AwaitChange => None,
+        Requeue::After(d) => Some(d),
+    };
+    if ctx.analyzer.is_some()
+        && status.phase != RolloutPhase::Invalid
+        && analysis::wants_analysis(&obj.spec, &status)
+    {
+        let next = analysis::until_next_slot((ctx.clock)(), interval);
+        requeue = Some(requeue.map_or(next, |r| r.min(next)));
+    }
+    Ok(match requeue {
+        None => ControllerAction::await_change(),
+        Some(d) => ControllerAction::requeue(d),
     })
 }

@@ -26,7 +26,14 @@ use sluice_runtime::{
 
 use crate::route_edit::{Desired, Mirror};
 
-pub use crate::decide::Requeue;
+/// When to look at the object again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Requeue {
+    /// Only when the object (or something it watches) changes.
+    AwaitChange,
+    /// After this long, even without a change.
+    After(Duration),
+}
 
 /// What the reconcile saw, for the state machine.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -43,6 +50,8 @@ pub struct Observations {
     pub applied_share: Option<f64>,
     /// The Rollout is being deleted (hand back the route).
     pub deleting: bool,
+    /// Why the metrics source could not answer this tick (`None`: it answered or was not asked).
+    pub analysis_error: Option<String>,
 }
 
 /// An effect the reconcile carries out.
@@ -447,7 +456,14 @@ impl Machine<'_> {
         );
         let tol = f64::from(self.spec.applied_share_tolerance_percent) / 100.0;
         let interval = self.interval();
-        self.next.phase = RolloutPhase::Progressing;
+        // Verdicts, a share or an error: the analysis ran this tick. Between analyses the
+        // reconcile only checks deadlines and leaves the judgement as it was.
+        let analysed = !self.obs.gates.is_empty()
+            || self.obs.applied_share.is_some()
+            || self.obs.analysis_error.is_some();
+        if analysed {
+            self.next.phase = RolloutPhase::Progressing;
+        }
         if let Some(s) = self.obs.applied_share {
             self.next.applied_share = Some(s);
             self.next.applied_share_observed_at = Some(Time(self.now));
@@ -488,10 +504,11 @@ impl Machine<'_> {
             }
             let deadline = dur(&self.spec.applied_share_deadline, Duration::from_secs(600));
             let elapsed = since(self.next.current_step_started_at.as_ref(), self.now);
-            let seen = self
-                .obs
-                .applied_share
-                .map_or("no data".to_owned(), |s| format!("{s:.2}%"));
+            let seen = match (self.obs.applied_share, &self.obs.analysis_error) {
+                (Some(s), _) => format!("{s:.2}%"),
+                (None, Some(e)) => format!("no data (metrics unavailable: {e})"),
+                (None, None) => "no data".to_owned(),
+            };
             let note = format!(
                 "canary weight {target}% written; the mesh reports {seen} (needs ±{:.0}%); the step is not judged on the written weight",
                 tol * 100.0
@@ -502,6 +519,10 @@ impl Machine<'_> {
                     format!("{note}; deadline {}s passed", deadline.as_secs()),
                     None,
                 );
+                return false;
+            }
+            if !analysed {
+                self.wake(interval.min(deadline - elapsed));
                 return false;
             }
             let was = cond::find(&self.next.conditions, conditions::APPLIED_SHARE_CONFIRMED)
@@ -524,6 +545,24 @@ impl Machine<'_> {
             return false;
         };
         // The share is confirmed: judge the gates evaluated since.
+        if let Some(e) = &self.obs.analysis_error {
+            self.condition(
+                conditions::PROGRESSING,
+                Status::True,
+                reasons::STEP_IN_PROGRESS,
+                format!("step {index} held: metrics unavailable ({e}); no promotion without data"),
+            );
+        } else if cond::find(&self.next.conditions, conditions::PROGRESSING).is_some_and(|c| {
+            c.message
+                .starts_with(&format!("step {index} held: metrics"))
+        }) {
+            self.condition(
+                conditions::PROGRESSING,
+                Status::True,
+                reasons::STEP_IN_PROGRESS,
+                format!("step {index} analysing: metrics available again"),
+            );
+        }
         for (v, act) in &self.obs.gates {
             if v.evaluated_at.0 < confirmed.0 {
                 continue;

@@ -1,0 +1,574 @@
+//! Gate analysis for every Rollout of one controller: which gate checks a Rollout needs this
+//! tick, when its next analysis is due, and one shared [`Engine`] that evaluates the checks of
+//! all Rollouts due at the same moment in one batched tick (one query per gate template and
+//! window, however many Rollouts there are).
+//!
+//! Owns the analysis schedule (a grid of the analysis interval, so Rollouts with the same
+//! interval are due together and share a tick) and the translation of engine outcomes into the
+//! state machine's observations. Must never write to the cluster and never judge a step itself:
+//! `step` does, from the verdicts returned here.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use k8s_openapi::jiff::Timestamp;
+use sluice_analysis::{
+    CheckOutcome, Engine, GateAction, GateCheck, MetricsSource, Observation, Vars, action,
+};
+use sluice_api::v1alpha1::{
+    BuiltinGate, Gate, GateQuery, GateTemplateSpec, GateVerdict, RolloutPhase, RolloutSpec,
+    RolloutStatus, rollout::StepKind,
+};
+use tokio::sync::oneshot;
+
+/// Name of the share check added when a Rollout's gates have no AppliedShare gate: the share is
+/// always measured, because no weight step is judged before it is confirmed.
+pub const SHARE_CHECK: &str = "sluice-applied-share";
+
+/// What a Rollout needs analysed this tick.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The checks, gates first, the share check last.
+    pub checks: Vec<GateCheck>,
+    /// Gate names whose verdicts the state machine judges (the share check may be hidden).
+    pub judged: Vec<String>,
+    /// Index of the check whose value is the applied share.
+    pub share_index: usize,
+    /// Gates that could not be resolved (a missing GateTemplate, a bad duration): message lines.
+    pub problems: Vec<String>,
+}
+
+/// What the analysis produced for the state machine.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Findings {
+    /// Judged verdicts with the action each calls for.
+    pub gates: Vec<(GateVerdict, GateAction)>,
+    /// Applied share in percent (`None`: no data).
+    pub applied_share: Option<f64>,
+    /// Why the metrics source did not answer, or why a gate could not be evaluated.
+    pub error: Option<String>,
+}
+
+/// Whether the Rollout is in a state that is analysed: a weight step (share, then gates), or an
+/// abort whose revert is not yet verified from telemetry (share only).
+pub fn wants_analysis(spec: &RolloutSpec, status: &RolloutStatus) -> bool {
+    match status.phase {
+        RolloutPhase::Progressing | RolloutPhase::Paused => status
+            .current_step_index
+            .and_then(|i| spec.steps.get(i as usize))
+            .is_some_and(|s| s.kind() == Some(StepKind::SetWeight)),
+        RolloutPhase::Aborted => status
+            .abort
+            .as_ref()
+            .is_some_and(|a| a.route_reverted_at.is_some() && a.revert_verified_at.is_none()),
+        _ => false,
+    }
+}
+
+/// The analysis slot `t` falls in: analyses run once per slot of length `interval`, counted
+/// from the Unix epoch, so every Rollout with that interval is due at the same instant.
+pub fn slot(t: Timestamp, interval: Duration) -> i128 {
+    let ms = interval.as_millis().max(1) as i128;
+    i128::from(t.as_millisecond()).div_euclid(ms)
+}
+
+/// Whether an analysis is due at `now` given the last one (`None`: never analysed).
+pub fn due(last: Option<Timestamp>, now: Timestamp, interval: Duration) -> bool {
+    last.is_none_or(|l| slot(now, interval) > slot(l, interval))
+}
+
+/// Time from `now` to the start of the next slot (plus a few milliseconds, so the wake-up lands
+/// inside it).
+pub fn until_next_slot(now: Timestamp, interval: Duration) -> Duration {
+    let ms = interval.as_millis().max(1) as i128;
+    let next = (slot(now, interval) + 1) * ms;
+    let left = next - i128::from(now.as_millisecond());
+    Duration::from_millis(u64::try_from(left).unwrap_or(0) + 5)
+}
+
+/// The last analysis the status records (gate verdicts or the applied share).
+pub fn last_analysis(status: &RolloutStatus) -> Option<Timestamp> {
+    let gates = status.gates.iter().map(|g| g.evaluated_at.0).max();
+    let share = status.applied_share_observed_at.as_ref().map(|t| t.0);
+    gates.max(share)
+}
+
+/// Builds the checks of one Rollout: its effective gates (with the Rollout's share tolerance
+/// and Inconclusive policy where a gate sets none) and the share check. During an abort only
+/// the share is measured. `templates` holds the GateTemplates the gates reference.
+pub fn plan(
+    spec: &RolloutSpec,
+    status: &RolloutStatus,
+    owner: (&str, &str),
+    cluster: &str,
+    templates: &HashMap<String, GateTemplateSpec>,
+) -> Plan {
+    let (namespace, name) = owner;
+    let mut vars = Vars::new();
+    vars.insert("cluster".into(), cluster.into());
+    vars.insert("namespace".into(), namespace.into());
+    vars.insert("route".into(), spec.route_ref.name.clone());
+    vars.insert("stableService".into(), spec.stable_service.name.clone());
+    vars.insert("canaryService".into(), spec.canary_service.name.clone());
+    let aborting = status.phase == RolloutPhase::Aborted;
+    let target = if aborting {
+        0.0
+    } else {
+        f64::from(status.desired_weight.unwrap_or(0)) / 100.0
+    };
+    let previous = |gate: &str| status.gates.iter().find(|g| g.gate == gate).cloned();
+    let owner_label = format!("Rollout {namespace}/{name}");
+    let mut checks = Vec::new();
+    let mut judged = Vec::new();
+    let mut problems = Vec::new();
+    let mut share_index = None;
+    let gates = if aborting {
+        Vec::new()
+    } else {
+        spec.effective_gates()
+    };
+    for gate in gates {
+        let template = gate.template_ref.as_ref().and_then(|t| templates.get(t));
+        let mut g = gate.clone();
+        if g.definition.inconclusive.is_none()
+            && template.is_none_or(|t| t.definition.inconclusive.is_none())
+        {
+            g.definition.inconclusive = Some(spec.inconclusive.clone());
+        }
+        let mut resolved = match g.resolve(template) {
+            Ok(r) => r,
+            Err(e) => {
+                problems.push(format!("spec.gates {}: {e}", gate.name));
+                continue;
+            }
+        };
+        if let Some(share) = resolved.comparison.share.as_mut() {
+            share
+                .tolerance_percent
+                .get_or_insert(spec.applied_share_tolerance_percent);
+        }
+        let is_share = resolved.query == GateQuery::Builtin(BuiltinGate::AppliedShare)
+            && resolved.comparison.share.is_some();
+        let mut check = GateCheck::new(owner_label.clone(), resolved, vars.clone());
+        check.share_target = Some(target);
+        check.previous = previous(&gate.name);
+        if is_share && share_index.is_none() {
+            share_index = Some(checks.len());
+        }
+        judged.push(gate.name.clone());
+        checks.push(check);
+    }
+    let share_index = match share_index {
+        Some(i) => i,
+        None => {
+            let mut g = Gate::builtin(SHARE_CHECK, BuiltinGate::AppliedShare);
+            // The share is read over the shortest window any gate uses (at least 4 scrape
+            // intervals are the gates' concern), so a revert shows up as soon as possible.
+            g.definition.window = spec
+                .gates
+                .iter()
+                .filter_map(|g| g.definition.window.clone())
+                .min_by_key(|w| w.parse().unwrap_or(Duration::MAX));
+            if let Ok(mut resolved) = g.resolve(None) {
+                if let Some(share) = resolved.comparison.share.as_mut() {
+                    share.tolerance_percent = Some(spec.applied_share_tolerance_percent);
+                }
+                let mut check = GateCheck::new(owner_label, resolved, vars);
+                check.share_target = Some(target);
+                checks.push(check);
+            }
+            checks.len().saturating_sub(1)
+        }
+    };
+    Plan {
+        checks,
+        judged,
+        share_index,
+        problems,
+    }
+}
+
+/// Reads the engine's outcomes for one Rollout's plan: verdicts of the judged gates with their
+/// actions, the applied share (percent), and the first reason the source failed.
+pub fn findings(plan: &Plan, outcomes: &[CheckOutcome], now: Timestamp) -> Findings {
+    let mut out = Findings::default();
+    if let Some(p) = plan.problems.first() {
+        out.error = Some(p.clone());
+    }
+    for (i, (check, outcome)) in plan.checks.iter().zip(outcomes).enumerate() {
+        if let Some(Observation::Failed { message, .. }) = &outcome.observation {
+            out.error.get_or_insert_with(|| message.clone());
+        }
+        if i == plan.share_index
+            && let Some(Observation::Measured { value: Some(v), .. }) = &outcome.observation
+            && v.is_finite()
+        {
+            out.applied_share = Some(v * 100.0);
+        }
+        match &outcome.verdict {
+            Ok(v) if plan.judged.contains(&check.gate.name) => {
+                out.gates.push((v.clone(), action(&check.gate, v, now)));
+            }
+            Ok(_) => {}
+            Err(e) => {
+                out.error.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// A caller waiting on a tick: where its checks start in the batch, how many, and where to
+/// send its outcomes.
+type Waiter = (usize, usize, oneshot::Sender<Arc<[CheckOutcome]>>);
+
+/// One tick's worth of checks from every Rollout that asked within the gathering window.
+struct Pending {
+    checks: Vec<GateCheck>,
+    waiters: Vec<Waiter>,
+    generation: u64,
+}
+
+/// The figures of one batched tick, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TickFigures {
+    /// Rollouts in the tick.
+    pub rollouts: usize,
+    /// Checks in the tick.
+    pub checks: usize,
+    /// Queries sent.
+    pub queries: usize,
+    /// Queries that failed.
+    pub failed_queries: usize,
+}
+
+/// The shared engine and the batcher in front of it. Reconciles that are due at the same
+/// moment call [`Analyzer::evaluate`]; the first one gathers the others' checks for a short
+/// window and runs one [`Engine::tick`] for all of them.
+pub struct Analyzer<S> {
+    engine: Engine<S>,
+    gather: Duration,
+    pending: Mutex<Option<Pending>>,
+    generation: Mutex<u64>,
+    last: Mutex<HashMap<String, Timestamp>>,
+    observer: Box<dyn Fn(TickFigures) + Send + Sync>,
+}
+
+impl<S> std::fmt::Debug for Analyzer<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Analyzer")
+            .field("gather", &self.gather)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: MetricsSource + Send + Sync + 'static> Analyzer<S> {
+    /// An analyzer over `engine`; `gather` is how long the first caller of a tick waits for
+    /// others to join it; `observer` receives each tick's figures.
+    pub fn new(
+        engine: Engine<S>,
+        gather: Duration,
+        observer: impl Fn(TickFigures) + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            engine,
+            gather,
+            pending: Mutex::new(None),
+            generation: Mutex::new(0),
+            last: Mutex::default(),
+            observer: Box::new(observer),
+        }
+    }
+
+    /// When `key` (`<namespace>/<name>`) was last analysed by this process.
+    pub fn last(&self, key: &str) -> Option<Timestamp> {
+        self.last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .copied()
+    }
+
+    /// Forgets `key` (the Rollout is gone).
+    pub fn forget(&self, key: &str) {
+        self.last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+    }
+
+    /// Evaluates `checks` of Rollout `key` together with every other Rollout asking in the same
+    /// gathering window; returns one outcome per check, in order.
+    pub async fn evaluate(&self, key: &str, checks: Vec<GateCheck>) -> Arc<[CheckOutcome]> {
+        let (tx, rx) = oneshot::channel();
+        let leader = {
+            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            match pending.as_mut() {
+                Some(p) => {
+                    let from = p.checks.len();
+                    let n = checks.len();
+                    p.checks.extend(checks);
+                    p.waiters.push((from, n, tx));
+                    None
+                }
+                None => {
+                    let mut g = self.generation.lock().unwrap_or_else(|e| e.into_inner());
+                    *g += 1;
+                    let n = checks.len();
+                    *pending = Some(Pending {
+                        checks,
+                        waiters: vec![(0, n, tx)],
+                        generation: *g,
+                    });
+                    Some(*g)
+                }
+            }
+        };
+        if let Some(generation) = leader {
+            tokio::time::sleep(self.gather).await;
+            let batch = {
+                let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+                match pending.take() {
+                    Some(p) if p.generation == generation => Some(p),
+                    other => {
+                        *pending = other;
+                        None
+                    }
+                }
+            };
+            if let Some(batch) = batch {
+                self.run(batch).await;
+            }
+        }
+        let outcomes = rx.await.unwrap_or_else(|_| Arc::from(Vec::new()));
+        self.last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.to_owned(), Timestamp::now());
+        outcomes
+    }
+
+    async fn run(&self, batch: Pending) {
+        let now = Timestamp::now();
+        let report = self.engine.tick(&batch.checks, now).await;
+        (self.observer)(TickFigures {
+            rollouts: batch.waiters.len(),
+            checks: batch.checks.len(),
+            queries: report.queries,
+            failed_queries: report.failed_queries,
+        });
+        let outcomes: Vec<CheckOutcome> = report.outcomes;
+        for (from, n, tx) in batch.waiters {
+            let mine: Arc<[CheckOutcome]> = outcomes
+                .get(from..from + n)
+                .map(|s| Arc::from(s.to_vec()))
+                .unwrap_or_else(|| Arc::from(Vec::new()));
+            let _ = tx.send(mine);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(ms: i64) -> Timestamp {
+        Timestamp::from_millisecond(1_800_000_000_000 + ms).unwrap()
+    }
+
+    fn spec(gates: serde_json::Value) -> RolloutSpec {
+        serde_json::from_value(serde_json::json!({
+            "routeRef": {"name": "checkout"},
+            "stableService": {"name": "v1"},
+            "canaryService": {"name": "v2"},
+            "canaryWorkload": {"name": "v2"},
+            "appliedShareTolerancePercent": 10,
+            "inconclusive": {"action": "Abort", "after": "30s"},
+            "gates": gates,
+            "steps": [{"setWeight": {"weight": 5}}],
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn schedule_is_a_shared_grid() {
+        let i = Duration::from_secs(2);
+        let table = [
+            ("never analysed", None, 0, true),
+            ("same slot", Some(t(100)), 1_900, false),
+            ("next slot", Some(t(1_999)), 2_000, true),
+            ("long ago", Some(t(0)), 10_000, true),
+        ];
+        for (name, last, now, want) in table {
+            assert_eq!(due(last, t(now), i), want, "{name}");
+        }
+        // Two Rollouts analysed at different moments of a slot wake at the same instant.
+        let a = t(300) + until_next_slot(t(300), i);
+        let b = t(1_700) + until_next_slot(t(1_700), i);
+        assert_eq!(a, b);
+        assert!(due(Some(t(1_700)), a, i));
+    }
+
+    #[test]
+    fn plan_table() {
+        let progressing = RolloutStatus {
+            phase: RolloutPhase::Progressing,
+            current_step_index: Some(0),
+            desired_weight: Some(5),
+            ..Default::default()
+        };
+        let aborted = RolloutStatus {
+            phase: RolloutPhase::Aborted,
+            desired_weight: Some(0),
+            ..Default::default()
+        };
+        let templates = HashMap::new();
+        // (name, gates, status, checks, judged, share check name, problems)
+        let table = [
+            (
+                "defaults: three built-ins, the share judged as a gate",
+                serde_json::json!([]),
+                progressing.clone(),
+                3,
+                3,
+                "applied-share",
+                0,
+            ),
+            (
+                "no share gate: a hidden share check is added",
+                serde_json::json!([{"name": "errors", "builtin": "ErrorRatioVsStable", "window": "10s"}]),
+                progressing.clone(),
+                2,
+                1,
+                SHARE_CHECK,
+                0,
+            ),
+            (
+                "missing template is a problem, not a check",
+                serde_json::json!([{"name": "t", "templateRef": "absent"}]),
+                progressing,
+                1,
+                0,
+                SHARE_CHECK,
+                1,
+            ),
+            (
+                "abort: the share only",
+                serde_json::json!([]),
+                aborted,
+                1,
+                0,
+                SHARE_CHECK,
+                0,
+            ),
+        ];
+        for (name, gates, status, checks, judged, share, problems) in table {
+            let s = spec(gates);
+            let p = plan(&s, &status, ("shop", "checkout"), "c1", &templates);
+            assert_eq!(p.checks.len(), checks, "{name}");
+            assert_eq!(p.judged.len(), judged, "{name}");
+            assert_eq!(p.checks[p.share_index].gate.name, share, "{name}");
+            assert_eq!(p.problems.len(), problems, "{name}: {:?}", p.problems);
+            let target = if status.phase == RolloutPhase::Aborted {
+                0.0
+            } else {
+                0.05
+            };
+            for c in &p.checks {
+                assert_eq!(c.share_target, Some(target), "{name}");
+                assert_eq!(c.vars["cluster"], "c1", "{name}");
+                assert_eq!(c.vars["canaryService"], "v2", "{name}");
+                if let Some(share) = &c.gate.comparison.share {
+                    assert_eq!(share.tolerance_percent, Some(10), "{name}");
+                }
+            }
+        }
+        // The Rollout's Inconclusive policy applies to gates that set none.
+        let p = plan(
+            &spec(serde_json::json!([])),
+            &RolloutStatus::default(),
+            ("shop", "checkout"),
+            "c1",
+            &templates,
+        );
+        assert!(p.checks.iter().all(|c| c.gate.inconclusive_action
+            == sluice_api::v1alpha1::InconclusiveAction::Abort
+            && c.gate.inconclusive_after == Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn findings_read_share_verdicts_and_errors() {
+        let s = spec(serde_json::json!([{"name": "errors", "builtin": "ErrorRatioVsStable"}]));
+        let status = RolloutStatus {
+            phase: RolloutPhase::Progressing,
+            current_step_index: Some(0),
+            desired_weight: Some(5),
+            ..Default::default()
+        };
+        let p = plan(&s, &status, ("shop", "checkout"), "c1", &HashMap::new());
+        let verdict = |gate: &str, v: sluice_api::v1alpha1::Verdict| GateVerdict {
+            gate: gate.into(),
+            verdict: v,
+            reason: sluice_api::v1alpha1::VerdictReason::ThresholdMet,
+            message: None,
+            value: None,
+            baseline: None,
+            threshold: None,
+            samples: None,
+            min_samples: None,
+            consecutive_failures: 0,
+            inconclusive_since: None,
+            evaluated_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t(0)),
+        };
+        let measured = |v: Option<f64>| {
+            Some(Observation::Measured {
+                value: v,
+                samples: Some(1000.0),
+                baseline: None,
+                distribution: None,
+            })
+        };
+        let outcomes = vec![
+            CheckOutcome {
+                observation: measured(Some(0.03)),
+                verdict: Ok(verdict("errors", sluice_api::v1alpha1::Verdict::Pass)),
+            },
+            CheckOutcome {
+                observation: measured(Some(0.051)),
+                verdict: Ok(verdict(SHARE_CHECK, sluice_api::v1alpha1::Verdict::Pass)),
+            },
+        ];
+        let f = findings(&p, &outcomes, t(0));
+        assert_eq!(f.gates.len(), 1, "the hidden share check is not judged");
+        assert_eq!(f.gates[0].1, GateAction::Proceed);
+        assert!((f.applied_share.unwrap() - 5.1).abs() < 1e-9);
+        assert_eq!(f.error, None);
+
+        let failed = vec![
+            CheckOutcome {
+                observation: Some(Observation::Failed {
+                    reason: sluice_api::v1alpha1::VerdictReason::QueryError,
+                    message: "connection refused".into(),
+                }),
+                verdict: Ok(verdict(
+                    "errors",
+                    sluice_api::v1alpha1::Verdict::Inconclusive,
+                )),
+            },
+            CheckOutcome {
+                observation: measured(None),
+                verdict: Ok(verdict(
+                    SHARE_CHECK,
+                    sluice_api::v1alpha1::Verdict::Inconclusive,
+                )),
+            },
+        ];
+        let f = findings(&p, &failed, t(0));
+        assert_eq!(f.applied_share, None, "no data is not a share of 0");
+        assert_eq!(f.error.as_deref(), Some("connection refused"));
+        assert_eq!(f.gates[0].1, GateAction::Wait);
+    }
+}

@@ -1,0 +1,318 @@
+//! The rollout-weights operator's Prometheus metrics: Rollouts per phase, weights written,
+//! applied shares measured, gate verdicts, aborts and their latencies, analysis ticks and route
+//! writes.
+//!
+//! Owns metric names (all `sluice_rollout_*` or `sluice_rollouts`), help texts and label sets.
+//! Must never label a series with an object's name, a gate's name, a message or anything else
+//! unbounded: labels come from fixed sets (phase, verdict, reason, result).
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Registry,
+};
+use sluice_api::v1alpha1::{RolloutPhase, Verdict, VerdictReason};
+
+use crate::analysis::TickFigures;
+
+/// Labels naming a Rollout phase.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct PhaseLabels {
+    /// Pending, WaitingForCanary, Progressing, Paused, Promoted, Aborted or Invalid.
+    pub phase: String,
+}
+
+/// Labels of a gate verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct VerdictLabels {
+    /// Pass, Fail or Inconclusive.
+    pub verdict: String,
+    /// The verdict's bounded reason (ThresholdMet, NoData, QueryError, ...).
+    pub reason: String,
+}
+
+/// Labels with one bounded reason or result.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// A CamelCase reason or result from a fixed set.
+    pub reason: String,
+}
+
+/// Handles to the operator's metrics; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct RolloutMetrics {
+    rollouts: Family<PhaseLabels, Gauge>,
+    phases: Arc<Mutex<HashMap<String, RolloutPhase>>>,
+    desired_weight: Histogram,
+    applied_share: Histogram,
+    verdicts: Family<VerdictLabels, Counter>,
+    aborts: Family<ReasonLabels, Counter>,
+    abort_latency: Histogram,
+    detect_to_revert: Histogram,
+    revert_verified: Histogram,
+    ticks: Counter,
+    queries: Counter,
+    failed_queries: Counter,
+    queries_per_tick: Gauge,
+    rollouts_per_tick: Gauge,
+    route_writes: Family<ReasonLabels, Counter>,
+}
+
+fn percent_histogram() -> Histogram {
+    Histogram::new([0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 75.0, 100.0])
+}
+
+fn latency_histogram() -> Histogram {
+    // 10 ms .. ~5.5 min: a controller revert takes milliseconds, a verified one a rate window.
+    Histogram::new(exponential_buckets(0.01, 2.0, 16))
+}
+
+/// Registers every metric of the operator in `registry` under the `sluice_` prefix.
+pub fn register(registry: &mut Registry) -> RolloutMetrics {
+    let m = RolloutMetrics {
+        rollouts: Family::default(),
+        phases: Arc::default(),
+        desired_weight: percent_histogram(),
+        applied_share: percent_histogram(),
+        verdicts: Family::default(),
+        aborts: Family::default(),
+        abort_latency: latency_histogram(),
+        detect_to_revert: latency_histogram(),
+        revert_verified: latency_histogram(),
+        ticks: Counter::default(),
+        queries: Counter::default(),
+        failed_queries: Counter::default(),
+        queries_per_tick: Gauge::default(),
+        rollouts_per_tick: Gauge::default(),
+        route_writes: Family::default(),
+    };
+    let sub = registry.sub_registry_with_prefix("sluice");
+    sub.register(
+        "rollouts",
+        "Rollouts this replica reconciles, by phase",
+        m.rollouts.clone(),
+    );
+    sub.register(
+        "rollout_desired_weight_percent",
+        "Canary weights written to routes, percent",
+        m.desired_weight.clone(),
+    );
+    sub.register(
+        "rollout_applied_share_percent",
+        "Canary shares the mesh reported at each analysis, percent",
+        m.applied_share.clone(),
+    );
+    sub.register(
+        "rollout_gate_verdicts",
+        "Gate verdicts judged, by verdict and reason",
+        m.verdicts.clone(),
+    );
+    sub.register(
+        "rollout_aborts",
+        "Rollouts aborted, by reason",
+        m.aborts.clone(),
+    );
+    sub.register(
+        "rollout_abort_latency_seconds",
+        "From the failing gate's first failure to the route reverted, seconds",
+        m.abort_latency.clone(),
+    );
+    sub.register(
+        "rollout_detect_to_revert_seconds",
+        "From the abort decision (the Fail verdict) to the route reverted, seconds",
+        m.detect_to_revert.clone(),
+    );
+    sub.register(
+        "rollout_revert_verified_seconds",
+        "From the route reverted to telemetry showing the canary share at about 0, seconds",
+        m.revert_verified.clone(),
+    );
+    sub.register(
+        "rollout_analysis_ticks",
+        "Batched analysis ticks run",
+        m.ticks.clone(),
+    );
+    sub.register(
+        "rollout_analysis_queries",
+        "Metrics queries sent by analysis ticks",
+        m.queries.clone(),
+    );
+    sub.register(
+        "rollout_analysis_failed_queries",
+        "Metrics queries that failed",
+        m.failed_queries.clone(),
+    );
+    sub.register(
+        "rollout_analysis_queries_per_tick",
+        "Queries sent by the latest analysis tick",
+        m.queries_per_tick.clone(),
+    );
+    sub.register(
+        "rollout_analysis_rollouts_per_tick",
+        "Rollouts evaluated by the latest analysis tick",
+        m.rollouts_per_tick.clone(),
+    );
+    sub.register(
+        "rollout_route_writes",
+        "HTTPRoute writes, by result (Written, Unchanged, Failed)",
+        m.route_writes.clone(),
+    );
+    m
+}
+
+fn phase_name(p: RolloutPhase) -> String {
+    format!("{p:?}")
+}
+
+impl RolloutMetrics {
+    /// Records the phase of Rollout `key` (`None`: it is gone).
+    pub fn phase(&self, key: &str, phase: Option<RolloutPhase>) {
+        let mut phases = self.phases.lock().unwrap_or_else(|e| e.into_inner());
+        let before = match phase {
+            Some(p) => phases.insert(key.to_owned(), p),
+            None => phases.remove(key),
+        };
+        if before == phase {
+            return;
+        }
+        if let Some(b) = before {
+            self.rollouts
+                .get_or_create(&PhaseLabels {
+                    phase: phase_name(b),
+                })
+                .dec();
+        }
+        if let Some(p) = phase {
+            self.rollouts
+                .get_or_create(&PhaseLabels {
+                    phase: phase_name(p),
+                })
+                .inc();
+        }
+    }
+
+    /// Records a canary weight written to a route.
+    pub fn weight_written(&self, weight: u32) {
+        self.desired_weight.observe(f64::from(weight));
+    }
+
+    /// Records an applied share measured, percent.
+    pub fn share(&self, percent: f64) {
+        self.applied_share.observe(percent);
+    }
+
+    /// Records a judged verdict.
+    pub fn verdict(&self, verdict: Verdict, reason: VerdictReason) {
+        self.verdicts
+            .get_or_create(&VerdictLabels {
+                verdict: format!("{verdict:?}"),
+                reason: reason.as_str().to_owned(),
+            })
+            .inc();
+    }
+
+    /// Records an abort with its bounded reason.
+    pub fn abort(&self, reason: &str) {
+        self.aborts
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Records the latencies of a reverted route: from the first failure and from the decision.
+    pub fn reverted(&self, from_first_failure: Option<Duration>, from_decision: Duration) {
+        if let Some(d) = from_first_failure {
+            self.abort_latency.observe(d.as_secs_f64());
+        }
+        self.detect_to_revert.observe(from_decision.as_secs_f64());
+    }
+
+    /// Records the time from the route reverted to telemetry confirming it.
+    pub fn revert_verified(&self, took: Duration) {
+        self.revert_verified.observe(took.as_secs_f64());
+    }
+
+    /// Records one batched analysis tick.
+    pub fn tick(&self, t: TickFigures) {
+        self.ticks.inc();
+        self.queries.inc_by(t.queries as u64);
+        self.failed_queries.inc_by(t.failed_queries as u64);
+        self.queries_per_tick
+            .set(i64::try_from(t.queries).unwrap_or(i64::MAX));
+        self.rollouts_per_tick
+            .set(i64::try_from(t.rollouts).unwrap_or(i64::MAX));
+    }
+
+    /// Records a route write's result: `Written`, `Unchanged` or `Failed`.
+    pub fn route_write(&self, result: &'static str) {
+        self.route_writes
+            .get_or_create(&ReasonLabels {
+                reason: result.to_owned(),
+            })
+            .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_is_prefixed_and_phases_are_counted() {
+        let mut registry = Registry::default();
+        let m = register(&mut registry);
+        m.phase("shop/a", Some(RolloutPhase::Progressing));
+        m.phase("shop/b", Some(RolloutPhase::Progressing));
+        m.phase("shop/a", Some(RolloutPhase::Aborted));
+        m.phase("shop/b", None);
+        m.weight_written(5);
+        m.share(4.8);
+        m.verdict(Verdict::Fail, VerdictReason::ThresholdBreached);
+        m.abort("GateFailed");
+        m.reverted(Some(Duration::from_secs(3)), Duration::from_millis(40));
+        m.revert_verified(Duration::from_secs(4));
+        m.tick(TickFigures {
+            rollouts: 3,
+            checks: 9,
+            queries: 3,
+            failed_queries: 0,
+        });
+        m.route_write("Written");
+        let text = sluice_runtime::metrics::encode(&registry);
+        let names: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("# TYPE "))
+            .filter_map(|l| l.split_whitespace().nth(2))
+            .collect();
+        assert_eq!(names.len(), 14, "{text}");
+        assert!(names.iter().all(|n| n.starts_with("sluice_")), "{names:?}");
+        assert!(
+            text.contains("sluice_rollouts{phase=\"Progressing\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sluice_rollouts{phase=\"Aborted\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sluice_rollout_analysis_queries_per_tick 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sluice_rollout_gate_verdicts_total{verdict=\"Fail\",reason=\"ThresholdBreached\"} 1"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,272 @@
+//! Turns what the reconcile read (the HTTPRoute, the canary workload) into the state machine's
+//! observations: this operator's parts of the route, who last wrote its rules, whether every
+//! step's route edit fits the route and the installed CRD, and whether the canary is ready.
+//!
+//! Pure; never reads the cluster and never decides what to do about what it sees.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::Value;
+use sluice_api::{external::http_route::HttpRoute, v1alpha1::RolloutSpec};
+
+use crate::{
+    route_edit::{self, CrdSupport, Target},
+    step::{RouteObs, RouteState, desired_at},
+};
+
+/// The route target of a Rollout `<namespace>/<name>`.
+pub fn target(spec: &RolloutSpec, namespace: &str, name: &str) -> Target {
+    Target {
+        owner: format!("{namespace}/{name}"),
+        stable: spec.stable_service.name.clone(),
+        canary: spec.canary_service.name.clone(),
+        canary_port: spec.canary_service.port,
+        rule_name: spec.route_ref.rule_name.clone(),
+    }
+}
+
+/// The field manager that owns `spec.rules` (an atomic list: whoever wrote it last owns all
+/// of it). With several claimants (an old apiserver), the newest entry wins.
+pub fn rules_writer(meta: &ObjectMeta) -> Option<String> {
+    meta.managed_fields
+        .iter()
+        .flatten()
+        .filter(|e| {
+            e.fields_v1
+                .as_ref()
+                .is_some_and(|f| f.0.get("f:spec").and_then(|s| s.get("f:rules")).is_some())
+        })
+        .max_by_key(|e| e.time.as_ref().map(|t| t.0))
+        .and_then(|e| e.manager.clone())
+}
+
+/// The state machine's view of the route: this operator's parts, or why it cannot be governed
+/// (no managed rule, or a step whose edit does not fit the route or the installed CRD).
+pub fn route(route: &HttpRoute, target: &Target, spec: &RolloutSpec, crd: CrdSupport) -> RouteObs {
+    let observed = match route_edit::observe(route, target) {
+        Ok(o) => o,
+        Err(e) => {
+            return RouteObs::Unusable {
+                reason: e.category(),
+                message: e.to_string(),
+            };
+        }
+    };
+    for index in 0..spec.steps.len() {
+        if let Err(e) = route_edit::apply(route, target, &desired_at(spec, index), crd) {
+            return RouteObs::Unusable {
+                reason: e.category(),
+                message: format!("step {index}: {e}"),
+            };
+        }
+    }
+    let managed = &route.rules()[observed.rule_index];
+    let canary_weight = managed
+        .backend(&target.canary)
+        .map_or(0, |b| u32::try_from(b.effective_weight()).unwrap_or(0));
+    RouteObs::Present(RouteState {
+        resource_version: route.metadata.resource_version.clone(),
+        owner: observed.owner,
+        me: target.owner.clone(),
+        canary_weight,
+        cohort: observed.cohort,
+        mirror: observed.mirror,
+        last_writer: rules_writer(&route.metadata),
+    })
+}
+
+/// Whether a workload (Deployment, StatefulSet, or any kind with the same status fields) is
+/// ready: its controller saw the current generation, and every desired replica is updated and
+/// ready. A workload that wants 0 replicas is not ready to take traffic.
+pub fn workload_ready(obj: &Value) -> bool {
+    let generation = obj["metadata"]["generation"].as_i64();
+    let status = &obj["status"];
+    let observed = status["observedGeneration"].as_i64();
+    if let (Some(g), Some(o)) = (generation, observed)
+        && o < g
+    {
+        return false;
+    }
+    let desired = obj["spec"]["replicas"].as_i64().unwrap_or(1);
+    let ready = status["readyReplicas"].as_i64().unwrap_or(0);
+    let updated = status["updatedReplicas"].as_i64().unwrap_or(ready);
+    desired > 0 && ready >= desired && updated >= desired
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(steps: Value) -> RolloutSpec {
+        serde_json::from_value(json!({
+            "routeRef": {"name": "checkout"},
+            "stableService": {"name": "v1"},
+            "canaryService": {"name": "v2"},
+            "canaryWorkload": {"name": "v2"},
+            "steps": steps,
+        }))
+        .unwrap()
+    }
+
+    fn http_route(extra_rules: usize, canary_weight: Option<i32>) -> HttpRoute {
+        let mut backends = vec![json!({"name": "v1", "port": 80, "weight": 100})];
+        if let Some(w) = canary_weight {
+            backends.push(json!({"name": "v2", "port": 80, "weight": w}));
+        }
+        let mut rules = vec![json!({"backendRefs": backends})];
+        for i in 0..extra_rules {
+            rules.push(json!({"matches": [{"path": {"type": "PathPrefix", "value": format!("/x{i}")}}], "backendRefs": [{"name": "other", "port": 80}]}));
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "HTTPRoute",
+            "metadata": {
+                "name": "checkout", "namespace": "shop", "resourceVersion": "9",
+                "managedFields": [
+                    {"manager": "argocd-controller", "operation": "Apply", "time": "2026-01-01T00:00:00Z",
+                     "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:hostnames": {}}}},
+                    {"manager": "sluice-revert", "operation": "Apply", "time": "2026-01-01T00:00:05Z",
+                     "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:rules": {}}}}
+                ]
+            },
+            "spec": {"rules": rules}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn route_observation_table() {
+        let weights = json!([{"setWeight": {"weight": 5}}]);
+        let cohort = json!([{"headerCohort": {"header": {"name": "x-cohort", "value": "staff"}}}, {"setWeight": {"weight": 5}}]);
+        let mirror = json!([{"mirror": {"percent": 10}}, {"setWeight": {"weight": 5}}]);
+        let old_crd = CrdSupport {
+            rule_name: false,
+            mirror_percent: false,
+        };
+        let names_only = CrdSupport {
+            rule_name: true,
+            mirror_percent: false,
+        };
+        // (name, route, spec, crd, want: Ok(canary weight) or Err(reason))
+        type Row = (
+            &'static str,
+            HttpRoute,
+            Value,
+            CrdSupport,
+            Result<u32, &'static str>,
+        );
+        let table: Vec<Row> = vec![
+            (
+                "fresh route",
+                http_route(0, None),
+                weights.clone(),
+                CrdSupport::ALL,
+                Ok(0),
+            ),
+            (
+                "canary at 5",
+                http_route(0, Some(5)),
+                weights.clone(),
+                CrdSupport::ALL,
+                Ok(5),
+            ),
+            (
+                "cohort on an old CRD",
+                http_route(0, None),
+                cohort.clone(),
+                old_crd,
+                Err("RouteFieldPruned"),
+            ),
+            (
+                "mirror percent pruned",
+                http_route(0, None),
+                mirror.clone(),
+                names_only,
+                Err("RouteFieldPruned"),
+            ),
+            (
+                "no room for the cohort rule",
+                http_route(15, None),
+                cohort,
+                CrdSupport::ALL,
+                Err("RouteFull"),
+            ),
+            (
+                "room for weights only",
+                http_route(15, None),
+                weights,
+                CrdSupport::ALL,
+                Ok(0),
+            ),
+        ];
+        for (name, r, steps, crd, want) in table {
+            let s = spec(steps);
+            let got = route(&r, &target(&s, "shop", "checkout"), &s, crd);
+            match (got, want) {
+                (RouteObs::Present(state), Ok(w)) => {
+                    assert_eq!(state.canary_weight, w, "{name}");
+                    assert_eq!(state.me, "shop/checkout", "{name}");
+                    assert_eq!(state.resource_version.as_deref(), Some("9"), "{name}");
+                }
+                (RouteObs::Unusable { reason, message }, Err(want)) => {
+                    assert_eq!(reason, want, "{name}: {message}");
+                    assert!(message.starts_with("step 0: "), "{name}: {message}");
+                }
+                (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn rules_writer_is_the_owner_of_spec_rules() {
+        let r = http_route(0, None);
+        assert_eq!(rules_writer(&r.metadata).as_deref(), Some("sluice-revert"));
+        let mut none = r.metadata.clone();
+        none.managed_fields = None;
+        assert_eq!(rules_writer(&none), None);
+    }
+
+    #[test]
+    fn workload_readiness_table() {
+        let table = [
+            (
+                "ready",
+                json!({"metadata": {"generation": 2}, "spec": {"replicas": 2}, "status": {"observedGeneration": 2, "readyReplicas": 2, "updatedReplicas": 2}}),
+                true,
+            ),
+            (
+                "generation not yet observed",
+                json!({"metadata": {"generation": 3}, "spec": {"replicas": 2}, "status": {"observedGeneration": 2, "readyReplicas": 2, "updatedReplicas": 2}}),
+                false,
+            ),
+            (
+                "one replica short",
+                json!({"metadata": {"generation": 1}, "spec": {"replicas": 2}, "status": {"observedGeneration": 1, "readyReplicas": 1, "updatedReplicas": 2}}),
+                false,
+            ),
+            (
+                "old replicas ready",
+                json!({"metadata": {"generation": 1}, "spec": {"replicas": 2}, "status": {"observedGeneration": 1, "readyReplicas": 2, "updatedReplicas": 1}}),
+                false,
+            ),
+            (
+                "no status yet",
+                json!({"metadata": {"generation": 1}, "spec": {"replicas": 1}}),
+                false,
+            ),
+            (
+                "scaled to zero",
+                json!({"metadata": {"generation": 1}, "spec": {"replicas": 0}, "status": {"observedGeneration": 1}}),
+                false,
+            ),
+            (
+                "replicas default to 1",
+                json!({"metadata": {}, "spec": {}, "status": {"readyReplicas": 1}}),
+                true,
+            ),
+        ];
+        for (name, obj, want) in table {
+            assert_eq!(workload_ready(&obj), want, "{name}");
+        }
+    }
+}
