@@ -1,26 +1,124 @@
 //! The pure heart of sluice-wave-gate: (spec, current status, observations, now) → (actions, next
 //! status).
 //!
-//! Today it validates what CEL cannot express and sets `status.observedGeneration`, the phase
-//! and the `Ready` condition; the operator's state machine grows here. Must never do I/O or
-//! read the clock.
+//! Status is the state machine: each wave's state and its timestamps (admitted, converged,
+//! finished) live in `status.waves`, so a restarted operator continues the same soak from
+//! `convergedAt` and never admits a wave twice. Owns adoption, admission (with cross-site waits
+//! and their audited releases), convergence, the soak and its gates, the halt with its pins and
+//! the decisions set back, supersession and emergency changes. Must never do I/O or read the
+//! clock, and never produce a decision list that misses a cluster (see `decisions`).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use k8s_openapi::jiff::Timestamp;
-use sluice_api::v1alpha1::{WaveGatePhase, WaveGateSpec, WaveGateStatus, wave_gate::reasons};
-use sluice_runtime::{conditions as cond, events::Severity};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use sluice_analysis::GateAction;
+use sluice_api::external::argocd::{SYNC_STATUS_SYNCED, UnsafeApplicationSet};
+use sluice_api::v1alpha1::{
+    GateVerdict, Verdict, VerdictReason, WaveGatePhase, WaveGateSpec, WaveGateStatus,
+    wave_gate::{
+        ChangeOutcome, ChangeRecord, DriftExporter, HaltReason, HaltStatus, WaveState, WaveStatus,
+        conditions as types, reasons,
+    },
+};
+use sluice_runtime::{
+    conditions::{self as cond, Status},
+    events::Severity,
+};
 
-use crate::validity;
+use crate::{
+    decisions,
+    pins::{self, AppRef, PinPlan},
+    validity,
+};
+
+/// Most changes kept in `status.history`.
+pub const MAX_HISTORY: usize = 32;
+
+/// An Argo CD Application of the site, reduced to what a wave needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppView {
+    /// Application name.
+    pub name: String,
+    /// Application namespace.
+    pub namespace: String,
+    /// The Argo CD cluster it deploys to (`spec.destination.name`).
+    pub cluster: String,
+    /// `status.sync.status`.
+    pub sync_status: Option<String>,
+    /// `status.sync.revision`.
+    pub synced_revision: Option<String>,
+    /// `status.health.status` is Healthy.
+    pub healthy: bool,
+}
+
+impl AppView {
+    /// Synced at `revision`.
+    pub fn synced_at(&self, revision: &str) -> bool {
+        self.sync_status.as_deref() == Some(SYNC_STATUS_SYNCED)
+            && self.synced_revision.as_deref() == Some(revision)
+    }
+}
+
+/// What the reconcile found of the ApplicationSet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApplicationSetView {
+    /// Not found.
+    Missing,
+    /// Found, with its safety problems (empty: safe).
+    Found(Vec<UnsafeApplicationSet>),
+}
+
+/// A gate verdict of this tick and what the gate's policy makes of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvaluatedGate {
+    /// The verdict (carries consecutive failures and `inconclusiveSince` forward).
+    pub verdict: GateVerdict,
+    /// Proceed, Wait, Pause or Abort (`sluice_analysis::action`).
+    pub action: GateAction,
+}
 
 /// What the reconcile saw besides the object's spec and status.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Observations {
+    /// The WaveGate's namespace (pin names, messages).
+    pub namespace: String,
+    /// The WaveGate's name.
+    pub name: String,
     /// `metadata.generation` of the object.
     pub generation: Option<i64>,
-    /// Whether the platform allows free-form PromQL in namespaced objects (off by default:
-    /// it runs with the operator's view of all metrics).
+    /// Whether the platform allows free-form PromQL in namespaced objects.
     pub allow_free_form_promql: bool,
+    /// The ApplicationSet named by `spec.applicationSetRef`.
+    pub application_set: ApplicationSetView,
+    /// The ApplicationSet's Applications.
+    pub applications: Vec<AppView>,
+    /// Proxies behind `spec.sourceCommit` per cluster of the active wave (`None`: no series).
+    pub drift: BTreeMap<String, Option<f64>>,
+    /// Gate verdicts evaluated this reconcile for the soaking wave (`None`: not due).
+    pub gates: Option<Vec<EvaluatedGate>>,
+    /// `(site, wave)` pairs other sites report passed at `spec.revision` (global metrics view).
+    pub passed_elsewhere: BTreeSet<(String, String)>,
+    /// Names of the BundlePins that exist in the namespace.
+    pub existing_pins: BTreeSet<String>,
+}
+
+impl Default for Observations {
+    fn default() -> Self {
+        Self {
+            namespace: "default".into(),
+            name: String::new(),
+            generation: None,
+            allow_free_form_promql: false,
+            application_set: ApplicationSetView::Found(Vec::new()),
+            applications: Vec::new(),
+            drift: BTreeMap::new(),
+            gates: None,
+            passed_elsewhere: BTreeSet::new(),
+            existing_pins: BTreeSet::new(),
+        }
+    }
 }
 
 /// Something the reconcile must do after the status is written.
@@ -37,6 +135,10 @@ pub enum Action {
         /// Human-readable note.
         note: String,
     },
+    /// Annotate the ApplicationSet so Argo CD regenerates its Applications now.
+    NudgeApplicationSet,
+    /// Create a BundlePin (already existing is fine: names are deterministic).
+    CreatePin(PinPlan),
 }
 
 /// When to look at the object again.
@@ -59,8 +161,325 @@ pub struct Decision {
     pub requeue: Requeue,
 }
 
+/// Event action names.
+pub mod actions {
+    /// Validation outcomes.
+    pub const VALIDATE: &str = "Validate";
+    /// ApplicationSet checks.
+    pub const CHECK_APPLICATION_SET: &str = "CheckApplicationSet";
+    /// Adoption.
+    pub const ADOPT: &str = "Adopt";
+    /// Wave admission.
+    pub const ADMIT: &str = "Admit";
+    /// Soak start and end.
+    pub const SOAK: &str = "Soak";
+    /// Halts.
+    pub const HALT: &str = "Halt";
+    /// Pins and decisions set back.
+    pub const PIN: &str = "Pin";
+    /// New revisions.
+    pub const CHANGE: &str = "Change";
+}
+
 /// The Event action name of validation outcomes.
-pub const VALIDATE: &str = "Validate";
+pub const VALIDATE: &str = actions::VALIDATE;
+
+fn ts(t: &Time) -> Timestamp {
+    t.0
+}
+
+fn add(t: Timestamp, d: Duration) -> Timestamp {
+    t.checked_add(SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX))
+        .unwrap_or(t)
+}
+
+fn until(now: Timestamp, t: Timestamp) -> Duration {
+    Duration::try_from(t.duration_since(now)).unwrap_or(Duration::ZERO)
+}
+
+fn parse_or(d: &sluice_api::v1alpha1::DurationString, default: Duration) -> Duration {
+    d.parse().unwrap_or(default)
+}
+
+/// The analysis interval of `spec` (validated; 30 s if unreadable).
+pub fn interval(spec: &WaveGateSpec) -> Duration {
+    parse_or(&spec.analysis_interval, Duration::from_secs(30))
+}
+
+fn soak(spec: &WaveGateSpec, i: usize) -> Duration {
+    spec.soak_of(i).map_or(Duration::from_secs(600), |s| {
+        parse_or(&s, Duration::from_secs(600))
+    })
+}
+
+fn convergence_timeout(spec: &WaveGateSpec) -> Duration {
+    parse_or(&spec.convergence_timeout, Duration::from_secs(1800))
+}
+
+/// Whether a wave state means the wave's clusters run the change's revision.
+fn admitted(state: WaveState) -> bool {
+    matches!(
+        state,
+        WaveState::Converging
+            | WaveState::Soaking
+            | WaveState::Passed
+            | WaveState::Failed
+            | WaveState::Skipped
+    )
+}
+
+fn done(state: WaveState) -> bool {
+    matches!(state, WaveState::Passed | WaveState::Skipped)
+}
+
+/// The wave the change works on: the first that is not done.
+pub fn active_wave(status: &WaveGateStatus) -> Option<usize> {
+    status.waves.iter().position(|w| !done(w.state))
+}
+
+/// When the soak of wave `i` ends (`None` while it has not converged).
+pub fn soak_end(spec: &WaveGateSpec, status: &WaveGateStatus, i: usize) -> Option<Timestamp> {
+    let w = status.waves.get(i)?;
+    Some(add(ts(w.converged_at.as_ref()?), soak(spec, i)))
+}
+
+/// The soaking wave whose gates are due at `now`: never evaluated in this soak, last evaluated
+/// an interval ago, or not yet evaluated since the soak ended. The reconcile evaluates gates
+/// only then, so the analysis interval holds across restarts.
+pub fn gates_due(spec: &WaveGateSpec, status: &WaveGateStatus, now: Timestamp) -> Option<usize> {
+    if status.halt.is_some() {
+        return None;
+    }
+    let i = active_wave(status)?;
+    let w = &status.waves[i];
+    if w.state != WaveState::Soaking {
+        return None;
+    }
+    let end = soak_end(spec, status, i)?;
+    let evaluated: Vec<Timestamp> = w
+        .gates
+        .iter()
+        .filter(|g| g.reason != VerdictReason::Skipped)
+        .map(|g| ts(&g.evaluated_at))
+        .collect();
+    let Some(oldest) = evaluated.iter().min().copied() else {
+        return Some(i);
+    };
+    let stale_for_end = now >= end && oldest < end;
+    (add(oldest, interval(spec)) <= now || stale_for_end).then_some(i)
+}
+
+/// The verdict recorded for a gate the platform declared it cannot evaluate (no drift
+/// exporter): Inconclusive, reason Skipped. Reported, and never counted as a pass of that gate.
+pub fn skipped_verdict(gate: &str, now: Timestamp) -> GateVerdict {
+    GateVerdict {
+        gate: gate.to_owned(),
+        verdict: Verdict::Inconclusive,
+        reason: VerdictReason::Skipped,
+        message: Some(
+            "skipped: driftGate.exporter is None (the platform has no drift exporter); proxies' acknowledgement is not checked"
+                .into(),
+        ),
+        value: None,
+        baseline: None,
+        threshold: None,
+        samples: None,
+        min_samples: None,
+        consecutive_failures: 0,
+        inconclusive_since: None,
+        evaluated_at: Time(now),
+    }
+}
+
+/// What a wave's clusters report.
+#[derive(Debug, Clone, PartialEq)]
+struct Convergence {
+    counts: sluice_api::v1alpha1::wave_gate::ApplicationCounts,
+    proxies_behind: Option<f64>,
+    ok: bool,
+    detail: String,
+}
+
+fn convergence(
+    spec: &WaveGateSpec,
+    wave: usize,
+    revision: &str,
+    obs: &Observations,
+) -> Convergence {
+    let clusters = &spec.waves[wave].clusters;
+    let apps: Vec<&AppView> = obs
+        .applications
+        .iter()
+        .filter(|a| clusters.contains(&a.cluster))
+        .collect();
+    let counts = sluice_api::v1alpha1::wave_gate::ApplicationCounts {
+        total: apps.len() as u32,
+        synced: apps.iter().filter(|a| a.synced_at(revision)).count() as u32,
+        healthy: apps.iter().filter(|a| a.healthy).count() as u32,
+    };
+    let mut problems = Vec::new();
+    let without: Vec<&str> = clusters
+        .iter()
+        .filter(|c| !apps.iter().any(|a| &a.cluster == *c))
+        .map(String::as_str)
+        .collect();
+    if !without.is_empty() {
+        problems.push(format!(
+            "no Application for cluster(s) {}",
+            without.join(", ")
+        ));
+    }
+    if counts.synced < counts.total || counts.healthy < counts.total {
+        problems.push(format!(
+            "{}/{} Applications Synced at the revision, {}/{} Healthy",
+            counts.synced, counts.total, counts.healthy, counts.total
+        ));
+    }
+    let mut proxies_behind = None;
+    if spec.drift_gate.exporter == DriftExporter::Platform {
+        let mut sum = 0.0;
+        let mut missing = Vec::new();
+        let mut behind = Vec::new();
+        for c in clusters {
+            match obs.drift.get(c).copied().flatten() {
+                Some(v) if !v.is_nan() => {
+                    sum += v;
+                    if v > f64::from(spec.drift_gate.max_proxies_behind) {
+                        behind.push(format!("{c}={v}"));
+                    }
+                }
+                _ => missing.push(c.as_str()),
+            }
+        }
+        if missing.len() < clusters.len() {
+            proxies_behind = Some(sum);
+        }
+        if !missing.is_empty() {
+            problems.push(format!(
+                "no drift signal for cluster(s) {} (a missing signal never passes)",
+                missing.join(", ")
+            ));
+        }
+        if !behind.is_empty() {
+            problems.push(format!(
+                "proxies behind (max {}): {}",
+                spec.drift_gate.max_proxies_behind,
+                behind.join(", ")
+            ));
+        }
+    }
+    Convergence {
+        counts,
+        proxies_behind,
+        ok: problems.is_empty(),
+        detail: problems.join("; "),
+    }
+}
+
+/// The revision a not-yet-adopted site runs: `spec.previousRevision`, else the one revision
+/// every Application reports Synced at, else (a site without Applications) `spec.revision`.
+pub fn adoption_revision(spec: &WaveGateSpec, obs: &Observations) -> Result<String, String> {
+    if let Some(p) = &spec.previous_revision {
+        return Ok(p.clone());
+    }
+    let clusters: BTreeSet<&str> = spec.all_clusters().collect();
+    let apps: Vec<&AppView> = obs
+        .applications
+        .iter()
+        .filter(|a| clusters.contains(a.cluster.as_str()))
+        .collect();
+    if apps.is_empty() {
+        return Ok(spec.revision.clone());
+    }
+    let revisions: BTreeSet<Option<&str>> = apps
+        .iter()
+        .map(|a| {
+            (a.sync_status.as_deref() == Some(SYNC_STATUS_SYNCED))
+                .then_some(a.synced_revision.as_deref())
+                .flatten()
+        })
+        .collect();
+    match revisions.into_iter().collect::<Vec<_>>().as_slice() {
+        [Some(r)] if decisions::is_digest(r) => Ok((*r).to_owned()),
+        _ => Err(
+            "the site's Applications are not all Synced at one digest revision; set spec.previousRevision to the revision the site runs"
+                .into(),
+        ),
+    }
+}
+
+struct Ctx<'a> {
+    spec: &'a WaveGateSpec,
+    obs: &'a Observations,
+    now: Timestamp,
+    next: WaveGateStatus,
+    actions: Vec<Action>,
+}
+
+impl Ctx<'_> {
+    fn event(
+        &mut self,
+        severity: Severity,
+        reason: &'static str,
+        action: &'static str,
+        note: String,
+    ) {
+        self.actions.push(Action::Event {
+            severity,
+            reason,
+            action,
+            note,
+        });
+    }
+
+    /// Sets a condition; true when it changed status, reason or message.
+    fn condition(&mut self, type_: &str, status: Status, reason: &str, message: String) -> bool {
+        let before = cond::find(&self.next.conditions, type_).cloned();
+        let c = cond::new(
+            type_,
+            status,
+            reason,
+            message,
+            self.obs.generation,
+            self.now,
+        );
+        let changed = before.is_none_or(|b| !cond::same_ignoring_time(&b, &c));
+        cond::set(&mut self.next.conditions, c);
+        changed
+    }
+
+    fn history_finish(&mut self, outcome: ChangeOutcome) {
+        if let Some(last) = self.next.history.last_mut()
+            && last.outcome.is_none()
+        {
+            last.outcome = Some(outcome);
+            last.finished_at = Some(Time(self.now));
+        }
+    }
+
+    fn history_start(&mut self, reason: Option<String>) {
+        self.next.history.push(ChangeRecord {
+            revision: self.spec.revision.clone(),
+            previous_revision: self.next.previous_revision.clone(),
+            started_at: Time(self.now),
+            finished_at: None,
+            outcome: None,
+            reason,
+        });
+        let excess = self.next.history.len().saturating_sub(MAX_HISTORY);
+        self.next.history.drain(..excess);
+    }
+
+    fn history_note(&mut self, note: &str) {
+        if let Some(last) = self.next.history.last_mut() {
+            let text = match &last.reason {
+                Some(r) => format!("{r}; {note}"),
+                None => note.to_owned(),
+            };
+            last.reason = Some(text.chars().take(1024).collect());
+        }
+    }
+}
 
 /// Decides the next status of a WaveGate.
 pub fn decide(
@@ -69,232 +488,1543 @@ pub fn decide(
     obs: &Observations,
     now: Timestamp,
 ) -> Decision {
-    decide_validity(
-        &validity::problems(spec, obs.allow_free_form_promql),
-        status,
+    let mut cx = Ctx {
+        spec,
         obs,
         now,
-    )
+        next: status.cloned().unwrap_or_default(),
+        actions: Vec::new(),
+    };
+    cx.next.observed_generation = obs.generation;
+    let requeue = step(&mut cx);
+    cx.next.phase = phase(&cx.next);
+    let active = active_wave(&cx.next);
+    let shown = match (&cx.next.halt, active) {
+        (Some(h), _) => spec.waves.iter().position(|w| w.name == h.wave),
+        (None, Some(i)) => Some(i),
+        (None, None) if !cx.next.waves.is_empty() => Some(cx.next.waves.len() - 1),
+        _ => None,
+    };
+    cx.next.current_wave_index = shown.map(|i| i as u32);
+    cx.next.current_wave = shown
+        .and_then(|i| spec.waves.get(i))
+        .map(|w| w.name.clone());
+    Decision {
+        actions: cx.actions,
+        status: cx.next,
+        requeue,
+    }
 }
 
-/// The validity part of [`decide`], given the spec's problems (empty when valid).
-pub fn decide_validity(
-    problems: &[String],
-    status: Option<&WaveGateStatus>,
-    obs: &Observations,
-    now: Timestamp,
-) -> Decision {
-    let mut next = status.cloned().unwrap_or_default();
-    next.observed_generation = obs.generation;
-    let validity = cond::set_validity(&mut next.conditions, problems, obs.generation, now);
-    if !validity.valid {
-        next.phase = WaveGatePhase::Refused;
-    } else if validity.was_invalid && next.phase == WaveGatePhase::Refused {
-        next.phase = WaveGatePhase::Pending;
+fn phase(s: &WaveGateStatus) -> WaveGatePhase {
+    let refused =
+        |t: &str| cond::find(&s.conditions, t).is_some_and(|c| c.status == Status::False.as_str());
+    if refused(types::READY) || refused(types::APPLICATION_SET_SAFE) {
+        return WaveGatePhase::Refused;
     }
-    let note = validity.message;
+    if s.decisions.is_empty() {
+        return WaveGatePhase::Pending;
+    }
+    if s.halt.is_some() {
+        return WaveGatePhase::Halted;
+    }
+    match active_wave(s).map(|i| s.waves[i].state) {
+        None => WaveGatePhase::Complete,
+        Some(WaveState::Soaking) => WaveGatePhase::Soaking,
+        Some(WaveState::Waiting) => WaveGatePhase::WaitingForSite,
+        Some(_) => WaveGatePhase::Progressing,
+    }
+}
 
-    let mut actions = Vec::new();
-    if validity.transitioned {
-        actions.push(if validity.valid {
-            Action::Event {
-                severity: Severity::Normal,
-                reason: reasons::VALID,
-                action: VALIDATE,
-                note: "spec accepted".to_owned(),
-            }
+fn step(cx: &mut Ctx<'_>) -> Requeue {
+    let spec = cx.spec;
+    let every = interval(spec);
+
+    // 1. The spec.
+    let problems = validity::problems(spec, cx.obs.allow_free_form_promql);
+    let v = cond::set_validity(
+        &mut cx.next.conditions,
+        &problems,
+        cx.obs.generation,
+        cx.now,
+    );
+    if v.transitioned {
+        if v.valid {
+            cx.event(
+                Severity::Normal,
+                reasons::VALID,
+                actions::VALIDATE,
+                "spec accepted".into(),
+            );
         } else {
-            Action::Event {
-                severity: Severity::Warning,
-                reason: reasons::INVALID_SPEC,
-                action: VALIDATE,
-                note,
+            cx.event(
+                Severity::Warning,
+                reasons::INVALID_SPEC,
+                actions::VALIDATE,
+                v.message,
+            );
+        }
+    }
+    if !v.valid {
+        // Waited on: the object must change.
+        return Requeue::AwaitChange;
+    }
+
+    // 2. The ApplicationSet must never delete Applications or their resources.
+    let (safe, reason, message) = match &cx.obs.application_set {
+        ApplicationSetView::Missing => (
+            false,
+            reasons::APPLICATION_SET_NOT_FOUND,
+            format!(
+                "ApplicationSet {} not found; create it or fix spec.applicationSetRef",
+                spec.application_set_ref.name
+            ),
+        ),
+        ApplicationSetView::Found(p) if p.is_empty() => (
+            true,
+            reasons::APPLICATION_SET_OK,
+            "applicationsSync is create-update and preserveResourcesOnDeletion is true".into(),
+        ),
+        ApplicationSetView::Found(p) => (
+            false,
+            match p[0] {
+                UnsafeApplicationSet::ApplicationsSync(_) => reasons::APPLICATIONS_SYNC_UNSAFE,
+                UnsafeApplicationSet::ResourcesNotPreserved => reasons::RESOURCES_NOT_PRESERVED,
+            },
+            format!(
+                "ApplicationSet {}: {}; the WaveGate publishes nothing until it is fixed",
+                spec.application_set_ref.name,
+                p.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        ),
+    };
+    let status = if safe { Status::True } else { Status::False };
+    if cx.condition(types::APPLICATION_SET_SAFE, status, reason, message.clone()) {
+        let severity = if safe {
+            Severity::Normal
+        } else {
+            Severity::Warning
+        };
+        cx.event(severity, reason, actions::CHECK_APPLICATION_SET, message);
+    }
+    if !safe {
+        return Requeue::After(every);
+    }
+
+    // 3. The drift signal, stated explicitly.
+    match spec.drift_gate.exporter {
+        DriftExporter::None => cx.condition(
+            types::DRIFT_SIGNAL,
+            Status::False,
+            reasons::DRIFT_EXPORTER_ABSENT,
+            "driftGate.exporter is None: the platform has no drift exporter, so proxies' acknowledgement is not checked and the proxies-behind gate is reported as skipped".into(),
+        ),
+        DriftExporter::Platform => cx.condition(
+            types::DRIFT_SIGNAL,
+            Status::True,
+            reasons::DRIFT_SIGNAL_PRESENT,
+            format!(
+                "reading {} by {} and {}",
+                spec.drift_gate.metric.as_deref().unwrap_or_default(),
+                spec.drift_gate.cluster_label,
+                spec.drift_gate.commit_label
+            ),
+        ),
+    };
+
+    // 4. Adoption: publish the revision the site runs for every cluster.
+    if cx.next.decisions.is_empty() {
+        match adoption_revision(spec, cx.obs) {
+            Ok(r) => {
+                cx.next.decisions = decisions::complete(spec, &[], &r);
+                cx.next.current_revision = Some(r.clone());
+                cx.next.waves.clear();
+                cx.next.history.push(ChangeRecord {
+                    revision: r.clone(),
+                    previous_revision: None,
+                    started_at: Time(cx.now),
+                    finished_at: Some(Time(cx.now)),
+                    outcome: Some(ChangeOutcome::Complete),
+                    reason: Some("adopted: the revision the site ran".into()),
+                });
+                let note = format!(
+                    "adopted: every cluster of site {} published at {r}",
+                    spec.site
+                );
+                cx.condition(
+                    types::PROGRESSING,
+                    Status::False,
+                    reasons::ADOPTED,
+                    note.clone(),
+                );
+                cx.event(Severity::Normal, reasons::ADOPTED, actions::ADOPT, note);
+                cx.actions.push(Action::NudgeApplicationSet);
             }
-        });
+            Err(why) => {
+                if cx.condition(
+                    types::PROGRESSING,
+                    Status::Unknown,
+                    reasons::ADOPTION_PENDING,
+                    why.clone(),
+                ) {
+                    cx.event(
+                        Severity::Warning,
+                        reasons::ADOPTION_PENDING,
+                        actions::ADOPT,
+                        why,
+                    );
+                }
+                return Requeue::After(every);
+            }
+        }
+    } else {
+        // Keep the list complete if spec.waves changed.
+        let fallback = cx
+            .next
+            .previous_revision
+            .clone()
+            .or(cx.next.current_revision.clone())
+            .unwrap_or_else(|| spec.revision.clone());
+        cx.next.decisions = decisions::complete(spec, &cx.next.decisions, &fallback);
     }
-    Decision {
-        actions,
-        status: next,
-        // An invalid spec is waited on (no requeue loop); a valid one has nothing timed to do
-        // yet.
-        requeue: Requeue::AwaitChange,
+    align_waves(cx);
+
+    // 5. A halt: pins first, then decisions back; nothing else moves until both are done.
+    let new_revision = cx.next.current_revision.as_deref() != Some(spec.revision.as_str());
+    if let Some(h) = &cx.next.halt {
+        let pinned = h.pinned_at.is_some() || cx.next.previous_revision.is_none();
+        let r = finish_halt(cx);
+        if !new_revision || (!pinned && spec.supersede_halted) {
+            return r;
+        }
     }
+
+    // 6. A new revision.
+    if new_revision && let Some(r) = start_change(cx) {
+        return r;
+    }
+
+    // 7. Move the change on.
+    progress(cx)
+}
+
+/// Keeps `status.waves` in spec order, carrying each wave's state by name.
+fn align_waves(cx: &mut Ctx<'_>) {
+    if cx.next.waves.is_empty() {
+        return;
+    }
+    let old: BTreeMap<String, WaveStatus> = cx
+        .next
+        .waves
+        .drain(..)
+        .map(|w| (w.name.clone(), w))
+        .collect();
+    cx.next.waves = cx
+        .spec
+        .waves
+        .iter()
+        .map(|w| {
+            old.get(&w.name).cloned().unwrap_or_else(|| WaveStatus {
+                name: w.name.clone(),
+                ..WaveStatus::default()
+            })
+        })
+        .collect();
+}
+
+/// Starts the change to `spec.revision`, or returns why it waits.
+fn start_change(cx: &mut Ctx<'_>) -> Option<Requeue> {
+    let spec = cx.spec;
+    let halted = cx.next.halt.is_some();
+    if halted && !spec.supersede_halted {
+        let note = format!(
+            "spec.revision {} waits: the change to {} halted; set spec.supersedeHalted to start the new revision from the first wave",
+            spec.revision,
+            cx.next.current_revision.as_deref().unwrap_or("?")
+        );
+        if cx.condition(
+            types::PROGRESSING,
+            Status::False,
+            reasons::BLOCKED_BY_HALT,
+            note.clone(),
+        ) {
+            cx.event(
+                Severity::Warning,
+                reasons::BLOCKED_BY_HALT,
+                actions::CHANGE,
+                note,
+            );
+        }
+        return Some(Requeue::AwaitChange);
+    }
+    let in_progress = !cx.next.waves.is_empty() && active_wave(&cx.next).is_some();
+    let complete = !halted && !in_progress;
+    if halted || in_progress {
+        cx.history_finish(ChangeOutcome::Superseded);
+        let note = format!(
+            "the change to {} is superseded by {}; starting again from wave {}",
+            cx.next.current_revision.as_deref().unwrap_or("?"),
+            spec.revision,
+            spec.waves[0].name
+        );
+        cx.event(Severity::Normal, reasons::SUPERSEDED, actions::CHANGE, note);
+    }
+    // What a breach pins back to: the spec's word, else the last completed revision.
+    let previous = spec.previous_revision.clone().or_else(|| {
+        if complete {
+            cx.next.current_revision.clone()
+        } else {
+            cx.next.previous_revision.clone()
+        }
+    });
+    cx.next.previous_revision = previous;
+    cx.next.current_revision = Some(spec.revision.clone());
+    cx.next.halt = None;
+    cond::remove(&mut cx.next.conditions, types::HALTED);
+    cx.next.waves = spec
+        .waves
+        .iter()
+        .map(|w| WaveStatus {
+            name: w.name.clone(),
+            ..WaveStatus::default()
+        })
+        .collect();
+    cx.history_start(None);
+    None
+}
+
+fn emergency_applies(spec: &WaveGateSpec) -> Option<&str> {
+    spec.emergency
+        .as_ref()
+        .filter(|e| e.revision == spec.revision)
+        .map(|e| e.reason.as_str())
+}
+
+fn progress(cx: &mut Ctx<'_>) -> Requeue {
+    let spec = cx.spec;
+    let every = interval(spec);
+    if let Some(reason) = emergency_applies(spec)
+        && active_wave(&cx.next).is_some()
+    {
+        let reason = reason.to_owned();
+        let rev = spec.revision.clone();
+        for (i, w) in spec.waves.iter().enumerate() {
+            let ws = &mut cx.next.waves[i];
+            if done(ws.state) {
+                continue;
+            }
+            ws.state = WaveState::Skipped;
+            ws.revision = Some(rev.clone());
+            ws.admitted_at.get_or_insert(Time(cx.now));
+            ws.finished_at = Some(Time(cx.now));
+            ws.waiting_for = None;
+            decisions::set_revision(&mut cx.next.decisions, &w.clusters, &rev);
+        }
+        cx.history_note(&format!("emergency: {reason}"));
+        cx.history_finish(ChangeOutcome::Emergency);
+        let note = format!(
+            "emergency change: every wave admitted at {rev} without soak or gates; reason: {reason}"
+        );
+        cx.condition(
+            types::PROGRESSING,
+            Status::False,
+            reasons::EMERGENCY,
+            note.clone(),
+        );
+        cx.event(Severity::Warning, reasons::EMERGENCY, actions::ADMIT, note);
+        cx.actions.push(Action::NudgeApplicationSet);
+        return Requeue::AwaitChange;
+    }
+
+    // Several steps may happen in one reconcile (a wave passes, the next is admitted).
+    for _ in 0..=spec.waves.len() {
+        let Some(i) = active_wave(&cx.next) else {
+            if !cx.next.waves.is_empty() {
+                let note = format!("every wave runs {}", spec.revision);
+                if cx.condition(
+                    types::PROGRESSING,
+                    Status::False,
+                    reasons::COMPLETE,
+                    note.clone(),
+                ) {
+                    cx.history_finish(ChangeOutcome::Complete);
+                    cx.event(Severity::Normal, reasons::COMPLETE, actions::ADMIT, note);
+                }
+            }
+            return Requeue::AwaitChange;
+        };
+        match cx.next.waves[i].state {
+            WaveState::Pending | WaveState::Waiting => return admit(cx, i),
+            WaveState::Converging => {
+                if let Some(r) = converge(cx, i) {
+                    return r;
+                }
+            }
+            WaveState::Soaking => {
+                if let Some(r) = soak_step(cx, i) {
+                    return r;
+                }
+            }
+            // A failed or reverted wave without a halt record cannot arise; hold.
+            _ => return Requeue::After(every),
+        }
+    }
+    Requeue::After(every)
+}
+
+fn admit(cx: &mut Ctx<'_>, i: usize) -> Requeue {
+    let spec = cx.spec;
+    let wave = &spec.waves[i];
+    let rev = spec.revision.clone();
+    let mut waiting = Vec::new();
+    let mut released = Vec::new();
+    for wait in &wave.wait_for {
+        if cx
+            .obs
+            .passed_elsewhere
+            .contains(&(wait.site.clone(), wait.wave.clone()))
+        {
+            continue;
+        }
+        match spec
+            .wait_releases
+            .iter()
+            .find(|r| r.site == wait.site && r.revision == rev)
+        {
+            Some(r) => released.push(format!("site {} released: {}", r.site, r.reason)),
+            None => waiting.push(format!("site {} past wave {}", wait.site, wait.wave)),
+        }
+    }
+    if !waiting.is_empty() {
+        let what = waiting.join(", ");
+        let ws = &mut cx.next.waves[i];
+        ws.state = WaveState::Waiting;
+        ws.waiting_for = Some(what.clone());
+        let note = format!("wave {} waits for {what} at {rev}", wave.name);
+        if cx.condition(
+            types::PROGRESSING,
+            Status::True,
+            reasons::WAITING_FOR_SITE,
+            note.clone(),
+        ) {
+            cx.event(
+                Severity::Normal,
+                reasons::WAITING_FOR_SITE,
+                actions::ADMIT,
+                note,
+            );
+        }
+        return Requeue::After(interval(spec));
+    }
+    for r in &released {
+        let note = format!("wave {}: cross-site wait {r}", wave.name);
+        cx.history_note(&note);
+        cx.event(
+            Severity::Warning,
+            reasons::WAIT_RELEASED,
+            actions::ADMIT,
+            note,
+        );
+    }
+    let ws = &mut cx.next.waves[i];
+    ws.state = WaveState::Converging;
+    ws.revision = Some(rev.clone());
+    ws.admitted_at = Some(Time(cx.now));
+    ws.waiting_for = None;
+    decisions::set_revision(&mut cx.next.decisions, &wave.clusters, &rev);
+    let note = format!(
+        "wave {} ({}) admitted at {rev}",
+        wave.name,
+        wave.clusters.join(", ")
+    );
+    cx.condition(
+        types::PROGRESSING,
+        Status::True,
+        reasons::WAVE_ADMITTED,
+        note.clone(),
+    );
+    cx.event(
+        Severity::Normal,
+        reasons::WAVE_ADMITTED,
+        actions::ADMIT,
+        note,
+    );
+    cx.actions.push(Action::NudgeApplicationSet);
+    Requeue::After(interval(spec).min(convergence_timeout(spec)))
+}
+
+fn converge(cx: &mut Ctx<'_>, i: usize) -> Option<Requeue> {
+    let spec = cx.spec;
+    let c = convergence(spec, i, &spec.revision, cx.obs);
+    let ws = &mut cx.next.waves[i];
+    ws.applications = Some(c.counts.clone());
+    ws.proxies_behind = c.proxies_behind;
+    let admitted_at = ws.admitted_at.as_ref().map_or(cx.now, ts);
+    if c.ok {
+        ws.state = WaveState::Soaking;
+        ws.converged_at = Some(Time(cx.now));
+        ws.gates.clear();
+        let end = add(cx.now, soak(spec, i));
+        let note = format!(
+            "wave {} converged at {}; soaking until {end}",
+            spec.waves[i].name, spec.revision
+        );
+        cx.condition(
+            types::PROGRESSING,
+            Status::True,
+            reasons::SOAKING,
+            note.clone(),
+        );
+        cx.event(Severity::Normal, reasons::SOAKING, actions::SOAK, note);
+        // Gates are due at once.
+        return Some(Requeue::After(Duration::ZERO));
+    }
+    let deadline = add(admitted_at, convergence_timeout(spec));
+    if cx.now >= deadline {
+        let message = format!(
+            "wave {} did not converge within {}: {}",
+            spec.waves[i].name, spec.convergence_timeout, c.detail
+        );
+        halt(cx, i, HaltReason::ConvergenceTimeout, message, None);
+        return Some(finish_halt(cx));
+    }
+    Some(Requeue::After(interval(spec).min(until(cx.now, deadline))))
+}
+
+fn soak_step(cx: &mut Ctx<'_>, i: usize) -> Option<Requeue> {
+    let spec = cx.spec;
+    let every = interval(spec);
+    let c = convergence(spec, i, &spec.revision, cx.obs);
+    {
+        let ws = &mut cx.next.waves[i];
+        ws.applications = Some(c.counts.clone());
+        ws.proxies_behind = c.proxies_behind;
+    }
+    if let Some(evaluated) = &cx.obs.gates {
+        let mut verdicts: Vec<GateVerdict> = evaluated.iter().map(|g| g.verdict.clone()).collect();
+        if spec.drift_gate.exporter == DriftExporter::None {
+            for g in spec.effective_gates() {
+                if g.definition.builtin == Some(sluice_api::v1alpha1::BuiltinGate::ProxiesBehind)
+                    && !verdicts.iter().any(|v| v.gate == g.name)
+                {
+                    verdicts.push(skipped_verdict(&g.name, cx.now));
+                }
+            }
+        }
+        cx.next.waves[i].gates = verdicts;
+        if let Some(bad) = evaluated.iter().find(|g| g.action == GateAction::Abort) {
+            let reason = if bad.verdict.verdict == Verdict::Fail {
+                HaltReason::GateFailed
+            } else {
+                HaltReason::InconclusiveTimeout
+            };
+            let v = &bad.verdict;
+            let message = format!(
+                "wave {}: gate {} {:?} ({}): value {}, threshold {}, samples {}{}",
+                spec.waves[i].name,
+                v.gate,
+                v.verdict,
+                v.reason.as_str(),
+                v.value.map_or("none".into(), |x| x.to_string()),
+                v.threshold.map_or("none".into(), |x| x.to_string()),
+                v.samples.map_or("unknown".into(), |x| x.to_string()),
+                v.message
+                    .as_deref()
+                    .map(|m| format!("; {m}"))
+                    .unwrap_or_default()
+            );
+            halt(cx, i, reason, message, Some(v.clone()));
+            return Some(finish_halt(cx));
+        }
+    }
+    let end = soak_end(spec, &cx.next, i).unwrap_or(cx.now);
+    if cx.now < end {
+        let next_eval = cx.next.waves[i]
+            .gates
+            .iter()
+            .filter(|g| g.reason != VerdictReason::Skipped)
+            .map(|g| add(ts(&g.evaluated_at), every))
+            .min()
+            .unwrap_or(cx.now);
+        return Some(Requeue::After(until(cx.now, next_eval.min(end))));
+    }
+    // The soak has ended: every gate green, evaluated after the end, and still converged.
+    let ws = &cx.next.waves[i];
+    let fresh = !ws.gates.is_empty()
+        && ws
+            .gates
+            .iter()
+            .filter(|g| g.reason != VerdictReason::Skipped)
+            .all(|g| ts(&g.evaluated_at) >= end);
+    let green = cx
+        .obs
+        .gates
+        .as_ref()
+        .is_some_and(|gs| gs.iter().all(|g| g.action == GateAction::Proceed));
+    if fresh && green && c.ok {
+        let ws = &mut cx.next.waves[i];
+        ws.state = WaveState::Passed;
+        ws.finished_at = Some(Time(cx.now));
+        let note = format!(
+            "wave {} passed at {}: soak ended with every gate green",
+            spec.waves[i].name, spec.revision
+        );
+        cx.condition(
+            types::PROGRESSING,
+            Status::True,
+            reasons::WAVE_PASSED,
+            note.clone(),
+        );
+        cx.event(Severity::Normal, reasons::WAVE_PASSED, actions::SOAK, note);
+        return None;
+    }
+    if !c.ok && cx.now >= add(end, convergence_timeout(spec)) {
+        let message = format!(
+            "wave {} lost convergence during its soak and did not regain it within {}: {}",
+            spec.waves[i].name, spec.convergence_timeout, c.detail
+        );
+        halt(cx, i, HaltReason::ConvergenceTimeout, message, None);
+        return Some(finish_halt(cx));
+    }
+    Some(Requeue::After(every))
+}
+
+fn admitted_clusters(spec: &WaveGateSpec, s: &WaveGateStatus) -> Vec<String> {
+    spec.waves
+        .iter()
+        .zip(&s.waves)
+        .filter(|(_, ws)| admitted(ws.state))
+        .flat_map(|(w, _)| w.clusters.iter().cloned())
+        .collect()
+}
+
+/// The pins of a halt: one per admitted cluster that has Applications.
+pub fn pin_plans(spec: &WaveGateSpec, status: &WaveGateStatus, obs: &Observations) -> Vec<PinPlan> {
+    let (Some(h), Some(previous)) = (&status.halt, &status.previous_revision) else {
+        return Vec::new();
+    };
+    let revision = status.current_revision.as_deref().unwrap_or(&spec.revision);
+    h.reverted_clusters
+        .iter()
+        .filter_map(|c| {
+            let mut applications: Vec<AppRef> = obs
+                .applications
+                .iter()
+                .filter(|a| &a.cluster == c)
+                .map(|a| AppRef {
+                    name: a.name.clone(),
+                    namespace: a.namespace.clone(),
+                })
+                .collect();
+            applications.sort();
+            if applications.is_empty() {
+                return None;
+            }
+            Some(PinPlan {
+                name: pins::pin_name(&obs.namespace, &obs.name, revision, c),
+                cluster: c.clone(),
+                applications,
+                digest: previous.clone(),
+                reason: format!(
+                    "WaveGate {}/{} halted {revision} in wave {}: {}",
+                    obs.namespace,
+                    obs.name,
+                    h.wave,
+                    h.message.as_deref().unwrap_or_default()
+                ),
+            })
+        })
+        .collect()
+}
+
+fn halt(
+    cx: &mut Ctx<'_>,
+    i: usize,
+    reason: HaltReason,
+    message: String,
+    gate: Option<GateVerdict>,
+) {
+    let spec = cx.spec;
+    cx.next.waves[i].state = WaveState::Failed;
+    cx.next.waves[i].finished_at = Some(Time(cx.now));
+    let reverted = admitted_clusters(spec, &cx.next);
+    cx.next.halt = Some(HaltStatus {
+        reason,
+        message: Some(message.chars().take(4096).collect()),
+        wave: spec.waves[i].name.clone(),
+        gate,
+        halted_at: Time(cx.now),
+        pins: Vec::new(),
+        reverted_clusters: reverted,
+        pinned_at: None,
+    });
+    let names: Vec<String> = pin_plans(spec, &cx.next, cx.obs)
+        .into_iter()
+        .map(|p| p.name)
+        .collect();
+    if let Some(h) = cx.next.halt.as_mut() {
+        h.pins = names;
+    }
+    let r = match reason {
+        HaltReason::ConvergenceTimeout => reasons::CONVERGENCE_TIMEOUT,
+        HaltReason::GateFailed | HaltReason::InconclusiveTimeout => reasons::GATE_FAILED,
+    };
+    let note = format!("halted: {message}");
+    cx.condition(types::HALTED, Status::True, r, note.clone());
+    cx.condition(types::PROGRESSING, Status::False, r, note.clone());
+    cx.history_finish(ChangeOutcome::Halted);
+    cx.event(Severity::Warning, r, actions::HALT, note);
+}
+
+/// Pins first; once every pin exists, the admitted clusters' decisions go back to the previous
+/// revision so Argo CD converges on what the pins applied.
+fn finish_halt(cx: &mut Ctx<'_>) -> Requeue {
+    let spec = cx.spec;
+    let Some(h) = cx.next.halt.clone() else {
+        return Requeue::AwaitChange;
+    };
+    if h.pinned_at.is_some() {
+        return Requeue::AwaitChange;
+    }
+    let Some(previous) = cx.next.previous_revision.clone() else {
+        let note = "halted, but no previous revision is known (set spec.previousRevision); nothing pinned and decisions unchanged".to_owned();
+        if cx.condition(
+            types::HALTED,
+            Status::True,
+            reasons::GATE_FAILED,
+            note.clone(),
+        ) {
+            cx.event(Severity::Warning, reasons::GATE_FAILED, actions::PIN, note);
+        }
+        return Requeue::AwaitChange;
+    };
+    let plans = pin_plans(spec, &cx.next, cx.obs);
+    let missing: Vec<PinPlan> = plans
+        .into_iter()
+        .filter(|p| !cx.obs.existing_pins.contains(&p.name))
+        .collect();
+    if !missing.is_empty() {
+        cx.actions
+            .extend(missing.into_iter().map(Action::CreatePin));
+        // The pins' creation is observed on the next reconcile.
+        return Requeue::After(Duration::from_millis(200));
+    }
+    decisions::set_revision(&mut cx.next.decisions, &h.reverted_clusters, &previous);
+    for ws in cx.next.waves.iter_mut() {
+        if admitted(ws.state) && ws.state != WaveState::Failed {
+            ws.state = WaveState::Reverted;
+        }
+    }
+    let note = format!(
+        "pinned back to {previous}: {} BundlePin(s) ({}) for cluster(s) {}; their decisions set back",
+        h.pins.len(),
+        h.pins.join(", "),
+        h.reverted_clusters.join(", ")
+    );
+    if let Some(hh) = cx.next.halt.as_mut() {
+        hh.pinned_at = Some(Time(cx.now));
+    }
+    cx.condition(
+        types::HALTED,
+        Status::True,
+        reasons::PINNED_BACK,
+        note.clone(),
+    );
+    cx.event(Severity::Warning, reasons::PINNED_BACK, actions::PIN, note);
+    cx.actions.push(Action::NudgeApplicationSet);
+    Requeue::AwaitChange
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_api::v1alpha1::wave_gate::conditions;
+    use sluice_api::v1alpha1::wave_gate::{conditions, reasons};
+
+    fn rev(c: char) -> String {
+        format!("sha256:{}", c.to_string().repeat(64))
+    }
 
     fn t(secs: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + secs).unwrap()
     }
 
-    fn obs(generation: i64) -> Observations {
+    fn spec_with(patch: serde_json::Value) -> WaveGateSpec {
+        let mut base = serde_json::json!({
+            "site": "eu",
+            "applicationSetRef": {"name": "mesh"},
+            "repository": "oci://registry.local/mesh",
+            "revision": rev('b'),
+            "sourceCommit": "abc1234",
+            "waves": [
+                {"name": "canary", "clusters": ["c1"], "soak": "10s"},
+                {"name": "rest", "clusters": ["c2", "c3"], "soak": "10s"}
+            ],
+            "convergenceTimeout": "60s",
+            "analysisInterval": "5s",
+            "driftGate": {"exporter": "Platform", "metric": "sluice_drift_proxies_behind"},
+            "pin": {"publicKeysSecretRef": {"name": "keys"}},
+        });
+        for (k, v) in patch.as_object().unwrap() {
+            base[k] = v.clone();
+        }
+        serde_json::from_value(base).unwrap()
+    }
+
+    fn spec() -> WaveGateSpec {
+        spec_with(serde_json::json!({}))
+    }
+
+    fn app(cluster: &str, at: &str, healthy: bool) -> AppView {
+        AppView {
+            name: format!("mesh-{cluster}"),
+            namespace: "argocd".into(),
+            cluster: cluster.into(),
+            sync_status: Some("Synced".into()),
+            synced_revision: Some(at.into()),
+            healthy,
+        }
+    }
+
+    /// Observations where clusters in `on_b` run revision b (the rest a), all healthy, drift 0.
+    fn obs(on_b: &[&str]) -> Observations {
+        let apps = ["c1", "c2", "c3"]
+            .iter()
+            .map(|c| {
+                let r = if on_b.contains(c) { rev('b') } else { rev('a') };
+                app(c, &r, true)
+            })
+            .collect();
         Observations {
-            generation: Some(generation),
+            namespace: "argocd".into(),
+            name: "eu".into(),
+            generation: Some(1),
+            applications: apps,
+            drift: ["c1", "c2", "c3"]
+                .iter()
+                .map(|c| ((*c).to_owned(), Some(0.0)))
+                .collect(),
             ..Observations::default()
         }
     }
 
-    fn problem() -> Vec<String> {
-        vec!["spec.waves[1].clusters[0]: example problem".to_owned()]
+    fn verdict(gate: &str, v: Verdict, at: i64) -> EvaluatedGate {
+        EvaluatedGate {
+            verdict: GateVerdict {
+                gate: gate.into(),
+                verdict: v,
+                reason: match v {
+                    Verdict::Pass => VerdictReason::ThresholdMet,
+                    Verdict::Fail => VerdictReason::ThresholdBreached,
+                    Verdict::Inconclusive => VerdictReason::NoData,
+                },
+                message: None,
+                value: Some(if v == Verdict::Fail { 0.2 } else { 0.0 }),
+                baseline: None,
+                threshold: Some(0.01),
+                samples: Some(1000),
+                min_samples: Some(100),
+                consecutive_failures: u32::from(v == Verdict::Fail),
+                inconclusive_since: None,
+                evaluated_at: Time(t(at)),
+            },
+            action: match v {
+                Verdict::Pass => GateAction::Proceed,
+                Verdict::Fail => GateAction::Abort,
+                Verdict::Inconclusive => GateAction::Wait,
+            },
+        }
     }
 
-    struct Row {
-        name: &'static str,
-        problems: Vec<String>,
-        status: Option<WaveGateStatus>,
-        generation: i64,
-        now: i64,
-        want_phase: WaveGatePhase,
-        want_ready: (&'static str, &'static str),
-        want_transition: i64,
-        want_events: Vec<&'static str>,
-    }
-
-    fn run(row: &Row) -> Decision {
-        decide_validity(
-            &row.problems,
-            row.status.as_ref(),
-            &obs(row.generation),
-            t(row.now),
+    fn all_gates(v: Verdict, at: i64) -> Option<Vec<EvaluatedGate>> {
+        Some(
+            ["mesh-error-ratio", "xds-nack-increase", "proxies-behind"]
+                .iter()
+                .map(|g| verdict(g, v, at))
+                .collect(),
         )
     }
 
+    fn events(d: &Decision) -> Vec<&'static str> {
+        d.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Event { reason, .. } => Some(*reason),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn pins_of(d: &Decision) -> Vec<&PinPlan> {
+        d.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::CreatePin(p) => Some(p),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn revisions(d: &Decision) -> Vec<(String, String)> {
+        d.status
+            .decisions
+            .iter()
+            .map(|x| (x.cluster_name.clone(), x.revision[7..8].to_owned()))
+            .collect()
+    }
+
+    fn on(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(a, b)| ((*a).into(), (*b).into()))
+            .collect()
+    }
+
+    /// Runs decide and checks the invariants every decision must keep.
+    fn run(
+        s: &WaveGateSpec,
+        status: Option<&WaveGateStatus>,
+        o: &Observations,
+        now: i64,
+    ) -> Decision {
+        let d = decide(s, status, o, t(now));
+        let required = status.is_some_and(|st| !st.decisions.is_empty());
+        assert_eq!(
+            decisions::publishable(s, &d.status.decisions, required),
+            Ok(()),
+            "decision list complete: {:?}",
+            d.status.decisions
+        );
+        let again = decide(s, Some(&d.status), o, t(now));
+        assert_eq!(
+            again.status.decisions, d.status.decisions,
+            "re-deciding from the written status changes no decision"
+        );
+        d
+    }
+
+    /// A change to b whose wave 0 converged at 10 s and soaks until 20 s.
+    fn soaking() -> WaveGateStatus {
+        let s = spec();
+        let d0 = run(&s, None, &obs(&[]), 0);
+        assert_eq!(d0.status.waves[0].state, WaveState::Converging);
+        let d1 = run(&s, Some(&d0.status), &obs(&["c1"]), 10);
+        assert_eq!(d1.status.waves[0].state, WaveState::Soaking);
+        d1.status
+    }
+
     #[test]
-    fn validity_transitions() {
-        let invalid_at_0 = decide_validity(&problem(), None, &obs(1), t(0)).status;
-        let valid_at_0 = decide_validity(&[], None, &obs(1), t(0)).status;
-        let table = vec![
-            Row {
-                name: "new valid object",
-                problems: vec![],
-                status: None,
-                generation: 1,
-                now: 0,
-                want_phase: WaveGatePhase::Pending,
-                want_ready: ("True", reasons::VALID),
-                want_transition: 0,
-                want_events: vec![reasons::VALID],
-            },
-            Row {
-                name: "new invalid object",
-                problems: problem(),
-                status: None,
-                generation: 1,
-                now: 0,
-                want_phase: WaveGatePhase::Refused,
-                want_ready: ("False", reasons::INVALID_SPEC),
-                want_transition: 0,
-                want_events: vec![reasons::INVALID_SPEC],
-            },
-            Row {
-                name: "identical reconcile of an invalid object",
-                problems: problem(),
-                status: Some(invalid_at_0.clone()),
-                generation: 1,
-                now: 60,
-                want_phase: WaveGatePhase::Refused,
-                want_ready: ("False", reasons::INVALID_SPEC),
-                want_transition: 0,
-                want_events: vec![],
-            },
-            Row {
-                name: "invalid object fixed",
-                problems: vec![],
-                status: Some(invalid_at_0),
-                generation: 2,
-                now: 60,
-                want_phase: WaveGatePhase::Pending,
-                want_ready: ("True", reasons::VALID),
-                want_transition: 60,
-                want_events: vec![reasons::VALID],
-            },
-            Row {
-                name: "valid object, new generation, still valid",
-                problems: vec![],
-                status: Some(valid_at_0.clone()),
-                generation: 2,
-                now: 60,
-                want_phase: WaveGatePhase::Pending,
-                want_ready: ("True", reasons::VALID),
-                want_transition: 0,
-                want_events: vec![],
-            },
-            Row {
-                name: "valid object broken by an edit",
-                problems: problem(),
-                status: Some(valid_at_0),
-                generation: 2,
-                now: 60,
-                want_phase: WaveGatePhase::Refused,
-                want_ready: ("False", reasons::INVALID_SPEC),
-                want_transition: 60,
-                want_events: vec![reasons::INVALID_SPEC],
-            },
+    fn adoption_then_wave_zero_admitted() {
+        let s = spec();
+        let d = run(&s, None, &obs(&[]), 0);
+        assert_eq!(
+            revisions(&d),
+            on(&[("c1", "b"), ("c2", "a"), ("c3", "a")]),
+            "adopted at a for all, then wave 0 admitted at b"
+        );
+        assert_eq!(d.status.previous_revision, Some(rev('a')));
+        assert_eq!(d.status.current_revision, Some(rev('b')));
+        assert_eq!(d.status.phase, WaveGatePhase::Progressing);
+        assert_eq!(d.status.current_wave.as_deref(), Some("canary"));
+        assert_eq!(
+            events(&d),
+            vec![
+                reasons::VALID,
+                reasons::APPLICATION_SET_OK,
+                reasons::ADOPTED,
+                reasons::WAVE_ADMITTED
+            ]
+        );
+        assert!(d.actions.contains(&Action::NudgeApplicationSet));
+        assert_eq!(d.status.waves[0].admitted_at, Some(Time(t(0))));
+        assert_eq!(d.status.history.len(), 2);
+    }
+
+    /// (name, spec patch, observations, want published revisions, want phase)
+    type AdoptionRow = (
+        &'static str,
+        serde_json::Value,
+        Observations,
+        Vec<(String, String)>,
+        WaveGatePhase,
+    );
+
+    #[test]
+    fn adoption_table() {
+        let mixed = {
+            let mut o = obs(&["c2"]);
+            o.applications[0].sync_status = Some("OutOfSync".into());
+            o
+        };
+        let none = Observations {
+            applications: vec![],
+            ..obs(&[])
+        };
+        // (name, spec patch, observations, want published revisions, want phase)
+        let cases: Vec<AdoptionRow> = vec![
+            (
+                "apps agree on a",
+                serde_json::json!({}),
+                obs(&[]),
+                on(&[("c1", "b"), ("c2", "a"), ("c3", "a")]),
+                WaveGatePhase::Progressing,
+            ),
+            (
+                "apps already at b",
+                serde_json::json!({}),
+                obs(&["c1", "c2", "c3"]),
+                on(&[("c1", "b"), ("c2", "b"), ("c3", "b")]),
+                WaveGatePhase::Complete,
+            ),
+            (
+                "apps disagree",
+                serde_json::json!({}),
+                mixed.clone(),
+                vec![],
+                WaveGatePhase::Pending,
+            ),
+            (
+                "apps disagree, previousRevision set",
+                serde_json::json!({"previousRevision": rev('c')}),
+                mixed,
+                on(&[("c1", "b"), ("c2", "c"), ("c3", "c")]),
+                WaveGatePhase::Progressing,
+            ),
+            (
+                "no apps yet",
+                serde_json::json!({}),
+                none,
+                on(&[("c1", "b"), ("c2", "b"), ("c3", "b")]),
+                WaveGatePhase::Complete,
+            ),
         ];
-        for row in &table {
-            let d = run(row);
-            let ready = cond::find(&d.status.conditions, conditions::READY)
-                .unwrap_or_else(|| panic!("{}: no Ready condition", row.name));
-            assert_eq!(d.status.phase, row.want_phase, "{}", row.name);
-            assert_eq!(
-                d.status.observed_generation,
-                Some(row.generation),
-                "{}",
-                row.name
-            );
-            assert_eq!(
-                ready.observed_generation,
-                Some(row.generation),
-                "{}",
-                row.name
-            );
-            assert_eq!(
-                (ready.status.as_str(), ready.reason.as_str()),
-                row.want_ready,
-                "{}",
-                row.name
-            );
-            assert_eq!(
-                ready.last_transition_time.0,
-                t(row.want_transition),
-                "{}",
-                row.name
-            );
-            let events: Vec<_> = d
-                .actions
-                .iter()
-                .map(|a| match a {
-                    Action::Event { reason, .. } => *reason,
-                })
-                .collect();
-            assert_eq!(events, row.want_events, "{}", row.name);
-            assert_eq!(
-                d.requeue,
-                Requeue::AwaitChange,
-                "{}: never a hot requeue",
-                row.name
-            );
-            if row.want_ready.0 == "False" {
+        for (name, patch, o, want, phase) in cases {
+            let d = run(&spec_with(patch), None, &o, 0);
+            assert_eq!(revisions(&d), want, "{name}");
+            assert_eq!(d.status.phase, phase, "{name}");
+            if phase == WaveGatePhase::Pending {
+                let c = cond::find(&d.status.conditions, conditions::PROGRESSING).unwrap();
+                assert_eq!(c.reason, reasons::ADOPTION_PENDING, "{name}");
                 assert!(
-                    ready.message.contains("spec.waves[1].clusters[0]"),
-                    "{}: message names the field",
-                    row.name
+                    c.message.contains("previousRevision"),
+                    "{name}: {}",
+                    c.message
+                );
+                assert!(matches!(d.requeue, Requeue::After(_)), "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn unsafe_application_set_is_refused_table() {
+        let published = run(&spec(), None, &obs(&[]), 0).status;
+        let cases = [
+            (
+                ApplicationSetView::Missing,
+                reasons::APPLICATION_SET_NOT_FOUND,
+            ),
+            (
+                ApplicationSetView::Found(vec![UnsafeApplicationSet::ApplicationsSync(Some(
+                    "sync".into(),
+                ))]),
+                reasons::APPLICATIONS_SYNC_UNSAFE,
+            ),
+            (
+                ApplicationSetView::Found(vec![UnsafeApplicationSet::ResourcesNotPreserved]),
+                reasons::RESOURCES_NOT_PRESERVED,
+            ),
+        ];
+        for (view, reason) in cases {
+            for status in [None, Some(&published)] {
+                let o = Observations {
+                    application_set: view.clone(),
+                    ..obs(&[])
+                };
+                let d = run(&spec(), status, &o, 5);
+                assert_eq!(d.status.phase, WaveGatePhase::Refused, "{reason}");
+                let c = cond::find(&d.status.conditions, conditions::APPLICATION_SET_SAFE).unwrap();
+                assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", reason));
+                assert!(events(&d).contains(&reason), "{reason}: a Warning Event");
+                assert_eq!(
+                    d.status.decisions,
+                    status.map(|s| s.decisions.clone()).unwrap_or_default(),
+                    "{reason}: nothing published or changed"
+                );
+                assert!(!d.actions.contains(&Action::NudgeApplicationSet));
+            }
+        }
+    }
+
+    #[test]
+    fn convergence_table() {
+        let s = spec();
+        let admitted = run(&s, None, &obs(&[]), 0).status;
+        let mut unhealthy = obs(&["c1"]);
+        unhealthy.applications[0].healthy = false;
+        let mut behind = obs(&["c1"]);
+        behind.drift.insert("c1".into(), Some(4.0));
+        let mut no_signal = obs(&["c1"]);
+        no_signal.drift.insert("c1".into(), None);
+        let mut no_app = obs(&["c1"]);
+        no_app.applications.remove(0);
+        // (name, observations, now, want state, want detail in the halt)
+        let cases = [
+            ("converged", obs(&["c1"]), 10, WaveState::Soaking, None),
+            ("not synced yet", obs(&[]), 10, WaveState::Converging, None),
+            (
+                "unhealthy",
+                unhealthy.clone(),
+                10,
+                WaveState::Converging,
+                None,
+            ),
+            (
+                "proxies behind",
+                behind.clone(),
+                10,
+                WaveState::Converging,
+                None,
+            ),
+            (
+                "no drift signal",
+                no_signal.clone(),
+                10,
+                WaveState::Converging,
+                None,
+            ),
+            (
+                "not synced at timeout",
+                obs(&[]),
+                60,
+                WaveState::Failed,
+                Some("0/1 Applications Synced"),
+            ),
+            (
+                "proxies never acknowledge",
+                behind,
+                61,
+                WaveState::Failed,
+                Some("c1=4"),
+            ),
+            (
+                "drift signal missing at timeout",
+                no_signal,
+                61,
+                WaveState::Failed,
+                Some("no drift signal for cluster(s) c1"),
+            ),
+            (
+                "no Application at timeout",
+                no_app,
+                61,
+                WaveState::Failed,
+                Some("no Application for cluster(s) c1"),
+            ),
+        ];
+        for (name, o, now, want, detail) in cases {
+            let d = run(&s, Some(&admitted), &o, now);
+            assert_eq!(d.status.waves[0].state, want, "{name}");
+            match detail {
+                None => assert!(d.status.halt.is_none(), "{name}"),
+                Some(text) => {
+                    let h = d.status.halt.as_ref().unwrap();
+                    assert_eq!(h.reason, HaltReason::ConvergenceTimeout, "{name}");
+                    assert!(
+                        h.message.as_deref().unwrap().contains(text),
+                        "{name}: {:?}",
+                        h.message
+                    );
+                    assert_eq!(d.status.phase, WaveGatePhase::Halted, "{name}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn soak_and_gates_table() {
+        let s = spec();
+        let base = soaking();
+        let mut unhealthy = obs(&["c1"]);
+        unhealthy.applications[0].healthy = false;
+        // (name, observations, gates, now, want wave 0 state, want wave 1 state)
+        let cases = [
+            (
+                "green before the soak ends",
+                obs(&["c1"]),
+                all_gates(Verdict::Pass, 15),
+                15,
+                WaveState::Soaking,
+                WaveState::Pending,
+            ),
+            (
+                "green after the soak ends",
+                obs(&["c1"]),
+                all_gates(Verdict::Pass, 20),
+                20,
+                WaveState::Passed,
+                WaveState::Converging,
+            ),
+            (
+                "soak ended, gates not re-read",
+                obs(&["c1"]),
+                None,
+                20,
+                WaveState::Soaking,
+                WaveState::Pending,
+            ),
+            (
+                "inconclusive at the end holds",
+                obs(&["c1"]),
+                all_gates(Verdict::Inconclusive, 20),
+                20,
+                WaveState::Soaking,
+                WaveState::Pending,
+            ),
+            (
+                "unhealthy at the end holds",
+                unhealthy,
+                all_gates(Verdict::Pass, 20),
+                20,
+                WaveState::Soaking,
+                WaveState::Pending,
+            ),
+            (
+                "a gate fails",
+                obs(&["c1"]),
+                Some(vec![
+                    verdict("mesh-error-ratio", Verdict::Fail, 15),
+                    verdict("xds-nack-increase", Verdict::Pass, 15),
+                ]),
+                15,
+                WaveState::Failed,
+                WaveState::Pending,
+            ),
+        ];
+        for (name, mut o, gates, now, w0, w1) in cases {
+            o.gates = gates;
+            let d = run(&s, Some(&base), &o, now);
+            assert_eq!(d.status.waves[0].state, w0, "{name}");
+            assert_eq!(d.status.waves[1].state, w1, "{name}");
+            assert_eq!(
+                d.status.waves[0].converged_at,
+                Some(Time(t(10))),
+                "{name}: the soak clock never resets"
+            );
+            if w1 == WaveState::Converging {
+                assert_eq!(
+                    revisions(&d),
+                    on(&[("c1", "b"), ("c2", "b"), ("c3", "b")]),
+                    "{name}"
+                );
+                assert!(events(&d).contains(&reasons::WAVE_PASSED));
+                assert!(events(&d).contains(&reasons::WAVE_ADMITTED));
+            }
+        }
+    }
+
+    #[test]
+    fn gates_are_due_once_per_interval_and_after_the_soak_ends() {
+        let s = spec();
+        let base = soaking();
+        assert_eq!(
+            gates_due(&s, &base, t(10)),
+            Some(0),
+            "first evaluation at once"
+        );
+        let mut o = obs(&["c1"]);
+        o.gates = all_gates(Verdict::Pass, 11);
+        let d = run(&s, Some(&base), &o, 11);
+        assert_eq!(gates_due(&s, &d.status, t(12)), None);
+        assert_eq!(
+            gates_due(&s, &d.status, t(16)),
+            Some(0),
+            "an interval later"
+        );
+        assert_eq!(gates_due(&s, &d.status, t(20)), Some(0), "the soak ended");
+        assert_eq!(d.requeue, Requeue::After(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn restart_during_a_soak_continues_the_same_soak() {
+        let s = spec();
+        let base = soaking();
+        // A restarted operator decides from the written status alone.
+        let d = run(&s, Some(&base), &obs(&["c1"]), 14);
+        assert_eq!(d.status.waves[0].converged_at, Some(Time(t(10))));
+        assert_eq!(d.status.waves[0].admitted_at, Some(Time(t(0))));
+        assert!(
+            !events(&d).contains(&reasons::WAVE_ADMITTED),
+            "no re-admission"
+        );
+        assert!(!events(&d).contains(&reasons::SOAKING), "no new soak");
+        assert!(!d.actions.contains(&Action::NudgeApplicationSet));
+    }
+
+    #[test]
+    fn breach_halts_pins_admitted_clusters_then_sets_decisions_back() {
+        let s = spec();
+        let mut o = obs(&["c1"]);
+        o.gates = Some(vec![verdict("mesh-error-ratio", Verdict::Fail, 15)]);
+        let halted = run(&s, Some(&soaking()), &o, 15);
+        let h = halted.status.halt.as_ref().unwrap();
+        assert_eq!(h.reason, HaltReason::GateFailed);
+        assert_eq!(h.gate.as_ref().unwrap().gate, "mesh-error-ratio");
+        assert!(
+            h.message
+                .as_deref()
+                .unwrap()
+                .contains("value 0.2, threshold 0.01"),
+            "{:?}",
+            h.message
+        );
+        assert_eq!(
+            h.reverted_clusters,
+            vec!["c1".to_owned()],
+            "only wave 0 was admitted"
+        );
+        let pins = pins_of(&halted);
+        assert_eq!(pins.len(), 1);
+        assert_eq!(pins[0].cluster, "c1");
+        assert_eq!(pins[0].digest, rev('a'));
+        assert_eq!(h.pins, vec![pins[0].name.clone()]);
+        assert_eq!(
+            revisions(&halted),
+            on(&[("c1", "b"), ("c2", "a"), ("c3", "a")]),
+            "decisions go back only after the pins exist"
+        );
+        assert!(events(&halted).contains(&reasons::GATE_FAILED));
+
+        // A retried reconcile (pin creation failed) asks for the same pin again.
+        let retry = run(&s, Some(&halted.status), &obs(&["c1"]), 16);
+        assert_eq!(pins_of(&retry).len(), 1);
+        assert_eq!(pins_of(&retry)[0].name, pins[0].name);
+
+        // Once the pin exists: decisions back, waves reverted, no second pin.
+        let mut o = obs(&["c1"]);
+        o.existing_pins.insert(pins[0].name.clone());
+        let pinned = run(&s, Some(&halted.status), &o, 16);
+        assert!(pins_of(&pinned).is_empty());
+        assert_eq!(
+            revisions(&pinned),
+            on(&[("c1", "a"), ("c2", "a"), ("c3", "a")])
+        );
+        assert_eq!(
+            pinned.status.halt.as_ref().unwrap().pinned_at,
+            Some(Time(t(16)))
+        );
+        assert_eq!(pinned.status.phase, WaveGatePhase::Halted);
+        assert_eq!(pinned.status.waves[0].state, WaveState::Failed);
+        assert_eq!(
+            pinned.status.waves[1].state,
+            WaveState::Pending,
+            "no later wave admitted"
+        );
+        assert!(events(&pinned).contains(&reasons::PINNED_BACK));
+        let later = run(&s, Some(&pinned.status), &o, 100);
+        assert_eq!(later.status, pinned.status, "a halt stays put");
+        assert!(later.actions.is_empty());
+    }
+
+    #[test]
+    fn new_revision_after_a_halt_table() {
+        let s = spec();
+        let mut o = obs(&["c1"]);
+        o.gates = Some(vec![verdict("mesh-error-ratio", Verdict::Fail, 15)]);
+        let halted = run(&s, Some(&soaking()), &o, 15);
+        let mut o = obs(&[]);
+        o.existing_pins = halted
+            .status
+            .halt
+            .as_ref()
+            .unwrap()
+            .pins
+            .iter()
+            .cloned()
+            .collect();
+        let pinned = run(&s, Some(&halted.status), &o, 16).status;
+        for (supersede, want_admitted) in [(false, false), (true, true)] {
+            let s2 =
+                spec_with(serde_json::json!({"revision": rev('c'), "supersedeHalted": supersede}));
+            let d = run(&s2, Some(&pinned), &o, 30);
+            if want_admitted {
+                assert_eq!(d.status.halt, None);
+                assert_eq!(d.status.current_revision, Some(rev('c')));
+                assert_eq!(
+                    d.status.previous_revision,
+                    Some(rev('a')),
+                    "the halted revision is never a pin target"
+                );
+                assert_eq!(revisions(&d), on(&[("c1", "c"), ("c2", "a"), ("c3", "a")]));
+                assert!(events(&d).contains(&reasons::SUPERSEDED));
+                let h = &d.status.history;
+                assert_eq!(h[h.len() - 2].outcome, Some(ChangeOutcome::Halted));
+            } else {
+                assert_eq!(d.status.phase, WaveGatePhase::Halted);
+                assert_eq!(revisions(&d), on(&[("c1", "a"), ("c2", "a"), ("c3", "a")]));
+                let c = cond::find(&d.status.conditions, conditions::PROGRESSING).unwrap();
+                assert_eq!(c.reason, reasons::BLOCKED_BY_HALT);
+                assert!(events(&d).contains(&reasons::BLOCKED_BY_HALT));
+            }
+        }
+    }
+
+    #[test]
+    fn emergency_admits_every_wave_audited() {
+        let s = spec_with(
+            serde_json::json!({"emergency": {"revision": rev('b'), "reason": "CVE fix"}}),
+        );
+        let d = run(&s, None, &obs(&[]), 0);
+        assert_eq!(revisions(&d), on(&[("c1", "b"), ("c2", "b"), ("c3", "b")]));
+        assert!(d.status.waves.iter().all(|w| w.state == WaveState::Skipped));
+        assert_eq!(d.status.phase, WaveGatePhase::Complete);
+        assert!(events(&d).contains(&reasons::EMERGENCY));
+        let last = d.status.history.last().unwrap();
+        assert_eq!(last.outcome, Some(ChangeOutcome::Emergency));
+        assert!(last.reason.as_deref().unwrap().contains("CVE fix"));
+    }
+
+    #[test]
+    fn cross_site_waits_table() {
+        let s = spec_with(serde_json::json!({"waves": [
+            {"name": "canary", "clusters": ["c1"], "soak": "10s"},
+            {"name": "rest", "clusters": ["c2", "c3"], "soak": "10s", "waitFor": [{"site": "us", "wave": "canary"}]}
+        ]}));
+        let mut st = run(&s, None, &obs(&[]), 0).status;
+        let mut o = obs(&["c1"]);
+        st = run(&s, Some(&st), &o, 1).status;
+        o.gates = all_gates(Verdict::Pass, 11);
+        let d = run(&s, Some(&st), &o, 11);
+        assert_eq!(d.status.waves[0].state, WaveState::Passed);
+        assert_eq!(d.status.waves[1].state, WaveState::Waiting);
+        assert_eq!(d.status.phase, WaveGatePhase::WaitingForSite);
+        assert!(
+            d.status.waves[1]
+                .waiting_for
+                .as_deref()
+                .unwrap()
+                .contains("site us past wave canary")
+        );
+        let waiting = d.status;
+        // (name, spec, passed elsewhere, want state, want event)
+        let released = {
+            let mut r = s.clone();
+            r.wait_releases = vec![sluice_api::v1alpha1::wave_gate::WaitRelease {
+                site: "us".into(),
+                revision: rev('b'),
+                reason: "us partitioned; change approved".into(),
+            }];
+            r
+        };
+        let other_rev = {
+            let mut r = released.clone();
+            r.wait_releases[0].revision = rev('c');
+            r
+        };
+        let cases = [
+            ("still waiting", s.clone(), false, WaveState::Waiting, None),
+            (
+                "the other site passed",
+                s.clone(),
+                true,
+                WaveState::Converging,
+                None,
+            ),
+            (
+                "released explicitly",
+                released,
+                false,
+                WaveState::Converging,
+                Some(reasons::WAIT_RELEASED),
+            ),
+            (
+                "a release for another revision",
+                other_rev,
+                false,
+                WaveState::Waiting,
+                None,
+            ),
+        ];
+        for (name, sp, passed, want, event) in cases {
+            let mut o = obs(&["c1"]);
+            if passed {
+                o.passed_elsewhere.insert(("us".into(), "canary".into()));
+            }
+            let d = run(&sp, Some(&waiting), &o, 20);
+            assert_eq!(d.status.waves[1].state, want, "{name}");
+            if let Some(e) = event {
+                assert!(events(&d).contains(&e), "{name}");
+                assert!(
+                    d.status
+                        .history
+                        .last()
+                        .unwrap()
+                        .reason
+                        .as_deref()
+                        .unwrap()
+                        .contains("partitioned"),
+                    "{name}"
                 );
             }
         }
     }
 
     #[test]
-    fn identical_reconcile_produces_an_identical_status() {
-        let first = decide_validity(&problem(), None, &obs(3), t(0));
-        let second = decide_validity(&problem(), Some(&first.status), &obs(3), t(120));
+    fn no_drift_exporter_converges_without_it_and_reports_the_gate_skipped() {
+        let s = spec_with(serde_json::json!({"driftGate": {"exporter": "None"}}));
+        let mut o = obs(&[]);
+        o.drift.clear();
+        let st = run(&s, None, &o, 0).status;
+        let mut o = obs(&["c1"]);
+        o.drift.clear();
+        let d = run(&s, Some(&st), &o, 5);
+        assert_eq!(d.status.waves[0].state, WaveState::Soaking);
+        let c = cond::find(&d.status.conditions, conditions::DRIFT_SIGNAL).unwrap();
         assert_eq!(
-            first.status, second.status,
-            "no status write on an identical reconcile"
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", reasons::DRIFT_EXPORTER_ABSENT)
         );
-        assert!(second.actions.is_empty());
+        o.gates = Some(vec![
+            verdict("mesh-error-ratio", Verdict::Pass, 6),
+            verdict("xds-nack-increase", Verdict::Pass, 6),
+        ]);
+        let d = run(&s, Some(&d.status), &o, 6);
+        let skipped = d.status.waves[0]
+            .gates
+            .iter()
+            .find(|g| g.gate == "proxies-behind")
+            .unwrap();
+        assert_eq!(skipped.reason, VerdictReason::Skipped);
+        assert_eq!(
+            skipped.verdict,
+            Verdict::Inconclusive,
+            "a missing signal is never a pass"
+        );
+    }
+
+    #[test]
+    fn a_wave_added_to_the_spec_keeps_the_list_complete() {
+        let s = spec();
+        let st = run(&s, None, &obs(&[]), 0).status;
+        let grown = spec_with(serde_json::json!({"waves": [
+            {"name": "canary", "clusters": ["c1"], "soak": "10s"},
+            {"name": "rest", "clusters": ["c2", "c3", "c4"], "soak": "10s"}
+        ]}));
+        let d = run(&grown, Some(&st), &obs(&[]), 1);
+        assert_eq!(
+            revisions(&d),
+            on(&[("c1", "b"), ("c2", "a"), ("c3", "a"), ("c4", "a")]),
+            "a new cluster runs the previous revision until its wave"
+        );
+    }
+
+    #[test]
+    fn invalid_spec_publishes_nothing_new() {
+        let s = spec_with(serde_json::json!({"convergenceTimeout": "0s"}));
+        let d = run(&s, None, &obs(&[]), 0);
+        assert_eq!(d.status.phase, WaveGatePhase::Refused);
+        assert!(d.status.decisions.is_empty());
+        assert_eq!(events(&d), vec![reasons::INVALID_SPEC]);
+        assert_eq!(d.requeue, Requeue::AwaitChange);
     }
 }

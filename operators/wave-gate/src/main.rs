@@ -5,8 +5,9 @@
 use std::{process::ExitCode, sync::Arc};
 
 use clap::Parser;
+use sluice_analysis::{Engine, EngineOptions, PrometheusConfig, PrometheusSource};
 use sluice_runtime::{Runtime, RuntimeArgs};
-use sluice_wave_gate::{OPERATOR, reconcile};
+use sluice_wave_gate::{OPERATOR, metrics, reconcile};
 
 /// Gates a site's ApplicationSet across cluster waves of mesh configuration changes.
 #[derive(Debug, Parser)]
@@ -18,19 +19,45 @@ struct Cli {
     /// of all metrics).
     #[arg(long, env = "SLUICE_ALLOW_FREE_FORM_PROMQL", default_value_t = false)]
     allow_free_form_promql: bool,
+    /// The global metrics view (Prometheus HTTP API, Thanos Query in production), e.g.
+    /// `http://thanos-query.monitoring:9090`. Without it no gate, drift signal or cross-site
+    /// wait can pass, so every wave holds.
+    #[arg(long, env = "SLUICE_PROMETHEUS_URL")]
+    prometheus_url: Option<String>,
+    /// The label that scopes a series to one cluster in the metrics view.
+    #[arg(long, env = "SLUICE_CLUSTER_LABEL", default_value = "cluster")]
+    cluster_label: String,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = async {
-        let rt = Runtime::init(OPERATOR, cli.runtime).await?;
+        let mut rt = Runtime::init(OPERATOR, cli.runtime).await?;
+        let engine = match cli.prometheus_url {
+            Some(url) => Some(Arc::new(Engine::new(
+                PrometheusSource::new(PrometheusConfig::new(url)),
+                EngineOptions {
+                    allow_inline_promql_in_namespaced: cli.allow_free_form_promql,
+                    cluster_label: cli.cluster_label,
+                    ..EngineOptions::default()
+                },
+            )?)),
+            None => {
+                tracing::warn!("no --prometheus-url: gates, drift and cross-site waits cannot pass; waves will hold");
+                None
+            }
+        };
+        let wave_metrics = metrics::register(&mut rt.registry);
         let api = rt.namespaced_api();
         let ctx = Arc::new(reconcile::Context {
             allow_free_form_promql: cli.allow_free_form_promql,
+            engine,
+            metrics: Some(wave_metrics),
             ..reconcile::Context::new(rt.client.clone(), rt.recorder.clone())
         });
-        rt.run(api, ctx, reconcile::reconcile).await
+        rt.run(api, ctx, reconcile::reconcile).await?;
+        Ok::<(), Box<dyn std::error::Error>>(())
     }
     .await;
     match result {

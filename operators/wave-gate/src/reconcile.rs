@@ -1,14 +1,30 @@
-//! The I/O side of sluice-wave-gate: reads what `decide` needs, writes the status it returns
-//! (server-side apply fenced by resourceVersion), then carries out its actions.
+//! The I/O side of sluice-wave-gate: reads what `decide` needs (the ApplicationSet and its
+//! Applications, the BundlePins, the drift signal, the wave's gates, other sites' progress),
+//! writes the status it returns (server-side apply fenced by resourceVersion), then carries out
+//! its actions (Events, the ApplicationSet refresh nudge, BundlePins).
 //!
-//! Owns the order of effects: status first, Events only after the status write succeeded, so
-//! a deposed leader whose write is refused publishes nothing. Must never decide anything.
+//! Owns the order of effects: status first, actions only after the status write succeeded, so
+//! a deposed leader whose write is refused publishes nothing and pins nothing. Refuses to write
+//! a status whose decision list misses a cluster once the list was published. Must never decide
+//! anything, and never writes an Argo CD object beyond the refresh annotation.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
-use kube::{Api, Client, ResourceExt, runtime::controller::Action as ControllerAction};
-use sluice_api::v1alpha1::WaveGate;
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ListParams, Patch, PatchParams},
+    runtime::controller::Action as ControllerAction,
+};
+use sluice_analysis::{Engine, GateAction, Observation, PrometheusSource, action as gate_action};
+use sluice_api::{
+    external::argocd::{Application, ApplicationSet},
+    v1alpha1::{
+        BundlePin, GateTemplate, GateTemplateSpec, WaveGate, WaveGateSpec, WaveGateStatus,
+        wave_gate::WaveState,
+    },
+};
 use sluice_runtime::{
     Categorized, Category,
     events::EventRecorder,
@@ -17,8 +33,17 @@ use sluice_runtime::{
 
 use crate::{
     FIELD_MANAGER,
-    decide::{self, Action, Observations, Requeue},
+    decide::{
+        self, Action, AppView, ApplicationSetView, EvaluatedGate, Observations, Requeue,
+        active_wave, gates_due,
+    },
+    decisions, gates,
+    metrics::{WAVE_PASSED_METRIC, WaveGateMetrics},
+    pins,
 };
+
+/// The annotation that makes Argo CD's ApplicationSet controller regenerate now.
+pub const REFRESH_ANNOTATION: &str = "argocd.argoproj.io/application-set-refresh";
 
 /// What every reconcile shares.
 pub struct Context {
@@ -30,6 +55,11 @@ pub struct Context {
     pub clock: fn() -> Timestamp,
     /// Whether free-form PromQL gates are allowed (`--allow-free-form-promql`).
     pub allow_free_form_promql: bool,
+    /// The gate engine over the global metrics view; `None`: no metrics source configured (no
+    /// gate, drift or cross-site wait can then pass).
+    pub engine: Option<Arc<Engine<PrometheusSource>>>,
+    /// The operator's metrics.
+    pub metrics: Option<WaveGateMetrics>,
 }
 
 impl std::fmt::Debug for Context {
@@ -39,13 +69,15 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
-    /// A context reading the system clock.
+    /// A context reading the system clock, without a metrics source or metrics.
     pub fn new(client: Client, recorder: EventRecorder) -> Self {
         Self {
             client,
             recorder,
             clock: Timestamp::now,
             allow_free_form_promql: false,
+            engine: None,
+            metrics: None,
         }
     }
 }
@@ -62,13 +94,226 @@ pub enum ReconcileError {
     /// Writing the status failed.
     #[error("writing WaveGate status: {0}")]
     Status(#[from] WriteError),
+    /// Reading an object the decision needs failed.
+    #[error("reading {what} for WaveGate {namespace}/{name}: {source}; retrying")]
+    Read {
+        /// What was read.
+        what: &'static str,
+        /// WaveGate namespace.
+        namespace: String,
+        /// WaveGate name.
+        name: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// The decided status would publish an incomplete decision list; nothing was written.
+    #[error("WaveGate {namespace}/{name}: refusing to publish status: {why}")]
+    Unpublishable {
+        /// WaveGate namespace.
+        namespace: String,
+        /// WaveGate name.
+        name: String,
+        /// What is wrong with the list.
+        why: String,
+    },
+    /// Creating a BundlePin or nudging the ApplicationSet failed.
+    #[error("{what} for WaveGate {namespace}/{name}: {source}; retrying")]
+    Act {
+        /// What was attempted.
+        what: String,
+        /// WaveGate namespace.
+        namespace: String,
+        /// WaveGate name.
+        name: String,
+        /// The API error.
+        source: kube::Error,
+    },
 }
 
 impl Categorized for ReconcileError {
     fn category(&self) -> Category {
         match self {
-            ReconcileError::NoNamespace { .. } => Category::Internal,
+            ReconcileError::NoNamespace { .. } | ReconcileError::Unpublishable { .. } => {
+                Category::Internal
+            }
             ReconcileError::Status(e) => e.category(),
+            ReconcileError::Read { source, .. } | ReconcileError::Act { source, .. } => {
+                Category::of_kube(source)
+            }
+        }
+    }
+}
+
+fn is_status(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+/// The Applications of `set`: those it owns, by their destination cluster name.
+fn applications(set: &str, apps: Vec<Application>) -> Vec<AppView> {
+    apps.into_iter()
+        .filter(|a| {
+            a.metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.kind == "ApplicationSet" && o.name == set)
+        })
+        .filter_map(|a| {
+            let cluster = a.spec.destination.as_ref()?.name.clone()?;
+            let sync = a.status.as_ref().and_then(|s| s.sync.as_ref());
+            Some(AppView {
+                name: a.metadata.name.clone().unwrap_or_default(),
+                namespace: a.metadata.namespace.clone().unwrap_or_default(),
+                cluster,
+                sync_status: sync.and_then(|s| s.status.clone()),
+                synced_revision: sync.and_then(|s| s.revision.clone()),
+                healthy: a.is_healthy(),
+            })
+        })
+        .collect()
+}
+
+fn owner(ns: &str, name: &str) -> String {
+    format!("WaveGate {ns}/{name}")
+}
+
+/// Reads the drift signal of the active wave's clusters.
+async fn drift(
+    engine: &Engine<PrometheusSource>,
+    spec: &WaveGateSpec,
+    wave: usize,
+    owner: &str,
+    now: Timestamp,
+) -> BTreeMap<String, Option<f64>> {
+    let checks = gates::drift_checks(spec, wave, owner, &engine.options().cluster_label);
+    if checks.is_empty() {
+        return BTreeMap::new();
+    }
+    let only: Vec<_> = checks.iter().map(|(_, c)| c.clone()).collect();
+    let report = engine.tick(&only, now).await;
+    checks
+        .into_iter()
+        .zip(report.outcomes)
+        .map(|((cluster, _), outcome)| {
+            let value = match outcome.observation {
+                Some(Observation::Measured { value, .. }) => value.filter(|v| !v.is_nan()),
+                _ => None,
+            };
+            (cluster, value)
+        })
+        .collect()
+}
+
+/// Evaluates the gates of soaking wave `wave`.
+async fn evaluate_gates(
+    ctx: &Context,
+    spec: &WaveGateSpec,
+    status: &WaveGateStatus,
+    wave: usize,
+    owner: &str,
+    now: Timestamp,
+) -> Result<Vec<EvaluatedGate>, kube::Error> {
+    let refs: BTreeSet<String> = spec
+        .effective_gates()
+        .into_iter()
+        .filter_map(|g| g.template_ref)
+        .collect();
+    let mut templates: BTreeMap<String, GateTemplateSpec> = BTreeMap::new();
+    if !refs.is_empty() {
+        let api: Api<GateTemplate> = Api::all(ctx.client.clone());
+        for r in refs {
+            if let Some(t) = api.get_opt(&r).await? {
+                templates.insert(r, t.spec);
+            }
+        }
+    }
+    let previous = status
+        .waves
+        .get(wave)
+        .map(|w| w.gates.clone())
+        .unwrap_or_default();
+    let cluster_label = ctx
+        .engine
+        .as_ref()
+        .map_or("cluster".to_owned(), |e| e.options().cluster_label.clone());
+    let w = gates::wave_checks(spec, status, wave, owner, &templates, &cluster_label);
+    let mut out = Vec::new();
+    let policy_after = spec
+        .inconclusive
+        .after
+        .parse()
+        .unwrap_or(std::time::Duration::from_secs(300));
+    let unresolved_action = |v: &sluice_api::v1alpha1::GateVerdict| {
+        let since = v.inconclusive_since.as_ref().map_or(now, |t| t.0);
+        if now.duration_since(since).as_secs_f64() < policy_after.as_secs_f64() {
+            return GateAction::Wait;
+        }
+        match spec.inconclusive.action {
+            sluice_api::v1alpha1::InconclusiveAction::Pause => GateAction::Pause,
+            sluice_api::v1alpha1::InconclusiveAction::Abort => GateAction::Abort,
+            sluice_api::v1alpha1::InconclusiveAction::Continue => GateAction::Proceed,
+        }
+    };
+    for (gate, why) in w.unresolved {
+        let prev = sluice_api::v1alpha1::gate::find_verdict(&previous, &gate);
+        let v = gates::unresolved_verdict(&gate, why, prev, now);
+        out.push(EvaluatedGate {
+            action: unresolved_action(&v),
+            verdict: v,
+        });
+    }
+    match &ctx.engine {
+        Some(engine) => {
+            let report = engine.tick(&w.checks, now).await;
+            for (check, outcome) in w.checks.iter().zip(report.outcomes) {
+                let v = match outcome.verdict {
+                    Ok(v) => v,
+                    Err(e) => gates::unresolved_verdict(
+                        &check.gate.name,
+                        e.to_string(),
+                        check.previous.as_ref(),
+                        now,
+                    ),
+                };
+                let action = gate_action(&check.gate, &v, now);
+                out.push(EvaluatedGate { verdict: v, action });
+            }
+        }
+        None => {
+            for check in &w.checks {
+                let v = gates::unresolved_verdict(
+                    &check.gate.name,
+                    "no metrics source is configured (--prometheus-url); the gate cannot be evaluated".into(),
+                    check.previous.as_ref(),
+                    now,
+                );
+                let action = gate_action(&check.gate, &v, now);
+                out.push(EvaluatedGate { verdict: v, action });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Other sites' progress at `revision`: `(site, wave)` pairs reported passed.
+async fn passed_elsewhere(
+    engine: &Engine<PrometheusSource>,
+    revision: &str,
+    now: Timestamp,
+) -> BTreeSet<(String, String)> {
+    use sluice_analysis::MetricsSource;
+    let q = format!(
+        "max by (site, wave) (last_over_time({WAVE_PASSED_METRIC}{{revision=\"{}\"}}[5m])) > 0",
+        sluice_analysis::template::escape_string(revision)
+    );
+    match engine.source().query(&q, now).await {
+        Ok(series) => series
+            .into_iter()
+            .filter_map(|s| Some((s.labels.get("site")?.clone(), s.labels.get("wave")?.clone())))
+            .collect(),
+        Err(e) => {
+            tracing::warn!(category = e.category(), error = %e, "reading other sites' progress failed");
+            BTreeSet::new()
         }
     }
 }
@@ -82,15 +327,113 @@ pub async fn reconcile(
     let ns = obj.namespace().ok_or_else(|| ReconcileError::NoNamespace {
         name: obj.name_any(),
     })?;
+    let name = obj.name_any();
     let api: Api<WaveGate> = Api::namespaced(ctx.client.clone(), &ns);
-    let obs = Observations {
+    let now = (ctx.clock)();
+    let spec = &obj.spec;
+    let status = obj.status.as_ref();
+    let read = |what: &'static str| {
+        let (ns, name) = (ns.clone(), name.clone());
+        move |source| ReconcileError::Read {
+            what,
+            namespace: ns,
+            name,
+            source,
+        }
+    };
+
+    let mut obs = Observations {
+        namespace: ns.clone(),
+        name: name.clone(),
         generation: obj.metadata.generation,
         allow_free_form_promql: ctx.allow_free_form_promql,
+        ..Observations::default()
     };
-    let decision = decide::decide(&obj.spec, obj.status.as_ref(), &obs, (ctx.clock)());
-    if obj.status.as_ref() != Some(&decision.status) {
+    if crate::validity::problems(spec, ctx.allow_free_form_promql).is_empty() {
+        let set_ns = spec
+            .application_set_ref
+            .namespace
+            .clone()
+            .unwrap_or_else(|| ns.clone());
+        let sets: Api<ApplicationSet> = Api::namespaced(ctx.client.clone(), &set_ns);
+        obs.application_set = match sets
+            .get_opt(&spec.application_set_ref.name)
+            .await
+            .map_err(read("the ApplicationSet"))?
+        {
+            None => ApplicationSetView::Missing,
+            Some(s) => ApplicationSetView::Found(s.wave_gate_safety()),
+        };
+        if obs.application_set != ApplicationSetView::Missing {
+            let apps: Api<Application> = Api::namespaced(ctx.client.clone(), &set_ns);
+            let listed = apps
+                .list(&ListParams::default())
+                .await
+                .map_err(read("Applications"))?;
+            obs.applications = applications(&spec.application_set_ref.name, listed.items);
+        }
+        let current = status.cloned().unwrap_or_default();
+        if current.halt.is_some() {
+            let pins: Api<BundlePin> = Api::namespaced(ctx.client.clone(), &ns);
+            obs.existing_pins = pins
+                .list(&ListParams::default().labels(&format!(
+                    "{}={}",
+                    pins::MANAGED_BY_LABEL,
+                    crate::OPERATOR
+                )))
+                .await
+                .map_err(read("BundlePins"))?
+                .items
+                .into_iter()
+                .map(|p| p.name_any())
+                .collect();
+        }
+        let same_change = current.current_revision.as_deref() == Some(spec.revision.as_str());
+        let who = owner(&ns, &name);
+        if same_change && current.halt.is_none() {
+            if let Some(i) = active_wave(&current) {
+                let state = current.waves[i].state;
+                if let Some(engine) = &ctx.engine {
+                    if matches!(state, WaveState::Converging | WaveState::Soaking) {
+                        obs.drift = drift(engine, spec, i, &who, now).await;
+                    }
+                    if matches!(state, WaveState::Pending | WaveState::Waiting)
+                        && !spec.waves[i].wait_for.is_empty()
+                    {
+                        obs.passed_elsewhere = passed_elsewhere(engine, &spec.revision, now).await;
+                    }
+                }
+            }
+            if let Some(i) = gates_due(spec, &current, now) {
+                obs.gates = Some(
+                    evaluate_gates(&ctx, spec, &current, i, &who, now)
+                        .await
+                        .map_err(read("GateTemplates"))?,
+                );
+            }
+        } else if !same_change
+            && let Some(engine) = &ctx.engine
+            && !spec.waves[0].wait_for.is_empty()
+        {
+            obs.passed_elsewhere = passed_elsewhere(engine, &spec.revision, now).await;
+        }
+    }
+
+    let decision = decide::decide(spec, status, &obs, now);
+    let published_before = status.is_some_and(|s| !s.decisions.is_empty());
+    decisions::publishable(spec, &decision.status.decisions, published_before).map_err(|why| {
+        ReconcileError::Unpublishable {
+            namespace: ns.clone(),
+            name: name.clone(),
+            why,
+        }
+    })?;
+    if status != Some(&decision.status) {
         write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &decision.status).await?;
-        tracing::info!(phase = ?decision.status.phase, "status written");
+        tracing::info!(phase = ?decision.status.phase, wave = ?decision.status.current_wave, "status written");
+    }
+    if let Some(m) = &ctx.metrics {
+        m.record(spec, status, &decision.status, now);
     }
     for action in &decision.actions {
         match action {
@@ -104,10 +447,49 @@ pub async fn reconcile(
                     .publish(obj.as_ref(), *severity, reason, action, note)
                     .await
             }
+            Action::NudgeApplicationSet => {
+                let set_ns = spec
+                    .application_set_ref
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| ns.clone());
+                let sets: Api<ApplicationSet> = Api::namespaced(ctx.client.clone(), &set_ns);
+                let patch =
+                    serde_json::json!({"metadata": {"annotations": {REFRESH_ANNOTATION: "true"}}});
+                if let Err(e) = sets
+                    .patch(
+                        &spec.application_set_ref.name,
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await
+                {
+                    // A missed nudge only delays Argo CD until its own requeue; never fatal.
+                    tracing::warn!(error = %e, "nudging the ApplicationSet to refresh failed");
+                }
+            }
+            Action::CreatePin(plan) => {
+                let pin = pins::bundle_pin(spec, &ns, &name, plan);
+                let pins: Api<BundlePin> = Api::namespaced(ctx.client.clone(), &ns);
+                match pins.create(&FIELD_MANAGER.post_params(), &pin).await {
+                    Ok(_) => {
+                        tracing::info!(pin = %plan.name, cluster = %plan.cluster, digest = %plan.digest, "BundlePin created")
+                    }
+                    Err(e) if is_status(&e, 409) => {}
+                    Err(source) => {
+                        return Err(ReconcileError::Act {
+                            what: format!("creating BundlePin {}", plan.name),
+                            namespace: ns.clone(),
+                            name: name.clone(),
+                            source,
+                        });
+                    }
+                }
+            }
         }
     }
     Ok(match decision.requeue {
         Requeue::AwaitChange => ControllerAction::await_change(),
-        Requeue::After(d) => ControllerAction::requeue(d),
+        Requeue::After(d) => ControllerAction::requeue(d.max(std::time::Duration::from_millis(50))),
     })
 }

@@ -5,15 +5,23 @@
 //!
 //! Pure; never reads the cluster.
 
-use sluice_api::v1alpha1::WaveGateSpec;
+use sluice_api::v1alpha1::{WaveGateSpec, wave_gate::DriftExporter};
 
 /// The spec's problems, each `path: what is wrong`; empty when it is valid.
 /// `allow_free_form_promql` is the platform's policy for free-form PromQL gates.
 pub fn problems(spec: &WaveGateSpec, allow_free_form_promql: bool) -> Vec<String> {
-    spec.validate(allow_free_form_promql)
+    let mut out: Vec<String> = spec
+        .validate(allow_free_form_promql)
         .iter()
         .map(ToString::to_string)
-        .collect()
+        .collect();
+    if spec.drift_gate.exporter == DriftExporter::Platform && spec.source_commit.is_none() {
+        out.push(
+            "spec.sourceCommit: required with driftGate.exporter Platform: the drift exporter labels proxies behind by the bundle's source commit; set it to the bundle's org.opencontainers.image.revision"
+                .into(),
+        );
+    }
+    out
 }
 
 #[cfg(test)]
@@ -43,7 +51,11 @@ mod tests {
             (serde_json::json!({}), vec![]),
             (
                 serde_json::json!({"driftGate": {"exporter": "Platform"}}),
-                vec!["spec.driftGate.metric"],
+                vec!["spec.driftGate.metric", "spec.sourceCommit"],
+            ),
+            (
+                serde_json::json!({"driftGate": {"exporter": "Platform", "metric": "m"}, "sourceCommit": "abc1234"}),
+                vec![],
             ),
             (
                 serde_json::json!({"convergenceTimeout": "0m", "analysisInterval": "0s"}),

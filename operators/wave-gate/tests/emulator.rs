@@ -1,6 +1,7 @@
 //! End to end over the Kubernetes API emulator: the WaveGate CRD from `crds/` installed, the
 //! wave-gate controller running in-process; an invalid WaveGate gets `Ready=False`
-//! (`InvalidSpec`) naming the field and a Warning Event, and once fixed, `Ready=True`.
+//! (`InvalidSpec`) naming the field and a Warning Event, and once fixed, `Ready=True` (and,
+//! with no ApplicationSet to govern, refused without publishing a decision).
 
 use std::{sync::Arc, time::Duration};
 
@@ -138,7 +139,17 @@ async fn invalid_wave_gate_is_named_then_ready_once_fixed() {
     })
     .await;
     assert_eq!(fixed.metadata.generation, Some(2));
-    assert_eq!(fixed.status.as_ref().unwrap().phase, WaveGatePhase::Pending);
+    // Valid, but its ApplicationSet does not exist: refused, nothing published.
+    let fixed = eventually(&api, "site-a", "ApplicationSetSafe=False", |o| {
+        o.status.as_ref().is_some_and(|s| {
+            find(&s.conditions, conditions::APPLICATION_SET_SAFE)
+                .is_some_and(|c| c.reason == reasons::APPLICATION_SET_NOT_FOUND)
+        })
+    })
+    .await;
+    let status = fixed.status.as_ref().unwrap();
+    assert_eq!(status.phase, WaveGatePhase::Refused);
+    assert!(status.decisions.is_empty(), "nothing published");
 
     shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(10), controller)

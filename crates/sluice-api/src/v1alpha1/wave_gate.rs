@@ -566,6 +566,9 @@ pub mod reasons {
     pub const APPLICATION_SET_OK: &str = "ApplicationSetOk";
     /// Decisions published for every cluster at the current revision.
     pub const ADOPTED: &str = "Adopted";
+    /// Not adopted yet: the revision the site runs is not known (set spec.previousRevision, or
+    /// wait until every Application reports Synced at one revision).
+    pub const ADOPTION_PENDING: &str = "AdoptionPending";
     /// A wave was admitted.
     pub const WAVE_ADMITTED: &str = "WaveAdmitted";
     /// A wave is soaking.

@@ -1,0 +1,369 @@
+//! The wave-gate metrics: current wave, phase, gate verdicts, time per wave, halts, and each
+//! site's progress for the global metrics view (what other sites' cross-site waits read).
+//!
+//! Owns the metric names (all `sluice_wavegate_*`), help texts and label sets. Series are keyed
+//! by `site` (one WaveGate per site), never by object name or message; the only other label
+//! values are fixed enums, gate names from the spec, wave names and the revision of the change
+//! in progress (its series are removed when the revision changes).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use jiff::Timestamp;
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Registry,
+};
+use sluice_api::v1alpha1::{
+    Verdict, WaveGatePhase, WaveGateSpec, WaveGateStatus, wave_gate::WaveState,
+};
+
+/// The metric the global metrics view carries between sites: 1 for every wave a site passed
+/// (or admitted by an emergency) at a revision. Cross-site waits query it by this name.
+pub const WAVE_PASSED_METRIC: &str = "sluice_wavegate_wave_passed";
+
+/// Labels keyed by site.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct SiteLabels {
+    /// The WaveGate's `spec.site`.
+    pub site: String,
+}
+
+/// Labels of the phase gauge.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct PhaseLabels {
+    /// Site.
+    pub site: String,
+    /// One of the WaveGate phases.
+    pub phase: String,
+}
+
+/// Labels of the gate verdict gauge.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct VerdictLabels {
+    /// Site.
+    pub site: String,
+    /// Gate name (from the spec or a built-in).
+    pub gate: String,
+    /// Pass, Fail or Inconclusive.
+    pub verdict: String,
+}
+
+/// Labels of the halt counter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct HaltLabels {
+    /// Site.
+    pub site: String,
+    /// GateFailed, InconclusiveTimeout or ConvergenceTimeout.
+    pub reason: String,
+}
+
+/// Labels of a site's progress.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, EncodeLabelSet)]
+pub struct ProgressLabels {
+    /// Site.
+    pub site: String,
+    /// The revision of the change.
+    pub revision: String,
+    /// A wave the site passed at that revision.
+    pub wave: String,
+}
+
+const PHASES: [WaveGatePhase; 7] = [
+    WaveGatePhase::Pending,
+    WaveGatePhase::Progressing,
+    WaveGatePhase::Soaking,
+    WaveGatePhase::WaitingForSite,
+    WaveGatePhase::Complete,
+    WaveGatePhase::Halted,
+    WaveGatePhase::Refused,
+];
+
+fn phase_name(p: WaveGatePhase) -> &'static str {
+    match p {
+        WaveGatePhase::Pending => "Pending",
+        WaveGatePhase::Progressing => "Progressing",
+        WaveGatePhase::Soaking => "Soaking",
+        WaveGatePhase::WaitingForSite => "WaitingForSite",
+        WaveGatePhase::Complete => "Complete",
+        WaveGatePhase::Halted => "Halted",
+        WaveGatePhase::Refused => "Refused",
+    }
+}
+
+fn verdict_name(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Pass => "Pass",
+        Verdict::Fail => "Fail",
+        Verdict::Inconclusive => "Inconclusive",
+    }
+}
+
+/// Handles to the wave-gate metrics; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct WaveGateMetrics {
+    current_wave: Family<SiteLabels, Gauge>,
+    phase: Family<PhaseLabels, Gauge>,
+    verdicts: Family<VerdictLabels, Gauge>,
+    wave_seconds: Family<SiteLabels, Histogram>,
+    decision_seconds: Family<SiteLabels, Histogram>,
+    halts: Family<HaltLabels, Counter>,
+    passed: Family<ProgressLabels, Gauge>,
+    exported: Arc<Mutex<BTreeMap<String, BTreeSet<ProgressLabels>>>>,
+    gates_seen: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>>,
+}
+
+fn wave_histogram() -> Histogram {
+    // 1 s .. ~9 h: a wave is convergence plus a soak of minutes.
+    Histogram::new(exponential_buckets(1.0, 2.0, 16))
+}
+
+fn decision_histogram() -> Histogram {
+    // 1 ms .. ~65 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// Registers every wave-gate metric under the `sluice_` prefix.
+pub fn register(registry: &mut Registry) -> WaveGateMetrics {
+    let m = WaveGateMetrics {
+        current_wave: Family::default(),
+        phase: Family::default(),
+        verdicts: Family::default(),
+        wave_seconds: Family::new_with_constructor(wave_histogram as fn() -> Histogram),
+        decision_seconds: Family::new_with_constructor(decision_histogram as fn() -> Histogram),
+        halts: Family::default(),
+        passed: Family::default(),
+        exported: Arc::default(),
+        gates_seen: Arc::default(),
+    };
+    let sub = registry.sub_registry_with_prefix("sluice_wavegate");
+    sub.register(
+        "current_wave",
+        "Index in spec.waves of the wave in progress (or the last one), by site",
+        m.current_wave.clone(),
+    );
+    sub.register(
+        "phase",
+        "1 for the WaveGate's current phase, 0 for the others, by site",
+        m.phase.clone(),
+    );
+    sub.register(
+        "gate_verdict",
+        "1 for each gate's latest verdict in the wave in progress, by site, gate and verdict",
+        m.verdicts.clone(),
+    );
+    sub.register(
+        "wave_duration_seconds",
+        "Time from a wave's admission to its pass, by site",
+        m.wave_seconds.clone(),
+    );
+    sub.register(
+        "soak_decision_seconds",
+        "Time from the end of a wave's soak to the decision that it passed, by site",
+        m.decision_seconds.clone(),
+    );
+    sub.register(
+        "halts",
+        "Changes halted, by site and reason",
+        m.halts.clone(),
+    );
+    sub.register(
+        "wave_passed",
+        "1 for every wave a site passed at a revision (cross-site waits read it through the global metrics view)",
+        m.passed.clone(),
+    );
+    m
+}
+
+impl WaveGateMetrics {
+    /// Records `next` (the status just written) and the transitions from `previous`.
+    pub fn record(
+        &self,
+        spec: &WaveGateSpec,
+        previous: Option<&WaveGateStatus>,
+        next: &WaveGateStatus,
+        now: Timestamp,
+    ) {
+        let site = spec.site.clone();
+        let sl = SiteLabels { site: site.clone() };
+        self.current_wave
+            .get_or_create(&sl)
+            .set(next.current_wave_index.map_or(0, i64::from));
+        for p in PHASES {
+            self.phase
+                .get_or_create(&PhaseLabels {
+                    site: site.clone(),
+                    phase: phase_name(p).into(),
+                })
+                .set(i64::from(p == next.phase));
+        }
+
+        // Gate verdicts of the wave in progress.
+        let active = next
+            .current_wave_index
+            .and_then(|i| next.waves.get(i as usize));
+        let gates: BTreeMap<String, Verdict> = active
+            .map(|w| {
+                w.gates
+                    .iter()
+                    .map(|g| (g.gate.clone(), g.verdict))
+                    .collect()
+            })
+            .unwrap_or_default();
+        {
+            let mut seen = self.gates_seen.lock().unwrap_or_else(|e| e.into_inner());
+            let known = seen.entry(site.clone()).or_default();
+            for g in known.iter().filter(|g| !gates.contains_key(*g)) {
+                for v in [Verdict::Pass, Verdict::Fail, Verdict::Inconclusive] {
+                    self.verdicts.remove(&VerdictLabels {
+                        site: site.clone(),
+                        gate: g.clone(),
+                        verdict: verdict_name(v).into(),
+                    });
+                }
+            }
+            *known = gates.keys().cloned().collect();
+        }
+        for (g, verdict) in &gates {
+            for v in [Verdict::Pass, Verdict::Fail, Verdict::Inconclusive] {
+                self.verdicts
+                    .get_or_create(&VerdictLabels {
+                        site: site.clone(),
+                        gate: g.clone(),
+                        verdict: verdict_name(v).into(),
+                    })
+                    .set(i64::from(*verdict == v));
+            }
+        }
+
+        // Transitions: waves passed, halts.
+        let before = |name: &str| {
+            previous
+                .filter(|p| p.current_revision == next.current_revision)
+                .and_then(|p| p.waves.iter().find(|w| w.name == name))
+                .map(|w| w.state)
+        };
+        for (i, w) in next.waves.iter().enumerate() {
+            if w.state == WaveState::Passed && before(&w.name) != Some(WaveState::Passed) {
+                if let (Some(a), Some(f)) = (&w.admitted_at, &w.finished_at) {
+                    let secs = f.0.duration_since(a.0).as_secs_f64().max(0.0);
+                    self.wave_seconds.get_or_create(&sl).observe(secs);
+                }
+                if let Some(end) = crate::decide::soak_end(spec, next, i) {
+                    let secs = now.duration_since(end).as_secs_f64().max(0.0);
+                    self.decision_seconds.get_or_create(&sl).observe(secs);
+                }
+            }
+        }
+        if let Some(h) = &next.halt
+            && previous.and_then(|p| p.halt.as_ref()).map(|p| &p.halted_at) != Some(&h.halted_at)
+        {
+            self.halts
+                .get_or_create(&HaltLabels {
+                    site: site.clone(),
+                    reason: format!("{:?}", h.reason),
+                })
+                .inc();
+        }
+
+        // Progress for other sites.
+        let mut now_passed = BTreeSet::new();
+        if let Some(rev) = &next.current_revision {
+            for w in &next.waves {
+                if matches!(w.state, WaveState::Passed | WaveState::Skipped) {
+                    now_passed.insert(ProgressLabels {
+                        site: site.clone(),
+                        revision: rev.clone(),
+                        wave: w.name.clone(),
+                    });
+                }
+            }
+        }
+        let mut exported = self.exported.lock().unwrap_or_else(|e| e.into_inner());
+        let old = exported.entry(site).or_default();
+        for l in old.difference(&now_passed) {
+            self.passed.remove(l);
+        }
+        for l in &now_passed {
+            self.passed.get_or_create(l).set(1);
+        }
+        *old = now_passed;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::encoding::text::encode;
+
+    #[test]
+    fn every_metric_is_registered_with_the_prefix() {
+        let mut r = Registry::default();
+        let m = register(&mut r);
+        let spec: WaveGateSpec = serde_json::from_value(serde_json::json!({
+            "site": "eu",
+            "applicationSetRef": {"name": "mesh"},
+            "repository": "oci://registry.local/mesh",
+            "revision": format!("sha256:{}", "b".repeat(64)),
+            "waves": [{"name": "canary", "clusters": ["c1"]}],
+            "driftGate": {"exporter": "None"},
+            "pin": {"publicKeysSecretRef": {"name": "keys"}},
+        }))
+        .unwrap();
+        let status: WaveGateStatus = serde_json::from_value(serde_json::json!({
+            "phase": "Halted",
+            "currentRevision": spec.revision,
+            "currentWaveIndex": 0,
+            "waves": [{
+                "name": "canary", "state": "Passed",
+                "admittedAt": "2027-01-15T08:00:00Z", "convergedAt": "2027-01-15T08:01:00Z", "finishedAt": "2027-01-15T08:12:00Z",
+                "gates": [{"gate": "mesh-error-ratio", "verdict": "Pass", "reason": "ThresholdMet", "evaluatedAt": "2027-01-15T08:12:00Z"}]
+            }],
+            "halt": {"reason": "GateFailed", "wave": "canary", "haltedAt": "2027-01-15T08:12:00Z"},
+        }))
+        .unwrap();
+        m.record(
+            &spec,
+            None,
+            &status,
+            "2027-01-15T08:12:01Z".parse().unwrap(),
+        );
+        let mut out = String::new();
+        encode(&mut out, &r).unwrap();
+        for name in [
+            "sluice_wavegate_current_wave",
+            "sluice_wavegate_phase",
+            "sluice_wavegate_gate_verdict",
+            "sluice_wavegate_wave_duration_seconds",
+            "sluice_wavegate_soak_decision_seconds",
+            "sluice_wavegate_halts",
+            WAVE_PASSED_METRIC,
+        ] {
+            assert!(
+                out.contains(&format!("# TYPE {name} ")),
+                "{name} missing:\n{out}"
+            );
+        }
+        assert!(
+            out.contains(&format!(
+                "{WAVE_PASSED_METRIC}{{site=\"eu\",revision=\"{}\",wave=\"canary\"}} 1",
+                spec.revision
+            )),
+            "{out}"
+        );
+        // A new revision removes the old revision's progress.
+        let mut next = status.clone();
+        next.current_revision = Some(format!("sha256:{}", "c".repeat(64)));
+        next.waves[0].state = WaveState::Converging;
+        m.record(&spec, Some(&status), &next, Timestamp::UNIX_EPOCH);
+        let mut out = String::new();
+        encode(&mut out, &r).unwrap();
+        assert!(!out.contains("wave=\"canary\"} 1"), "{out}");
+    }
+}
