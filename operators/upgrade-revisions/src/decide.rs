@@ -1,28 +1,91 @@
-//! The pure heart of sluice-upgrade-revisions: (spec, current status, observations, now) → (actions, next
-//! status).
+//! The pure heart of sluice-upgrade-revisions: (spec, current status, observations, now) →
+//! (actions, next status). The status is the state machine: a restarted operator reaches the
+//! same decision from the status it wrote and what it observes.
 //!
-//! Today it validates what CEL cannot express and sets `status.observedGeneration`, the phase
-//! and the `Ready` condition; the operator's state machine grows here. Must never do I/O or
-//! read the clock.
+//! Owns the upgrade's transitions: waves started in order, namespaces relabelled from the old
+//! tag to the new one, meshed pods restarted within the issuance budget ([`crate::pacing`]),
+//! progress counted from the revision the injector recorded in each pod, soaks judged by gates,
+//! abort (a gate's Fail or `spec.abort`) retagging the unfinished waves' namespaces back and
+//! restarting them, explicit resume, completion when no proxy runs the old revision. Must never
+//! do I/O or read the clock, never restart a pod already on the target revision (so evictions
+//! already done are never repeated), never evict a bare pod (nothing would replace it), never
+//! touch a namespace relabelled by someone else, and never remove the old control plane.
 
-use std::time::Duration;
-
-use k8s_openapi::jiff::Timestamp;
-use sluice_api::v1alpha1::{
-    RevisionUpgradePhase, RevisionUpgradeSpec, RevisionUpgradeStatus, revision_upgrade::reasons,
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
 };
-use sluice_runtime::{conditions as cond, events::Severity};
 
-use crate::validity;
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use sluice_analysis::GateAction;
+use sluice_api::v1alpha1::{
+    GateVerdict, RevisionUpgradePhase, RevisionUpgradeSpec, RevisionUpgradeStatus,
+    revision_upgrade::{
+        IssuanceBudgetStatus, NamespaceProgress, NamespaceState, ProxyCounts, RelabelDetection,
+        RestartMode, UpgradeWaveState, UpgradeWaveStatus, conditions, reasons,
+    },
+};
+use sluice_runtime::{
+    conditions::{self as cond, Status},
+    events::Severity,
+};
+
+use crate::{
+    fleet::{self, NamespaceView, PodView, Workload},
+    pacing::{self, Hold, IssuanceReading},
+    validity,
+};
+
+/// Time between two ticks of an active upgrade.
+pub const TICK: Duration = pacing::TICK;
+/// Time between two looks at an idle (pending on a problem, aborted or complete) upgrade.
+pub const IDLE: Duration = Duration::from_secs(30);
 
 /// What the reconcile saw besides the object's spec and status.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Observations {
     /// `metadata.generation` of the object.
     pub generation: Option<i64>,
-    /// Whether the platform allows free-form PromQL in namespaced objects (off by default:
-    /// it runs with the operator's view of all metrics).
+    /// Whether the platform allows free-form PromQL in gates (off by default: it runs with the
+    /// operator's view of all metrics).
     pub allow_free_form_promql: bool,
+    /// The fleet, when read this tick (`None`: validity only).
+    pub fleet: Option<Fleet>,
+    /// The latest issuance reading (`None`: none yet, or the metrics source failed).
+    pub issuance: Option<IssuanceReading>,
+    /// Why there is no issuance reading, when there is none.
+    pub issuance_problem: Option<String>,
+    /// Gate verdicts of the current wave (`None`: no metrics source configured).
+    pub gates: Option<GateReport>,
+    /// Restarts granted at the previous tick that did not happen (refused, pod gone).
+    pub unused_grants: u32,
+    /// Pods (`namespace/name`) whose eviction a PodDisruptionBudget refused at the previous tick.
+    pub blocked: Vec<String>,
+}
+
+/// The fleet as read this tick.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Fleet {
+    /// Every namespace.
+    pub namespaces: Vec<NamespaceView>,
+    /// Every meshed pod of the namespaces in the upgrade.
+    pub pods: Vec<PodView>,
+    /// Revision tags found in the cluster's injector webhooks: tag → revision.
+    pub tags: BTreeMap<String, String>,
+    /// The `kubectl.kubernetes.io/restartedAt` template annotation of workloads in the upgrade
+    /// (read only with `restart: RolloutRestart`), keyed by namespace and workload.
+    pub restarted_at: BTreeMap<(String, Workload), String>,
+}
+
+/// The gates of the current wave, evaluated.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GateReport {
+    /// The wave the verdicts judge.
+    pub wave: String,
+    /// Latest verdict per gate.
+    pub verdicts: Vec<GateVerdict>,
+    /// What the verdicts ask for together: the most severe of the gates' actions.
+    pub action: Option<GateAction>,
 }
 
 /// Something the reconcile must do after the status is written.
@@ -38,6 +101,32 @@ pub enum Action {
         action: &'static str,
         /// Human-readable note.
         note: String,
+    },
+    /// Change a namespace's `istio.io/rev` label from `from` to `to` (only if it still is
+    /// `from`).
+    Relabel {
+        /// Namespace.
+        namespace: String,
+        /// Expected current value.
+        from: String,
+        /// New value.
+        to: String,
+    },
+    /// Evict a pod through the Eviction API.
+    Evict {
+        /// Namespace.
+        namespace: String,
+        /// Pod name.
+        pod: String,
+    },
+    /// Restart a workload by setting its pod template's `restartedAt` annotation.
+    RolloutRestart {
+        /// Namespace.
+        namespace: String,
+        /// The workload.
+        workload: Workload,
+        /// The annotation value: the namespace's relabel time, so repeating it changes nothing.
+        restarted_at: String,
     },
 }
 
@@ -63,6 +152,51 @@ pub struct Decision {
 
 /// The Event action name of validation outcomes.
 pub const VALIDATE: &str = "Validate";
+/// The Event action name of wave transitions.
+pub const WAVE: &str = "Wave";
+/// The Event action name of relabels.
+pub const RELABEL: &str = "Relabel";
+/// The Event action name of aborts and rollbacks.
+pub const ABORT: &str = "Abort";
+/// The Event action name of completion.
+pub const COMPLETE: &str = "Complete";
+/// The Event action name of resume.
+pub const RESUME: &str = "Resume";
+
+/// Event reasons this module adds to the kind's condition reasons.
+pub mod event_reasons {
+    /// A wave started.
+    pub const WAVE_STARTED: &str = "WaveStarted";
+    /// A wave passed its soak.
+    pub const WAVE_PASSED: &str = "WavePassed";
+    /// The upgrade was resumed after an abort.
+    pub const RESUMED: &str = "Resumed";
+}
+
+fn to_ms(t: &Time) -> i64 {
+    t.0.as_millisecond()
+}
+
+fn elapsed(since: &Time, now: Timestamp) -> Duration {
+    Duration::from_millis((now.as_millisecond() - to_ms(since)).max(0) as u64)
+}
+
+/// How long until the object is due for a tick, or `None` when it is due now: a new
+/// generation is always due; otherwise one tick after the last (`status.proxies.observedAt`).
+/// Reconciles triggered by the operator's own status writes therefore do nothing.
+pub fn not_due_for(
+    status: Option<&RevisionUpgradeStatus>,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Option<Duration> {
+    let status = status?;
+    if status.observed_generation != generation {
+        return None;
+    }
+    let last = status.proxies.as_ref()?.observed_at.as_ref()?;
+    let since = elapsed(last, now);
+    (since < TICK).then(|| TICK - since)
+}
 
 /// Decides the next status of a RevisionUpgrade.
 pub fn decide(
@@ -71,12 +205,31 @@ pub fn decide(
     obs: &Observations,
     now: Timestamp,
 ) -> Decision {
-    decide_validity(
+    let mut d = decide_validity(
         &validity::problems(spec, obs.allow_free_form_promql),
         status,
         obs,
         now,
-    )
+    );
+    if d.status.phase == RevisionUpgradePhase::Invalid {
+        return d;
+    }
+    if let Some(fleet) = &obs.fleet {
+        Tick {
+            spec,
+            obs,
+            fleet,
+            now,
+            next: &mut d.status,
+            actions: &mut d.actions,
+        }
+        .run();
+        d.requeue = Requeue::After(match d.status.phase {
+            RevisionUpgradePhase::Complete | RevisionUpgradePhase::Aborted => IDLE,
+            _ => TICK,
+        });
+    }
+    d
 }
 
 /// The validity part of [`decide`], given the spec's problems (empty when valid).
@@ -117,9 +270,1016 @@ pub fn decide_validity(
     Decision {
         actions,
         status: next,
-        // An invalid spec is waited on (no requeue loop); a valid one has nothing timed to do
-        // yet.
+        // An invalid spec is waited on (no requeue loop); a valid one without a fleet reading
+        // has nothing timed to do.
         requeue: Requeue::AwaitChange,
+    }
+}
+
+/// One tick of a valid upgrade.
+struct Tick<'a> {
+    spec: &'a RevisionUpgradeSpec,
+    obs: &'a Observations,
+    fleet: &'a Fleet,
+    now: Timestamp,
+    next: &'a mut RevisionUpgradeStatus,
+    actions: &'a mut Vec<Action>,
+}
+
+/// Per-namespace reading of this tick.
+#[derive(Debug, Default, Clone, Copy)]
+struct NsCount {
+    pods: u32,
+    done: u32,
+    bare_not_done: u32,
+    not_ready: u32,
+}
+
+impl Tick<'_> {
+    fn generation(&self) -> Option<i64> {
+        self.obs.generation
+    }
+
+    fn event(
+        &mut self,
+        severity: Severity,
+        reason: &'static str,
+        action: &'static str,
+        note: String,
+    ) {
+        self.actions.push(Action::Event {
+            severity,
+            reason,
+            action,
+            note,
+        });
+    }
+
+    fn condition(&mut self, type_: &str, status: Status, reason: &str, message: String) {
+        let c = cond::new(type_, status, reason, message, self.generation(), self.now);
+        cond::set(&mut self.next.conditions, c);
+    }
+
+    fn ns_view(&self, name: &str) -> Option<&NamespaceView> {
+        self.fleet.namespaces.iter().find(|n| n.name == name)
+    }
+
+    fn count(&self, ns: &str, target: &str) -> NsCount {
+        let mut c = NsCount::default();
+        for p in self
+            .fleet
+            .pods
+            .iter()
+            .filter(|p| p.namespace == ns && !p.terminating)
+        {
+            c.pods += 1;
+            if p.revision == target {
+                c.done += 1;
+                if !p.ready {
+                    c.not_ready += 1;
+                }
+            } else if p.workload.is_none() {
+                c.bare_not_done += 1;
+            }
+        }
+        c
+    }
+
+    fn run(mut self) {
+        let counts = fleet::proxy_counts(self.spec, &self.fleet.pods);
+        self.next.proxies = Some(ProxyCounts {
+            observed_at: Some(Time(self.now)),
+            ..counts
+        });
+        self.report_injection_label();
+        if self.next.completed_at.is_some() {
+            self.next.phase = RevisionUpgradePhase::Complete;
+            return;
+        }
+        self.controls();
+        self.watch_relabels();
+        let rolling_back = self
+            .next
+            .namespaces
+            .iter()
+            .any(|n| n.state == NamespaceState::RollingBack);
+        if rolling_back || self.next.aborted_at.is_some() {
+            self.roll_back();
+        } else {
+            self.forward();
+        }
+        self.set_phase();
+        self.retirable();
+    }
+
+    fn report_injection_label(&mut self) {
+        let legacy = fleet::injection_enabled(&self.fleet.namespaces);
+        if legacy.is_empty() {
+            self.condition(
+                conditions::INJECTION_LABEL_FOUND,
+                Status::False,
+                reasons::LEGACY_INJECTION_LABEL,
+                "no namespace uses istio-injection=enabled".into(),
+            );
+        } else {
+            let msg = format!(
+                "{} namespace(s) use istio-injection=enabled, which ignores istio.io/rev, so relabelling cannot move them: {}; replace that label with istio.io/rev={} to include them",
+                legacy.len(),
+                legacy.join(", "),
+                self.spec.from_tag
+            );
+            if self.next.injection_enabled_namespaces != legacy {
+                self.event(
+                    Severity::Warning,
+                    reasons::LEGACY_INJECTION_LABEL,
+                    RELABEL,
+                    msg.clone(),
+                );
+            }
+            self.condition(
+                conditions::INJECTION_LABEL_FOUND,
+                Status::True,
+                reasons::LEGACY_INJECTION_LABEL,
+                msg,
+            );
+        }
+        self.next.injection_enabled_namespaces = legacy;
+    }
+
+    /// Abort and resume.
+    fn controls(&mut self) {
+        if self.spec.resume > self.next.resumes_handled && !self.spec.abort {
+            self.next.resumes_handled = self.spec.resume;
+            if self.next.aborted_at.is_some() {
+                self.resume();
+            }
+        }
+        let active = self.next.aborted_at.is_none()
+            && self.next.current_wave_index.is_some()
+            && self.next.completed_at.is_none();
+        if self.spec.abort && active {
+            self.start_rollback(
+                reasons::ABORTED_MANUALLY,
+                "aborted by spec.abort".to_owned(),
+                UpgradeWaveState::RolledBack,
+            );
+        }
+    }
+
+    fn resume(&mut self) {
+        // Namespaces that were rolled back become candidates again; the failed wave restarts.
+        self.next
+            .namespaces
+            .retain(|n| !matches!(n.state, NamespaceState::RolledBack));
+        let mut restarted = None;
+        for w in &mut self.next.waves {
+            if matches!(
+                w.state,
+                UpgradeWaveState::Failed | UpgradeWaveState::RolledBack
+            ) {
+                restarted.get_or_insert(w.name.clone());
+                *w = UpgradeWaveStatus {
+                    name: w.name.clone(),
+                    ..UpgradeWaveStatus::default()
+                };
+            }
+        }
+        self.next.aborted_at = None;
+        let note = format!(
+            "resumed by spec.resume={}; wave {} starts again",
+            self.spec.resume,
+            restarted.as_deref().unwrap_or("(none)")
+        );
+        self.event(Severity::Normal, event_reasons::RESUMED, RESUME, note);
+    }
+
+    /// Retags the namespaces of waves that have not passed back to the old tag.
+    fn start_rollback(&mut self, reason: &'static str, why: String, wave_state: UpgradeWaveState) {
+        let passed: BTreeSet<String> = self
+            .next
+            .waves
+            .iter()
+            .filter(|w| w.state == UpgradeWaveState::Passed)
+            .map(|w| w.name.clone())
+            .collect();
+        let mut back = Vec::new();
+        for n in &mut self.next.namespaces {
+            if passed.contains(&n.wave) {
+                continue;
+            }
+            match n.state {
+                NamespaceState::Pending => n.state = NamespaceState::RolledBack,
+                NamespaceState::Restarting | NamespaceState::Moved => {
+                    n.state = NamespaceState::RollingBack;
+                    n.relabelled_at = None;
+                    n.done_at = None;
+                    back.push(n.name.clone());
+                }
+                NamespaceState::RollingBack | NamespaceState::RolledBack => {}
+            }
+        }
+        for w in &mut self.next.waves {
+            if !matches!(
+                w.state,
+                UpgradeWaveState::Passed | UpgradeWaveState::Pending
+            ) {
+                w.state = wave_state;
+                w.finished_at = Some(Time(self.now));
+            }
+        }
+        self.next.aborted_at = Some(Time(self.now));
+        let msg = format!(
+            "{why}; retagging {} namespace(s) back to {} and restarting them within the issuance budget; waves that passed stay on {}",
+            back.len(),
+            self.spec.from_tag,
+            self.spec.to_revision
+        );
+        self.condition(conditions::PROGRESSING, Status::True, reason, msg.clone());
+        self.event(Severity::Warning, reason, ABORT, msg);
+    }
+
+    /// Detects namespaces relabelled by someone else after sluice moved them (and clears the
+    /// report once the label is back on the new tag).
+    fn watch_relabels(&mut self) {
+        let mut found = Vec::new();
+        for n in &self.next.namespaces {
+            let moved = matches!(n.state, NamespaceState::Restarting | NamespaceState::Moved)
+                && n.relabelled_at.is_some();
+            if !moved {
+                continue;
+            }
+            let rev = self
+                .ns_view(&n.name)
+                .and_then(NamespaceView::rev)
+                .unwrap_or("")
+                .to_owned();
+            if rev != self.spec.to_tag {
+                found.push((n.name.clone(), rev));
+            }
+        }
+        let before: BTreeSet<String> = self
+            .next
+            .relabelled_back
+            .iter()
+            .map(|r| r.namespace.clone())
+            .collect();
+        let mut list = Vec::new();
+        for (namespace, rev) in found {
+            if let Some(old) = self
+                .next
+                .relabelled_back
+                .iter()
+                .find(|r| r.namespace == namespace && r.found == rev)
+            {
+                list.push(old.clone());
+                continue;
+            }
+            if !before.contains(&namespace) {
+                self.event(
+                    Severity::Warning,
+                    reasons::NAMESPACE_RELABELLED_BACK,
+                    RELABEL,
+                    format!(
+                        "namespace {namespace} was relabelled istio.io/rev={rev:?} by someone else after sluice set {}; its pods are not restarted until the label is {} again (with Argo CD, see the README's ignoreDifferences setting)",
+                        self.spec.to_tag, self.spec.to_tag
+                    ),
+                );
+            }
+            list.push(RelabelDetection {
+                namespace,
+                found: rev,
+                detected_at: Time(self.now),
+            });
+        }
+        if list.is_empty() {
+            self.condition(
+                conditions::RELABELLED_BACK,
+                Status::False,
+                reasons::NAMESPACE_RELABELLED_BACK,
+                "every moved namespace keeps the new tag".into(),
+            );
+        } else {
+            let names: Vec<&str> = list.iter().map(|r| r.namespace.as_str()).collect();
+            self.condition(
+                conditions::RELABELLED_BACK,
+                Status::True,
+                reasons::NAMESPACE_RELABELLED_BACK,
+                format!(
+                    "namespace(s) relabelled by someone else after sluice moved them: {}; their wave cannot finish until istio.io/rev={} is restored (with Argo CD, ignore that label's differences)",
+                    names.join(", "),
+                    self.spec.to_tag
+                ),
+            );
+        }
+        self.next.relabelled_back = list;
+    }
+
+    fn tags_ok(&mut self) -> bool {
+        let mut problems = Vec::new();
+        for (tag, rev) in [
+            (&self.spec.from_tag, &self.spec.from_revision),
+            (&self.spec.to_tag, &self.spec.to_revision),
+        ] {
+            match self.fleet.tags.get(tag) {
+                Some(found) if found == rev => {}
+                Some(found) => problems.push(format!(
+                    "revision tag {tag} points to revision {found}, not {rev}"
+                )),
+                None => problems.push(format!(
+                    "revision tag {tag} has no injector webhook (MutatingWebhookConfiguration istio-revision-tag-{tag})"
+                )),
+            }
+        }
+        if problems.is_empty() {
+            return true;
+        }
+        let msg = format!(
+            "{}; nothing is moved until the tags point to the spec's revisions (istioctl tag set)",
+            problems.join("; ")
+        );
+        let known = cond::find(&self.next.conditions, conditions::PROGRESSING)
+            .is_some_and(|c| c.reason == reasons::TAG_MISMATCH && c.message == msg);
+        if !known {
+            self.event(Severity::Warning, reasons::TAG_MISMATCH, WAVE, msg.clone());
+        }
+        self.condition(
+            conditions::PROGRESSING,
+            Status::False,
+            reasons::TAG_MISMATCH,
+            msg,
+        );
+        false
+    }
+
+    fn forward(&mut self) {
+        if !self.tags_ok() {
+            return;
+        }
+        if self.spec.paused {
+            self.condition(
+                conditions::PROGRESSING,
+                Status::False,
+                reasons::PAUSED,
+                "held by spec.paused: no relabel, restart or wave starts".into(),
+            );
+            self.update_counts(&self.spec.to_revision.clone());
+            return;
+        }
+        if self.next.waves.len() != self.spec.waves.len()
+            || self
+                .next
+                .waves
+                .iter()
+                .zip(&self.spec.waves)
+                .any(|(s, w)| s.name != w.name)
+        {
+            // Keep the readings of waves that still exist, in spec order.
+            let old = std::mem::take(&mut self.next.waves);
+            self.next.waves =
+                self.spec
+                    .waves
+                    .iter()
+                    .map(|w| {
+                        old.iter().find(|s| s.name == w.name).cloned().unwrap_or(
+                            UpgradeWaveStatus {
+                                name: w.name.clone(),
+                                ..UpgradeWaveStatus::default()
+                            },
+                        )
+                    })
+                    .collect();
+        }
+        // The current wave: the first that has not passed.
+        let Some(index) = self
+            .next
+            .waves
+            .iter()
+            .position(|w| w.state != UpgradeWaveState::Passed)
+        else {
+            self.next.current_wave = None;
+            self.next.current_wave_index = None;
+            self.update_counts(&self.spec.to_revision.clone());
+            return;
+        };
+        self.next.current_wave = Some(self.next.waves[index].name.clone());
+        self.next.current_wave_index = Some(index as u32);
+        if self.next.waves[index].state == UpgradeWaveState::Pending {
+            self.start_wave(index);
+        }
+        let target = self.spec.to_revision.clone();
+        self.relabel(
+            index,
+            &self.spec.from_tag.clone(),
+            &self.spec.to_tag.clone(),
+        );
+        self.update_counts(&target);
+        let wave_name = self.next.waves[index].name.clone();
+        // Gates judge the wave from its start; a Fail aborts at any point.
+        if let Some(report) = self.obs.gates.as_ref().filter(|g| g.wave == wave_name) {
+            self.next.waves[index].gates = report.verdicts.clone();
+            if report.action == Some(GateAction::Abort) {
+                let failed: Vec<String> = report
+                    .verdicts
+                    .iter()
+                    .filter(|v| v.verdict != sluice_api::v1alpha1::Verdict::Pass)
+                    .map(|v| {
+                        format!(
+                            "{} {:?} ({})",
+                            v.gate,
+                            v.verdict,
+                            v.message.as_deref().unwrap_or(v.reason.as_str())
+                        )
+                    })
+                    .collect();
+                self.start_rollback(
+                    reasons::GATE_FAILED,
+                    format!("wave {wave_name}: gate(s) failed: {}", failed.join("; ")),
+                    UpgradeWaveState::Failed,
+                );
+                self.roll_back();
+                return;
+            }
+        }
+        match self.next.waves[index].state {
+            UpgradeWaveState::Restarting => self.restart_wave(index),
+            UpgradeWaveState::Soaking => self.soak(index),
+            _ => {}
+        }
+    }
+
+    fn start_wave(&mut self, index: usize) {
+        let taken: BTreeSet<String> = self
+            .next
+            .namespaces
+            .iter()
+            .map(|n| n.name.clone())
+            .collect();
+        let members = match fleet::wave_members(self.spec, index, &self.fleet.namespaces, &taken) {
+            Ok(m) => m,
+            Err(e) => {
+                self.condition(
+                    conditions::PROGRESSING,
+                    Status::False,
+                    reasons::INVALID_SPEC,
+                    e.to_string(),
+                );
+                return;
+            }
+        };
+        let wave = &mut self.next.waves[index];
+        wave.state = UpgradeWaveState::Restarting;
+        wave.started_at = Some(Time(self.now));
+        wave.namespaces = members.len() as u32;
+        let name = wave.name.clone();
+        for m in &members {
+            self.next.namespaces.push(NamespaceProgress {
+                name: m.clone(),
+                wave: name.clone(),
+                ..NamespaceProgress::default()
+            });
+        }
+        let proxies: u32 = members.iter().map(|m| self.count(m, "").pods).sum();
+        self.event(
+            Severity::Normal,
+            event_reasons::WAVE_STARTED,
+            WAVE,
+            format!(
+                "wave {name} started: {} namespace(s), {proxies} proxies, moving from tag {} ({}) to {} ({})",
+                members.len(),
+                self.spec.from_tag,
+                self.spec.from_revision,
+                self.spec.to_tag,
+                self.spec.to_revision
+            ),
+        );
+    }
+
+    /// Relabels the namespaces of wave `index` (or every rolling-back namespace when `index` is
+    /// `usize::MAX`) from `from` to `to`, and records when the new label was first seen.
+    fn relabel(&mut self, index: usize, from: &str, to: &str) {
+        let wave = self.next.waves.get(index).map(|w| w.name.clone());
+        let mut actions = Vec::new();
+        for i in 0..self.next.namespaces.len() {
+            let n = &self.next.namespaces[i];
+            let ours = match &wave {
+                Some(w) => &n.wave == w,
+                None => n.state == NamespaceState::RollingBack,
+            };
+            if !ours {
+                continue;
+            }
+            let rev = self
+                .fleet
+                .namespaces
+                .iter()
+                .find(|v| v.name == n.name)
+                .and_then(NamespaceView::rev)
+                .map(str::to_owned);
+            let n = &mut self.next.namespaces[i];
+            match n.state {
+                NamespaceState::Pending => {
+                    n.state = NamespaceState::Restarting;
+                    actions.push(Action::Relabel {
+                        namespace: n.name.clone(),
+                        from: from.into(),
+                        to: to.into(),
+                    });
+                }
+                NamespaceState::Restarting | NamespaceState::RollingBack
+                    if n.relabelled_at.is_none() =>
+                {
+                    if rev.as_deref() == Some(to) {
+                        n.relabelled_at = Some(Time(self.now));
+                    } else if rev.as_deref() == Some(from) {
+                        // The previous relabel did not land (or not yet): ask again.
+                        actions.push(Action::Relabel {
+                            namespace: n.name.clone(),
+                            from: from.into(),
+                            to: to.into(),
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.actions.extend(actions);
+    }
+
+    /// Recounts the pods of every namespace in the upgrade against its direction's target.
+    fn update_counts(&mut self, forward_target: &str) {
+        for i in 0..self.next.namespaces.len() {
+            let n = &self.next.namespaces[i];
+            let target = match n.state {
+                NamespaceState::RollingBack | NamespaceState::RolledBack => {
+                    self.spec.from_revision.clone()
+                }
+                _ => forward_target.to_owned(),
+            };
+            let c = self.count(&n.name.clone(), &target);
+            let n = &mut self.next.namespaces[i];
+            n.pods = c.pods;
+            n.pods_done = c.done;
+            n.bare_pods = c.bare_not_done;
+        }
+    }
+
+    /// The pods to restart in namespaces that carry their target label, in a stable order
+    /// (namespace, name), pods a PodDisruptionBudget refused last tick at the end.
+    fn candidates(&self, state: NamespaceState, target: &str, label: &str) -> Vec<&PodView> {
+        let namespaces: BTreeSet<&str> = self
+            .next
+            .namespaces
+            .iter()
+            .filter(|n| n.state == state && n.relabelled_at.is_some())
+            .filter(|n| self.ns_view(&n.name).and_then(NamespaceView::rev) == Some(label))
+            .map(|n| n.name.as_str())
+            .collect();
+        let blocked: BTreeSet<&str> = self.obs.blocked.iter().map(String::as_str).collect();
+        let mut pods: Vec<&PodView> = self
+            .fleet
+            .pods
+            .iter()
+            .filter(|p| namespaces.contains(p.namespace.as_str()))
+            .filter(|p| !p.terminating && p.revision != target && p.workload.is_some())
+            .collect();
+        pods.sort_by_key(|p| {
+            (
+                blocked.contains(format!("{}/{}", p.namespace, p.name).as_str()),
+                p.namespace.clone(),
+                p.name.clone(),
+            )
+        });
+        pods
+    }
+
+    /// Grants restarts from the issuance budget and turns them into actions.
+    fn restart(&mut self, pods: Vec<PodView>) -> u32 {
+        // One unit of work: a pod to evict, or a workload to restart (costing its pods).
+        let mut units: Vec<(u32, Action)> = Vec::new();
+        let mut by_workload: BTreeMap<(String, Workload), u32> = BTreeMap::new();
+        for p in &pods {
+            let restartable = self.spec.restart == RestartMode::RolloutRestart
+                && p.workload.as_ref().is_some_and(|w| {
+                    matches!(w.kind.as_str(), "Deployment" | "StatefulSet" | "DaemonSet")
+                });
+            if restartable {
+                *by_workload
+                    .entry((p.namespace.clone(), p.workload.clone().expect("checked")))
+                    .or_default() += 1;
+            } else {
+                units.push((
+                    1,
+                    Action::Evict {
+                        namespace: p.namespace.clone(),
+                        pod: p.name.clone(),
+                    },
+                ));
+            }
+        }
+        for ((namespace, workload), n) in by_workload {
+            let marker = self
+                .next
+                .namespaces
+                .iter()
+                .find(|x| x.name == namespace)
+                .and_then(|x| x.relabelled_at.as_ref())
+                .map(|t| t.0.to_string())
+                .unwrap_or_default();
+            let key = (namespace.clone(), workload.clone());
+            if self.fleet.restarted_at.get(&key) == Some(&marker) {
+                continue; // already restarted for this move; its controller is replacing pods
+            }
+            units.push((
+                n,
+                Action::RolloutRestart {
+                    namespace,
+                    workload,
+                    restarted_at: marker,
+                },
+            ));
+        }
+        let wanted: u32 = units.iter().map(|u| u.0).sum();
+        let mut previous = self.next.issuance_budget.clone();
+        let due = previous
+            .as_ref()
+            .and_then(|p| p.updated_at.as_ref())
+            .is_none_or(|t| elapsed(t, self.now) >= pacing::TICK);
+        if due && let Some(p) = previous.as_mut() {
+            pacing::refund(p, &self.spec.issuance_budget, self.obs.unused_grants);
+        }
+        let g = pacing::grant(
+            &self.spec.issuance_budget,
+            previous.as_ref(),
+            self.obs.issuance.as_ref(),
+            wanted,
+            self.now,
+        );
+        let mut left = g.restarts;
+        let mut spent = 0;
+        for (cost, action) in units {
+            if cost <= left {
+                left -= cost;
+                spent += cost;
+                self.actions.push(action);
+            }
+        }
+        let mut state = g.state;
+        if left > 0 && g.held_by != Some(Hold::NotDue) {
+            pacing::refund(&mut state, &self.spec.issuance_budget, left);
+        }
+        if wanted > 0 || g.held_by != Some(Hold::NoReading) {
+            self.budget_conditions(g.held_by, &state);
+        }
+        self.next.issuance_budget = Some(state);
+        spent
+    }
+
+    fn budget_conditions(&mut self, held: Option<Hold>, state: &IssuanceBudgetStatus) {
+        match held {
+            Some(Hold::OverBudget) => {
+                let b = &self.spec.issuance_budget;
+                self.condition(
+                    conditions::BUDGET_THROTTLED,
+                    Status::True,
+                    reasons::OVER_BUDGET,
+                    format!(
+                        "observed issuance {:.1}/s (background {:.1}/s) is over the budget of {}/s with depth {}; restarts are held until it recovers",
+                        state.observed_rate, state.background_rate, b.rate, b.depth
+                    ),
+                );
+            }
+            Some(Hold::NoReading) => {
+                let why = self
+                    .obs
+                    .issuance_problem
+                    .clone()
+                    .unwrap_or_else(|| "no issuance reading yet".into());
+                self.condition(
+                    conditions::BUDGET_THROTTLED,
+                    Status::True,
+                    reasons::OVER_BUDGET,
+                    format!("{why}; restarts are held: background issuance is unknown, and no data is not zero"),
+                );
+            }
+            Some(Hold::NotDue) => {}
+            _ => self.condition(
+                conditions::BUDGET_THROTTLED,
+                Status::False,
+                reasons::WITHIN_BUDGET,
+                format!(
+                    "background issuance {:.1}/s leaves {:.1} restarts/s",
+                    state.background_rate,
+                    pacing::headroom(&self.spec.issuance_budget, state.background_rate)
+                ),
+            ),
+        }
+    }
+
+    fn restart_wave(&mut self, index: usize) {
+        let target = self.spec.to_revision.clone();
+        let pods: Vec<PodView> = self
+            .candidates(
+                NamespaceState::Restarting,
+                &target,
+                &self.spec.to_tag.clone(),
+            )
+            .into_iter()
+            .cloned()
+            .collect();
+        let remaining = pods.len();
+        let started = self.restart(pods);
+        // Namespaces whose every restartable pod runs the target and is Ready are moved.
+        let wave = self.next.waves[index].name.clone();
+        let mut pending = 0;
+        for i in 0..self.next.namespaces.len() {
+            let n = &self.next.namespaces[i];
+            if n.wave != wave || n.state != NamespaceState::Restarting {
+                continue;
+            }
+            let c = self.count(&n.name.clone(), &target);
+            let labelled = n.relabelled_at.is_some()
+                && self.ns_view(&n.name).and_then(NamespaceView::rev)
+                    == Some(self.spec.to_tag.as_str());
+            let n = &mut self.next.namespaces[i];
+            if labelled && c.done + c.bare_not_done == c.pods && c.not_ready == 0 {
+                n.state = NamespaceState::Moved;
+                n.done_at = Some(Time(self.now));
+            } else {
+                pending += 1;
+            }
+        }
+        let blocked = !self.obs.blocked.is_empty();
+        if pending == 0 {
+            let w = &mut self.next.waves[index];
+            w.state = UpgradeWaveState::Soaking;
+            w.soak_started_at = Some(Time(self.now));
+            let soak = self
+                .spec
+                .soak_of(index)
+                .map(|s| s.as_str().to_owned())
+                .unwrap_or_default();
+            let msg =
+                format!("wave {wave}: every namespace moved; soaking {soak} with gates evaluated");
+            self.condition(
+                conditions::PROGRESSING,
+                Status::True,
+                reasons::SOAKING,
+                msg.clone(),
+            );
+            self.event(Severity::Normal, reasons::SOAKING, WAVE, msg);
+        } else if blocked {
+            self.condition(
+                conditions::PROGRESSING,
+                Status::True,
+                reasons::DISRUPTION_BUDGET_BLOCKED,
+                format!(
+                    "wave {wave}: a PodDisruptionBudget refused the eviction of {}; retried each tick (check the budget's minAvailable/maxUnavailable and that its pods are Ready)",
+                    self.obs.blocked.join(", ")
+                ),
+            );
+        } else {
+            self.condition(
+                conditions::PROGRESSING,
+                Status::True,
+                reasons::WAVE_RESTARTING,
+                format!(
+                    "wave {wave}: {pending} namespace(s) moving, {remaining} pod(s) to restart, {started} restart(s) started this tick"
+                ),
+            );
+        }
+    }
+
+    fn soak(&mut self, index: usize) {
+        let wave = self.next.waves[index].name.clone();
+        let soak = self
+            .spec
+            .soak_of(index)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(Duration::from_secs(900));
+        let started = self.next.waves[index]
+            .soak_started_at
+            .clone()
+            .unwrap_or(Time(self.now));
+        let gates = self.obs.gates.as_ref().filter(|g| g.wave == wave);
+        let action = gates.and_then(|g| g.action);
+        if action == Some(GateAction::Pause) {
+            self.condition(
+                conditions::PROGRESSING,
+                Status::False,
+                reasons::PAUSED,
+                format!("wave {wave}: a gate stayed Inconclusive past its policy's limit (Pause); the soak holds until it passes or the upgrade is aborted"),
+            );
+            return;
+        }
+        if elapsed(&started, self.now) < soak {
+            return;
+        }
+        let passed = match gates {
+            None => false,
+            Some(g) => g.verdicts.is_empty() || action == Some(GateAction::Proceed),
+        };
+        if !passed {
+            let why = if self.obs.gates.is_none() {
+                "no metrics source is configured (--prometheus-url), so gates cannot pass"
+            } else if gates.is_none() {
+                "gates are evaluated next"
+            } else {
+                "waiting for every gate to pass"
+            };
+            self.condition(
+                conditions::PROGRESSING,
+                Status::True,
+                reasons::SOAKING,
+                format!("wave {wave}: soak elapsed; {why}"),
+            );
+            return;
+        }
+        let w = &mut self.next.waves[index];
+        w.state = UpgradeWaveState::Passed;
+        w.finished_at = Some(Time(self.now));
+        self.event(
+            Severity::Normal,
+            event_reasons::WAVE_PASSED,
+            WAVE,
+            format!("wave {wave} passed its soak with every gate green"),
+        );
+        // Start the next wave in the same tick, so no tick is lost between waves.
+        if index + 1 < self.next.waves.len() {
+            self.forward();
+        } else {
+            self.next.current_wave = None;
+            self.next.current_wave_index = None;
+        }
+    }
+
+    fn roll_back(&mut self) {
+        if self.spec.paused {
+            self.condition(
+                conditions::PROGRESSING,
+                Status::False,
+                reasons::PAUSED,
+                "held by spec.paused: the rollback starts no relabel or restart".into(),
+            );
+            self.update_counts(&self.spec.to_revision.clone());
+            return;
+        }
+        let (from_tag, to_tag) = (self.spec.from_tag.clone(), self.spec.to_tag.clone());
+        self.relabel(usize::MAX, &to_tag, &from_tag);
+        self.update_counts(&self.spec.to_revision.clone());
+        let target = self.spec.from_revision.clone();
+        let pods: Vec<PodView> = self
+            .candidates(NamespaceState::RollingBack, &target, &from_tag)
+            .into_iter()
+            .cloned()
+            .collect();
+        self.restart(pods);
+        let mut pending = 0;
+        for i in 0..self.next.namespaces.len() {
+            if self.next.namespaces[i].state != NamespaceState::RollingBack {
+                continue;
+            }
+            let name = self.next.namespaces[i].name.clone();
+            let c = self.count(&name, &target);
+            let labelled = self.next.namespaces[i].relabelled_at.is_some();
+            let n = &mut self.next.namespaces[i];
+            if labelled && c.done + c.bare_not_done == c.pods && c.not_ready == 0 {
+                n.state = NamespaceState::RolledBack;
+                n.done_at = Some(Time(self.now));
+            } else {
+                pending += 1;
+            }
+        }
+        if pending > 0 {
+            return;
+        }
+        for w in &mut self.next.waves {
+            if w.state == UpgradeWaveState::Failed {
+                w.state = UpgradeWaveState::RolledBack;
+            }
+        }
+        let p = self.next.proxies.clone().unwrap_or_default();
+        let was = cond::find(&self.next.conditions, conditions::PROGRESSING)
+            .is_some_and(|c| c.reason == reasons::ROLLED_BACK);
+        let msg = format!(
+            "rolled back: {} prox(ies) on {}, {} on {}; a mixed fleet is a valid stopping point; set spec.abort=false and increase spec.resume to try again",
+            p.old, self.spec.from_revision, p.new, self.spec.to_revision
+        );
+        self.condition(
+            conditions::PROGRESSING,
+            Status::False,
+            reasons::ROLLED_BACK,
+            msg.clone(),
+        );
+        if !was {
+            self.event(Severity::Warning, reasons::ROLLED_BACK, ABORT, msg);
+        }
+    }
+
+    fn set_phase(&mut self) {
+        let n = &self.next;
+        let rolling_back = n
+            .namespaces
+            .iter()
+            .any(|x| x.state == NamespaceState::RollingBack);
+        let throttled = n.issuance_budget.as_ref().is_some_and(|b| b.throttled);
+        let gate_pause = self.obs.gates.as_ref().and_then(|g| g.action) == Some(GateAction::Pause);
+        let current = n
+            .current_wave_index
+            .and_then(|i| n.waves.get(i as usize))
+            .map(|w| w.state);
+        let tag_problem = cond::find(&n.conditions, conditions::PROGRESSING)
+            .is_some_and(|c| c.reason == reasons::TAG_MISMATCH);
+        let all_passed =
+            !n.waves.is_empty() && n.waves.iter().all(|w| w.state == UpgradeWaveState::Passed);
+        self.next.phase = if rolling_back {
+            if self.spec.paused {
+                RevisionUpgradePhase::Paused
+            } else {
+                RevisionUpgradePhase::RollingBack
+            }
+        } else if n.aborted_at.is_some() {
+            RevisionUpgradePhase::Aborted
+        } else if all_passed {
+            RevisionUpgradePhase::Progressing
+        } else if n.waves.iter().all(|w| w.state == UpgradeWaveState::Pending) {
+            if self.spec.paused {
+                RevisionUpgradePhase::Paused
+            } else {
+                RevisionUpgradePhase::Pending
+            }
+        } else if tag_problem || self.spec.paused || gate_pause {
+            RevisionUpgradePhase::Paused
+        } else {
+            match current {
+                Some(UpgradeWaveState::Soaking) => RevisionUpgradePhase::Soaking,
+                Some(UpgradeWaveState::Restarting) if throttled => RevisionUpgradePhase::Paused,
+                _ => RevisionUpgradePhase::Progressing,
+            }
+        };
+    }
+
+    fn retirable(&mut self) {
+        let p = self.next.proxies.clone().unwrap_or_default();
+        let all_passed = !self.next.waves.is_empty()
+            && self
+                .next
+                .waves
+                .iter()
+                .all(|w| w.state == UpgradeWaveState::Passed);
+        if all_passed && p.old == 0 && self.next.aborted_at.is_none() {
+            self.next.completed_at = Some(Time(self.now));
+            self.next.phase = RevisionUpgradePhase::Complete;
+            let msg = format!(
+                "zero proxies run revision {}; its control plane may be removed (sluice never removes it)",
+                self.spec.from_revision
+            );
+            self.condition(
+                conditions::OLD_REVISION_RETIRABLE,
+                Status::True,
+                reasons::NO_OLD_PROXIES,
+                msg.clone(),
+            );
+            self.condition(
+                conditions::PROGRESSING,
+                Status::False,
+                reasons::NO_OLD_PROXIES,
+                format!("complete: {} proxies on {}", p.new, self.spec.to_revision),
+            );
+            self.event(Severity::Normal, reasons::NO_OLD_PROXIES, COMPLETE, msg);
+            return;
+        }
+        let mut where_ = Vec::new();
+        let bare: u32 = self.next.namespaces.iter().map(|n| n.bare_pods).sum();
+        if bare > 0 {
+            where_.push(format!(
+                "{bare} bare pod(s) with no controller (restart them yourself)"
+            ));
+        }
+        if !self.next.injection_enabled_namespaces.is_empty() {
+            where_.push("namespaces with istio-injection=enabled".to_owned());
+        }
+        if all_passed {
+            where_.push("namespaces no wave selected".to_owned());
+        }
+        let msg = if where_.is_empty() {
+            format!(
+                "{} prox(ies) still run revision {}",
+                p.old, self.spec.from_revision
+            )
+        } else {
+            format!(
+                "{} prox(ies) still run revision {} (including {})",
+                p.old,
+                self.spec.from_revision,
+                where_.join(", ")
+            )
+        };
+        self.condition(
+            conditions::OLD_REVISION_RETIRABLE,
+            Status::False,
+            reasons::OLD_PROXIES_REMAIN,
+            msg,
+        );
     }
 }
 
@@ -268,8 +1428,9 @@ mod tests {
             let events: Vec<_> = d
                 .actions
                 .iter()
-                .map(|a| match a {
-                    Action::Event { reason, .. } => *reason,
+                .filter_map(|a| match a {
+                    Action::Event { reason, .. } => Some(*reason),
+                    _ => None,
                 })
                 .collect();
             assert_eq!(events, row.want_events, "{}", row.name);
@@ -298,5 +1459,718 @@ mod tests {
             "no status write on an identical reconcile"
         );
         assert!(second.actions.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod upgrade_tests {
+    //! The upgrade's transitions, driven against a small model of the cluster: relabels change
+    //! namespace labels, an eviction replaces the pod with one injected by the revision its
+    //! namespace's tag points to.
+
+    use super::*;
+    use std::collections::BTreeSet;
+
+    fn t(ms: i64) -> Timestamp {
+        Timestamp::from_millisecond(1_800_000_000_000 + ms).unwrap()
+    }
+
+    fn spec() -> RevisionUpgradeSpec {
+        serde_json::from_value(serde_json::json!({
+            "fromTag": "stable", "fromRevision": "1-27", "toTag": "canary", "toRevision": "1-28",
+            "waves": [
+                {"name": "low-risk", "namespaceSelector": {"matchLabels": {"sluice.dev/risk-tier": "low"}}, "soak": "3s"},
+                {"name": "tier-2", "namespaceSelector": {"matchLabels": {"sluice.dev/risk-tier": "tier-2"}}, "soak": "3s"},
+                {"name": "tier-1", "namespaceSelector": {}, "soak": "3s"},
+            ],
+            "issuanceBudget": {"rate": 10, "depth": 20, "peakPerSecond": 20},
+        }))
+        .unwrap()
+    }
+
+    /// A small cluster: namespaces with labels, pods, and the injector.
+    #[derive(Clone)]
+    struct Model {
+        namespaces: Vec<NamespaceView>,
+        pods: Vec<PodView>,
+        evicted: Vec<String>,
+        serial: u32,
+    }
+
+    fn ns(name: &str, tier: Option<&str>, rev: &str) -> NamespaceView {
+        let mut labels = BTreeMap::from([("istio.io/rev".to_owned(), rev.to_owned())]);
+        if let Some(t) = tier {
+            labels.insert("sluice.dev/risk-tier".into(), t.into());
+        }
+        NamespaceView {
+            name: name.into(),
+            labels,
+        }
+    }
+
+    fn pod(namespace: &str, name: &str, revision: &str, bare: bool) -> PodView {
+        PodView {
+            namespace: namespace.into(),
+            name: name.into(),
+            revision: revision.into(),
+            workload: (!bare).then(|| Workload {
+                kind: "Deployment".into(),
+                name: "app".into(),
+            }),
+            terminating: false,
+            ready: true,
+        }
+    }
+
+    impl Model {
+        /// Namespaces `a` (low, 2 pods), `b` (tier-2, 12 pods), `c` (no tier, 30 pods).
+        fn new() -> Self {
+            let mut pods = Vec::new();
+            for (n, count) in [("a", 2), ("b", 12), ("c", 30)] {
+                for i in 0..count {
+                    pods.push(pod(n, &format!("{n}-{i}"), "1-27", false));
+                }
+            }
+            Self {
+                namespaces: vec![
+                    ns("a", Some("low"), "stable"),
+                    ns("b", Some("tier-2"), "stable"),
+                    ns("c", None, "stable"),
+                    ns("kube-system", None, ""),
+                ],
+                pods,
+                evicted: Vec::new(),
+                serial: 0,
+            }
+        }
+
+        fn fleet(&self) -> Fleet {
+            Fleet {
+                namespaces: self.namespaces.clone(),
+                pods: self.pods.clone(),
+                tags: BTreeMap::from([
+                    ("stable".to_owned(), "1-27".to_owned()),
+                    ("canary".to_owned(), "1-28".to_owned()),
+                ]),
+                restarted_at: BTreeMap::new(),
+            }
+        }
+
+        fn label(&mut self, namespace: &str, value: &str) {
+            let n = self
+                .namespaces
+                .iter_mut()
+                .find(|n| n.name == namespace)
+                .unwrap();
+            n.labels.insert("istio.io/rev".into(), value.into());
+        }
+
+        fn apply(&mut self, actions: &[Action]) {
+            for a in actions {
+                match a {
+                    Action::Relabel {
+                        namespace,
+                        from,
+                        to,
+                    } => {
+                        let n = self
+                            .namespaces
+                            .iter_mut()
+                            .find(|n| &n.name == namespace)
+                            .unwrap();
+                        if n.rev() == Some(from.as_str()) {
+                            n.labels.insert("istio.io/rev".into(), to.clone());
+                        }
+                    }
+                    Action::Evict {
+                        namespace,
+                        pod: name,
+                    } => {
+                        let key = format!("{namespace}/{name}");
+                        assert!(!self.evicted.contains(&key), "{key} evicted twice");
+                        self.evicted.push(key);
+                        let tag = self
+                            .namespaces
+                            .iter()
+                            .find(|n| &n.name == namespace)
+                            .and_then(|n| n.rev().map(str::to_owned))
+                            .unwrap();
+                        let rev = if tag == "canary" { "1-28" } else { "1-27" };
+                        self.pods
+                            .retain(|p| !(&p.namespace == namespace && &p.name == name));
+                        self.serial += 1;
+                        self.pods.push(pod(
+                            namespace,
+                            &format!("{namespace}-n{}", self.serial),
+                            rev,
+                            false,
+                        ));
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn gates(wave: Option<&str>, action: GateAction) -> Option<GateReport> {
+        Some(GateReport {
+            wave: wave.unwrap_or_default().to_owned(),
+            verdicts: Vec::new(),
+            action: Some(action),
+        })
+    }
+
+    fn observe(
+        model: &Model,
+        status: Option<&RevisionUpgradeStatus>,
+        action: GateAction,
+    ) -> Observations {
+        Observations {
+            generation: Some(1),
+            fleet: Some(model.fleet()),
+            issuance: Some(IssuanceReading {
+                window_seconds: 10.0,
+                issued: 0.0,
+                own: 0.0,
+            }),
+            gates: gates(status.and_then(|s| s.current_wave.as_deref()), action),
+            ..Observations::default()
+        }
+    }
+
+    fn evictions(d: &Decision) -> usize {
+        d.actions
+            .iter()
+            .filter(|a| matches!(a, Action::Evict { .. }))
+            .count()
+    }
+
+    fn event_reasons(d: &Decision) -> Vec<&'static str> {
+        d.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Event { reason, .. } => Some(*reason),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Runs ticks one second apart until `stop` holds or 200 ticks passed; `lose` names ticks
+    /// whose actions are lost (the operator died after writing status) and `again` ticks that
+    /// are decided twice (a restarted operator deciding from the status just written).
+    fn run(
+        model: &mut Model,
+        mut status: Option<RevisionUpgradeStatus>,
+        start: i64,
+        lose: &BTreeSet<i64>,
+        again: &BTreeSet<i64>,
+        gate: impl Fn(&RevisionUpgradeStatus, i64) -> GateAction,
+        stop: impl Fn(&RevisionUpgradeStatus) -> bool,
+    ) -> (RevisionUpgradeStatus, i64) {
+        let s = spec();
+        for tick in start..start + 200 {
+            let now = tick * 1000;
+            let action = status
+                .as_ref()
+                .map_or(GateAction::Proceed, |st| gate(st, tick));
+            let d = decide(
+                &s,
+                status.as_ref(),
+                &observe(model, status.as_ref(), action),
+                t(now),
+            );
+            if !lose.contains(&tick) {
+                model.apply(&d.actions);
+            }
+            status = Some(d.status);
+            if again.contains(&tick) {
+                let d2 = decide(
+                    &s,
+                    status.as_ref(),
+                    &observe(model, status.as_ref(), action),
+                    t(now + 300),
+                );
+                assert_eq!(
+                    evictions(&d2),
+                    0,
+                    "tick {tick}: a second decision within the tick restarts nothing"
+                );
+                model.apply(&d2.actions);
+                status = Some(d2.status);
+            }
+            if stop(status.as_ref().unwrap()) {
+                return (status.unwrap(), tick);
+            }
+        }
+        panic!("no stop after 200 ticks: {status:#?}");
+    }
+
+    fn complete(s: &RevisionUpgradeStatus) -> bool {
+        s.phase == RevisionUpgradePhase::Complete
+    }
+
+    #[test]
+    fn first_tick_starts_the_first_wave_and_relabels_its_namespaces() {
+        let model = Model::new();
+        let d = decide(
+            &spec(),
+            None,
+            &observe(&model, None, GateAction::Proceed),
+            t(0),
+        );
+        assert_eq!(d.status.phase, RevisionUpgradePhase::Progressing);
+        assert_eq!(d.status.current_wave.as_deref(), Some("low-risk"));
+        assert_eq!(
+            d.actions
+                .iter()
+                .filter(|a| matches!(a, Action::Relabel { .. }))
+                .collect::<Vec<_>>(),
+            vec![&Action::Relabel {
+                namespace: "a".into(),
+                from: "stable".into(),
+                to: "canary".into()
+            }]
+        );
+        assert_eq!(evictions(&d), 0, "no restart before the new label is seen");
+        assert!(event_reasons(&d).contains(&event_reasons::WAVE_STARTED));
+        assert_eq!(d.status.namespaces.len(), 1);
+        assert_eq!(d.status.namespaces[0].state, NamespaceState::Restarting);
+        assert_eq!(d.requeue, Requeue::After(TICK));
+        let p = d.status.proxies.unwrap();
+        assert_eq!((p.old, p.new), (44, 0));
+    }
+
+    #[test]
+    fn full_upgrade_moves_every_wave_within_the_budget_and_retires_the_old_revision() {
+        let mut model = Model::new();
+        let mut per_tick: Vec<(i64, usize)> = Vec::new();
+        let s = spec();
+        let mut status: Option<RevisionUpgradeStatus> = None;
+        let mut tick = 0;
+        while !status.as_ref().is_some_and(complete) {
+            assert!(tick < 200, "not complete: {status:#?}");
+            let d = decide(
+                &s,
+                status.as_ref(),
+                &observe(&model, status.as_ref(), GateAction::Proceed),
+                t(tick * 1000),
+            );
+            per_tick.push((tick, evictions(&d)));
+            model.apply(&d.actions);
+            status = Some(d.status);
+            tick += 1;
+        }
+        let st = status.unwrap();
+        assert_eq!(
+            model.evicted.len(),
+            44,
+            "every old pod evicted exactly once"
+        );
+        assert!(st.completed_at.is_some());
+        let c = cond::find(&st.conditions, conditions::OLD_REVISION_RETIRABLE).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", reasons::NO_OLD_PROXIES)
+        );
+        assert!(st.waves.iter().all(|w| w.state == UpgradeWaveState::Passed));
+        assert_eq!(st.proxies.as_ref().map(|p| (p.old, p.new)), Some((0, 44)));
+        // Budget: depth 20 (planned at 19), rate 10 (planned at 9.5), peak 20.
+        for (i, &(start, _)) in per_tick.iter().enumerate() {
+            let mut sum = 0;
+            for &(end, n) in &per_tick[i..] {
+                sum += n;
+                let w = (end - start) as f64;
+                assert!(sum as f64 <= 20.0 + 10.0 * w, "{sum} restarts in {w}s");
+            }
+        }
+        assert_eq!(
+            per_tick[1].1, 2,
+            "wave 1 restarts its 2 pods once relabelled"
+        );
+        assert!(
+            per_tick.iter().any(|&(_, n)| n == 12),
+            "wave 2 (12 pods) fits the bucket"
+        );
+        assert!(
+            per_tick.iter().all(|&(_, n)| n <= 19),
+            "never more than the bucket"
+        );
+        let completes = event_reasons(&decide(
+            &s,
+            Some(&st),
+            &observe(&model, Some(&st), GateAction::Proceed),
+            t(tick * 1000 + 5000),
+        ));
+        assert!(
+            !completes.contains(&reasons::NO_OLD_PROXIES),
+            "completion is announced once"
+        );
+    }
+
+    #[test]
+    fn restart_at_any_tick_never_repeats_an_eviction_and_still_completes() {
+        let (_, ticks) = run(
+            &mut Model::new(),
+            None,
+            0,
+            &BTreeSet::new(),
+            &BTreeSet::new(),
+            |_, _| GateAction::Proceed,
+            complete,
+        );
+        for point in 0..=ticks {
+            let mut model = Model::new();
+            let lose = BTreeSet::from([point]);
+            let again = BTreeSet::from([point + 1]);
+            let (st, _) = run(
+                &mut model,
+                None,
+                0,
+                &lose,
+                &again,
+                |_, _| GateAction::Proceed,
+                complete,
+            );
+            assert_eq!(
+                st.proxies.as_ref().unwrap().old,
+                0,
+                "restart at tick {point}"
+            );
+            assert_eq!(
+                model.evicted.len(),
+                44,
+                "restart at tick {point}: each old pod evicted once"
+            );
+        }
+    }
+
+    #[test]
+    fn a_gate_failure_in_the_second_wave_retags_it_back_and_keeps_the_first() {
+        let mut model = Model::new();
+        let fail_in_tier2 = |st: &RevisionUpgradeStatus, _| {
+            let restarted = st
+                .namespaces
+                .iter()
+                .any(|n| n.name == "b" && n.pods_done >= 6);
+            if st.current_wave.as_deref() == Some("tier-2") && restarted {
+                GateAction::Abort
+            } else {
+                GateAction::Proceed
+            }
+        };
+        let (st, _) = run(
+            &mut model,
+            None,
+            0,
+            &BTreeSet::new(),
+            &BTreeSet::new(),
+            fail_in_tier2,
+            |s| s.phase == RevisionUpgradePhase::Aborted,
+        );
+        let state = |n: &str| st.namespaces.iter().find(|x| x.name == n).map(|x| x.state);
+        assert_eq!(
+            state("a"),
+            Some(NamespaceState::Moved),
+            "the passed wave stays moved"
+        );
+        assert_eq!(state("b"), Some(NamespaceState::RolledBack));
+        assert_eq!(state("c"), None, "the third wave never started");
+        assert_eq!(model.namespaces[1].rev(), Some("stable"), "b retagged back");
+        assert_eq!(st.waves[0].state, UpgradeWaveState::Passed);
+        assert_eq!(st.waves[1].state, UpgradeWaveState::RolledBack);
+        let p = st.proxies.clone().unwrap();
+        assert_eq!(
+            (p.old, p.new),
+            (42, 2),
+            "a mixed fleet: wave 1 on the new revision"
+        );
+        let c = cond::find(&st.conditions, conditions::PROGRESSING).unwrap();
+        assert_eq!(c.reason, reasons::ROLLED_BACK);
+        assert!(c.message.contains("mixed fleet"), "{}", c.message);
+        assert!(
+            model
+                .pods
+                .iter()
+                .filter(|p| p.namespace == "b")
+                .all(|p| p.revision == "1-27")
+        );
+
+        // Resume is explicit: nothing moves while aborted; spec.resume restarts the failed wave.
+        let s = spec();
+        let d = decide(
+            &s,
+            Some(&st),
+            &observe(&model, Some(&st), GateAction::Proceed),
+            t(400_000),
+        );
+        assert_eq!(
+            d.actions
+                .iter()
+                .filter(|a| !matches!(a, Action::Event { .. }))
+                .count(),
+            0
+        );
+        assert_eq!(d.status.phase, RevisionUpgradePhase::Aborted);
+        let mut resumed = s.clone();
+        resumed.resume = 1;
+        let d = decide(
+            &resumed,
+            Some(&st),
+            &observe(&model, Some(&st), GateAction::Proceed),
+            t(401_000),
+        );
+        assert_eq!(d.status.resumes_handled, 1);
+        assert!(event_reasons(&d).contains(&event_reasons::RESUMED));
+        assert_eq!(d.status.current_wave.as_deref(), Some("tier-2"));
+        assert!(d.actions.contains(&Action::Relabel {
+            namespace: "b".into(),
+            from: "stable".into(),
+            to: "canary".into()
+        }));
+        let again = decide(
+            &resumed,
+            Some(&d.status),
+            &observe(&model, Some(&d.status), GateAction::Proceed),
+            t(402_000),
+        );
+        assert!(
+            !event_reasons(&again).contains(&event_reasons::RESUMED),
+            "a resume is acted on once"
+        );
+    }
+
+    #[test]
+    fn manual_abort_rolls_back_the_current_wave() {
+        let mut model = Model::new();
+        let (st, tick) = run(
+            &mut model,
+            None,
+            0,
+            &BTreeSet::new(),
+            &BTreeSet::new(),
+            |_, _| GateAction::Proceed,
+            |s| {
+                s.namespaces
+                    .iter()
+                    .any(|n| n.name == "b" && n.relabelled_at.is_some())
+            },
+        );
+        let mut s = spec();
+        s.abort = true;
+        let d = decide(
+            &s,
+            Some(&st),
+            &observe(&model, Some(&st), GateAction::Proceed),
+            t((tick + 1) * 1000),
+        );
+        assert_eq!(d.status.phase, RevisionUpgradePhase::RollingBack);
+        assert!(event_reasons(&d).contains(&reasons::ABORTED_MANUALLY));
+        assert!(d.actions.contains(&Action::Relabel {
+            namespace: "b".into(),
+            from: "canary".into(),
+            to: "stable".into()
+        }));
+        assert!(d.status.aborted_at.is_some());
+    }
+
+    #[test]
+    fn relabel_back_by_someone_else_is_reported_and_not_fought() {
+        let mut model = Model::new();
+        let (st, tick) = run(
+            &mut model,
+            None,
+            0,
+            &BTreeSet::new(),
+            &BTreeSet::new(),
+            |_, _| GateAction::Proceed,
+            |s| s.current_wave.as_deref() == Some("tier-2"),
+        );
+        model.label("a", "stable");
+        let s = spec();
+        let d = decide(
+            &s,
+            Some(&st),
+            &observe(&model, Some(&st), GateAction::Proceed),
+            t((tick + 1) * 1000),
+        );
+        assert_eq!(d.status.relabelled_back.len(), 1);
+        assert_eq!(d.status.relabelled_back[0].namespace, "a");
+        assert_eq!(d.status.relabelled_back[0].found, "stable");
+        assert!(cond::is_true(
+            &d.status.conditions,
+            conditions::RELABELLED_BACK
+        ));
+        assert!(event_reasons(&d).contains(&reasons::NAMESPACE_RELABELLED_BACK));
+        assert!(
+            !d.actions
+                .iter()
+                .any(|a| matches!(a, Action::Relabel { namespace, .. } if namespace == "a")),
+            "never fights the other writer"
+        );
+        let d2 = decide(
+            &s,
+            Some(&d.status),
+            &observe(&model, Some(&d.status), GateAction::Proceed),
+            t((tick + 2) * 1000),
+        );
+        assert!(
+            !event_reasons(&d2).contains(&reasons::NAMESPACE_RELABELLED_BACK),
+            "reported once"
+        );
+        assert_eq!(
+            d2.status.relabelled_back, d.status.relabelled_back,
+            "detection time kept"
+        );
+        model.label("a", "canary");
+        let d3 = decide(
+            &s,
+            Some(&d2.status),
+            &observe(&model, Some(&d2.status), GateAction::Proceed),
+            t((tick + 3) * 1000),
+        );
+        assert!(d3.status.relabelled_back.is_empty());
+        assert!(!cond::is_true(
+            &d3.status.conditions,
+            conditions::RELABELLED_BACK
+        ));
+    }
+
+    #[test]
+    fn legacy_injection_and_bare_pods_are_reported_and_bare_pods_never_evicted() {
+        let mut model = Model::new();
+        model.namespaces.push(NamespaceView {
+            name: "legacy".into(),
+            labels: BTreeMap::from([("istio-injection".to_owned(), "enabled".to_owned())]),
+        });
+        model.pods.push(pod("a", "debug", "1-27", true));
+        let (st, _) = run(
+            &mut model,
+            None,
+            0,
+            &BTreeSet::new(),
+            &BTreeSet::new(),
+            |_, _| GateAction::Proceed,
+            |s| s.waves.iter().all(|w| w.state == UpgradeWaveState::Passed),
+        );
+        assert!(!model.evicted.contains(&"a/debug".to_owned()));
+        assert_eq!(st.injection_enabled_namespaces, vec!["legacy"]);
+        assert!(cond::is_true(
+            &st.conditions,
+            conditions::INJECTION_LABEL_FOUND
+        ));
+        assert_eq!(
+            st.namespaces
+                .iter()
+                .find(|n| n.name == "a")
+                .unwrap()
+                .bare_pods,
+            1
+        );
+        assert_ne!(
+            st.phase,
+            RevisionUpgradePhase::Complete,
+            "a bare pod still runs the old revision"
+        );
+        let c = cond::find(&st.conditions, conditions::OLD_REVISION_RETIRABLE).unwrap();
+        assert_eq!(c.status, "False");
+        assert!(c.message.contains("bare pod"), "{}", c.message);
+    }
+
+    #[test]
+    fn holds_nothing_moves_without_tags_reading_or_while_paused() {
+        let model = Model::new();
+        let s = spec();
+        // Tag mismatch.
+        let mut o = observe(&model, None, GateAction::Proceed);
+        o.fleet
+            .as_mut()
+            .unwrap()
+            .tags
+            .insert("canary".into(), "1-26".into());
+        let d = decide(&s, None, &o, t(0));
+        assert!(d.actions.iter().all(|a| matches!(a, Action::Event { .. })));
+        assert!(event_reasons(&d).contains(&reasons::TAG_MISMATCH));
+        assert_eq!(d.status.phase, RevisionUpgradePhase::Pending);
+        // Paused.
+        let mut paused = s.clone();
+        paused.paused = true;
+        let d = decide(
+            &paused,
+            None,
+            &observe(&model, None, GateAction::Proceed),
+            t(0),
+        );
+        assert!(d.actions.iter().all(|a| matches!(a, Action::Event { .. })));
+        assert_eq!(d.status.phase, RevisionUpgradePhase::Paused);
+        // No issuance reading: relabels happen, restarts do not.
+        let first = decide(&s, None, &observe(&model, None, GateAction::Proceed), t(0));
+        let mut m2 = model.clone();
+        m2.apply(&first.actions);
+        let mut o = observe(&m2, Some(&first.status), GateAction::Proceed);
+        o.issuance = None;
+        o.issuance_problem = Some("no series".into());
+        let d = decide(&s, Some(&first.status), &o, t(1000));
+        assert_eq!(evictions(&d), 0);
+        let c = cond::find(&d.status.conditions, conditions::BUDGET_THROTTLED).unwrap();
+        assert!(c.message.contains("no series"), "{}", c.message);
+        // Over budget: background at the full rate holds restarts and says so.
+        let mut o = observe(&m2, Some(&first.status), GateAction::Proceed);
+        o.issuance = Some(IssuanceReading {
+            window_seconds: 10.0,
+            issued: 150.0,
+            own: 0.0,
+        });
+        let d = decide(&s, Some(&first.status), &o, t(1000));
+        assert_eq!(evictions(&d), 0);
+        assert!(cond::is_true(
+            &d.status.conditions,
+            conditions::BUDGET_THROTTLED
+        ));
+        assert_eq!(d.status.phase, RevisionUpgradePhase::Paused);
+        assert!(d.status.issuance_budget.as_ref().unwrap().throttled);
+    }
+
+    #[test]
+    fn a_refused_eviction_is_retried_last_and_reported() {
+        let mut model = Model::new();
+        let s = spec();
+        let first = decide(&s, None, &observe(&model, None, GateAction::Proceed), t(0));
+        model.apply(&first.actions);
+        let mut o = observe(&model, Some(&first.status), GateAction::Proceed);
+        o.blocked = vec!["a/a-0".into()];
+        o.unused_grants = 1;
+        let d = decide(&s, Some(&first.status), &o, t(1000));
+        let order: Vec<&str> = d
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Evict { pod, .. } => Some(pod.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(order, vec!["a-1", "a-0"], "the refused pod goes last");
+        let c = cond::find(&d.status.conditions, conditions::PROGRESSING).unwrap();
+        assert_eq!(c.reason, reasons::DISRUPTION_BUDGET_BLOCKED);
+        assert!(c.message.contains("a/a-0"), "{}", c.message);
+    }
+
+    #[test]
+    fn not_due_within_a_tick_of_the_last_unless_the_generation_changed() {
+        let st = RevisionUpgradeStatus {
+            observed_generation: Some(1),
+            proxies: Some(ProxyCounts {
+                observed_at: Some(Time(t(0))),
+                ..ProxyCounts::default()
+            }),
+            issuance_budget: Some(IssuanceBudgetStatus::default()),
+            ..RevisionUpgradeStatus::default()
+        };
+        assert_eq!(
+            not_due_for(Some(&st), Some(1), t(400)),
+            Some(Duration::from_millis(600))
+        );
+        assert_eq!(not_due_for(Some(&st), Some(1), t(1000)), None);
+        assert_eq!(not_due_for(Some(&st), Some(2), t(400)), None);
+        assert_eq!(not_due_for(None, Some(1), t(400)), None);
     }
 }

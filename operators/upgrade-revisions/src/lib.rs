@@ -5,6 +5,9 @@
 #![forbid(unsafe_code)]
 
 pub mod decide;
+pub mod fleet;
+pub mod metrics;
+pub mod pacing;
 pub mod reconcile;
 pub mod validity;
 

@@ -1,12 +1,12 @@
-//! Binary entry point of sluice-upgrade-revisions: flags, then the shared runtime runs the RevisionUpgrade
-//! controller while this replica holds the Lease.
+//! Binary entry point of sluice-upgrade-revisions: flags, then the shared runtime runs the
+//! RevisionUpgrade controller while this replica holds the Lease.
 #![forbid(unsafe_code)]
 
-use std::{process::ExitCode, sync::Arc};
+use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use clap::Parser;
 use sluice_runtime::{Runtime, RuntimeArgs};
-use sluice_upgrade_revisions::{OPERATOR, reconcile};
+use sluice_upgrade_revisions::{OPERATOR, metrics, reconcile};
 
 /// Moves namespaces between Istio revision tags in waves, never upgrading in place.
 #[derive(Debug, Parser)]
@@ -14,23 +14,55 @@ use sluice_upgrade_revisions::{OPERATOR, reconcile};
 struct Cli {
     #[command(flatten)]
     runtime: RuntimeArgs,
-    /// Allow free-form PromQL in gates of namespaced objects (it runs with the operator's view
-    /// of all metrics).
+    /// Allow free-form PromQL in gates (it runs with the operator's view of all metrics).
     #[arg(long, env = "SLUICE_ALLOW_FREE_FORM_PROMQL", default_value_t = false)]
     allow_free_form_promql: bool,
+    /// Base URL of the Prometheus HTTP API (Thanos Query in production): gates and the
+    /// certificate issuance counter.
+    #[arg(
+        long,
+        env = "SLUICE_PROMETHEUS_URL",
+        default_value = "http://thanos-query.monitoring:9090"
+    )]
+    prometheus_url: String,
+    /// Value of the `cluster` label that scopes this cluster's series.
+    #[arg(long, env = "SLUICE_CLUSTER", default_value = "cluster-1")]
+    cluster: String,
+    /// Window background issuance is measured over, seconds (at least 4 scrape intervals).
+    #[arg(long, env = "SLUICE_ISSUANCE_WINDOW_SECONDS", default_value_t = 60)]
+    issuance_window_seconds: u64,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = async {
-        let rt = Runtime::init(OPERATOR, cli.runtime).await?;
+    let result: Result<(), Box<dyn std::error::Error>> = async {
+        let mut rt = Runtime::init(OPERATOR, cli.runtime).await?;
         let api = kube::Api::all(rt.client.clone());
-        let ctx = Arc::new(reconcile::Context {
-            allow_free_form_promql: cli.allow_free_form_promql,
-            ..reconcile::Context::new(rt.client.clone(), rt.recorder.clone())
-        });
-        rt.run(api, ctx, reconcile::reconcile).await
+        let metrics = metrics::register(&mut rt.registry);
+        // Evictions need a client that does not retry 429: a PodDisruptionBudget's refusal
+        // must come back at once, so the tick moves on to other pods.
+        let (mut config, _) = sluice_runtime::client::config(&rt.args).await?;
+        config.default_retry = false;
+        let evict_client = kube::Client::try_from(config)?;
+        let (fleet, _watchers) = reconcile::FleetCache::start(&rt.client);
+        let source = reconcile::metrics_source(
+            &cli.prometheus_url,
+            &cli.cluster,
+            Duration::from_secs(cli.issuance_window_seconds.max(1)),
+            cli.allow_free_form_promql,
+        )?;
+        let mut ctx = reconcile::Context::full(
+            rt.client.clone(),
+            evict_client,
+            rt.recorder.clone(),
+            fleet,
+            Some(source),
+            metrics,
+        );
+        ctx.allow_free_form_promql = cli.allow_free_form_promql;
+        rt.run(api, Arc::new(ctx), reconcile::reconcile).await?;
+        Ok(())
     }
     .await;
     match result {

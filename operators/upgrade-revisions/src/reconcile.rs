@@ -1,35 +1,222 @@
-//! The I/O side of sluice-upgrade-revisions: reads what `decide` needs, writes the status it returns
-//! (server-side apply fenced by resourceVersion), then carries out its actions.
+//! The I/O side of sluice-upgrade-revisions: reads what `decide` needs (the fleet from watch
+//! caches, the issuance counter and gate verdicts from the metrics source), writes the status it
+//! returns (server-side apply fenced by resourceVersion), then carries out its actions: relabels
+//! (a JSON patch that only applies while the label still has the expected value), evictions
+//! (a client without automatic retries, so a PodDisruptionBudget's 429 comes back at once) and
+//! rollout restarts.
 //!
-//! Owns the order of effects: status first, Events only after the status write succeeded, so
-//! a deposed leader whose write is refused publishes nothing. Must never decide anything.
+//! Owns the order of effects: status first (including the issuance tokens the restarts spend),
+//! actions only after the status write succeeded, so a deposed leader whose write is refused
+//! restarts nothing, and a crash between the two loses tokens rather than overspending them.
+//! Must never decide anything.
 
-use std::sync::Arc;
+use std::{
+    collections::{BTreeMap, HashMap, VecDeque},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
-use k8s_openapi::jiff::Timestamp;
-use kube::{Api, Client, ResourceExt, runtime::controller::Action as ControllerAction};
-use sluice_api::v1alpha1::RevisionUpgrade;
+use futures::{StreamExt, stream};
+use k8s_openapi::{
+    api::{
+        admissionregistration::v1::MutatingWebhookConfiguration,
+        apps::v1::{DaemonSet, Deployment, StatefulSet},
+        core::v1::{Namespace, Pod},
+    },
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{EvictParams, ListParams, Patch, PatchParams},
+    runtime::{
+        WatchStreamExt,
+        controller::Action as ControllerAction,
+        reflector::{self, Store},
+        watcher,
+    },
+};
+use serde_json::json;
+use sluice_analysis::{Engine, EngineOptions, GateAction, GateCheck, PrometheusSource};
+use sluice_api::v1alpha1::{
+    GateTemplate, GateVerdict, RevisionUpgrade, RevisionUpgradeSpec, RevisionUpgradeStatus,
+    Verdict, VerdictReason,
+    revision_upgrade::{NamespaceState, RestartMode, UpgradeWaveState},
+};
 use sluice_runtime::{
     Categorized, Category,
     events::EventRecorder,
     write::{self, WriteError},
 };
+use tokio::task::JoinHandle;
 
 use crate::{
     FIELD_MANAGER,
-    decide::{self, Action, Observations, Requeue},
+    decide::{self, Action, Fleet, GateReport, Observations, Requeue},
+    fleet::{self, NamespaceView, PodView, RESTARTED_AT_ANNOTATION, Workload},
+    metrics::UpgradeMetrics,
+    pacing::IssuanceReading,
 };
+
+/// The certificate authority's issuance counter (istiod's `citadel_server_*` metrics).
+pub const ISSUANCE_METRIC: &str = "citadel_server_success_cert_issuance_count";
+/// Default length of the window background issuance is measured over.
+pub const DEFAULT_ISSUANCE_WINDOW: Duration = Duration::from_secs(60);
+/// Evictions sent at once.
+const EVICTION_CONCURRENCY: usize = 32;
+
+/// Watch caches of the objects the operator reads every tick.
+#[derive(Clone)]
+pub struct FleetCache {
+    namespaces: Store<Namespace>,
+    pods: Store<Pod>,
+    webhooks: Store<MutatingWebhookConfiguration>,
+}
+
+impl std::fmt::Debug for FleetCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FleetCache").finish_non_exhaustive()
+    }
+}
+
+fn spawn_reflector<K>(api: Api<K>) -> (Store<K>, JoinHandle<()>)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .touched_objects()
+        .for_each(|_| async {});
+    (reader, tokio::spawn(stream))
+}
+
+impl FleetCache {
+    /// Starts watching namespaces, pods and mutating webhook configurations; the returned tasks
+    /// run until aborted.
+    pub fn start(client: &Client) -> (Self, Vec<JoinHandle<()>>) {
+        let (namespaces, a) = spawn_reflector(Api::<Namespace>::all(client.clone()));
+        let (pods, b) = spawn_reflector(Api::<Pod>::all(client.clone()));
+        let (webhooks, c) =
+            spawn_reflector(Api::<MutatingWebhookConfiguration>::all(client.clone()));
+        (
+            Self {
+                namespaces,
+                pods,
+                webhooks,
+            },
+            vec![a, b, c],
+        )
+    }
+
+    async fn ready(&self) -> bool {
+        let wait = async {
+            let _ = self.namespaces.wait_until_ready().await;
+            let _ = self.pods.wait_until_ready().await;
+            let _ = self.webhooks.wait_until_ready().await;
+        };
+        tokio::time::timeout(Duration::from_secs(5), wait)
+            .await
+            .is_ok()
+    }
+
+    fn read(&self) -> Fleet {
+        let namespaces = self
+            .namespaces
+            .state()
+            .iter()
+            .map(|n| NamespaceView::from_namespace(n))
+            .collect();
+        let pods = self
+            .pods
+            .state()
+            .iter()
+            .filter_map(|p| PodView::from_pod(p))
+            .collect();
+        let mwcs: Vec<MutatingWebhookConfiguration> = self
+            .webhooks
+            .state()
+            .iter()
+            .map(|m| (**m).clone())
+            .collect();
+        Fleet {
+            namespaces,
+            pods,
+            tags: revision_tags(&mwcs),
+            restarted_at: BTreeMap::new(),
+        }
+    }
+}
+
+/// Revision tags from the injector webhooks: `istio-revision-tag-<tag>` labelled
+/// `istio.io/tag=<tag>` and `istio.io/rev=<revision>`.
+pub fn revision_tags(mwcs: &[MutatingWebhookConfiguration]) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for m in mwcs {
+        let name = m.name_any();
+        let Some(tag) = name.strip_prefix("istio-revision-tag-") else {
+            continue;
+        };
+        let labels = m.labels();
+        if let Some(rev) = labels.get("istio.io/rev") {
+            let tag = labels
+                .get("istio.io/tag")
+                .cloned()
+                .unwrap_or_else(|| tag.to_owned());
+            out.insert(tag, rev.clone());
+        }
+    }
+    out
+}
+
+/// Where the operator reads metrics, and the label that scopes them to this cluster.
+pub struct Metrics {
+    /// The gate engine over the metrics source.
+    pub engine: Engine<PrometheusSource>,
+    /// The `cluster` label value of this cluster's series.
+    pub cluster: String,
+    /// Window background issuance is measured over.
+    pub issuance_window: Duration,
+}
+
+/// What one RevisionUpgrade's reconciles remember between ticks (lost on restart, which only
+/// makes the operator more careful: its own restarts then count as background for a window).
+#[derive(Debug, Default)]
+struct Memory {
+    /// Restarts started: (time in ms, count).
+    own: VecDeque<(i64, u32)>,
+    /// Granted restarts of the last tick that did not happen.
+    unused: u32,
+    /// Pods whose eviction a PodDisruptionBudget refused at the last tick.
+    blocked: Vec<String>,
+    /// Latest gate report and when it was made.
+    gates: Option<(Timestamp, GateReport)>,
+}
 
 /// What every reconcile shares.
 pub struct Context {
     /// The Kubernetes client.
     pub client: Client,
+    /// A client without automatic retries, for evictions (a refused eviction is answered 429).
+    pub evict_client: Client,
     /// The operator's Event recorder.
     pub recorder: EventRecorder,
     /// The clock; tests pin it.
     pub clock: fn() -> Timestamp,
     /// Whether free-form PromQL gates are allowed (`--allow-free-form-promql`).
     pub allow_free_form_promql: bool,
+    /// The fleet's watch caches (`None`: validate only).
+    pub fleet: Option<FleetCache>,
+    /// The metrics source (`None`: no issuance reading, so no restarts, and no gates).
+    pub metrics_source: Option<Metrics>,
+    /// The operator's metrics.
+    pub metrics: UpgradeMetrics,
+    memory: Mutex<HashMap<String, Memory>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -39,15 +226,61 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
-    /// A context reading the system clock.
+    /// A context reading the system clock, validating only (no fleet cache, no metrics source).
     pub fn new(client: Client, recorder: EventRecorder) -> Self {
         Self {
+            evict_client: client.clone(),
             client,
             recorder,
             clock: Timestamp::now,
             allow_free_form_promql: false,
+            fleet: None,
+            metrics_source: None,
+            metrics: UpgradeMetrics::default(),
+            memory: Mutex::new(HashMap::new()),
         }
     }
+
+    /// A context that moves namespaces: fleet caches, a metrics source, an eviction client
+    /// without automatic retries.
+    pub fn full(
+        client: Client,
+        evict_client: Client,
+        recorder: EventRecorder,
+        fleet: FleetCache,
+        metrics_source: Option<Metrics>,
+        metrics: UpgradeMetrics,
+    ) -> Self {
+        Self {
+            evict_client,
+            fleet: Some(fleet),
+            metrics_source,
+            metrics,
+            ..Self::new(client, recorder)
+        }
+    }
+}
+
+/// Builds the metrics source settings for `url` (Prometheus or Thanos Query).
+pub fn metrics_source(
+    url: &str,
+    cluster: &str,
+    issuance_window: Duration,
+    allow_free_form_promql: bool,
+) -> Result<Metrics, sluice_analysis::EngineError> {
+    let source = PrometheusSource::new(sluice_analysis::PrometheusConfig::new(url));
+    let engine = Engine::new(
+        source,
+        EngineOptions {
+            allow_inline_promql_in_namespaced: allow_free_form_promql,
+            ..EngineOptions::default()
+        },
+    )?;
+    Ok(Metrics {
+        engine,
+        cluster: cluster.to_owned(),
+        issuance_window,
+    })
 }
 
 /// A reconcile that did not complete; retried with back-off.
@@ -56,12 +289,50 @@ pub enum ReconcileError {
     /// Writing the status failed.
     #[error("writing RevisionUpgrade status: {0}")]
     Status(#[from] WriteError),
+    /// Relabelling a namespace failed.
+    #[error(
+        "relabelling namespace {namespace} istio.io/rev: {source}; check the operator may patch namespaces"
+    )]
+    Relabel {
+        /// Namespace.
+        namespace: String,
+        /// Client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Restarting a workload failed.
+    #[error(
+        "restarting {kind} {namespace}/{name}: {source}; check the operator may patch workloads"
+    )]
+    RolloutRestart {
+        /// Workload kind.
+        kind: String,
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Listing workloads failed.
+    #[error("listing workloads in {namespace}: {source}; check the operator may list workloads")]
+    Workloads {
+        /// Namespace.
+        namespace: String,
+        /// Client error.
+        #[source]
+        source: kube::Error,
+    },
 }
 
 impl Categorized for ReconcileError {
     fn category(&self) -> Category {
         match self {
             ReconcileError::Status(e) => e.category(),
+            ReconcileError::Relabel { source, .. }
+            | ReconcileError::RolloutRestart { source, .. }
+            | ReconcileError::Workloads { source, .. } => Category::of_kube(source),
         }
     }
 }
@@ -73,16 +344,437 @@ pub async fn reconcile(
     ctx: Arc<Context>,
 ) -> Result<ControllerAction, ReconcileError> {
     let api: Api<RevisionUpgrade> = Api::all(ctx.client.clone());
-    let obs = Observations {
+    let name = obj.name_any();
+    let now = (ctx.clock)();
+    let mut obs = Observations {
         generation: obj.metadata.generation,
         allow_free_form_promql: ctx.allow_free_form_promql,
+        ..Observations::default()
     };
-    let decision = decide::decide(&obj.spec, obj.status.as_ref(), &obs, (ctx.clock)());
+    let valid = crate::validity::problems(&obj.spec, ctx.allow_free_form_promql).is_empty();
+    if valid && let Some(cache) = &ctx.fleet {
+        if let Some(wait) = decide::not_due_for(obj.status.as_ref(), obs.generation, now) {
+            return Ok(ControllerAction::requeue(wait));
+        }
+        if !cache.ready().await {
+            return Ok(ControllerAction::requeue(Duration::from_secs(1)));
+        }
+        let mut fleet = cache.read();
+        if obj.spec.restart == RestartMode::RolloutRestart {
+            fleet.restarted_at = restarted_at(&ctx.client, obj.status.as_ref()).await?;
+        }
+        obs.fleet = Some(fleet);
+        let complete = obj
+            .status
+            .as_ref()
+            .is_some_and(|s| s.completed_at.is_some());
+        if !complete {
+            read_metrics(&ctx, &name, &obj.spec, obj.status.as_ref(), &mut obs, now).await;
+        }
+        let mut memory = ctx.memory.lock().expect("memory lock");
+        let m = memory.entry(name.clone()).or_default();
+        obs.unused_grants = m.unused;
+        obs.blocked = m.blocked.clone();
+    }
+    let decision = decide::decide(&obj.spec, obj.status.as_ref(), &obs, now);
     if obj.status.as_ref() != Some(&decision.status) {
         write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &decision.status).await?;
-        tracing::info!(phase = ?decision.status.phase, "status written");
+        tracing::debug!(phase = ?decision.status.phase, "status written");
     }
-    for action in &decision.actions {
+    let granted = decision
+        .status
+        .issuance_budget
+        .as_ref()
+        .and_then(|b| b.updated_at.clone())
+        != obj
+            .status
+            .as_ref()
+            .and_then(|s| s.issuance_budget.as_ref())
+            .and_then(|b| b.updated_at.clone());
+    if granted {
+        // The refunds and refusals of the last tick were consumed by this grant.
+        let mut memory = ctx.memory.lock().expect("memory lock");
+        let m = memory.entry(name.clone()).or_default();
+        m.unused = 0;
+        m.blocked.clear();
+    }
+    let outcome = act(&ctx, &obj, &decision.actions, now).await;
+    if let Some(fleet) = &obs.fleet {
+        let in_flight = in_flight(&decision.status, &fleet.pods);
+        ctx.metrics.observe(
+            &obj.spec,
+            &decision.status,
+            &fleet::proxies_by_revision(&fleet.pods),
+            in_flight,
+        );
+    }
+    outcome?;
+    Ok(match decision.requeue {
+        Requeue::AwaitChange => ControllerAction::await_change(),
+        Requeue::After(d) => ControllerAction::requeue(d),
+    })
+}
+
+/// Pods of moving namespaces not yet Ready on their target revision.
+fn in_flight(status: &RevisionUpgradeStatus, pods: &[PodView]) -> u64 {
+    status
+        .namespaces
+        .iter()
+        .filter(|n| {
+            matches!(
+                n.state,
+                NamespaceState::Restarting | NamespaceState::RollingBack
+            )
+        })
+        .map(|n| {
+            pods.iter()
+                .filter(|p| p.namespace == n.name && (p.terminating || !p.ready))
+                .count() as u64
+        })
+        .sum()
+}
+
+/// The `restartedAt` template annotation of every workload in namespaces being moved.
+async fn restarted_at(
+    client: &Client,
+    status: Option<&RevisionUpgradeStatus>,
+) -> Result<BTreeMap<(String, Workload), String>, ReconcileError> {
+    let mut out = BTreeMap::new();
+    let Some(status) = status else {
+        return Ok(out);
+    };
+    for n in status.namespaces.iter().filter(|n| {
+        matches!(
+            n.state,
+            NamespaceState::Restarting | NamespaceState::RollingBack
+        )
+    }) {
+        let ns = n.name.as_str();
+        let err = |source| ReconcileError::Workloads {
+            namespace: ns.to_owned(),
+            source,
+        };
+        let lp = ListParams::default();
+        let mut add = |kind: &str, name: String, tpl: Option<&BTreeMap<String, String>>| {
+            if let Some(v) = tpl.and_then(|a| a.get(RESTARTED_AT_ANNOTATION)) {
+                out.insert(
+                    (
+                        ns.to_owned(),
+                        Workload {
+                            kind: kind.into(),
+                            name,
+                        },
+                    ),
+                    v.clone(),
+                );
+            }
+        };
+        for d in Api::<Deployment>::namespaced(client.clone(), ns)
+            .list(&lp)
+            .await
+            .map_err(err)?
+        {
+            let a = d
+                .spec
+                .template
+                .metadata
+                .as_ref()
+                .and_then(|m| m.annotations.clone());
+            add("Deployment", d.name_any(), a.as_ref());
+        }
+        for d in Api::<StatefulSet>::namespaced(client.clone(), ns)
+            .list(&lp)
+            .await
+            .map_err(err)?
+        {
+            let a = d
+                .spec
+                .template
+                .metadata
+                .as_ref()
+                .and_then(|m| m.annotations.clone());
+            add("StatefulSet", d.name_any(), a.as_ref());
+        }
+        for d in Api::<DaemonSet>::namespaced(client.clone(), ns)
+            .list(&lp)
+            .await
+            .map_err(err)?
+        {
+            let a = d
+                .spec
+                .template
+                .metadata
+                .as_ref()
+                .and_then(|m| m.annotations.clone());
+            add("DaemonSet", d.name_any(), a.as_ref());
+        }
+    }
+    Ok(out)
+}
+
+/// Reads the issuance counter and, when due, the gates of the current wave.
+async fn read_metrics(
+    ctx: &Context,
+    name: &str,
+    spec: &RevisionUpgradeSpec,
+    status: Option<&RevisionUpgradeStatus>,
+    obs: &mut Observations,
+    now: Timestamp,
+) {
+    let Some(m) = &ctx.metrics_source else {
+        obs.issuance_problem = Some(
+            "no metrics source is configured (--prometheus-url), so issuance cannot be observed"
+                .into(),
+        );
+        return;
+    };
+    match issuance(ctx, name, m, now).await {
+        Ok(r) => obs.issuance = Some(r),
+        Err(why) => obs.issuance_problem = Some(why),
+    }
+    obs.gates = gates(ctx, name, m, spec, status, now).await;
+}
+
+async fn counter_at(m: &Metrics, at: Timestamp) -> Result<Option<(f64, f64)>, String> {
+    use sluice_analysis::MetricsSource;
+    let sel = format!(
+        "{ISSUANCE_METRIC}{{cluster=\"{}\"}}",
+        sluice_analysis::template::escape_string(&m.cluster)
+    );
+    let q = format!(
+        "label_replace(max({sel}), \"part\", \"value\", \"\", \"\") or label_replace(max(timestamp({sel})), \"part\", \"ts\", \"\", \"\")"
+    );
+    let series = m
+        .engine
+        .source()
+        .query(&q, at)
+        .await
+        .map_err(|e| format!("reading {ISSUANCE_METRIC}: {e}"))?;
+    let part = |p: &str| {
+        series
+            .iter()
+            .find(|s| s.labels.get("part").map(String::as_str) == Some(p))
+            .map(|s| s.value)
+    };
+    Ok(part("value").zip(part("ts")))
+}
+
+/// Issuance over the last window from two readings of the counter, and sluice's own restarts
+/// in the same window.
+async fn issuance(
+    ctx: &Context,
+    name: &str,
+    m: &Metrics,
+    now: Timestamp,
+) -> Result<IssuanceReading, String> {
+    let window = m.issuance_window;
+    let before = now - jiff::SignedDuration::try_from(window).unwrap_or_default();
+    let (late, early) = tokio::join!(counter_at(m, now), counter_at(m, before));
+    let no_series = || {
+        format!(
+            "no {ISSUANCE_METRIC}{{cluster={:?}}} series in the metrics source",
+            m.cluster
+        )
+    };
+    let (v1, t1) = late?.ok_or_else(no_series)?;
+    let (v0, t0) = match early? {
+        Some(x) => x,
+        None => {
+            return Err(format!(
+                "{ISSUANCE_METRIC} has no sample older than the window of {window:?} yet"
+            ));
+        }
+    };
+    let span = t1 - t0;
+    let stale = (now.as_millisecond() as f64 / 1000.0) - t1;
+    if span < window.as_secs_f64() / 4.0 {
+        return Err(format!(
+            "{ISSUANCE_METRIC} samples span {span:.1}s of the {window:?} window; waiting for more"
+        ));
+    }
+    if stale > window.as_secs_f64() {
+        return Err(format!(
+            "the newest {ISSUANCE_METRIC} sample is {stale:.0}s old"
+        ));
+    }
+    let (t0_ms, t1_ms) = ((t0 * 1000.0) as i64, (t1 * 1000.0) as i64);
+    let mut memory = ctx.memory.lock().expect("memory lock");
+    let mem = memory.entry(name.to_owned()).or_default();
+    let horizon = now.as_millisecond() - 2 * window.as_millis() as i64;
+    while mem.own.front().is_some_and(|(t, _)| *t < horizon) {
+        mem.own.pop_front();
+    }
+    let own: u32 = mem
+        .own
+        .iter()
+        .filter(|(t, _)| *t > t0_ms && *t <= t1_ms)
+        .map(|(_, n)| n)
+        .sum();
+    Ok(IssuanceReading {
+        window_seconds: span,
+        issued: (v1 - v0).max(0.0),
+        own: f64::from(own),
+    })
+}
+
+/// The current wave's gate report: evaluated every analysis interval, reused in between.
+async fn gates(
+    ctx: &Context,
+    name: &str,
+    m: &Metrics,
+    spec: &RevisionUpgradeSpec,
+    status: Option<&RevisionUpgradeStatus>,
+    now: Timestamp,
+) -> Option<GateReport> {
+    let status = status?;
+    if status.aborted_at.is_some() {
+        return None;
+    }
+    let index = status.current_wave_index? as usize;
+    let wave = status.waves.get(index)?;
+    if !matches!(
+        wave.state,
+        UpgradeWaveState::Restarting | UpgradeWaveState::Soaking
+    ) {
+        return None;
+    }
+    let interval = spec
+        .analysis_interval
+        .parse()
+        .unwrap_or(Duration::from_secs(30));
+    {
+        let memory = ctx.memory.lock().expect("memory lock");
+        if let Some((at, report)) = memory.get(name).and_then(|m| m.gates.as_ref())
+            && report.wave == wave.name
+            && now.duration_since(*at)
+                < jiff::SignedDuration::try_from(interval).unwrap_or_default()
+        {
+            return Some(report.clone());
+        }
+    }
+    let mut checks = Vec::new();
+    let mut problems: Vec<GateVerdict> = Vec::new();
+    for gate in spec.effective_gates() {
+        let template = match &gate.template_ref {
+            Some(t) => match Api::<GateTemplate>::all(ctx.client.clone())
+                .get_opt(t)
+                .await
+            {
+                Ok(found) => found.map(|g| g.spec),
+                Err(e) => {
+                    problems.push(problem(
+                        &gate.name,
+                        format!("reading GateTemplate {t}: {e}"),
+                        now,
+                    ));
+                    continue;
+                }
+            },
+            None => None,
+        };
+        let resolved = match gate.resolve(template.as_ref()) {
+            Ok(r) => r,
+            Err(e) => {
+                problems.push(problem(&gate.name, e.to_string(), now));
+                continue;
+            }
+        };
+        let vars = [
+            ("cluster", m.cluster.as_str()),
+            ("revision", spec.to_revision.as_str()),
+            ("tag", spec.to_tag.as_str()),
+            ("wave", wave.name.as_str()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let mut check = GateCheck::new(format!("RevisionUpgrade {name}"), resolved, vars);
+        check.owner_namespaced = false;
+        check.previous = wave.gates.iter().find(|v| v.gate == gate.name).cloned();
+        check.captured_baseline = status
+            .captured_baselines
+            .iter()
+            .find(|b| b.gate == gate.name)
+            .cloned();
+        checks.push(check);
+    }
+    let report = m.engine.tick(&checks, now).await;
+    let mut verdicts = Vec::new();
+    let mut action = GateAction::Proceed;
+    let severity = |a: GateAction| match a {
+        GateAction::Proceed => 0,
+        GateAction::Wait => 1,
+        GateAction::Pause => 2,
+        GateAction::Abort => 3,
+    };
+    for (check, outcome) in checks.iter().zip(report.outcomes) {
+        let (verdict, a) = match outcome.verdict {
+            Ok(v) => {
+                let a = sluice_analysis::action(&check.gate, &v, now);
+                (v, a)
+            }
+            Err(e) => (
+                problem(&check.gate.name, e.to_string(), now),
+                GateAction::Wait,
+            ),
+        };
+        if severity(a) > severity(action) {
+            action = a;
+        }
+        verdicts.push(verdict);
+    }
+    if !problems.is_empty() && severity(GateAction::Wait) > severity(action) {
+        action = GateAction::Wait;
+    }
+    verdicts.extend(problems);
+    let report = GateReport {
+        wave: wave.name.clone(),
+        verdicts,
+        action: Some(action),
+    };
+    ctx.memory
+        .lock()
+        .expect("memory lock")
+        .entry(name.to_owned())
+        .or_default()
+        .gates = Some((now, report.clone()));
+    Some(report)
+}
+
+/// A gate that could not be evaluated: Inconclusive with the reason in the message.
+fn problem(gate: &str, message: String, now: Timestamp) -> GateVerdict {
+    let mut message = message;
+    message.truncate(1000);
+    GateVerdict {
+        gate: gate.chars().take(63).collect(),
+        verdict: Verdict::Inconclusive,
+        reason: VerdictReason::QueryError,
+        message: Some(message),
+        value: None,
+        baseline: None,
+        threshold: None,
+        samples: None,
+        min_samples: None,
+        consecutive_failures: 0,
+        inconclusive_since: None,
+        evaluated_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now),
+    }
+}
+
+/// Carries out the decision's actions: Events, relabels, then restarts (evictions at bounded
+/// concurrency). Restart outcomes go to memory for the next tick (refunds, refusals, own
+/// issuance); the first relabel or restart error is returned after every action was tried.
+async fn act(
+    ctx: &Context,
+    obj: &RevisionUpgrade,
+    actions: &[Action],
+    now: Timestamp,
+) -> Result<(), ReconcileError> {
+    let name = obj.name_any();
+    let mut first_error = None;
+    let mut evictions = Vec::new();
+    let mut started = 0u32;
+    for action in actions {
         match action {
             Action::Event {
                 severity,
@@ -91,13 +783,173 @@ pub async fn reconcile(
                 note,
             } => {
                 ctx.recorder
-                    .publish(obj.as_ref(), *severity, reason, action, note)
-                    .await
+                    .publish(obj, *severity, reason, action, note)
+                    .await;
             }
+            Action::Relabel {
+                namespace,
+                from,
+                to,
+            } => {
+                if let Err(e) = relabel(&ctx.client, namespace, from, to).await {
+                    tracing::warn!(namespace, error = %e, "relabel failed; retried next tick");
+                    first_error.get_or_insert(e);
+                }
+            }
+            Action::Evict { namespace, pod } => evictions.push((namespace.clone(), pod.clone())),
+            Action::RolloutRestart {
+                namespace,
+                workload,
+                restarted_at,
+            } => match rollout_restart(&ctx.client, namespace, workload, restarted_at).await {
+                Ok(pods) => {
+                    started += pods;
+                    ctx.metrics.restart("rollout_restart", "started");
+                }
+                Err(e) => {
+                    ctx.metrics.restart("rollout_restart", "error");
+                    first_error.get_or_insert(e);
+                }
+            },
         }
     }
-    Ok(match decision.requeue {
-        Requeue::AwaitChange => ControllerAction::await_change(),
-        Requeue::After(d) => ControllerAction::requeue(d),
-    })
+    let results: Vec<(String, EvictOutcome)> = stream::iter(evictions)
+        .map(|(ns, pod)| {
+            let client = ctx.evict_client.clone();
+            async move {
+                let api: Api<Pod> = Api::namespaced(client, &ns);
+                let outcome = match api.evict(&pod, &EvictParams::default()).await {
+                    Ok(_) => EvictOutcome::Started,
+                    Err(kube::Error::Api(s)) if s.code == 429 => EvictOutcome::Blocked,
+                    Err(kube::Error::Api(s)) if s.code == 404 => EvictOutcome::Gone,
+                    Err(e) => {
+                        tracing::warn!(namespace = ns, pod, error = %e, "eviction failed; retried next tick");
+                        EvictOutcome::Error
+                    }
+                };
+                (format!("{ns}/{pod}"), outcome)
+            }
+        })
+        .buffer_unordered(EVICTION_CONCURRENCY)
+        .collect()
+        .await;
+    let mut unused = 0;
+    let mut blocked = Vec::new();
+    for (pod, outcome) in results {
+        let result = match outcome {
+            EvictOutcome::Started => {
+                started += 1;
+                "started"
+            }
+            EvictOutcome::Blocked => {
+                unused += 1;
+                blocked.push(pod);
+                "blocked"
+            }
+            EvictOutcome::Gone => {
+                unused += 1;
+                "gone"
+            }
+            EvictOutcome::Error => {
+                unused += 1;
+                "error"
+            }
+        };
+        ctx.metrics.restart("evict", result);
+    }
+    blocked.sort();
+    if started > 0 || unused > 0 {
+        let done = (ctx.clock)().as_millisecond().max(now.as_millisecond());
+        let mut memory = ctx.memory.lock().expect("memory lock");
+        let m = memory.entry(name).or_default();
+        if started > 0 {
+            m.own.push_back((done, started));
+        }
+        m.unused += unused;
+        m.blocked = blocked;
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+enum EvictOutcome {
+    Started,
+    Blocked,
+    Gone,
+    Error,
+}
+
+/// Sets `istio.io/rev` from `from` to `to` only while it is still `from` (a JSON patch `test`).
+async fn relabel(
+    client: &Client,
+    namespace: &str,
+    from: &str,
+    to: &str,
+) -> Result<(), ReconcileError> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/labels/istio.io~1rev", "value": from},
+        {"op": "replace", "path": "/metadata/labels/istio.io~1rev", "value": to},
+    ]))
+    .expect("a well-formed JSON patch");
+    match api
+        .patch(
+            namespace,
+            &PatchParams::default(),
+            &Patch::<()>::Json(patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        // The label is no longer `from`: someone else changed it; the next tick reads it.
+        Err(kube::Error::Api(s)) if s.code == 422 || s.code == 409 => Ok(()),
+        Err(source) => Err(ReconcileError::Relabel {
+            namespace: namespace.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// Sets the workload's pod-template `restartedAt` annotation; returns its replica count (the
+/// SVIDs the restart will cost).
+async fn rollout_restart(
+    client: &Client,
+    namespace: &str,
+    workload: &Workload,
+    restarted_at: &str,
+) -> Result<u32, ReconcileError> {
+    let patch = json!({"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT_ANNOTATION: restarted_at}}}}});
+    let params = PatchParams::default();
+    let err = |source| ReconcileError::RolloutRestart {
+        kind: workload.kind.clone(),
+        namespace: namespace.to_owned(),
+        name: workload.name.clone(),
+        source,
+    };
+    let replicas = match workload.kind.as_str() {
+        "Deployment" => Api::<Deployment>::namespaced(client.clone(), namespace)
+            .patch(&workload.name, &params, &Patch::Merge(&patch))
+            .await
+            .map_err(err)?
+            .spec
+            .replicas
+            .unwrap_or(1),
+        "StatefulSet" => Api::<StatefulSet>::namespaced(client.clone(), namespace)
+            .patch(&workload.name, &params, &Patch::Merge(&patch))
+            .await
+            .map_err(err)?
+            .spec
+            .replicas
+            .unwrap_or(1),
+        _ => Api::<DaemonSet>::namespaced(client.clone(), namespace)
+            .patch(&workload.name, &params, &Patch::Merge(&patch))
+            .await
+            .map_err(err)?
+            .status
+            .map(|s| s.desired_number_scheduled)
+            .unwrap_or(1),
+    };
+    Ok(replicas.max(0) as u32)
 }
