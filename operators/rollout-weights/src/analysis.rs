@@ -251,6 +251,7 @@ pub struct TickFigures {
 pub struct Analyzer<S> {
     engine: Engine<S>,
     gather: Duration,
+    lag: Duration,
     pending: Mutex<Option<Pending>>,
     generation: Mutex<u64>,
     last: Mutex<HashMap<String, Timestamp>>,
@@ -267,15 +268,19 @@ impl<S> std::fmt::Debug for Analyzer<S> {
 
 impl<S: MetricsSource + Send + Sync + 'static> Analyzer<S> {
     /// An analyzer over `engine`; `gather` is how long the first caller of a tick waits for
-    /// others to join it; `observer` receives each tick's figures.
+    /// others to join it; queries are evaluated `lag` in the past, so that a remote write or
+    /// scrape still being ingested is not half-visible (one series of a ratio one sample
+    /// shorter than the other skews the ratio); `observer` receives each tick's figures.
     pub fn new(
         engine: Engine<S>,
         gather: Duration,
+        lag: Duration,
         observer: impl Fn(TickFigures) + Send + Sync + 'static,
     ) -> Self {
         Self {
             engine,
             gather,
+            lag,
             pending: Mutex::new(None),
             generation: Mutex::new(0),
             last: Mutex::default(),
@@ -352,8 +357,10 @@ impl<S: MetricsSource + Send + Sync + 'static> Analyzer<S> {
     }
 
     async fn run(&self, batch: Pending) {
+        let lag = k8s_openapi::jiff::SignedDuration::try_from(self.lag).unwrap_or_default();
         let now = Timestamp::now();
-        let report = self.engine.tick(&batch.checks, now).await;
+        let at = now.checked_sub(lag).unwrap_or(now);
+        let report = self.engine.tick(&batch.checks, at).await;
         (self.observer)(TickFigures {
             rollouts: batch.waiters.len(),
             checks: batch.checks.len(),

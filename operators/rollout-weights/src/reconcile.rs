@@ -57,6 +57,8 @@ use crate::{
 pub const FINALIZER: &str = "sluice.dev/route-hand-back";
 /// Name of the HTTPRoute CustomResourceDefinition read to learn which fields it keeps.
 pub const HTTPROUTE_CRD: &str = "httproutes.gateway.networking.k8s.io";
+/// How far in the past gate queries are evaluated (ingestion of the newest samples).
+pub const QUERY_LAG: Duration = Duration::from_secs(2);
 /// How long the installed CRD's field support is cached.
 const CRD_TTL: Duration = Duration::from_secs(60);
 
@@ -118,6 +120,7 @@ impl Context {
         self.analyzer = Some(Arc::new(Analyzer::new(
             engine,
             Duration::from_millis(40),
+            QUERY_LAG,
             move |t| observer.tick(t),
         )));
         self.cluster = cluster.to_owned();
@@ -548,10 +551,8 @@ pub async fn reconcile(
                     && a.route_reverted_at.is_none()
                 {
                     a.route_reverted_at = Some(Time(reverted_at));
-                    let from_decision = a
-                        .gate
-                        .as_ref()
-                        .map_or(a.decided_at.0, |g| g.evaluated_at.0.min(a.decided_at.0));
+                    // The decision is taken the moment the failing verdict comes back.
+                    let from_decision = a.decided_at.0;
                     let took = |from: Timestamp| reverted_at.duration_since(from).unsigned_abs();
                     ctx.metrics.reverted(
                         a.first_failed_at.as_ref().map(|t| took(t.0)),
