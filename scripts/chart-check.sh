@@ -170,6 +170,37 @@ PYEOF
   done
 }
 
+# Every dashboard query is PromQL promtool parses, once Grafana's variables are substituted; the
+# dashboard ConfigMaps carry the files verbatim.
+dashboard_queries() {
+  local dir="$OUT/dashboards"
+  mkdir -p "$dir"
+  "$PY" - "$CHART/dashboards" "$dir/rules.yaml" "$OUT/monitoring.yaml" <<'PYEOF' || return 1
+import json, os, sys, yaml
+src, out, rendered = sys.argv[1:4]
+subs = {"$__rate_interval": "2m", "$__range": "6h", "$__interval": "1m", "$stable": "stable", "$canary": "canary"}
+rules, cms = [], {}
+for d in yaml.safe_load_all(open(rendered)):
+    if d and d["kind"] == "ConfigMap" and "-dashboard-" in d["metadata"]["name"]:
+        cms.update(d["data"])
+for name in sorted(os.listdir(src)):
+    text = open(os.path.join(src, name)).read()
+    if cms.get(f"sluice-{name}", "").rstrip("\n") != text.rstrip("\n"):
+        sys.exit(f"the dashboard ConfigMaps lack dashboards/{name} verbatim")
+    dash = json.loads(text)
+    for p in dash["panels"]:
+        for t in p.get("targets", []):
+            expr = t["expr"]
+            for k, v in subs.items():
+                expr = expr.replace(k, v)
+            rules.append({"record": f"dashboard:{dash['uid'].replace('-', '_')}:{p['id']}_{t['refId']}", "expr": expr})
+if len(cms) != len(os.listdir(src)):
+    sys.exit(f"{len(cms)} dashboard ConfigMap entries for {len(os.listdir(src))} dashboards")
+yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}, open(out, "w"))
+PYEOF
+  promtool check rules "$dir/rules.yaml"
+}
+
 crds_match() {
   [ -d "$CHART/crds" ] || { echo "$CHART/crds is missing: run crdgen (it writes crds/ and $CHART/crds/)"; return 1; }
   diff -r crds "$CHART/crds" || { echo "run crdgen: $CHART/crds/ must equal crds/"; return 1; }
@@ -256,6 +287,7 @@ main() {
   fi
   if command -v promtool >/dev/null 2>&1; then
     check "promtool check rules + test rules (ci/alerts-test.yaml)" alert_rules
+    check "dashboard queries parse as PromQL (promtool)" dashboard_queries
   else
     skipped=$((skipped + 1))
     echo "skip promtool test rules: promtool is not installed (Debian package prometheus)"
