@@ -351,7 +351,11 @@ fn canary_backend(rule: &HttpRouteRule, target: &Target, weight: i32) -> HttpBac
         .canary_port
         .map(i32::from)
         .or_else(|| rule.backend(&target.stable).and_then(|b| b.port));
+    // `group` and `kind` spelled out as the CRD defaults them, so that the stored route equals
+    // what we wrote and a rewrite of the same state is a no-op.
     HttpBackendRef {
+        group: Some(String::new()),
+        kind: Some("Service".into()),
         name: target.canary.clone(),
         port,
         weight: Some(weight),
@@ -492,6 +496,8 @@ pub fn apply(
                 filter_type: FILTER_REQUEST_MIRROR.into(),
                 request_mirror: Some(RequestMirror {
                     backend_ref: BackendObjectReference {
+                        group: Some(String::new()),
+                        kind: Some("Service".into()),
                         name: target.canary.clone(),
                         port,
                         ..Default::default()
@@ -624,7 +630,7 @@ mod tests {
     fn expected_backends(w: i64) -> Value {
         json!([
             {"name": "checkout-v1", "port": 8080, "weight": 100 - w, "filters": [{"type": "ResponseHeaderModifier", "responseHeaderModifier": {"set": [{"name": "x-v", "value": "1"}]}}]},
-            {"name": "checkout-v2", "port": 8080, "weight": w},
+            {"group": "", "kind": "Service", "name": "checkout-v2", "port": 8080, "weight": w},
             {"group": "", "kind": "Service", "name": "legacy", "namespace": "old", "port": 80, "weight": 0}
         ])
     }
@@ -746,7 +752,7 @@ mod tests {
         assert_eq!(cm[3]["method"], "HEAD");
         assert_eq!(
             cohort["backendRefs"],
-            json!([{"name": "checkout-v2", "port": 8080, "weight": 1}])
+            json!([{"group": "", "kind": "Service", "name": "checkout-v2", "port": 8080, "weight": 1}])
         );
         let mirror = &rules[2];
         let mm = mirror["matches"].as_array().unwrap();
@@ -762,7 +768,7 @@ mod tests {
             .clone();
         assert_eq!(
             last,
-            json!({"type": "RequestMirror", "requestMirror": {"backendRef": {"name": "checkout-v2", "port": 8080}, "percent": 10}})
+            json!({"type": "RequestMirror", "requestMirror": {"backendRef": {"group": "", "kind": "Service", "name": "checkout-v2", "port": 8080}, "percent": 10}})
         );
         assert_eq!(mirror["timeouts"], json!({"request": "10s"}));
         assert_eq!(mirror["backendRefs"], rules[3]["backendRefs"]);
