@@ -2028,3 +2028,37 @@ mod tests {
         assert_eq!(d.requeue, Requeue::AwaitChange);
     }
 }
+
+#[cfg(test)]
+mod supersede_after_block {
+    use super::*;
+
+    #[test]
+    fn blocked_then_superseded() {
+        let rev = |c: char| format!("sha256:{}", c.to_string().repeat(64));
+        let s: WaveGateSpec = serde_json::from_value(serde_json::json!({
+            "site": "eu", "applicationSetRef": {"name": "mesh"}, "repository": "oci://r.local/m",
+            "revision": rev('c'), "sourceCommit": "abc1234",
+            "waves": [{"name": "canary", "clusters": ["c1"]}, {"name": "rest", "clusters": ["c2"]}],
+            "driftGate": {"exporter": "None"}, "pin": {"publicKeysSecretRef": {"name": "k"}},
+        }))
+        .unwrap();
+        let status: WaveGateStatus = serde_json::from_value(serde_json::json!({
+            "phase": "Halted", "currentRevision": rev('b'), "previousRevision": rev('a'),
+            "decisions": [{"clusterName": "c1", "revision": rev('a'), "wave": "canary"}, {"clusterName": "c2", "revision": rev('a'), "wave": "rest"}],
+            "waves": [{"name": "canary", "state": "Failed"}, {"name": "rest", "state": "Pending"}],
+            "halt": {"reason": "GateFailed", "wave": "canary", "haltedAt": "2027-01-01T00:00:00Z", "pinnedAt": "2027-01-01T00:00:01Z", "revertedClusters": ["c1"], "pins": ["p"]},
+        })).unwrap();
+        let t = Timestamp::from_second(1_800_000_000).unwrap();
+        let o = Observations {
+            applications: vec![],
+            ..Observations::default()
+        };
+        let blocked = decide(&s, Some(&status), &o, t);
+        assert_eq!(blocked.status.phase, WaveGatePhase::Halted);
+        let mut s2 = s.clone();
+        s2.supersede_halted = true;
+        let d = decide(&s2, Some(&blocked.status), &o, t);
+        assert_eq!(d.status.current_revision, Some(rev('c')), "{:#?}", d.status);
+    }
+}

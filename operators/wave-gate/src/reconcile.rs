@@ -318,6 +318,25 @@ async fn passed_elsewhere(
     }
 }
 
+/// The applied status: `next`, with every top-level field the previous status had and `next`
+/// drops (a halt cleared by a superseding change) sent as an explicit null, so the apply removes
+/// it whole instead of leaving an emptied object behind.
+fn status_body(previous: Option<&WaveGateStatus>, next: &WaveGateStatus) -> serde_json::Value {
+    let mut body = serde_json::to_value(next).unwrap_or_default();
+    if let (Some(prev), Some(map)) = (
+        previous.and_then(|p| serde_json::to_value(p).ok()),
+        body.as_object_mut(),
+    ) && let Some(old) = prev.as_object()
+    {
+        for key in old.keys() {
+            if !map.contains_key(key) {
+                map.insert(key.clone(), serde_json::Value::Null);
+            }
+        }
+    }
+    body
+}
+
 /// Reconciles one WaveGate.
 #[tracing::instrument(skip_all, fields(kind = "WaveGate", namespace = obj.namespace().unwrap_or_default(), name = obj.name_any()))]
 pub async fn reconcile(
@@ -429,7 +448,8 @@ pub async fn reconcile(
         }
     })?;
     if status != Some(&decision.status) {
-        write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &decision.status).await?;
+        let body = status_body(status, &decision.status);
+        write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &body).await?;
         tracing::info!(phase = ?decision.status.phase, wave = ?decision.status.current_wave, "status written");
     }
     if let Some(m) = &ctx.metrics {

@@ -1,0 +1,513 @@
+//! End to end: the wave-gate controller over the Kubernetes API emulator, a real Prometheus
+//! carrying the mesh's signals, and Argo CD played by the test world (it syncs each Application
+//! to the revision its cluster's decision names). One scenario per behaviour a site relies on:
+//! a clean change across waves and sites, a breach in wave 0 pinned back, the NACK gate, the
+//! drift gate's timeout, a restart during a soak, supersession, emergency, a partitioned site
+//! released, and an unsafe ApplicationSet refused.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use sluice_api::v1alpha1::{
+    WaveGate, WaveGatePhase,
+    wave_gate::{HaltReason, WaveState, conditions, reasons},
+};
+use sluice_runtime::conditions::find;
+
+const BUDGET: Duration = Duration::from_secs(40);
+
+fn phase(w: &WaveGate) -> Option<WaveGatePhase> {
+    w.status.as_ref().map(|s| s.phase)
+}
+
+fn wave_state(w: &WaveGate, i: usize) -> Option<WaveState> {
+    w.status.as_ref()?.waves.get(i).map(|w| w.state)
+}
+
+fn decided(w: &WaveGate) -> Vec<(String, String)> {
+    w.status
+        .as_ref()
+        .map(|s| {
+            s.decisions
+                .iter()
+                .map(|d| (d.cluster_name.clone(), d.revision.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn one_site_waves() -> serde_json::Value {
+    serde_json::json!([
+        {"name": "canary", "clusters": ["eu-1"], "soak": "3s"},
+        {"name": "rest", "clusters": ["eu-2", "eu-3"]}
+    ])
+}
+
+/// Given a site eu on revision a, when the WaveGate asks for b: wave 0 is admitted.
+async fn site_changing_to_b(w: &World, patch: serde_json::Value) {
+    w.application_set(
+        "mesh-eu",
+        safe_policy(),
+        &["eu-1", "eu-2", "eu-3"],
+        &rev('a'),
+    )
+    .await;
+    let mut s = spec("eu", one_site_waves(), &rev('b'));
+    for (k, v) in patch.as_object().unwrap() {
+        s[k] = v.clone();
+    }
+    w.wave_gate(object("eu", s)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clean_change_crosses_every_wave_of_both_sites_in_order() {
+    let Some(w) = World::start(&["eu-1", "eu-2", "eu-3", "us-1", "us-2"]).await else {
+        return;
+    };
+    let op = w.operator();
+    // Given two sites: eu's rest waits for us past its canary (the seed's fleet order).
+    w.application_set(
+        "mesh-eu",
+        safe_policy(),
+        &["eu-1", "eu-2", "eu-3"],
+        &rev('a'),
+    )
+    .await;
+    w.application_set("mesh-us", safe_policy(), &["us-1", "us-2"], &rev('a'))
+        .await;
+    let eu_waves = serde_json::json!([
+        {"name": "canary", "clusters": ["eu-1"], "soak": "2s"},
+        {"name": "rest", "clusters": ["eu-2", "eu-3"], "soak": "2s", "waitFor": [{"site": "us", "wave": "canary"}]}
+    ]);
+    let us_waves = serde_json::json!([
+        {"name": "canary", "clusters": ["us-1"], "soak": "4s"},
+        {"name": "rest", "clusters": ["us-2"], "soak": "2s"}
+    ]);
+    // When both WaveGates ask for b.
+    w.wave_gate(object("eu", spec("eu", eu_waves, &rev('b'))))
+        .await;
+    w.wave_gate(object("us", spec("us", us_waves, &rev('b'))))
+        .await;
+
+    // Then eu waits for us once its canary passed.
+    let eu = w
+        .eventually("eu", "eu waits for us", BUDGET, |g| {
+            wave_state(g, 1) == Some(WaveState::Waiting)
+                || wave_state(g, 1) == Some(WaveState::Converging)
+        })
+        .await;
+    let eu_status = eu.status.as_ref().unwrap();
+    assert_eq!(eu_status.waves[0].state, WaveState::Passed);
+
+    // And both complete, every Application at b.
+    let us = w
+        .eventually("us", "us Complete", BUDGET, |g| {
+            phase(g) == Some(WaveGatePhase::Complete)
+        })
+        .await;
+    let eu = w
+        .eventually("eu", "eu Complete", BUDGET, |g| {
+            phase(g) == Some(WaveGatePhase::Complete)
+        })
+        .await;
+    let (eu_s, us_s) = (eu.status.unwrap(), us.status.unwrap());
+    for s in [&eu_s, &us_s] {
+        assert!(s.decisions.iter().all(|d| d.revision == rev('b')));
+        for (i, wave) in s.waves.iter().enumerate() {
+            assert_eq!(wave.state, WaveState::Passed, "wave {i}");
+            let (a, c, f) = (
+                wave.admitted_at.as_ref().unwrap().0,
+                wave.converged_at.as_ref().unwrap().0,
+                wave.finished_at.as_ref().unwrap().0,
+            );
+            assert!(a <= c && c < f, "timestamps in order for wave {i}");
+            assert!(
+                wave.gates
+                    .iter()
+                    .all(|g| g.verdict == sluice_api::v1alpha1::Verdict::Pass)
+            );
+        }
+        // Waves in order within a site.
+        assert!(
+            s.waves[1].admitted_at.as_ref().unwrap().0
+                >= s.waves[0].finished_at.as_ref().unwrap().0
+        );
+    }
+    // Across sites: eu's rest only after us passed its canary.
+    assert!(
+        eu_s.waves[1].admitted_at.as_ref().unwrap().0
+            >= us_s.waves[0].finished_at.as_ref().unwrap().0,
+        "eu rest admitted {:?} before us canary passed {:?}",
+        eu_s.waves[1].admitted_at,
+        us_s.waves[0].finished_at
+    );
+    assert!(w.synced().await.values().all(|r| *r == rev('b')));
+    assert!(w.pins().await.is_empty());
+    op.stop().await;
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn breach_in_wave_zero_halts_and_pins_back_only_wave_zero() {
+    let Some(w) = World::start(&["eu-1", "eu-2", "eu-3"]).await else {
+        return;
+    };
+    let op = w.operator();
+    site_changing_to_b(
+        &w,
+        serde_json::json!({"waves": [
+            {"name": "canary", "clusters": ["eu-1"], "soak": "30s"},
+            {"name": "rest", "clusters": ["eu-2", "eu-3"]}
+        ]}),
+    )
+    .await;
+    w.eventually("eu", "wave 0 soaking", BUDGET, |g| {
+        wave_state(g, 0) == Some(WaveState::Soaking)
+    })
+    .await;
+    // When mesh-attributed errors rise in the canary cluster.
+    w.mesh("eu-1", |m| m.mesh_errors_per_s = 30.0);
+    let halted = w
+        .eventually("eu", "halted and pinned back", BUDGET, |g| {
+            g.status
+                .as_ref()
+                .and_then(|s| s.halt.as_ref())
+                .is_some_and(|h| h.pinned_at.is_some())
+        })
+        .await;
+    let s = halted.status.unwrap();
+    let h = s.halt.as_ref().unwrap();
+    assert_eq!(h.reason, HaltReason::GateFailed);
+    assert_eq!(h.wave, "canary");
+    let gate = h.gate.as_ref().unwrap();
+    assert_eq!(gate.gate, "mesh-error-ratio");
+    assert!(
+        gate.value.unwrap() > 0.01,
+        "the failing value is recorded: {gate:?}"
+    );
+    assert_eq!(h.reverted_clusters, vec!["eu-1".to_owned()]);
+    assert_eq!(s.phase, WaveGatePhase::Halted);
+    assert_eq!(
+        s.waves[1].state,
+        WaveState::Pending,
+        "no later wave admitted"
+    );
+    // Only wave 0's cluster is pinned, to the previous revision.
+    let pins = w.pins().await;
+    assert_eq!(pins.len(), 1, "{pins:#?}");
+    let pin = &pins[0];
+    assert_eq!(pin.spec.bundle.digest, rev('a'));
+    assert_eq!(pin.spec.targets.len(), 1);
+    assert_eq!(pin.spec.targets[0].name, "mesh-eu-1");
+    assert_eq!(h.pins, vec![pin.metadata.name.clone().unwrap()]);
+    // And its decision is set back, so Argo CD converges on what the pin applied.
+    assert!(
+        decided(&halted_again(&w).await)
+            .iter()
+            .all(|(_, r)| *r == rev('a'))
+    );
+    tokio::time::timeout(BUDGET, async {
+        while w.synced().await.get("eu-1") != Some(&rev('a')) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("Argo CD reports the canary Synced at the previous revision");
+    assert_eq!(w.events("eu", reasons::PINNED_BACK).await.len(), 1);
+
+    // A restart never creates a second pin.
+    op.stop().await;
+    let op = w.operator();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(w.pins().await.len(), 1);
+
+    // A new revision waits while the halted change is not superseded...
+    w.patch_spec(
+        "eu",
+        serde_json::json!({"revision": rev('c'), "sourceCommit": commit(&rev('c'))}),
+    )
+    .await;
+    let blocked = w
+        .eventually("eu", "blocked by the halt", BUDGET, |g| {
+            g.status.as_ref().is_some_and(|s| {
+                find(&s.conditions, conditions::PROGRESSING)
+                    .is_some_and(|c| c.reason == reasons::BLOCKED_BY_HALT)
+            })
+        })
+        .await;
+    assert_eq!(phase(&blocked), Some(WaveGatePhase::Halted));
+    // ...and starts from wave 0 once the WaveGate says so.
+    w.patch_spec("eu", serde_json::json!({"supersedeHalted": true}))
+        .await;
+    let superseded = w
+        .eventually("eu", "c admitted in wave 0", BUDGET, |g| {
+            g.status.as_ref().is_some_and(|s| {
+                s.current_revision.as_deref() == Some(rev('c').as_str())
+                    && s.halt.is_none()
+                    && s.waves[0].state != WaveState::Pending
+            })
+        })
+        .await;
+    let s = superseded.status.unwrap();
+    assert_eq!(s.previous_revision, Some(rev('a')));
+    let d = decided(&superseded_obj(&w).await);
+    assert_eq!(d[0], ("eu-1".to_owned(), rev('c')));
+    assert!(d[1..].iter().all(|(_, r)| *r == rev('a')));
+    assert!(!w.events("eu", reasons::SUPERSEDED).await.is_empty());
+    op.stop().await;
+    w.stop().await;
+}
+
+async fn halted_again(w: &World) -> WaveGate {
+    w.wave_gates().get("eu").await.unwrap()
+}
+
+async fn superseded_obj(w: &World) -> WaveGate {
+    w.wave_gates().get("eu").await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xds_nacks_in_the_canary_halt_the_change() {
+    let Some(w) = World::start(&["eu-1", "eu-2", "eu-3"]).await else {
+        return;
+    };
+    let op = w.operator();
+    site_changing_to_b(
+        &w,
+        serde_json::json!({"waves": [
+            {"name": "canary", "clusters": ["eu-1"], "soak": "30s"},
+            {"name": "rest", "clusters": ["eu-2", "eu-3"]}
+        ]}),
+    )
+    .await;
+    w.eventually("eu", "wave 0 soaking", BUDGET, |g| {
+        wave_state(g, 0) == Some(WaveState::Soaking)
+    })
+    .await;
+    w.mesh("eu-1", |m| m.nacks_per_s = 2.0);
+    let halted = w
+        .eventually("eu", "halted on NACKs", BUDGET, |g| {
+            g.status.as_ref().and_then(|s| s.halt.as_ref()).is_some()
+        })
+        .await;
+    let h = halted.status.unwrap().halt.unwrap();
+    assert_eq!(h.reason, HaltReason::GateFailed);
+    assert_eq!(h.gate.unwrap().gate, "xds-nack-increase");
+    op.stop().await;
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxies_that_never_acknowledge_time_out_and_halt() {
+    let Some(w) = World::start(&["eu-1", "eu-2", "eu-3"]).await else {
+        return;
+    };
+    // Given proxies in the canary cluster that never pick up new config.
+    w.mesh("eu-1", |m| m.stuck_behind = 7.0);
+    let op = w.operator();
+    site_changing_to_b(&w, serde_json::json!({"convergenceTimeout": "5s"})).await;
+    let halted = w
+        .eventually("eu", "convergence timeout", BUDGET, |g| {
+            g.status.as_ref().and_then(|s| s.halt.as_ref()).is_some()
+        })
+        .await;
+    let s = halted.status.unwrap();
+    let h = s.halt.as_ref().unwrap();
+    assert_eq!(h.reason, HaltReason::ConvergenceTimeout);
+    let msg = h.message.as_deref().unwrap();
+    assert!(
+        msg.contains("eu-1=7"),
+        "the proxies behind are named: {msg}"
+    );
+    assert_eq!(s.waves[0].proxies_behind, Some(7.0));
+    assert_eq!(
+        s.waves[0].applications.as_ref().map(|a| a.synced),
+        Some(1),
+        "Argo CD synced; only the drift held the wave"
+    );
+    op.stop().await;
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_during_a_soak_continues_the_same_soak() {
+    let Some(w) = World::start(&["eu-1", "eu-2", "eu-3"]).await else {
+        return;
+    };
+    let op = w.operator();
+    site_changing_to_b(
+        &w,
+        serde_json::json!({"waves": [
+            {"name": "canary", "clusters": ["eu-1"], "soak": "6s"},
+            {"name": "rest", "clusters": ["eu-2", "eu-3"], "soak": "1s"}
+        ]}),
+    )
+    .await;
+    let soaking = w
+        .eventually("eu", "wave 0 soaking", BUDGET, |g| {
+            wave_state(g, 0) == Some(WaveState::Soaking)
+        })
+        .await;
+    let before = soaking.status.unwrap().waves[0].clone();
+    // When the operator restarts in the middle of the soak.
+    op.stop().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let op = w.operator();
+    let passed = w
+        .eventually("eu", "wave 0 passed", BUDGET, |g| {
+            wave_state(g, 0) == Some(WaveState::Passed)
+        })
+        .await;
+    let after = passed.status.unwrap().waves[0].clone();
+    // Then the same soak continued: no clock reset, no re-admission.
+    assert_eq!(after.admitted_at, before.admitted_at);
+    assert_eq!(after.converged_at, before.converged_at);
+    let soak_end = before.converged_at.as_ref().unwrap().0 + jiff::SignedDuration::from_secs(6);
+    let finished = after.finished_at.as_ref().unwrap().0;
+    assert!(finished >= soak_end, "passed before the soak ended");
+    assert!(
+        finished.duration_since(soak_end) < jiff::SignedDuration::from_secs(4),
+        "the soak ran from the original convergence: ended {soak_end}, passed {finished}"
+    );
+    let admitted = w.events("eu", reasons::WAVE_ADMITTED).await;
+    let canary_admissions = admitted
+        .iter()
+        .filter(|e| e.note.as_deref().is_some_and(|n| n.contains("wave canary")))
+        .count();
+    assert_eq!(canary_admissions, 1, "wave 0 admitted once");
+    assert_eq!(
+        w.events("eu", reasons::SOAKING)
+            .await
+            .iter()
+            .filter(|e| e.note.as_deref().is_some_and(|n| n.contains("wave canary")))
+            .count(),
+        1
+    );
+    op.stop().await;
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emergency_admits_every_wave_at_once_audited() {
+    let Some(w) = World::start(&["eu-1", "eu-2", "eu-3"]).await else {
+        return;
+    };
+    let op = w.operator();
+    site_changing_to_b(
+        &w,
+        serde_json::json!({"emergency": {"revision": rev('b'), "reason": "CVE-2026-0001 fix"}}),
+    )
+    .await;
+    let done = w
+        .eventually("eu", "emergency complete", BUDGET, |g| {
+            phase(g) == Some(WaveGatePhase::Complete)
+        })
+        .await;
+    let s = done.status.unwrap();
+    assert!(s.decisions.iter().all(|d| d.revision == rev('b')));
+    assert!(s.waves.iter().all(|w| w.state == WaveState::Skipped));
+    assert!(s.waves.iter().all(|w| w.converged_at.is_none()), "no soak");
+    let last = s.history.last().unwrap();
+    assert!(last.reason.as_deref().unwrap().contains("CVE-2026-0001"));
+    let events = w.events("eu", reasons::EMERGENCY).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].type_.as_deref(), Some("Warning"));
+    op.stop().await;
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_site_is_released_explicitly() {
+    let Some(w) = World::start(&["eu-1", "eu-2", "eu-3"]).await else {
+        return;
+    };
+    let op = w.operator();
+    // Given eu's rest waits for site us, which is cut off (reports nothing).
+    site_changing_to_b(&w, serde_json::json!({"waves": [
+        {"name": "canary", "clusters": ["eu-1"], "soak": "2s"},
+        {"name": "rest", "clusters": ["eu-2", "eu-3"], "soak": "1s", "waitFor": [{"site": "us", "wave": "canary"}]}
+    ]}))
+    .await;
+    let waiting = w
+        .eventually("eu", "waiting for us", BUDGET, |g| {
+            phase(g) == Some(WaveGatePhase::WaitingForSite)
+        })
+        .await;
+    assert!(
+        waiting.status.unwrap().waves[1]
+            .waiting_for
+            .as_deref()
+            .unwrap()
+            .contains("site us past wave canary")
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        phase(&w.wave_gates().get("eu").await.unwrap()),
+        Some(WaveGatePhase::WaitingForSite),
+        "no site passes a wait by silence"
+    );
+    // When the wait is released explicitly for this revision.
+    w.patch_spec(
+        "eu",
+        serde_json::json!({"waitReleases": [{"site": "us", "revision": rev('b'), "reason": "us partitioned; approved by on-call"}]}),
+    )
+    .await;
+    let done = w
+        .eventually("eu", "complete after the release", BUDGET, |g| {
+            phase(g) == Some(WaveGatePhase::Complete)
+        })
+        .await;
+    let s = done.status.unwrap();
+    assert!(
+        s.history
+            .last()
+            .unwrap()
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("us partitioned")
+    );
+    let events = w.events("eu", reasons::WAIT_RELEASED).await;
+    assert_eq!(events.len(), 1, "audited once");
+    op.stop().await;
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn application_set_without_create_update_is_refused() {
+    let Some(w) = World::start(&["eu-1", "eu-2", "eu-3"]).await else {
+        return;
+    };
+    let op = w.operator();
+    w.application_set(
+        "mesh-eu",
+        serde_json::json!({"preserveResourcesOnDeletion": true}),
+        &["eu-1", "eu-2", "eu-3"],
+        &rev('a'),
+    )
+    .await;
+    w.wave_gate(object("eu", spec("eu", one_site_waves(), &rev('b'))))
+        .await;
+    let refused = w
+        .eventually("eu", "refused", BUDGET, |g| {
+            phase(g) == Some(WaveGatePhase::Refused)
+        })
+        .await;
+    let s = refused.status.unwrap();
+    let c = find(&s.conditions, conditions::APPLICATION_SET_SAFE).unwrap();
+    assert_eq!(c.reason, reasons::APPLICATIONS_SYNC_UNSAFE);
+    assert!(c.message.contains("create-update"), "{}", c.message);
+    assert!(s.decisions.is_empty(), "nothing published");
+    let events = w.events("eu", reasons::APPLICATIONS_SYNC_UNSAFE).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].type_.as_deref(), Some("Warning"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        w.synced().await.values().all(|r| *r == rev('a')),
+        "no Application moved"
+    );
+    op.stop().await;
+    w.stop().await;
+}
