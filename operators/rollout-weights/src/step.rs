@@ -591,7 +591,7 @@ impl Machine<'_> {
                 }
                 GateAction::Pause => {
                     self.next.phase = RolloutPhase::Paused;
-                    self.condition(conditions::PROGRESSING, Status::True, reasons::INCONCLUSIVE, format!("gate {} inconclusive for too long; held (policy Pause) until it passes or a person acts", v.gate));
+                    self.condition(conditions::PROGRESSING, Status::True, reasons::INCONCLUSIVE, format!("gate {} inconclusive for too long ({}: {}); held (policy Pause) until it passes or a person acts", v.gate, v.reason.as_str(), v.message.clone().unwrap_or_default()));
                 }
                 GateAction::Proceed | GateAction::Wait => {}
             }
