@@ -193,6 +193,16 @@ fn add(t: Timestamp, d: Duration) -> Timestamp {
         .unwrap_or(t)
 }
 
+/// `t` rounded up to a whole second (the precision of a status time).
+pub fn ceil_second(t: Timestamp) -> Timestamp {
+    t.round(
+        k8s_openapi::jiff::TimestampRound::new()
+            .smallest(k8s_openapi::jiff::Unit::Second)
+            .mode(k8s_openapi::jiff::RoundMode::Ceil),
+    )
+    .unwrap_or(t)
+}
+
 fn until(now: Timestamp, t: Timestamp) -> Duration {
     Duration::try_from(t.duration_since(now)).unwrap_or(Duration::ZERO)
 }
@@ -965,9 +975,11 @@ fn converge(cx: &mut Ctx<'_>, i: usize) -> Option<Requeue> {
     let admitted_at = ws.admitted_at.as_ref().map_or(cx.now, ts);
     if c.ok {
         ws.state = WaveState::Soaking;
-        ws.converged_at = Some(Time(cx.now));
+        // Status times have whole-second precision: the soak starts at the next whole second,
+        // so the soak a restarted operator reads back is never shorter than the one decided.
+        ws.converged_at = Some(Time(ceil_second(cx.now)));
         ws.gates.clear();
-        let end = add(cx.now, soak(spec, i));
+        let end = add(ceil_second(cx.now), soak(spec, i));
         let note = format!(
             "wave {} converged at {}; soaking until {end}",
             spec.waves[i].name, spec.revision
@@ -2060,5 +2072,22 @@ mod supersede_after_block {
         s2.supersede_halted = true;
         let d = decide(&s2, Some(&blocked.status), &o, t);
         assert_eq!(d.status.current_revision, Some(rev('c')), "{:#?}", d.status);
+    }
+}
+
+#[cfg(test)]
+mod soak_precision {
+    use super::*;
+
+    #[test]
+    fn the_soak_starts_at_the_next_whole_second() {
+        let at = |ms: i64| Timestamp::from_millisecond(1_800_000_000_000 + ms).unwrap();
+        for (ms, want) in [(0, 0), (1, 1000), (280, 1000), (999, 1000), (1000, 1000)] {
+            assert_eq!(ceil_second(at(ms)), at(want), "{ms} ms");
+        }
+        // Round trip through the wire format keeps the value exactly.
+        let t = Time(ceil_second(at(280)));
+        let back: Time = serde_json::from_value(serde_json::to_value(&t).unwrap()).unwrap();
+        assert_eq!(back, t);
     }
 }

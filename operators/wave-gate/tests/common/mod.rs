@@ -123,7 +123,9 @@ impl World {
     /// upstream CRDs are absent.
     pub async fn start(clusters: &[&str]) -> Option<World> {
         // Operator logs (warnings and up) show in a failing test's output.
-        let _ = sluice_runtime::telemetry::init(sluice_runtime::config::LogFormat::Text, "warn");
+        // SLUICE_TEST_LOG raises the level (e.g. info) when a scenario needs a closer look.
+        let level = std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "warn".into());
+        let _ = sluice_runtime::telemetry::init(sluice_runtime::config::LogFormat::Text, &level);
         let argocd = upstream()?;
         let prom = match Prometheus::start().await {
             Ok(p) => Arc::new(p),
