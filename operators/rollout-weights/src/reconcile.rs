@@ -186,6 +186,18 @@ pub enum ReconcileError {
         #[source]
         source: EditError,
     },
+    /// The route changed after it was read for the decision; the decision is not carried out.
+    #[error(
+        "HTTPRoute {route} changed after Rollout {rollout} read it (resourceVersion {read} is stale); deciding again from the new route"
+    )]
+    RouteChanged {
+        /// Route name.
+        route: String,
+        /// `<namespace>/<name>` of the Rollout.
+        rollout: String,
+        /// The resourceVersion the decision was made from.
+        read: String,
+    },
     /// Adding or removing the finalizer failed.
     #[error("updating the finalizer of Rollout {rollout}: {source}")]
     Finalizer {
@@ -205,7 +217,7 @@ impl Categorized for ReconcileError {
             ReconcileError::Status(e)
             | ReconcileError::Route(e)
             | ReconcileError::Finalizer { source: e, .. } => e.category(),
-            ReconcileError::Edit { .. } => Category::Conflict,
+            ReconcileError::Edit { .. } | ReconcileError::RouteChanged { .. } => Category::Conflict,
         }
     }
 }
@@ -305,9 +317,13 @@ struct Written {
     changed: bool,
 }
 
+/// Brings the route's owned parts to `desired`, only if the route is still at `read` (the
+/// resourceVersion the decision was made from): a route rewritten in between (by a BundlePin,
+/// by a person) is decided on again, never overwritten blindly.
 async fn write_route(
     api: &Api<HttpRoute>,
     route_name: &str,
+    read: Option<&str>,
     target: &Target,
     desired: &Desired,
     crd: CrdSupport,
@@ -315,6 +331,7 @@ async fn write_route(
 ) -> Result<Option<Written>, ReconcileError> {
     let mut edit_error = None;
     let mut foreign = false;
+    let mut changed_since_read = false;
     let result = write::update_with_retry(
         api,
         FIELD_MANAGER,
@@ -323,6 +340,10 @@ async fn write_route(
         |r: &mut HttpRoute| {
             edit_error = None;
             foreign = false;
+            changed_since_read = r.metadata.resource_version.as_deref() != read;
+            if changed_since_read {
+                return false;
+            }
             let owner = r
                 .metadata
                 .annotations
@@ -354,6 +375,13 @@ async fn write_route(
     }
     if foreign {
         return Ok(None);
+    }
+    if changed_since_read {
+        return Err(ReconcileError::RouteChanged {
+            route: route_name.to_owned(),
+            rollout: key.to_owned(),
+            read: read.unwrap_or_default().to_owned(),
+        });
     }
     match result {
         Ok(Updated::Unchanged(route)) => Ok(Some(Written {
@@ -522,20 +550,32 @@ pub async fn reconcile(
 
     // 2. The route.
     let mut route_changed = false;
+    // Later writes of the same decision build on the route the earlier ones left.
+    let mut read = route
+        .as_ref()
+        .and_then(|r| r.metadata.resource_version.clone());
     for action in &decision.actions {
         match action {
             Action::WriteRoute(d) => {
-                let written =
-                    match write_route(&routes, &obj.spec.route_ref.name, &target, d, crd, &key)
-                        .await
-                    {
-                        Ok(w) => w,
-                        Err(e) => {
-                            ctx.metrics.route_write("Failed");
-                            return Err(e);
-                        }
-                    };
+                let written = match write_route(
+                    &routes,
+                    &obj.spec.route_ref.name,
+                    read.as_deref(),
+                    &target,
+                    d,
+                    crd,
+                    &key,
+                )
+                .await
+                {
+                    Ok(w) => w,
+                    Err(e) => {
+                        ctx.metrics.route_write("Failed");
+                        return Err(e);
+                    }
+                };
                 let Some(w) = written else { continue };
+                read = w.route.metadata.resource_version.clone();
                 ctx.metrics
                     .route_write(if w.changed { "Written" } else { "Unchanged" });
                 if w.changed {

@@ -723,7 +723,11 @@ impl Machine<'_> {
         if pinned {
             return;
         }
-        if route.owner.is_some() {
+        // A restore stays reported (RouteOwned=True, ForeignEditRestored) until ownership
+        // changes; otherwise the route is simply owned.
+        let restored = cond::find(&self.next.conditions, conditions::ROUTE_OWNED)
+            .is_some_and(|c| c.status == "True" && c.reason == reasons::FOREIGN_EDIT_RESTORED);
+        if route.owner.is_some() && !restored {
             self.condition(
                 conditions::ROUTE_OWNED,
                 Status::True,
