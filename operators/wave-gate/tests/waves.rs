@@ -169,6 +169,33 @@ async fn breach_in_wave_zero_halts_and_pins_back_only_wave_zero() {
     .await;
     // When mesh-attributed errors rise in the canary cluster.
     w.mesh("eu-1", |m| m.mesh_errors_per_s = 30.0);
+    let fault = std::time::Instant::now();
+    let (mut halt_seen, mut pin_seen, mut reverted_seen) = (None, None, None);
+    tokio::time::timeout(BUDGET, async {
+        while reverted_seen.is_none() {
+            let g = w.wave_gates().get("eu").await.unwrap();
+            if halt_seen.is_none() && g.status.as_ref().is_some_and(|s| s.halt.is_some()) {
+                halt_seen = Some(fault.elapsed());
+            }
+            if pin_seen.is_none() && !w.pins().await.is_empty() {
+                pin_seen = Some(fault.elapsed());
+            }
+            if w.synced().await.get("eu-1") == Some(&rev('a')) {
+                reverted_seen = Some(fault.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("halted, pinned and the canary back at the previous revision within the budget");
+    let ms = |d: Option<Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0);
+    println!(
+        "breach figures (10 ms polls): fault to halt {:.0} ms, halt_to_pin_ms {:.0}, breach_to_reverted_ms {:.0} (Argo CD syncing the set-back decision after {:?})",
+        ms(halt_seen),
+        ms(pin_seen) - ms(halt_seen),
+        ms(reverted_seen),
+        w.sync_delay
+    );
     let halted = w
         .eventually("eu", "halted and pinned back", BUDGET, |g| {
             g.status
@@ -177,7 +204,7 @@ async fn breach_in_wave_zero_halts_and_pins_back_only_wave_zero() {
                 .is_some_and(|h| h.pinned_at.is_some())
         })
         .await;
-    let s = halted.status.unwrap();
+    let s = halted.status.clone().unwrap();
     let h = s.halt.as_ref().unwrap();
     assert_eq!(h.reason, HaltReason::GateFailed);
     assert_eq!(h.wave, "canary");
@@ -203,18 +230,7 @@ async fn breach_in_wave_zero_halts_and_pins_back_only_wave_zero() {
     assert_eq!(pin.spec.targets[0].name, "mesh-eu-1");
     assert_eq!(h.pins, vec![pin.metadata.name.clone().unwrap()]);
     // And its decision is set back, so Argo CD converges on what the pin applied.
-    assert!(
-        decided(&halted_again(&w).await)
-            .iter()
-            .all(|(_, r)| *r == rev('a'))
-    );
-    tokio::time::timeout(BUDGET, async {
-        while w.synced().await.get("eu-1") != Some(&rev('a')) {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await
-    .expect("Argo CD reports the canary Synced at the previous revision");
+    assert!(decided(&halted).iter().all(|(_, r)| *r == rev('a')));
     assert_eq!(w.events("eu", reasons::PINNED_BACK).await.len(), 1);
 
     // A restart never creates a second pin.
@@ -250,22 +266,14 @@ async fn breach_in_wave_zero_halts_and_pins_back_only_wave_zero() {
             })
         })
         .await;
+    let d = decided(&superseded);
     let s = superseded.status.unwrap();
     assert_eq!(s.previous_revision, Some(rev('a')));
-    let d = decided(&superseded_obj(&w).await);
     assert_eq!(d[0], ("eu-1".to_owned(), rev('c')));
     assert!(d[1..].iter().all(|(_, r)| *r == rev('a')));
     assert!(!w.events("eu", reasons::SUPERSEDED).await.is_empty());
     op.stop().await;
     w.stop().await;
-}
-
-async fn halted_again(w: &World) -> WaveGate {
-    w.wave_gates().get("eu").await.unwrap()
-}
-
-async fn superseded_obj(w: &World) -> WaveGate {
-    w.wave_gates().get("eu").await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
