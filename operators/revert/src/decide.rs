@@ -1,26 +1,197 @@
 //! The pure heart of sluice-revert: (spec, current status, observations, now) → (actions, next
 //! status).
 //!
-//! Today it validates what CEL cannot express and sets `status.observedGeneration`, the phase
-//! and the `Ready` condition; the operator's state machine grows here. Must never do I/O or
-//! read the clock.
+//! Status is the state machine: Verifying → Pinning → Pinned → Released, or Refused. Each step
+//! is decided from what the status recorded and what the reconcile observed, so a restarted
+//! operator reaches the same decision: the original sync policy is recorded in the status
+//! before any Application is touched, effects are idempotent (suspend, server-side apply, prune,
+//! restore), and the git revert is asked for until the status records it (the git client never
+//! pushes a branch twice). Must never do I/O or read the clock; never emits an effect before the
+//! bundle's signature and kinds are verified and every target is found suitable.
 
 use std::time::Duration;
 
-use k8s_openapi::jiff::Timestamp;
-use sluice_api::v1alpha1::{BundlePinPhase, BundlePinSpec, BundlePinStatus, bundle_pin::reasons};
-use sluice_runtime::{conditions as cond, events::Severity};
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use serde_json::Value;
+use sluice_api::v1alpha1::{
+    BundlePinPhase, BundlePinSpec, BundlePinStatus,
+    bundle_pin::{
+        ApplicationPinState, GroupKind, PinnedApplication, ReleasePolicy, conditions, reasons,
+    },
+};
+use sluice_runtime::{
+    conditions::{self as cond, Status},
+    events::Severity,
+};
 
 use crate::validity;
+
+/// How often a pinned BundlePin looks at its Applications (release, re-suspension).
+pub const POLL: Duration = Duration::from_secs(5);
+/// How soon a step that waits on something outside (a terminating sync) looks again.
+pub const SHORT: Duration = Duration::from_millis(500);
+/// How soon a transient verification failure (registry down, keys absent) is retried.
+pub const RETRY: Duration = Duration::from_secs(10);
+
+/// Prefix of the revert branch: `sluice/revert/<namespace>/<name>`.
+pub const BRANCH_PREFIX: &str = "sluice/revert";
+
+/// One object by identity.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    /// API group ("" for core).
+    pub group: String,
+    /// Kind.
+    pub kind: String,
+    /// Namespace ("" for cluster-scoped or "the Application's destination namespace").
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// API version (without group), when known.
+    pub version: String,
+}
+
+impl ObjectKey {
+    fn same_object(&self, other: &ObjectKey) -> bool {
+        self.group == other.group
+            && self.kind == other.kind
+            && self.namespace == other.namespace
+            && self.name == other.name
+    }
+
+    /// `Kind.group namespace/name`.
+    pub fn display(&self) -> String {
+        let gk = if self.group.is_empty() {
+            self.kind.clone()
+        } else {
+            format!("{}.{}", self.kind, self.group)
+        };
+        if self.namespace.is_empty() {
+            format!("{gk} {}", self.name)
+        } else {
+            format!("{gk} {}/{}", self.namespace, self.name)
+        }
+    }
+}
+
+/// What the verified bundle holds (the reconcile keeps the objects themselves).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BundleSummary {
+    /// Manifest digest verified.
+    pub digest: String,
+    /// Content digest of the manifests.
+    pub content_digest: String,
+    /// Fingerprint of the key the signature verified with.
+    pub key_fingerprint: String,
+    /// The objects (namespace as written; empty when the bundle leaves it to the destination).
+    pub objects: Vec<ObjectKey>,
+}
+
+/// The outcome of verifying the pinned bundle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verification {
+    /// Signature verified with a configured key, every object of an allowed kind.
+    Verified(BundleSummary),
+    /// Refused for good: unsigned, wrong key, tampered, disallowed kind. Nothing may be applied.
+    Refused {
+        /// One of the `reasons` constants.
+        reason: &'static str,
+        /// What was wrong and what to do.
+        message: String,
+    },
+    /// Not decidable now (registry unreachable, keys Secret absent); retried.
+    Unavailable {
+        /// One of the `reasons` constants.
+        reason: &'static str,
+        /// What was wrong and what to do.
+        message: String,
+    },
+}
+
+/// The ApplicationSet that generated an Application.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwningApplicationSet {
+    /// Its name.
+    pub name: String,
+    /// Whether its `ignoreApplicationDifferences` covers this Application's sync policy.
+    pub covers_sync_policy: bool,
+}
+
+/// What the reconcile saw of one target Application.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AppView {
+    /// Every source is `oci://`.
+    pub oci_sourced: bool,
+    /// The owning ApplicationSet, when generated by one.
+    pub application_set: Option<OwningApplicationSet>,
+    /// `spec.syncPolicy` verbatim (`None`: absent).
+    pub sync_policy: Option<Value>,
+    /// Whether automation is active (`automated` present and not `enabled: false`).
+    pub automated: bool,
+    /// `status.operationState.phase`.
+    pub operation_phase: Option<String>,
+    /// Whether `operation` (a requested sync) is set.
+    pub operation_requested: bool,
+    /// `status.sync.status`.
+    pub sync_status: Option<String>,
+    /// `status.sync.revision`.
+    pub revision: Option<String>,
+    /// Content digest of `status.sync.revision`, when the reconcile fetched it.
+    pub revision_content: Option<String>,
+    /// Destination cluster (`destination.name`, else `destination.server`).
+    pub destination: Option<String>,
+    /// `destination.namespace`.
+    pub destination_namespace: Option<String>,
+    /// Resources Argo CD tracks for the Application.
+    pub tracked: Vec<ObjectKey>,
+}
+
+impl AppView {
+    fn sync_running(&self) -> bool {
+        matches!(
+            self.operation_phase.as_deref(),
+            Some("Running") | Some("Terminating")
+        )
+    }
+}
+
+/// One target as observed: its key and, when it exists, its view.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AppObservation {
+    /// Namespace of the Application.
+    pub namespace: String,
+    /// Name of the Application.
+    pub name: String,
+    /// `None`: not found.
+    pub view: Option<AppView>,
+}
 
 /// What the reconcile saw besides the object's spec and status.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Observations {
     /// `metadata.generation` of the object.
     pub generation: Option<i64>,
+    /// `metadata.namespace` and `metadata.name` (branch name, messages).
+    pub pin: (String, String),
+    /// The bundle verification; `None` when the reconcile did not verify (phase does not need it).
+    pub verification: Option<Verification>,
+    /// The targets, in `spec.targets` order.
+    pub applications: Vec<AppObservation>,
+    /// Whether an intent repository is configured for git reverts.
+    pub git_configured: bool,
 }
 
-/// Something the reconcile must do after the status is written.
+/// An Application by namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppKey {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+/// Something the reconcile must do. Effects run in order before the status is written; Events
+/// and audit lines only after it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
     /// Publish a Kubernetes Event about the BundlePin.
@@ -34,6 +205,72 @@ pub enum Action {
         /// Human-readable note.
         note: String,
     },
+    /// Terminate the Application's running sync (`status.operationState.phase: Terminating`).
+    TerminateSync {
+        /// The Application.
+        app: AppKey,
+    },
+    /// Replace the Application's `spec.syncPolicy` with this (automation off), and drop a
+    /// requested-but-not-started `operation`.
+    SetSyncPolicy {
+        /// The Application.
+        app: AppKey,
+        /// The policy to write (`None`: remove it).
+        sync_policy: Option<Value>,
+        /// Also remove `operation`.
+        clear_operation: bool,
+    },
+    /// Server-side apply every bundle object to the destination and delete `prune`.
+    Apply {
+        /// The Application (for messages).
+        app: AppKey,
+        /// Destination cluster name or server.
+        destination: String,
+        /// Namespace for bundle objects that name none.
+        default_namespace: Option<String>,
+        /// Objects to delete: tracked, allowed, not in the bundle.
+        prune: Vec<ObjectKey>,
+    },
+    /// Drop revert's managedFields entries from the bundle's objects in the destination.
+    DropOwnership {
+        /// The Application.
+        app: AppKey,
+        /// Destination cluster name or server.
+        destination: String,
+        /// Namespace for bundle objects that name none.
+        default_namespace: Option<String>,
+    },
+    /// Push the revert branch (and open the pull request when asked and configured).
+    PushRevert {
+        /// Commit to revert.
+        commit: String,
+        /// Base branch.
+        base: String,
+        /// Branch to push.
+        branch: String,
+        /// Commit message.
+        message: String,
+        /// Open a pull request.
+        pull_request: bool,
+    },
+    /// The audit record of a pin or release: an Event and one structured log line.
+    Audit {
+        /// CamelCase reason (AllPinned, ContentMatched, ReleasedExplicitly).
+        reason: &'static str,
+        /// Digest before the pin.
+        from_digest: Option<String>,
+        /// Digest pinned to.
+        to_digest: Option<String>,
+        /// The note.
+        note: String,
+    },
+}
+
+impl Action {
+    /// Whether this action changes something outside the BundlePin.
+    pub fn is_effect(&self) -> bool {
+        !matches!(self, Action::Event { .. } | Action::Audit { .. })
+    }
 }
 
 /// When to look at the object again.
@@ -48,9 +285,10 @@ pub enum Requeue {
 /// The outcome of [`decide`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
-    /// Effects to carry out after the status write succeeded.
+    /// Effects (and Events) to carry out.
     pub actions: Vec<Action>,
-    /// The status to write (equal to the current one when nothing changed).
+    /// The status to write once every effect succeeded (equal to the current one when nothing
+    /// changed).
     pub status: BundlePinStatus,
     /// When to reconcile again.
     pub requeue: Requeue,
@@ -58,6 +296,43 @@ pub struct Decision {
 
 /// The Event action name of validation outcomes.
 pub const VALIDATE: &str = "Validate";
+/// The Event action name of verification outcomes.
+pub const VERIFY: &str = "Verify";
+/// The Event action name of pinning.
+pub const PIN: &str = "Pin";
+/// The Event action name of releasing.
+pub const RELEASE: &str = "Release";
+
+/// The revert branch of a pin.
+pub fn branch_name(namespace: &str, name: &str) -> String {
+    format!("{BRANCH_PREFIX}/{namespace}/{name}")
+}
+
+/// Whether the reconcile must verify the bundle for this status (it needs the objects).
+pub fn needs_verification(status: Option<&BundlePinStatus>) -> bool {
+    matches!(
+        status.map(|s| s.phase).unwrap_or_default(),
+        BundlePinPhase::Verifying
+            | BundlePinPhase::Pinning
+            | BundlePinPhase::Pinned
+            | BundlePinPhase::Releasing
+    )
+}
+
+/// Whether the reconcile should fetch the content digest of each target's synced revision.
+pub fn needs_revision_content(spec: &BundlePinSpec, status: Option<&BundlePinStatus>) -> bool {
+    spec.release_policy == ReleasePolicy::OnMatchingContent
+        && status.is_some_and(|s| s.phase == BundlePinPhase::Pinned)
+}
+
+/// The sync policy with automation turned off, every other setting kept (`enabled: false`).
+pub fn suspended_policy(policy: Option<&Value>) -> Option<Value> {
+    let mut policy = policy.cloned()?;
+    if let Some(automated) = policy.get_mut("automated").and_then(Value::as_object_mut) {
+        automated.insert("enabled".into(), Value::Bool(false));
+    }
+    Some(policy)
+}
 
 /// Decides the next status of a BundlePin.
 pub fn decide(
@@ -66,7 +341,684 @@ pub fn decide(
     obs: &Observations,
     now: Timestamp,
 ) -> Decision {
-    decide_validity(&validity::problems(spec), status, obs, now)
+    let validity = decide_validity(&validity::problems(spec), status, obs, now);
+    if validity.status.phase == BundlePinPhase::Refused
+        && cond::find(&validity.status.conditions, conditions::READY)
+            .is_some_and(|c| c.status == "False")
+    {
+        return validity;
+    }
+    let mut d = validity;
+    step(spec, obs, now, &mut d);
+    d
+}
+
+fn event(severity: Severity, reason: &'static str, action: &'static str, note: String) -> Action {
+    Action::Event {
+        severity,
+        reason,
+        action,
+        note,
+    }
+}
+
+fn app_key(a: &PinnedApplication) -> AppKey {
+    AppKey {
+        namespace: a.namespace.clone(),
+        name: a.name.clone(),
+    }
+}
+
+fn view<'a>(obs: &'a Observations, a: &PinnedApplication) -> Option<&'a AppView> {
+    obs.applications
+        .iter()
+        .find(|o| o.namespace == a.namespace && o.name == a.name)
+        .and_then(|o| o.view.as_ref())
+}
+
+/// Sets a condition and, when it changed, queues an Event.
+#[allow(clippy::too_many_arguments)]
+fn condition(
+    d: &mut Decision,
+    type_: &str,
+    status: Status,
+    reason: &'static str,
+    message: String,
+    generation: Option<i64>,
+    now: Timestamp,
+    action: &'static str,
+) {
+    let severity = if status == Status::False && reason != reasons::FORWARD_FIX_WAITING {
+        Severity::Warning
+    } else {
+        Severity::Normal
+    };
+    let changed = cond::set(
+        &mut d.status.conditions,
+        cond::new(type_, status, reason, message.clone(), generation, now),
+    );
+    if changed {
+        d.actions.push(event(severity, reason, action, message));
+    }
+}
+
+/// The state machine after validation.
+fn step(spec: &BundlePinSpec, obs: &Observations, now: Timestamp, d: &mut Decision) {
+    let gen_ = obs.generation;
+    match d.status.phase {
+        BundlePinPhase::Released | BundlePinPhase::Refused | BundlePinPhase::Failed => {
+            d.requeue = Requeue::AwaitChange;
+        }
+        _ if spec.release => release(
+            spec,
+            obs,
+            now,
+            d,
+            reasons::RELEASED_EXPLICITLY,
+            format!(
+                "released explicitly: {}",
+                spec.release_reason.as_deref().unwrap_or("no reason given")
+            ),
+        ),
+        BundlePinPhase::Verifying => verifying(spec, obs, now, d, gen_),
+        BundlePinPhase::Pinning => pinning(spec, obs, now, d, gen_),
+        BundlePinPhase::Pinned => pinned(spec, obs, now, d, gen_),
+        BundlePinPhase::Releasing => release(
+            spec,
+            obs,
+            now,
+            d,
+            reasons::CONTENT_MATCHED,
+            "Argo CD reports the pinned content".into(),
+        ),
+    }
+}
+
+fn verifying(
+    spec: &BundlePinSpec,
+    obs: &Observations,
+    now: Timestamp,
+    d: &mut Decision,
+    gen_: Option<i64>,
+) {
+    let summary = match &obs.verification {
+        None => {
+            d.requeue = Requeue::After(SHORT);
+            return;
+        }
+        Some(Verification::Refused { reason, message }) => {
+            d.status.phase = BundlePinPhase::Refused;
+            condition(
+                d,
+                conditions::VERIFIED,
+                Status::False,
+                reason,
+                format!("refused, nothing applied: {message}"),
+                gen_,
+                now,
+                VERIFY,
+            );
+            d.requeue = Requeue::AwaitChange;
+            return;
+        }
+        Some(Verification::Unavailable { reason, message }) => {
+            condition(
+                d,
+                conditions::VERIFIED,
+                Status::Unknown,
+                reason,
+                format!("cannot verify yet, nothing applied: {message}"),
+                gen_,
+                now,
+                VERIFY,
+            );
+            d.requeue = Requeue::After(RETRY);
+            return;
+        }
+        Some(Verification::Verified(s)) => s,
+    };
+    if summary.digest != spec.bundle.digest {
+        d.status.phase = BundlePinPhase::Refused;
+        condition(
+            d,
+            conditions::VERIFIED,
+            Status::False,
+            reasons::TAMPERED,
+            format!(
+                "refused, nothing applied: verified digest {} is not spec.bundle.digest {}",
+                summary.digest, spec.bundle.digest
+            ),
+            gen_,
+            now,
+            VERIFY,
+        );
+        return;
+    }
+    // Every target must be pinnable before any is touched.
+    let mut refusals: Vec<(&'static str, String)> = Vec::new();
+    let mut apps = Vec::new();
+    for o in &obs.applications {
+        let mut app = PinnedApplication {
+            name: o.name.clone(),
+            namespace: o.namespace.clone(),
+            ..PinnedApplication::default()
+        };
+        let who = format!("Application {}/{}", o.namespace, o.name);
+        match &o.view {
+            None => {
+                let m = format!("{who} not found; create it or fix spec.targets");
+                refusals.push((reasons::APPLICATION_NOT_FOUND, m.clone()));
+                app.state = ApplicationPinState::Refused;
+                app.message = Some(m);
+            }
+            Some(v) if !v.oci_sourced => {
+                let m = format!(
+                    "{who} is not OCI-sourced (repoURL must start with oci://); pins apply to OCI-sourced Applications only — revert Git-sourced ones in Git"
+                );
+                refusals.push((reasons::NOT_OCI_SOURCED, m.clone()));
+                app.state = ApplicationPinState::Refused;
+                app.message = Some(m);
+            }
+            Some(AppView {
+                application_set: Some(set),
+                ..
+            }) if !set.covers_sync_policy => {
+                let m = format!(
+                    "{who} is generated by ApplicationSet {} whose spec.ignoreApplicationDifferences does not cover /spec/syncPolicy, so it would undo the suspension; add {{jsonPointers: [/spec/syncPolicy]}} there",
+                    set.name
+                );
+                refusals.push((reasons::APPLICATION_SET_WOULD_REVERT, m.clone()));
+                app.state = ApplicationPinState::Refused;
+                app.message = Some(m);
+            }
+            Some(v) => {
+                app.state = ApplicationPinState::Pending;
+                app.original_sync_policy = v.sync_policy.clone();
+                app.original_sync_policy_saved = true;
+                app.from_digest = v.revision.clone();
+                app.destination = v.destination.clone();
+            }
+        }
+        apps.push(app);
+    }
+    d.status.applications = apps;
+    if let Some((reason, _)) = refusals.first() {
+        d.status.phase = BundlePinPhase::Refused;
+        let message = refusals
+            .iter()
+            .map(|(_, m)| m.as_str())
+            .collect::<Vec<_>>()
+            .join("; ");
+        condition(
+            d,
+            conditions::VERIFIED,
+            Status::False,
+            reason,
+            format!("refused, nothing applied: {message}"),
+            gen_,
+            now,
+            VERIFY,
+        );
+        d.requeue = Requeue::AwaitChange;
+        return;
+    }
+    let froms: Vec<&str> = d
+        .status
+        .applications
+        .iter()
+        .filter_map(|a| a.from_digest.as_deref())
+        .collect();
+    d.status.from_digest = match froms.first() {
+        Some(f) if froms.len() == d.status.applications.len() && froms.iter().all(|x| x == f) => {
+            Some((*f).to_owned())
+        }
+        _ => None,
+    };
+    d.status.to_digest = Some(summary.digest.clone());
+    d.status.content_digest = Some(summary.content_digest.clone());
+    d.status.verified_at = Some(Time(now));
+    d.status.phase = BundlePinPhase::Pinning;
+    condition(
+        d,
+        conditions::VERIFIED,
+        Status::True,
+        reasons::SIGNATURE_VERIFIED,
+        format!(
+            "signature on {} verified with key {}; {} objects, all of allowed kinds",
+            summary.digest,
+            summary.key_fingerprint,
+            summary.objects.len()
+        ),
+        gen_,
+        now,
+        VERIFY,
+    );
+    // The original policies are now recorded; the next reconcile (from this status) touches
+    // the Applications.
+    d.requeue = Requeue::After(Duration::ZERO);
+}
+
+/// Tracked objects of allowed kinds the bundle lacks.
+fn to_prune(
+    allowed: &[GroupKind],
+    bundle: &BundleSummary,
+    v: &AppView,
+    default_ns: &str,
+) -> Vec<ObjectKey> {
+    let in_bundle: Vec<ObjectKey> = bundle
+        .objects
+        .iter()
+        .map(|o| ObjectKey {
+            namespace: if o.namespace.is_empty() {
+                default_ns.to_owned()
+            } else {
+                o.namespace.clone()
+            },
+            ..o.clone()
+        })
+        .collect();
+    let mut out: Vec<ObjectKey> = v
+        .tracked
+        .iter()
+        .filter(|t| {
+            allowed
+                .iter()
+                .any(|a| a.group == t.group && a.kind == t.kind)
+        })
+        .filter(|t| !in_bundle.iter().any(|b| b.same_object(t)))
+        .cloned()
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn pinning(
+    spec: &BundlePinSpec,
+    obs: &Observations,
+    now: Timestamp,
+    d: &mut Decision,
+    gen_: Option<i64>,
+) {
+    let bundle = match &obs.verification {
+        Some(Verification::Verified(b)) if b.digest == spec.bundle.digest => b.clone(),
+        Some(Verification::Refused { reason, message }) => {
+            // The registry now serves something else under the signed digest: stop.
+            d.status.phase = BundlePinPhase::Failed;
+            condition(
+                d,
+                conditions::PINNED,
+                Status::False,
+                reason,
+                format!("verification failed while pinning: {message}"),
+                gen_,
+                now,
+                PIN,
+            );
+            d.requeue = Requeue::AwaitChange;
+            return;
+        }
+        _ => {
+            d.requeue = Requeue::After(RETRY);
+            return;
+        }
+    };
+    let allowed = spec.effective_allowed_kinds();
+    let mut waiting = false;
+    let mut actions = Vec::new();
+    let mut apps = d.status.applications.clone();
+    for app in &mut apps {
+        let key = app_key(app);
+        let Some(v) = view(obs, app) else {
+            app.state = ApplicationPinState::Failed;
+            app.message = Some(format!(
+                "Application {}/{} disappeared while pinning",
+                app.namespace, app.name
+            ));
+            continue;
+        };
+        match app.state {
+            ApplicationPinState::Pending => {
+                // Record first, touch after: only a status that already holds the original
+                // policy lets an Application be suspended.
+                if !app.original_sync_policy_saved {
+                    app.original_sync_policy = v.sync_policy.clone();
+                    app.original_sync_policy_saved = true;
+                    waiting = true;
+                    continue;
+                }
+                if v.operation_phase.as_deref() == Some("Running") {
+                    actions.push(Action::TerminateSync { app: key.clone() });
+                    app.sync_terminated = true;
+                }
+                if v.automated || v.operation_requested {
+                    actions.push(Action::SetSyncPolicy {
+                        app: key,
+                        sync_policy: suspended_policy(v.sync_policy.as_ref()),
+                        clear_operation: v.operation_requested && !v.sync_running(),
+                    });
+                }
+                app.state = ApplicationPinState::Suspended;
+                waiting = true;
+            }
+            ApplicationPinState::Suspended => {
+                if v.sync_running() || v.automated {
+                    // Terminating, or something turned automation back on: suspend again.
+                    if v.automated {
+                        actions.push(Action::SetSyncPolicy {
+                            app: key,
+                            sync_policy: suspended_policy(v.sync_policy.as_ref()),
+                            clear_operation: false,
+                        });
+                    }
+                    waiting = true;
+                    continue;
+                }
+                let default_ns = v.destination_namespace.clone();
+                let prune = to_prune(
+                    &allowed,
+                    &bundle,
+                    v,
+                    default_ns.as_deref().unwrap_or_default(),
+                );
+                let Some(destination) = app.destination.clone().or(v.destination.clone()) else {
+                    app.state = ApplicationPinState::Failed;
+                    app.message = Some("the Application names no destination cluster".into());
+                    continue;
+                };
+                app.applied_objects = bundle.objects.len() as u32;
+                app.pruned_objects = prune.len() as u32;
+                app.pinned_at = Some(Time(now));
+                app.state = ApplicationPinState::Pinned;
+                app.message = None;
+                actions.push(Action::Apply {
+                    app: key,
+                    destination,
+                    default_namespace: default_ns,
+                    prune,
+                });
+            }
+            _ => {}
+        }
+    }
+    d.status.applications = apps;
+    d.actions.splice(0..0, actions);
+    let failed: Vec<String> = d
+        .status
+        .applications
+        .iter()
+        .filter(|a| a.state == ApplicationPinState::Failed)
+        .filter_map(|a| a.message.clone())
+        .collect();
+    if !failed.is_empty() {
+        condition(
+            d,
+            conditions::PINNED,
+            Status::False,
+            reasons::APPLY_FAILED,
+            failed.join("; "),
+            gen_,
+            now,
+            PIN,
+        );
+    }
+    let all_pinned = d
+        .status
+        .applications
+        .iter()
+        .all(|a| a.state == ApplicationPinState::Pinned);
+    if !all_pinned {
+        d.requeue = Requeue::After(if waiting { SHORT } else { RETRY });
+        return;
+    }
+    d.status.phase = BundlePinPhase::Pinned;
+    d.status.pinned_at = Some(Time(now));
+    d.status.applied_objects = d
+        .status
+        .applications
+        .iter()
+        .map(|a| a.applied_objects)
+        .sum();
+    d.status.pruned_objects = d.status.applications.iter().map(|a| a.pruned_objects).sum();
+    let note = format!(
+        "pinned {} Application(s) from {} to {} (content {}): {} objects applied, {} pruned; reason: {}",
+        d.status.applications.len(),
+        d.status.from_digest.as_deref().unwrap_or("mixed revisions"),
+        spec.bundle.digest,
+        bundle.content_digest,
+        d.status.applied_objects,
+        d.status.pruned_objects,
+        spec.reason
+    );
+    cond::set(
+        &mut d.status.conditions,
+        cond::new(
+            conditions::PINNED,
+            Status::True,
+            reasons::ALL_PINNED,
+            note.clone(),
+            gen_,
+            now,
+        ),
+    );
+    d.actions.push(Action::Audit {
+        reason: reasons::ALL_PINNED,
+        from_digest: d.status.from_digest.clone(),
+        to_digest: d.status.to_digest.clone(),
+        note,
+    });
+    git_revert(spec, obs, now, d, gen_);
+    d.requeue = Requeue::After(POLL);
+}
+
+/// Asks for the git revert until the status records it.
+fn git_revert(
+    spec: &BundlePinSpec,
+    obs: &Observations,
+    now: Timestamp,
+    d: &mut Decision,
+    gen_: Option<i64>,
+) {
+    let Some(git) = &spec.git_revert else { return };
+    if d.status.git_revert.is_some() {
+        return;
+    }
+    if !obs.git_configured {
+        condition(
+            d,
+            conditions::GIT_REVERT,
+            Status::False,
+            reasons::GIT_NOT_CONFIGURED,
+            "spec.gitRevert is set but the operator has no intent repository configured (--git-url); revert the change in Git by hand".into(),
+            gen_,
+            now,
+            PIN,
+        );
+        return;
+    }
+    let (ns, name) = &obs.pin;
+    // The effect runs before the status write; its result is recorded by the reconcile.
+    d.actions.push(Action::PushRevert {
+        commit: git.commit.clone(),
+        base: git.base_branch.clone(),
+        branch: branch_name(ns, name),
+        message: format!(
+            "Revert {} (BundlePin {ns}/{name})\n\n{}\n\nPinned to {}.",
+            &git.commit,
+            spec.reason,
+            spec.bundle.reference()
+        ),
+        pull_request: git.pull_request,
+    });
+}
+
+fn pinned(
+    spec: &BundlePinSpec,
+    obs: &Observations,
+    now: Timestamp,
+    d: &mut Decision,
+    gen_: Option<i64>,
+) {
+    d.requeue = Requeue::After(POLL);
+    git_revert(spec, obs, now, d, gen_);
+    // Something turned automation back on (a person, a controller): suspend again.
+    let mut resuspend = Vec::new();
+    for app in &d.status.applications {
+        if let Some(v) = view(obs, app)
+            && v.automated
+        {
+            resuspend.push(Action::SetSyncPolicy {
+                app: app_key(app),
+                sync_policy: suspended_policy(v.sync_policy.as_ref()),
+                clear_operation: false,
+            });
+        }
+    }
+    if !resuspend.is_empty() {
+        let names: Vec<String> = resuspend
+            .iter()
+            .filter_map(|a| match a {
+                Action::SetSyncPolicy { app, .. } => {
+                    Some(format!("{}/{}", app.namespace, app.name))
+                }
+                _ => None,
+            })
+            .collect();
+        d.actions.push(event(
+            Severity::Warning,
+            reasons::RESUSPENDED,
+            PIN,
+            format!(
+                "automated sync was turned back on for {} while pinned; suspended again",
+                names.join(", ")
+            ),
+        ));
+        d.actions.splice(0..0, resuspend);
+    }
+    if spec.release_policy == ReleasePolicy::Explicit {
+        return;
+    }
+    let Some(content) = d.status.content_digest.clone() else {
+        return;
+    };
+    let mut matched = true;
+    let mut forward = Vec::new();
+    for app in &d.status.applications {
+        let Some(v) = view(obs, app) else {
+            matched = false;
+            continue;
+        };
+        let synced = v.sync_status.as_deref() == Some("Synced");
+        let same = v.revision_content.as_deref() == Some(content.as_str());
+        if !(synced && same) {
+            matched = false;
+        }
+        if let (Some(rev), Some(c)) = (&v.revision, &v.revision_content)
+            && *c != content
+            && Some(rev) != app.from_digest.as_ref()
+        {
+            forward.push(format!(
+                "{}/{} at {rev} (content {c})",
+                app.namespace, app.name
+            ));
+        }
+    }
+    if matched {
+        release(
+            spec,
+            obs,
+            now,
+            d,
+            reasons::CONTENT_MATCHED,
+            format!("Argo CD reports every Application Synced at the pinned content {content}"),
+        );
+        return;
+    }
+    if !forward.is_empty() {
+        condition(
+            d,
+            conditions::RELEASED,
+            Status::False,
+            reasons::FORWARD_FIX_WAITING,
+            format!(
+                "Argo CD now targets different content than the pin ({}); if this forward fix is wanted, set spec.release: true with spec.releaseReason",
+                forward.join(", ")
+            ),
+            gen_,
+            now,
+            RELEASE,
+        );
+    }
+}
+
+fn release(
+    spec: &BundlePinSpec,
+    obs: &Observations,
+    now: Timestamp,
+    d: &mut Decision,
+    reason: &'static str,
+    note: String,
+) {
+    let gen_ = obs.generation;
+    let needs_bundle = d
+        .status
+        .applications
+        .iter()
+        .any(|a| a.state == ApplicationPinState::Pinned);
+    let bundle_ok = matches!(&obs.verification, Some(Verification::Verified(b)) if b.digest == spec.bundle.digest);
+    if needs_bundle && !bundle_ok {
+        // Dropping ownership needs the bundle's object list; wait for the registry.
+        d.requeue = Requeue::After(RETRY);
+        return;
+    }
+    let mut effects = Vec::new();
+    for app in &mut d.status.applications {
+        let touched = matches!(
+            app.state,
+            ApplicationPinState::Suspended | ApplicationPinState::Pinned
+        );
+        if touched && app.original_sync_policy_saved {
+            effects.push(Action::SetSyncPolicy {
+                app: app_key(app),
+                sync_policy: app.original_sync_policy.clone(),
+                clear_operation: false,
+            });
+        }
+        if app.state == ApplicationPinState::Pinned
+            && let Some(destination) = &app.destination
+        {
+            effects.push(Action::DropOwnership {
+                app: app_key(app),
+                destination: destination.clone(),
+                default_namespace: view(obs, app).and_then(|v| v.destination_namespace.clone()),
+            });
+        }
+        if touched || app.state == ApplicationPinState::Pending {
+            app.state = ApplicationPinState::Released;
+            app.released_at = Some(Time(now));
+        }
+    }
+    d.actions.splice(0..0, effects);
+    d.status.phase = BundlePinPhase::Released;
+    d.status.released_at = Some(Time(now));
+    cond::set(
+        &mut d.status.conditions,
+        cond::new(
+            conditions::RELEASED,
+            Status::True,
+            reason,
+            note.clone(),
+            gen_,
+            now,
+        ),
+    );
+    d.actions.push(Action::Audit {
+        reason,
+        from_digest: d.status.to_digest.clone(),
+        to_digest: None,
+        note,
+    });
+    d.requeue = Requeue::AwaitChange;
 }
 
 /// The validity part of [`decide`], given the spec's problems (empty when valid).
@@ -79,9 +1031,16 @@ pub fn decide_validity(
     let mut next = status.cloned().unwrap_or_default();
     next.observed_generation = obs.generation;
     let validity = cond::set_validity(&mut next.conditions, problems, obs.generation, now);
+    let was_refused_for_spec = validity.was_invalid && next.phase == BundlePinPhase::Refused;
     if !validity.valid {
-        next.phase = BundlePinPhase::Refused;
-    } else if validity.was_invalid && next.phase == BundlePinPhase::Refused {
+        // Only a pin that has not touched anything may be refused for its spec.
+        if matches!(
+            next.phase,
+            BundlePinPhase::Verifying | BundlePinPhase::Refused
+        ) {
+            next.phase = BundlePinPhase::Refused;
+        }
+    } else if was_refused_for_spec {
         next.phase = BundlePinPhase::Verifying;
     }
     let note = validity.message;
@@ -107,14 +1066,621 @@ pub fn decide_validity(
     Decision {
         actions,
         status: next,
-        // An invalid spec is waited on (no requeue loop); a valid one has nothing timed to do
-        // yet.
+        // An invalid spec is waited on (no requeue loop).
         requeue: Requeue::AwaitChange,
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use serde_json::json;
+    use sluice_api::v1alpha1::bundle_pin::conditions;
+
+    const BAD: &str = "sha256:bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+    const GOOD: &str = "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    const FIX: &str = "sha256:cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc";
+    const GOOD_CONTENT: &str = "sha256:1111";
+    const BAD_CONTENT: &str = "sha256:2222";
+    const FIX_CONTENT: &str = "sha256:3333";
+
+    fn t(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    fn spec(patch: Value) -> BundlePinSpec {
+        let mut base = json!({
+            "targets": [{"name": "mesh-c1", "namespace": "argocd"}],
+            "bundle": {"repository": "oci://registry.local:5000/mesh/config", "digest": GOOD},
+            "publicKeysSecretRef": {"name": "cosign"},
+            "reason": "5xx after change 42",
+            "gitRevert": {"commit": "abcdef1"},
+        });
+        for (k, v) in patch.as_object().unwrap() {
+            base[k] = v.clone();
+        }
+        serde_json::from_value(base).unwrap()
+    }
+
+    fn key(kind: &str, name: &str) -> ObjectKey {
+        ObjectKey {
+            group: "gateway.networking.k8s.io".into(),
+            kind: kind.into(),
+            namespace: "shop".into(),
+            name: name.into(),
+            version: "v1".into(),
+        }
+    }
+
+    fn summary() -> BundleSummary {
+        BundleSummary {
+            digest: GOOD.into(),
+            content_digest: GOOD_CONTENT.into(),
+            key_fingerprint: "SHA256:k".into(),
+            objects: vec![key("HTTPRoute", "checkout")],
+        }
+    }
+
+    fn original_policy() -> Value {
+        json!({"automated": {"prune": true, "selfHeal": true, "future": 1}, "syncOptions": ["ServerSideApply=true"], "retry": {"limit": 2}})
+    }
+
+    /// A tiny Argo CD: one Application the effects act on.
+    #[derive(Clone, Debug)]
+    struct World {
+        app: AppView,
+        applied: u32,
+        pruned: Vec<ObjectKey>,
+        pushes: u32,
+        dropped: u32,
+    }
+
+    impl World {
+        fn new() -> Self {
+            World {
+                app: AppView {
+                    oci_sourced: true,
+                    application_set: None,
+                    sync_policy: Some(original_policy()),
+                    automated: true,
+                    operation_phase: Some("Running".into()),
+                    operation_requested: true,
+                    sync_status: Some("Synced".into()),
+                    revision: Some(BAD.into()),
+                    revision_content: Some(BAD_CONTENT.into()),
+                    destination: Some("c1".into()),
+                    destination_namespace: Some("shop".into()),
+                    tracked: vec![
+                        key("HTTPRoute", "checkout"),
+                        key("HTTPRoute", "added-by-bad-change"),
+                        ObjectKey {
+                            group: "apps".into(),
+                            kind: "Deployment".into(),
+                            ..key("Deployment", "checkout")
+                        },
+                    ],
+                },
+                applied: 0,
+                pruned: vec![],
+                pushes: 0,
+                dropped: 0,
+            }
+        }
+
+        fn obs(&self, verification: Option<Verification>) -> Observations {
+            Observations {
+                generation: Some(1),
+                pin: ("argocd".into(), "pin-1".into()),
+                verification,
+                applications: vec![AppObservation {
+                    namespace: "argocd".into(),
+                    name: "mesh-c1".into(),
+                    view: Some(self.app.clone()),
+                }],
+                git_configured: true,
+            }
+        }
+
+        /// Carries out the effects; returns how many there were.
+        fn act(&mut self, d: &Decision) -> usize {
+            let mut n = 0;
+            for a in &d.actions {
+                match a {
+                    Action::TerminateSync { .. } => {
+                        self.app.operation_phase = Some("Terminating".into())
+                    }
+                    Action::SetSyncPolicy {
+                        sync_policy,
+                        clear_operation,
+                        ..
+                    } => {
+                        self.app.automated = sync_policy
+                            .as_ref()
+                            .and_then(|p| p.get("automated"))
+                            .is_some_and(|a| a.get("enabled") != Some(&json!(false)));
+                        self.app.sync_policy = sync_policy.clone();
+                        if *clear_operation {
+                            self.app.operation_requested = false;
+                        }
+                    }
+                    Action::Apply { prune, .. } => {
+                        self.applied += 1;
+                        self.pruned.extend(prune.iter().cloned());
+                        self.app.tracked.retain(|t| !prune.contains(t));
+                    }
+                    Action::DropOwnership { .. } => self.dropped += 1,
+                    Action::PushRevert { .. } => self.pushes += 1,
+                    Action::Event { .. } | Action::Audit { .. } => continue,
+                }
+                n += 1;
+            }
+            n
+        }
+
+        /// Argo CD finishing the terminated sync.
+        fn sync_ends(&mut self) {
+            if self.app.operation_phase.as_deref() == Some("Terminating") {
+                self.app.operation_phase = Some("Failed".into());
+                self.app.operation_requested = false;
+            }
+        }
+    }
+
+    /// The reconcile's bookkeeping of a pushed revert (what the I/O side records).
+    fn record_git(d: &mut Decision) {
+        if d.actions
+            .iter()
+            .any(|a| matches!(a, Action::PushRevert { .. }))
+        {
+            d.status.git_revert = Some(sluice_api::v1alpha1::bundle_pin::GitRevertStatus {
+                branch: Some("sluice/revert/argocd/pin-1".into()),
+                commit: Some("f00".into()),
+                ..Default::default()
+            });
+        }
+    }
+
+    fn verified() -> Option<Verification> {
+        Some(Verification::Verified(summary()))
+    }
+
+    fn effects(d: &Decision) -> Vec<&Action> {
+        d.actions.iter().filter(|a| a.is_effect()).collect()
+    }
+
+    fn reasons_of(d: &Decision) -> Vec<&'static str> {
+        d.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Event { reason, .. } | Action::Audit { reason, .. } => Some(*reason),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Runs the pin to Pinned; `crash_at` skips the status write after that many reconciles
+    /// (the operator died after its effects), so the next reconcile starts from the old status.
+    fn pin(spec: &BundlePinSpec, world: &mut World, crash_at: Option<usize>) -> BundlePinStatus {
+        let mut status: Option<BundlePinStatus> = None;
+        for i in 0..12 {
+            let mut d = decide(spec, status.as_ref(), &world.obs(verified()), t(i as i64));
+            world.act(&d);
+            world.sync_ends();
+            if crash_at == Some(i) {
+                continue;
+            }
+            record_git(&mut d);
+            status = Some(d.status.clone());
+            if d.status.phase == BundlePinPhase::Pinned && d.status.git_revert.is_some() {
+                return d.status;
+            }
+        }
+        panic!("never pinned: {status:#?}");
+    }
+
+    #[test]
+    fn verification_outcomes_before_anything_is_touched() {
+        struct Row {
+            name: &'static str,
+            verification: Option<Verification>,
+            app: Option<AppView>,
+            want_phase: BundlePinPhase,
+            want_reason: &'static str,
+            want_requeue: Requeue,
+        }
+        let ok = World::new().app;
+        let refused = |reason| {
+            Some(Verification::Refused {
+                reason,
+                message: "because".into(),
+            })
+        };
+        let table = vec![
+            Row {
+                name: "unsigned",
+                verification: refused(reasons::UNSIGNED),
+                app: Some(ok.clone()),
+                want_phase: BundlePinPhase::Refused,
+                want_reason: reasons::UNSIGNED,
+                want_requeue: Requeue::AwaitChange,
+            },
+            Row {
+                name: "wrong key",
+                verification: refused(reasons::WRONG_KEY),
+                app: Some(ok.clone()),
+                want_phase: BundlePinPhase::Refused,
+                want_reason: reasons::WRONG_KEY,
+                want_requeue: Requeue::AwaitChange,
+            },
+            Row {
+                name: "tampered",
+                verification: refused(reasons::TAMPERED),
+                app: Some(ok.clone()),
+                want_phase: BundlePinPhase::Refused,
+                want_reason: reasons::TAMPERED,
+                want_requeue: Requeue::AwaitChange,
+            },
+            Row {
+                name: "disallowed kind",
+                verification: refused(reasons::DISALLOWED_KIND),
+                app: Some(ok.clone()),
+                want_phase: BundlePinPhase::Refused,
+                want_reason: reasons::DISALLOWED_KIND,
+                want_requeue: Requeue::AwaitChange,
+            },
+            Row {
+                name: "registry down",
+                verification: Some(Verification::Unavailable {
+                    reason: reasons::BUNDLE_UNAVAILABLE,
+                    message: "down".into(),
+                }),
+                app: Some(ok.clone()),
+                want_phase: BundlePinPhase::Verifying,
+                want_reason: reasons::BUNDLE_UNAVAILABLE,
+                want_requeue: Requeue::After(RETRY),
+            },
+            Row {
+                name: "git-sourced",
+                verification: verified(),
+                app: Some(AppView {
+                    oci_sourced: false,
+                    ..ok.clone()
+                }),
+                want_phase: BundlePinPhase::Refused,
+                want_reason: reasons::NOT_OCI_SOURCED,
+                want_requeue: Requeue::AwaitChange,
+            },
+            Row {
+                name: "not found",
+                verification: verified(),
+                app: None,
+                want_phase: BundlePinPhase::Refused,
+                want_reason: reasons::APPLICATION_NOT_FOUND,
+                want_requeue: Requeue::AwaitChange,
+            },
+            Row {
+                name: "ApplicationSet would revert",
+                verification: verified(),
+                app: Some(AppView {
+                    application_set: Some(OwningApplicationSet {
+                        name: "mesh".into(),
+                        covers_sync_policy: false,
+                    }),
+                    ..ok.clone()
+                }),
+                want_phase: BundlePinPhase::Refused,
+                want_reason: reasons::APPLICATION_SET_WOULD_REVERT,
+                want_requeue: Requeue::AwaitChange,
+            },
+            Row {
+                name: "ApplicationSet ignores syncPolicy",
+                verification: verified(),
+                app: Some(AppView {
+                    application_set: Some(OwningApplicationSet {
+                        name: "mesh".into(),
+                        covers_sync_policy: true,
+                    }),
+                    ..ok.clone()
+                }),
+                want_phase: BundlePinPhase::Pinning,
+                want_reason: reasons::SIGNATURE_VERIFIED,
+                want_requeue: Requeue::After(Duration::ZERO),
+            },
+            Row {
+                name: "verified",
+                verification: verified(),
+                app: Some(ok.clone()),
+                want_phase: BundlePinPhase::Pinning,
+                want_reason: reasons::SIGNATURE_VERIFIED,
+                want_requeue: Requeue::After(Duration::ZERO),
+            },
+        ];
+        for row in table {
+            let mut obs = World::new().obs(row.verification);
+            obs.applications[0].view = row.app;
+            let d = decide(&spec(json!({})), None, &obs, t(0));
+            assert_eq!(d.status.phase, row.want_phase, "{}", row.name);
+            assert!(
+                effects(&d).is_empty(),
+                "{}: nothing touched while verifying",
+                row.name
+            );
+            let verified_cond = cond::find(&d.status.conditions, conditions::VERIFIED)
+                .unwrap_or_else(|| panic!("{}: no Verified condition", row.name));
+            assert_eq!(verified_cond.reason, row.want_reason, "{}", row.name);
+            assert!(
+                reasons_of(&d).contains(&row.want_reason),
+                "{}: an Event names the cause",
+                row.name
+            );
+            assert_eq!(d.requeue, row.want_requeue, "{}", row.name);
+            if row.want_phase == BundlePinPhase::Pinning {
+                let app = &d.status.applications[0];
+                assert!(app.original_sync_policy_saved, "{}", row.name);
+                assert_eq!(
+                    app.original_sync_policy,
+                    Some(original_policy()),
+                    "{}",
+                    row.name
+                );
+                assert_eq!(app.from_digest.as_deref(), Some(BAD), "{}", row.name);
+                assert_eq!(d.status.to_digest.as_deref(), Some(GOOD), "{}", row.name);
+                assert_eq!(
+                    d.status.content_digest.as_deref(),
+                    Some(GOOD_CONTENT),
+                    "{}",
+                    row.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_pin_terminates_suspends_applies_prunes_and_pushes_git_once() {
+        let spec = spec(json!({}));
+        let mut world = World::new();
+        let status = pin(&spec, &mut world, None);
+        // Terminated the running sync, suspended automation keeping every other setting.
+        assert!(status.applications[0].sync_terminated);
+        assert!(!world.app.automated);
+        let mut want = original_policy();
+        want["automated"]["enabled"] = json!(false);
+        assert_eq!(world.app.sync_policy, Some(want));
+        assert!(
+            !world.app.operation_requested,
+            "the terminated sync is gone"
+        );
+        // Applied once, pruned the allowed object the bundle lacks, never the Deployment.
+        assert_eq!(world.applied, 1);
+        assert_eq!(world.pruned, vec![key("HTTPRoute", "added-by-bad-change")]);
+        assert_eq!(status.applied_objects, 1);
+        assert_eq!(status.pruned_objects, 1);
+        assert_eq!(world.pushes, 1);
+        assert_eq!(status.from_digest.as_deref(), Some(BAD));
+        assert_eq!(status.to_digest.as_deref(), Some(GOOD));
+        assert!(status.pinned_at.is_some());
+        // While pinned and Argo CD still at the bad revision: nothing more happens.
+        let d = decide(&spec, Some(&status), &world.obs(verified()), t(100));
+        assert!(effects(&d).is_empty(), "{:?}", d.actions);
+        assert_eq!(d.status.phase, BundlePinPhase::Pinned);
+        assert_eq!(d.requeue, Requeue::After(POLL));
+    }
+
+    #[test]
+    fn restart_at_every_point_finishes_the_same_pin_without_a_second_push() {
+        let spec = spec(json!({}));
+        let mut clean_world = World::new();
+        let clean = pin(&spec, &mut clean_world, None);
+        for crash_at in 0..6 {
+            let mut world = World::new();
+            let status = pin(&spec, &mut world, Some(crash_at));
+            let a = &status.applications[0];
+            assert_eq!(
+                a.original_sync_policy,
+                Some(original_policy()),
+                "crash after reconcile {crash_at}: the original policy survives"
+            );
+            assert_eq!(status.phase, BundlePinPhase::Pinned, "crash {crash_at}");
+            assert_eq!(world.pruned, clean_world.pruned, "crash {crash_at}");
+            assert_eq!(
+                world.app.sync_policy, clean_world.app.sync_policy,
+                "crash {crash_at}"
+            );
+            assert_eq!(
+                status.applied_objects, clean.applied_objects,
+                "crash {crash_at}"
+            );
+            // The git client is asked again only if the status never recorded the push; it
+            // then reports the existing branch (see sluice-gitops), so the branch exists once.
+            assert!(world.pushes <= 2, "crash {crash_at}: {}", world.pushes);
+            // From the recorded status nothing is ever asked twice.
+            let d = decide(&spec, Some(&status), &world.obs(verified()), t(200));
+            assert!(effects(&d).is_empty(), "crash {crash_at}: {:?}", d.actions);
+        }
+    }
+
+    #[test]
+    fn release_on_matching_content_restores_the_policy_exactly() {
+        let spec = spec(json!({}));
+        let mut world = World::new();
+        let status = pin(&spec, &mut world, None);
+        struct Row {
+            name: &'static str,
+            sync_status: &'static str,
+            revision: &'static str,
+            content: &'static str,
+            want_phase: BundlePinPhase,
+            want_reason: Option<&'static str>,
+        }
+        let table = [
+            Row {
+                name: "still the bad revision, OutOfSync",
+                sync_status: "OutOfSync",
+                revision: BAD,
+                content: BAD_CONTENT,
+                want_phase: BundlePinPhase::Pinned,
+                want_reason: None,
+            },
+            Row {
+                name: "forward fix, OutOfSync",
+                sync_status: "OutOfSync",
+                revision: FIX,
+                content: FIX_CONTENT,
+                want_phase: BundlePinPhase::Pinned,
+                want_reason: Some(reasons::FORWARD_FIX_WAITING),
+            },
+            Row {
+                name: "pinned content, but OutOfSync",
+                sync_status: "OutOfSync",
+                revision: FIX,
+                content: GOOD_CONTENT,
+                want_phase: BundlePinPhase::Pinned,
+                want_reason: None,
+            },
+            Row {
+                name: "Synced at equal content (new digest)",
+                sync_status: "Synced",
+                revision: FIX,
+                content: GOOD_CONTENT,
+                want_phase: BundlePinPhase::Released,
+                want_reason: Some(reasons::CONTENT_MATCHED),
+            },
+        ];
+        for row in table {
+            let mut w = world.clone();
+            w.app.sync_status = Some(row.sync_status.into());
+            w.app.revision = Some(row.revision.into());
+            w.app.revision_content = Some(row.content.into());
+            let d = decide(&spec, Some(&status), &w.obs(verified()), t(300));
+            assert_eq!(d.status.phase, row.want_phase, "{}", row.name);
+            if let Some(reason) = row.want_reason {
+                assert!(
+                    reasons_of(&d).contains(&reason),
+                    "{}: {:?}",
+                    row.name,
+                    d.actions
+                );
+            }
+            if row.want_phase == BundlePinPhase::Released {
+                w.act(&d);
+                assert_eq!(
+                    w.app.sync_policy,
+                    Some(original_policy()),
+                    "{}: restored exactly",
+                    row.name
+                );
+                assert!(w.app.automated, "{}", row.name);
+                assert_eq!(
+                    w.dropped, 1,
+                    "{}: revert's field ownership dropped",
+                    row.name
+                );
+                assert_eq!(
+                    d.status.applications[0].state,
+                    ApplicationPinState::Released
+                );
+                assert_eq!(d.requeue, Requeue::AwaitChange);
+            } else {
+                assert!(effects(&d).is_empty(), "{}: {:?}", row.name, d.actions);
+            }
+        }
+    }
+
+    #[test]
+    fn explicit_policy_and_explicit_release() {
+        let spec_explicit = spec(json!({"releasePolicy": "Explicit"}));
+        let mut world = World::new();
+        let status = pin(&spec_explicit, &mut world, None);
+        world.app.revision = Some(FIX.into());
+        world.app.revision_content = Some(GOOD_CONTENT.into());
+        let d = decide(
+            &spec_explicit,
+            Some(&status),
+            &world.obs(verified()),
+            t(300),
+        );
+        assert_eq!(
+            d.status.phase,
+            BundlePinPhase::Pinned,
+            "matching content does not release an Explicit pin"
+        );
+        let released = spec(
+            json!({"releasePolicy": "Explicit", "release": true, "releaseReason": "forward fix 43 verified"}),
+        );
+        let d = decide(&released, Some(&status), &world.obs(verified()), t(301));
+        assert_eq!(d.status.phase, BundlePinPhase::Released);
+        assert!(reasons_of(&d).contains(&reasons::RELEASED_EXPLICITLY));
+        world.act(&d);
+        assert_eq!(world.app.sync_policy, Some(original_policy()));
+        // A release asked for before anything was touched releases with no effect.
+        let d = decide(&released, None, &world.obs(None), t(0));
+        assert_eq!(d.status.phase, BundlePinPhase::Released);
+        assert!(effects(&d).is_empty());
+    }
+
+    #[test]
+    fn automation_turned_back_on_while_pinned_is_suspended_again() {
+        let spec = spec(json!({}));
+        let mut world = World::new();
+        let status = pin(&spec, &mut world, None);
+        world.app.automated = true;
+        world.app.sync_policy = Some(original_policy());
+        let d = decide(&spec, Some(&status), &world.obs(verified()), t(400));
+        assert!(reasons_of(&d).contains(&reasons::RESUSPENDED));
+        world.act(&d);
+        assert!(!world.app.automated);
+        // And the original policy in status is still the one from before the pin.
+        assert_eq!(
+            d.status.applications[0].original_sync_policy,
+            Some(original_policy())
+        );
+    }
+
+    #[test]
+    fn git_not_configured_is_reported_and_nothing_is_pushed() {
+        let spec = spec(json!({}));
+        let mut world = World::new();
+        let mut status: Option<BundlePinStatus> = None;
+        for i in 0..6 {
+            let mut obs = world.obs(verified());
+            obs.git_configured = false;
+            let d = decide(&spec, status.as_ref(), &obs, t(i));
+            world.act(&d);
+            world.sync_ends();
+            status = Some(d.status);
+        }
+        let status = status.unwrap();
+        assert_eq!(status.phase, BundlePinPhase::Pinned);
+        assert_eq!(world.pushes, 0);
+        let c = cond::find(&status.conditions, conditions::GIT_REVERT).unwrap();
+        assert_eq!(c.reason, reasons::GIT_NOT_CONFIGURED);
+    }
+
+    #[test]
+    fn suspended_policy_keeps_every_other_setting() {
+        let table = [
+            (None, None),
+            (
+                Some(json!({"syncOptions": ["A"]})),
+                Some(json!({"syncOptions": ["A"]})),
+            ),
+            (
+                Some(json!({"automated": {"prune": true}, "x": 1})),
+                Some(json!({"automated": {"prune": true, "enabled": false}, "x": 1})),
+            ),
+            (
+                Some(json!({"automated": {"enabled": true, "selfHeal": true}})),
+                Some(json!({"automated": {"enabled": false, "selfHeal": true}})),
+            ),
+        ];
+        for (input, want) in table {
+            assert_eq!(suspended_policy(input.as_ref()), want, "{input:?}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod validity_tests {
     use super::*;
     use sluice_api::v1alpha1::bundle_pin::conditions;
 
@@ -125,6 +1691,7 @@ mod tests {
     fn obs(generation: i64) -> Observations {
         Observations {
             generation: Some(generation),
+            ..Observations::default()
         }
     }
 
@@ -257,8 +1824,9 @@ mod tests {
             let events: Vec<_> = d
                 .actions
                 .iter()
-                .map(|a| match a {
-                    Action::Event { reason, .. } => *reason,
+                .filter_map(|a| match a {
+                    Action::Event { reason, .. } => Some(*reason),
+                    _ => None,
                 })
                 .collect();
             assert_eq!(events, row.want_events, "{}", row.name);

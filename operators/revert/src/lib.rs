@@ -1,10 +1,14 @@
 //! The revert operator: pinning Argo CD Applications to a signed bundle (`BundlePin`).
 //!
-//! `decide` holds the pure logic, `reconcile` the I/O, `validity` the checks CEL cannot
-//! express. Never applies anything before the signature and the bundle's kinds are verified.
+//! `decide` holds the pure logic (the state machine), `reconcile` the I/O, `validity` the checks
+//! CEL cannot express, `clusters` revert's own identity per destination cluster, `apply` the
+//! writes to a destination, `metrics` the `sluice_revert_*` metrics. Never applies anything before the signature and the bundle's kinds are verified.
 #![forbid(unsafe_code)]
 
+pub mod apply;
+pub mod clusters;
 pub mod decide;
+pub mod metrics;
 pub mod reconcile;
 pub mod validity;
 

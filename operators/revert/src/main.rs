@@ -2,10 +2,15 @@
 //! controller while this replica holds the Lease.
 #![forbid(unsafe_code)]
 
-use std::{process::ExitCode, sync::Arc};
+use std::{path::PathBuf, process::ExitCode, sync::Arc};
 
 use clap::Parser;
-use sluice_revert::{OPERATOR, reconcile};
+use sluice_bundle::RegistryOptions;
+use sluice_gitops::{ForgeConfig, GitConfig};
+use sluice_revert::{
+    OPERATOR, metrics,
+    reconcile::{self, Settings},
+};
 use sluice_runtime::{Runtime, RuntimeArgs};
 
 /// Pins Argo CD Applications to a previously rendered, signed bundle, ahead of Git.
@@ -14,19 +19,132 @@ use sluice_runtime::{Runtime, RuntimeArgs};
 struct Cli {
     #[command(flatten)]
     runtime: RuntimeArgs,
+    /// Namespace of the per-cluster identity Secrets (label `sluice.dev/revert-cluster=true`).
+    /// Default: the operator's namespace.
+    #[arg(long, env = "SLUICE_REVERT_CLUSTER_NAMESPACE")]
+    cluster_namespace: Option<String>,
+    /// Registry `host:port`s spoken to over plain HTTP (loopback always is). Repeatable.
+    #[arg(
+        long = "insecure-registry",
+        env = "SLUICE_REVERT_INSECURE_REGISTRIES",
+        value_delimiter = ','
+    )]
+    insecure_registries: Vec<String>,
+    /// Clone URL of the intent repository; git reverts are off without it.
+    #[arg(long, env = "SLUICE_REVERT_GIT_URL")]
+    git_url: Option<String>,
+    /// File holding the token for the intent repository (HTTPS basic credentials).
+    #[arg(long, env = "SLUICE_REVERT_GIT_TOKEN_FILE")]
+    git_token_file: Option<PathBuf>,
+    /// Author name of revert commits.
+    #[arg(
+        long,
+        env = "SLUICE_REVERT_GIT_AUTHOR",
+        default_value = "sluice-revert"
+    )]
+    git_author: String,
+    /// Author e-mail of revert commits.
+    #[arg(
+        long,
+        env = "SLUICE_REVERT_GIT_EMAIL",
+        default_value = "sluice-revert@sluice.dev"
+    )]
+    git_email: String,
+    /// Base URL of the Forgejo/Gitea forge; pull requests are off without it.
+    #[arg(long, env = "SLUICE_REVERT_FORGE_URL")]
+    forge_url: Option<String>,
+    /// Owner of the intent repository on the forge.
+    #[arg(long, env = "SLUICE_REVERT_FORGE_OWNER")]
+    forge_owner: Option<String>,
+    /// Name of the intent repository on the forge.
+    #[arg(long, env = "SLUICE_REVERT_FORGE_REPO")]
+    forge_repo: Option<String>,
+    /// File holding the forge API token.
+    #[arg(long, env = "SLUICE_REVERT_FORGE_TOKEN_FILE")]
+    forge_token_file: Option<PathBuf>,
+}
+
+fn read_token(path: &PathBuf, flag: &str) -> anyhow::Result<String> {
+    let token = std::fs::read_to_string(path).map_err(|e| {
+        anyhow::anyhow!(
+            "{flag} {}: {e}; mount the token Secret there",
+            path.display()
+        )
+    })?;
+    Ok(token.trim().to_owned())
+}
+
+fn settings(cli: &Cli, namespace: &str) -> anyhow::Result<Settings> {
+    let git = cli
+        .git_url
+        .as_ref()
+        .map(|url| -> anyhow::Result<GitConfig> {
+            Ok(GitConfig {
+                url: url.clone(),
+                token: cli
+                    .git_token_file
+                    .as_ref()
+                    .map(|p| read_token(p, "--git-token-file"))
+                    .transpose()?,
+                author_name: cli.git_author.clone(),
+                author_email: cli.git_email.clone(),
+            })
+        })
+        .transpose()?;
+    let forge = match (&cli.forge_url, &cli.forge_owner, &cli.forge_repo) {
+        (None, _, _) => None,
+        (Some(url), Some(owner), Some(repo)) => Some(ForgeConfig {
+            base_url: url.clone(),
+            owner: owner.clone(),
+            repo: repo.clone(),
+            token: cli
+                .forge_token_file
+                .as_ref()
+                .map(|p| read_token(p, "--forge-token-file"))
+                .transpose()?
+                .ok_or_else(|| anyhow::anyhow!("--forge-url needs --forge-token-file"))?,
+            timeout: None,
+        }),
+        _ => anyhow::bail!("--forge-url needs --forge-owner and --forge-repo"),
+    };
+    Ok(Settings {
+        cluster_namespace: cli
+            .cluster_namespace
+            .clone()
+            .unwrap_or_else(|| namespace.to_owned()),
+        registry: RegistryOptions {
+            plain_http_hosts: cli.insecure_registries.clone(),
+            ..RegistryOptions::default()
+        },
+        git,
+        forge,
+    })
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = async {
-        let rt = Runtime::init(OPERATOR, cli.runtime).await?;
+        let mut rt = Runtime::init(OPERATOR, cli.runtime.clone())
+            .await
+            .map_err(anyhow::Error::from)?;
+        let metrics = metrics::register(&mut rt.registry);
+        let own_namespace = cli
+            .runtime
+            .lease_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "default".to_owned());
+        let settings = settings(&cli, &own_namespace)?;
         let api = rt.namespaced_api();
-        let ctx = Arc::new(reconcile::Context::new(
-            rt.client.clone(),
-            rt.recorder.clone(),
-        ));
-        rt.run(api, ctx, reconcile::reconcile).await
+        let ctx = Arc::new(
+            reconcile::Context::new(rt.client.clone(), rt.recorder.clone(), settings, metrics)
+                .map_err(anyhow::Error::from)?,
+        );
+        rt.run(api, ctx, reconcile::reconcile)
+            .await
+            .map_err(anyhow::Error::from)
     }
     .await;
     match result {

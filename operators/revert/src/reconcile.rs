@@ -1,33 +1,83 @@
-//! The I/O side of sluice-revert: reads what `decide` needs, writes the status it returns
-//! (server-side apply fenced by resourceVersion), then carries out its actions.
+//! The I/O side of sluice-revert: gathers what `decide` needs (the verified bundle, the target
+//! Applications and their ApplicationSets, the content of the revision Argo CD reports), carries
+//! out the decision's effects in order, then writes the status it returns (server-side apply
+//! fenced by resourceVersion), then publishes Events and audit lines.
 //!
-//! Owns the order of effects: status first, Events only after the status write succeeded, so
-//! a deposed leader whose write is refused publishes nothing. Must never decide anything.
+//! Owns the order of effects and what a failed effect leaves behind (a condition naming it; the
+//! reconcile is retried with back-off; every effect is idempotent). Must never decide anything,
+//! never apply a bundle that did not verify in this process, and never use Argo CD's cluster
+//! credentials (destinations are reached through [`crate::clusters`]).
 
-use std::sync::Arc;
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+    time::Instant,
+};
 
-use k8s_openapi::jiff::Timestamp;
-use kube::{Api, Client, ResourceExt, runtime::controller::Action as ControllerAction};
-use sluice_api::v1alpha1::BundlePin;
+use k8s_openapi::{api::core::v1::Secret, jiff::Timestamp};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams},
+    runtime::controller::Action as ControllerAction,
+};
+use serde_json::{Value, json};
+use sluice_api::{
+    external::argocd::{Application, ApplicationSet},
+    v1alpha1::{
+        BundlePin, BundlePinPhase, BundlePinSpec, BundlePinStatus,
+        bundle_pin::{GitRevertStatus, conditions, reasons},
+    },
+};
+use sluice_bundle::{BundleClient, BundleRef, PublicKey, RegistryOptions, VerifiedBundle};
+use sluice_gitops::{ForgeClient, GitConfig, PullRequestRequest, RevertBranch};
 use sluice_runtime::{
     Categorized, Category,
-    events::EventRecorder,
+    conditions::{self as cond, Status},
+    events::{EventRecorder, Severity},
     write::{self, WriteError},
 };
 
 use crate::{
     FIELD_MANAGER,
-    decide::{self, Action, Observations, Requeue},
+    apply::{self, Kinds},
+    clusters::Clusters,
+    decide::{
+        self, Action, AppKey, AppObservation, AppView, BundleSummary, ObjectKey, Observations,
+        OwningApplicationSet, Requeue, Verification,
+    },
+    metrics::RevertMetrics,
 };
+
+/// How revert reaches registries, git and the forge, and where its cluster identities live.
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    /// Namespace of the per-cluster identity Secrets (the operator's namespace).
+    pub cluster_namespace: String,
+    /// Registry options (plain-HTTP hosts, credentials).
+    pub registry: RegistryOptions,
+    /// The intent repository, when git reverts are enabled.
+    pub git: Option<GitConfig>,
+    /// The forge, when pull requests are enabled.
+    pub forge: Option<sluice_gitops::ForgeConfig>,
+}
 
 /// What every reconcile shares.
 pub struct Context {
-    /// The Kubernetes client.
+    /// The Kubernetes client (management cluster).
     pub client: Client,
     /// The operator's Event recorder.
     pub recorder: EventRecorder,
     /// The clock; tests pin it.
     pub clock: fn() -> Timestamp,
+    /// revert's metrics.
+    pub metrics: RevertMetrics,
+    bundles: BundleClient,
+    verified: Mutex<BTreeMap<String, Arc<VerifiedBundle>>>,
+    contents: Mutex<BTreeMap<String, String>>,
+    clusters: Clusters,
+    kinds: Kinds,
+    git: Option<GitConfig>,
+    forge: Option<ForgeClient>,
 }
 
 impl std::fmt::Debug for Context {
@@ -38,12 +88,30 @@ impl std::fmt::Debug for Context {
 
 impl Context {
     /// A context reading the system clock.
-    pub fn new(client: Client, recorder: EventRecorder) -> Self {
-        Self {
+    pub fn new(
+        client: Client,
+        recorder: EventRecorder,
+        settings: Settings,
+        metrics: RevertMetrics,
+    ) -> Result<Self, ReconcileError> {
+        let forge = settings
+            .forge
+            .map(ForgeClient::new)
+            .transpose()
+            .map_err(|e| ReconcileError::Config(e.to_string()))?;
+        Ok(Self {
+            clusters: Clusters::new(client.clone(), settings.cluster_namespace),
             client,
             recorder,
             clock: Timestamp::now,
-        }
+            metrics,
+            bundles: BundleClient::new(settings.registry),
+            verified: Mutex::new(BTreeMap::new()),
+            contents: Mutex::new(BTreeMap::new()),
+            kinds: Kinds::default(),
+            git: settings.git,
+            forge,
+        })
     }
 }
 
@@ -59,6 +127,34 @@ pub enum ReconcileError {
     /// Writing the status failed.
     #[error("writing BundlePin status: {0}")]
     Status(#[from] WriteError),
+    /// Reading an object the decision needs failed.
+    #[error("reading {what}: {source}")]
+    Read {
+        /// What was read.
+        what: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// An effect failed; the status carries a condition naming it.
+    #[error("{0}")]
+    Effect(String, Category),
+    /// The operator's configuration is unusable.
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+fn kube_category(e: &kube::Error) -> Category {
+    match e {
+        kube::Error::Api(s) => match s.code {
+            401 | 403 => Category::Forbidden,
+            404 => Category::NotFound,
+            409 => Category::Conflict,
+            400 | 422 => Category::Rejected,
+            _ => Category::ApiUnavailable,
+        },
+        kube::Error::SerdeError(_) => Category::Serialization,
+        _ => Category::ApiUnavailable,
+    }
 }
 
 impl Categorized for ReconcileError {
@@ -66,7 +162,530 @@ impl Categorized for ReconcileError {
         match self {
             ReconcileError::NoNamespace { .. } => Category::Internal,
             ReconcileError::Status(e) => e.category(),
+            ReconcileError::Read { source, .. } => kube_category(source),
+            ReconcileError::Effect(_, c) => *c,
+            ReconcileError::Config(_) => Category::Config,
         }
+    }
+}
+
+fn refusal_reason(category: &str) -> Option<&'static str> {
+    Some(match category {
+        "Unsigned" => reasons::UNSIGNED,
+        "WrongKey" => reasons::WRONG_KEY,
+        "Tampered" | "DigestMismatch" | "NotABundle" | "InvalidManifests" | "DigestRequired"
+        | "InvalidReference" => reasons::TAMPERED,
+        _ => return None,
+    })
+}
+
+impl Context {
+    /// Verifies the pinned bundle: keys from the Secret, signature on the digest, every object
+    /// of an allowed kind.
+    async fn verify(
+        &self,
+        spec: &BundlePinSpec,
+        ns: &str,
+    ) -> (Verification, Option<Arc<VerifiedBundle>>) {
+        let unavailable = |reason, message: String| {
+            (
+                Verification::Unavailable { reason, message },
+                None::<Arc<VerifiedBundle>>,
+            )
+        };
+        let secret_name = &spec.public_keys_secret_ref.name;
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), ns);
+        let secret = match secrets.get_opt(secret_name).await {
+            Ok(Some(s)) => s,
+            Ok(None) => {
+                return unavailable(
+                    reasons::KEYS_MISSING,
+                    format!(
+                        "public keys Secret {ns}/{secret_name} (spec.publicKeysSecretRef) not found; create it with the cosign public key(s)"
+                    ),
+                );
+            }
+            Err(e) => {
+                return unavailable(
+                    reasons::KEYS_MISSING,
+                    format!("reading public keys Secret {ns}/{secret_name}: {e}"),
+                );
+            }
+        };
+        let data = secret.data.unwrap_or_default();
+        let wanted: Vec<String> = if spec.public_keys_secret_ref.keys.is_empty() {
+            data.keys().cloned().collect()
+        } else {
+            spec.public_keys_secret_ref.keys.clone()
+        };
+        let mut keys = Vec::new();
+        for k in &wanted {
+            let Some(bytes) = data.get(k) else {
+                return unavailable(
+                    reasons::KEYS_MISSING,
+                    format!("public keys Secret {ns}/{secret_name} has no key {k:?}"),
+                );
+            };
+            match PublicKey::from_pem(&bytes.0, &format!("Secret {ns}/{secret_name} key {k}")) {
+                Ok(key) => keys.push(key),
+                Err(e) => return unavailable(reasons::KEYS_MISSING, e.to_string()),
+            }
+        }
+        if keys.is_empty() {
+            return unavailable(
+                reasons::KEYS_MISSING,
+                format!("public keys Secret {ns}/{secret_name} holds no key"),
+            );
+        }
+        let mut fingerprints: Vec<&str> = keys.iter().map(PublicKey::fingerprint).collect();
+        fingerprints.sort_unstable();
+        let cache_key = format!("{}|{}", spec.bundle.reference(), fingerprints.join(","));
+        let cached = self
+            .verified
+            .lock()
+            .expect("cache lock")
+            .get(&cache_key)
+            .cloned();
+        let bundle = match cached {
+            Some(b) => b,
+            None => match self
+                .bundles
+                .verify_and_pull(&spec.bundle.reference(), &keys)
+                .await
+            {
+                Ok(b) => {
+                    let b = Arc::new(b);
+                    self.verified
+                        .lock()
+                        .expect("cache lock")
+                        .insert(cache_key, b.clone());
+                    b
+                }
+                Err(e) => {
+                    return match refusal_reason(e.category()) {
+                        Some(reason) => (
+                            Verification::Refused {
+                                reason,
+                                message: e.to_string(),
+                            },
+                            None,
+                        ),
+                        None => unavailable(reasons::BUNDLE_UNAVAILABLE, e.to_string()),
+                    };
+                }
+            },
+        };
+        let allowed: Vec<sluice_bundle::GroupKind> = spec
+            .effective_allowed_kinds()
+            .into_iter()
+            .map(|g| sluice_bundle::GroupKind {
+                group: g.group,
+                kind: g.kind,
+            })
+            .collect();
+        let outside = bundle.artifact.manifests.objects_outside(&allowed);
+        if !outside.is_empty() {
+            let shown: Vec<String> = outside.iter().take(5).map(|o| o.display_name()).collect();
+            return (
+                Verification::Refused {
+                    reason: reasons::DISALLOWED_KIND,
+                    message: format!(
+                        "the bundle holds {} object(s) of kinds outside the allowlist (spec.allowedKinds): {}{}",
+                        outside.len(),
+                        shown.join(", "),
+                        if outside.len() > 5 { ", ..." } else { "" }
+                    ),
+                },
+                None,
+            );
+        }
+        let summary = BundleSummary {
+            digest: bundle.verified.digest.clone(),
+            content_digest: bundle.artifact.content_digest().to_owned(),
+            key_fingerprint: bundle.verified.key_fingerprint.clone(),
+            objects: bundle
+                .objects()
+                .iter()
+                .map(|o| ObjectKey {
+                    group: o.group_kind.group.clone(),
+                    kind: o.group_kind.kind.clone(),
+                    namespace: o.namespace.clone().unwrap_or_default(),
+                    name: o.name.clone(),
+                    version: o
+                        .api_version
+                        .rsplit_once('/')
+                        .map_or(o.api_version.clone(), |(_, v)| v.to_owned()),
+                })
+                .collect(),
+        };
+        (Verification::Verified(summary), Some(bundle))
+    }
+
+    /// The content digest of an OCI revision (cached: a digest names immutable content).
+    async fn revision_content(&self, repo_url: &str, revision: &str) -> Option<String> {
+        let reference = BundleRef::from_oci_source(repo_url, revision)
+            .ok()?
+            .digest_ref()
+            .ok()?;
+        if let Some(c) = self.contents.lock().expect("cache lock").get(&reference) {
+            return Some(c.clone());
+        }
+        match self.bundles.pull(&reference).await {
+            Ok(artifact) => {
+                let c = artifact.content_digest().to_owned();
+                self.contents
+                    .lock()
+                    .expect("cache lock")
+                    .insert(reference, c.clone());
+                Some(c)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, revision, "cannot read the content of the revision Argo CD reports; release waits");
+                None
+            }
+        }
+    }
+
+    async fn observe_app(
+        &self,
+        namespace: &str,
+        name: &str,
+        want_content: bool,
+    ) -> Result<Option<AppView>, ReconcileError> {
+        let api: Api<Application> = Api::namespaced(self.client.clone(), namespace);
+        let Some(app) = api
+            .get_opt(name)
+            .await
+            .map_err(|source| ReconcileError::Read {
+                what: format!("Application {namespace}/{name}"),
+                source,
+            })?
+        else {
+            return Ok(None);
+        };
+        let mut application_set = None;
+        for owner in app.owner_references() {
+            if owner.kind != "ApplicationSet" {
+                continue;
+            }
+            let sets: Api<ApplicationSet> = Api::namespaced(self.client.clone(), namespace);
+            let set = sets
+                .get_opt(&owner.name)
+                .await
+                .map_err(|source| ReconcileError::Read {
+                    what: format!("ApplicationSet {namespace}/{}", owner.name),
+                    source,
+                })?;
+            if let Some(set) = set {
+                application_set = Some(OwningApplicationSet {
+                    name: owner.name.clone(),
+                    covers_sync_policy: set.ignores_sync_policy(name),
+                });
+            }
+        }
+        let status = app.status.clone().unwrap_or_default();
+        let sync = status.sync.clone().unwrap_or_default();
+        let revision = sync.revision.clone();
+        let revision_content = match (&revision, want_content, app.sources().first()) {
+            (Some(rev), true, Some(source)) if source.is_oci() => {
+                self.revision_content(&source.repo_url, rev).await
+            }
+            _ => None,
+        };
+        let destination = app.spec.destination.clone().unwrap_or_default();
+        Ok(Some(AppView {
+            oci_sourced: app.is_oci_sourced(),
+            application_set,
+            sync_policy: app
+                .spec
+                .sync_policy
+                .as_ref()
+                .map(|p| serde_json::to_value(p).unwrap_or(Value::Null)),
+            automated: app
+                .spec
+                .sync_policy
+                .as_ref()
+                .is_some_and(|p| p.is_automated()),
+            operation_phase: status
+                .operation_state
+                .as_ref()
+                .and_then(|o| o.phase.clone()),
+            operation_requested: app.operation.is_some(),
+            sync_status: sync.status.clone(),
+            revision,
+            revision_content,
+            destination: destination.name.clone().or(destination.server.clone()),
+            destination_namespace: destination.namespace.clone(),
+            tracked: status
+                .resources
+                .unwrap_or_default()
+                .into_iter()
+                .map(|r| ObjectKey {
+                    group: r.group.unwrap_or_default(),
+                    kind: r.kind.unwrap_or_default(),
+                    namespace: r.namespace.unwrap_or_default(),
+                    name: r.name.unwrap_or_default(),
+                    version: r.version.unwrap_or_default(),
+                })
+                .collect(),
+        }))
+    }
+
+    async fn patch_app(&self, app: &AppKey, patch: Patch<Value>) -> Result<(), ReconcileError> {
+        let api: Api<Application> = Api::namespaced(self.client.clone(), &app.namespace);
+        api.patch(
+            &app.name,
+            &PatchParams {
+                field_manager: Some(FIELD_MANAGER.as_str().to_owned()),
+                ..PatchParams::default()
+            },
+            &patch,
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| {
+            let c = kube_category(&e);
+            ReconcileError::Effect(
+                format!("patching Application {}/{}: {e}", app.namespace, app.name),
+                c,
+            )
+        })
+    }
+
+    /// Carries out one effect.
+    async fn effect(
+        &self,
+        action: &Action,
+        pin: &BundlePin,
+        bundle: Option<&VerifiedBundle>,
+        status: &mut BundlePinStatus,
+        now: Timestamp,
+    ) -> Result<(), ReconcileError> {
+        let need_bundle = || {
+            bundle.ok_or_else(|| {
+                ReconcileError::Effect(
+                    "the bundle is not verified in this process; retrying".into(),
+                    Category::Internal,
+                )
+            })
+        };
+        let dest_err = |e: String, c: Category| ReconcileError::Effect(e, c);
+        match action {
+            Action::Event { .. } | Action::Audit { .. } => {}
+            Action::TerminateSync { app } => {
+                self.patch_app(
+                    app,
+                    Patch::Merge(json!({"status": {"operationState": {"phase": "Terminating"}}})),
+                )
+                .await?;
+                tracing::info!(application = %format!("{}/{}", app.namespace, app.name), "terminating the running sync");
+            }
+            Action::SetSyncPolicy {
+                app,
+                sync_policy,
+                clear_operation,
+            } => {
+                let patch = match sync_policy {
+                    Some(p) => Patch::Json(
+                        serde_json::from_value(
+                            json!([{"op": "add", "path": "/spec/syncPolicy", "value": p}]),
+                        )
+                        .expect("a JSON patch"),
+                    ),
+                    None => Patch::Merge(json!({"spec": {"syncPolicy": null}})),
+                };
+                self.patch_app(app, patch).await?;
+                if *clear_operation {
+                    self.patch_app(app, Patch::Merge(json!({"operation": null})))
+                        .await?;
+                }
+            }
+            Action::Apply {
+                app,
+                destination,
+                default_namespace,
+                prune,
+            } => {
+                let bundle = need_bundle()?;
+                let client = self
+                    .clusters
+                    .client(destination)
+                    .await
+                    .map_err(|e| dest_err(e.to_string(), Category::Config))?;
+                let started = Instant::now();
+                let applied = apply::apply_objects(
+                    &self.kinds,
+                    &client,
+                    destination,
+                    bundle.objects(),
+                    default_namespace.as_deref(),
+                    FIELD_MANAGER.as_str(),
+                )
+                .await
+                .map_err(|e| dest_err(e.to_string(), apply_category(&e)))?;
+                let pruned = apply::prune_objects(&self.kinds, &client, destination, prune)
+                    .await
+                    .map_err(|e| dest_err(e.to_string(), apply_category(&e)))?;
+                self.metrics.objects_applied.inc_by(applied as u64);
+                self.metrics.objects_pruned.inc_by(pruned as u64);
+                tracing::info!(
+                    application = %format!("{}/{}", app.namespace, app.name),
+                    destination,
+                    applied,
+                    pruned,
+                    apply_ms = started.elapsed().as_millis() as u64,
+                    "bundle applied"
+                );
+            }
+            Action::DropOwnership {
+                app,
+                destination,
+                default_namespace,
+            } => {
+                let bundle = need_bundle()?;
+                let client = self
+                    .clusters
+                    .client(destination)
+                    .await
+                    .map_err(|e| dest_err(e.to_string(), Category::Config))?;
+                let dropped = apply::drop_ownership(
+                    &self.kinds,
+                    &client,
+                    destination,
+                    bundle.objects(),
+                    default_namespace.as_deref(),
+                    FIELD_MANAGER.as_str(),
+                )
+                .await
+                .map_err(|e| dest_err(e.to_string(), apply_category(&e)))?;
+                tracing::info!(application = %format!("{}/{}", app.namespace, app.name), destination, dropped, "field ownership dropped");
+            }
+            Action::PushRevert {
+                commit,
+                base,
+                branch,
+                message,
+                pull_request,
+            } => {
+                // Not fatal: the pin holds either way; the next poll asks again.
+                match self
+                    .push_revert(commit, base, branch, message, *pull_request, pin)
+                    .await
+                {
+                    Ok((git, created)) => {
+                        self.metrics
+                            .git_reverts
+                            .get_or_create(&crate::metrics::ResultLabels {
+                                result: if created { "pushed" } else { "existing" }.into(),
+                            })
+                            .inc();
+                        let note = format!(
+                            "revert branch {branch} at {}{}",
+                            git.commit.as_deref().unwrap_or_default(),
+                            git.pull_request_url
+                                .as_deref()
+                                .map(|u| format!(", pull request {u}"))
+                                .unwrap_or_default()
+                        );
+                        status.git_revert = Some(GitRevertStatus {
+                            pushed_at: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                                now,
+                            )),
+                            ..git
+                        });
+                        cond::set(
+                            &mut status.conditions,
+                            cond::new(
+                                conditions::GIT_REVERT,
+                                Status::True,
+                                reasons::REVERT_PUSHED,
+                                note,
+                                pin.metadata.generation,
+                                now,
+                            ),
+                        );
+                    }
+                    Err((category, message)) => {
+                        self.metrics
+                            .git_reverts
+                            .get_or_create(&crate::metrics::ResultLabels {
+                                result: category.into(),
+                            })
+                            .inc();
+                        tracing::warn!(error = %message, "git revert failed; retried on the next poll");
+                        cond::set(
+                            &mut status.conditions,
+                            cond::new(
+                                conditions::GIT_REVERT,
+                                Status::False,
+                                reasons::GIT_REVERT_FAILED,
+                                message,
+                                pin.metadata.generation,
+                                now,
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn push_revert(
+        &self,
+        commit: &str,
+        base: &str,
+        branch: &str,
+        message: &str,
+        pull_request: bool,
+        pin: &BundlePin,
+    ) -> Result<(GitRevertStatus, bool), (&'static str, String)> {
+        let git = self
+            .git
+            .as_ref()
+            .ok_or(("GitNotConfigured", "no intent repository configured".into()))?;
+        let pushed = RevertBranch {
+            commit: commit.into(),
+            base: base.into(),
+            branch: branch.into(),
+            message: message.into(),
+        }
+        .push(git)
+        .await
+        .map_err(|e| (e.category(), e.to_string()))?;
+        let mut status = GitRevertStatus {
+            branch: Some(pushed.branch.clone()),
+            commit: Some(pushed.commit.clone()),
+            ..GitRevertStatus::default()
+        };
+        if pull_request && let Some(forge) = &self.forge {
+            let title = message.lines().next().unwrap_or(message).to_owned();
+            let pr = forge
+                .open_pull_request(&PullRequestRequest {
+                    head: branch.into(),
+                    base: base.into(),
+                    title,
+                    body: format!(
+                        "{message}\n\nOpened by sluice-revert for BundlePin {}/{} (reason: {}).",
+                        pin.namespace().unwrap_or_default(),
+                        pin.name_any(),
+                        pin.spec.reason
+                    ),
+                })
+                .await
+                .map_err(|e| (e.category(), e.to_string()))?;
+            status.pull_request_url = Some(pr.url);
+        }
+        Ok((status, pushed.created))
+    }
+}
+
+fn apply_category(e: &apply::ApplyError) -> Category {
+    match e.category() {
+        "Forbidden" => Category::Forbidden,
+        "Conflict" => Category::Conflict,
+        "Invalid" => Category::Rejected,
+        _ => Category::ApiUnavailable,
     }
 }
 
@@ -79,14 +698,121 @@ pub async fn reconcile(
     let ns = obj.namespace().ok_or_else(|| ReconcileError::NoNamespace {
         name: obj.name_any(),
     })?;
+    let name = obj.name_any();
     let api: Api<BundlePin> = Api::namespaced(ctx.client.clone(), &ns);
+    let status = obj.status.as_ref();
+    let phase_before = status.map(|s| s.phase).unwrap_or_default();
+    let terminal = matches!(
+        phase_before,
+        BundlePinPhase::Released | BundlePinPhase::Refused | BundlePinPhase::Failed
+    );
+
+    // Observe.
+    let (verification, bundle) =
+        if !terminal && (decide::needs_verification(status) || obj.spec.release) {
+            let (v, b) = ctx.verify(&obj.spec, &ns).await;
+            (Some(v), b)
+        } else {
+            (None, None)
+        };
+    let want_content = decide::needs_revision_content(&obj.spec, status);
+    let mut applications = Vec::new();
+    if !terminal {
+        for t in &obj.spec.targets {
+            let app_ns = t.namespace.clone().unwrap_or_else(|| ns.clone());
+            let view = ctx.observe_app(&app_ns, &t.name, want_content).await?;
+            applications.push(AppObservation {
+                namespace: app_ns,
+                name: t.name.clone(),
+                view,
+            });
+        }
+    }
     let obs = Observations {
         generation: obj.metadata.generation,
+        pin: (ns.clone(), name.clone()),
+        verification,
+        applications,
+        git_configured: ctx.git.is_some(),
     };
-    let decision = decide::decide(&obj.spec, obj.status.as_ref(), &obs, (ctx.clock)());
+    let now = (ctx.clock)();
+    let mut decision = decide::decide(&obj.spec, status, &obs, now);
+
+    // Act: effects first, in order; a failure is recorded on the current status and retried.
+    for action in decision.actions.iter().filter(|a| a.is_effect()) {
+        if let Err(err) = ctx
+            .effect(action, &obj, bundle.as_deref(), &mut decision.status, now)
+            .await
+        {
+            let mut failed = obj.status.clone().unwrap_or_default();
+            let message = err.to_string();
+            let changed = cond::set(
+                &mut failed.conditions,
+                cond::new(
+                    conditions::PINNED,
+                    Status::False,
+                    reasons::APPLY_FAILED,
+                    message.clone(),
+                    obj.metadata.generation,
+                    now,
+                ),
+            );
+            if changed {
+                write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &failed).await?;
+                ctx.recorder
+                    .publish(
+                        obj.as_ref(),
+                        Severity::Warning,
+                        reasons::APPLY_FAILED,
+                        decide::PIN,
+                        &message,
+                    )
+                    .await;
+            }
+            tracing::warn!(error = %message, "effect failed; retrying with back-off");
+            return Err(err);
+        }
+    }
+
+    // Record.
     if obj.status.as_ref() != Some(&decision.status) {
         write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &decision.status).await?;
         tracing::info!(phase = ?decision.status.phase, "status written");
+    }
+
+    // Tell.
+    let phase = decision.status.phase;
+    if phase != phase_before {
+        let created = obj.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        match phase {
+            BundlePinPhase::Pinned => {
+                if let Some(created) = created {
+                    let secs = now.duration_since(created).as_secs_f64().max(0.0);
+                    ctx.metrics.pin_duration_seconds.observe(secs);
+                    tracing::info!(pin_ms = (secs * 1000.0) as u64, "pin in force");
+                }
+            }
+            BundlePinPhase::Refused => {
+                let reason = cond::find(&decision.status.conditions, conditions::VERIFIED)
+                    .or_else(|| cond::find(&decision.status.conditions, conditions::READY))
+                    .map(|c| c.reason.clone())
+                    .unwrap_or_default();
+                ctx.metrics
+                    .refusals
+                    .get_or_create(&crate::metrics::ReasonLabels { reason })
+                    .inc();
+            }
+            BundlePinPhase::Released => {
+                let reason = cond::find(&decision.status.conditions, conditions::RELEASED)
+                    .map(|c| c.reason.clone())
+                    .unwrap_or_default();
+                ctx.metrics
+                    .releases
+                    .get_or_create(&crate::metrics::ReasonLabels { reason })
+                    .inc();
+            }
+            _ => {}
+        }
     }
     for action in &decision.actions {
         match action {
@@ -100,8 +826,46 @@ pub async fn reconcile(
                     .publish(obj.as_ref(), *severity, reason, action, note)
                     .await
             }
+            Action::Audit {
+                reason,
+                from_digest,
+                to_digest,
+                note,
+            } => {
+                tracing::info!(
+                    audit = true,
+                    reason,
+                    from_digest = from_digest.as_deref().unwrap_or_default(),
+                    to_digest = to_digest.as_deref().unwrap_or_default(),
+                    pin_reason = %obj.spec.reason,
+                    "{note}"
+                );
+                ctx.recorder
+                    .publish(
+                        obj.as_ref(),
+                        Severity::Normal,
+                        reason,
+                        if *reason == reasons::ALL_PINNED {
+                            decide::PIN
+                        } else {
+                            decide::RELEASE
+                        },
+                        note,
+                    )
+                    .await
+            }
+            _ => {}
         }
     }
+    ctx.metrics.observe(
+        &format!("{ns}/{name}"),
+        phase,
+        obj.metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.as_second()),
+        now.as_second(),
+    );
     Ok(match decision.requeue {
         Requeue::AwaitChange => ControllerAction::await_change(),
         Requeue::After(d) => ControllerAction::requeue(d),

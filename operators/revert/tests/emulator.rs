@@ -61,10 +61,15 @@ async fn invalid_bundle_pin_is_named_then_ready_once_fixed() {
     let client = emu.client();
     let api: Api<BundlePin> = Api::namespaced(client.clone(), "default");
 
-    let ctx = Arc::new(reconcile::Context::new(
-        client.clone(),
-        EventRecorder::new(client.clone(), OPERATOR),
-    ));
+    let ctx = Arc::new(
+        reconcile::Context::new(
+            client.clone(),
+            EventRecorder::new(client.clone(), OPERATOR),
+            reconcile::Settings::default(),
+            sluice_revert::metrics::register(&mut Default::default()),
+        )
+        .unwrap(),
+    );
     let (hooks, _registry) = Hooks::standalone();
     let shutdown = CancellationToken::new();
     let controller = tokio::spawn(drive(

@@ -364,6 +364,8 @@ pub mod conditions {
     pub const PINNED: &str = "Pinned";
     /// The pin is released.
     pub const RELEASED: &str = "Released";
+    /// The git revert branch (and pull request) for the offending change.
+    pub const GIT_REVERT: &str = "GitRevert";
 }
 
 /// Condition reasons of a BundlePin.
@@ -402,6 +404,14 @@ pub mod reasons {
     pub const FORWARD_FIX_WAITING: &str = "ForwardFixWaiting";
     /// Released through spec.release.
     pub const RELEASED_EXPLICITLY: &str = "ReleasedExplicitly";
+    /// The revert branch was pushed (and the pull request opened when configured).
+    pub const REVERT_PUSHED: &str = "RevertPushed";
+    /// Pushing the revert branch or opening the pull request failed; retried.
+    pub const GIT_REVERT_FAILED: &str = "GitRevertFailed";
+    /// spec.gitRevert is set but the operator has no intent repository configured.
+    pub const GIT_NOT_CONFIGURED: &str = "GitNotConfigured";
+    /// Automated sync was turned back on while pinned and was suspended again.
+    pub const RESUSPENDED: &str = "Resuspended";
 }
 
 #[cfg(test)]

@@ -1,0 +1,333 @@
+//! Writes to a destination cluster, as revert's own identity there: server-side apply of the
+//! bundle's objects under the `sluice-revert` field manager (forced: the pin takes the fields
+//! the bad change set), deletion of pruned objects, and on release the removal of revert's
+//! managedFields entries so later Git removals prune.
+//!
+//! Owns only these three writes. Never writes an object the bundle does not hold except to
+//! prune one the decision named, and never touches the management cluster.
+
+use std::{collections::BTreeMap, sync::Mutex};
+
+use futures::{StreamExt, TryStreamExt, stream};
+use kube::{
+    Api, Client,
+    api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams},
+    discovery::{self, Scope},
+};
+use serde_json::{Value, json};
+use sluice_bundle::BundleObject;
+
+use crate::decide::ObjectKey;
+
+/// Objects written concurrently per destination.
+pub const CONCURRENCY: usize = 16;
+
+/// A write to a destination that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The kind is not served by the destination.
+    #[error(
+        "{object}: kind {gvk} is not served by destination {destination} ({source}); install its CRD there"
+    )]
+    Discovery {
+        /// The object.
+        object: String,
+        /// group/version/kind.
+        gvk: String,
+        /// The destination.
+        destination: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// The API server refused a write.
+    #[error("{verb} {object} in destination {destination}: {source}")]
+    Write {
+        /// apply, delete or patch.
+        verb: &'static str,
+        /// The object.
+        object: String,
+        /// The destination.
+        destination: String,
+        /// The API error.
+        source: kube::Error,
+    },
+}
+
+impl ApplyError {
+    /// Bounded category.
+    pub fn category(&self) -> &'static str {
+        match self {
+            ApplyError::Discovery { .. } => "Discovery",
+            ApplyError::Write { source, .. } => match source {
+                kube::Error::Api(s) if s.code == 403 => "Forbidden",
+                kube::Error::Api(s) if s.code == 409 => "Conflict",
+                kube::Error::Api(s) if s.code == 422 => "Invalid",
+                _ => "Api",
+            },
+        }
+    }
+}
+
+/// (destination, group, version, kind).
+type KindKey = (String, String, String, String);
+
+/// Discovery results per destination, so a pin of 500 objects asks once per kind.
+#[derive(Debug, Default)]
+pub struct Kinds {
+    cache: Mutex<BTreeMap<KindKey, (ApiResource, bool)>>,
+}
+
+impl Kinds {
+    async fn resolve(
+        &self,
+        client: &Client,
+        destination: &str,
+        gvk: &GroupVersionKind,
+        object: &str,
+    ) -> Result<(ApiResource, bool), ApplyError> {
+        let key = (
+            destination.to_owned(),
+            gvk.group.clone(),
+            gvk.version.clone(),
+            gvk.kind.clone(),
+        );
+        if let Some(hit) = self.cache.lock().expect("kinds lock").get(&key) {
+            return Ok(hit.clone());
+        }
+        let (ar, caps) = discovery::pinned_kind(client, gvk)
+            .await
+            .map_err(|source| ApplyError::Discovery {
+                object: object.to_owned(),
+                gvk: format!("{}/{}/{}", gvk.group, gvk.version, gvk.kind),
+                destination: destination.to_owned(),
+                source,
+            })?;
+        let namespaced = caps.scope == Scope::Namespaced;
+        self.cache
+            .lock()
+            .expect("kinds lock")
+            .insert(key, (ar.clone(), namespaced));
+        Ok((ar, namespaced))
+    }
+
+    async fn api(
+        &self,
+        client: &Client,
+        destination: &str,
+        gvk: &GroupVersionKind,
+        namespace: Option<&str>,
+        object: &str,
+    ) -> Result<Api<DynamicObject>, ApplyError> {
+        let (ar, namespaced) = self.resolve(client, destination, gvk, object).await?;
+        Ok(match namespace {
+            Some(ns) if namespaced => Api::namespaced_with(client.clone(), ns, &ar),
+            _ => Api::all_with(client.clone(), &ar),
+        })
+    }
+}
+
+fn gvk_of(api_version: &str, kind: &str) -> GroupVersionKind {
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    GroupVersionKind::gvk(group, version, kind)
+}
+
+/// Where a bundle object goes: its own namespace, else the Application's.
+fn namespace_of<'a>(o: &'a BundleObject, default_ns: Option<&'a str>) -> Option<&'a str> {
+    o.namespace.as_deref().or(default_ns)
+}
+
+/// Server-side applies every object (forced, field manager `manager`); returns how many.
+pub async fn apply_objects(
+    kinds: &Kinds,
+    client: &Client,
+    destination: &str,
+    objects: &[BundleObject],
+    default_ns: Option<&str>,
+    manager: &str,
+) -> Result<usize, ApplyError> {
+    let params = PatchParams::apply(manager).force();
+    stream::iter(objects.iter().map(Ok))
+        .try_for_each_concurrent(CONCURRENCY, |o| {
+            let params = params.clone();
+            async move {
+                let ns = namespace_of(o, default_ns);
+                let gvk = gvk_of(&o.api_version, &o.group_kind.kind);
+                let shown = o.display_name();
+                let api = kinds.api(client, destination, &gvk, ns, &shown).await?;
+                let mut body = o.value.clone();
+                if let (Some(ns), Some(meta)) = (ns, body.get_mut("metadata")) {
+                    meta["namespace"] = json!(ns);
+                }
+                api.patch(&o.name, &params, &Patch::Apply(&body))
+                    .await
+                    .map_err(|source| ApplyError::Write {
+                        verb: "apply",
+                        object: shown,
+                        destination: destination.to_owned(),
+                        source,
+                    })?;
+                Ok(())
+            }
+        })
+        .await?;
+    Ok(objects.len())
+}
+
+/// Deletes the objects (already gone counts as deleted); returns how many.
+pub async fn prune_objects(
+    kinds: &Kinds,
+    client: &Client,
+    destination: &str,
+    objects: &[ObjectKey],
+) -> Result<usize, ApplyError> {
+    stream::iter(objects.iter().map(Ok))
+        .try_for_each_concurrent(CONCURRENCY, |o| async move {
+            let version = if o.version.is_empty() {
+                "v1"
+            } else {
+                &o.version
+            };
+            let gvk = GroupVersionKind::gvk(&o.group, version, &o.kind);
+            let shown = o.display();
+            let ns = (!o.namespace.is_empty()).then_some(o.namespace.as_str());
+            let api = kinds.api(client, destination, &gvk, ns, &shown).await?;
+            match api.delete(&o.name, &DeleteParams::default()).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                Err(source) => Err(ApplyError::Write {
+                    verb: "delete",
+                    object: shown,
+                    destination: destination.to_owned(),
+                    source,
+                }),
+            }
+        })
+        .await?;
+    Ok(objects.len())
+}
+
+/// The managedFields list without `manager`'s entries, or `None` when it has none.
+pub fn without_manager(managed: &Value, manager: &str) -> Option<Vec<Value>> {
+    let entries = managed.as_array()?;
+    let kept: Vec<Value> = entries
+        .iter()
+        .filter(|e| e.get("manager").and_then(Value::as_str) != Some(manager))
+        .cloned()
+        .collect();
+    (kept.len() != entries.len()).then_some(kept)
+}
+
+/// Removes `manager`'s managedFields entries from every object still present; returns how many
+/// objects changed.
+pub async fn drop_ownership(
+    kinds: &Kinds,
+    client: &Client,
+    destination: &str,
+    objects: &[BundleObject],
+    default_ns: Option<&str>,
+    manager: &str,
+) -> Result<usize, ApplyError> {
+    let work: Vec<_> = objects
+        .iter()
+        .map(|o| drop_one(kinds, client, destination, o, default_ns, manager))
+        .collect();
+    let changed: Vec<bool> = stream::iter(work)
+        .buffer_unordered(CONCURRENCY)
+        .try_collect()
+        .await?;
+    Ok(changed.into_iter().filter(|c| *c).count())
+}
+
+async fn drop_one(
+    kinds: &Kinds,
+    client: &Client,
+    destination: &str,
+    o: &BundleObject,
+    default_ns: Option<&str>,
+    manager: &str,
+) -> Result<bool, ApplyError> {
+    let ns = namespace_of(o, default_ns);
+    let gvk = gvk_of(&o.api_version, &o.group_kind.kind);
+    let shown = o.display_name();
+    let api = kinds.api(client, destination, &gvk, ns, &shown).await?;
+    let write_err = |source| ApplyError::Write {
+        verb: "patch managedFields of",
+        object: shown.clone(),
+        destination: destination.to_owned(),
+        source,
+    };
+    // Read-modify-write with a resourceVersion precondition; a few retries on 409.
+    for _ in 0..5 {
+        let live = match api.get_opt(&o.name).await.map_err(write_err)? {
+            Some(live) => live,
+            None => return Ok(false),
+        };
+        let managed = serde_json::to_value(&live.metadata.managed_fields).unwrap_or(Value::Null);
+        let Some(kept) = without_manager(&managed, manager) else {
+            return Ok(false);
+        };
+        // An empty list is ignored by the API server; `[{}]` clears it.
+        let kept = if kept.is_empty() {
+            vec![json!({})]
+        } else {
+            kept
+        };
+        let patch = json!({"metadata": {
+            "managedFields": kept,
+            "resourceVersion": live.metadata.resource_version,
+        }});
+        match api
+            .patch(&o.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(source) => return Err(write_err(source)),
+        }
+    }
+    Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_named_managers_entries_are_dropped() {
+        let managed = json!([
+            {"manager": "argocd-controller", "operation": "Apply"},
+            {"manager": "sluice-revert", "operation": "Apply"},
+            {"manager": "kubectl", "operation": "Update"},
+        ]);
+        let table = [
+            (
+                "sluice-revert",
+                Some(vec![managed[0].clone(), managed[2].clone()]),
+            ),
+            ("someone-else", None),
+        ];
+        for (manager, want) in table {
+            assert_eq!(without_manager(&managed, manager), want, "{manager}");
+        }
+        assert_eq!(
+            without_manager(&json!([{"manager": "sluice-revert"}]), "sluice-revert"),
+            Some(vec![])
+        );
+        assert_eq!(without_manager(&Value::Null, "sluice-revert"), None);
+    }
+
+    #[test]
+    fn group_version_split() {
+        let table = [
+            (
+                "gateway.networking.k8s.io/v1",
+                ("gateway.networking.k8s.io", "v1"),
+            ),
+            ("v1", ("", "v1")),
+        ];
+        for (api_version, (group, version)) in table {
+            let gvk = gvk_of(api_version, "K");
+            assert_eq!((gvk.group.as_str(), gvk.version.as_str()), (group, version));
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! revert's metrics, all prefixed `sluice_revert_`: pins by phase, the age of the oldest active
+//! pin (the chart pages when it passes 2 h), time from BundlePin creation to every object
+//! applied, objects applied and pruned, refusals and releases by reason, git reverts by result.
+//!
+//! Owns the metric names and the bookkeeping of active pins. Labels carry only bounded values
+//! (phases, reasons, results), never a pin's name or a digest.
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Registry,
+};
+use sluice_api::v1alpha1::BundlePinPhase;
+
+/// A phase label.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct PhaseLabels {
+    /// BundlePin phase.
+    pub phase: String,
+}
+
+/// A reason label (condition reasons: bounded).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// CamelCase reason.
+    pub reason: String,
+}
+
+/// A result label.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// `pushed`, `existing` or a bounded error category.
+    pub result: String,
+}
+
+/// Every metric revert exports.
+#[derive(Debug, Clone)]
+pub struct RevertMetrics {
+    /// `sluice_revert_pins{phase}`: BundlePins by phase (as last reconciled).
+    pub pins: Family<PhaseLabels, Gauge>,
+    /// `sluice_revert_oldest_pin_age_seconds`: age of the oldest pin still in force (Pinning
+    /// or Pinned), 0 when none.
+    pub oldest_pin_age_seconds: Gauge<f64, AtomicU64>,
+    /// `sluice_revert_pin_duration_seconds`: BundlePin created → every object applied.
+    pub pin_duration_seconds: Histogram,
+    /// `sluice_revert_objects_applied_total`.
+    pub objects_applied: Counter,
+    /// `sluice_revert_objects_pruned_total`.
+    pub objects_pruned: Counter,
+    /// `sluice_revert_refusals_total{reason}`.
+    pub refusals: Family<ReasonLabels, Counter>,
+    /// `sluice_revert_releases_total{reason}`.
+    pub releases: Family<ReasonLabels, Counter>,
+    /// `sluice_revert_git_reverts_total{result}`.
+    pub git_reverts: Family<ResultLabels, Counter>,
+    active: Arc<Mutex<BTreeMap<String, Entry>>>,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    phase: BundlePinPhase,
+    since: Option<i64>,
+    seen: i64,
+}
+
+/// How long an active pin's entry survives without a reconcile (pins in force are polled every
+/// few seconds; a deleted one stops being reconciled).
+const FORGET_AFTER_SECONDS: i64 = 120;
+
+/// Registers revert's metrics in `registry`.
+pub fn register(registry: &mut Registry) -> RevertMetrics {
+    let m = RevertMetrics {
+        pins: Family::default(),
+        oldest_pin_age_seconds: Gauge::default(),
+        // 50 ms .. ~27 min.
+        pin_duration_seconds: Histogram::new(exponential_buckets(0.05, 2.0, 16)),
+        objects_applied: Counter::default(),
+        objects_pruned: Counter::default(),
+        refusals: Family::default(),
+        releases: Family::default(),
+        git_reverts: Family::default(),
+        active: Arc::default(),
+    };
+    let sub = registry.sub_registry_with_prefix("sluice_revert");
+    sub.register("pins", "BundlePins by phase", m.pins.clone());
+    sub.register(
+        "oldest_pin_age_seconds",
+        "Age in seconds of the oldest BundlePin still in force (Pinning or Pinned); 0 when none",
+        m.oldest_pin_age_seconds.clone(),
+    );
+    sub.register(
+        "pin_duration_seconds",
+        "Seconds from BundlePin creation to every object applied, signature verification included",
+        m.pin_duration_seconds.clone(),
+    );
+    sub.register(
+        "objects_applied",
+        "Objects server-side applied to destination clusters",
+        m.objects_applied.clone(),
+    );
+    sub.register(
+        "objects_pruned",
+        "Objects pruned from destination clusters",
+        m.objects_pruned.clone(),
+    );
+    sub.register(
+        "refusals",
+        "BundlePins refused, by reason",
+        m.refusals.clone(),
+    );
+    sub.register(
+        "releases",
+        "BundlePins released, by reason",
+        m.releases.clone(),
+    );
+    sub.register(
+        "git_reverts",
+        "Git revert branch pushes, by result",
+        m.git_reverts.clone(),
+    );
+    m
+}
+
+fn phase_name(p: BundlePinPhase) -> &'static str {
+    match p {
+        BundlePinPhase::Verifying => "Verifying",
+        BundlePinPhase::Refused => "Refused",
+        BundlePinPhase::Pinning => "Pinning",
+        BundlePinPhase::Pinned => "Pinned",
+        BundlePinPhase::Releasing => "Releasing",
+        BundlePinPhase::Released => "Released",
+        BundlePinPhase::Failed => "Failed",
+    }
+}
+
+const PHASES: [BundlePinPhase; 7] = [
+    BundlePinPhase::Verifying,
+    BundlePinPhase::Refused,
+    BundlePinPhase::Pinning,
+    BundlePinPhase::Pinned,
+    BundlePinPhase::Releasing,
+    BundlePinPhase::Released,
+    BundlePinPhase::Failed,
+];
+
+impl RevertMetrics {
+    /// Records a pin's phase after a reconcile; `created` is its creation time (seconds), `now`
+    /// the clock (seconds). Recomputes the phase gauges and the oldest pin age.
+    pub fn observe(&self, key: &str, phase: BundlePinPhase, created: Option<i64>, now: i64) {
+        let mut active = self.active.lock().expect("metrics lock");
+        active.insert(
+            key.to_owned(),
+            Entry {
+                phase,
+                since: created,
+                seen: now,
+            },
+        );
+        active.retain(|_, e| {
+            !matches!(e.phase, BundlePinPhase::Pinning | BundlePinPhase::Pinned)
+                || now - e.seen <= FORGET_AFTER_SECONDS
+        });
+        for p in PHASES {
+            let n = active.values().filter(|e| e.phase == p).count();
+            self.pins
+                .get_or_create(&PhaseLabels {
+                    phase: phase_name(p).into(),
+                })
+                .set(n as i64);
+        }
+        let oldest = active
+            .values()
+            .filter(|e| matches!(e.phase, BundlePinPhase::Pinning | BundlePinPhase::Pinned))
+            .filter_map(|e| e.since)
+            .min()
+            .map_or(0, |since| (now - since).max(0));
+        self.oldest_pin_age_seconds.set(oldest as f64);
+    }
+
+    /// Forgets a pin (deleted).
+    pub fn forget(&self, key: &str) {
+        self.active.lock().expect("metrics lock").remove(key);
+    }
+
+    /// The current oldest-pin age (tests).
+    pub fn oldest_pin_age(&self) -> f64 {
+        f64::from_bits(self.oldest_pin_age_seconds.inner().load(Ordering::Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oldest_pin_age_counts_only_pins_in_force() {
+        let mut registry = Registry::default();
+        let m = register(&mut registry);
+        // (key, phase, created, now, want oldest age)
+        let table = [
+            ("a", BundlePinPhase::Verifying, 0, 10, 0.0),
+            ("a", BundlePinPhase::Pinned, 0, 20, 20.0),
+            ("b", BundlePinPhase::Pinned, 15, 30, 30.0),
+            ("a", BundlePinPhase::Released, 0, 40, 25.0),
+            ("b", BundlePinPhase::Released, 15, 50, 0.0),
+        ];
+        for (key, phase, created, now, want) in table {
+            m.observe(key, phase, Some(created), now);
+            assert_eq!(m.oldest_pin_age(), want, "{key} {phase:?} at {now}");
+        }
+        // A pin in force that stops being reconciled (deleted) is forgotten.
+        m.observe("c", BundlePinPhase::Pinned, Some(100), 100);
+        m.observe(
+            "d",
+            BundlePinPhase::Released,
+            Some(0),
+            100 + FORGET_AFTER_SECONDS + 1,
+        );
+        assert_eq!(m.oldest_pin_age(), 0.0);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for name in [
+            "sluice_revert_pins{phase=\"Released\"}",
+            "sluice_revert_oldest_pin_age_seconds",
+            "sluice_revert_pin_duration_seconds_bucket",
+            "sluice_revert_objects_applied_total",
+            "sluice_revert_objects_pruned_total",
+        ] {
+            assert!(text.contains(name), "{name} missing from:\n{text}");
+        }
+    }
+}
