@@ -8,11 +8,11 @@
 //! one pacing tick, and never count sluice's own restarts as background.
 //!
 //! Why the bound holds: restarts are granted at ticks at least [`TICK`] apart. The bucket refills
-//! at `rate × SAFETY − background` and holds at most `depth × SAFETY`, so over any window `w`
+//! at `rate × SAFETY − background × BACKGROUND_MARGIN` and holds at most `depth × SAFETY`, so over any window `w`
 //! sluice issues at most `depth + (rate − background) × w`, and with the background the total is
-//! at most `depth + rate × w`. Two grants less than `2 × TICK` apart never add up to more than
-//! the peak cap minus one second of background, and a one-second window can only see two
-//! consecutive grants.
+//! at most `depth + rate × w`. Each grant is capped by the peak (less the background) and its
+//! restarts are spread over [`SPREAD`], so a one-second window sees at most the larger of two
+//! consecutive grants plus one restart at the seam.
 
 use std::time::Duration;
 
@@ -22,9 +22,26 @@ use sluice_api::v1alpha1::revision_upgrade::{IssuanceBudget, IssuanceBudgetStatu
 /// Least time between two pacing ticks (grants).
 pub const TICK: Duration = Duration::from_secs(1);
 
+/// The restarts of one grant are started evenly over this part of the tick, so issuance flows
+/// instead of bursting: a one-second window then holds at most the larger of two consecutive
+/// grants (plus one restart at the seam), and the peak cap bounds each grant.
+pub const SPREAD: Duration = Duration::from_millis(800);
+
+/// When the `i`-th of `n` restarts of a grant starts, after the grant.
+pub fn spread_offset(i: usize, n: usize) -> Duration {
+    if n == 0 {
+        return Duration::ZERO;
+    }
+    SPREAD.mul_f64((i as f64 + 0.5) / n as f64)
+}
+
 /// Share of the budget sluice plans with, leaving room for the delay between an eviction and
 /// the new pod's certificate and for error in the background reading.
 pub const SAFETY: f64 = 0.95;
+
+/// Factor on the observed background issuance when reserving room for it: background arrives in
+/// bursts the window's average hides, so sluice leaves it a quarter more than its mean.
+pub const BACKGROUND_MARGIN: f64 = 1.25;
 
 /// Total issuance observed in a window (from the certificate authority's counter).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -84,7 +101,7 @@ pub enum Hold {
 
 /// Restarts per second the budget leaves sluice with `background` SVIDs/s issued elsewhere.
 pub fn headroom(budget: &IssuanceBudget, background: f64) -> f64 {
-    (f64::from(budget.rate) * SAFETY - background).max(0.0)
+    (f64::from(budget.rate) * SAFETY - background * BACKGROUND_MARGIN).max(0.0)
 }
 
 /// Whether observed issuance is over budget: the background alone uses the whole rate, or the
@@ -135,17 +152,11 @@ pub fn grant(
     };
     let background = reading.background_rate();
     let rate = headroom(budget, background);
-    let peak = (f64::from(budget.peak_per_second) * SAFETY - background).max(0.0);
-    let (mut tokens, recent): (f64, f64) = match (previous, since) {
-        (Some(p), Some(since)) => {
-            let recent = if since < 2.0 * TICK.as_secs_f64() {
-                f64::from(p.own_restarts_last_second)
-            } else {
-                0.0
-            };
-            ((p.tokens + rate * since).min(depth), recent)
-        }
-        _ => (depth, 0.0),
+    let peak =
+        (f64::from(budget.peak_per_second) * SAFETY - background * BACKGROUND_MARGIN).max(0.0);
+    let mut tokens = match (previous, since) {
+        (Some(p), Some(since)) => (p.tokens + rate * since).min(depth),
+        _ => depth,
     };
     let over = over_budget(budget, reading);
     let (restarts, held_by) = if over {
@@ -155,7 +166,7 @@ pub fn grant(
         (0, Some(Hold::OverBudget))
     } else {
         let by_tokens = tokens.max(0.0).floor() as u64;
-        let by_peak = (peak - recent).max(0.0).floor() as u64;
+        let by_peak = peak.floor() as u64;
         let n = u64::from(wanted).min(by_tokens).min(by_peak) as u32;
         let held = if n >= wanted {
             None
@@ -275,7 +286,7 @@ mod tests {
                 reading: Some(reading(1000.0, 0.0)),
                 wanted: 5000,
                 now: 2000,
-                want: 180,
+                want: 130,
                 held: Some(Hold::Tokens),
             },
             Row {
@@ -285,24 +296,6 @@ mod tests {
                 wanted: 5000,
                 now: 2000,
                 want: 380,
-                held: Some(Hold::Tokens),
-            },
-            Row {
-                name: "peak cap counts the grant of the previous tick",
-                previous: Some(prev(1900.0, 1800, 0)),
-                reading: Some(quiet),
-                wanted: 5000,
-                now: 1000,
-                want: 100,
-                held: Some(Hold::Peak),
-            },
-            Row {
-                name: "a grant two ticks ago no longer counts against the peak",
-                previous: Some(prev(1900.0, 1800, 0)),
-                reading: Some(quiet),
-                wanted: 5000,
-                now: 2000,
-                want: 1900,
                 held: Some(Hold::Tokens),
             },
             Row {
@@ -381,8 +374,9 @@ mod tests {
                     u32::MAX,
                     t(now),
                 );
-                if g.restarts > 0 {
-                    events.push((now, f64::from(g.restarts)));
+                let n = g.restarts as usize;
+                for i in 0..n {
+                    events.push((now + spread_offset(i, n).as_millis() as i64, 1.0));
                 }
                 state = Some(g.state);
                 now += 1000 + (now / 1000 % 3) * 150; // ticks 1.0-1.3 s apart
@@ -410,6 +404,24 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_peak_cap_bounds_one_grant_less_the_background() {
+        let b = budget(200, 2000, 500);
+        let g = grant(&b, None, Some(&reading(0.0, 0.0)), 5000, t(0));
+        assert_eq!((g.restarts, g.held_by), (475, Some(Hold::Peak)));
+        let g = grant(&b, None, Some(&reading(1000.0, 0.0)), 5000, t(0));
+        assert_eq!(g.restarts, 350, "475 less 1.25 x 100/s of background");
+    }
+
+    #[test]
+    fn spread_offsets_stay_within_the_spread() {
+        assert_eq!(spread_offset(0, 0), Duration::ZERO);
+        let offsets: Vec<Duration> = (0..4).map(|i| spread_offset(i, 4)).collect();
+        assert_eq!(offsets[0], Duration::from_millis(100));
+        assert_eq!(offsets[3], Duration::from_millis(700));
+        assert!(offsets.windows(2).all(|w| w[0] < w[1]));
     }
 
     #[test]

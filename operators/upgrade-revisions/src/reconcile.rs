@@ -54,7 +54,7 @@ use crate::{
     decide::{self, Action, Fleet, GateReport, Observations, Requeue},
     fleet::{self, NamespaceView, PodView, RESTARTED_AT_ANNOTATION, Workload},
     metrics::UpgradeMetrics,
-    pacing::IssuanceReading,
+    pacing::{self, IssuanceReading},
 };
 
 /// The certificate authority's issuance counter (istiod's `citadel_server_*` metrics).
@@ -398,7 +398,9 @@ pub async fn reconcile(
         m.unused = 0;
         m.blocked.clear();
     }
+    let acting = tokio::time::Instant::now();
     let outcome = act(&ctx, &obj, &decision.actions, now).await;
+    let acted = acting.elapsed();
     if let Some(fleet) = &obs.fleet {
         let in_flight = in_flight(&decision.status, &fleet.pods);
         ctx.metrics.observe(
@@ -411,7 +413,11 @@ pub async fn reconcile(
     outcome?;
     Ok(match decision.requeue {
         Requeue::AwaitChange => ControllerAction::await_change(),
-        Requeue::After(d) => ControllerAction::requeue(d),
+        // Spreading restarts took part of the tick: the next tick is due a tick after this one
+        // started.
+        Requeue::After(d) => {
+            ControllerAction::requeue(d.saturating_sub(acted).max(Duration::from_millis(50)))
+        }
     })
 }
 
@@ -813,10 +819,15 @@ async fn act(
             },
         }
     }
-    let results: Vec<(String, EvictOutcome)> = stream::iter(evictions)
-        .map(|(ns, pod)| {
+    // The grant's restarts start evenly over the spread, so certificates are issued as a flow.
+    let spread_start = tokio::time::Instant::now();
+    let n = evictions.len();
+    let results: Vec<(String, EvictOutcome, i64)> = stream::iter(evictions.into_iter().enumerate())
+        .map(|(i, (ns, pod))| {
             let client = ctx.evict_client.clone();
+            let clock = ctx.clock;
             async move {
+                tokio::time::sleep_until(spread_start + pacing::spread_offset(i, n)).await;
                 let api: Api<Pod> = Api::namespaced(client, &ns);
                 let outcome = match api.evict(&pod, &EvictParams::default()).await {
                     Ok(_) => EvictOutcome::Started,
@@ -827,7 +838,7 @@ async fn act(
                         EvictOutcome::Error
                     }
                 };
-                (format!("{ns}/{pod}"), outcome)
+                (format!("{ns}/{pod}"), outcome, (clock)().as_millisecond())
             }
         })
         .buffer_unordered(EVICTION_CONCURRENCY)
@@ -835,10 +846,11 @@ async fn act(
         .await;
     let mut unused = 0;
     let mut blocked = Vec::new();
-    for (pod, outcome) in results {
+    let mut own = Vec::new();
+    for (pod, outcome, at) in results {
         let result = match outcome {
             EvictOutcome::Started => {
-                started += 1;
+                own.push((at, 1));
                 "started"
             }
             EvictOutcome::Blocked => {
@@ -858,13 +870,15 @@ async fn act(
         ctx.metrics.restart("evict", result);
     }
     blocked.sort();
-    if started > 0 || unused > 0 {
-        let done = (ctx.clock)().as_millisecond().max(now.as_millisecond());
+    if started > 0 || unused > 0 || !own.is_empty() {
+        if started > 0 {
+            // Rollout restarts: their pods are replaced over time; counted when requested.
+            own.push((now.as_millisecond(), started));
+        }
+        own.sort();
         let mut memory = ctx.memory.lock().expect("memory lock");
         let m = memory.entry(name).or_default();
-        if started > 0 {
-            m.own.push_back((done, started));
-        }
+        m.own.extend(own);
         m.unused += unused;
         m.blocked = blocked;
     }

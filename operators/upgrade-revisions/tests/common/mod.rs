@@ -1,0 +1,538 @@
+//! Given/When/Then fixtures for the upgrade end-to-end tests: an API emulator with Istio revision
+//! tags `stable` → 1-27 and `canary` → 1-28, namespaces and Deployments whose pods the cluster
+//! simulator creates and injects, a real Prometheus the simulated mesh writes its telemetry to
+//! (including the certificate authority's issuance counter), the operator in-process, and a
+//! sampler of the simulator's own SVID counter (the truth the budget is checked against).
+
+#![allow(dead_code)]
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::{
+    admissionregistration::v1::MutatingWebhookConfiguration,
+    apps::v1::Deployment,
+    core::v1::{Namespace, Pod},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ListParams, PostParams},
+    runtime::watcher,
+};
+use kube_emulator::Emulator;
+use serde_json::{Value, json};
+use sluice_api::v1alpha1::RevisionUpgrade;
+use sluice_runtime::{
+    events::EventRecorder,
+    leader::Leadership,
+    operator::{Hooks, drive},
+};
+use sluice_sim::{ClusterConfig, Scenario, SvidCounter, World};
+use sluice_testkit::prometheus::Prometheus;
+use sluice_upgrade_revisions::{
+    OPERATOR,
+    fleet::injected_revision,
+    metrics::{self, UpgradeMetrics},
+    reconcile::{self, FleetCache},
+};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// The cluster's name (its `cluster` label).
+pub const CLUSTER: &str = "cluster-1";
+/// The RevisionUpgrade's name.
+pub const NAME: &str = "istio-1-28";
+/// Window the operator measures background issuance over in these tests.
+pub const ISSUANCE_WINDOW: Duration = Duration::from_secs(5);
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Whether the prerequisites are there; prints why not.
+pub fn prerequisites() -> bool {
+    let upstream = repo().join("../shared/upstream");
+    if !upstream.exists() {
+        println!(
+            "skipping: {} is absent (the local world's reference data lives outside the repo)",
+            upstream.display()
+        );
+        return false;
+    }
+    true
+}
+
+/// A namespace of the fleet: name, risk tier label, Deployments (name, replicas).
+pub struct NsSpec {
+    pub name: &'static str,
+    pub tier: Option<&'static str>,
+    pub deployments: Vec<(&'static str, i32)>,
+}
+
+/// The default fleet: one low-risk namespace, one tier-2, one tier-1 (the last wave takes it).
+pub fn three_tiers() -> Vec<NsSpec> {
+    vec![
+        NsSpec {
+            name: "edge",
+            tier: Some("low"),
+            deployments: vec![("gw", 2)],
+        },
+        NsSpec {
+            name: "shop",
+            tier: Some("tier-2"),
+            deployments: vec![("cart", 3), ("search", 3)],
+        },
+        NsSpec {
+            name: "payments",
+            tier: Some("tier-1"),
+            deployments: vec![("ledger", 4), ("api", 4)],
+        },
+    ]
+}
+
+pub fn pods_of(fleet: &[NsSpec]) -> u64 {
+    fleet
+        .iter()
+        .flat_map(|n| n.deployments.iter().map(|d| d.1 as u64))
+        .sum()
+}
+
+/// Samples of the simulator's SVID counter: (time since the sampler started, count).
+#[derive(Clone, Default)]
+pub struct Samples(pub Arc<Mutex<Vec<(Duration, u64)>>>);
+
+/// The running local world.
+pub struct Harness {
+    pub emu: Emulator,
+    pub client: Client,
+    pub prometheus: Prometheus,
+    pub world: World,
+    pub svid: SvidCounter,
+    pub metrics: UpgradeMetrics,
+    pub controller: Option<(CancellationToken, JoinHandle<()>, Vec<JoinHandle<()>>)>,
+    pub samples: Samples,
+    sampler: Option<JoinHandle<()>>,
+}
+
+async fn create(client: &Client, value: Value) {
+    let obj: kube::api::DynamicObject = serde_json::from_value(value.clone()).unwrap();
+    let kind = value["kind"].as_str().unwrap();
+    let ns = value["metadata"]["namespace"].as_str().map(str::to_owned);
+    match kind {
+        "Namespace" => {
+            let o: Namespace = serde_json::from_value(value).unwrap();
+            Api::<Namespace>::all(client.clone())
+                .create(&PostParams::default(), &o)
+                .await
+                .unwrap();
+        }
+        "Deployment" => {
+            let o: Deployment = serde_json::from_value(value).unwrap();
+            Api::<Deployment>::namespaced(client.clone(), ns.as_deref().unwrap())
+                .create(&PostParams::default(), &o)
+                .await
+                .unwrap();
+        }
+        "MutatingWebhookConfiguration" => {
+            let o: MutatingWebhookConfiguration = serde_json::from_value(value).unwrap();
+            Api::<MutatingWebhookConfiguration>::all(client.clone())
+                .create(&PostParams::default(), &o)
+                .await
+                .unwrap();
+        }
+        other => panic!("fixture cannot create {other} {}", obj.name_any()),
+    }
+}
+
+/// Polls `check` every 100 ms until it returns Some, or panics after `within` naming `what`.
+pub async fn eventually<T, F, Fut>(within: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+impl Harness {
+    /// Given: the local world with `fleet`'s namespaces on tag `stable` and their pods Ready on
+    /// revision 1-27, Prometheus holding at least one issuance window of telemetry.
+    pub async fn given(fleet: &[NsSpec]) -> Option<Harness> {
+        if !prerequisites() {
+            return None;
+        }
+        let prometheus = match Prometheus::start().await {
+            Ok(p) => p,
+            Err(e) if e.category() == "binary_missing" => {
+                println!("skipping: {e}");
+                return None;
+            }
+            Err(e) => panic!("Prometheus fixture failed to start: {e}"),
+        };
+        let emu = Emulator::start().await;
+        emu.load_manifest_file(repo().join("crds/revisionupgrades.sluice.dev.yaml"))
+            .unwrap();
+        emu.load_manifest_file(repo().join("crds/gatetemplates.sluice.dev.yaml"))
+            .unwrap();
+        let client = emu.client();
+        for (name, labels) in [
+            (
+                "istio-revision-tag-stable",
+                json!({"istio.io/tag": "stable", "istio.io/rev": "1-27"}),
+            ),
+            (
+                "istio-revision-tag-canary",
+                json!({"istio.io/tag": "canary", "istio.io/rev": "1-28"}),
+            ),
+            (
+                "istio-sidecar-injector-1-27",
+                json!({"istio.io/rev": "1-27"}),
+            ),
+            (
+                "istio-sidecar-injector-1-28",
+                json!({"istio.io/rev": "1-28"}),
+            ),
+        ] {
+            create(
+                &client,
+                json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+                       "metadata": {"name": name, "labels": labels}}),
+            )
+            .await;
+        }
+        for ns in fleet {
+            let mut labels = json!({"istio.io/rev": "stable"});
+            if let Some(t) = ns.tier {
+                labels["sluice.dev/risk-tier"] = json!(t);
+            }
+            create(
+                &client,
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns.name, "labels": labels}}),
+            )
+            .await;
+            for (d, replicas) in &ns.deployments {
+                create(&client, deployment(ns.name, d, *replicas)).await;
+            }
+        }
+        let scenario = Scenario::from_yaml(&format!(
+            "name: revision-upgrade\nclusters:\n  - name: {CLUSTER}\n    xds_pushes_per_second: 4\nservices: []\n"
+        ))
+        .unwrap();
+        let mut config = ClusterConfig::new(CLUSTER);
+        config.readiness_delay = Duration::from_millis(200);
+        let world = World::builder()
+            .cluster_with(config, client.clone())
+            .prometheus(prometheus.url())
+            .scenario(scenario)
+            .interval(Duration::from_secs(1))
+            .start()
+            .unwrap();
+        let svid = world.svid(CLUSTER).unwrap().clone();
+        let total = pods_of(fleet);
+        let h = Harness {
+            emu,
+            client,
+            prometheus,
+            world,
+            svid,
+            metrics: UpgradeMetrics::default(),
+            controller: None,
+            samples: Samples::default(),
+            sampler: None,
+        };
+        eventually(
+            Duration::from_secs(30),
+            "every pod Ready on 1-27",
+            || async {
+                let (old, new, ready) = h.revisions().await;
+                (old == total && new == 0 && ready == total).then_some(())
+            },
+        )
+        .await;
+        // One issuance window of telemetry after the initial pods, so their certificates are
+        // not mistaken for background issuance during the upgrade.
+        tokio::time::sleep(ISSUANCE_WINDOW + Duration::from_secs(1)).await;
+        Some(h)
+    }
+
+    /// Starts (or restarts) the operator in-process with fresh memory.
+    pub async fn start_operator(&mut self) {
+        let mut registry = prometheus_client::registry::Registry::default();
+        self.metrics = metrics::register(&mut registry);
+        let mut config = self.emu.client_config();
+        config.default_retry = false;
+        let evict_client = Client::try_from(config).unwrap();
+        let (fleet, watchers) = FleetCache::start(&self.client);
+        let source =
+            reconcile::metrics_source(self.prometheus.url(), CLUSTER, ISSUANCE_WINDOW, false)
+                .unwrap();
+        let ctx = Arc::new(reconcile::Context::full(
+            self.client.clone(),
+            evict_client,
+            EventRecorder::new(self.client.clone(), OPERATOR),
+            fleet,
+            Some(source),
+            self.metrics.clone(),
+        ));
+        let (hooks, _registry) = Hooks::standalone();
+        let shutdown = CancellationToken::new();
+        let controller = tokio::spawn(drive(
+            Api::<RevisionUpgrade>::all(self.client.clone()),
+            watcher::Config::default(),
+            ctx,
+            reconcile::reconcile,
+            Leadership::always(),
+            shutdown.clone(),
+            hooks,
+        ));
+        self.controller = Some((shutdown, controller, watchers));
+    }
+
+    /// Stops the operator (as a crash or a lost Lease would, mid-work).
+    pub async fn stop_operator(&mut self) {
+        if let Some((shutdown, handle, watchers)) = self.controller.take() {
+            shutdown.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(10), handle).await;
+            for w in watchers {
+                w.abort();
+            }
+        }
+    }
+
+    /// Starts sampling the simulator's SVID counter every 20 ms.
+    pub fn sample_issuance(&mut self) {
+        let svid = self.svid.clone();
+        let samples = self.samples.clone();
+        let start = Instant::now();
+        self.sampler = Some(tokio::spawn(async move {
+            loop {
+                samples
+                    .0
+                    .lock()
+                    .unwrap()
+                    .push((start.elapsed(), svid.get()));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }));
+    }
+
+    /// Issues `per_second` SVIDs per second on the simulator's counter (certificates issued
+    /// elsewhere in the cluster), until the returned task is aborted.
+    pub fn background_issuance(&self, per_second: f64) -> JoinHandle<()> {
+        let svid = self.svid.clone();
+        tokio::spawn(async move {
+            let start = Instant::now();
+            let mut issued = 0u64;
+            loop {
+                let due = (start.elapsed().as_secs_f64() * per_second) as u64;
+                while issued < due {
+                    svid.issue();
+                    issued += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    }
+
+    /// Applies a RevisionUpgrade 1-27 → 1-28 with a small budget, short soaks and an xDS NACK
+    /// gate; `patch` overrides spec fields.
+    pub async fn when_upgrade(&self, patch: Value) {
+        let mut spec = json!({
+            "fromTag": "stable", "fromRevision": "1-27", "toTag": "canary", "toRevision": "1-28",
+            "waves": [
+                {"name": "low-risk", "namespaceSelector": {"matchLabels": {"sluice.dev/risk-tier": "low"}}, "soak": "2s"},
+                {"name": "tier-2", "namespaceSelector": {"matchLabels": {"sluice.dev/risk-tier": "tier-2"}}, "soak": "2s"},
+                {"name": "tier-1", "namespaceSelector": {}, "soak": "2s"},
+            ],
+            "issuanceBudget": {"rate": 8, "depth": 8, "peakPerSecond": 8},
+            "analysisInterval": "1s",
+            "gates": [{"name": "xds-nack-increase", "builtin": "XdsNackIncrease", "window": "4s",
+                       "minSamples": 1, "consecutiveFailures": 1}],
+        });
+        for (k, v) in patch.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        let obj: RevisionUpgrade = serde_json::from_value(json!({
+            "apiVersion": "sluice.dev/v1alpha1", "kind": "RevisionUpgrade",
+            "metadata": {"name": NAME}, "spec": spec,
+        }))
+        .unwrap();
+        Api::<RevisionUpgrade>::all(self.client.clone())
+            .create(&PostParams::default(), &obj)
+            .await
+            .unwrap();
+    }
+
+    pub async fn upgrade(&self) -> RevisionUpgrade {
+        Api::<RevisionUpgrade>::all(self.client.clone())
+            .get(NAME)
+            .await
+            .unwrap()
+    }
+
+    /// Waits for the upgrade to satisfy `check`, printing its status on timeout.
+    pub async fn until(
+        &self,
+        within: Duration,
+        what: &str,
+        check: impl Fn(&RevisionUpgrade) -> bool,
+    ) -> RevisionUpgrade {
+        let deadline = Instant::now() + within;
+        loop {
+            let obj = self.upgrade().await;
+            if check(&obj) {
+                return obj;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "timed out after {within:?} waiting for {what}; status: {:#?}",
+                    obj.status
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Live pods: (on 1-27, on 1-28, Ready).
+    pub async fn revisions(&self) -> (u64, u64, u64) {
+        let pods = Api::<Pod>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        let mut out = (0, 0, 0);
+        for p in pods
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+        {
+            match p
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(injected_revision)
+                .as_deref()
+            {
+                Some("1-27") => out.0 += 1,
+                Some("1-28") => out.1 += 1,
+                _ => {}
+            }
+            let ready = p
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            if ready {
+                out.2 += 1;
+            }
+        }
+        out
+    }
+
+    /// Pods of namespace `ns` by injected revision: (1-27, 1-28).
+    pub async fn namespace_revisions(&self, ns: &str) -> (u64, u64) {
+        let pods = Api::<Pod>::namespaced(self.client.clone(), ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        let mut out = (0, 0);
+        for p in pods
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+        {
+            match p
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(injected_revision)
+                .as_deref()
+            {
+                Some("1-27") => out.0 += 1,
+                Some("1-28") => out.1 += 1,
+                _ => {}
+            }
+        }
+        out
+    }
+
+    pub async fn namespace_tag(&self, ns: &str) -> Option<String> {
+        Api::<Namespace>::all(self.client.clone())
+            .get(ns)
+            .await
+            .unwrap()
+            .labels()
+            .get("istio.io/rev")
+            .cloned()
+    }
+
+    /// The largest, over every window between two samples, of issuance ÷ what the budget
+    /// allows in that window: `min(depth + rate × w, peak × ⌈w⌉)`.
+    pub fn peak_issuance_ratio(&self, rate: f64, depth: f64, peak: f64) -> (f64, String) {
+        let s = self.samples.0.lock().unwrap().clone();
+        let mut worst = (0.0, String::new());
+        for i in 0..s.len() {
+            for j in i + 1..s.len() {
+                let issued = (s[j].1 - s[i].1) as f64;
+                if issued == 0.0 {
+                    continue;
+                }
+                let w = (s[j].0 - s[i].0).as_secs_f64();
+                let allowed = (depth + rate * w).min(peak * w.ceil().max(1.0));
+                let ratio = issued / allowed;
+                if ratio > worst.0 {
+                    worst = (
+                        ratio,
+                        format!(
+                            "{issued} SVIDs in {w:.2}s (allowed {allowed:.1}) at {:?}",
+                            s[i].0
+                        ),
+                    );
+                }
+            }
+        }
+        worst
+    }
+
+    pub async fn shutdown(mut self) {
+        self.stop_operator().await;
+        if let Some(s) = self.sampler.take() {
+            s.abort();
+        }
+        let Harness { world, emu, .. } = self;
+        world.stop();
+        emu.shutdown().await;
+    }
+}
+
+pub fn deployment(ns: &str, name: &str, replicas: i32) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "app", "image": format!("{name}:1")}]}
+            }
+        }
+    })
+}
+
+pub fn condition(obj: &RevisionUpgrade, type_: &str) -> Option<(String, String, String)> {
+    let c = sluice_runtime::conditions::find(&obj.status.as_ref()?.conditions, type_)?;
+    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+}
