@@ -1882,6 +1882,29 @@ mod tests {
     }
 
     #[test]
+    fn a_new_revision_during_a_soak_starts_again_from_wave_zero() {
+        let s2 = spec_with(serde_json::json!({"revision": rev('c')}));
+        let d = run(&s2, Some(&soaking()), &obs(&["c1"]), 15);
+        assert_eq!(d.status.current_revision, Some(rev('c')));
+        assert_eq!(
+            d.status.previous_revision,
+            Some(rev('a')),
+            "pins go back to the last completed revision"
+        );
+        assert_eq!(d.status.waves[0].state, WaveState::Converging);
+        assert_eq!(d.status.waves[0].admitted_at, Some(Time(t(15))));
+        assert_eq!(
+            d.status.waves[0].converged_at, None,
+            "a fresh soak for the new revision"
+        );
+        assert_eq!(revisions(&d), on(&[("c1", "c"), ("c2", "a"), ("c3", "a")]));
+        assert!(events(&d).contains(&reasons::SUPERSEDED));
+        let h = &d.status.history;
+        assert_eq!(h[h.len() - 2].outcome, Some(ChangeOutcome::Superseded));
+        assert_eq!(h[h.len() - 1].revision, rev('c'));
+    }
+
+    #[test]
     fn emergency_admits_every_wave_audited() {
         let s = spec_with(
             serde_json::json!({"emergency": {"revision": rev('b'), "reason": "CVE fix"}}),
