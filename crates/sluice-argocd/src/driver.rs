@@ -1,0 +1,88 @@
+//! The reconcile loop shared by both controllers: one worker per object, woken by a watch
+//! event that changes what matters (a predicate hash, so the controller's own status writes do
+//! not wake it) and otherwise every requeue period. Reconciles of one object never overlap;
+//! different objects run concurrently. Every worker lives in one `JoinSet`, so dropping (or
+//! aborting) the driver ends them all. It owns scheduling only, never what a reconcile does.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::DynamicObject;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, ResourceExt};
+use tokio::sync::{Notify, mpsc};
+use tokio::task::JoinSet;
+
+/// What a reconcile asks for next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Reconcile again after this long (or sooner on a relevant change).
+    Requeue(Duration),
+    /// The object is gone; end its worker.
+    Gone,
+}
+
+/// Runs `reconcile` for every object of `api` until dropped.
+pub async fn drive<F, Fut>(
+    api: Api<DynamicObject>,
+    predicate: fn(&DynamicObject) -> Option<u64>,
+    reconcile: F,
+) where
+    F: Fn(String) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Next> + Send + 'static,
+{
+    let reconcile = Arc::new(reconcile);
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<String>();
+    let mut workers: HashMap<String, Arc<Notify>> = HashMap::new();
+    let mut set = JoinSet::new();
+    let mut events = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .applied_objects()
+        .predicate_filter(predicate, Default::default())
+        .boxed();
+    loop {
+        tokio::select! {
+            event = events.next() => {
+                let name = match event {
+                    Some(Ok(obj)) => obj.name_any(),
+                    Some(Err(e)) => {
+                        tracing::debug!(error = %e, "watch error; the watcher retries with backoff");
+                        continue;
+                    }
+                    None => return,
+                };
+                if let Some(notify) = workers.get(&name) {
+                    notify.notify_one();
+                    continue;
+                }
+                let notify = Arc::new(Notify::new());
+                workers.insert(name.clone(), notify.clone());
+                let reconcile = reconcile.clone();
+                let done = done_tx.clone();
+                set.spawn(async move {
+                    loop {
+                        match reconcile(name.clone()).await {
+                            Next::Gone => {
+                                let _ = done.send(name);
+                                return;
+                            }
+                            Next::Requeue(after) => {
+                                tokio::select! {
+                                    _ = notify.notified() => {}
+                                    _ = tokio::time::sleep(after) => {}
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+            Some(name) = done_rx.recv() => {
+                workers.remove(&name);
+            }
+            Some(_) = set.join_next(), if !set.is_empty() => {}
+        }
+    }
+}
