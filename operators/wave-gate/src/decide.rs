@@ -1093,6 +1093,37 @@ fn soak_step(cx: &mut Ctx<'_>, i: usize) -> Option<Requeue> {
         cx.event(Severity::Normal, reasons::WAVE_PASSED, actions::SOAK, note);
         return None;
     }
+    // Say what holds the wave past its soak (readable in `kubectl describe`).
+    if let Some(gs) = &cx.obs.gates {
+        let mut holding: Vec<String> = gs
+            .iter()
+            .filter(|g| g.action != GateAction::Proceed)
+            .map(|g| {
+                let paused = if g.action == GateAction::Pause {
+                    ", paused by policy"
+                } else {
+                    ""
+                };
+                format!(
+                    "{} {:?} ({}{paused})",
+                    g.verdict.gate,
+                    g.verdict.verdict,
+                    g.verdict.reason.as_str()
+                )
+            })
+            .collect();
+        if !c.ok {
+            holding.push(c.detail.clone());
+        }
+        if !holding.is_empty() {
+            let note = format!(
+                "wave {} soaked but is held: {}",
+                spec.waves[i].name,
+                holding.join("; ")
+            );
+            cx.condition(types::PROGRESSING, Status::True, reasons::SOAKING, note);
+        }
+    }
     if !c.ok && cx.now >= add(end, convergence_timeout(spec)) {
         let message = format!(
             "wave {} lost convergence during its soak and did not regain it within {}: {}",
@@ -2112,5 +2143,67 @@ mod soak_precision {
         let t = Time(ceil_second(at(280)));
         let back: Time = serde_json::from_value(serde_json::to_value(&t).unwrap()).unwrap();
         assert_eq!(back, t);
+    }
+}
+
+#[cfg(test)]
+mod held_after_soak {
+    use super::*;
+
+    #[test]
+    fn a_wave_held_past_its_soak_says_why() {
+        let rev = |c: char| format!("sha256:{}", c.to_string().repeat(64));
+        let s: WaveGateSpec = serde_json::from_value(serde_json::json!({
+            "site": "eu", "applicationSetRef": {"name": "mesh"}, "repository": "oci://r.local/m",
+            "revision": rev('b'), "previousRevision": rev('a'),
+            "waves": [{"name": "canary", "clusters": ["c1"], "soak": "10s"}],
+            "driftGate": {"exporter": "None"}, "pin": {"publicKeysSecretRef": {"name": "k"}},
+        }))
+        .unwrap();
+        let status: WaveGateStatus = serde_json::from_value(serde_json::json!({
+            "currentRevision": rev('b'), "previousRevision": rev('a'),
+            "decisions": [{"clusterName": "c1", "revision": rev('b'), "wave": "canary"}],
+            "waves": [{"name": "canary", "state": "Soaking", "admittedAt": "2027-01-15T08:00:00Z", "convergedAt": "2027-01-15T08:00:00Z"}],
+        }))
+        .unwrap();
+        let now: Timestamp = "2027-01-15T08:00:20Z".parse().unwrap();
+        let verdict = GateVerdict {
+            gate: "mesh-error-ratio".into(),
+            verdict: Verdict::Inconclusive,
+            reason: VerdictReason::NoData,
+            message: None,
+            value: None,
+            baseline: None,
+            threshold: None,
+            samples: None,
+            min_samples: None,
+            consecutive_failures: 0,
+            inconclusive_since: Some(Time(now)),
+            evaluated_at: Time(now),
+        };
+        let o = Observations {
+            applications: vec![AppView {
+                name: "mesh-c1".into(),
+                namespace: "argocd".into(),
+                cluster: "c1".into(),
+                sync_status: Some("Synced".into()),
+                synced_revision: Some(rev('b')),
+                healthy: true,
+            }],
+            gates: Some(vec![EvaluatedGate {
+                verdict,
+                action: GateAction::Pause,
+            }]),
+            ..Observations::default()
+        };
+        let d = decide(&s, Some(&status), &o, now);
+        assert_eq!(d.status.waves[0].state, WaveState::Soaking);
+        let c = cond::find(&d.status.conditions, types::PROGRESSING).unwrap();
+        assert!(
+            c.message
+                .contains("mesh-error-ratio Inconclusive (NoData, paused by policy)"),
+            "{}",
+            c.message
+        );
     }
 }
