@@ -73,6 +73,12 @@ fn percent_histogram() -> Histogram {
     Histogram::new([0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 75.0, 100.0])
 }
 
+fn controller_histogram() -> Histogram {
+    // 2 ms .. ~50 s in steps of 1.5×: the controller's own delay is meant to be well under a
+    // second, and its percentiles are read from these buckets.
+    Histogram::new(exponential_buckets(0.002, 1.5, 26))
+}
+
 fn latency_histogram() -> Histogram {
     // 10 ms .. ~5.5 min: a controller revert takes milliseconds, a verified one a rate window.
     Histogram::new(exponential_buckets(0.01, 2.0, 16))
@@ -88,7 +94,7 @@ pub fn register(registry: &mut Registry) -> RolloutMetrics {
         verdicts: Family::default(),
         aborts: Family::default(),
         abort_latency: latency_histogram(),
-        detect_to_revert: latency_histogram(),
+        detect_to_revert: controller_histogram(),
         revert_verified: latency_histogram(),
         ticks: Counter::default(),
         queries: Counter::default(),
