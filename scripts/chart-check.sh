@@ -2,14 +2,15 @@
 # Checks the Helm chart charts/sluice offline (run by scripts/test.sh):
 #
 #   bash scripts/chart-check.sh                     # all checks
-#   bash scripts/chart-check.sh --write-rbac-table  # record a deliberate RBAC change
+#   bash scripts/chart-check.sh --write-rbac-table  # record a deliberate RBAC change (both tables)
 #
 # 1. the chart's crds/ equals the generated crds/ at the repo root;
 # 2. `helm lint --strict`;
 # 3. `helm template` with default values and with every operator disabled but one, each render
 #    validated by `kubernetes-validate --strict` against the oldest Kubernetes the chart supports
 #    and the newest the validator knows, then checked by scripts/chart_assert.py (hardening,
-#    wiring, least-privilege RBAC; the default render against charts/sluice/ci/rbac-table.txt);
+#    wiring, least-privilege RBAC; the default render against charts/sluice/ci/rbac-table.txt, the
+#    workload-cluster render (ci/workload-values.yaml) against ci/rbac-table-workload.txt);
 # 4. values.schema.json and the chart's own checks reject bad values with a clear message;
 # 5. with monitoring on: the PrometheusRule passes `promtool check rules` and the cases of
 #    charts/sluice/ci/alerts-test.yaml (`promtool test rules`; skipped without promtool).
@@ -24,6 +25,8 @@ RELEASE=t
 NAMESPACE=sluice-system
 ARGOCD_NAMESPACE=argocd
 RBAC_TABLE="$CHART/ci/rbac-table.txt"
+RBAC_TABLE_WORKLOAD="$CHART/ci/rbac-table-workload.txt"
+WORKLOAD_VALUES="$CHART/ci/workload-values.yaml"
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest the validator knows.
 KUBE_VERSIONS=(1.33.0 1.37.0)
 OPERATORS=(rollout-weights wave-gate revert upgrade-revisions)
@@ -201,6 +204,51 @@ PYEOF
   promtool check rules "$dir/rules.yaml"
 }
 
+# Workload-cluster mode renders only what a workload cluster runs: no Argo CD piece, no
+# wave-gate or revert operator, revert's target identity limited to sluice-api's
+# DEFAULT_ALLOWED_KINDS, and that identity allowed to change owned routes.
+workload_mode() {
+  local kinds
+  kinds="$(sed -n '/^pub const DEFAULT_ALLOWED_KINDS/,/^];/p' crates/sluice-api/src/v1alpha1/bundle_pin.rs \
+    | sed -n 's/^ *("\([^"]*\)", "\([^"]*\)"),$/\1 \2/p')"
+  [ -n "$kinds" ] || { echo "no DEFAULT_ALLOWED_KINDS in crates/sluice-api/src/v1alpha1/bundle_pin.rs"; return 1; }
+  "$PY" - "$OUT/workload.yaml" "$ARGOCD_NAMESPACE" "$kinds" <<'PYEOF'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+argocd_ns, kinds = sys.argv[2], [l.split() for l in sys.argv[3].splitlines() if l.strip()]
+fail = []
+for d in docs:
+    if d["metadata"].get("namespace") == argocd_ns:
+        fail.append(f"{d['kind']}/{d['metadata']['name']} in the Argo CD namespace")
+    comp = d["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+    if comp in ("wave-gate", "revert", "argocd"):
+        fail.append(f"{d['kind']}/{d['metadata']['name']} ({comp}) belongs to the management cluster")
+roles = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-revert-target")]
+if len(roles) != 1:
+    sys.exit(f"expected revert's target ClusterRole, found {len(roles)}")
+granted = {(g, r) for rule in roles[0]["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+def plural(kind):
+    k = kind.lower()
+    return k[:-1] + "ies" if k.endswith("y") else k + "s"
+want = {(g, plural(k)) for g, k in kinds}
+if granted != want:
+    fail.append(f"revert's target identity grants {sorted(granted - want)} beyond and lacks {sorted(want - granted)} of DEFAULT_ALLOWED_KINDS")
+for rule in roles[0]["rules"]:
+    if set(rule["verbs"]) - {"get", "list", "watch", "create", "patch", "delete"}:
+        fail.append(f"revert's target identity has verbs {rule['verbs']}")
+sa = next((d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"].endswith("-revert-target")), None)
+vap = next((d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"), None)
+if sa is None or vap is None:
+    fail.append("workload mode renders revert's target ServiceAccount and the owned-route policy")
+else:
+    user = f"system:serviceaccount:{sa['metadata']['namespace']}:{sa['metadata']['name']}"
+    if f"'{user}'" not in yaml.safe_dump(vap["spec"]):
+        fail.append(f"the owned-route policy does not let revert's target identity {user} change owned routes")
+if fail:
+    sys.exit("\n".join(fail))
+PYEOF
+}
+
 crds_match() {
   [ -d "$CHART/crds" ] || { echo "$CHART/crds is missing: run crdgen (it writes crds/ and $CHART/crds/)"; return 1; }
   diff -r crds "$CHART/crds" || { echo "run crdgen: $CHART/crds/ must equal crds/"; return 1; }
@@ -211,7 +259,10 @@ main() {
   if [ "${1:-}" = "--write-rbac-table" ]; then
     render default || exit 1
     "$PY" scripts/chart_assert.py "$OUT/default.yaml" --enabled "$(IFS=,; echo "${OPERATORS[*]}")" \
-      --release-namespace "$NAMESPACE" --argocd-namespace "$ARGOCD_NAMESPACE" --rbac-table "$RBAC_TABLE" --write
+      --release-namespace "$NAMESPACE" --argocd-namespace "$ARGOCD_NAMESPACE" --rbac-table "$RBAC_TABLE" --write || exit 1
+    render workload -f "$WORKLOAD_VALUES" || exit 1
+    "$PY" scripts/chart_assert.py "$OUT/workload.yaml" --enabled rollout-weights,upgrade-revisions \
+      --release-namespace "$NAMESPACE" --argocd-namespace "$ARGOCD_NAMESPACE" --rbac-table "$RBAC_TABLE_WORKLOAD" --write
     exit $?
   fi
   echo "chart-check: $(helm version --short), kubernetes-validate $(kubernetes-validate --version), Kubernetes ${KUBE_VERSIONS[*]}"
@@ -258,6 +309,21 @@ main() {
       fail "helm template (only $op)" "$(cat "$OUT/render.err")"
     fi
   done
+
+  # Workload-cluster mode, against its own RBAC table.
+  if render workload -f "$WORKLOAD_VALUES" 2>"$OUT/render.err"; then
+    pass "helm template (mode: workload)"
+    check "kubernetes-validate --strict (mode: workload)" validate workload
+    check "manifests and RBAC table (mode: workload)" "$PY" scripts/chart_assert.py "$OUT/workload.yaml" \
+      --enabled rollout-weights,upgrade-revisions --release-namespace "$NAMESPACE" \
+      --argocd-namespace "$ARGOCD_NAMESPACE" --rbac-table "$RBAC_TABLE_WORKLOAD" --route-owner-annotation "$ROUTE_OWNER_ANNOTATION"
+    check "workload mode: only workload pieces, revert's target identity limited to DEFAULT_ALLOWED_KINDS" workload_mode
+    check "helm lint --strict (mode: workload)" helm lint --strict "$CHART" --namespace "$NAMESPACE" -f "$WORKLOAD_VALUES"
+  else
+    fail "helm template (mode: workload)" "$(cat "$OUT/render.err")"
+  fi
+  expect_rejected "chart refuses workload mode with wave-gate or revert enabled" \
+    "mode: workload installs only what a workload cluster runs" --set mode=workload
 
   # Non-default values that change the shape of the render.
   if render variant --set rolloutWeights.watchNamespace=team-a --set-json 'revert.publicKeySecrets=[]' \

@@ -342,3 +342,19 @@ spec:
 {{- define "sluice.routeOwnerAnnotation" -}}
 sluice.dev/owned-by-rollout
 {{- end }}
+
+{{/* revert's target identity on a workload cluster: its ServiceAccount, ClusterRole and binding name. */}}
+{{- define "sluice.revertTargetName" -}}
+{{- include "sluice.componentName" (dict "root" . "component" "revert-target") }}
+{{- end }}
+
+{{/*
+The resources of the mesh kinds a bundle may hold (sluice-api DEFAULT_ALLOWED_KINDS), by API
+group, as YAML: what revert's target identity may apply and prune.
+*/}}
+{{- define "sluice.revertTargetResources" -}}
+gateway.networking.k8s.io: [httproutes, grpcroutes]
+networking.istio.io: [virtualservices, destinationrules, serviceentries, sidecars, envoyfilters]
+security.istio.io: [authorizationpolicies, peerauthentications, requestauthentications]
+telemetry.istio.io: [telemetries]
+{{- end }}

@@ -1,15 +1,25 @@
 //! `kubectl-sluice`: the kubectl plugin of sluice (`kubectl sluice ...`).
 //!
 //! Owns argument parsing and dispatch to one module per command group; each group owns its own
-//! output. Today it has the `bundle` group (render, push, sign, verify, inspect, generate-key-pair);
-//! further groups are added as variants of [`Command`] with their own module. It must never apply
-//! anything to a cluster on its own initiative, and never print key material or passwords.
+//! output: `bundle` (render, push, sign, verify, inspect, generate-key-pair) and the object
+//! commands (`get`, `status`, `promote`, `abort`, `pause`, `resume`, `retry`, `pin`, `unpin`,
+//! `upgrade`), which only ever write the control fields of the sluice object they are named.
+//! It must never apply anything to a cluster on its own initiative, and never print key
+//! material, passwords or tokens.
 
 mod bundle;
+mod cluster;
+mod control;
+mod error;
+mod kinds;
+mod objects;
+mod tree;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+use crate::control::Control;
 
 /// Exit code for a failure that is not a refused signature.
 pub const EXIT_FAILURE: u8 = 1;
@@ -26,6 +36,28 @@ struct Cli {
 enum Command {
     /// Render, push, sign, verify and inspect signed OCI bundles of mesh configuration.
     Bundle(bundle::BundleArgs),
+    /// List sluice objects of a kind (or `all`) with phase and progress.
+    Get(objects::GetArgs),
+    /// Show one object's status as a tree (steps, weights vs applied share, verdicts, waves,
+    /// pins, upgrade progress); --watch follows it.
+    Status(objects::StatusArgs),
+    /// Rollout: complete the current step now, or with --full promote to 100%.
+    Promote(objects::PromoteArgs),
+    /// Rollout (default) or revisionupgrade/NAME: abort.
+    Abort(objects::ControlArgs),
+    /// Rollout (default) or revisionupgrade/NAME: hold at the current step or wave.
+    Pause(objects::ControlArgs),
+    /// Rollout (default) or revisionupgrade/NAME: continue after pause (an upgrade also after abort).
+    Resume(objects::ControlArgs),
+    /// Rollout: start an aborted rollout again from the first step.
+    Retry(objects::ControlArgs),
+    /// Pin Argo CD Applications to a signed bundle (creates a BundlePin).
+    Pin(objects::PinArgs),
+    /// Release a BundlePin now (audited with --reason).
+    Unpin(objects::UnpinArgs),
+    /// RevisionUpgrade controls.
+    #[command(subcommand)]
+    Upgrade(objects::UpgradeCommand),
 }
 
 fn main() -> ExitCode {
@@ -41,12 +73,69 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        match cli.command {
-            Command::Bundle(args) => bundle::run(args).await,
-        }
+        let objects = match cli.command {
+            Command::Bundle(args) => return bundle::run(args).await,
+            Command::Get(args) => objects::get(args).await,
+            Command::Status(args) => objects::status(args).await,
+            Command::Promote(args) => {
+                objects::control(
+                    Control::Promote { full: args.full },
+                    &args.object,
+                    &args.cluster,
+                )
+                .await
+            }
+            Command::Abort(args) => {
+                objects::control(Control::Abort, &args.object, &args.cluster).await
+            }
+            Command::Pause(args) => {
+                objects::control(Control::Pause, &args.object, &args.cluster).await
+            }
+            Command::Resume(args) => {
+                objects::control(Control::Resume, &args.object, &args.cluster).await
+            }
+            Command::Retry(args) => {
+                objects::control(Control::Retry, &args.object, &args.cluster).await
+            }
+            Command::Pin(args) => objects::pin(args).await,
+            Command::Unpin(args) => {
+                objects::control(
+                    Control::Unpin {
+                        reason: args.reason,
+                    },
+                    &args.object,
+                    &args.cluster,
+                )
+                .await
+            }
+            Command::Upgrade(objects::UpgradeCommand::Abort(args)) => {
+                objects::control(Control::Abort, &upgrade_target(&args.object), &args.cluster).await
+            }
+            Command::Upgrade(objects::UpgradeCommand::Resume(args)) => {
+                objects::control(
+                    Control::Resume,
+                    &upgrade_target(&args.object),
+                    &args.cluster,
+                )
+                .await
+            }
+        };
+        objects.map_err(|err| {
+            eprintln!("error[{}]: {err}", err.category());
+            err.exit_code()
+        })
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(code) => ExitCode::from(code),
+    }
+}
+
+/// `upgrade abort NAME` names a RevisionUpgrade unless a kind is given.
+fn upgrade_target(object: &str) -> String {
+    if object.contains('/') {
+        object.to_string()
+    } else {
+        format!("revisionupgrade/{object}")
     }
 }

@@ -1,0 +1,183 @@
+//! The sluice kinds the plugin knows, their names on the command line (`rollout`, `ro`,
+//! `wavegates`, ...) and the `[KIND/]NAME` argument form.
+//!
+//! Owns naming only; never talks to a cluster.
+
+use std::fmt;
+
+use kube::core::{ApiResource, GroupVersionKind};
+
+use crate::error::CliError;
+
+/// A sluice kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `Rollout` (namespaced).
+    Rollout,
+    /// `WaveGate` (namespaced).
+    WaveGate,
+    /// `BundlePin` (namespaced).
+    BundlePin,
+    /// `RevisionUpgrade` (cluster-scoped).
+    RevisionUpgrade,
+    /// `GateTemplate` (namespaced).
+    GateTemplate,
+}
+
+impl Kind {
+    /// Every kind, in the order `get all` lists them.
+    pub const ALL: [Kind; 5] = [
+        Kind::Rollout,
+        Kind::WaveGate,
+        Kind::BundlePin,
+        Kind::RevisionUpgrade,
+        Kind::GateTemplate,
+    ];
+
+    /// The kind's name as the API spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Rollout => "Rollout",
+            Kind::WaveGate => "WaveGate",
+            Kind::BundlePin => "BundlePin",
+            Kind::RevisionUpgrade => "RevisionUpgrade",
+            Kind::GateTemplate => "GateTemplate",
+        }
+    }
+
+    /// The plural resource name.
+    pub fn plural(self) -> &'static str {
+        match self {
+            Kind::Rollout => "rollouts",
+            Kind::WaveGate => "wavegates",
+            Kind::BundlePin => "bundlepins",
+            Kind::RevisionUpgrade => "revisionupgrades",
+            Kind::GateTemplate => "gatetemplates",
+        }
+    }
+
+    /// Whether objects of this kind live in a namespace.
+    pub fn namespaced(self) -> bool {
+        !matches!(self, Kind::RevisionUpgrade)
+    }
+
+    /// The kube-rs resource description of the kind.
+    pub fn api_resource(self) -> ApiResource {
+        let gvk = GroupVersionKind::gvk("sluice.dev", "v1alpha1", self.name());
+        ApiResource::from_gvk_with_plural(&gvk, self.plural())
+    }
+
+    /// Parses a kind as typed on the command line: kind, plural, short name, any case.
+    pub fn parse(text: &str) -> Result<Kind, CliError> {
+        let t = text.to_ascii_lowercase();
+        let t = t.strip_suffix(".sluice.dev").unwrap_or(&t);
+        let kind = match t {
+            "rollout" | "rollouts" | "ro" | "srol" | "srollout" => Kind::Rollout,
+            "wavegate" | "wavegates" | "wg" => Kind::WaveGate,
+            "bundlepin" | "bundlepins" | "pin" | "pins" | "bp" => Kind::BundlePin,
+            "revisionupgrade" | "revisionupgrades" | "upgrade" | "upgrades" | "ru" => {
+                Kind::RevisionUpgrade
+            }
+            "gatetemplate" | "gatetemplates" | "gt" => Kind::GateTemplate,
+            _ => {
+                return Err(CliError::UnknownKind {
+                    kind: text.to_string(),
+                });
+            }
+        };
+        Ok(kind)
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An object named on the command line: `NAME` (the command's kind) or `KIND/NAME`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// The kind.
+    pub kind: Kind,
+    /// The object's name.
+    pub name: String,
+}
+
+impl Target {
+    /// Parses `[KIND/]NAME` for a command that acts on `allowed` kinds (the first is the
+    /// default); a kind outside `allowed` is refused, naming the command.
+    pub fn parse(text: &str, command: &str, allowed: &[Kind]) -> Result<Target, CliError> {
+        let (kind, name) = match text.split_once('/') {
+            Some((kind, name)) => (Kind::parse(kind)?, name),
+            None => (allowed[0], text),
+        };
+        if name.is_empty() {
+            return Err(CliError::Usage {
+                message: format!("'{text}' names no object: give NAME or KIND/NAME"),
+            });
+        }
+        if !allowed.contains(&kind) {
+            return Err(CliError::WrongKind {
+                command: command.to_string(),
+                kind,
+                name: name.to_string(),
+                allowed: allowed.to_vec(),
+            });
+        }
+        Ok(Target {
+            kind,
+            name: name.to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_parse_from_every_spelling() {
+        let cases = [
+            ("rollout", Kind::Rollout),
+            ("Rollouts", Kind::Rollout),
+            ("ro", Kind::Rollout),
+            ("rollouts.sluice.dev", Kind::Rollout),
+            ("wg", Kind::WaveGate),
+            ("WaveGate", Kind::WaveGate),
+            ("pin", Kind::BundlePin),
+            ("bundlepins", Kind::BundlePin),
+            ("ru", Kind::RevisionUpgrade),
+            ("upgrade", Kind::RevisionUpgrade),
+            ("gatetemplate", Kind::GateTemplate),
+        ];
+        for (text, kind) in cases {
+            assert_eq!(Kind::parse(text).unwrap(), kind, "{text}");
+        }
+        assert_eq!(
+            Kind::parse("deployment").unwrap_err().category(),
+            "UnknownKind"
+        );
+    }
+
+    #[test]
+    fn targets_default_to_the_commands_first_kind_and_refuse_others() {
+        let allowed = [Kind::Rollout, Kind::RevisionUpgrade];
+        let cases: [(&str, Result<(Kind, &str), &str>); 6] = [
+            ("checkout", Ok((Kind::Rollout, "checkout"))),
+            ("rollout/checkout", Ok((Kind::Rollout, "checkout"))),
+            ("ru/to-1-28", Ok((Kind::RevisionUpgrade, "to-1-28"))),
+            ("wavegate/eu", Err("WrongKind")),
+            ("deploy/x", Err("UnknownKind")),
+            ("rollout/", Err("Usage")),
+        ];
+        for (text, want) in cases {
+            let got = Target::parse(text, "pause", &allowed);
+            match (got, want) {
+                (Ok(t), Ok((kind, name))) => assert_eq!((t.kind, t.name.as_str()), (kind, name)),
+                (Err(e), Err(category)) => assert_eq!(e.category(), category, "{text}: {e}"),
+                (got, want) => panic!("{text}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+}
