@@ -1086,7 +1086,7 @@ impl AppCtx {
     }
 
     /// One reconcile of one Application.
-    async fn reconcile(&self, name: &str) -> Result<Next, ArgoCdError> {
+    async fn reconcile(&self, name: &str, uid: &str) -> Result<Next, ArgoCdError> {
         let requeue = Next::Requeue(self.options.resync);
         let Some(app) = self
             .apps
@@ -1096,6 +1096,10 @@ impl AppCtx {
         else {
             return Ok(Next::Gone);
         };
+        if app.uid().as_deref() != Some(uid) {
+            // Recreated under the same name: the new object has its own worker.
+            return Ok(Next::Gone);
+        }
         if app.metadata.deletion_timestamp.is_some() {
             return self.finalize(&app).await;
         }
@@ -1298,10 +1302,10 @@ fn trigger_hash(app: &DynamicObject) -> Option<u64> {
 /// Runs the controller until the future is dropped.
 pub(crate) async fn run(ctx: Arc<AppCtx>) {
     let api = ctx.apps.clone();
-    crate::driver::drive(api, trigger_hash, move |name: String| {
+    crate::driver::drive(api, trigger_hash, move |name: String, uid: String| {
         let ctx = ctx.clone();
         async move {
-            match ctx.reconcile(&name).await {
+            match ctx.reconcile(&name, &uid).await {
                 Ok(next) => next,
                 Err(e) => {
                     tracing::warn!(application = %name, category = e.category(), error = %e, "reconcile failed");

@@ -466,7 +466,7 @@ impl AppSetCtx {
         Ok(owned)
     }
 
-    async fn reconcile(&self, name: &str) -> Result<Next, ArgoCdError> {
+    async fn reconcile(&self, name: &str, uid: &str) -> Result<Next, ArgoCdError> {
         let requeue = Next::Requeue(self.resync);
         let Some(appset) = self
             .appsets
@@ -476,6 +476,10 @@ impl AppSetCtx {
         else {
             return Ok(Next::Gone);
         };
+        if appset.uid().as_deref() != Some(uid) {
+            // Recreated under the same name: the new object has its own worker.
+            return Ok(Next::Gone);
+        }
         if appset.metadata.deletion_timestamp.is_some() {
             return Ok(Next::Gone);
         }
@@ -553,10 +557,10 @@ fn trigger_hash(appset: &DynamicObject) -> Option<u64> {
 /// Runs the controller until the future is dropped.
 pub(crate) async fn run(ctx: Arc<AppSetCtx>) {
     let api = ctx.appsets.clone();
-    crate::driver::drive(api, trigger_hash, move |name: String| {
+    crate::driver::drive(api, trigger_hash, move |name: String, uid: String| {
         let ctx = ctx.clone();
         async move {
-            match ctx.reconcile(&name).await {
+            match ctx.reconcile(&name, &uid).await {
                 Ok(next) => next,
                 Err(e) => {
                     tracing::warn!(application_set = %name, category = e.category(), error = %e, "reconcile failed");

@@ -1,4 +1,5 @@
-//! The reconcile loop shared by both controllers: one worker per object, woken by a watch
+//! The reconcile loop shared by both controllers: one worker per object (name and uid, so a
+//! recreated object gets a fresh worker and an old one never acts on it), woken by a watch
 //! event that changes what matters (a predicate hash, so the controller's own status writes do
 //! not wake it) and otherwise every requeue period. Reconciles of one object never overlap;
 //! different objects run concurrently. Every worker lives in one `JoinSet`, so dropping (or
@@ -25,18 +26,19 @@ pub enum Next {
     Gone,
 }
 
-/// Runs `reconcile` for every object of `api` until dropped.
+/// Runs `reconcile(name, uid)` for every object of `api` until dropped. A reconcile that finds
+/// the object gone, or under that name with another uid, answers [`Next::Gone`].
 pub async fn drive<F, Fut>(
     api: Api<DynamicObject>,
     predicate: fn(&DynamicObject) -> Option<u64>,
     reconcile: F,
 ) where
-    F: Fn(String) -> Fut + Send + Sync + 'static,
+    F: Fn(String, String) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Next> + Send + 'static,
 {
     let reconcile = Arc::new(reconcile);
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<String>();
-    let mut workers: HashMap<String, Arc<Notify>> = HashMap::new();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(String, String)>();
+    let mut workers: HashMap<(String, String), Arc<Notify>> = HashMap::new();
     let mut set = JoinSet::new();
     let mut events = watcher(api, watcher::Config::default())
         .default_backoff()
@@ -46,27 +48,27 @@ pub async fn drive<F, Fut>(
     loop {
         tokio::select! {
             event = events.next() => {
-                let name = match event {
-                    Some(Ok(obj)) => obj.name_any(),
+                let key = match event {
+                    Some(Ok(obj)) => (obj.name_any(), obj.uid().unwrap_or_default()),
                     Some(Err(e)) => {
                         tracing::debug!(error = %e, "watch error; the watcher retries with backoff");
                         continue;
                     }
                     None => return,
                 };
-                if let Some(notify) = workers.get(&name) {
+                if let Some(notify) = workers.get(&key) {
                     notify.notify_one();
                     continue;
                 }
                 let notify = Arc::new(Notify::new());
-                workers.insert(name.clone(), notify.clone());
+                workers.insert(key.clone(), notify.clone());
                 let reconcile = reconcile.clone();
                 let done = done_tx.clone();
                 set.spawn(async move {
                     loop {
-                        match reconcile(name.clone()).await {
+                        match reconcile(key.0.clone(), key.1.clone()).await {
                             Next::Gone => {
-                                let _ = done.send(name);
+                                let _ = done.send(key);
                                 return;
                             }
                             Next::Requeue(after) => {
@@ -79,8 +81,8 @@ pub async fn drive<F, Fut>(
                     }
                 });
             }
-            Some(name) = done_rx.recv() => {
-                workers.remove(&name);
+            Some(key) = done_rx.recv() => {
+                workers.remove(&key);
             }
             Some(_) = set.join_next(), if !set.is_empty() => {}
         }

@@ -66,6 +66,7 @@ pub struct ApplicationSource {
     /// Branch, tag, commit sha, `HEAD` (git) or tag/digest (OCI).
     pub target_revision: String,
     /// Directory source options.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub directory: Option<DirectorySource>,
 }
 
@@ -82,10 +83,13 @@ pub struct DirectorySource {
 #[serde(rename_all = "camelCase", default)]
 pub struct Destination {
     /// Cluster name (the cluster Secret's `name`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Cluster API server URL.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub server: Option<String>,
     /// Namespace for namespaced objects that do not set one.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
 }
 

@@ -358,6 +358,17 @@ async fn without_preserve_deleting_an_application_deletes_its_objects() {
         cm_value(&site, "east-1").await.is_none().then_some(())
     })
     .await;
+
+    // When the decision comes back, the recreated Application (same name, new uid) syncs again.
+    publish(
+        &site,
+        json!([{"clusterName": "east-1", "revision": sha1, "wave": "1"}]),
+    )
+    .await;
+    eventually("object applied again", BUDGET, async || {
+        cm_value(&site, "east-1").await.map(|_| ())
+    })
+    .await;
     site.stop().await;
 }
 
