@@ -1,0 +1,625 @@
+//! The local world for revert's end-to-end tests: a management emulator (BundlePin and Argo CD
+//! CRDs), a workload-cluster emulator with RBAC on (HTTPRoute CRD, revert's least-privilege
+//! role), the real registry, a git intent repository, and a small stand-in for Argo CD's
+//! application controller (until the simulated Argo CD lands) that syncs one OCI-sourced
+//! Application the way Argo CD does: compare target against live on every resync, sync only
+//! when automated sync is on, terminate a running sync on request.
+//!
+//! Skips (returns `None` with a printed reason) when `../shared/upstream`, `docker-registry`
+//! or `git` is absent.
+#![allow(dead_code)]
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams},
+    core::{ApiResource, GroupVersionKind},
+    runtime::watcher,
+};
+use serde_json::{Value, json};
+use sluice_api::{external::argocd::Application, v1alpha1::BundlePin};
+use sluice_bundle::{
+    Artifact, BundleClient, ManifestFile, Manifests, Metadata, RegistryOptions, SigningKey, render,
+};
+use sluice_gitops::GitConfig;
+use sluice_revert::{
+    OPERATOR, metrics,
+    reconcile::{self, Settings},
+};
+use sluice_runtime::{
+    events::EventRecorder,
+    leader::Leadership,
+    operator::{Hooks, drive},
+};
+use sluice_testkit::{git::GitRepo, registry::Registry};
+use tokio_util::sync::CancellationToken;
+
+pub const ARGOCD: &str = "argocd";
+pub const SYSTEM: &str = "sluice-system";
+pub const SHOP: &str = "shop";
+pub const APP: &str = "mesh-c1";
+pub const CLUSTER: &str = "c1";
+
+/// revert's role in a workload cluster: what the chart's `templates/revert/workload-rbac.yaml`
+/// grants (allowlisted mesh kinds; reads for pruning), bound to revert's ServiceAccount.
+pub const WORKLOAD_RBAC: &str = r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: sluice-revert-target
+rules:
+  - apiGroups: ["gateway.networking.k8s.io"]
+    resources: ["httproutes", "grpcroutes"]
+    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  - apiGroups: ["networking.istio.io"]
+    resources: ["virtualservices", "destinationrules", "serviceentries", "sidecars", "envoyfilters"]
+    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  - apiGroups: ["security.istio.io"]
+    resources: ["authorizationpolicies", "peerauthentications", "requestauthentications"]
+    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  - apiGroups: ["telemetry.istio.io"]
+    resources: ["telemetries"]
+    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: sluice-revert-target
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: sluice-revert-target
+subjects:
+  - kind: ServiceAccount
+    name: sluice-revert-target
+    namespace: sluice-system
+"#;
+
+/// A route with the canary weight `canary`.
+pub fn route(name: &str, canary: u32) -> String {
+    format!(
+        r#"apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata:
+  name: {name}
+  namespace: shop
+spec:
+  parentRefs:
+    - name: mesh-gateway
+  rules:
+    - backendRefs:
+        - name: checkout-stable
+          port: 8080
+          weight: {}
+        - name: checkout-canary
+          port: 8080
+          weight: {canary}
+"#,
+        100 - canary
+    )
+}
+
+pub fn route_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", "HTTPRoute"),
+        "httproutes",
+    )
+}
+
+pub fn upstream() -> Option<std::path::PathBuf> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/upstream");
+    if dir.is_dir() {
+        Some(dir)
+    } else {
+        eprintln!(
+            "skipping: {} is absent (released Gateway API and Argo CD CRDs)",
+            dir.display()
+        );
+        None
+    }
+}
+
+/// A pushed bundle.
+#[derive(Clone, Debug)]
+pub struct Pushed {
+    pub digest: String,
+    pub content: String,
+}
+
+pub struct World {
+    pub registry: Registry,
+    pub git: GitRepo,
+    pub mgmt: kube_emulator::Emulator,
+    pub workload: kube_emulator::Emulator,
+    pub mgmt_client: Client,
+    pub workload_admin: Client,
+    pub revert_token: String,
+    pub signer: SigningKey,
+    pub bundles: Arc<BundleClient>,
+    pub repo: String,
+    pub argo_stop: CancellationToken,
+    pub controller: Option<tokio::task::JoinHandle<()>>,
+    pub controller_stop: CancellationToken,
+}
+
+fn files(objects: &[String]) -> Manifests {
+    Manifests::from_files(
+        objects
+            .iter()
+            .enumerate()
+            .map(|(i, text)| ManifestFile {
+                path: format!("{i:04}.yaml"),
+                contents: text.as_bytes().to_vec(),
+            })
+            .collect(),
+    )
+    .expect("valid manifests")
+}
+
+/// A Secret with `data` (what the API server stores).
+pub fn secret(name: &str, labels: &[(&str, &str)], data: &[(&str, &str)]) -> Secret {
+    Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| ((*k).into(), (*v).into()))
+                    .collect(),
+            ),
+            ..Default::default()
+        },
+        data: Some(
+            data.iter()
+                .map(|(k, v)| ((*k).into(), k8s_openapi::ByteString(v.as_bytes().to_vec())))
+                .collect(),
+        ),
+        ..Default::default()
+    }
+}
+
+async fn ensure_namespace(client: &Client, name: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    let _ = api.create(&PostParams::default(), &ns).await;
+}
+
+impl World {
+    pub async fn start() -> Option<World> {
+        let upstream = upstream()?;
+        let registry = match Registry::start().await {
+            Ok(r) => r,
+            Err(e) if e.category() == "binary_missing" => {
+                eprintln!("skipping: {e}");
+                return None;
+            }
+            Err(e) => panic!("registry: {e}"),
+        };
+        let git = match GitRepo::new() {
+            Ok(g) => g,
+            Err(e) if e.category() == "binary_missing" => {
+                eprintln!("skipping: {e}");
+                return None;
+            }
+            Err(e) => panic!("git: {e}"),
+        };
+        let mgmt = kube_emulator::Emulator::start().await;
+        for f in [
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../crds/bundlepins.sluice.dev.yaml"),
+            upstream.join("argo-cd-v3.5.1/application-crd.yaml"),
+            upstream.join("argo-cd-v3.5.1/applicationset-crd.yaml"),
+        ] {
+            mgmt.load_manifest_file(&f)
+                .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        }
+        let workload = kube_emulator::Emulator::start_with(kube_emulator::Options {
+            rbac: true,
+            ..Default::default()
+        })
+        .await
+        .expect("workload emulator");
+        workload
+            .load_manifest_file(
+                upstream.join("gateway-api-v1.6.1/gateway.networking.k8s.io_httproutes.yaml"),
+            )
+            .expect("HTTPRoute CRD");
+        workload.load_yaml(WORKLOAD_RBAC).expect("revert's role");
+        let mgmt_client = mgmt.client();
+        let workload_admin = workload.client_with_token(kube_emulator::ADMIN_TOKEN);
+        for ns in [ARGOCD, SYSTEM] {
+            ensure_namespace(&mgmt_client, ns).await;
+        }
+        ensure_namespace(&workload_admin, SHOP).await;
+        let revert_token = workload.service_account_token(SYSTEM, "sluice-revert-target");
+
+        // revert's own identity for the workload cluster, and an Argo CD cluster Secret for the
+        // same cluster that revert must never use (it holds the administrator's token).
+        let secrets: Api<Secret> = Api::namespaced(mgmt_client.clone(), SYSTEM);
+        let identity = secret(
+            "revert-c1",
+            &[("sluice.dev/revert-cluster", "true")],
+            &[
+                ("name", CLUSTER),
+                ("server", &workload.base_url()),
+                ("token", &revert_token),
+            ],
+        );
+        secrets
+            .create(&PostParams::default(), &identity)
+            .await
+            .unwrap();
+        let argo_secrets: Api<Secret> = Api::namespaced(mgmt_client.clone(), ARGOCD);
+        let argo_cluster = secret(
+            "cluster-c1",
+            &[("argocd.argoproj.io/secret-type", "cluster")],
+            &[
+                ("name", CLUSTER),
+                ("server", &workload.base_url()),
+                (
+                    "config",
+                    &json!({"bearerToken": kube_emulator::ADMIN_TOKEN}).to_string(),
+                ),
+            ],
+        );
+        argo_secrets
+            .create(&PostParams::default(), &argo_cluster)
+            .await
+            .unwrap();
+
+        let signer = SigningKey::generate().unwrap();
+        let keys = secret("cosign", &[], &[("cosign.pub", signer.public_key().pem())]);
+        argo_secrets
+            .create(&PostParams::default(), &keys)
+            .await
+            .unwrap();
+        let repo = registry.repository("mesh/config");
+        Some(World {
+            registry,
+            git,
+            mgmt,
+            workload,
+            mgmt_client,
+            workload_admin,
+            revert_token,
+            signer,
+            bundles: Arc::new(BundleClient::new(RegistryOptions::default())),
+            repo,
+            argo_stop: CancellationToken::new(),
+            controller: None,
+            controller_stop: CancellationToken::new(),
+        })
+    }
+
+    /// Renders, pushes and (when `signer` is given) signs a bundle of `objects`.
+    pub async fn bundle(
+        &self,
+        objects: &[String],
+        commit: &str,
+        signer: Option<&SigningKey>,
+    ) -> (Pushed, Artifact) {
+        let artifact = render(
+            &files(objects),
+            &Metadata {
+                source_commit: Some(commit.into()),
+                ..Metadata::default()
+            },
+        )
+        .unwrap();
+        let pushed = self.bundles.push(&artifact, &self.repo).await.unwrap();
+        if let Some(key) = signer {
+            self.bundles.sign(&pushed.reference, key).await.unwrap();
+        }
+        (
+            Pushed {
+                digest: pushed.manifest_digest.clone(),
+                content: pushed.content_digest.clone(),
+            },
+            artifact,
+        )
+    }
+
+    /// Creates the Application at `revision`, automated (prune, selfHeal), and waits until the
+    /// stand-in Argo CD synced it.
+    pub async fn application(&self, name: &str, revision: &str, extra: Value) -> Application {
+        let api: Api<Application> = Api::namespaced(self.mgmt_client.clone(), ARGOCD);
+        let mut body = json!({
+            "apiVersion": "argoproj.io/v1alpha1",
+            "kind": "Application",
+            "metadata": {"name": name, "namespace": ARGOCD},
+            "spec": {
+                "project": "default",
+                "source": {"repoURL": format!("oci://{}", self.repo), "targetRevision": revision, "path": "."},
+                "destination": {"name": CLUSTER, "namespace": SHOP},
+                "syncPolicy": original_policy(),
+            }
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let app: Application = serde_json::from_value(body).unwrap();
+        api.create(&PostParams::default(), &app).await.unwrap()
+    }
+
+    /// Starts the stand-in Argo CD application controller for Application `name`.
+    pub fn argo(&self, name: &str) {
+        let ctx = FakeArgo {
+            mgmt: self.mgmt_client.clone(),
+            workload: self.workload_admin.clone(),
+            bundles: self.bundles.clone(),
+            cache: Arc::default(),
+            name: name.to_owned(),
+        };
+        let stop = self.argo_stop.clone();
+        tokio::spawn(async move {
+            loop {
+                if stop.is_cancelled() {
+                    return;
+                }
+                ctx.tick().await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+    }
+
+    /// Starts revert in-process.
+    pub fn start_revert(&mut self) {
+        let client = self.mgmt_client.clone();
+        let ctx = Arc::new(
+            reconcile::Context::new(
+                client.clone(),
+                EventRecorder::new(client.clone(), OPERATOR),
+                Settings {
+                    cluster_namespace: SYSTEM.into(),
+                    registry: RegistryOptions::default(),
+                    git: Some(GitConfig {
+                        url: self.git.url(),
+                        token: None,
+                        author_name: "sluice-revert".into(),
+                        author_email: "sluice-revert@example.invalid".into(),
+                    }),
+                    forge: None,
+                },
+                metrics::register(&mut Default::default()),
+            )
+            .unwrap(),
+        );
+        let (hooks, _registry) = Hooks::standalone();
+        self.controller_stop = CancellationToken::new();
+        self.controller = Some(tokio::spawn(drive(
+            Api::<BundlePin>::all(client),
+            watcher::Config::default(),
+            ctx,
+            reconcile::reconcile,
+            Leadership::always(),
+            self.controller_stop.clone(),
+            hooks,
+        )));
+    }
+
+    /// Kills revert mid-flight (drops its futures, as a killed process would).
+    pub fn kill_revert(&mut self) {
+        if let Some(h) = self.controller.take() {
+            h.abort();
+        }
+    }
+
+    pub fn pins(&self) -> Api<BundlePin> {
+        Api::namespaced(self.mgmt_client.clone(), ARGOCD)
+    }
+
+    pub fn apps(&self) -> Api<Application> {
+        Api::namespaced(self.mgmt_client.clone(), ARGOCD)
+    }
+
+    pub fn routes(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(self.workload_admin.clone(), SHOP, &route_resource())
+    }
+
+    /// The canary weight of route `name`, `None` when absent.
+    pub async fn canary_weight(&self, name: &str) -> Option<u64> {
+        let r = self.routes().get_opt(name).await.unwrap()?;
+        r.data["spec"]["rules"][0]["backendRefs"][1]["weight"].as_u64()
+    }
+
+    /// Managers of route `name`'s managedFields.
+    pub async fn managers(&self, name: &str) -> Vec<String> {
+        let Some(r) = self.routes().get_opt(name).await.unwrap() else {
+            return vec![];
+        };
+        r.metadata
+            .managed_fields
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|m| m.manager)
+            .collect()
+    }
+
+    pub async fn create_pin(&self, name: &str, digest: &str, extra: Value) -> BundlePin {
+        let mut body = json!({
+            "apiVersion": "sluice.dev/v1alpha1",
+            "kind": "BundlePin",
+            "metadata": {"name": name, "namespace": ARGOCD},
+            "spec": {
+                "targets": [{"name": APP}],
+                "bundle": {"repository": format!("oci://{}", self.repo), "digest": digest},
+                "publicKeysSecretRef": {"name": "cosign", "keys": ["cosign.pub"]},
+                "reason": "5xx after change 42",
+            }
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            body["spec"][k] = v.clone();
+        }
+        let pin: BundlePin = serde_json::from_value(body).unwrap();
+        self.pins()
+            .create(&PostParams::default(), &pin)
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        self.argo_stop.cancel();
+        self.controller_stop.cancel();
+        if let Some(h) = self.controller.take() {
+            h.abort();
+        }
+    }
+}
+
+/// The Application's sync policy before any pin.
+pub fn original_policy() -> Value {
+    json!({
+        "automated": {"prune": true, "selfHeal": true},
+        "syncOptions": ["ServerSideApply=true", "RespectIgnoreDifferences=true"],
+        "retry": {"limit": 3, "backoff": {"duration": "5s", "factor": 2}}
+    })
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, or fails after `budget` naming `what`.
+pub async fn eventually<T, F, Fut>(budget: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + budget;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {budget:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Argo CD's application controller, reduced to what a pin meets.
+struct FakeArgo {
+    mgmt: Client,
+    workload: Client,
+    bundles: Arc<BundleClient>,
+    cache: Arc<Mutex<BTreeMap<String, Arc<Artifact>>>>,
+    name: String,
+}
+
+impl FakeArgo {
+    async fn artifact(&self, reference: &str) -> Option<Arc<Artifact>> {
+        if let Some(a) = self.cache.lock().unwrap().get(reference) {
+            return Some(a.clone());
+        }
+        let a = Arc::new(self.bundles.pull(reference).await.ok()?);
+        self.cache
+            .lock()
+            .unwrap()
+            .insert(reference.to_owned(), a.clone());
+        Some(a)
+    }
+
+    async fn tick(&self) {
+        let apps: Api<Application> = Api::namespaced(self.mgmt.clone(), ARGOCD);
+        let Ok(Some(app)) = apps.get_opt(&self.name).await else {
+            return;
+        };
+        let pp = PatchParams {
+            field_manager: Some("argocd-application-controller".into()),
+            ..PatchParams::default()
+        };
+        let status = app.status.clone().unwrap_or_default();
+        let op_phase = status
+            .operation_state
+            .as_ref()
+            .and_then(|o| o.phase.clone());
+        if op_phase.as_deref() == Some("Terminating") {
+            let _ = apps
+                .patch(
+                    &self.name,
+                    &pp,
+                    &Patch::Merge(json!({
+                        "operation": null,
+                        "status": {"operationState": {"phase": "Failed", "message": "Operation terminated"}}
+                    })),
+                )
+                .await;
+            return;
+        }
+        let Some(source) = app.spec.source.clone() else {
+            return;
+        };
+        let revision = source.target_revision.clone().unwrap_or_default();
+        let reference = format!(
+            "{}@{revision}",
+            source.repo_url.trim_start_matches("oci://")
+        );
+        let Some(artifact) = self.artifact(&reference).await else {
+            return;
+        };
+        let routes: Api<DynamicObject> =
+            Api::namespaced_with(self.workload.clone(), SHOP, &route_resource());
+        let mut synced = true;
+        for o in artifact.manifests.objects() {
+            let live = routes.get_opt(&o.name).await.ok().flatten();
+            // Live objects carry server defaults: compare what the bundle sets.
+            if !live.is_some_and(|l| contains(&l.data["spec"], &o.value["spec"])) {
+                synced = false;
+            }
+        }
+        let automated = app
+            .spec
+            .sync_policy
+            .as_ref()
+            .is_some_and(|p| p.is_automated());
+        let running = op_phase.as_deref() == Some("Running");
+        if !synced && automated && !running {
+            let apply = PatchParams::apply("argocd-controller").force();
+            for o in artifact.manifests.objects() {
+                let mut body = o.value.clone();
+                body["metadata"]["annotations"] = json!({"argocd.argoproj.io/tracking-id": format!("{}:gateway.networking.k8s.io/HTTPRoute:{SHOP}/{}", self.name, o.name)});
+                routes
+                    .patch(&o.name, &apply, &Patch::Apply(&body))
+                    .await
+                    .unwrap();
+            }
+            // prune: tracked routes the target lacks
+            for r in status.resources.iter().flatten() {
+                let name = r.name.clone().unwrap_or_default();
+                if !artifact.manifests.objects().iter().any(|o| o.name == name) {
+                    let _ = routes.delete(&name, &DeleteParams::default()).await;
+                }
+            }
+            synced = true;
+        }
+        let resources: Vec<Value> = artifact
+            .manifests
+            .objects()
+            .iter()
+            .map(|o| json!({"group": "gateway.networking.k8s.io", "version": "v1", "kind": "HTTPRoute", "namespace": SHOP, "name": o.name, "status": if synced {"Synced"} else {"OutOfSync"}}))
+            .collect();
+        let patch = json!({"status": {
+            "sync": {"status": if synced {"Synced"} else {"OutOfSync"}, "revision": revision},
+            "health": {"status": "Healthy"},
+            "resources": resources,
+        }});
+        let _ = apps.patch(&self.name, &pp, &Patch::Merge(patch)).await;
+    }
+}
+
+/// Whether `live` holds everything `desired` sets (maps by key, lists item by item).
+pub fn contains(live: &Value, desired: &Value) -> bool {
+    match (live, desired) {
+        (Value::Object(l), Value::Object(d)) => d
+            .iter()
+            .all(|(k, v)| l.get(k).is_some_and(|lv| contains(lv, v))),
+        (Value::Array(l), Value::Array(d)) => {
+            l.len() == d.len() && l.iter().zip(d).all(|(a, b)| contains(a, b))
+        }
+        _ => live == desired,
+    }
+}
