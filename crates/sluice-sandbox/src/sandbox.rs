@@ -1,0 +1,672 @@
+//! The running sandbox: two sites, each a management cluster (our CRDs, Argo CD's and Gateway
+//! API's, the `argocd` namespace and the duck ConfigMap) and two workload clusters (Gateway API
+//! and our CRDs, the checkout service and its route), all API emulators on fixed loopback ports;
+//! one real Prometheus fed by a mesh simulator per workload cluster; the OCI registry; a git
+//! intent repository; the operator binaries where the chart would put them; one kubeconfig with
+//! a context per cluster; narration of what happens. Owns start order and stop order: [`stop`]
+//! ends every child process and task and removes every temporary directory, and dropping a
+//! half-started sandbox does the same (each part kills what it started on drop).
+//!
+//! [`stop`]: Sandbox::stop
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kube::Client;
+use kube_emulator::{Emulator, EmulatorError};
+use sluice_sim::{ClusterConfig, Scenario, World};
+use sluice_testkit::git::{GitError, GitRepo};
+use sluice_testkit::prometheus::{Prometheus, PrometheusError};
+use sluice_testkit::registry::{Registry, RegistryError};
+
+use crate::baseline;
+use crate::kubeconfig::{self, Entry};
+use crate::narrate::{self, Narrator};
+use crate::operators::{self, OperatorError, OperatorProcess, Placement};
+use crate::prerequisites::{self, PrerequisiteError};
+use crate::share;
+use crate::topology::{self, ClusterSpec, Role};
+
+/// Gateway API CRD files read from the upstream directory.
+pub const GATEWAY_API_CRDS: [&str; 2] = [
+    "gateway-api-v1.6.1/gateway.networking.k8s.io_httproutes.yaml",
+    "gateway-api-v1.6.1/gateway.networking.k8s.io_grpcroutes.yaml",
+];
+/// Argo CD CRD files read from the upstream directory.
+pub const ARGOCD_CRDS: [&str; 2] = [
+    "argo-cd-v3.5.1/application-crd.yaml",
+    "argo-cd-v3.5.1/applicationset-crd.yaml",
+];
+/// How long an operator gets to exit after SIGTERM before it is killed.
+pub const OPERATOR_GRACE: Duration = Duration::from_secs(10);
+/// How often the mesh share is read back for narration.
+const SHARE_POLL: Duration = Duration::from_secs(3);
+/// The window the narrated share is measured over.
+const SHARE_WINDOW_S: u64 = 5;
+
+/// How to start the sandbox.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The repository root (holds `crds/` and `scenarios/`).
+    pub repo: PathBuf,
+    /// The released upstream CRDs (`../shared/upstream` from the repository root).
+    pub upstream: PathBuf,
+    /// First fixed port (see [`topology`]); 0 picks free ports everywhere.
+    pub base_port: u16,
+    /// Run the operator binaries.
+    pub operators: bool,
+    /// Mesh telemetry interval.
+    pub telemetry_interval: Duration,
+}
+
+impl Options {
+    /// Defaults: the repository this crate was built from, its `../shared/upstream`, ports from
+    /// [`topology::DEFAULT_BASE_PORT`], operators on, telemetry every second.
+    pub fn defaults() -> Self {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let repo = repo.canonicalize().unwrap_or(repo);
+        Self {
+            upstream: repo.join("../shared/upstream"),
+            repo,
+            base_port: topology::DEFAULT_BASE_PORT,
+            operators: true,
+            telemetry_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Why the sandbox could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// A program is missing.
+    #[error(transparent)]
+    Prerequisite(#[from] PrerequisiteError),
+    /// A CRD file is not where it should be.
+    #[error("{what} not found at {path}; {hint}")]
+    FileMissing {
+        /// What it is.
+        what: &'static str,
+        /// Where it was looked for.
+        path: String,
+        /// What to do.
+        hint: &'static str,
+    },
+    /// A cluster emulator could not start or refused its baseline.
+    #[error("cluster {cluster}: {source}")]
+    Emulator {
+        /// Cluster name.
+        cluster: String,
+        /// Cause.
+        source: EmulatorError,
+    },
+    /// Prometheus did not start.
+    #[error("starting Prometheus failed: {0}")]
+    Prometheus(#[from] PrometheusError),
+    /// The registry did not start.
+    #[error("starting the OCI registry failed: {0}")]
+    Registry(#[from] RegistryError),
+    /// The intent repository could not be created.
+    #[error("creating the git intent repository failed: {0}")]
+    Git(#[from] GitError),
+    /// The mesh scenario or world could not start.
+    #[error("starting the mesh simulator for {cluster} failed: {reason}")]
+    World {
+        /// Cluster name.
+        cluster: String,
+        /// Cause.
+        reason: String,
+    },
+    /// Operator binaries.
+    #[error(transparent)]
+    Operator(#[from] OperatorError),
+    /// Local files (work directory, kubeconfig).
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// A task panicked while starting a cluster.
+    #[error("starting cluster {0} panicked; this is a bug in the sandbox")]
+    Panicked(String),
+}
+
+impl SandboxError {
+    /// Bounded category for logs and the scenario JSON.
+    pub fn category(&self) -> &'static str {
+        match self {
+            SandboxError::Prerequisite(_) => "prerequisite",
+            SandboxError::FileMissing { .. } => "file_missing",
+            SandboxError::Emulator { .. } => "emulator",
+            SandboxError::Prometheus(_) => "prometheus",
+            SandboxError::Registry(_) => "registry",
+            SandboxError::Git(_) => "git",
+            SandboxError::World { .. } => "world",
+            SandboxError::Operator(_) => "operator",
+            SandboxError::Io { .. } => "io",
+            SandboxError::Panicked(_) => "panicked",
+        }
+    }
+}
+
+/// One emulated cluster.
+#[derive(Debug)]
+pub struct Cluster {
+    /// Name, site, role.
+    pub spec: ClusterSpec,
+    /// The API emulator.
+    pub emulator: Emulator,
+    /// An administrator kubeconfig for this cluster alone (what the operators use).
+    pub kubeconfig: PathBuf,
+}
+
+/// The running sandbox.
+#[derive(Debug)]
+pub struct Sandbox {
+    clusters: Vec<Cluster>,
+    prometheus: Arc<Prometheus>,
+    registry: Registry,
+    git: GitRepo,
+    worlds: Vec<(String, World)>,
+    operators: Vec<OperatorProcess>,
+    narrator: Narrator,
+    kubeconfig: PathBuf,
+    dir: tempfile::TempDir,
+    started: Instant,
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> SandboxError {
+    let what = what.into();
+    move |source| SandboxError::Io { what, source }
+}
+
+fn require(path: PathBuf, what: &'static str, hint: &'static str) -> Result<PathBuf, SandboxError> {
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(SandboxError::FileMissing {
+            what,
+            path: path.display().to_string(),
+            hint,
+        })
+    }
+}
+
+const UPSTREAM_HINT: &str = "the released Gateway API and Argo CD CRDs are reference data kept \
+    outside the repository; pass --upstream DIR (the directory holding gateway-api-v1.6.1/ and \
+    argo-cd-v3.5.1/)";
+const REPO_HINT: &str = "pass --repo DIR (the sluice repository root); `cargo run --bin crdgen -p \
+    sluice-api` regenerates crds/";
+
+/// The manifest files a cluster of `role` is started with: CRDs only.
+pub fn manifests(options: &Options, role: Role) -> Result<Vec<PathBuf>, SandboxError> {
+    let mut out = Vec::new();
+    let crds = options.repo.join("crds");
+    let mut ours: Vec<PathBuf> = std::fs::read_dir(&crds)
+        .map_err(|_| SandboxError::FileMissing {
+            what: "the sluice CRD directory",
+            path: crds.display().to_string(),
+            hint: REPO_HINT,
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    ours.sort();
+    out.extend(ours);
+    for file in GATEWAY_API_CRDS {
+        out.push(require(
+            options.upstream.join(file),
+            "a Gateway API CRD",
+            UPSTREAM_HINT,
+        )?);
+    }
+    if role == Role::Management {
+        for file in ARGOCD_CRDS {
+            out.push(require(
+                options.upstream.join(file),
+                "an Argo CD CRD",
+                UPSTREAM_HINT,
+            )?);
+        }
+    }
+    Ok(out)
+}
+
+/// The mesh scenario of one workload cluster: the repository's `world` scenario (checkout
+/// stable and canary, 200 requests/s) played in that cluster.
+pub fn mesh_scenario(options: &Options, cluster: &str) -> Result<Scenario, String> {
+    let mut s = Scenario::from_file(options.repo.join("scenarios/world.yaml"))
+        .map_err(|e| e.to_string())?;
+    for c in &mut s.clusters {
+        c.name = cluster.to_string();
+    }
+    for svc in &mut s.services {
+        svc.cluster = Some(cluster.to_string());
+        svc.namespace = baseline::SHOP.to_string();
+        svc.route = Some(baseline::ROUTE.to_string());
+    }
+    Ok(s)
+}
+
+async fn start_cluster(
+    spec: ClusterSpec,
+    port: u16,
+    files: Vec<PathBuf>,
+) -> Result<Emulator, SandboxError> {
+    let emu_err = |cluster: &str| {
+        let cluster = cluster.to_string();
+        move |source| SandboxError::Emulator { cluster, source }
+    };
+    let emulator = Emulator::start_with(kube_emulator::Options {
+        port,
+        manifests: files,
+        ..kube_emulator::Options::default()
+    })
+    .await
+    .map_err(emu_err(&spec.name))?;
+    emulator
+        .load_yaml(&baseline::common())
+        .map_err(emu_err(&spec.name))?;
+    let role_objects = match spec.role {
+        Role::Management => baseline::management(),
+        Role::Workload => baseline::workload(),
+    };
+    emulator
+        .load_yaml(&role_objects)
+        .map_err(emu_err(&spec.name))?;
+    Ok(emulator)
+}
+
+impl Sandbox {
+    /// Starts everything and narrates progress on stdout; returns once the sandbox is ready.
+    pub async fn start(options: Options) -> Result<Self, SandboxError> {
+        let started = Instant::now();
+        let narrator = Narrator::start();
+        prerequisites::ensure()?;
+        let specs = topology::clusters(&topology::SITES, topology::WORKLOADS_PER_SITE);
+        let dir = tempfile::Builder::new()
+            .prefix("sluice-sandbox-")
+            .tempdir()
+            .map_err(io("creating the sandbox work directory"))?;
+        narrator.say(format!(
+            "sluice sandbox: starting {} sites ({}), {} clusters, work directory {}",
+            topology::SITES.len(),
+            topology::SITES.join(", "),
+            specs.len(),
+            dir.path().display()
+        ));
+
+        // Clusters start in parallel (loading CRDs is the slow part); Prometheus and the
+        // registry start meanwhile.
+        let mut tasks = Vec::new();
+        for spec in &specs {
+            let files = manifests(&options, spec.role)?;
+            let mut port = topology::api_port(options.base_port, spec);
+            if port != 0 && !topology::port_is_free(port) {
+                narrator.say(format!(
+                    "{}: port {port} is taken, using a free port instead",
+                    spec.name
+                ));
+                port = 0;
+            }
+            let spec = spec.clone();
+            tasks.push(tokio::spawn(async move {
+                let begun = Instant::now();
+                let result = start_cluster(spec, port, files).await;
+                (begun.elapsed(), result)
+            }));
+        }
+        let (prometheus, registry) = tokio::join!(Prometheus::start(), Registry::start());
+        let prometheus = Arc::new(prometheus?);
+        let registry = registry?;
+        let git = GitRepo::new()?;
+        narrator.say(format!("prometheus: {}", prometheus.url()));
+        narrator.say(format!("registry: {} (plain HTTP)", registry.host()));
+        narrator.say(format!("git intent repository: {}", git.url()));
+
+        let mut emulators = Vec::new();
+        for (task, spec) in tasks.into_iter().zip(&specs) {
+            let (took, result) = task
+                .await
+                .map_err(|_| SandboxError::Panicked(spec.name.clone()))?;
+            emulators.push((result?, took));
+        }
+        let mut clusters = Vec::new();
+        let mut entries = Vec::new();
+        for (spec, (emulator, took)) in specs.into_iter().zip(emulators) {
+            let path = dir.path().join(format!("{}.kubeconfig", spec.name));
+            emulator
+                .write_kubeconfig(&path)
+                .map_err(|source| SandboxError::Emulator {
+                    cluster: spec.name.clone(),
+                    source,
+                })?;
+            entries.push(Entry {
+                name: spec.name.clone(),
+                server: emulator.base_url(),
+                token: kube_emulator::ADMIN_TOKEN.to_string(),
+            });
+            let runs = operators::ALL
+                .iter()
+                .filter(|op| op.role() == spec.role)
+                .map(|op| op.name())
+                .collect::<Vec<_>>()
+                .join(", ");
+            narrator.say(format!(
+                "{}: {} cluster at {} ({}; CRDs loaded in {:.1} s)",
+                spec.name,
+                spec.role,
+                emulator.base_url(),
+                if options.operators {
+                    runs
+                } else {
+                    "operators off".to_string()
+                },
+                took.as_secs_f64()
+            ));
+            clusters.push(Cluster {
+                spec,
+                emulator,
+                kubeconfig: path,
+            });
+        }
+        let kubeconfig = dir.path().join("kubeconfig");
+        let current = clusters
+            .iter()
+            .find(|c| c.spec.role == Role::Workload)
+            .map(|c| c.spec.name.clone())
+            .unwrap_or_default();
+        std::fs::write(&kubeconfig, kubeconfig::render(&entries, &current))
+            .map_err(io(format!("writing {}", kubeconfig.display())))?;
+
+        let mut sandbox = Sandbox {
+            clusters,
+            prometheus,
+            registry,
+            git,
+            worlds: Vec::new(),
+            operators: Vec::new(),
+            narrator,
+            kubeconfig,
+            dir,
+            started,
+        };
+        sandbox.commit_intent()?;
+        sandbox.start_worlds(&options)?;
+        if options.operators {
+            sandbox.start_operators(&options).await?;
+        }
+        sandbox.start_narration();
+        Ok(sandbox)
+    }
+
+    /// Records the baseline routes in the intent repository (one directory per cluster), the
+    /// way a platform keeps mesh configuration in git.
+    fn commit_intent(&mut self) -> Result<(), SandboxError> {
+        let files: Vec<(String, String)> = self
+            .clusters
+            .iter()
+            .filter(|c| c.spec.role == Role::Workload)
+            .map(|c| {
+                (
+                    format!("clusters/{}/mesh/route-checkout.yaml", c.spec.name),
+                    baseline::route(100, 0),
+                )
+            })
+            .collect();
+        let refs: Vec<(&str, &str)> = files
+            .iter()
+            .map(|(p, t)| (p.as_str(), t.as_str()))
+            .collect();
+        let sha = self
+            .git
+            .commit_files(&refs, "mesh: checkout routes, all traffic to v2.13")?;
+        self.git.push()?;
+        self.narrator.say(format!(
+            "git: intent committed ({} routes) at {}",
+            files.len(),
+            &sha[..sha.len().min(12)]
+        ));
+        Ok(())
+    }
+
+    fn start_worlds(&mut self, options: &Options) -> Result<(), SandboxError> {
+        for c in self
+            .clusters
+            .iter()
+            .filter(|c| c.spec.role == Role::Workload)
+        {
+            let name = c.spec.name.clone();
+            let fail = |reason: String| SandboxError::World {
+                cluster: name.clone(),
+                reason,
+            };
+            let scenario = mesh_scenario(options, &name).map_err(fail)?;
+            let world = World::builder()
+                .cluster_with(ClusterConfig::new(name.clone()), c.emulator.client())
+                .prometheus(self.prometheus.url())
+                .scenario(scenario)
+                .interval(options.telemetry_interval)
+                .start()
+                .map_err(|e| fail(e.to_string()))?;
+            self.worlds.push((name, world));
+        }
+        self.narrator.say(format!(
+            "mesh: simulating checkout traffic (200 requests/s) in {} workload clusters, telemetry every {:?}",
+            self.worlds.len(),
+            options.telemetry_interval
+        ));
+        Ok(())
+    }
+
+    async fn start_operators(&mut self, options: &Options) -> Result<(), SandboxError> {
+        let exe = std::env::current_exe().map_err(io("finding the sandbox executable"))?;
+        let build = operators::build_dir(&exe);
+        operators::ensure_binaries(&build, &options.repo.join("Cargo.toml"), &operators::ALL)
+            .await?;
+        let specs: Vec<ClusterSpec> = self.clusters.iter().map(|c| c.spec.clone()).collect();
+        let env = vec![(
+            "SLUICE_PROMETHEUS_URL".to_string(),
+            self.prometheus.url().to_string(),
+        )];
+        let logs = self.dir.path().join("logs");
+        std::fs::create_dir_all(&logs).map_err(io("creating the log directory"))?;
+        for (n, placement) in operators::placements(&specs).into_iter().enumerate() {
+            let mut port = topology::operator_port(options.base_port, n);
+            if port == 0 || !topology::port_is_free(port) {
+                port = topology::free_port().map_err(io("finding a free metrics port"))?;
+            }
+            let kubeconfig = self
+                .cluster(&placement.cluster)
+                .map(|c| c.kubeconfig.clone());
+            let Some(kubeconfig) = kubeconfig else {
+                continue;
+            };
+            let log = logs.join(format!(
+                "{}-{}.log",
+                placement.cluster,
+                placement.operator.name()
+            ));
+            let Placement { cluster, operator } = placement.clone();
+            let process =
+                OperatorProcess::start(&build.bin_dir, placement, &kubeconfig, port, log, &env)?;
+            self.narrator.say(format!(
+                "{cluster}: {} started (pid {}, metrics http://127.0.0.1:{port}/metrics)",
+                operator.binary(),
+                process.pid().unwrap_or_default(),
+            ));
+            self.operators.push(process);
+        }
+        Ok(())
+    }
+
+    fn start_narration(&self) {
+        for c in &self.clusters {
+            let kinds = match c.spec.role {
+                Role::Management => narrate::MANAGEMENT_KINDS,
+                Role::Workload => narrate::WORKLOAD_KINDS,
+            };
+            for kind in kinds {
+                self.narrator
+                    .watch(&c.spec.name, c.emulator.client(), *kind);
+            }
+            if c.spec.role == Role::Workload {
+                let prometheus = self.prometheus.clone();
+                let tx = self.narrator.sender();
+                let cluster = c.spec.name.clone();
+                self.narrator.adopt(tokio::spawn(async move {
+                    let mut last = None;
+                    loop {
+                        tokio::time::sleep(SHARE_POLL).await;
+                        let Ok(m) = share::measure(
+                            &prometheus,
+                            &cluster,
+                            baseline::SHOP,
+                            SHARE_WINDOW_S,
+                        )
+                        .await
+                        else {
+                            continue;
+                        };
+                        let Some(s) = share::canary_share(&m, baseline::STABLE, baseline::CANARY)
+                        else {
+                            continue;
+                        };
+                        if narrate::share_changed(last, s) {
+                            last = Some(s);
+                            let _ = tx.send(format!(
+                                "{cluster}: mesh reports checkout canary share {:.1}% ({:.0} requests in {SHARE_WINDOW_S} s)",
+                                s * 100.0,
+                                m.total()
+                            ));
+                        }
+                    }
+                }));
+            }
+        }
+    }
+
+    /// Says one narration line.
+    pub fn say(&self, line: impl Into<String>) {
+        self.narrator.say(line);
+    }
+
+    /// Every narration line said so far.
+    pub fn transcript(&self) -> Vec<String> {
+        self.narrator.transcript()
+    }
+
+    /// The clusters, in start order.
+    pub fn clusters(&self) -> &[Cluster] {
+        &self.clusters
+    }
+
+    /// A cluster by name.
+    pub fn cluster(&self, name: &str) -> Option<&Cluster> {
+        self.clusters.iter().find(|c| c.spec.name == name)
+    }
+
+    /// An administrator client of a cluster.
+    pub fn client(&self, name: &str) -> Option<Client> {
+        self.cluster(name).map(|c| c.emulator.client())
+    }
+
+    /// Prometheus.
+    pub fn prometheus(&self) -> &Prometheus {
+        &self.prometheus
+    }
+
+    /// The OCI registry.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The git intent repository.
+    pub fn git(&self) -> &GitRepo {
+        &self.git
+    }
+
+    /// The mesh simulator of a workload cluster.
+    pub fn world(&self, cluster: &str) -> Option<&World> {
+        self.worlds
+            .iter()
+            .find(|(name, _)| name == cluster)
+            .map(|(_, w)| w)
+    }
+
+    /// The combined kubeconfig (a context per cluster).
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The work directory (removed on stop).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Operator processes that have exited although nobody stopped them.
+    pub fn exited_operators(&mut self) -> Vec<String> {
+        self.operators
+            .iter_mut()
+            .filter_map(|p| {
+                p.exited().map(|status| {
+                    format!(
+                        "{}: {} exited ({status}); its log was {}",
+                        p.placement.cluster,
+                        p.placement.operator.binary(),
+                        p.log.display()
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Time since start began.
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Stops everything in reverse order: narration, operators (SIGTERM, then kill), the mesh
+    /// simulators, the clusters, Prometheus and the registry, git; then removes the work
+    /// directory. Prints what it did on stderr.
+    pub async fn stop(self) {
+        let Sandbox {
+            clusters,
+            prometheus,
+            registry,
+            git,
+            worlds,
+            operators,
+            narrator,
+            kubeconfig: _,
+            dir,
+            started: _,
+        } = self;
+        narrator.stop().await;
+        let stopped = futures::future::join_all(operators.into_iter().map(|p| async move {
+            let what = format!("{}/{}", p.placement.cluster, p.placement.operator.name());
+            let how = p.stop(OPERATOR_GRACE).await;
+            format!("{what} {how}")
+        }))
+        .await;
+        for line in &stopped {
+            eprintln!("sluice sandbox: operator {line}");
+        }
+        for (_, world) in worlds {
+            world.stop();
+        }
+        for c in clusters {
+            c.emulator.shutdown().await;
+        }
+        drop(prometheus);
+        drop(registry);
+        drop(git);
+        let path = dir.path().display().to_string();
+        match dir.close() {
+            Ok(()) => eprintln!("sluice sandbox: stopped; removed {path}"),
+            Err(e) => eprintln!("sluice sandbox: stopped; could not remove {path}: {e}"),
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! Helpers of the sandbox binary tests: prerequisites (skip with a reason), running the binary
+//! with its stdout read line by line, the processes it started (from /proc) and the ports it
+//! printed, so a test can prove nothing is left once it exits.
+#![allow(dead_code)]
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Why the test cannot run here, if it cannot.
+pub fn skip_reason() -> Option<String> {
+    let upstream = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/upstream");
+    if !upstream.join("gateway-api-v1.6.1").is_dir() || !upstream.join("argo-cd-v3.5.1").is_dir() {
+        return Some(format!(
+            "{} is absent (the released Gateway API and Argo CD CRDs are reference data outside the repo)",
+            upstream.display()
+        ));
+    }
+    for (what, found) in [
+        ("prometheus", sluice_testkit::prometheus::binary().is_ok()),
+        (
+            "docker-registry",
+            sluice_testkit::registry::binary().is_ok(),
+        ),
+        ("git", on_path("git")),
+    ] {
+        if !found {
+            return Some(format!("{what} is not installed"));
+        }
+    }
+    None
+}
+
+/// Whether `name` is an executable on PATH.
+pub fn on_path(name: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+        .unwrap_or(false)
+}
+
+/// The sandbox binary running, with its stdout lines arriving on a channel.
+pub struct Running {
+    pub child: Child,
+    pub lines: mpsc::Receiver<String>,
+    pub seen: Vec<String>,
+    /// (pid, start time) of every process seen with the sandbox as parent (or grandparent).
+    pub descendants: BTreeSet<(u32, u64)>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        // A failing test must not leave the sandbox running.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The flag that runs the operator binaries when they were built next to the sandbox (as
+/// `cargo test --workspace` or `cargo build --bins` leaves them), else leaves them out (said).
+pub fn operators_flag() -> &'static str {
+    let dir = Path::new(env!("CARGO_BIN_EXE_sluice-sandbox"))
+        .parent()
+        .unwrap();
+    let all = [
+        "wave-gate",
+        "revert",
+        "rollout-weights",
+        "upgrade-revisions",
+    ]
+    .iter()
+    .all(|op| dir.join(format!("sluice-{op}")).is_file());
+    if all {
+        "--operators=on"
+    } else {
+        println!(
+            "note: operator binaries are not built in {}; running without them (cargo build --bins to include them)",
+            dir.display()
+        );
+        "--operators=off"
+    }
+}
+
+/// Starts the sandbox binary. `$CARGO` is removed so it never runs a nested cargo build.
+pub fn start(args: &[&str]) -> Running {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice-sandbox"))
+        .args(args)
+        .arg(operators_flag())
+        .env_remove("CARGO")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("the sandbox binary starts");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            println!("sandbox> {line}");
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Running {
+        child,
+        lines: rx,
+        seen: Vec::new(),
+        descendants: BTreeSet::new(),
+    }
+}
+
+/// `(ppid, start time)` of a live, non-zombie process.
+fn stat(pid: u32) -> Option<(u32, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command may contain spaces; fields after the last ')' are fixed.
+    let rest = &text[text.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    let ppid = fields.get(1)?.parse().ok()?;
+    let start = fields.get(19)?.parse().ok()?;
+    Some((ppid, start))
+}
+
+impl Running {
+    /// Records the sandbox's current children and grandchildren.
+    pub fn record_descendants(&mut self) {
+        let root = self.child.id();
+        let mut parents = BTreeSet::from([root]);
+        for _ in 0..2 {
+            let Ok(dir) = std::fs::read_dir("/proc") else {
+                return;
+            };
+            for entry in dir.flatten() {
+                let Some(pid) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|s| s.parse::<u32>().ok())
+                else {
+                    continue;
+                };
+                if let Some((ppid, start)) = stat(pid)
+                    && parents.contains(&ppid)
+                {
+                    parents.insert(pid);
+                    self.descendants.insert((pid, start));
+                }
+            }
+        }
+    }
+
+    /// Waits for a line matching `pred` (recording descendants meanwhile); panics after `within`.
+    pub fn wait_line(&mut self, within: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            self.record_descendants();
+            match self.lines.recv_timeout(Duration::from_millis(200)) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if pred(&line) {
+                        return line;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    panic!(
+                        "the sandbox closed stdout before the expected line; saw:\n{}",
+                        self.seen.join("\n")
+                    )
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no expected line within {within:?}; saw:\n{}",
+                self.seen.join("\n")
+            );
+        }
+    }
+
+    /// Waits for exit (recording descendants and reading stdout meanwhile); panics after `within`.
+    pub fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            self.record_descendants();
+            while let Ok(line) = self.lines.try_recv() {
+                self.seen.push(line);
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                // Drain what is left of stdout.
+                while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(2)) {
+                    self.seen.push(line);
+                }
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the sandbox did not exit within {within:?}; saw:\n{}",
+                self.seen.join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Processes it started that are still alive.
+    pub fn leftovers(&self) -> Vec<String> {
+        self.descendants
+            .iter()
+            .filter(|(pid, start)| stat(*pid).is_some_and(|(_, s)| s == *start))
+            .map(|(pid, _)| {
+                let cmd =
+                    std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                format!("{pid} {}", cmd.replace('\0', " "))
+            })
+            .collect()
+    }
+
+    /// Every loopback port the sandbox printed.
+    pub fn printed_ports(&self) -> BTreeSet<u16> {
+        let mut out = BTreeSet::new();
+        for line in &self.seen {
+            let mut rest = line.as_str();
+            while let Some(i) = rest.find("127.0.0.1:") {
+                rest = &rest[i + "127.0.0.1:".len()..];
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                if let Ok(p) = digits.parse() {
+                    out.insert(p);
+                }
+            }
+        }
+        out
+    }
+
+    /// The work directory the sandbox announced.
+    pub fn work_dir(&self) -> Option<PathBuf> {
+        self.seen.iter().find_map(|l| {
+            l.split("work directory ")
+                .nth(1)
+                .map(|p| PathBuf::from(p.trim()))
+        })
+    }
+}
+
+/// Ports among `ports` something still listens on.
+pub fn open_ports(ports: &BTreeSet<u16>) -> Vec<u16> {
+    ports
+        .iter()
+        .copied()
+        .filter(|p| {
+            TcpStream::connect_timeout(&([127, 0, 0, 1], *p).into(), Duration::from_millis(300))
+                .is_ok()
+        })
+        .collect()
+}

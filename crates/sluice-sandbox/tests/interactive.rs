@@ -1,0 +1,120 @@
+//! Interactive mode: the sandbox prints `export KUBECONFIG=...`; real kubectl sees one context
+//! per cluster and can list sluice objects and the checkout route; SIGTERM stops it with exit 0,
+//! leaving no process, port or file behind.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+const START_BUDGET: Duration = Duration::from_secs(90);
+const STOP_BUDGET: Duration = Duration::from_secs(25);
+
+fn kubectl(kubeconfig: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new("kubectl")
+        .args(args)
+        .args(["--request-timeout=10s"])
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .expect("kubectl runs");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn kubectl_sees_every_cluster_and_sigterm_stops_everything() {
+    if let Some(reason) = common::skip_reason() {
+        println!("skipping: {reason}");
+        return;
+    }
+    if !common::on_path("kubectl") {
+        println!("skipping: kubectl is not installed");
+        return;
+    }
+    let mut run = common::start(&["--base-port", "0"]);
+    let export = run.wait_line(START_BUDGET, |l| l.starts_with("export KUBECONFIG="));
+    let kubeconfig = export.trim_start_matches("export KUBECONFIG=").to_string();
+
+    let (ok, contexts) = kubectl(&kubeconfig, &["config", "get-contexts", "-o", "name"]);
+    assert!(ok, "{contexts}");
+    let mut names: Vec<&str> = contexts
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "east-1",
+            "east-2",
+            "east-mgmt",
+            "west-1",
+            "west-2",
+            "west-mgmt"
+        ]
+    );
+
+    for context in ["east-1", "west-mgmt"] {
+        let (ok, out) = kubectl(&kubeconfig, &["--context", context, "get", "sluice", "-A"]);
+        assert!(ok, "kubectl get sluice -A in {context}: {out}");
+    }
+    let (ok, out) = kubectl(
+        &kubeconfig,
+        &[
+            "--context",
+            "west-2",
+            "get",
+            "httproutes",
+            "-n",
+            "shop",
+            "-o",
+            "name",
+        ],
+    );
+    assert!(
+        ok && out.contains("httproute.gateway.networking.k8s.io/checkout"),
+        "{out}"
+    );
+    let (ok, out) = kubectl(
+        &kubeconfig,
+        &[
+            "--context",
+            "east-mgmt",
+            "get",
+            "configmap",
+            "sluice-wavegate-decisions",
+            "-n",
+            "argocd",
+            "-o",
+            "jsonpath={.data.kind}",
+        ],
+    );
+    assert!(ok && out.trim() == "wavegates", "{out}");
+
+    run.record_descendants();
+    let status = Command::new("kill")
+        .args(["-TERM", &run.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let status = run.wait_exit(STOP_BUDGET);
+    assert!(status.success(), "exit after SIGTERM: {status:?}");
+    let left = run.leftovers();
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+    let open = common::open_ports(&run.printed_ports());
+    assert!(
+        open.is_empty(),
+        "ports still listening after exit: {open:?}"
+    );
+    assert!(
+        !std::path::Path::new(&kubeconfig).exists(),
+        "kubeconfig {kubeconfig} (in the work directory) was not removed"
+    );
+}

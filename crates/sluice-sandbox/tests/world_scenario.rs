@@ -1,0 +1,61 @@
+//! `sluice-sandbox --scenario world --until-done`: the sandbox starts both sites, the scenario
+//! measures the 90/10 route's canary share in Prometheus, the binary exits 0 with the JSON result
+//! as its last line, and nothing it started is left: no process, no listening port, no work
+//! directory.
+
+mod common;
+
+use std::time::Duration;
+
+/// The whole run (start, scenario, stop) must fit in this.
+const BUDGET: Duration = Duration::from_secs(110);
+
+#[test]
+fn world_scenario_passes_and_leaves_nothing_behind() {
+    if let Some(reason) = common::skip_reason() {
+        println!("skipping: {reason}");
+        return;
+    }
+    let mut run = common::start(&["--scenario", "world", "--until-done", "--base-port", "0"]);
+    let pid = run.child.id();
+    let status = run.wait_exit(BUDGET);
+    let last = run.seen.last().cloned().unwrap_or_default();
+    assert!(status.success(), "exit {status:?}; last line: {last}");
+    let result: serde_json::Value = serde_json::from_str(&last)
+        .unwrap_or_else(|e| panic!("last line is not JSON ({e}): {last}"));
+    assert_eq!(result["scenario"], "world");
+    assert_eq!(result["outcome"], "pass", "{last}");
+    let share = result["canary_share"]
+        .as_f64()
+        .expect("canary_share is a number");
+    assert!(
+        (share - 0.10).abs() <= 0.02,
+        "canary_share {share} not near 0.10"
+    );
+
+    assert!(
+        run.descendants.len() >= 2,
+        "expected to have seen at least Prometheus and the registry as children of {pid}, saw {:?}",
+        run.descendants
+    );
+    let left = run.leftovers();
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+    let ports = run.printed_ports();
+    assert!(
+        ports.len() >= 8,
+        "expected the clusters', Prometheus' and the registry's ports, got {ports:?}"
+    );
+    let open = common::open_ports(&ports);
+    assert!(
+        open.is_empty(),
+        "ports still listening after exit: {open:?}"
+    );
+    let dir = run
+        .work_dir()
+        .expect("the sandbox announces its work directory");
+    assert!(
+        !dir.exists(),
+        "work directory {} was not removed",
+        dir.display()
+    );
+}
