@@ -473,11 +473,10 @@ impl AppCtx {
                 } else {
                     json!(now)
                 };
-                patch["health"] =
-                    json!({"status": c.health.as_str(), "lastTransitionTime": transition});
-                if !c.health_message.is_empty() {
-                    patch["health"]["message"] = json!(c.health_message);
-                }
+                // An empty message is written as null so the merge patch removes a stale one.
+                let message = (!c.health_message.is_empty()).then(|| c.health_message.clone());
+                patch["health"] = json!({"status": c.health.as_str(), "message": message,
+                                         "lastTransitionTime": transition});
                 patch["resources"] = json!(c.resources);
             }
             Err(e) => {
@@ -528,6 +527,9 @@ impl AppCtx {
         } else {
             json!(conditions)
         };
+        if status_unchanged(&patch, &status, self.options.resync) {
+            return Ok(());
+        }
         self.apps
             .patch(
                 &app.name_any(),
@@ -1272,6 +1274,37 @@ impl AppCtx {
     }
 }
 
+/// How long an unchanged status goes without a write of `reconciledAt` (at least the resync).
+const RECONCILED_AT_REFRESH: Duration = Duration::from_secs(10);
+
+/// Whether writing `patch` (a merge patch of `status`) would change nothing but a recent
+/// `reconciledAt`: then it is skipped, so watchers of Applications are not woken every resync.
+fn status_unchanged(patch: &Value, status: &Value, resync: Duration) -> bool {
+    let Some(fields) = patch.as_object() else {
+        return false;
+    };
+    let same = fields
+        .iter()
+        .filter(|(k, _)| *k != "reconciledAt")
+        .all(
+            |(k, new)| match (new, status.get(k).filter(|v| !v.is_null())) {
+                (Value::Null, old) => old.is_none(),
+                (new, Some(old)) if new.is_array() => new == old,
+                (new, Some(old)) => diff::contained_in(new, old) && diff::contained_in(old, new),
+                (_, None) => false,
+            },
+        );
+    let fresh = status
+        .get("reconciledAt")
+        .and_then(Value::as_str)
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+        .is_some_and(|t| {
+            let age = jiff::Timestamp::now().duration_since(t);
+            age.unsigned_abs() < RECONCILED_AT_REFRESH.max(resync)
+        });
+    same && fresh
+}
+
 enum SyncOutcome {
     Done {
         revision: String,
@@ -1329,6 +1362,26 @@ mod tests {
             three_way(&last, &desired),
             json!({"data": {"a": "1", "b": null}, "metadata": {"name": "n", "labels": null}})
         );
+    }
+
+    #[test]
+    fn unchanged_status_is_not_rewritten_while_fresh() {
+        let now = jiff::Timestamp::now().to_string();
+        let status = json!({"reconciledAt": now, "sync": {"status": "Synced", "revision": "r"},
+                            "resources": [{"name": "a", "status": "Synced"}]});
+        let resync = Duration::from_secs(1);
+        let same = json!({"reconciledAt": "later", "sync": {"status": "Synced", "revision": "r"},
+                          "resources": [{"name": "a", "status": "Synced"}], "conditions": null});
+        assert!(status_unchanged(&same, &status, resync));
+        let drifted = json!({"sync": {"status": "OutOfSync", "revision": "r"}});
+        assert!(!status_unchanged(&drifted, &status, resync));
+        let fewer = json!({"resources": [{"name": "a"}]});
+        assert!(!status_unchanged(&fewer, &status, resync));
+        let condition = json!({"conditions": [{"type": "ComparisonError"}]});
+        assert!(!status_unchanged(&condition, &status, resync));
+        let mut stale = status.clone();
+        stale["reconciledAt"] = json!("2020-01-01T00:00:00Z");
+        assert!(!status_unchanged(&same, &stale, resync));
     }
 
     #[test]

@@ -428,6 +428,12 @@ impl AppSetCtx {
                 })
             })
             .collect();
+        let current = appset.data.get("status").cloned().unwrap_or(json!({}));
+        if current.get("resources") == Some(&json!(resources))
+            && current.get("conditions") == Some(&json!(conditions))
+        {
+            return Ok(());
+        }
         self.appsets
             .patch_status(
                 &appset.name_any(),
