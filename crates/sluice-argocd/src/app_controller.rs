@@ -29,6 +29,7 @@ use crate::clusters::{Cluster, Clusters};
 use crate::diff;
 use crate::driver::Next;
 use crate::error::ArgoCdError;
+use crate::events;
 use crate::health::{self, HealthStatus};
 use crate::plan::{self, AutoSync, AutoSyncInput, LastOperation, ResourceKey};
 use crate::source::{Desired, Sources};
@@ -64,6 +65,7 @@ type DiscoveryKey = (String, String, String);
 
 /// Shared state of the application controller.
 pub(crate) struct AppCtx {
+    client: Client,
     pub(crate) apps: Api<DynamicObject>,
     pub(crate) namespace: String,
     pub(crate) options: ArgoCdOptions,
@@ -177,6 +179,7 @@ impl AppCtx {
         clusters: Arc<Clusters>,
     ) -> Result<Self, ArgoCdError> {
         Ok(AppCtx {
+            client: mgmt.clone(),
             apps: Api::namespaced_with(mgmt, &options.namespace, &application_resource()),
             namespace: options.namespace.clone(),
             sources: Sources::new(&options.insecure_registries)?,
@@ -530,6 +533,27 @@ impl AppCtx {
         if status_unchanged(&patch, &status, self.options.resync) {
             return Ok(());
         }
+        for (field, label) in [("sync", "sync"), ("health", "health")] {
+            let old = status
+                .pointer(&format!("/{field}/status"))
+                .and_then(Value::as_str);
+            let new = patch
+                .pointer(&format!("/{field}/status"))
+                .and_then(Value::as_str);
+            if let (Some(old), Some(new)) = (old, new)
+                && old != new
+            {
+                let message = format!("Updated {label} status: {old} -> {new}");
+                events::emit(
+                    &self.client,
+                    app,
+                    events::reasons::RESOURCE_UPDATED,
+                    &message,
+                    false,
+                )
+                .await;
+            }
+        }
         self.apps
             .patch(
                 &app.name_any(),
@@ -787,6 +811,36 @@ impl AppCtx {
                 ));
             }
         }
+        let target = if sync.revision.is_empty() {
+            src.target_revision.as_str()
+        } else {
+            sync.revision.as_str()
+        };
+        let automated = op
+            .initiated_by
+            .as_ref()
+            .and_then(|i| i.get("automated"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let started_message = if automated {
+            format!("Initiated automated sync to '{target}'")
+        } else {
+            let user = op
+                .initiated_by
+                .as_ref()
+                .and_then(|i| i.get("username"))
+                .and_then(Value::as_str)
+                .unwrap_or("Unknown user");
+            format!("{user} initiated sync to {target}")
+        };
+        events::emit(
+            &self.client,
+            &fresh,
+            events::reasons::OPERATION_STARTED,
+            &started_message,
+            false,
+        )
+        .await;
         let mut options = spec
             .sync_policy
             .as_ref()
@@ -851,6 +905,22 @@ impl AppCtx {
             let update = json!({"phase": phase, "message": message, "finishedAt": finished, "syncResult": sync_result});
             // write_operation refuses non-Failed updates once Terminating; loop to write Failed.
             if self.write_operation(&name, &update, Some(&extra)).await? {
+                let (text, warning) = if phase == "Succeeded" {
+                    (format!("Sync operation to {revision} succeeded"), false)
+                } else {
+                    (
+                        format!("Sync operation to {revision} failed: {message}"),
+                        true,
+                    )
+                };
+                events::emit(
+                    &self.client,
+                    &current,
+                    events::reasons::OPERATION_COMPLETED,
+                    &text,
+                    warning,
+                )
+                .await;
                 break;
             }
         }

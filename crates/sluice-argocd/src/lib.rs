@@ -15,6 +15,7 @@ pub mod clusters;
 pub mod diff;
 pub mod driver;
 pub mod error;
+pub mod events;
 pub mod generators;
 pub mod health;
 pub mod plan;

@@ -132,6 +132,38 @@ async fn automation_off_compares_and_reports_without_applying() {
             .map(String::as_str),
         Some("manual:/ConfigMap:mesh/a")
     );
+    // And the Application's Events tell the story in Argo CD's words.
+    let events: Vec<(String, String)> =
+        kube::Api::<k8s_openapi::api::core::v1::Event>::namespaced(site.mgmt.client(), NS)
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some("manual"))
+            .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+            .collect();
+    assert!(
+        events.contains(&(
+            "OperationStarted".into(),
+            "release-engineer initiated sync to main".into()
+        )),
+        "{events:?}"
+    );
+    assert!(
+        events.contains(&(
+            "OperationCompleted".into(),
+            format!("Sync operation to {sha1} succeeded")
+        )),
+        "{events:?}"
+    );
+    assert!(
+        events.contains(&(
+            "ResourceUpdated".into(),
+            "Updated sync status: OutOfSync -> Synced".into()
+        )),
+        "{events:?}"
+    );
     let managers: Vec<String> = live
         .metadata
         .managed_fields
