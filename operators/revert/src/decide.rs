@@ -807,8 +807,13 @@ fn pinning(
         to_digest: d.status.to_digest.clone(),
         note,
     });
-    git_revert(spec, obs, now, d, gen_);
-    d.requeue = Requeue::After(POLL);
+    // The git revert follows in the next reconcile, so the pin is recorded as soon as every
+    // object is applied.
+    d.requeue = Requeue::After(if spec.git_revert.is_some() {
+        Duration::ZERO
+    } else {
+        POLL
+    });
 }
 
 /// Asks for the git revert until the status records it.

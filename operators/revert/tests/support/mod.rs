@@ -46,8 +46,9 @@ pub const SHOP: &str = "shop";
 pub const APP: &str = "mesh-c1";
 pub const CLUSTER: &str = "c1";
 
-/// revert's role in a workload cluster: what the chart's `templates/revert/workload-rbac.yaml`
-/// grants (allowlisted mesh kinds; reads for pruning), bound to revert's ServiceAccount.
+/// revert's role in a workload cluster, written equivalently to the chart's
+/// `templates/workload/revert-target-identity.yaml` (same kinds, same verbs: get, list, create,
+/// patch, delete), bound to revert's ServiceAccount there.
 pub const WORKLOAD_RBAC: &str = r#"
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRole
@@ -56,16 +57,16 @@ metadata:
 rules:
   - apiGroups: ["gateway.networking.k8s.io"]
     resources: ["httproutes", "grpcroutes"]
-    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+    verbs: ["get", "list", "create", "patch", "delete"]
   - apiGroups: ["networking.istio.io"]
     resources: ["virtualservices", "destinationrules", "serviceentries", "sidecars", "envoyfilters"]
-    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+    verbs: ["get", "list", "create", "patch", "delete"]
   - apiGroups: ["security.istio.io"]
     resources: ["authorizationpolicies", "peerauthentications", "requestauthentications"]
-    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+    verbs: ["get", "list", "create", "patch", "delete"]
   - apiGroups: ["telemetry.istio.io"]
     resources: ["telemetries"]
-    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+    verbs: ["get", "list", "create", "patch", "delete"]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
@@ -192,6 +193,11 @@ async fn ensure_namespace(client: &Client, name: &str) {
 
 impl World {
     pub async fn start() -> Option<World> {
+        // RUST_LOG=sluice_revert=info shows the operator's log lines (pin_ms, audit).
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
         let upstream = upstream()?;
         let registry = match Registry::start().await {
             Ok(r) => r,
