@@ -43,6 +43,19 @@ async fn phase_is(w: &World, pin: &str, want: BundlePinPhase) -> BundlePin {
     }
 }
 
+/// Waits until the pin records its git revert.
+async fn git_recorded(w: &World, pin: &str) -> BundlePin {
+    let pins = w.pins();
+    eventually(BUDGET, &format!("{pin} records its git revert"), || {
+        let pins = pins.clone();
+        async move {
+            let p = pins.get(pin).await.ok()?;
+            p.status.as_ref()?.git_revert.is_some().then_some(p)
+        }
+    })
+    .await
+}
+
 async fn events(w: &World, reason: &str) -> Vec<Event> {
     let api: Api<Event> = Api::namespaced(w.mgmt_client.clone(), ARGOCD);
     api.list(&ListParams::default())
@@ -163,7 +176,12 @@ async fn pin_holds_against_argo_cd_then_releases_on_matching_content() {
     );
     // The revert reached Git: one branch, the bad change reverted.
     let branch = "sluice/revert/argocd/pin-1";
-    let git = status.git_revert.expect("git revert recorded");
+    let git = git_recorded(&w, "pin-1")
+        .await
+        .status
+        .unwrap()
+        .git_revert
+        .unwrap();
     assert_eq!(git.branch.as_deref(), Some(branch));
     assert_eq!(
         w.git.read_file(branch, "mesh/checkout.yaml").unwrap(),
@@ -519,6 +537,7 @@ async fn a_restart_mid_apply_finishes_the_pin_with_one_revert_branch() {
         pinned.status.as_ref().unwrap().applications[0].original_sync_policy,
         Some(original_policy())
     );
+    let pinned = git_recorded(&w, "pin-3").await;
     // Applying again changes nothing: a second reconcile after a restart leaves one branch.
     w.kill_revert();
     w.start_revert();
