@@ -1,9 +1,10 @@
 //! The running sandbox: two sites, each a management cluster (our CRDs, Argo CD's and Gateway
-//! API's, the `argocd` namespace and the duck ConfigMap) and two workload clusters (Gateway API
-//! and our CRDs, the checkout service and its route), all API emulators on fixed loopback ports;
-//! one real Prometheus fed by a mesh simulator per workload cluster; the OCI registry; a git
-//! intent repository; the operator binaries where the chart would put them; one kubeconfig with
-//! a context per cluster; narration of what happens. Owns start order and stop order: [`stop`]
+//! API's, the `argocd` namespace and the duck ConfigMap) running the site's simulated Argo CD
+//! with a cluster Secret per workload cluster, and two workload clusters (Gateway API and our
+//! CRDs, the checkout service and its route), all API emulators on fixed loopback ports; one real
+//! Prometheus fed by a mesh simulator per workload cluster; the OCI registry; a git intent
+//! repository; the operator binaries where the chart would put them; one kubeconfig with a
+//! context per cluster; narration of what happens. Owns start order and stop order: [`stop`]
 //! ends every child process and task and removes every temporary directory, and dropping a
 //! half-started sandbox does the same (each part kills what it started on drop).
 //!
@@ -13,8 +14,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kube::Client;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::PostParams;
+use kube::{Api, Client};
 use kube_emulator::{Emulator, EmulatorError};
+use sluice_argocd::{ArgoCd, ArgoCdOptions};
 use sluice_sim::{ClusterConfig, Scenario, World};
 use sluice_testkit::git::{GitError, GitRepo};
 use sluice_testkit::prometheus::{Prometheus, PrometheusError};
@@ -40,6 +44,8 @@ pub const ARGOCD_CRDS: [&str; 2] = [
 ];
 /// How long an operator gets to exit after SIGTERM before it is killed.
 pub const OPERATOR_GRACE: Duration = Duration::from_secs(10);
+/// The identity Argo CD uses in workload clusters (namespace, ServiceAccount).
+pub const ARGOCD_IDENTITY: (&str, &str) = ("argocd", "argocd-application-controller");
 /// How often the mesh share is read back for narration.
 const SHARE_POLL: Duration = Duration::from_secs(3);
 /// The window the narrated share is measured over.
@@ -117,6 +123,14 @@ pub enum SandboxError {
         /// Cause.
         reason: String,
     },
+    /// The simulated Argo CD of a site could not start.
+    #[error("starting Argo CD in {cluster} failed: {reason}")]
+    ArgoCd {
+        /// Management cluster.
+        cluster: String,
+        /// Cause.
+        reason: String,
+    },
     /// Operator binaries.
     #[error(transparent)]
     Operator(#[from] OperatorError),
@@ -144,6 +158,7 @@ impl SandboxError {
             SandboxError::Registry(_) => "registry",
             SandboxError::Git(_) => "git",
             SandboxError::World { .. } => "world",
+            SandboxError::ArgoCd { .. } => "argocd",
             SandboxError::Operator(_) => "operator",
             SandboxError::Io { .. } => "io",
             SandboxError::Panicked(_) => "panicked",
@@ -170,6 +185,7 @@ pub struct Sandbox {
     registry: Registry,
     git: GitRepo,
     worlds: Vec<(String, World)>,
+    argocds: Vec<(String, ArgoCd)>,
     operators: Vec<OperatorProcess>,
     narrator: Narrator,
     kubeconfig: PathBuf,
@@ -387,6 +403,7 @@ impl Sandbox {
             registry,
             git,
             worlds: Vec::new(),
+            argocds: Vec::new(),
             operators: Vec::new(),
             narrator,
             kubeconfig,
@@ -394,6 +411,7 @@ impl Sandbox {
             started,
         };
         sandbox.commit_intent()?;
+        sandbox.start_argocd().await?;
         sandbox.start_worlds(&options)?;
         if options.operators {
             sandbox.start_operators(&options).await?;
@@ -429,6 +447,74 @@ impl Sandbox {
             files.len(),
             &sha[..sha.len().min(12)]
         ));
+        Ok(())
+    }
+
+    /// Starts each site's simulated Argo CD on its management cluster, with a cluster Secret per
+    /// workload cluster of the site (Argo CD's own identity there, never the operators').
+    async fn start_argocd(&mut self) -> Result<(), SandboxError> {
+        for mgmt in self
+            .clusters
+            .iter()
+            .filter(|c| c.spec.role == Role::Management)
+        {
+            let name = mgmt.spec.name.clone();
+            let fail = |reason: String| SandboxError::ArgoCd {
+                cluster: name.clone(),
+                reason,
+            };
+            let secrets: Api<Secret> =
+                Api::namespaced(mgmt.emulator.client(), operators::ARGOCD_NAMESPACE);
+            let mut targets = Vec::new();
+            for w in self
+                .clusters
+                .iter()
+                .filter(|c| c.spec.role == Role::Workload && c.spec.site == mgmt.spec.site)
+            {
+                let token = w
+                    .emulator
+                    .service_account_token(ARGOCD_IDENTITY.0, ARGOCD_IDENTITY.1);
+                let labels = [
+                    ("sluice.dev/site".to_string(), w.spec.site.clone()),
+                    ("sluice.dev/cluster".to_string(), w.spec.name.clone()),
+                ]
+                .into_iter()
+                .collect();
+                let secret = sluice_argocd::cluster_secret(
+                    &w.spec.name,
+                    &w.emulator.base_url(),
+                    &token,
+                    &labels,
+                );
+                secrets
+                    .create(&PostParams::default(), &secret)
+                    .await
+                    .map_err(|e| {
+                        fail(format!(
+                            "creating the cluster Secret of {}: {e}",
+                            w.spec.name
+                        ))
+                    })?;
+                targets.push(w.spec.name.clone());
+            }
+            let argocd = ArgoCd::start(
+                mgmt.emulator.client(),
+                ArgoCdOptions {
+                    namespace: operators::ARGOCD_NAMESPACE.to_string(),
+                    resync: Duration::from_secs(1),
+                    insecure_registries: vec![self.registry.host()],
+                    ..ArgoCdOptions::default()
+                },
+            )
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+            self.narrator.say(format!(
+                "{name}: Argo CD running in namespace {}, with cluster Secrets for {}",
+                operators::ARGOCD_NAMESPACE,
+                targets.join(", ")
+            ));
+            self.argocds.push((name, argocd));
+        }
         Ok(())
     }
 
@@ -638,6 +724,7 @@ impl Sandbox {
             registry,
             git,
             worlds,
+            argocds,
             operators,
             narrator,
             kubeconfig: _,
@@ -653,6 +740,9 @@ impl Sandbox {
         .await;
         for line in &stopped {
             eprintln!("sluice sandbox: operator {line}");
+        }
+        for (_, argocd) in argocds {
+            argocd.stop().await;
         }
         for (_, world) in worlds {
             world.stop();

@@ -97,6 +97,29 @@ fn kubectl_sees_every_cluster_and_sigterm_stops_everything() {
         ],
     );
     assert!(ok && out.trim() == "wavegates", "{out}");
+    let (ok, out) = kubectl(
+        &kubeconfig,
+        &[
+            "--context",
+            "west-mgmt",
+            "get",
+            "secrets",
+            "-n",
+            "argocd",
+            "-l",
+            "argocd.argoproj.io/secret-type=cluster",
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ],
+    );
+    assert!(ok, "{out}");
+    let mut secrets: Vec<&str> = out.split_whitespace().collect();
+    secrets.sort();
+    assert_eq!(
+        secrets,
+        ["cluster-west-1", "cluster-west-2"],
+        "Argo CD's cluster Secrets in west-mgmt"
+    );
 
     run.record_descendants();
     let status = Command::new("kill")

@@ -1,14 +1,15 @@
 //! `sluice-sandbox --scenario world --until-done`: the sandbox starts both sites, the scenario
-//! measures the 90/10 route's canary share in Prometheus, the binary exits 0 with the JSON result
-//! as its last line, and nothing it started is left: no process, no listening port, no work
-//! directory.
+//! measures the 90/10 route's canary share in Prometheus and has Argo CD sync a signed bundle
+//! into east-1; the binary exits 0 with the JSON result as its last line, and nothing it started
+//! is left: no process, no listening port, no work directory.
 
 mod common;
 
 use std::time::Duration;
 
-/// The whole run (start, scenario, stop) must fit in this.
-const BUDGET: Duration = Duration::from_secs(110);
+/// The whole run (start, scenario, stop) must fit in this. On an idle machine it takes well
+/// under a minute; the margin is for a loaded one.
+const BUDGET: Duration = Duration::from_secs(170);
 
 #[test]
 fn world_scenario_passes_and_leaves_nothing_behind() {
