@@ -17,5 +17,9 @@ use sluice_runtime::FieldManager;
 /// The operator's name: Lease name, Event reporter, binary name.
 pub const OPERATOR: &str = "sluice-revert";
 
+/// Finalizer a BundlePin carries once it may have touched an Application: deleting the pin
+/// then releases it (sync restored exactly, field ownership dropped) before it goes.
+pub const FINALIZER: &str = "sluice.dev/bundlepin-release";
+
 /// The one field manager this operator writes under.
 pub const FIELD_MANAGER: FieldManager = FieldManager::new("sluice-revert");

@@ -689,6 +689,54 @@ fn apply_category(e: &apply::ApplyError) -> Category {
     }
 }
 
+/// Adds or removes [`crate::FINALIZER`] (JSON patch with a `test` of the list read, so a
+/// concurrent finalizer edit fails the write instead of being lost).
+async fn set_finalizer(
+    api: &Api<BundlePin>,
+    obj: &BundlePin,
+    present: bool,
+) -> Result<(), ReconcileError> {
+    let current: Vec<String> = obj.finalizers().to_vec();
+    let mut next: Vec<String> = current
+        .iter()
+        .filter(|f| *f != crate::FINALIZER)
+        .cloned()
+        .collect();
+    if present {
+        next.push(crate::FINALIZER.to_owned());
+    }
+    if next == current {
+        return Ok(());
+    }
+    let ops = if obj.metadata.finalizers.is_some() {
+        json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": current},
+            {"op": "replace", "path": "/metadata/finalizers", "value": next},
+        ])
+    } else {
+        json!([{"op": "add", "path": "/metadata/finalizers", "value": next}])
+    };
+    match api
+        .patch(
+            &obj.name_any(),
+            &PatchParams {
+                field_manager: Some(FIELD_MANAGER.as_str().to_owned()),
+                ..PatchParams::default()
+            },
+            &Patch::<()>::Json(serde_json::from_value(ops).expect("a JSON patch")),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Already gone: nothing left to hold.
+        Err(kube::Error::Api(s)) if s.code == 404 && !present => Ok(()),
+        Err(source) => Err(ReconcileError::Read {
+            what: format!("finalizer of BundlePin {}", obj.name_any()),
+            source,
+        }),
+    }
+}
+
 /// Reconciles one BundlePin.
 #[tracing::instrument(skip_all, fields(kind = "BundlePin", namespace = obj.namespace().unwrap_or_default(), name = obj.name_any()))]
 pub async fn reconcile(
@@ -706,16 +754,34 @@ pub async fn reconcile(
         phase_before,
         BundlePinPhase::Released | BundlePinPhase::Refused | BundlePinPhase::Failed
     );
+    // A deleted pin releases like an explicit release (sync restored, ownership dropped), then
+    // lets go of its finalizer.
+    let deleting = obj.metadata.deletion_timestamp.is_some();
+    let has_finalizer = obj.finalizers().iter().any(|f| f == crate::FINALIZER);
+    if deleting && (terminal || !has_finalizer) {
+        if has_finalizer {
+            set_finalizer(&api, &obj, false).await?;
+        }
+        return Ok(ControllerAction::await_change());
+    }
+    let spec = if deleting {
+        let mut spec = obj.spec.clone();
+        spec.release = true;
+        spec.release_reason = Some("the BundlePin was deleted".into());
+        spec
+    } else {
+        obj.spec.clone()
+    };
 
     // Observe.
     let (verification, bundle) =
-        if !terminal && (decide::needs_verification(status) || obj.spec.release) {
-            let (v, b) = ctx.verify(&obj.spec, &ns).await;
+        if !terminal && (decide::needs_verification(status) || spec.release) {
+            let (v, b) = ctx.verify(&spec, &ns).await;
             (Some(v), b)
         } else {
             (None, None)
         };
-    let want_content = decide::needs_revision_content(&obj.spec, status);
+    let want_content = decide::needs_revision_content(&spec, status);
     let mut applications = Vec::new();
     if !terminal {
         for t in &obj.spec.targets {
@@ -736,7 +802,16 @@ pub async fn reconcile(
         git_configured: ctx.git.is_some(),
     };
     let now = (ctx.clock)();
-    let mut decision = decide::decide(&obj.spec, status, &obs, now);
+    let mut decision = decide::decide(&spec, status, &obs, now);
+
+    // Before the first effect on an Application, the finalizer that restores it if the pin is
+    // deleted.
+    // The write changes the resourceVersion this decision was made from, so the next reconcile
+    // (from the new version) carries out the effects.
+    if !deleting && !has_finalizer && decision.actions.iter().any(Action::is_effect) {
+        set_finalizer(&api, &obj, true).await?;
+        return Ok(ControllerAction::requeue(std::time::Duration::ZERO));
+    }
 
     // Act: effects first, in order; a failure is recorded on the current status and retried.
     for action in decision.actions.iter().filter(|a| a.is_effect()) {
@@ -778,6 +853,13 @@ pub async fn reconcile(
     if obj.status.as_ref() != Some(&decision.status) {
         write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &decision.status).await?;
         tracing::info!(phase = ?decision.status.phase, "status written");
+    }
+    let done = matches!(
+        decision.status.phase,
+        BundlePinPhase::Released | BundlePinPhase::Refused | BundlePinPhase::Failed
+    );
+    if done && (has_finalizer || deleting) {
+        set_finalizer(&api, &obj, false).await?;
     }
 
     // Tell.

@@ -589,3 +589,39 @@ async fn reverts_workload_identity_cannot_write_a_deployment() {
         .await
         .expect("HTTPRoute allowed");
 }
+
+#[tokio::test]
+async fn deleting_a_pinned_pin_restores_sync_before_it_goes() {
+    let Some(mut w) = World::start().await else {
+        return;
+    };
+    let (good, _bad, _) = given_bad_change(&w).await;
+    w.start_revert();
+    w.create_pin("pin-4", &good.digest, json!({})).await;
+    let pinned = phase_is(&w, "pin-4", BundlePinPhase::Pinned).await;
+    assert!(
+        pinned
+            .metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&sluice_revert::FINALIZER.to_owned()),
+        "a pin that touched an Application carries the finalizer"
+    );
+    w.pins().delete("pin-4", &Default::default()).await.unwrap();
+    let pins = w.pins();
+    eventually(BUDGET, "the deleted pin to go", || {
+        let pins = pins.clone();
+        async move { pins.get_opt("pin-4").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    assert_eq!(
+        app_policy(&w.apps().get(APP).await.unwrap()),
+        original_policy(),
+        "sync restored exactly"
+    );
+    assert!(
+        !w.managers("checkout")
+            .await
+            .contains(&"sluice-revert".to_owned())
+    );
+}
