@@ -292,23 +292,19 @@ impl AppCtx {
                 wave,
             });
         }
-        // Live state of desired resources.
+        // One list per kind gives both the live state of desired resources and the tracked
+        // resources no longer desired (every kind this Application had or has).
         let mut live = HashMap::new();
-        for d in &desired {
-            let api = dyn_api(client, &d.resource, d.namespaced, &d.key.namespace);
-            if let Some(obj) = api
-                .get_opt(&d.key.name)
-                .await
-                .map_err(|e| ArgoCdError::kube(format!("reading {} on {server}", d.key), e))?
-            {
-                live.insert(d.key.clone(), to_value(&obj));
-            }
-        }
         // Tracked resources no longer desired: look through every kind this Application had or has.
         let desired_keys: BTreeSet<ResourceKey> = desired.iter().map(|d| d.key.clone()).collect();
-        let mut kinds: BTreeSet<(String, String)> = desired
+        let mut kinds: BTreeMap<(String, String), String> = desired
             .iter()
-            .map(|d| (d.resource.api_version.clone(), d.key.kind.clone()))
+            .map(|d| {
+                (
+                    (d.key.group.clone(), d.key.kind.clone()),
+                    d.resource.api_version.clone(),
+                )
+            })
             .collect();
         for r in app
             .data
@@ -325,10 +321,12 @@ impl AppCtx {
             } else {
                 format!("{group}/{version}")
             };
-            kinds.insert((api_version, kind.to_string()));
+            kinds
+                .entry((group.to_string(), kind.to_string()))
+                .or_insert(api_version);
         }
         let mut extras = Vec::new();
-        for (api_version, kind) in kinds {
+        for ((_, kind), api_version) in kinds {
             let Ok((ar, namespaced)) = self.discover(client, &server, &api_version, &kind).await
             else {
                 continue;
@@ -338,6 +336,16 @@ impl AppCtx {
                 .await
                 .map_err(|e| ArgoCdError::kube(format!("listing {kind} on {server}"), e))?;
             for obj in list.items {
+                let key = ResourceKey {
+                    group: ar.group.clone(),
+                    kind: kind.clone(),
+                    namespace: obj.namespace().unwrap_or_default(),
+                    name: obj.name_any(),
+                };
+                if desired_keys.contains(&key) {
+                    live.insert(key, to_value(&obj));
+                    continue;
+                }
                 let Some(id) = obj.annotations().get(TRACKING_ANNOTATION) else {
                     continue;
                 };
@@ -347,13 +355,7 @@ impl AppCtx {
                 if owner != instance {
                     continue;
                 }
-                let key = ResourceKey {
-                    group: ar.group.clone(),
-                    kind: kind.clone(),
-                    namespace: obj.namespace().unwrap_or_default(),
-                    name: obj.name_any(),
-                };
-                if desired_keys.contains(&key) || obj.metadata.deletion_timestamp.is_some() {
+                if obj.metadata.deletion_timestamp.is_some() {
                     continue;
                 }
                 let prune_disabled = obj
