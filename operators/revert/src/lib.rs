@@ -2,7 +2,8 @@
 //!
 //! `decide` holds the pure logic (the state machine), `reconcile` the I/O, `validity` the checks
 //! CEL cannot express, `clusters` revert's own identity per destination cluster, `apply` the
-//! writes to a destination, `metrics` the `sluice_revert_*` metrics. Never applies anything before the signature and the bundle's kinds are verified.
+//! writes to a destination, `metrics` the `sluice_revert_*` metrics, `scenario` the
+//! helpers a sandbox scenario drives a pin with. Never applies anything before the signature and the bundle's kinds are verified.
 #![forbid(unsafe_code)]
 
 pub mod apply;
@@ -10,6 +11,7 @@ pub mod clusters;
 pub mod decide;
 pub mod metrics;
 pub mod reconcile;
+pub mod scenario;
 pub mod validity;
 
 use sluice_runtime::FieldManager;

@@ -597,8 +597,22 @@ async fn deleting_a_pinned_pin_restores_sync_before_it_goes() {
     };
     let (good, _bad, _) = given_bad_change(&w).await;
     w.start_revert();
-    w.create_pin("pin-4", &good.digest, json!({})).await;
-    let pinned = phase_is(&w, "pin-4", BundlePinPhase::Pinned).await;
+    // Driven by the sandbox helpers, as the `pin-release` scenario does.
+    let pin = sluice_revert::scenario::pin_object(&sluice_revert::scenario::PinRequest {
+        namespace: ARGOCD,
+        name: "pin-4",
+        targets: &[APP],
+        repository: &w.repo,
+        digest: &good.digest,
+        keys_secret: "cosign",
+        reason: "bad change",
+        git_commit: None,
+    });
+    let (_, pin_ms) = sluice_revert::scenario::pin_and_wait(w.mgmt_client.clone(), &pin, BUDGET)
+        .await
+        .unwrap();
+    assert!(pin_ms > 0);
+    let pinned = w.pins().get("pin-4").await.unwrap();
     assert!(
         pinned
             .metadata
