@@ -69,7 +69,26 @@ impl std::fmt::Debug for ArgoCd {
 
 impl ArgoCd {
     /// Starts the application and ApplicationSet controllers against `mgmt`.
+    ///
+    /// Fails at once, saying so, when the management cluster does not serve Applications and
+    /// ApplicationSets (the Argo CD CRDs are not installed) or the namespace cannot be read.
     pub async fn start(mgmt: kube::Client, options: ArgoCdOptions) -> Result<ArgoCd, ArgoCdError> {
+        for resource in [
+            app_controller::application_resource(),
+            appset_controller::application_set_resource(),
+        ] {
+            let api: kube::Api<kube::api::DynamicObject> =
+                kube::Api::namespaced_with(mgmt.clone(), &options.namespace, &resource);
+            api.list(&kube::api::ListParams::default().limit(1)).await.map_err(|e| {
+                ArgoCdError::kube(
+                    format!(
+                        "listing {} in namespace {} (install the Argo CD CRDs in the management cluster first)",
+                        resource.plural, options.namespace
+                    ),
+                    e,
+                )
+            })?;
+        }
         let clusters = Arc::new(clusters::Clusters::new(mgmt.clone(), &options.namespace));
         let app_ctx = Arc::new(app_controller::AppCtx::new(
             mgmt.clone(),

@@ -606,3 +606,17 @@ async fn an_unfetchable_source_is_a_comparison_error() {
     );
     site.stop().await;
 }
+
+#[tokio::test]
+async fn starting_without_the_argo_cd_crds_fails_and_says_why() {
+    let bare = kube_emulator::Emulator::start().await;
+    let err = sluice_argocd::ArgoCd::start(bare.client(), fast_options())
+        .await
+        .expect_err("no Application CRD");
+    assert_eq!(err.category(), "kube");
+    assert!(
+        err.to_string().contains("install the Argo CD CRDs"),
+        "{err}"
+    );
+    bare.shutdown().await;
+}
