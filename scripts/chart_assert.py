@@ -167,12 +167,18 @@ def check_rbac(docs: list[dict], enabled: list[str], release_ns: str, argocd_ns:
                 f.check(allowed, f"{where}: may write another operator's kind: {line}")
             if res == "secrets":
                 f.check(op == "revert", f"{where}: must not read Secrets: {line}")
-                f.check(names != "*" and verb == "get", f"{where}: Secrets only by name and only get: {line}")
+                # revert's destination-cluster identities are Secrets in the release namespace
+                # (get, list); in the Argo CD namespace, where Argo CD's cluster credentials
+                # live, it may only get the named cosign public-key Secrets.
+                identities = scope == f"ns/{release_ns}" and verb in ("get", "list")
+                f.check(identities or (names != "*" and verb == "get"),
+                        f"{where}: Secrets only by name and only get outside the release namespace: {line}")
             if res == "pods/eviction":
                 f.check(op == "upgrade-revisions", f"{where}: must not evict pods: {line}")
             if res == "httproutes" and verb in WRITE_VERBS:
                 f.check(op == "rollout-weights", f"{where}: must not write routes: {line}")
-            if op in ("wave-gate", "revert") and not res.startswith("gatetemplates") and res != "leases":
+            if op in ("wave-gate", "revert") and not res.startswith("gatetemplates") and res != "leases" \
+                    and not (op == "revert" and res == "secrets" and scope == f"ns/{release_ns}"):
                 f.check(scope == f"ns/{argocd_ns}", f"{where}: must be limited to the Argo CD namespace: {line}")
             if res == "leases":
                 f.check(scope == f"ns/{release_ns}", f"{where}: Leases only in the release namespace: {line}")
