@@ -52,14 +52,23 @@ pub struct Findings {
     pub error: Option<String>,
 }
 
-/// Whether the Rollout is in a state that is analysed: a weight step (share, then gates), or an
-/// abort whose revert is not yet verified from telemetry (share only).
+fn current_kind(spec: &RolloutSpec, status: &RolloutStatus) -> Option<StepKind> {
+    status
+        .current_step_index
+        .and_then(|i| spec.steps.get(i as usize))
+        .and_then(|s| s.kind())
+}
+
+/// Whether the Rollout is in a state that is analysed: a weight step (share, then gates), a
+/// header-cohort step that later steps keep (its share only), or an abort whose revert is not
+/// yet verified from telemetry (share only).
 pub fn wants_analysis(spec: &RolloutSpec, status: &RolloutStatus) -> bool {
     match status.phase {
-        RolloutPhase::Progressing | RolloutPhase::Paused => status
-            .current_step_index
-            .and_then(|i| spec.steps.get(i as usize))
-            .is_some_and(|s| s.kind() == Some(StepKind::SetWeight)),
+        RolloutPhase::Progressing | RolloutPhase::Paused => match current_kind(spec, status) {
+            Some(StepKind::SetWeight) => true,
+            Some(StepKind::HeaderCohort) => spec.keep_cohort,
+            _ => false,
+        },
         RolloutPhase::Aborted => status
             .abort
             .as_ref()
@@ -114,10 +123,10 @@ pub fn plan(
     vars.insert("stableService".into(), spec.stable_service.name.clone());
     vars.insert("canaryService".into(), spec.canary_service.name.clone());
     let aborting = status.phase == RolloutPhase::Aborted;
-    let target = if aborting {
-        0.0
-    } else {
-        f64::from(status.desired_weight.unwrap_or(0)) / 100.0
+    let share_only = aborting || current_kind(spec, status) == Some(StepKind::HeaderCohort);
+    let target = match status.current_step_index {
+        Some(i) if !share_only => crate::step::expected_share(spec, status, i as usize) / 100.0,
+        _ => 0.0,
     };
     let previous = |gate: &str| status.gates.iter().find(|g| g.gate == gate).cloned();
     let owner_label = format!("Rollout {namespace}/{name}");
@@ -125,7 +134,7 @@ pub fn plan(
     let mut judged = Vec::new();
     let mut problems = Vec::new();
     let mut share_index = None;
-    let gates = if aborting {
+    let gates = if share_only {
         Vec::new()
     } else {
         spec.effective_gates()

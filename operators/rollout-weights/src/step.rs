@@ -185,6 +185,18 @@ pub fn desired_at(spec: &RolloutSpec, index: usize) -> Desired {
     d
 }
 
+/// The canary share (percent) step `index` should show: its weight, or, while a kept cohort
+/// rule is on the route and its share was measured during the cohort step, the cohort's share
+/// plus the weight of the rest: `c + (100 − c) × w / 100`.
+pub fn expected_share(spec: &RolloutSpec, status: &RolloutStatus, index: usize) -> f64 {
+    let d = desired_at(spec, index);
+    let w = f64::from(d.weight);
+    match (d.cohort.is_some(), status.cohort_share) {
+        (true, Some(c)) => c + (100.0 - c) * w / 100.0,
+        _ => w,
+    }
+}
+
 fn dur(s: &sluice_api::v1alpha1::DurationString, fallback: Duration) -> Duration {
     s.parse().unwrap_or(fallback)
 }
@@ -416,6 +428,14 @@ impl Machine<'_> {
             .map(|d| dur(&d, Duration::from_secs(300)));
         match step.kind() {
             Some(StepKind::Mirror | StepKind::HeaderCohort) => {
+                if step.kind() == Some(StepKind::HeaderCohort)
+                    && let Some(share) = self.obs.applied_share
+                {
+                    // The cohort's share, for the expected share of later steps that keep it:
+                    // the highest reading, since the windowed share climbs from 0 to it.
+                    self.next.cohort_share =
+                        Some(self.next.cohort_share.map_or(share, |c| c.max(share)));
+                }
                 let d = duration.unwrap_or_default();
                 if elapsed >= d {
                     return true;
@@ -448,12 +468,7 @@ impl Machine<'_> {
     }
 
     fn run_weight(&mut self, index: usize, duration: Duration) -> bool {
-        let target = f64::from(
-            self.spec.steps[index]
-                .set_weight
-                .as_ref()
-                .map_or(0, |w| w.weight),
-        );
+        let target = expected_share(self.spec, &self.next, index);
         let tol = f64::from(self.spec.applied_share_tolerance_percent) / 100.0;
         let interval = self.interval();
         // Verdicts, a share or an error: the analysis ran this tick. Between analyses the
@@ -1103,6 +1118,52 @@ mod tests {
             step(&s, d.status.clone(), &obs, t(8)).status.phase,
             RolloutPhase::Aborted
         );
+    }
+
+    #[test]
+    fn kept_cohort_counts_in_the_expected_share() {
+        let with = |keep: bool| -> RolloutSpec {
+            serde_json::from_value(serde_json::json!({
+                "routeRef": {"name": "checkout"},
+                "stableService": {"name": "v1"},
+                "canaryService": {"name": "v2"},
+                "canaryWorkload": {"name": "v2"},
+                "keepCohort": keep,
+                "steps": [
+                    {"headerCohort": {"header": {"name": "x-cohort", "value": "staff"}, "duration": "2s"}},
+                    {"setWeight": {"weight": 10}}
+                ]
+            }))
+            .unwrap()
+        };
+        // The cohort step records the share it measured.
+        let obs = Observations {
+            route: route(0, false),
+            canary_ready: Some(true),
+            applied_share: Some(2.0),
+            ..Default::default()
+        };
+        let st = RolloutStatus {
+            phase: RolloutPhase::Progressing,
+            current_step_index: Some(0),
+            current_step_started_at: Some(Time(t(0))),
+            ..Default::default()
+        };
+        let d = step(&with(true), st, &obs, t(1));
+        assert_eq!(d.status.cohort_share, Some(2.0));
+        let table = [
+            ("kept cohort measured", true, Some(2.0), 2.0 + 98.0 * 0.1),
+            ("kept cohort not measured", true, None, 10.0),
+            ("cohort ends at the weight step", false, Some(2.0), 10.0),
+        ];
+        for (name, keep, share, want) in table {
+            let st = RolloutStatus {
+                cohort_share: share,
+                ..Default::default()
+            };
+            let got = expected_share(&with(keep), &st, 1);
+            assert!((got - want).abs() < 1e-9, "{name}: {got} != {want}");
+        }
     }
 
     #[test]

@@ -173,3 +173,61 @@ async fn healthy_canary_promotes_step_by_step_and_hands_back() {
 
     ctl.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_cohort_counts_in_the_expected_share() {
+    let budget = Duration::from_secs(90);
+    let Some(g) = given(scenario("canary-promote", 4000.0)).await else {
+        return;
+    };
+    let prom = g.prometheus.as_ref().unwrap().url().to_owned();
+    let ctl = Controller::start(&g.client, &prom);
+
+    // Given a cohort step kept into a 5% step (2% of requests carry the cohort header).
+    let steps = json!([
+        {"headerCohort": {"header": {"name": "x-cohort", "value": "staff"}, "duration": "10s"}},
+        {"setWeight": {"weight": 5, "duration": "2s"}},
+        {"promote": {}}
+    ]);
+    rollouts(&g.client)
+        .create(
+            &PostParams::default(),
+            &rollout(steps, json!({"keepCohort": true})),
+        )
+        .await
+        .unwrap();
+
+    // Then the 5% step is confirmed at 2 + 98 × 5% ≈ 6.9%, with the cohort rule still there.
+    let r = rollout_until(
+        &g.client,
+        "5% step confirmed with the kept cohort",
+        budget,
+        |r| {
+            r.status.as_ref().is_some_and(|s| {
+                s.current_step_index == Some(1)
+                    && s.history
+                        .last()
+                        .is_some_and(|h| h.share_confirmed_at.is_some())
+            })
+        },
+    )
+    .await;
+    let s = r.status.unwrap();
+    let cohort = s
+        .cohort_share
+        .expect("cohort share measured in the cohort step");
+    assert!((1.5..2.5).contains(&cohort), "cohort share {cohort}");
+    let share = s.applied_share.unwrap();
+    assert!((5.5..8.5).contains(&share), "applied share {share}");
+    assert!(
+        rule_names(&routes(&g.client).get("checkout").await.unwrap())
+            .contains(&"sluice-cohort".to_owned())
+    );
+    rollout_until(&g.client, "Promoted", budget, |r| {
+        r.status
+            .as_ref()
+            .is_some_and(|s| s.phase == RolloutPhase::Promoted)
+    })
+    .await;
+    ctl.stop().await;
+}

@@ -625,6 +625,11 @@ pub struct RolloutStatus {
     /// When appliedShare was measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub applied_share_observed_at: Option<Time>,
+    /// Canary share measured during the header-cohort step, percent (the cohort's share of the
+    /// route's requests). With keepCohort it is counted in the expected share of later weight
+    /// steps: cohort + (100 − cohort) × weight / 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cohort_share: Option<f64>,
     /// Whether the header-cohort rule is on the route.
     #[serde(default)]
     pub cohort_active: bool,
