@@ -967,6 +967,30 @@ impl AppCtx {
             .map(|d| (d.wave, d.key.clone(), d.clone()))
             .collect();
         let waves = plan::waves(&tasks);
+        if has_option(options, "CreateNamespace")
+            && let Some(namespace) = spec
+                .destination
+                .namespace
+                .as_deref()
+                .filter(|n| !n.is_empty())
+        {
+            let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+            let object =
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}});
+            namespaces
+                .patch(
+                    namespace,
+                    &PatchParams::apply(FIELD_MANAGER),
+                    &Patch::Apply(&object),
+                )
+                .await
+                .map_err(|e| {
+                    ArgoCdError::kube(
+                        format!("creating namespace {namespace} (CreateNamespace=true)"),
+                        e,
+                    )
+                })?;
+        }
         let mut results = Vec::new();
         let entry = |key: &ResourceKey, version: &str, status: &str, message: &str| {
             json!({"group": key.group, "version": version, "kind": key.kind, "namespace": key.namespace, "name": key.name,

@@ -620,3 +620,28 @@ async fn starting_without_the_argo_cd_crds_fails_and_says_why() {
     );
     bare.shutdown().await;
 }
+
+#[tokio::test]
+async fn create_namespace_creates_the_destination_namespace() {
+    if !have_git() {
+        return;
+    }
+    let Some(site) = Site::start(&["east-1"], fast_options()).await else {
+        return;
+    };
+    let (repo, _) = repo_with(&[("mesh/a.yaml", &config_map("a", &[("k", "1")], None))]);
+    let mut app = app_at_path(
+        "fresh",
+        &repo,
+        json!({"automated": {}, "syncOptions": ["CreateNamespace=true"]}),
+    );
+    app["spec"]["destination"]["namespace"] = json!("fresh-ns");
+    site.create_app(app).await;
+    wait_app(&site, "fresh", "Synced into a new namespace", |a| {
+        str_at(a, "/status/sync/status") == "Synced"
+    })
+    .await;
+    let cms: kube::Api<ConfigMap> = kube::Api::namespaced(site.workload("east-1"), "fresh-ns");
+    assert!(cms.get_opt("a").await.unwrap().is_some());
+    site.stop().await;
+}
