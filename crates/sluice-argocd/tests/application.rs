@@ -13,7 +13,7 @@ use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
 use sluice_testkit::git::GitRepo;
 
-const BUDGET: Duration = Duration::from_secs(30);
+const BUDGET: Duration = Duration::from_secs(60);
 
 async fn cm(site: &Site, name: &str) -> Option<ConfigMap> {
     site.config_maps("east-1")

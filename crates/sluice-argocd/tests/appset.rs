@@ -15,7 +15,7 @@ use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 use sluice_testkit::git::GitRepo;
 
-const BUDGET: Duration = Duration::from_secs(30);
+const BUDGET: Duration = Duration::from_secs(60);
 
 const DECISION_CRD: &str = r#"
 apiVersion: apiextensions.k8s.io/v1

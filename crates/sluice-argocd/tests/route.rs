@@ -15,7 +15,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::{Value, json};
 use sluice_testkit::git::GitRepo;
 
-const BUDGET: Duration = Duration::from_secs(30);
+const BUDGET: Duration = Duration::from_secs(60);
 
 const ROUTE: &str = "apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
