@@ -73,7 +73,7 @@ async fn an_application_syncs_a_signed_bundle_and_reports_its_digest() {
     // Then the bundle's objects are applied, and the Application is Synced at the manifest digest.
     let app = eventually(
         "Synced at the bundle digest",
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         async || {
             let a = site.app("bundle").await;
             (str_at(&a, "/status/sync/status") == "Synced"
@@ -111,7 +111,7 @@ async fn an_application_syncs_a_signed_bundle_and_reports_its_digest() {
     .await;
     eventually(
         "Synced at the second digest",
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         async || {
             let a = site.app("bundle").await;
             (str_at(&a, "/status/sync/status") == "Synced"
