@@ -70,6 +70,51 @@ impl Operator {
     }
 }
 
+/// Namespace of revert's per-cluster identity Secrets in a management cluster.
+pub const REVERT_IDENTITY_NAMESPACE: &str = LEASE_NAMESPACE;
+
+/// Where the shared services of the sandbox are, for the operators' settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Services {
+    /// Prometheus base URL (the metrics source; Thanos Query in production).
+    pub prometheus_url: String,
+    /// Registry `host:port` (plain HTTP).
+    pub registry_host: String,
+    /// Clone URL of the git intent repository.
+    pub git_url: String,
+}
+
+/// The settings of one operator process, as the environment variables its flags read (the
+/// chart's values): every operator gets the Prometheus URL and its cluster's name (the
+/// `cluster` label of its telemetry); revert also the plain-HTTP registry, the intent
+/// repository and the namespace of its per-cluster identities.
+pub fn environment(placement: &Placement, services: &Services) -> Vec<(String, String)> {
+    let mut env = vec![
+        (
+            "SLUICE_PROMETHEUS_URL".to_string(),
+            services.prometheus_url.clone(),
+        ),
+        ("SLUICE_CLUSTER".to_string(), placement.cluster.clone()),
+    ];
+    if placement.operator == Operator::Revert {
+        env.extend([
+            (
+                "SLUICE_REVERT_INSECURE_REGISTRIES".to_string(),
+                services.registry_host.clone(),
+            ),
+            (
+                "SLUICE_REVERT_GIT_URL".to_string(),
+                services.git_url.clone(),
+            ),
+            (
+                "SLUICE_REVERT_CLUSTER_NAMESPACE".to_string(),
+                REVERT_IDENTITY_NAMESPACE.to_string(),
+            ),
+        ]);
+    }
+    env
+}
+
 /// One operator process to run: which operator in which cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
@@ -442,6 +487,45 @@ mod tests {
         assert!(!a.contains("--namespace=argocd"), "{a}");
         let b = command_line(&mg, kc, 17421).join(" ");
         assert!(b.contains("--namespace=argocd"), "{b}");
+    }
+
+    #[test]
+    fn every_operator_gets_prometheus_and_its_cluster_and_revert_its_sources() {
+        let services = Services {
+            prometheus_url: "http://127.0.0.1:9090".into(),
+            registry_host: "127.0.0.1:5000".into(),
+            git_url: "file:///tmp/intent.git".into(),
+        };
+        let cases = [
+            (Operator::RolloutWeights, "east-1", 2),
+            (Operator::UpgradeRevisions, "west-2", 2),
+            (Operator::WaveGate, "east-mgmt", 2),
+            (Operator::Revert, "west-mgmt", 5),
+        ];
+        for (operator, cluster, count) in cases {
+            let env = environment(
+                &Placement {
+                    cluster: cluster.into(),
+                    operator,
+                },
+                &services,
+            );
+            let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+            assert_eq!(env.len(), count, "{operator:?}: {env:?}");
+            assert_eq!(get("SLUICE_CLUSTER"), Some(cluster));
+            assert_eq!(get("SLUICE_PROMETHEUS_URL"), Some("http://127.0.0.1:9090"));
+            if operator == Operator::Revert {
+                assert_eq!(
+                    get("SLUICE_REVERT_INSECURE_REGISTRIES"),
+                    Some("127.0.0.1:5000")
+                );
+                assert_eq!(get("SLUICE_REVERT_GIT_URL"), Some("file:///tmp/intent.git"));
+                assert_eq!(
+                    get("SLUICE_REVERT_CLUSTER_NAMESPACE"),
+                    Some("sluice-system")
+                );
+            }
+        }
     }
 
     #[test]

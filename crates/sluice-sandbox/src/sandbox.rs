@@ -46,6 +46,12 @@ pub const ARGOCD_CRDS: [&str; 2] = [
 pub const OPERATOR_GRACE: Duration = Duration::from_secs(10);
 /// The identity Argo CD uses in workload clusters (namespace, ServiceAccount).
 pub const ARGOCD_IDENTITY: (&str, &str) = ("argocd", "argocd-application-controller");
+/// The identity revert uses in workload clusters (namespace, ServiceAccount), as the chart's
+/// workload mode installs it.
+pub const REVERT_IDENTITY: (&str, &str) = ("sluice-system", "sluice-revert-target");
+/// The Secret beside Argo CD holding the cosign public keys revert trusts (the chart's default
+/// `revert.publicKeySecrets`).
+pub const PUBLIC_KEYS_SECRET: &str = "sluice-cosign-public-keys";
 /// How often the mesh share is read back for narration.
 const SHARE_POLL: Duration = Duration::from_secs(3);
 /// The window the narrated share is measured over.
@@ -142,6 +148,9 @@ pub enum SandboxError {
         /// Cause.
         source: std::io::Error,
     },
+    /// The sandbox's cosign key could not be made.
+    #[error("generating the sandbox's cosign signing key failed: {0}")]
+    Key(String),
     /// A task panicked while starting a cluster.
     #[error("starting cluster {0} panicked; this is a bug in the sandbox")]
     Panicked(String),
@@ -161,6 +170,7 @@ impl SandboxError {
             SandboxError::ArgoCd { .. } => "argocd",
             SandboxError::Operator(_) => "operator",
             SandboxError::Io { .. } => "io",
+            SandboxError::Key(_) => "key",
             SandboxError::Panicked(_) => "panicked",
         }
     }
@@ -189,6 +199,7 @@ pub struct Sandbox {
     operators: Vec<OperatorProcess>,
     narrator: Narrator,
     kubeconfig: PathBuf,
+    signing_key: sluice_bundle::SigningKey,
     dir: tempfile::TempDir,
     started: Instant,
 }
@@ -250,6 +261,54 @@ pub fn manifests(options: &Options, role: Role) -> Result<Vec<PathBuf>, SandboxE
     Ok(out)
 }
 
+/// revert's identity Secret for one workload cluster (label `sluice.dev/revert-cluster: "true"`,
+/// keys `name`, `server`, `token`).
+pub fn revert_identity(cluster: &str, server: &str, token: &str) -> Secret {
+    let data = [("name", cluster), ("server", server), ("token", token)]
+        .into_iter()
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                k8s_openapi::ByteString(v.as_bytes().to_vec()),
+            )
+        })
+        .collect();
+    Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(format!("revert-cluster-{cluster}")),
+            labels: Some(
+                [("sluice.dev/revert-cluster".to_string(), "true".to_string())]
+                    .into_iter()
+                    .collect(),
+            ),
+            ..Default::default()
+        },
+        type_: Some("Opaque".to_string()),
+        data: Some(data),
+        ..Default::default()
+    }
+}
+
+/// The public keys Secret beside Argo CD, holding the sandbox's cosign public key.
+pub fn public_keys_secret(pem: &str) -> Secret {
+    Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(PUBLIC_KEYS_SECRET.to_string()),
+            ..Default::default()
+        },
+        type_: Some("Opaque".to_string()),
+        data: Some(
+            [(
+                "cosign.pub".to_string(),
+                k8s_openapi::ByteString(pem.as_bytes().to_vec()),
+            )]
+            .into_iter()
+            .collect(),
+        ),
+        ..Default::default()
+    }
+}
+
 /// The mesh scenario of one workload cluster: the repository's `world` scenario (checkout
 /// stable and canary, 200 requests/s) played in that cluster.
 pub fn mesh_scenario(options: &Options, cluster: &str) -> Result<Scenario, String> {
@@ -301,6 +360,16 @@ impl Sandbox {
         let started = Instant::now();
         let narrator = Narrator::start();
         prerequisites::ensure()?;
+        // Build (or find) the operator binaries before anything runs: a build takes minutes.
+        let build = if options.operators {
+            let exe = std::env::current_exe().map_err(io("finding the sandbox executable"))?;
+            let build = operators::build_dir(&exe);
+            operators::ensure_binaries(&build, &options.repo.join("Cargo.toml"), &operators::ALL)
+                .await?;
+            Some(build)
+        } else {
+            None
+        };
         let specs = topology::clusters(&topology::SITES, topology::WORKLOADS_PER_SITE);
         let dir = tempfile::Builder::new()
             .prefix("sluice-sandbox-")
@@ -407,14 +476,16 @@ impl Sandbox {
             operators: Vec::new(),
             narrator,
             kubeconfig,
+            signing_key: sluice_bundle::SigningKey::generate()
+                .map_err(|e| SandboxError::Key(e.to_string()))?,
             dir,
             started,
         };
         sandbox.commit_intent()?;
         sandbox.start_argocd().await?;
         sandbox.start_worlds(&options)?;
-        if options.operators {
-            sandbox.start_operators(&options).await?;
+        if let Some(build) = build {
+            sandbox.start_operators(&options, &build)?;
         }
         sandbox.start_narration();
         Ok(sandbox)
@@ -547,16 +618,17 @@ impl Sandbox {
         Ok(())
     }
 
-    async fn start_operators(&mut self, options: &Options) -> Result<(), SandboxError> {
-        let exe = std::env::current_exe().map_err(io("finding the sandbox executable"))?;
-        let build = operators::build_dir(&exe);
-        operators::ensure_binaries(&build, &options.repo.join("Cargo.toml"), &operators::ALL)
-            .await?;
+    fn start_operators(
+        &mut self,
+        options: &Options,
+        build: &operators::BuildDir,
+    ) -> Result<(), SandboxError> {
         let specs: Vec<ClusterSpec> = self.clusters.iter().map(|c| c.spec.clone()).collect();
-        let env = vec![(
-            "SLUICE_PROMETHEUS_URL".to_string(),
-            self.prometheus.url().to_string(),
-        )];
+        let services = operators::Services {
+            prometheus_url: self.prometheus.url().to_string(),
+            registry_host: self.registry.host(),
+            git_url: self.git.url(),
+        };
         let logs = self.dir.path().join("logs");
         std::fs::create_dir_all(&logs).map_err(io("creating the log directory"))?;
         for (n, placement) in operators::placements(&specs).into_iter().enumerate() {
@@ -576,6 +648,7 @@ impl Sandbox {
                 placement.operator.name()
             ));
             let Placement { cluster, operator } = placement.clone();
+            let env = operators::environment(&placement, &services);
             let process =
                 OperatorProcess::start(&build.bin_dir, placement, &kubeconfig, port, log, &env)?;
             self.narrator.say(format!(
@@ -669,6 +742,12 @@ impl Sandbox {
         &self.registry
     }
 
+    /// The cosign key whose public half revert trusts (Secret `sluice-cosign-public-keys` beside
+    /// each Argo CD): scenarios sign bundles with it.
+    pub fn signing_key(&self) -> &sluice_bundle::SigningKey {
+        &self.signing_key
+    }
+
     /// The git intent repository.
     pub fn git(&self) -> &GitRepo {
         &self.git
@@ -728,6 +807,7 @@ impl Sandbox {
             operators,
             narrator,
             kubeconfig: _,
+            signing_key: _,
             dir,
             started: _,
         } = self;
@@ -757,6 +837,66 @@ impl Sandbox {
         match dir.close() {
             Ok(()) => eprintln!("sluice sandbox: stopped; removed {path}"),
             Err(e) => eprintln!("sluice sandbox: stopped; could not remove {path}: {e}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(secret: &Secret, key: &str) -> String {
+        String::from_utf8(secret.data.as_ref().unwrap()[key].0.clone()).unwrap()
+    }
+
+    #[test]
+    fn revert_identities_are_labelled_for_revert_and_never_as_argo_cd_clusters() {
+        let s = revert_identity("east-1", "http://127.0.0.1:17401", "tok");
+        let labels = s.metadata.labels.clone().unwrap();
+        assert_eq!(labels["sluice.dev/revert-cluster"], "true");
+        assert!(!labels.contains_key("argocd.argoproj.io/secret-type"));
+        assert_eq!(text(&s, "name"), "east-1");
+        assert_eq!(text(&s, "server"), "http://127.0.0.1:17401");
+        assert_eq!(text(&s, "token"), "tok");
+    }
+
+    #[test]
+    fn the_public_keys_secret_holds_a_key_revert_can_parse() {
+        let key = sluice_bundle::SigningKey::generate().unwrap();
+        let s = public_keys_secret(key.public_key().pem());
+        assert_eq!(s.metadata.name.as_deref(), Some(PUBLIC_KEYS_SECRET));
+        let parsed =
+            sluice_bundle::PublicKey::from_pem(text(&s, "cosign.pub").as_bytes(), "test").unwrap();
+        assert_eq!(parsed.fingerprint(), key.public_key().fingerprint());
+    }
+
+    #[test]
+    fn management_clusters_load_argo_cd_crds_and_workload_clusters_do_not() {
+        let options = Options::defaults();
+        if !options.upstream.is_dir() {
+            println!("skipping: {} is absent", options.upstream.display());
+            return;
+        }
+        let names = |role| -> Vec<String> {
+            manifests(&options, role)
+                .unwrap()
+                .iter()
+                .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+                .collect()
+        };
+        let mgmt = names(Role::Management);
+        let work = names(Role::Workload);
+        assert!(
+            mgmt.contains(&"application-crd.yaml".to_string()),
+            "{mgmt:?}"
+        );
+        assert!(
+            !work.contains(&"application-crd.yaml".to_string()),
+            "{work:?}"
+        );
+        for list in [&mgmt, &work] {
+            assert!(list.contains(&"gateway.networking.k8s.io_httproutes.yaml".to_string()));
+            assert!(list.contains(&"rollouts.sluice.dev.yaml".to_string()));
         }
     }
 }

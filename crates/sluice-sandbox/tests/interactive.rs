@@ -121,7 +121,30 @@ fn kubectl_sees_every_cluster_and_sigterm_stops_everything() {
         "Argo CD's cluster Secrets in west-mgmt"
     );
 
-    run.record_descendants();
+    // The operators run where the chart puts them and keep running (the sandbox warns within
+    // 2 s when one exits).
+    run.read_for(Duration::from_secs(4));
+    let exited: Vec<&String> = run
+        .seen
+        .iter()
+        .filter(|l| l.contains(" exited ("))
+        .collect();
+    assert!(
+        exited.is_empty(),
+        "operators exited on their own: {exited:?}"
+    );
+    if run
+        .seen
+        .iter()
+        .any(|l| l.contains("sluice-rollout-weights started"))
+    {
+        assert!(
+            run.descendants.len() >= 14,
+            "expected Prometheus, the registry and 12 operator processes, saw {}",
+            run.descendants.len()
+        );
+    }
+
     let status = Command::new("kill")
         .args(["-TERM", &run.child.id().to_string()])
         .status()

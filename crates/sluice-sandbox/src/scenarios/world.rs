@@ -15,7 +15,7 @@ use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use serde_json::{Map, Value, json};
 
-use sluice_bundle::{BundleClient, Manifests, Metadata, ReadOptions, RegistryOptions, SigningKey};
+use sluice_bundle::{BundleClient, Manifests, Metadata, ReadOptions, RegistryOptions};
 
 use super::{Outcome, ScenarioDef, ScenarioError};
 use crate::baseline::{CANARY, ROUTE, SHOP, STABLE};
@@ -168,9 +168,9 @@ async fn bundle_part(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
         .push(&artifact, &format!("{repository}:{tag}"))
         .await
         .map_err(bundle_error("push"))?;
-    let key = SigningKey::generate().map_err(bundle_error("generate key"))?;
+    let key = sandbox.signing_key();
     client
-        .sign(&pushed.reference, &key)
+        .sign(&pushed.reference, key)
         .await
         .map_err(bundle_error("sign"))?;
     let verified = client

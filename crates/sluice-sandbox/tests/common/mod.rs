@@ -183,6 +183,17 @@ impl Running {
         }
     }
 
+    /// Reads stdout for `period` (recording descendants meanwhile).
+    pub fn read_for(&mut self, period: Duration) {
+        let until = Instant::now() + period;
+        while Instant::now() < until {
+            self.record_descendants();
+            if let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
+                self.seen.push(line);
+            }
+        }
+    }
+
     /// Waits for exit (recording descendants and reading stdout meanwhile); panics after `within`.
     pub fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
         let deadline = Instant::now() + within;
