@@ -408,7 +408,13 @@ impl Tick<'_> {
 
     /// Abort and resume.
     fn controls(&mut self) {
-        if self.spec.resume > self.next.resumes_handled && !self.spec.abort {
+        let rolling_back = self
+            .next
+            .namespaces
+            .iter()
+            .any(|n| n.state == NamespaceState::RollingBack);
+        // A resume is acted on once the rollback has finished (it is not acknowledged before).
+        if self.spec.resume > self.next.resumes_handled && !self.spec.abort && !rolling_back {
             self.next.resumes_handled = self.spec.resume;
             if self.next.aborted_at.is_some() {
                 self.resume();
@@ -1936,6 +1942,70 @@ mod upgrade_tests {
         assert!(
             !event_reasons(&again).contains(&event_reasons::RESUMED),
             "a resume is acted on once"
+        );
+    }
+
+    #[test]
+    fn a_resume_during_the_rollback_waits_for_it_to_finish() {
+        let mut model = Model::new();
+        let (st, tick) = run(
+            &mut model,
+            None,
+            0,
+            &BTreeSet::new(),
+            &BTreeSet::new(),
+            |_, _| GateAction::Proceed,
+            |s| {
+                s.namespaces
+                    .iter()
+                    .any(|n| n.name == "b" && n.pods_done >= 6)
+            },
+        );
+        let mut s = spec();
+        s.abort = true;
+        let d = decide(
+            &s,
+            Some(&st),
+            &observe(&model, Some(&st), GateAction::Proceed),
+            t((tick + 1) * 1000),
+        );
+        model.apply(&d.actions);
+        assert_eq!(d.status.phase, RevisionUpgradePhase::RollingBack);
+        s.abort = false;
+        s.resume = 1;
+        let d = decide(
+            &s,
+            Some(&d.status),
+            &observe(&model, Some(&d.status), GateAction::Proceed),
+            t((tick + 2) * 1000),
+        );
+        assert_eq!(
+            d.status.resumes_handled, 0,
+            "not acknowledged while rolling back"
+        );
+        model.apply(&d.actions);
+        let mut status = d.status;
+        let mut now = tick + 3;
+        while status.resumes_handled == 0 {
+            assert!(now < tick + 100, "resume never acted on: {status:#?}");
+            let d = decide(
+                &s,
+                Some(&status),
+                &observe(&model, Some(&status), GateAction::Proceed),
+                t(now * 1000),
+            );
+            model.apply(&d.actions);
+            status = d.status;
+            now += 1;
+        }
+        assert_eq!(status.current_wave.as_deref(), Some("tier-2"));
+        assert!(
+            status
+                .namespaces
+                .iter()
+                .any(|n| n.name == "b" && n.state == NamespaceState::Restarting),
+            "the failed wave takes its namespace again: {:?}",
+            status.namespaces
         );
     }
 

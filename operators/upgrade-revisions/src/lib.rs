@@ -1,7 +1,10 @@
-//! The upgrade-revisions operator: moving namespaces between Istio revision tags in waves (`RevisionUpgrade`).
+//! The upgrade-revisions operator: moving namespaces between Istio revision tags in waves
+//! (`RevisionUpgrade`).
 //!
-//! `decide` holds the pure logic, `reconcile` the I/O, `validity` the checks CEL cannot
-//! express. Never upgrades a revision in place and never restarts pods above the issuance budget.
+//! `decide` holds the pure state machine, `pacing` the issuance budget, `fleet` the pure readings
+//! of namespaces and pods, `validity` the checks CEL cannot express, `metrics` the operator's
+//! Prometheus metrics, and `reconcile` the I/O. Never upgrades a revision in place, never removes
+//! the old control plane, and never restarts pods above the issuance budget.
 #![forbid(unsafe_code)]
 
 pub mod decide;
@@ -16,5 +19,6 @@ use sluice_runtime::FieldManager;
 /// The operator's name: Lease name, Event reporter, binary name.
 pub const OPERATOR: &str = "sluice-upgrade-revisions";
 
-/// The one field manager this operator writes under.
+/// The one field manager this operator writes under (status, namespace relabels, rollout
+/// restarts).
 pub const FIELD_MANAGER: FieldManager = FieldManager::new("sluice-upgrade-revisions");

@@ -12,7 +12,7 @@
 //! sluice issues at most `depth + (rate − background) × w`, and with the background the total is
 //! at most `depth + rate × w`. Each grant is capped by the peak (less the background) and its
 //! restarts are spread over [`SPREAD`], so a one-second window sees at most the larger of two
-//! consecutive grants plus one restart at the seam.
+//! consecutive grants plus one restart at the seam, for which each grant leaves room.
 
 use std::time::Duration;
 
@@ -40,8 +40,8 @@ pub fn spread_offset(i: usize, n: usize) -> Duration {
 pub const SAFETY: f64 = 0.95;
 
 /// Factor on the observed background issuance when reserving room for it: background arrives in
-/// bursts the window's average hides, so sluice leaves it a quarter more than its mean.
-pub const BACKGROUND_MARGIN: f64 = 1.25;
+/// bursts the window's average hides, so sluice leaves it half as much again as its mean.
+pub const BACKGROUND_MARGIN: f64 = 1.5;
 
 /// Total issuance observed in a window (from the certificate authority's counter).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -166,7 +166,8 @@ pub fn grant(
         (0, Some(Hold::OverBudget))
     } else {
         let by_tokens = tokens.max(0.0).floor() as u64;
-        let by_peak = peak.floor() as u64;
+        // One restart of room for the seam between two consecutive spreads.
+        let by_peak = (peak - 1.0).max(0.0).floor() as u64;
         let n = u64::from(wanted).min(by_tokens).min(by_peak) as u32;
         let held = if n >= wanted {
             None
@@ -245,13 +246,13 @@ mod tests {
         };
         let table = vec![
             Row {
-                name: "fresh bucket is full (depth with the safety margin)",
+                name: "fresh bucket is full (depth with the safety margin, peak less the seam)",
                 previous: None,
                 reading: Some(quiet),
                 wanted: 5000,
                 now: 0,
-                want: 1900,
-                held: Some(Hold::Tokens),
+                want: 1899,
+                held: Some(Hold::Peak),
             },
             Row {
                 name: "no reading holds: no data is not zero",
@@ -286,7 +287,7 @@ mod tests {
                 reading: Some(reading(1000.0, 0.0)),
                 wanted: 5000,
                 now: 2000,
-                want: 130,
+                want: 80,
                 held: Some(Hold::Tokens),
             },
             Row {
@@ -410,9 +411,12 @@ mod tests {
     fn the_peak_cap_bounds_one_grant_less_the_background() {
         let b = budget(200, 2000, 500);
         let g = grant(&b, None, Some(&reading(0.0, 0.0)), 5000, t(0));
-        assert_eq!((g.restarts, g.held_by), (475, Some(Hold::Peak)));
+        assert_eq!((g.restarts, g.held_by), (474, Some(Hold::Peak)));
         let g = grant(&b, None, Some(&reading(1000.0, 0.0)), 5000, t(0));
-        assert_eq!(g.restarts, 350, "475 less 1.25 x 100/s of background");
+        assert_eq!(
+            g.restarts, 324,
+            "475 less 1.5 x 100/s of background, less the seam"
+        );
     }
 
     #[test]

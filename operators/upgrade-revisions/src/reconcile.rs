@@ -895,6 +895,15 @@ enum EvictOutcome {
     Error,
 }
 
+/// Patch parameters under the operator's field manager, so its writes are attributed to it in
+/// `managedFields` (Argo CD's `ignoreDifferences.managedFieldsManagers` keys on that name).
+fn owned_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.as_str().to_owned()),
+        ..PatchParams::default()
+    }
+}
+
 /// Sets `istio.io/rev` from `from` to `to` only while it is still `from` (a JSON patch `test`).
 async fn relabel(
     client: &Client,
@@ -909,11 +918,7 @@ async fn relabel(
     ]))
     .expect("a well-formed JSON patch");
     match api
-        .patch(
-            namespace,
-            &PatchParams::default(),
-            &Patch::<()>::Json(patch),
-        )
+        .patch(namespace, &owned_params(), &Patch::<()>::Json(patch))
         .await
     {
         Ok(_) => Ok(()),
@@ -935,7 +940,7 @@ async fn rollout_restart(
     restarted_at: &str,
 ) -> Result<u32, ReconcileError> {
     let patch = json!({"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT_ANNOTATION: restarted_at}}}}});
-    let params = PatchParams::default();
+    let params = owned_params();
     let err = |source| ReconcileError::RolloutRestart {
         kind: workload.kind.clone(),
         namespace: namespace.to_owned(),

@@ -21,10 +21,10 @@ use sluice_api::v1alpha1::{
 };
 use sluice_sim::mesh::scenario::Event;
 
-/// The budget every scenario uses: 8/s sustained, depth 8, at most 8 in any second.
+/// The budget every scenario uses: 8/s sustained, depth 8, at most 10 in any second.
 const RATE: f64 = 8.0;
 const DEPTH: f64 = 8.0;
-const PEAK: f64 = 8.0;
+const PEAK: f64 = 10.0;
 
 fn phase(o: &sluice_api::v1alpha1::RevisionUpgrade) -> Option<RevisionUpgradePhase> {
     o.status.as_ref().map(|s| s.phase)
@@ -80,6 +80,23 @@ async fn full_upgrade_moves_three_waves_within_the_budget_and_retires_the_old_re
     for ns in ["edge", "shop", "payments"] {
         assert_eq!(h.namespace_tag(ns).await.as_deref(), Some("canary"));
     }
+    // The relabel is attributed to the operator's field manager (what Argo CD's
+    // ignoreDifferences.managedFieldsManagers keys on).
+    let edge = Api::<k8s_openapi::api::core::v1::Namespace>::all(h.client.clone())
+        .get("edge")
+        .await
+        .unwrap();
+    let managers: Vec<String> = edge
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|f| f.manager)
+        .collect();
+    assert!(
+        managers.iter().any(|m| m == "sluice-upgrade-revisions"),
+        "managers of namespace edge: {managers:?}"
+    );
     assert_eq!(
         h.svid.get() - issued_before,
         pods,

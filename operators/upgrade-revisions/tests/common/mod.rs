@@ -72,6 +72,11 @@ pub struct NsSpec {
     pub deployments: Vec<(&'static str, i32)>,
 }
 
+/// How long the fixture waits for the initial pods: 30 s plus 100 ms per pod.
+pub fn settle_time(pods: u64) -> Duration {
+    Duration::from_secs(30) + Duration::from_millis(100 * pods)
+}
+
 /// The default fleet: one low-risk namespace, one tier-2, one tier-1 (the last wave takes it).
 pub fn three_tiers() -> Vec<NsSpec> {
     vec![
@@ -252,14 +257,19 @@ impl Harness {
             samples: Samples::default(),
             sampler: None,
         };
-        eventually(
-            Duration::from_secs(30),
-            "every pod Ready on 1-27",
-            || async {
-                let (old, new, ready) = h.revisions().await;
-                (old == total && new == 0 && ready == total).then_some(())
-            },
-        )
+        let settle = Instant::now();
+        let said = std::cell::Cell::new(Instant::now());
+        eventually(settle_time(total), "every pod Ready on 1-27", || async {
+            let (old, new, ready) = h.revisions().await;
+            if said.get().elapsed() > Duration::from_secs(10) {
+                said.set(Instant::now());
+                println!(
+                    "{:.0}s: {old} pods on 1-27, {new} on 1-28, {ready} Ready of {total}",
+                    settle.elapsed().as_secs_f64()
+                );
+            }
+            (old == total && new == 0 && ready == total).then_some(())
+        })
         .await;
         // One issuance window of telemetry after the initial pods, so their certificates are
         // not mistaken for background issuance during the upgrade.
@@ -346,7 +356,7 @@ impl Harness {
         })
     }
 
-    /// Applies a RevisionUpgrade 1-27 → 1-28 with a small budget, short soaks and an xDS NACK
+    /// Applies a RevisionUpgrade 1-27 → 1-28 with a small budget (8/s, depth 8, 10 in any second), short soaks and an xDS NACK
     /// gate; `patch` overrides spec fields.
     pub async fn when_upgrade(&self, patch: Value) {
         let mut spec = json!({
@@ -356,7 +366,7 @@ impl Harness {
                 {"name": "tier-2", "namespaceSelector": {"matchLabels": {"sluice.dev/risk-tier": "tier-2"}}, "soak": "2s"},
                 {"name": "tier-1", "namespaceSelector": {}, "soak": "2s"},
             ],
-            "issuanceBudget": {"rate": 8, "depth": 8, "peakPerSecond": 8},
+            "issuanceBudget": {"rate": 8, "depth": 8, "peakPerSecond": 10},
             "analysisInterval": "1s",
             "gates": [{"name": "xds-nack-increase", "builtin": "XdsNackIncrease", "window": "4s",
                        "minSamples": 1, "consecutiveFailures": 1}],
