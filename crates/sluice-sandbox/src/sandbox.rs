@@ -52,6 +52,8 @@ pub const REVERT_IDENTITY: (&str, &str) = ("sluice-system", "sluice-revert-targe
 /// The Secret beside Argo CD holding the cosign public keys revert trusts (the chart's default
 /// `revert.publicKeySecrets`).
 pub const PUBLIC_KEYS_SECRET: &str = "sluice-cosign-public-keys";
+/// Password of the sandbox's cosign key file (`<work dir>/cosign.key`); only for the sandbox.
+pub const COSIGN_PASSWORD: &str = "sandbox";
 /// How often the mesh share is read back for narration.
 const SHARE_POLL: Duration = Duration::from_secs(3);
 /// The window the narrated share is measured over.
@@ -482,6 +484,7 @@ impl Sandbox {
             started,
         };
         sandbox.commit_intent()?;
+        sandbox.write_key_files()?;
         sandbox.start_argocd().await?;
         sandbox.start_worlds(&options)?;
         if let Some(build) = build {
@@ -517,6 +520,26 @@ impl Sandbox {
             "git: intent committed ({} routes) at {}",
             files.len(),
             &sha[..sha.len().min(12)]
+        ));
+        Ok(())
+    }
+
+    /// Writes the sandbox's cosign key pair into the work directory, so bundles can be signed
+    /// with `kubectl sluice bundle sign --key` and pinned with revert.
+    fn write_key_files(&self) -> Result<(), SandboxError> {
+        let private = self
+            .signing_key
+            .to_encrypted_pem(COSIGN_PASSWORD.as_bytes())
+            .map_err(|e| SandboxError::Key(e.to_string()))?;
+        let key = self.dir.path().join("cosign.key");
+        std::fs::write(&key, private).map_err(io(format!("writing {}", key.display())))?;
+        let public = self.dir.path().join("cosign.pub");
+        std::fs::write(&public, self.signing_key.public_key().pem())
+            .map_err(io(format!("writing {}", public.display())))?;
+        self.narrator.say(format!(
+            "cosign key: {} (COSIGN_PASSWORD={COSIGN_PASSWORD}); revert trusts {} (Secret {PUBLIC_KEYS_SECRET} beside each Argo CD)",
+            key.display(),
+            public.display()
         ));
         Ok(())
     }
@@ -631,6 +654,8 @@ impl Sandbox {
         };
         let logs = self.dir.path().join("logs");
         std::fs::create_dir_all(&logs).map_err(io("creating the log directory"))?;
+        self.narrator
+            .say(format!("operator logs: {}", logs.display()));
         for (n, placement) in operators::placements(&specs).into_iter().enumerate() {
             let mut port = topology::operator_port(options.base_port, n);
             if port == 0 || !topology::port_is_free(port) {
