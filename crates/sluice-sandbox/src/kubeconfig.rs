@@ -1,5 +1,5 @@
 //! The one kubeconfig the sandbox hands to the user: a context per cluster (named like the
-//! cluster) so `kubectl --context east-1 ...` and `kubectl get sluice -A -w` work from another
+//! cluster) so `kubectl --context east-1 ...` and `kubectl get sluice -A` work from another
 //! terminal. Owns the document's shape only; never talks to a cluster.
 
 use serde_json::{Value, json};

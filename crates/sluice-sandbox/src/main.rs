@@ -156,7 +156,8 @@ async fn main() -> ExitCode {
         "export KUBECONFIG={}",
         sandbox.kubeconfig().display()
     ));
-    sandbox.say("kubectl get sluice -A -w --context east-1   # contexts: east-mgmt east-1 east-2 west-mgmt west-1 west-2");
+    sandbox.say("kubectl get sluice -A --context east-1        # contexts: east-mgmt east-1 east-2 west-mgmt west-1 west-2");
+    sandbox.say("kubectl get rollouts -A -w --context east-1   # -w takes one kind: kubectl cannot watch a category");
     sandbox.say("Ctrl-C stops everything.");
 
     let mut outcome = None;

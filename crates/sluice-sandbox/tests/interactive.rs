@@ -61,6 +61,26 @@ fn kubectl_sees_every_cluster_and_sigterm_stops_everything() {
         ]
     );
 
+    // Real kubectl refuses `-w` on a category (`get sluice -A -w`: "you may only specify a single
+    // resource type"), so the sandbox tells users to watch one kind; that watch keeps running (it
+    // would exit at once on an API error).
+    let mut watch = Command::new("kubectl")
+        .args(["--context", "east-1", "get", "rollouts", "-A", "-w"])
+        .env("KUBECONFIG", &kubeconfig)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl runs");
+    std::thread::sleep(Duration::from_secs(3));
+    let early = watch.try_wait().unwrap();
+    let _ = watch.kill();
+    let out = watch.wait_with_output().unwrap();
+    assert!(
+        early.is_none(),
+        "kubectl get rollouts -A -w exited early ({early:?}): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     for context in ["east-1", "west-mgmt"] {
         let (ok, out) = kubectl(&kubeconfig, &["--context", context, "get", "sluice", "-A"]);
         assert!(ok, "kubectl get sluice -A in {context}: {out}");
