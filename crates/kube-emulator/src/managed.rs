@@ -4,7 +4,10 @@
 //! Follows structured-merge-diff's rules: an apply owns the leaves of its configuration (list
 //! items and map entries too), conflicts are other managers' fields the apply would change,
 //! `force` takes them over, and fields a manager stops applying are removed unless someone else
-//! owns them. Lists honour `x-kubernetes-list-type` (atomic/set/map) from the CRD schema; for
+//! owns them — whole sub-objects too: removal is decided with each owned path's named parents
+//! (struct fields, not map entries or list items) counted as owned, so a parent the manager
+//! owned fields below goes once nobody owns anything below it, and stays while another manager
+//! does. Lists honour `x-kubernetes-list-type` (atomic/set/map) from the CRD schema; for
 //! built-ins the list types are hardcoded for the fields operators write. Pure: never stores.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -672,6 +675,56 @@ fn remove_path(v: &mut Value, path: &[Pe]) {
     }
 }
 
+/// The set with, for each path, every ancestor that is a named field (a field the schema
+/// declares on a struct, not a map entry or list item) as a member of its own: structured-merge-
+/// diff's `EnsureNamedFieldsAreMembers`. An apply of `status.halt.gate.name` owns only that leaf,
+/// but removal and the check for other owners are decided on this expanded set, so `halt` and
+/// `halt.gate` go with it when nobody else owns anything below them.
+pub fn with_named_parents(set: &FieldSet, shape: Shape<'_>) -> FieldSet {
+    let mut out = set.clone();
+    for p in set {
+        let mut at = shape;
+        for (i, pe) in p.iter().enumerate().take(p.len().saturating_sub(1)) {
+            if let Some(f) = pe.strip_prefix("f:") {
+                // The object root declares apiVersion, kind and metadata for every kind.
+                let named =
+                    at.declared(f) || (i == 0 && matches!(f, "apiVersion" | "kind" | "metadata"));
+                if named {
+                    out.insert(p[..=i].to_vec());
+                }
+                at = at.child(f, i == 0);
+            } else {
+                at = at.items();
+            }
+        }
+    }
+    out
+}
+
+/// What an apply removes from the merged object: the nodes the manager owned last time (named
+/// parents included) that no manager owns now (its new configuration included, named parents
+/// included), each with everything below it. System fields never go. Shallow paths come first;
+/// removing a path below one already removed does nothing.
+///
+/// This is structured-merge-diff's prune (remove the last applied set, add back what any
+/// manager owns, add back what the manager never owned) for sets made by applies, where every
+/// ancestor of an owned leaf is a member, a named field or a list item.
+fn pruned(last: &FieldSet, managers: &Managers, shape: Shape<'_>) -> Vec<Path> {
+    if last.is_empty() {
+        return Vec::new();
+    }
+    let owned: FieldSet = managers
+        .values()
+        .flat_map(|e| e.set.iter().cloned())
+        .collect();
+    let owned = with_named_parents(&owned, shape);
+    // A BTreeSet of paths iterates each ancestor before its descendants.
+    with_named_parents(last, shape)
+        .into_iter()
+        .filter(|p| !stripped(p) && !owned.contains(p))
+        .collect()
+}
+
 /// The parameters of one write, for ownership bookkeeping.
 #[derive(Debug, Clone)]
 pub struct Write<'a> {
@@ -768,9 +821,22 @@ pub fn apply(
         subresource: w.subresource.to_string(),
     };
     let last = managers
-        .get(&key)
-        .map(|e| e.set.clone())
+        .insert(
+            key.clone(),
+            Entry {
+                api_version: w.api_version.to_string(),
+                time: w.now.to_string(),
+                set: set.clone(),
+            },
+        )
+        .map(|e| e.set)
         .unwrap_or_default();
+
+    // Prune before comparing, as structured-merge-diff does: what the pruning removes is a
+    // removal in the comparison below, so other managers lose it too.
+    for p in pruned(&last, &managers, shape) {
+        remove_path(&mut merged, &p);
+    }
 
     let cmp = compare(live_v, &merged, shape);
     let changed: FieldSet = filter(cmp.added.union(&cmp.modified).cloned().collect(), w.scope);
@@ -797,28 +863,6 @@ pub fn apply(
                 .difference(&removed)
                 .cloned()
                 .collect();
-        }
-    }
-    managers.insert(
-        key.clone(),
-        Entry {
-            api_version: w.api_version.to_string(),
-            time: w.now.to_string(),
-            set: set.clone(),
-        },
-    );
-
-    // Prune what this manager applied before and applies no more, unless someone owns it.
-    let kept: FieldSet = managers
-        .values()
-        .flat_map(|e| e.set.iter().cloned())
-        .collect();
-    let mut to_remove: Vec<&Path> = last.difference(&kept).collect();
-    to_remove.sort_by_key(|p| p.len());
-    for p in to_remove {
-        let still_owned_below = kept.iter().any(|k| k.len() > p.len() && k.starts_with(p));
-        if !still_owned_below {
-            remove_path(&mut merged, p);
         }
     }
     managers.retain(|_, e| !e.set.is_empty());
@@ -1034,6 +1078,287 @@ mod tests {
         let mut ignored = upd.clone();
         ignored["metadata"]["managedFields"] = json!([]);
         assert_eq!(starting_managers(Some(&upd), &ignored).len(), 1);
+    }
+
+    fn nested_schema() -> Value {
+        let gate = json!({"type": "object", "required": ["name", "reason"], "properties": {
+            "name": {"type": "string"}, "reason": {"type": "string"}}});
+        json!({"type": "object", "properties": {
+            "spec": {"type": "object", "properties": {
+                "replicas": {"type": "integer"},
+                "hold": {"type": "object", "properties": {"gate": gate, "note": {"type": "string"}}},
+                "selectors": {"type": "object", "additionalProperties": {
+                    "type": "object", "properties": {"match": {"type": "string"}}}},
+                "rules": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+                    "items": {"type": "object", "properties": {"name": {"type": "string"},
+                        "limits": {"type": "object", "properties": {"max": {"type": "integer"}}}}}}
+            }},
+            "status": {"type": "object", "properties": {"halt": {"type": "object", "properties": {"gate": gate}}}}
+        }})
+    }
+
+    fn paths(ps: &[&[&str]]) -> FieldSet {
+        ps.iter()
+            .map(|p| p.iter().map(|s| s.to_string()).collect())
+            .collect()
+    }
+
+    #[test]
+    fn named_parents_are_struct_fields_only() {
+        let s = nested_schema();
+        let cases: [(&str, Shape<'_>, FieldSet, FieldSet); 4] = [
+            (
+                "nested struct fields",
+                Shape::root(Some(&s)),
+                paths(&[&["f:spec", "f:hold", "f:gate", "f:name"]]),
+                paths(&[
+                    &["f:spec"],
+                    &["f:spec", "f:hold"],
+                    &["f:spec", "f:hold", "f:gate"],
+                    &["f:spec", "f:hold", "f:gate", "f:name"],
+                ]),
+            ),
+            (
+                "a map entry is not a named field, its declared fields are",
+                Shape::root(Some(&s)),
+                paths(&[&["f:spec", "f:selectors", "f:x", "f:match"]]),
+                paths(&[
+                    &["f:spec"],
+                    &["f:spec", "f:selectors"],
+                    &["f:spec", "f:selectors", "f:x", "f:match"],
+                ]),
+            ),
+            (
+                "a list item is not a named field, fields inside it are",
+                Shape::root(Some(&s)),
+                paths(&[&[
+                    "f:spec",
+                    "f:rules",
+                    "k:{\"name\":\"r\"}",
+                    "f:limits",
+                    "f:max",
+                ]]),
+                paths(&[
+                    &["f:spec"],
+                    &["f:spec", "f:rules"],
+                    &["f:spec", "f:rules", "k:{\"name\":\"r\"}", "f:limits"],
+                    &[
+                        "f:spec",
+                        "f:rules",
+                        "k:{\"name\":\"r\"}",
+                        "f:limits",
+                        "f:max",
+                    ],
+                ]),
+            ),
+            (
+                "built-in labels are a map",
+                Shape::root(None),
+                paths(&[&["f:metadata", "f:labels", "f:a"]]),
+                paths(&[
+                    &["f:metadata"],
+                    &["f:metadata", "f:labels"],
+                    &["f:metadata", "f:labels", "f:a"],
+                ]),
+            ),
+        ];
+        for (name, shape, set, want) in cases {
+            assert_eq!(with_named_parents(&set, shape), want, "{name}");
+        }
+    }
+
+    /// One apply of `spec` (left out when `Null`) by a manager.
+    fn apply_spec(live: Option<&Value>, manager: &str, spec: Value, schema: &Value) -> Value {
+        let mut cfg = json!({"metadata": {"name": "t"}});
+        if !spec.is_null() {
+            cfg["spec"] = spec;
+        }
+        apply(live, &cfg, Shape::root(Some(schema)), &w(manager), false)
+            .unwrap_or_else(|e| panic!("apply by {manager}: {e}"))
+    }
+
+    #[test]
+    fn an_apply_removes_what_its_manager_alone_owned_whole() {
+        let s = nested_schema();
+        let gate = json!({"name": "error-rate", "reason": "Breached"});
+        // (case, earlier applies in order, the last apply by "a", the spec it leaves)
+        type Case<'a> = (&'a str, Vec<(&'a str, Value)>, Value, Value);
+        let cases: Vec<Case<'_>> = vec![
+            (
+                "a sub-object left out goes with its parents",
+                vec![(
+                    "a",
+                    json!({"replicas": 1, "hold": {"gate": gate, "note": "n"}}),
+                )],
+                json!({"replicas": 1}),
+                json!({"replicas": 1}),
+            ),
+            (
+                "a leaf another applier owns keeps its parents, the rest goes",
+                vec![
+                    (
+                        "a",
+                        json!({"replicas": 1, "hold": {"gate": gate, "note": "n"}}),
+                    ),
+                    ("b", json!({"hold": {"gate": {"name": "error-rate"}}})),
+                ],
+                json!({"replicas": 1}),
+                json!({"replicas": 1, "hold": {"gate": {"name": "error-rate"}}}),
+            ),
+            (
+                "an emptied object still applied stays, empty",
+                vec![("a", json!({"hold": {"gate": gate}}))],
+                json!({"hold": {}}),
+                json!({"hold": {}}),
+            ),
+            (
+                "a map entry left out goes whole",
+                vec![(
+                    "a",
+                    json!({"selectors": {"x": {"match": "1"}, "y": {"match": "2"}}}),
+                )],
+                json!({"selectors": {"y": {"match": "2"}}}),
+                json!({"selectors": {"y": {"match": "2"}}}),
+            ),
+            (
+                "a sub-object of a kept list item goes",
+                vec![("a", json!({"rules": [{"name": "r", "limits": {"max": 3}}]}))],
+                json!({"rules": [{"name": "r"}]}),
+                json!({"rules": [{"name": "r"}]}),
+            ),
+            (
+                "a list item left out goes whole",
+                vec![(
+                    "a",
+                    json!({"rules": [{"name": "r", "limits": {"max": 3}}, {"name": "q"}]}),
+                )],
+                json!({"rules": [{"name": "q"}]}),
+                json!({"rules": [{"name": "q"}]}),
+            ),
+            (
+                "another applier's list item stays",
+                vec![
+                    ("a", json!({"rules": [{"name": "r", "limits": {"max": 3}}]})),
+                    ("b", json!({"rules": [{"name": "q"}]})),
+                ],
+                json!({"replicas": 2}),
+                json!({"replicas": 2, "rules": [{"name": "q"}]}),
+            ),
+        ];
+        for (name, earlier, last, want) in cases {
+            let mut obj: Option<Value> = None;
+            for (m, spec) in earlier {
+                obj = Some(apply_spec(obj.as_ref(), m, spec, &s));
+            }
+            let out = apply_spec(obj.as_ref(), "a", last, &s);
+            assert_eq!(out["spec"], want, "{name}");
+        }
+    }
+
+    #[test]
+    fn leaving_out_everything_removes_the_root_field_but_never_metadata() {
+        let s = nested_schema();
+        let one = apply_spec(None, "a", json!({"replicas": 1}), &s);
+        let none = apply_spec(Some(&one), "a", Value::Null, &s);
+        assert_eq!(none.get("spec"), None, "{none}");
+        assert_eq!(none["metadata"]["name"], "t");
+        let labelled = apply(
+            Some(&none),
+            &json!({"metadata": {"name": "t", "labels": {"x": "1"}}}),
+            Shape::root(Some(&s)),
+            &w("a"),
+            false,
+        )
+        .unwrap();
+        let unlabelled = apply(
+            Some(&labelled),
+            &json!({"metadata": {"name": "t"}}),
+            Shape::root(Some(&s)),
+            &w("a"),
+            false,
+        )
+        .unwrap();
+        assert_eq!(unlabelled["metadata"].get("labels"), None, "{unlabelled}");
+        assert_eq!(unlabelled["metadata"]["name"], "t");
+    }
+
+    #[test]
+    fn a_status_apply_keeps_the_parents_of_a_leaf_an_update_manager_owns() {
+        let s = nested_schema();
+        let shape = Shape::root(Some(&s));
+        let status_w = Write {
+            subresource: "status",
+            scope: Scope::StatusOnly,
+            ..w("op")
+        };
+        let halted = apply(
+            None,
+            &json!({"metadata": {"name": "t"}, "status": {"halt": {"gate": {"name": "g", "reason": "r"}}}}),
+            shape,
+            &status_w,
+            false,
+        )
+        .unwrap();
+        // Another writer changes the gate's reason by an update: it owns that leaf now.
+        let mut edited = halted.clone();
+        edited["status"]["halt"]["gate"]["reason"] = json!("edited");
+        record_update(
+            Some(&halted),
+            &mut edited,
+            shape,
+            &Write {
+                subresource: "status",
+                scope: Scope::StatusOnly,
+                ..w("editor")
+            },
+        );
+        // op stops applying halt: reason is the editor's, so halt and gate stay with it alone.
+        let out = apply(
+            Some(&edited),
+            &json!({"metadata": {"name": "t"}, "status": {}}),
+            shape,
+            &status_w,
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            out["status"],
+            json!({"halt": {"gate": {"reason": "edited"}}})
+        );
+        let m = decode(&out["metadata"]["managedFields"]);
+        let op = &m[&ManagerKey {
+            manager: "op".into(),
+            operation: "Apply".into(),
+            subresource: "status".into(),
+        }];
+        assert_eq!(op.set, paths(&[&["f:status"]]));
+    }
+
+    #[test]
+    fn a_list_item_only_the_applier_owned_goes_with_an_update_managers_leaf() {
+        // structured-merge-diff keeps named parents of another manager's fields, not list
+        // items: an item whose key only the applier owned goes whole, and the update manager
+        // loses the leaf it had inside.
+        let s = nested_schema();
+        let shape = Shape::root(Some(&s));
+        let a = apply_spec(
+            None,
+            "a",
+            json!({"rules": [{"name": "r", "limits": {"max": 3}}]}),
+            &s,
+        );
+        let mut edited = a.clone();
+        edited["spec"]["rules"][0]["limits"]["max"] = json!(4);
+        record_update(Some(&a), &mut edited, shape, &w("editor"));
+        let out = apply_spec(Some(&edited), "a", json!({"replicas": 1}), &s);
+        // `rules` is a named parent of the editor's leaf when pruning is decided, so the list
+        // stays, emptied (structured-merge-diff keeps an emptied list as `[]`).
+        assert_eq!(out["spec"], json!({"replicas": 1, "rules": []}));
+        let m = decode(&out["metadata"]["managedFields"]);
+        assert!(
+            m.keys().all(|k| k.manager != "editor"),
+            "the editor owned only the removed leaf: {m:?}"
+        );
     }
 
     #[test]
