@@ -10,8 +10,10 @@
 //! - `time_ratio`: restart time ÷ (proxies ÷ headroom); goal ≤ 1.25.
 //!
 //! `cargo run -p sluice-upgrade-revisions --example upgrade_bench -- [workloads] [replicas]
-//! [rate] [depth] [peak]` (defaults 2000 × 20 = 40,000 proxies, 200/s, 2000, 2000/s). Namespaces
-//! hold 20 workloads each; 5% of them are low-risk, 30% tier-2, the rest tier-1.
+//! [rate] [depth] [peak]` (defaults 2000 × 20 = 40,000 proxies, 200/s, 2000, 2000/s;
+//! `BENCH_VERBOSE=1` prints the budget every 2 s). The workloads are spread over 20 namespaces:
+//! 5% of them low-risk, 30% tier-2, the rest tier-1. Keep `depth` well above `rate` (the default
+//! is 10×): a tick that comes late can refill at most `depth`.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -40,8 +42,8 @@ async fn main() {
     let rate: f64 = arg(3, 200.0);
     let depth: f64 = arg(4, 2000.0);
     let peak: f64 = arg(5, 2000.0);
-    let per_ns = 20.min(workloads.max(1));
-    let namespaces = workloads.div_ceil(per_ns);
+    let namespaces = 20.min(workloads.max(1));
+    let per_ns = workloads.div_ceil(namespaces);
     let fleet: Vec<NsSpec> = (0..namespaces)
         .map(|i| {
             let share = i as f64 / namespaces as f64;
@@ -52,7 +54,7 @@ async fn main() {
             } else {
                 "tier-1"
             };
-            let n = per_ns.min(workloads - i * per_ns);
+            let n = per_ns.min(workloads.saturating_sub(i * per_ns));
             NsSpec {
                 name: leak(format!("ns-{i:04}")),
                 tier: Some(tier),
@@ -86,6 +88,8 @@ async fn main() {
     // Restart time: the time any wave spends Restarting (soaks excluded), polled every 100 ms.
     let mut restart_time = Duration::ZERO;
     let mut last = Instant::now();
+    let verbose = std::env::var_os("BENCH_VERBOSE").is_some();
+    let mut said = Instant::now();
     let deadline = Instant::now()
         + Duration::from_secs(60)
         + Duration::from_secs_f64(proxies as f64 / rate * 3.0);
@@ -99,6 +103,23 @@ async fn main() {
             .is_some_and(|w| w.state == UpgradeWaveState::Restarting);
         if restarting {
             restart_time += now - last;
+        }
+        if verbose && said.elapsed() >= Duration::from_secs(2) {
+            said = Instant::now();
+            let b = status.issuance_budget.clone().unwrap_or_default();
+            let p = status.proxies.clone().unwrap_or_default();
+            println!(
+                "{:>5.1}s {:?} wave {:?}: old {} new {}; tokens {:.1}, observed {:.1}/s, background {:.1}/s, throttled {}",
+                started.elapsed().as_secs_f64(),
+                status.phase,
+                status.current_wave,
+                p.old,
+                p.new,
+                b.tokens,
+                b.observed_rate,
+                b.background_rate,
+                b.throttled
+            );
         }
         last = now;
         if status.phase == RevisionUpgradePhase::Complete {
