@@ -432,7 +432,7 @@ async fn memory(n: usize) {
                     .is_some_and(|s| s.desired_weight.is_some())
             })
             .count();
-        if written == n || started.elapsed() > Duration::from_secs(600) {
+        if written == n || started.elapsed() > Duration::from_secs(300) {
             println!(
                 "{written}/{n} Rollouts own their route after {:?}",
                 started.elapsed()
