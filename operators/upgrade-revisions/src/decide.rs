@@ -479,6 +479,7 @@ impl Tick<'_> {
                     n.state = NamespaceState::RollingBack;
                     n.relabelled_at = None;
                     n.done_at = None;
+                    n.pods = 0;
                     back.push(n.name.clone());
                 }
                 NamespaceState::RollingBack | NamespaceState::RolledBack => {}
@@ -823,7 +824,12 @@ impl Tick<'_> {
             };
             let c = self.count(&n.name.clone(), &target);
             let n = &mut self.next.namespaces[i];
-            n.pods = c.pods;
+            // While its pods are being replaced, a namespace keeps the most pods it was seen
+            // with, so an evicted pod whose replacement does not exist yet is still awaited.
+            n.pods = match n.state {
+                NamespaceState::Restarting | NamespaceState::RollingBack => n.pods.max(c.pods),
+                _ => c.pods,
+            };
             n.pods_done = c.done;
             n.bare_pods = c.bare_not_done;
         }
@@ -1007,7 +1013,9 @@ impl Tick<'_> {
                 && self.ns_view(&n.name).and_then(NamespaceView::rev)
                     == Some(self.spec.to_tag.as_str());
             let n = &mut self.next.namespaces[i];
-            if labelled && c.done + c.bare_not_done == c.pods && c.not_ready == 0 {
+            let expected = n.pods;
+            let settled = c.done + c.bare_not_done == c.pods && c.pods >= expected;
+            if labelled && settled && c.not_ready == 0 {
                 n.state = NamespaceState::Moved;
                 n.done_at = Some(Time(self.now));
             } else {
@@ -1148,7 +1156,9 @@ impl Tick<'_> {
             let c = self.count(&name, &target);
             let labelled = self.next.namespaces[i].relabelled_at.is_some();
             let n = &mut self.next.namespaces[i];
-            if labelled && c.done + c.bare_not_done == c.pods && c.not_ready == 0 {
+            let expected = n.pods;
+            let settled = c.done + c.bare_not_done == c.pods && c.pods >= expected;
+            if labelled && settled && c.not_ready == 0 {
                 n.state = NamespaceState::RolledBack;
                 n.done_at = Some(Time(self.now));
             } else {
@@ -2007,6 +2017,54 @@ mod upgrade_tests {
             "the failed wave takes its namespace again: {:?}",
             status.namespaces
         );
+    }
+
+    #[test]
+    fn a_namespace_is_not_moved_before_its_evicted_pods_are_replaced() {
+        let mut model = Model::new();
+        let s = spec();
+        let first = decide(&s, None, &observe(&model, None, GateAction::Proceed), t(0));
+        model.apply(&first.actions);
+        let second = decide(
+            &s,
+            Some(&first.status),
+            &observe(&model, Some(&first.status), GateAction::Proceed),
+            t(1000),
+        );
+        assert_eq!(evictions(&second), 2);
+        // The evictions happened but the controller has not created the replacements yet.
+        model.pods.retain(|p| p.namespace != "a");
+        let third = decide(
+            &s,
+            Some(&second.status),
+            &observe(&model, Some(&second.status), GateAction::Proceed),
+            t(2000),
+        );
+        let a = third
+            .status
+            .namespaces
+            .iter()
+            .find(|n| n.name == "a")
+            .unwrap();
+        assert_eq!(
+            (a.state, a.pods, a.pods_done),
+            (NamespaceState::Restarting, 2, 0)
+        );
+        model.pods.push(pod("a", "a-x", "1-28", false));
+        model.pods.push(pod("a", "a-y", "1-28", false));
+        let fourth = decide(
+            &s,
+            Some(&third.status),
+            &observe(&model, Some(&third.status), GateAction::Proceed),
+            t(3000),
+        );
+        let a = fourth
+            .status
+            .namespaces
+            .iter()
+            .find(|n| n.name == "a")
+            .unwrap();
+        assert_eq!(a.state, NamespaceState::Moved);
     }
 
     #[test]
