@@ -271,3 +271,76 @@ async fn a_field_written_by_an_update_manager_stays_when_the_applier_drops_its_o
         json!({"hold": {"gate": {"name": "soak", "reason": "Waiting"}, "note": "held by hand"}})
     );
 }
+
+#[tokio::test]
+async fn the_wave_gate_status_halt_goes_when_its_decider_stops_applying_it() {
+    let crd = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../crds/wavegates.sluice.dev.yaml");
+    if !crd.exists() {
+        println!("skipped: {} is absent", crd.display());
+        return;
+    }
+    let emu = Emulator::start().await;
+    emu.load_manifest_file(&crd)
+        .expect("the WaveGate CRD loads");
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("sluice.dev", "v1alpha1", "WaveGate"),
+        "wavegates",
+    );
+    let api: Api<DynamicObject> = Api::namespaced_with(emu.client(), "default", &ar);
+    let revision = format!("sha256:{}", "a".repeat(64));
+    let created = api
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "sluice.dev/v1alpha1", "kind": "WaveGate",
+                "metadata": {"name": "g"},
+                "spec": {
+                    "applicationSetRef": {"name": "mesh-config"},
+                    "driftGate": {"exporter": "None"},
+                    "pin": {"publicKeysSecretRef": {"name": "cosign-keys"}},
+                    "repository": "oci://registry.local/mesh/config",
+                    "revision": revision,
+                    "site": "east",
+                    "waves": [{"name": "canary", "clusters": ["east-1"]}]
+                }
+            }))
+            .unwrap(),
+        )
+        .await
+        .expect("WaveGate created");
+    let status = |rv: &str, status: Value| {
+        json!({"apiVersion": "sluice.dev/v1alpha1", "kind": "WaveGate",
+            "metadata": {"name": "g", "resourceVersion": rv}, "status": status})
+    };
+    let halted = api
+        .patch_status(
+            "g",
+            &PatchParams::apply("sluice-wave-gate"),
+            &Patch::Apply(status(
+                &rv(&created),
+                json!({"phase": "Halted", "halt": {
+                    "wave": "canary", "reason": "GateFailed", "haltedAt": "2026-01-01T00:00:00Z",
+                    "gate": {"gate": "error-rate", "verdict": "Fail", "reason": "ThresholdBreached",
+                        "evaluatedAt": "2026-01-01T00:00:00Z", "value": 0.2, "threshold": 0.01}}}),
+            )),
+        )
+        .await
+        .expect("halted status applied");
+    assert_eq!(halted.data["status"]["halt"]["gate"]["verdict"], "Fail");
+    let resumed = api
+        .patch_status(
+            "g",
+            &PatchParams::apply("sluice-wave-gate"),
+            &Patch::Apply(status(&rv(&halted), json!({"phase": "Progressing"}))),
+        )
+        .await
+        .expect("a status without halt is accepted");
+    assert_eq!(
+        resumed.data["status"].get("halt"),
+        None,
+        "{:?}",
+        resumed.data
+    );
+    assert_eq!(resumed.data["status"]["phase"], "Progressing");
+}
