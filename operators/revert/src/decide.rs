@@ -1662,6 +1662,35 @@ mod tests {
     }
 
     #[test]
+    fn a_requested_sync_not_yet_started_is_dropped_with_the_suspension() {
+        let spec = spec(json!({}));
+        let mut world = World::new();
+        world.app.operation_phase = Some("Succeeded".into());
+        world.app.operation_requested = true;
+        let verifying = decide(&spec, None, &world.obs(verified()), t(0));
+        let d = decide(&spec, Some(&verifying.status), &world.obs(verified()), t(1));
+        let clear = d.actions.iter().any(|a| {
+            matches!(
+                a,
+                Action::SetSyncPolicy {
+                    clear_operation: true,
+                    ..
+                }
+            )
+        });
+        assert!(clear, "{:?}", d.actions);
+        assert!(
+            !d.actions
+                .iter()
+                .any(|a| matches!(a, Action::TerminateSync { .. })),
+            "nothing runs, nothing to terminate"
+        );
+        world.act(&d);
+        assert!(!world.app.operation_requested);
+        assert!(!d.status.applications[0].sync_terminated);
+    }
+
+    #[test]
     fn suspended_policy_keeps_every_other_setting() {
         let table = [
             (None, None),
