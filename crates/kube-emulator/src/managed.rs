@@ -710,9 +710,6 @@ pub fn with_named_parents(set: &FieldSet, shape: Shape<'_>) -> FieldSet {
 /// manager owns, add back what the manager never owned) for sets made by applies, where every
 /// ancestor of an owned leaf is a member, a named field or a list item.
 fn pruned(last: &FieldSet, managers: &Managers, shape: Shape<'_>) -> Vec<Path> {
-    if last.is_empty() {
-        return Vec::new();
-    }
     let owned: FieldSet = managers
         .values()
         .flat_map(|e| e.set.iter().cloned())
@@ -833,9 +830,12 @@ pub fn apply(
         .unwrap_or_default();
 
     // Prune before comparing, as structured-merge-diff does: what the pruning removes is a
-    // removal in the comparison below, so other managers lose it too.
-    for p in pruned(&last, &managers, shape) {
-        remove_path(&mut merged, &p);
+    // removal in the comparison below, so other managers lose it too. A manager applying at
+    // least what it applied last time (the common re-apply) has nothing to prune.
+    if !last.is_subset(&set) {
+        for p in pruned(&last, &managers, shape) {
+            remove_path(&mut merged, &p);
+        }
     }
 
     let cmp = compare(live_v, &merged, shape);
