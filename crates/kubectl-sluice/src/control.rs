@@ -281,7 +281,15 @@ mod tests {
             reason: "forward fix merged".into(),
         };
         // (case, control, kind, spec, status, Ok(spec patch) | Err(message fragment))
-        let cases: Vec<(&str, Control, Kind, Value, Value, Result<Value, &str>)> = vec![
+        type Case = (
+            &'static str,
+            Control,
+            Kind,
+            Value,
+            Value,
+            Result<Value, &'static str>,
+        );
+        let cases: Vec<Case> = vec![
             (
                 "promote current step",
                 Promote { full: false },

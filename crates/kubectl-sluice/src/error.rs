@@ -5,8 +5,9 @@
 
 use crate::kinds::Kind;
 
-/// Exit code of a command refused by the API server (forbidden, not found, invalid).
-pub const EXIT_REFUSED: u8 = 3;
+/// Exit code of a command refused (forbidden, not found, invalid, not applicable): the same code
+/// `bundle verify` exits with for a refused signature.
+pub const EXIT_REFUSED: u8 = crate::bundle::EXIT_REFUSED;
 /// Exit code of a usage error (unknown kind, wrong kind, bad argument).
 pub const EXIT_USAGE: u8 = 2;
 

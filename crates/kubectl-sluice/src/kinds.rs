@@ -163,7 +163,9 @@ mod tests {
     #[test]
     fn targets_default_to_the_commands_first_kind_and_refuse_others() {
         let allowed = [Kind::Rollout, Kind::RevisionUpgrade];
-        let cases: [(&str, Result<(Kind, &str), &str>); 6] = [
+        // (argument, Ok((kind, name)) | Err(error category))
+        type Case = (&'static str, Result<(Kind, &'static str), &'static str>);
+        let cases: [Case; 6] = [
             ("checkout", Ok((Kind::Rollout, "checkout"))),
             ("rollout/checkout", Ok((Kind::Rollout, "checkout"))),
             ("ru/to-1-28", Ok((Kind::RevisionUpgrade, "to-1-28"))),

@@ -401,17 +401,12 @@ pub fn bundle_pin(v: &Value) -> String {
         t.list("", false, "applications", &apps);
     }
     if let Some(g) = v.pointer("/status/gitRevert") {
-        t.node(
-            "",
-            false,
-            &format!(
-                "git revert branch {} {}",
-                s(g, "/branch").unwrap_or("-"),
-                s(g, "/pullRequestUrl").unwrap_or("")
-            )
-            .trim_end()
-            .to_string(),
+        let line = format!(
+            "git revert branch {} {}",
+            s(g, "/branch").unwrap_or("-"),
+            s(g, "/pullRequestUrl").unwrap_or("")
         );
+        t.node("", false, line.trim_end());
     }
     t.list("", true, "conditions", &conditions(v));
     t.out
