@@ -71,6 +71,18 @@ impl OperatorProcess {
             .and_then(|c| c.try_wait().ok().flatten())
     }
 
+    /// Fails the test when the process has exited or its log reports a denial, printing the log.
+    pub fn assert_healthy(&mut self) {
+        if let Some(status) = self.exited() {
+            panic!(
+                "{} exited ({status}) during the scenario:\n{}",
+                self.name,
+                self.log()
+            );
+        }
+        self.assert_no_denials();
+    }
+
     /// Fails the test when the log reports a denial, printing the log.
     pub fn assert_no_denials(&self) {
         let d = self.denials();
