@@ -14,14 +14,15 @@ use tokio::signal::unix::{SignalKind, signal};
 /// Whether to run the operator binaries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Operators {
-    /// Run them (building missing ones with cargo when started through cargo).
+    /// Run them: built first with cargo when started through cargo (a no-op when up to date),
+    /// else taken from beside this binary.
     On,
     /// Do not run them (clusters, Prometheus, registry, git and the mesh only).
     Off,
 }
 
-/// The sluice sandbox: two sites (east, west), each a management cluster with Argo CD's and
-/// sluice's CRDs plus two workload clusters, all Kubernetes API emulators on loopback; a real
+/// The sluice sandbox: two sites (east, west), each a management cluster running a simulated
+/// Argo CD plus two workload clusters, all Kubernetes API emulators on loopback; a real
 /// Prometheus fed by the mesh simulator; the OCI registry; a git intent repository; the four
 /// operator binaries where the Helm chart would put them. Prints `export KUBECONFIG=...` (one
 /// context per cluster: east-mgmt, east-1, east-2, west-mgmt, west-1, west-2) and narrates what

@@ -359,7 +359,6 @@ async fn start_cluster(
 impl Sandbox {
     /// Starts everything and narrates progress on stdout; returns once the sandbox is ready.
     pub async fn start(options: Options) -> Result<Self, SandboxError> {
-        let started = Instant::now();
         let narrator = Narrator::start();
         prerequisites::ensure()?;
         // Build (or find) the operator binaries before anything runs: a build takes minutes.
@@ -372,6 +371,8 @@ impl Sandbox {
         } else {
             None
         };
+        // Readiness is timed from here: building is not starting.
+        let started = Instant::now();
         let specs = topology::clusters(&topology::SITES, topology::WORKLOADS_PER_SITE);
         let dir = tempfile::Builder::new()
             .prefix("sluice-sandbox-")

@@ -174,7 +174,7 @@ fn kubectl_sees_every_cluster_and_sigterm_stops_everything() {
     assert!(status.success(), "exit after SIGTERM: {status:?}");
     let left = run.leftovers();
     assert!(left.is_empty(), "processes left behind: {left:?}");
-    let open = common::open_ports(&run.printed_ports());
+    let open = run.open_ports(&run.printed_ports());
     assert!(
         open.is_empty(),
         "ports still listening after exit: {open:?}"

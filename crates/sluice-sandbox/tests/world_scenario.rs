@@ -46,7 +46,7 @@ fn world_scenario_passes_and_leaves_nothing_behind() {
         ports.len() >= 8,
         "expected the clusters', Prometheus' and the registry's ports, got {ports:?}"
     );
-    let open = common::open_ports(&ports);
+    let open = run.open_ports(&ports);
     assert!(
         open.is_empty(),
         "ports still listening after exit: {open:?}"

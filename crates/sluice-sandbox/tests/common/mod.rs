@@ -257,14 +257,84 @@ impl Running {
     }
 }
 
-/// Ports among `ports` something still listens on.
-pub fn open_ports(ports: &BTreeSet<u16>) -> Vec<u16> {
-    ports
+/// Inodes of the sockets listening on `port` (IPv4 and IPv6), from /proc/net/tcp{,6}.
+fn listening_inodes(port: u16) -> Vec<String> {
+    let hex = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"]
         .iter()
-        .copied()
-        .filter(|p| {
-            TcpStream::connect_timeout(&([127, 0, 0, 1], *p).into(), Duration::from_millis(300))
-                .is_ok()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .flat_map(|text| {
+            text.lines()
+                .skip(1)
+                .filter_map(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    (f.get(1)?.ends_with(&hex) && f.get(3) == Some(&"0A"))
+                        .then(|| f.get(9).map(|i| i.to_string()))?
+                })
+                .collect::<Vec<_>>()
         })
         .collect()
+}
+
+/// The process holding a socket inode, if it can be seen.
+fn socket_owner(inode: &str) -> Option<u32> {
+    let target = format!("socket:[{inode}]");
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy() == target) {
+                return Some(pid);
+            }
+        }
+    }
+    None
+}
+
+impl Running {
+    /// Ports among `ports` a process this sandbox started (or the sandbox itself) still listens
+    /// on. Ports are ephemeral and the machine is shared, so a port another program took after
+    /// the sandbox released it is printed, not counted.
+    pub fn open_ports(&self, ports: &BTreeSet<u16>) -> Vec<u16> {
+        let ours: BTreeSet<u32> = self
+            .descendants
+            .iter()
+            .map(|(pid, _)| *pid)
+            .chain([self.child.id()])
+            .collect();
+        let mut out = Vec::new();
+        for port in ports {
+            if TcpStream::connect_timeout(
+                &([127, 0, 0, 1], *port).into(),
+                Duration::from_millis(300),
+            )
+            .is_err()
+            {
+                continue;
+            }
+            let owners: Vec<Option<u32>> = listening_inodes(*port)
+                .iter()
+                .map(|i| socket_owner(i))
+                .collect();
+            if owners
+                .iter()
+                .any(|o| o.is_none_or(|pid| ours.contains(&pid)))
+            {
+                out.push(*port);
+            } else {
+                println!(
+                    "note: port {port} is now used by another program ({owners:?}), not by the sandbox"
+                );
+            }
+        }
+        out
+    }
 }
