@@ -855,6 +855,18 @@ async fn revert_refuses_an_unsigned_bundle_and_pins_a_signed_one_with_its_target
         .and_then(|r| r.backend("checkout-canary"))
         .map(|b| b.effective_weight());
     assert_eq!(weight, Some(0), "the pinned bundle's weight");
+    // And the Application's automated sync is suspended while pinned (revert's write in argocd).
+    let app = Api::<Application>::namespaced(admin.clone(), ARGOCD)
+        .get("mesh-c1")
+        .await
+        .unwrap();
+    let app = serde_json::to_value(&app).unwrap();
+    assert_eq!(
+        app["spec"]["syncPolicy"]["automated"]["enabled"],
+        json!(false),
+        "automated sync suspended: {}",
+        app["spec"]["syncPolicy"]
+    );
     op.assert_healthy();
     drop(op);
     mgmt.stop().await;
