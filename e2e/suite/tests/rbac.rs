@@ -445,19 +445,10 @@ async fn wave_gate_adopts_and_publishes_decisions() {
 // ---------------------------------------------------------------------------------------------
 // upgrade-revisions
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upgrade_revisions_relabels_a_namespace_and_evicts_its_pods() {
-    let started = std::time::Instant::now();
-    let Some(p) = prereqs(Mode::Workload).await else {
-        return;
-    };
-    let t = target(&p, &p.rendered, &[]).await;
-    let Some(emu) = t.emulator() else {
-        println!(
-            "skipping on a real cluster: it needs Istio's injector, which the simulator plays here"
-        );
-        return;
-    };
+/// The `edge` namespace on revision tag `stable` (1-27) with two meshed pods, the revision-tag
+/// webhooks, and the world injecting pods and reporting xDS telemetry; returns once both pods
+/// run 1-27.
+async fn edge_fleet(t: &Target, emu: &kube_emulator::Emulator, prom: &Prometheus) -> World {
     for (name, tag, rev) in [
         ("istio-revision-tag-stable", Some("stable"), "1-27"),
         ("istio-revision-tag-canary", Some("canary"), "1-28"),
@@ -488,60 +479,53 @@ async fn upgrade_revisions_relabels_a_namespace_and_evicts_its_pods() {
     config.readiness_delay = Duration::from_millis(200);
     let world = World::builder()
         .cluster_with(config, t.admin())
-        .prometheus(p.prometheus.url())
+        .prometheus(prom.url())
         .scenario(scenario)
         .interval(Duration::from_secs(1))
         .start()
         .unwrap();
     let client = t.admin();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "edge");
-    let revisions = async || -> Result<(usize, usize), String> {
-        let list = pods
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut out = (0, 0);
-        for pod in list
-            .items
-            .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-        {
-            let status = pod
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get("sidecar.istio.io/status"))
-                .cloned()
-                .unwrap_or_default();
-            if status.contains("\"1-27\"") {
-                out.0 += 1;
-            } else if status.contains("\"1-28\"") {
-                out.1 += 1;
-            }
-        }
-        Ok(out)
-    };
+
     eventually("both pods injected by 1-27", BUDGET, async || {
-        let r = revisions().await?;
+        let r = revisions(&client).await?;
         (r == (2, 0)).then_some(()).ok_or(format!("{r:?}"))
     })
     .await;
+    world
+}
 
-    let logs = tempfile::tempdir().unwrap();
-    let mut op = run(
-        &t,
-        &p.rendered,
-        Operator::UpgradeRevisions,
-        &[
-            ("SLUICE_PROMETHEUS_URL", p.prometheus.url().to_owned()),
-            ("SLUICE_CLUSTER", CLUSTER.to_owned()),
-            ("SLUICE_ISSUANCE_WINDOW_SECONDS", "5".to_owned()),
-        ],
-        &logs,
-    );
+/// Pods of `edge` by injected revision: (1-27, 1-28).
+async fn revisions(client: &Client) -> Result<(usize, usize), String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "edge");
+    let list = pods
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut out = (0, 0);
+    for pod in list
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+    {
+        let status = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("sidecar.istio.io/status"))
+            .cloned()
+            .unwrap_or_default();
+        if status.contains("\"1-27\"") {
+            out.0 += 1;
+        } else if status.contains("\"1-28\"") {
+            out.1 += 1;
+        }
+    }
+    Ok(out)
+}
 
-    // When the namespace's wave moves from stable (1-27) to canary (1-28).
-    let upgrade: RevisionUpgrade = serde_json::from_value(json!({
+/// A RevisionUpgrade moving the low-risk wave from stable (1-27) to canary (1-28).
+fn istio_upgrade() -> RevisionUpgrade {
+    serde_json::from_value(json!({
         "apiVersion": "sluice.dev/v1alpha1", "kind": "RevisionUpgrade",
         "metadata": {"name": "istio-1-28"},
         "spec": {
@@ -552,7 +536,45 @@ async fn upgrade_revisions_relabels_a_namespace_and_evicts_its_pods() {
             "gates": [{"name": "xds-nack-increase", "builtin": "XdsNackIncrease", "window": "4s", "minSamples": 1, "consecutiveFailures": 1}],
         }
     }))
-    .unwrap();
+    .expect("fixture RevisionUpgrade deserializes")
+}
+
+fn upgrade_env(prom: &Prometheus) -> Vec<(&'static str, String)> {
+    vec![
+        ("SLUICE_PROMETHEUS_URL", prom.url().to_owned()),
+        ("SLUICE_CLUSTER", CLUSTER.to_owned()),
+        ("SLUICE_ISSUANCE_WINDOW_SECONDS", "5".to_owned()),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_revisions_relabels_a_namespace_and_evicts_its_pods() {
+    let started = std::time::Instant::now();
+    let Some(p) = prereqs(Mode::Workload).await else {
+        return;
+    };
+    let t = target(&p, &p.rendered, &[]).await;
+    let Some(emu) = t.emulator() else {
+        println!(
+            "skipping on a real cluster: it needs Istio's injector, which the simulator plays here"
+        );
+        return;
+    };
+    let world = edge_fleet(&t, emu, &p.prometheus).await;
+    let client = t.admin();
+    let revisions = async || revisions(&client).await;
+
+    let logs = tempfile::tempdir().unwrap();
+    let mut op = run(
+        &t,
+        &p.rendered,
+        Operator::UpgradeRevisions,
+        &upgrade_env(&p.prometheus),
+        &logs,
+    );
+
+    // When the namespace's wave moves from stable (1-27) to canary (1-28).
+    let upgrade = istio_upgrade();
     let upgrades: Api<RevisionUpgrade> = Api::all(client.clone());
     upgrades
         .create(&PostParams::default(), &upgrade)
@@ -594,6 +616,57 @@ async fn upgrade_revisions_relabels_a_namespace_and_evicts_its_pods() {
     if let Some(op) = &mut op {
         op.assert_healthy();
     }
+    drop(op);
+    drop(world);
+    t.stop().await;
+    println!("scenario took {:.1?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_revisions_without_its_eviction_grant_fails_visibly() {
+    let started = std::time::Instant::now();
+    if target::cluster_mode() {
+        println!("skipping: the negative check edits RBAC, which only the emulator does here");
+        return;
+    }
+    let Some(p) = prereqs(Mode::Workload).await else {
+        return;
+    };
+    // Given the chart's RBAC with the pods/eviction rule taken out of upgrade-revisions' role.
+    let role = chart::service_account(Operator::UpgradeRevisions.component());
+    let (rendered, removed) = chart::without_rule(&p.rendered, "ClusterRole", &role, |r| {
+        chart::rule_grants(r, "", "pods/eviction")
+    });
+    assert!(
+        removed.is_some(),
+        "the chart grants upgrade-revisions pods/eviction in ClusterRole {role}"
+    );
+    let t = target(&p, &rendered, &[]).await;
+    let emu = t.emulator().expect("emulated");
+    let world = edge_fleet(&t, emu, &p.prometheus).await;
+    let logs = tempfile::tempdir().unwrap();
+    let op = run(
+        &t,
+        &rendered,
+        Operator::UpgradeRevisions,
+        &upgrade_env(&p.prometheus),
+        &logs,
+    )
+    .expect("emulated");
+    let upgrades: Api<RevisionUpgrade> = Api::all(t.admin());
+    upgrades
+        .create(&PostParams::default(), &istio_upgrade())
+        .await
+        .unwrap();
+
+    // Then its log reports the denied eviction, and no pod moved to 1-28.
+    let denied = eventually("a denial in the operator's log", BUDGET, async || {
+        let d = op.denials();
+        d.first().cloned().ok_or(op.log())
+    })
+    .await;
+    println!("denied as expected: {denied}");
+    assert_eq!(revisions(&t.admin()).await, Ok((2, 0)), "no pod restarted");
     drop(op);
     drop(world);
     t.stop().await;
