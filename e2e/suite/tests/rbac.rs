@@ -263,6 +263,20 @@ async fn rollout_weights_owns_the_route_and_writes_a_weight() {
             .ok_or(format!("{phase:?}"))
     })
     .await;
+    // And the chart's owned-route policy is in force beside its RBAC: the administrator may
+    // not change the owned route's rules.
+    let mut r = routes.get("checkout").await.unwrap();
+    let rules = r.spec.rules.as_mut().expect("rules");
+    rules[0].backend_mut(STABLE).expect("stable backend").weight = Some(50);
+    let denied = routes.replace("checkout", &PostParams::default(), &r).await;
+    match denied {
+        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => {
+            println!("owned-route policy denied the administrator: {}", e.message)
+        }
+        other => panic!(
+            "the owned-route policy must deny a foreign change to an owned route's rules: {other:?}"
+        ),
+    }
     if let Some(op) = &mut op {
         op.assert_healthy();
     }
