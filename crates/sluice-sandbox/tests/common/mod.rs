@@ -53,7 +53,17 @@ pub struct Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        // A failing test must not leave the sandbox running.
+        // A failing test must not leave the sandbox running, nor what it started: SIGTERM lets
+        // it stop its children and remove its files; SIGKILL only if it does not exit.
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
