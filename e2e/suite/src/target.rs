@@ -186,6 +186,44 @@ impl Target {
         Some(emu.client_with_token(&emu.service_account_token(namespace, name)))
     }
 
+    /// On a real cluster, the logs of the chart's pods of `component` (label
+    /// `app.kubernetes.io/component`) in `$SLUICE_NAMESPACE` (default `sluice-system`), so a
+    /// scenario can look for denials there too; `None` when emulated.
+    pub async fn operator_logs(&self, component: &str) -> Option<String> {
+        let Target::Cluster { client } = self else {
+            return None;
+        };
+        let ns = std::env::var("SLUICE_NAMESPACE").unwrap_or_else(|_| chart::NAMESPACE.into());
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+            kube::Api::namespaced(client.clone(), &ns);
+        let selector = format!("app.kubernetes.io/component={component}");
+        let list = pods
+            .list(&kube::api::ListParams::default().labels(&selector))
+            .await
+            .ok()?;
+        let mut out = String::new();
+        for pod in list.items {
+            let name = pod.metadata.name.unwrap_or_default();
+            if let Ok(text) = pods.logs(&name, &Default::default()).await {
+                out.push_str(&text);
+            }
+        }
+        Some(out)
+    }
+
+    /// Fails the test when a real cluster's `component` pods logged an RBAC denial; does
+    /// nothing when emulated (the scenario reads the binary's own log there).
+    pub async fn assert_cluster_operator_not_denied(&self, component: &str) {
+        if let Some(log) = self.operator_logs(component).await {
+            let d = crate::process::denials(&log);
+            assert!(
+                d.is_empty(),
+                "{component} was denied by RBAC in the cluster:\n{}",
+                d.join("\n")
+            );
+        }
+    }
+
     /// Stops the emulator.
     pub async fn stop(self) {
         if let Target::Emulated { emu, .. } = self {

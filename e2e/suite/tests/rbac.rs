@@ -451,6 +451,8 @@ async fn wave_gate_adopts_and_publishes_decisions() {
     if let Some(op) = &mut op {
         op.assert_healthy();
     }
+    t.assert_cluster_operator_not_denied(Operator::WaveGate.component())
+        .await;
     drop(op);
     t.stop().await;
     println!("scenario took {:.1?}", started.elapsed());
