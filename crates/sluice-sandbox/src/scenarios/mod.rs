@@ -4,6 +4,7 @@
 //! returns an [`Outcome`] with its figures; it never stops the sandbox (the caller does) and never
 //! prints the result line (the caller prints [`result_line`] last).
 
+pub mod canary_abort;
 pub mod world;
 
 use std::time::Duration;
@@ -100,7 +101,7 @@ impl std::fmt::Debug for ScenarioDef {
 }
 
 /// Every scenario, in the order `--list-scenarios` shows them.
-pub const REGISTRY: &[ScenarioDef] = &[world::SCENARIO];
+pub const REGISTRY: &[ScenarioDef] = &[world::SCENARIO, canary_abort::SCENARIO];
 
 /// A scenario by name.
 pub fn find(name: &str) -> Option<&'static ScenarioDef> {

@@ -1,0 +1,428 @@
+//! Scenario `canary-abort`: the seed's incident on east-1. A Rollout takes checkout from v2.13
+//! to v2.14 and holds 1%; once the mesh confirms the 1%, v2.14 starts returning 5xx at 2.3× the
+//! stable ratio (a known time: the scenario injects the fault into the mesh simulator). The
+//! rollout-weights operator running in east-1 must abort: canary weight 0 in one route write,
+//! then confirm from telemetry that the canary share fell to ~0.
+//! Figures: `abort_latency_ms` (fault injected → route reverted, seen on the route),
+//! `detect_to_revert_ms` (first Fail verdict → route reverted, from the Rollout's status
+//! timestamps, which have one-second precision), `revert_verified_ms` (route reverted → the
+//! operator's telemetry check confirmed ~0).
+//! Also holds the helpers the canary scenarios share. Never writes the route itself: only the
+//! operator does; the scenario reads it.
+
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::{Map, Value, json};
+use sluice_api::external::http_route::HttpRoute;
+use sluice_api::v1alpha1::Rollout;
+use sluice_api::v1alpha1::rollout::AbortStatus;
+use sluice_sim::mesh::scenario::Event;
+
+use super::{Outcome, ScenarioDef, ScenarioError};
+use crate::baseline::{CANARY, ROUTE, SHOP, STABLE};
+use crate::sandbox::Sandbox;
+use crate::share;
+
+/// The workload cluster the canary scenarios use.
+pub const CLUSTER: &str = "east-1";
+/// Checkout's request rate during the canary scenarios: enough that a 1% step sees hundreds of
+/// canary requests in a 5 s window (the simulator's counters are expected counts).
+pub const REQUESTS_PER_SECOND: f64 = 4000.0;
+/// The canary's 5xx ratio as a multiple of stable's once the fault starts.
+pub const ERROR_FACTOR: f64 = 2.3;
+/// The canary share below which the revert counts as confirmed by the scenario's own reading.
+pub const REVERTED_SHARE: f64 = 0.001;
+/// The window the scenario's own share reading spans (≥ 4 telemetry intervals of 1 s).
+pub const WINDOW_S: u64 = 5;
+
+/// The registry entry.
+pub const SCENARIO: ScenarioDef = ScenarioDef {
+    name: "canary-abort",
+    description: "east-1's checkout v2.14 at 1% starts returning 5xx at 2.3x stable; pass when \
+                  rollout-weights aborts, the route is back at 100/0 and telemetry confirms ~0 \
+                  (abort_latency_ms, detect_to_revert_ms, revert_verified_ms)",
+    budget: Duration::from_secs(100),
+    run: start,
+};
+
+fn start(sandbox: &Sandbox) -> BoxFuture<'_, Result<Outcome, ScenarioError>> {
+    run(sandbox).boxed()
+}
+
+/// The HTTPRoute API of the canary cluster's shop namespace.
+pub(super) fn routes(sandbox: &Sandbox) -> Result<Api<HttpRoute>, ScenarioError> {
+    let client = sandbox
+        .client(CLUSTER)
+        .ok_or_else(|| ScenarioError::Missing(format!("cluster {CLUSTER}")))?;
+    Ok(Api::namespaced(client, SHOP))
+}
+
+/// The Rollout API of the canary cluster's shop namespace.
+pub(super) fn rollouts(sandbox: &Sandbox) -> Result<Api<Rollout>, ScenarioError> {
+    let client = sandbox
+        .client(CLUSTER)
+        .ok_or_else(|| ScenarioError::Missing(format!("cluster {CLUSTER}")))?;
+    Ok(Api::namespaced(client, SHOP))
+}
+
+/// (stable, canary) weights of the route's rule that carries the stable backend.
+pub fn weights(route: &HttpRoute) -> (i32, i32) {
+    let Some(rule) = route
+        .rules_with_backend(STABLE)
+        .first()
+        .and_then(|i| route.rules().get(*i))
+    else {
+        return (0, 0);
+    };
+    let w = |n: &str| rule.backend(n).map_or(0, |b| b.effective_weight());
+    (w(STABLE), w(CANARY))
+}
+
+/// A Rollout of `shop/checkout` from v2.13 to v2.14 with seconds-scale settings and `steps`;
+/// `patch` overrides top-level spec fields.
+pub fn rollout(steps: Value, patch: Value) -> Result<Rollout, ScenarioError> {
+    let mut spec = json!({
+        "routeRef": {"name": ROUTE},
+        "stableService": {"name": STABLE},
+        "canaryService": {"name": CANARY},
+        "canaryWorkload": {"name": CANARY},
+        "analysisInterval": "1s",
+        "stepDuration": "2s",
+        "appliedShareDeadline": "60s",
+        "canaryReadyDeadline": "60s",
+        // Seconds-scale gates: a 5 s window spans at least 4 of the mesh's 1 s intervals;
+        // three consecutive share failures, since a short window moves between readings.
+        "gates": [
+            {"name": "applied-share", "builtin": "AppliedShare", "window": "5s", "consecutiveFailures": 3},
+            {"name": "error-ratio", "builtin": "ErrorRatioVsStable", "window": "5s"},
+            {"name": "latency-p99", "builtin": "LatencyP99VsStable", "window": "5s"}
+        ],
+        "steps": steps,
+    });
+    if let Some(fields) = patch.as_object() {
+        for (k, v) in fields {
+            spec[k] = v.clone();
+        }
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "sluice.dev/v1alpha1",
+        "kind": "Rollout",
+        "metadata": {"name": ROUTE, "namespace": SHOP},
+        "spec": spec,
+    }))
+    .map_err(|e| ScenarioError::Missing(format!("a valid Rollout ({e})")))
+}
+
+/// Raises checkout's traffic in the canary cluster's mesh from now on.
+pub(super) fn raise_traffic(sandbox: &Sandbox) -> Result<(), ScenarioError> {
+    let mesh = sandbox
+        .world(CLUSTER)
+        .and_then(|w| w.mesh())
+        .ok_or_else(|| ScenarioError::Missing(format!("mesh simulator of {CLUSTER}")))?;
+    mesh.apply_now(Event {
+        service: Some("checkout".into()),
+        requests_per_second: Some(REQUESTS_PER_SECOND),
+        ..Event::default()
+    });
+    Ok(())
+}
+
+/// Creates the Rollout in the canary cluster.
+pub(super) async fn create(sandbox: &Sandbox, rollout: &Rollout) -> Result<(), ScenarioError> {
+    rollouts(sandbox)?
+        .create(&PostParams::default(), rollout)
+        .await
+        .map_err(|source| ScenarioError::Api {
+            action: format!("creating Rollout {SHOP}/{ROUTE}"),
+            cluster: CLUSTER.into(),
+            source,
+        })?;
+    Ok(())
+}
+
+/// Polls the Rollout until `check` gives a value.
+pub(super) async fn rollout_until<T>(
+    sandbox: &Sandbox,
+    mut check: impl FnMut(&Rollout) -> Option<T>,
+) -> Result<T, ScenarioError> {
+    let api = rollouts(sandbox)?;
+    loop {
+        if let Ok(r) = api.get(ROUTE).await
+            && let Some(v) = check(&r)
+        {
+            return Ok(v);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Polls the route until `check` gives a value.
+pub(super) async fn route_until<T>(
+    sandbox: &Sandbox,
+    poll: Duration,
+    mut check: impl FnMut(&HttpRoute) -> Option<T>,
+) -> Result<T, ScenarioError> {
+    let api = routes(sandbox)?;
+    loop {
+        if let Ok(r) = api.get(ROUTE).await
+            && let Some(v) = check(&r)
+        {
+            return Ok(v);
+        }
+        tokio::time::sleep(poll).await;
+    }
+}
+
+/// The canary share the mesh reports over the last [`WINDOW_S`] seconds (None without data).
+pub(super) async fn measured_share(sandbox: &Sandbox) -> Result<Option<f64>, ScenarioError> {
+    let m = share::measure(sandbox.prometheus(), CLUSTER, SHOP, WINDOW_S).await?;
+    Ok(share::canary_share(&m, STABLE, CANARY))
+}
+
+/// Milliseconds of a duration, saturating.
+pub(super) fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// First Fail verdict → route reverted, from the status timestamps (ms; None when either is
+/// missing or the order is impossible).
+pub fn detect_to_revert_ms(abort: &AbortStatus) -> Option<u64> {
+    let first = abort.first_failed_at.as_ref()?.0;
+    let reverted = abort.route_reverted_at.as_ref()?.0;
+    u64::try_from(reverted.as_millisecond() - first.as_millisecond()).ok()
+}
+
+/// The verdict on an abort: the gate that failed must be the error ratio, the route back at
+/// 100/0, the revert verified by the operator and the scenario's own reading ~0.
+pub fn judge(
+    gate: Option<&str>,
+    route: (i32, i32),
+    verified: bool,
+    share_after: Option<f64>,
+) -> (bool, String) {
+    if gate != Some("error-ratio") {
+        return (
+            false,
+            format!(
+                "the rollout aborted on gate {}, not error-ratio",
+                gate.unwrap_or("none")
+            ),
+        );
+    }
+    if route.1 != 0 || route.0 <= 0 {
+        return (
+            false,
+            format!(
+                "the route is at {}/{} after the abort, not back on stable",
+                route.0, route.1
+            ),
+        );
+    }
+    if !verified {
+        return (
+            false,
+            "the operator never confirmed the revert from telemetry".into(),
+        );
+    }
+    match share_after {
+        Some(s) if s <= REVERTED_SHARE => (
+            true,
+            format!(
+                "aborted on error-ratio; the mesh reports a canary share of {s:.4} after the revert"
+            ),
+        ),
+        Some(s) => (
+            false,
+            format!("the mesh still reports a canary share of {s:.4} after the revert"),
+        ),
+        None => (
+            false,
+            "Prometheus reported no checkout requests after the revert; no data is never a pass"
+                .into(),
+        ),
+    }
+}
+
+async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
+    raise_traffic(sandbox)?;
+    sandbox.say(format!(
+        "canary-abort: checkout in {CLUSTER} at {REQUESTS_PER_SECOND} requests/s; a Rollout takes it from v2.13 to v2.14 and holds 1%"
+    ));
+    let steps = json!([
+        {"setWeight": {"weight": 1, "duration": "120s"}},
+        {"setWeight": {"weight": 50}},
+        {"promote": {}}
+    ]);
+    create(sandbox, &rollout(steps, json!({}))?).await?;
+    rollout_until(sandbox, |r| {
+        r.status.as_ref().and_then(|s| {
+            (s.current_step_index == Some(0)
+                && s.history
+                    .last()
+                    .is_some_and(|h| h.share_confirmed_at.is_some()))
+            .then_some(())
+        })
+    })
+    .await?;
+    let at_one = route_until(sandbox, Duration::from_millis(50), |r| Some(weights(r))).await?;
+    sandbox.say(format!(
+        "canary-abort: the mesh confirms the 1% (route at {}/{}); v2.14 now returns 5xx at {ERROR_FACTOR}x stable",
+        at_one.0, at_one.1
+    ));
+
+    // The fault, from a known instant.
+    let mesh = sandbox
+        .world(CLUSTER)
+        .and_then(|w| w.mesh())
+        .ok_or_else(|| ScenarioError::Missing(format!("mesh simulator of {CLUSTER}")))?;
+    mesh.apply_now(Event {
+        service: Some("checkout".into()),
+        version: Some("v2.14".into()),
+        error_ratio_factor: Some(ERROR_FACTOR),
+        ..Event::default()
+    });
+    let fault = Instant::now();
+
+    // The route reverted, seen by a fast poller.
+    let route = route_until(sandbox, Duration::from_millis(15), |r| {
+        (weights(r).1 == 0).then(|| weights(r))
+    })
+    .await?;
+    let reverted = Instant::now();
+    let abort_latency = reverted.duration_since(fault);
+    sandbox.say(format!(
+        "canary-abort: route reverted to {}/{} {} ms after the fault started",
+        route.0,
+        route.1,
+        ms(abort_latency)
+    ));
+
+    // The operator confirms the revert from telemetry.
+    let abort = rollout_until(sandbox, |r| {
+        r.status
+            .as_ref()
+            .and_then(|s| s.abort.clone())
+            .filter(|a| a.revert_verified_at.is_some())
+    })
+    .await?;
+    let revert_verified = reverted.elapsed();
+    let gate = abort.gate.as_ref().map(|g| g.gate.clone());
+    sandbox.say(format!(
+        "canary-abort: rollout-weights aborted on gate {} (value {:?}, stable {:?}, threshold {:?}) and confirmed the revert {} ms after it",
+        gate.as_deref().unwrap_or("none"),
+        abort.gate.as_ref().and_then(|g| g.value),
+        abort.gate.as_ref().and_then(|g| g.baseline),
+        abort.gate.as_ref().and_then(|g| g.threshold),
+        ms(revert_verified)
+    ));
+
+    // The scenario's own reading: a full window after the revert took effect in the mesh.
+    tokio::time::sleep(Duration::from_secs(2 + WINDOW_S + 1).saturating_sub(reverted.elapsed()))
+        .await;
+    let share_after = measured_share(sandbox).await?;
+    let (pass, summary) = judge(gate.as_deref(), route, true, share_after);
+    sandbox.say(format!("canary-abort: {summary}"));
+
+    let mut figures = Map::new();
+    figures.insert("abort_latency_ms".into(), Value::from(ms(abort_latency)));
+    figures.insert(
+        "detect_to_revert_ms".into(),
+        detect_to_revert_ms(&abort).map_or(Value::Null, Value::from),
+    );
+    figures.insert(
+        "revert_verified_ms".into(),
+        Value::from(ms(revert_verified)),
+    );
+    figures.insert("status_timestamp_precision_ms".into(), Value::from(1000));
+    figures.insert(
+        "failed_gate".into(),
+        gate.clone().map_or(Value::Null, Value::from),
+    );
+    figures.insert(
+        "canary_share_after".into(),
+        share_after
+            .map(|s| (s * 10_000.0).round() / 10_000.0)
+            .map_or(Value::Null, Value::from),
+    );
+    Ok(Outcome {
+        pass,
+        figures,
+        summary,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passes_only_on_an_error_ratio_abort_confirmed_by_telemetry() {
+        let cases = [
+            (Some("error-ratio"), (100, 0), true, Some(0.0), true),
+            (Some("error-ratio"), (100, 0), true, Some(0.0005), true),
+            (Some("latency-p99"), (100, 0), true, Some(0.0), false),
+            (None, (100, 0), true, Some(0.0), false),
+            (Some("error-ratio"), (99, 1), true, Some(0.0), false),
+            (Some("error-ratio"), (100, 0), false, Some(0.0), false),
+            (Some("error-ratio"), (100, 0), true, Some(0.01), false),
+            (Some("error-ratio"), (100, 0), true, None, false),
+        ];
+        for (gate, route, verified, share, want) in cases {
+            let (pass, why) = judge(gate, route, verified, share);
+            assert_eq!(pass, want, "{gate:?} {route:?} {verified} {share:?}: {why}");
+        }
+    }
+
+    #[test]
+    fn detect_to_revert_comes_from_the_status_timestamps() {
+        let abort = |first: Option<&str>, reverted: Option<&str>| -> AbortStatus {
+            serde_json::from_value(json!({
+                "reason": "GateFailed",
+                "decidedAt": "2026-01-01T00:00:01Z",
+                "firstFailedAt": first,
+                "routeRevertedAt": reverted,
+            }))
+            .unwrap()
+        };
+        let cases = [
+            (
+                Some("2026-01-01T00:00:01Z"),
+                Some("2026-01-01T00:00:03Z"),
+                Some(2000),
+            ),
+            (
+                Some("2026-01-01T00:00:01Z"),
+                Some("2026-01-01T00:00:01Z"),
+                Some(0),
+            ),
+            (Some("2026-01-01T00:00:01Z"), None, None),
+            (None, Some("2026-01-01T00:00:01Z"), None),
+        ];
+        for (first, reverted, want) in cases {
+            assert_eq!(
+                detect_to_revert_ms(&abort(first, reverted)),
+                want,
+                "{first:?} {reverted:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_rollout_targets_the_sandbox_route_and_backends() {
+        let r = rollout(
+            json!([{"setWeight": {"weight": 1}}]),
+            json!({"keepMirror": true}),
+        )
+        .unwrap();
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["spec"]["routeRef"]["name"], ROUTE);
+        assert_eq!(v["spec"]["stableService"]["name"], STABLE);
+        assert_eq!(v["spec"]["canaryService"]["name"], CANARY);
+        assert_eq!(v["spec"]["keepMirror"], true);
+        assert_eq!(v["metadata"]["namespace"], SHOP);
+    }
+}

@@ -1,0 +1,66 @@
+//! `sluice-sandbox --scenario canary-abort --until-done`: rollout-weights in east-1 holds
+//! checkout v2.14 at 1%, the canary starts returning 5xx at 2.3× stable, and the operator
+//! aborts; the binary exits 0 with the JSON result as its last line carrying the three abort
+//! figures, and nothing it started is left running.
+
+mod common;
+
+use std::time::Duration;
+
+/// The whole run (start, scenario, stop). On an idle machine it takes well under a minute.
+const BUDGET: Duration = Duration::from_secs(115);
+
+#[test]
+fn canary_abort_scenario_aborts_and_reports_its_figures() {
+    if let Some(reason) = common::skip_reason() {
+        println!("skipping: {reason}");
+        return;
+    }
+    if common::operators_flag() != "--operators=on" {
+        println!("skipping: the scenario needs the rollout-weights binary (cargo build --bins)");
+        return;
+    }
+    let mut run = common::start(&[
+        "--scenario",
+        "canary-abort",
+        "--until-done",
+        "--base-port",
+        "0",
+    ]);
+    let status = run.wait_exit(BUDGET);
+    let last = run.seen.last().cloned().unwrap_or_default();
+    assert!(status.success(), "exit {status:?}; last line: {last}");
+    let result: serde_json::Value = serde_json::from_str(&last)
+        .unwrap_or_else(|e| panic!("last line is not JSON ({e}): {last}"));
+    assert_eq!(result["scenario"], "canary-abort");
+    assert_eq!(result["outcome"], "pass", "{last}");
+    assert_eq!(result["failed_gate"], "error-ratio", "{last}");
+    let figure = |name: &str| {
+        result[name]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{name} is not a number of ms: {last}"))
+    };
+    let abort_latency = figure("abort_latency_ms");
+    let detect_to_revert = figure("detect_to_revert_ms");
+    let revert_verified = figure("revert_verified_ms");
+    // The fault must first show in a 5 s window and fail its gate: the abort cannot precede it,
+    // and the controller's own delay is a small part of what a user feels.
+    assert!(
+        abort_latency > 0 && abort_latency < 60_000,
+        "abort_latency_ms {abort_latency}"
+    );
+    assert!(
+        detect_to_revert <= abort_latency + 1000,
+        "detect_to_revert_ms {detect_to_revert} exceeds abort_latency_ms {abort_latency} (+1 s timestamp precision)"
+    );
+    assert!(
+        revert_verified < 60_000,
+        "revert_verified_ms {revert_verified}"
+    );
+    let share = result["canary_share_after"]
+        .as_f64()
+        .expect("canary_share_after is a number");
+    assert!(share <= 0.001, "canary share after the revert {share}");
+    let left = run.leftovers();
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+}
