@@ -96,7 +96,7 @@ async fn low_traffic_lengthens_the_step_and_never_passes_it() {
     let prom = g.prometheus.as_ref().unwrap().url().to_owned();
     let ctl = Controller::start(&g.client, &prom);
 
-    // Given a 50% step of 2 s at 3 requests per second (7.5 canary requests per 5 s window, fewer
+    // Given a 50% step of 2 s at 3 requests per second (6 canary requests per 4 s window, fewer
     // than the gates' minimum of 100).
     let steps = json!([{"setWeight": {"weight": 50}}, {"promote": {}}]);
     rollouts(&g.client)

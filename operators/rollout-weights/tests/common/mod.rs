@@ -58,7 +58,7 @@ pub fn prerequisites() -> bool {
 }
 
 /// A scenario from `scenarios/` with the traffic raised so that a 1% step has enough requests
-/// in a 5 s window (the sim's counters are expected counts, so this costs nothing).
+/// in a 4 s window (the sim's counters are expected counts, so this costs nothing).
 pub fn scenario(name: &str, rps: f64) -> Scenario {
     let mut s = Scenario::shipped(name).expect("shipped scenario loads");
     for svc in &mut s.services {
@@ -113,13 +113,13 @@ pub fn rollout(steps: Value, patch: Value) -> Rollout {
         "stepDuration": "2s",
         "appliedShareDeadline": "60s",
         "canaryReadyDeadline": "60s",
-        // Seconds-scale gates: a 5 s window (at least 4 of the world's 1 s intervals), and
-        // three consecutive share failures, since a seconds-long window moves more between
-        // two readings than the production's minutes-long one.
+        // Seconds-scale gates: a 4 s window (4 of the world's 1 s intervals), and three
+        // consecutive share failures, since a seconds-long window moves more between two
+        // readings than the production's minutes-long one.
         "gates": [
-            {"name": "applied-share", "builtin": "AppliedShare", "window": "5s", "consecutiveFailures": 3},
-            {"name": "error-ratio", "builtin": "ErrorRatioVsStable", "window": "5s"},
-            {"name": "latency-p99", "builtin": "LatencyP99VsStable", "window": "5s"}
+            {"name": "applied-share", "builtin": "AppliedShare", "window": "4s", "consecutiveFailures": 3},
+            {"name": "error-ratio", "builtin": "ErrorRatioVsStable", "window": "4s"},
+            {"name": "latency-p99", "builtin": "LatencyP99VsStable", "window": "4s"}
         ],
         "steps": steps,
     });
