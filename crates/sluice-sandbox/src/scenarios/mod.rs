@@ -5,6 +5,7 @@
 //! prints the result line (the caller prints [`result_line`] last).
 
 pub mod canary_abort;
+pub mod canary_promote;
 pub mod world;
 
 use std::time::Duration;
@@ -101,7 +102,11 @@ impl std::fmt::Debug for ScenarioDef {
 }
 
 /// Every scenario, in the order `--list-scenarios` shows them.
-pub const REGISTRY: &[ScenarioDef] = &[world::SCENARIO, canary_abort::SCENARIO];
+pub const REGISTRY: &[ScenarioDef] = &[
+    world::SCENARIO,
+    canary_abort::SCENARIO,
+    canary_promote::SCENARIO,
+];
 
 /// A scenario by name.
 pub fn find(name: &str) -> Option<&'static ScenarioDef> {
