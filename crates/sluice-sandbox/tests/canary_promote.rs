@@ -1,7 +1,7 @@
 //! `sluice-sandbox --scenario canary-promote --until-done`: rollout-weights in east-1 takes a
 //! healthy checkout v2.14 through mirror, cohort and 1 → 5 → 25 → 50 → 100, then hands the route
-//! back when the Rollout is deleted; the binary exits 0 with the JSON result as its last line,
-//! and nothing it started is left running.
+//! back when the Rollout is deleted and Argo CD applies Git's route; the binary exits 0 with the
+//! JSON result as its last line, and nothing it started is left running.
 
 mod common;
 
@@ -43,7 +43,7 @@ fn canary_promote_scenario_promotes_step_by_step_and_hands_back() {
         .as_f64()
         .expect("canary_share_promoted is a number");
     assert!(share >= 0.98, "canary share once promoted {share}");
-    for name in ["promote_ms", "handback_ms"] {
+    for name in ["promote_ms", "handback_ms", "argocd_sync_ms"] {
         assert!(result[name].as_u64().is_some(), "{name} missing: {last}");
     }
     let left = run.leftovers();

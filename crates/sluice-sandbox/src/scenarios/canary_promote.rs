@@ -3,16 +3,20 @@
 //! equally healthy; rollout-weights must judge every weight step on the share the mesh reports
 //! and reach Promoted with the route at 0/100. Then the Rollout is deleted (what the Git change
 //! making v2.14 stable does) and the route must be handed back: the ownership annotation and the
-//! operator's managedFields entry gone, the weights untouched.
+//! operator's managedFields entry gone, the weights untouched. Git's route (v2.14 now stable,
+//! 100%) is then rendered into a signed bundle and an Argo CD Application with self-heal applies
+//! it to east-1: the route Argo CD applies must send 100% to v2.14.
 //! Figures: `promote_ms` (Rollout created → Promoted), `steps_passed` (weights passed, in
 //! order), `handback_ms` (delete → route handed back), `canary_share_promoted` (what the mesh
-//! reports at 100%). Never writes the route itself.
+//! reports at 100%), `argocd_sync_ms` (Application created → Synced with Git's route in place).
+//! Never writes the route itself; Argo CD writes it only after hand-back.
 
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use kube::api::DeleteParams;
+use kube::Api;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::{Map, Value, json};
 use sluice_api::external::http_route::HttpRoute;
 use sluice_api::v1alpha1::RolloutPhase;
@@ -22,14 +26,20 @@ use super::canary_abort::{
     CLUSTER, create, measured_share, ms, raise_traffic, rollout, rollout_until, rollouts,
     route_until, weights,
 };
+use super::world::{MANAGEMENT, synced_at};
 use super::{Outcome, ScenarioDef, ScenarioError};
-use crate::baseline::{ROUTE, SHOP};
+use crate::baseline::{self, ROUTE, SHOP};
 use crate::sandbox::Sandbox;
 
 /// The weight steps, in order.
 pub const WEIGHTS: [u32; 4] = [1, 5, 25, 50];
 /// Lowest canary share the mesh must report once promoted.
 pub const PROMOTED_SHARE: f64 = 0.98;
+
+/// The Application that applies Git's checkout route to east-1 after hand-back.
+pub const APPLICATION_NAME: &str = "east-1-checkout";
+/// Where Git's checkout route lives in the intent repository once v2.14 is stable.
+pub const ROUTE_DIR: &str = "clusters/east-1/checkout";
 
 /// The registry entry.
 pub const SCENARIO: ScenarioDef = ScenarioDef {
@@ -191,13 +201,28 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
         after.0, after.1
     ));
 
+    let (synced_ms, applied) = argocd_applies_git_route(sandbox).await?;
+    sandbox.say(format!(
+        "canary-promote: Argo CD applied Git's route {synced_ms} ms after its Application was created: {}/{}",
+        applied.0, applied.1
+    ));
+
     let (pass, summary) = judge(&passed, after, true, share);
-    let pass = pass && route == (0, 100);
+    let pass = pass && route == (0, 100) && applied == (0, 100);
+    let summary = if applied == (0, 100) {
+        format!("{summary}; Argo CD then applied Git's route, 100% to v2.14")
+    } else {
+        format!(
+            "{summary}; but the route Argo CD applied is at {}/{}, not 0/100",
+            applied.0, applied.1
+        )
+    };
     sandbox.say(format!("canary-promote: {summary}"));
     let mut figures = Map::new();
     figures.insert("promote_ms".into(), Value::from(promote_ms));
     figures.insert("steps_passed".into(), json!(passed));
     figures.insert("handback_ms".into(), Value::from(handback_ms));
+    figures.insert("argocd_sync_ms".into(), Value::from(synced_ms));
     figures.insert(
         "canary_share_promoted".into(),
         share
@@ -209,6 +234,108 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
         figures,
         summary,
     })
+}
+
+fn bundle_error(step: &'static str) -> impl FnOnce(sluice_bundle::BundleError) -> ScenarioError {
+    move |e| ScenarioError::Bundle {
+        step,
+        message: format!("{e} [{}]", e.category()),
+    }
+}
+
+/// Commits Git's route (v2.14 stable, 100%), publishes it as a signed bundle and has an Argo CD
+/// Application with self-heal apply it to east-1; returns (ms until Synced with the route
+/// carrying Argo CD's tracking annotation, the route's weights then).
+async fn argocd_applies_git_route(sandbox: &Sandbox) -> Result<(u64, (i32, i32)), ScenarioError> {
+    use sluice_bundle::{BundleClient, Manifests, Metadata, ReadOptions, RegistryOptions};
+    let git = sandbox.git();
+    let path = format!("{ROUTE_DIR}/route-{ROUTE}.yaml");
+    let commit = git
+        .commit_files(
+            &[(path.as_str(), baseline::route(0, 100).as_str())],
+            "mesh: checkout v2.14 is stable",
+        )
+        .and_then(|sha| git.push().map(|()| sha))
+        .map_err(|e| ScenarioError::Bundle {
+            step: "commit",
+            message: e.to_string(),
+        })?;
+    let (manifests, _) =
+        Manifests::read_dir(&git.work_dir().join(ROUTE_DIR), &ReadOptions::default())
+            .map_err(bundle_error("read manifests"))?;
+    let artifact = sluice_bundle::render(
+        &manifests,
+        &Metadata {
+            source_commit: Some(commit.clone()),
+            source_url: Some(git.url()),
+            ..Metadata::default()
+        },
+    )
+    .map_err(bundle_error("render"))?;
+    let client = BundleClient::new(RegistryOptions::default());
+    let repository = sandbox.registry().repository("mesh/east-1-checkout");
+    let tag = &commit[..commit.len().min(12)];
+    let pushed = client
+        .push(&artifact, &format!("{repository}:{tag}"))
+        .await
+        .map_err(bundle_error("push"))?;
+    client
+        .sign(&pushed.reference, sandbox.signing_key())
+        .await
+        .map_err(bundle_error("sign"))?;
+    let digest = pushed.manifest_digest.clone();
+    sandbox.say(format!(
+        "canary-promote: Git's route (commit {tag}, v2.14 stable) pushed as {} and signed; Application {MANAGEMENT}/{APPLICATION_NAME} applies it with self-heal",
+        pushed.reference
+    ));
+    let app: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Application",
+        "metadata": {"name": APPLICATION_NAME, "namespace": crate::operators::ARGOCD_NAMESPACE},
+        "spec": {
+            "project": "default",
+            "source": {"repoURL": format!("oci://{repository}"), "path": ".", "targetRevision": digest},
+            "destination": {"name": CLUSTER, "namespace": SHOP},
+            "syncPolicy": {"automated": {"prune": true, "selfHeal": true}},
+        }
+    }))
+    .map_err(|e| ScenarioError::Missing(format!("a valid Application ({e})")))?;
+    let mgmt = sandbox
+        .client(MANAGEMENT)
+        .ok_or_else(|| ScenarioError::Missing(format!("cluster {MANAGEMENT}")))?;
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"),
+        "applications",
+    );
+    let apps: Api<DynamicObject> =
+        Api::namespaced_with(mgmt, crate::operators::ARGOCD_NAMESPACE, &resource);
+    let created = Instant::now();
+    apps.create(&PostParams::default(), &app)
+        .await
+        .map_err(|source| ScenarioError::Api {
+            action: format!("creating Application {APPLICATION_NAME}"),
+            cluster: MANAGEMENT.into(),
+            source,
+        })?;
+    loop {
+        let synced = apps
+            .get(APPLICATION_NAME)
+            .await
+            .ok()
+            .and_then(|a| serde_json::to_value(a).ok())
+            .is_some_and(|a| synced_at(&a, &digest));
+        if synced
+            && let Ok(route) = super::canary_abort::routes(sandbox)?.get(ROUTE).await
+            && route
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key("argocd.argoproj.io/tracking-id"))
+        {
+            return Ok((ms(created.elapsed()), weights(&route)));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[cfg(test)]
