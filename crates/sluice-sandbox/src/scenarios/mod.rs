@@ -6,6 +6,7 @@
 
 pub mod canary_abort;
 pub mod canary_promote;
+pub mod revision_upgrade;
 pub mod world;
 
 use std::time::Duration;
@@ -106,6 +107,7 @@ pub const REGISTRY: &[ScenarioDef] = &[
     world::SCENARIO,
     canary_abort::SCENARIO,
     canary_promote::SCENARIO,
+    revision_upgrade::SCENARIO,
 ];
 
 /// A scenario by name.

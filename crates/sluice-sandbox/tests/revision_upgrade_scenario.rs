@@ -1,0 +1,61 @@
+//! `sluice-sandbox --scenario revision-upgrade --until-done`: the upgrade-revisions operator in
+//! east-1 moves the fleet from 1-27 to 1-28 in three waves; the binary exits 0 with the JSON
+//! result as its last line, the simulator's SVID counter within the budget.
+
+mod common;
+
+use std::time::Duration;
+
+/// The whole run (start, scenario, stop) must fit in this.
+const BUDGET: Duration = Duration::from_secs(115);
+
+#[test]
+fn revision_upgrade_completes_within_the_issuance_budget() {
+    if let Some(reason) = common::skip_reason() {
+        println!("skipping: {reason}");
+        return;
+    }
+    if common::operators_flag() == "--operators=off" {
+        println!(
+            "skipping: the upgrade-revisions operator binary is not built next to the sandbox (cargo build --bins)"
+        );
+        return;
+    }
+    let mut run = common::start(&[
+        "--scenario",
+        "revision-upgrade",
+        "--until-done",
+        "--base-port",
+        "0",
+    ]);
+    let status = run.wait_exit(BUDGET);
+    let last = run.seen.last().cloned().unwrap_or_default();
+    assert!(status.success(), "exit {status:?}; last line: {last}");
+    let result: serde_json::Value = serde_json::from_str(&last)
+        .unwrap_or_else(|e| panic!("last line is not JSON ({e}): {last}"));
+    assert_eq!(result["scenario"], "revision-upgrade");
+    assert_eq!(result["outcome"], "pass", "{last}");
+    let ratio = result["peak_issuance_ratio"]
+        .as_f64()
+        .expect("peak_issuance_ratio is a number");
+    assert!(
+        ratio > 0.0 && ratio <= 1.0,
+        "peak_issuance_ratio {ratio}: {last}"
+    );
+    for figure in ["budget_utilisation", "time_ratio"] {
+        let v = result[figure]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{figure} is a number: {last}"));
+        assert!(v > 0.0, "{figure} {v}: {last}");
+    }
+    let proxies = result["proxies"].as_u64().expect("proxies is a number");
+    assert!(
+        proxies >= 20,
+        "the fleet of 20 added pods plus shop's: {last}"
+    );
+    assert_eq!(
+        result["svids_issued"].as_u64(),
+        Some(proxies),
+        "one certificate per restarted proxy: {last}"
+    );
+}
