@@ -47,6 +47,11 @@ pub const PEAK: f64 = 10.0;
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(20);
 /// How long background issuance is counted before the upgrade starts.
 pub const BACKGROUND_WINDOW: Duration = Duration::from_secs(3);
+/// The window the operator binary measures issuance over (its `--issuance-window-seconds`
+/// default, which the sandbox leaves as the chart does).
+pub const ISSUANCE_WINDOW: Duration = Duration::from_secs(60);
+/// The certificate authority's issuance counter the simulator writes to Prometheus.
+pub const ISSUANCE_METRIC: &str = "citadel_server_success_cert_issuance_count";
 /// The injector's record of the revision that injected a pod.
 pub const STATUS_ANNOTATION: &str = "sidecar.istio.io/status";
 
@@ -68,7 +73,7 @@ pub const SCENARIO: ScenarioDef = ScenarioDef {
                   of 8/s (depth 8, 10 in any second); pass when every proxy runs 1-28, the old \
                   revision is reported retirable and the simulator's SVID counter never exceeds \
                   the budget (peak_issuance_ratio ≤ 1.0; also budget_utilisation, time_ratio)",
-    budget: Duration::from_secs(100),
+    budget: Duration::from_secs(110),
     run: start,
 };
 
@@ -354,6 +359,28 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
     sandbox.say(format!(
         "revision-upgrade: {before} proxies Ready on {FROM_REVISION}; counting background issuance for {BACKGROUND_WINDOW:?}"
     ));
+    // The operator holds restarts until Prometheus can answer the issuance counter at both ends
+    // of its window (no data is not zero): wait for the window's early end to exist.
+    sandbox.say(format!(
+        "revision-upgrade: waiting until Prometheus holds a full issuance window ({ISSUANCE_WINDOW:?}) for {CLUSTER}; without it the operator holds restarts"
+    ));
+    let query = format!("max({ISSUANCE_METRIC}{{cluster=\"{CLUSTER}\"}})");
+    loop {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+            .unwrap_or_default();
+        let early = now_ms - i64::try_from(ISSUANCE_WINDOW.as_millis()).unwrap_or_default();
+        if !sandbox
+            .prometheus()
+            .query(&query, Some(early))
+            .await?
+            .is_empty()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     let sampler = Sampler::start(svid);
     tokio::time::sleep(BACKGROUND_WINDOW).await;
     let pre = sampler.samples();
@@ -382,6 +409,7 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
     let mut restart = Duration::ZERO;
     let mut last = Instant::now();
     let mut wave_said: Option<(String, UpgradeWaveState)> = None;
+    let mut said_budget = Instant::now();
     let done = loop {
         let obj = upgrades
             .get(NAME)
@@ -394,6 +422,14 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
             .and_then(|i| status.waves.get(i as usize));
         if wave.is_some_and(|w| w.state == UpgradeWaveState::Restarting) {
             restart += now - last;
+            if said_budget.elapsed() >= Duration::from_secs(5) {
+                said_budget = Instant::now();
+                let b = status.issuance_budget.clone().unwrap_or_default();
+                sandbox.say(format!(
+                    "revision-upgrade: budget {:.1} tokens, observed {:.1}/s, background {:.1}/s, throttled {}",
+                    b.tokens, b.observed_rate, b.background_rate, b.throttled
+                ));
+            }
         }
         last = now;
         if let Some(w) = wave {
