@@ -23,6 +23,8 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY crates ./crates
 COPY operators ./operators
+# Every workspace member's manifest must be present for cargo to load the workspace.
+COPY e2e/suite ./e2e/suite
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked \
