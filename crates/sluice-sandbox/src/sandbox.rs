@@ -657,11 +657,15 @@ impl Sandbox {
         std::fs::create_dir_all(&logs).map_err(io("creating the log directory"))?;
         self.narrator
             .say(format!("operator logs: {}", logs.display()));
+        // A port the kernel picked is released before the operator binds it, so the kernel may
+        // hand the same one out again: never give two operators one port.
+        let mut taken = std::collections::BTreeSet::new();
         for (n, placement) in operators::placements(&specs).into_iter().enumerate() {
             let mut port = topology::operator_port(options.base_port, n);
-            if port == 0 || !topology::port_is_free(port) {
+            while port == 0 || taken.contains(&port) || !topology::port_is_free(port) {
                 port = topology::free_port().map_err(io("finding a free metrics port"))?;
             }
+            taken.insert(port);
             let kubeconfig = self
                 .cluster(&placement.cluster)
                 .map(|c| c.kubeconfig.clone());
