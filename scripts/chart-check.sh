@@ -345,6 +345,27 @@ main() {
     fail "helm template (variant values)" "$(cat "$OUT/render.err")"
   fi
 
+  # The metrics source each gate-running operator reads, set in values, reaches its command line.
+  if render metrics-source --set rolloutWeights.prometheusUrl=http://thanos-query.monitoring:10902 \
+    --set rolloutWeights.cluster=east-1 --set waveGate.prometheusUrl=https://thanos-global.monitoring:9091/prefix \
+    2>"$OUT/render.err"; then
+    pass "helm template (metrics source values)"
+    check "metrics source values reach the container args" "$PY" scripts/chart_assert.py "$OUT/metrics-source.yaml" \
+      --enabled "$(IFS=,; echo "${OPERATORS[*]}")" --release-namespace "$NAMESPACE" \
+      --argocd-namespace "$ARGOCD_NAMESPACE" --route-owner-annotation "$ROUTE_OWNER_ANNOTATION" \
+      --expect-arg rollout-weights=--prometheus-url=http://thanos-query.monitoring:10902 \
+      --expect-arg rollout-weights=--cluster=east-1 \
+      --expect-arg wave-gate=--prometheus-url=https://thanos-global.monitoring:9091/prefix
+  else
+    fail "helm template (metrics source values)" "$(cat "$OUT/render.err")"
+  fi
+  # ...and are absent by default (the binaries' own defaults apply).
+  if grep -qE -- '--(prometheus-url|cluster)=' "$OUT/default.yaml"; then
+    fail "default values pass no --prometheus-url or --cluster" "$(grep -nE -- '--(prometheus-url|cluster)=' "$OUT/default.yaml")"
+  else
+    pass "default values pass no --prometheus-url or --cluster"
+  fi
+
   # Monitoring: ServiceMonitor, PrometheusRule and dashboards rendered and validated; alert rules
   # unit-tested with promtool when it is installed.
   if render monitoring --set monitoring.serviceMonitor.enabled=true --set monitoring.prometheusRule.enabled=true \
@@ -381,6 +402,10 @@ main() {
   expect_rejected "chart refuses a ServiceMonitor without metrics Services" \
     "monitoring.serviceMonitor.enabled needs metrics.service.enabled" \
     --set monitoring.serviceMonitor.enabled=true --set metrics.service.enabled=false
+  expect_rejected "schema rejects a metrics source that is not an http(s) URL" \
+    "at '/rolloutWeights/prometheusUrl'" --set rolloutWeights.prometheusUrl=thanos-query:9090
+  expect_rejected "schema rejects a cluster label value with a space" "at '/rolloutWeights/cluster'" \
+    --set 'rolloutWeights.cluster=east 1'
   expect_rejected "schema rejects a bad alert duration" "at '/monitoring/prometheusRule/alerts/rolloutStuckFor'" \
     --set monitoring.prometheusRule.alerts.rolloutStuckFor=soon
   expect_rejected "chart rejects renewSeconds >= leaseDurationSeconds" \

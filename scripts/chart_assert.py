@@ -259,6 +259,18 @@ def check_crd_names(docs: list[dict], g: dict[str, set[str]], f: Failures) -> No
                 f.check(res in known, f"{who}: rule names sluice.dev/{res}, which no rendered CRD defines (known: {sorted(known)})")
 
 
+def check_expected_arg(deployments: dict, op: str, arg: str, f: Failures) -> None:
+    """A value set in values.yaml reaches the operator's command line exactly once."""
+    dep = deployments.get(op)
+    if dep is None:
+        f.items.append(f"--expect-arg {op}={arg}: no Deployment for {op} is rendered")
+        return
+    args = [a for c in dep["spec"]["template"]["spec"].get("containers", []) for a in c.get("args", [])]
+    flag = arg.split("=", 1)[0] + "="
+    f.check(args.count(arg) == 1 and sum(a.startswith(flag) for a in args) == 1,
+            f"Deployment {dep['metadata']['name']}: expected the arg {arg!r} exactly once, args are {args}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("rendered")
@@ -268,6 +280,8 @@ def main() -> int:
     p.add_argument("--route-owner-annotation", help="the annotation sluice-api puts on owned routes")
     p.add_argument("--rbac-table", help="file holding every expected grant, one per line")
     p.add_argument("--write", action="store_true", help="rewrite --rbac-table from the render")
+    p.add_argument("--expect-arg", action="append", default=[], metavar="OPERATOR=ARG",
+                   help="OPERATOR's container args must hold ARG exactly once (repeatable)")
     a = p.parse_args()
 
     enabled = [e for e in a.enabled.split(",") if e]
@@ -290,6 +304,9 @@ def main() -> int:
     check_crd_names(docs, g, f)
     check_decision_configmap(docs, enabled, a.argocd_namespace, f)
     check_owned_route_policy(docs, enabled, a.route_owner_annotation, f)
+    for expected in a.expect_arg:
+        op, _, arg = expected.partition("=")
+        check_expected_arg(deployments, op, arg, f)
 
     if a.rbac_table:
         lines = sorted(f"{who} {line}" for who, items in g.items() for line in items)
