@@ -27,7 +27,7 @@ use super::canary_abort::{
     route_until, weights,
 };
 use super::world::{MANAGEMENT, synced_at};
-use super::{Outcome, ScenarioDef, ScenarioError};
+use super::{Outcome, ScenarioDef, ScenarioError, bundles};
 use crate::baseline::{self, ROUTE, SHOP};
 use crate::sandbox::Sandbox;
 
@@ -236,53 +236,24 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
     })
 }
 
-fn bundle_error(step: &'static str) -> impl FnOnce(sluice_bundle::BundleError) -> ScenarioError {
-    move |e| ScenarioError::Bundle {
-        step,
-        message: format!("{e} [{}]", e.category()),
-    }
-}
-
 /// Commits Git's route (v2.14 stable, 100%), publishes it as a signed bundle and has an Argo CD
 /// Application with self-heal apply it to east-1; returns (ms until Synced with the route
 /// carrying Argo CD's tracking annotation, the route's weights then).
 async fn argocd_applies_git_route(sandbox: &Sandbox) -> Result<(u64, (i32, i32)), ScenarioError> {
-    use sluice_bundle::{BundleClient, Manifests, Metadata, ReadOptions, RegistryOptions};
-    let git = sandbox.git();
     let path = format!("{ROUTE_DIR}/route-{ROUTE}.yaml");
-    let commit = git
-        .commit_files(
-            &[(path.as_str(), baseline::route(0, 100).as_str())],
-            "mesh: checkout v2.14 is stable",
-        )
-        .and_then(|sha| git.push().map(|()| sha))
-        .map_err(|e| ScenarioError::Bundle {
-            step: "commit",
-            message: e.to_string(),
-        })?;
-    let (manifests, _) =
-        Manifests::read_dir(&git.work_dir().join(ROUTE_DIR), &ReadOptions::default())
-            .map_err(bundle_error("read manifests"))?;
-    let artifact = sluice_bundle::render(
-        &manifests,
-        &Metadata {
-            source_commit: Some(commit.clone()),
-            source_url: Some(git.url()),
-            ..Metadata::default()
+    let route = baseline::route(0, 100);
+    let pushed = bundles::publish_bundle(
+        sandbox,
+        &bundles::Change {
+            files: &[(path.as_str(), route.as_str())],
+            message: "mesh: checkout v2.14 is stable",
+            dir: ROUTE_DIR,
+            repository: "mesh/east-1-checkout",
         },
     )
-    .map_err(bundle_error("render"))?;
-    let client = BundleClient::new(RegistryOptions::default());
-    let repository = sandbox.registry().repository("mesh/east-1-checkout");
-    let tag = &commit[..commit.len().min(12)];
-    let pushed = client
-        .push(&artifact, &format!("{repository}:{tag}"))
-        .await
-        .map_err(bundle_error("push"))?;
-    client
-        .sign(&pushed.reference, sandbox.signing_key())
-        .await
-        .map_err(bundle_error("sign"))?;
+    .await?;
+    let repository = pushed.repository.clone();
+    let tag = &pushed.tag;
     let digest = pushed.manifest_digest.clone();
     sandbox.say(format!(
         "canary-promote: Git's route (commit {tag}, v2.14 stable) pushed as {} and signed; Application {MANAGEMENT}/{APPLICATION_NAME} applies it with self-heal",

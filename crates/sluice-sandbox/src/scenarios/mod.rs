@@ -4,6 +4,7 @@
 //! returns an [`Outcome`] with its figures; it never stops the sandbox (the caller does) and never
 //! prints the result line (the caller prints [`result_line`] last).
 
+pub mod bundles;
 pub mod canary_abort;
 pub mod canary_promote;
 pub mod revision_upgrade;

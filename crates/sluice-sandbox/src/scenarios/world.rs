@@ -15,9 +15,9 @@ use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use serde_json::{Map, Value, json};
 
-use sluice_bundle::{BundleClient, Manifests, Metadata, ReadOptions, RegistryOptions};
+use sluice_bundle::{BundleClient, RegistryOptions};
 
-use super::{Outcome, ScenarioDef, ScenarioError};
+use super::{Outcome, ScenarioDef, ScenarioError, bundles};
 use crate::baseline::{CANARY, ROUTE, SHOP, STABLE};
 use crate::sandbox::Sandbox;
 use crate::share;
@@ -122,13 +122,6 @@ fn bundle_route() -> String {
     )
 }
 
-fn bundle_error(step: &'static str) -> impl FnOnce(sluice_bundle::BundleError) -> ScenarioError {
-    move |e| ScenarioError::Bundle {
-        step,
-        message: format!("{e} [{}]", e.category()),
-    }
-}
-
 /// Whether an Application reports Synced at `digest`.
 pub fn synced_at(app: &serde_json::Value, digest: &str) -> bool {
     app.pointer("/status/sync/status").and_then(Value::as_str) == Some("Synced")
@@ -137,44 +130,25 @@ pub fn synced_at(app: &serde_json::Value, digest: &str) -> bool {
 
 async fn bundle_part(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
     // Commit the change to the intent repository, then render, push and sign it.
-    let git = sandbox.git();
     let path = format!("{BUNDLE_DIR}/route-{BUNDLE_ROUTE}.yaml");
-    let commit = git
-        .commit_files(
-            &[(path.as_str(), bundle_route().as_str())],
-            "mesh: internal checkout route in east-1",
-        )
-        .and_then(|sha| git.push().map(|()| sha))
-        .map_err(|e| ScenarioError::Bundle {
-            step: "commit",
-            message: e.to_string(),
-        })?;
-    let (manifests, _) =
-        Manifests::read_dir(&git.work_dir().join(BUNDLE_DIR), &ReadOptions::default())
-            .map_err(bundle_error("read manifests"))?;
-    let artifact = sluice_bundle::render(
-        &manifests,
-        &Metadata {
-            source_commit: Some(commit.clone()),
-            source_url: Some(git.url()),
-            ..Metadata::default()
+    let route = bundle_route();
+    let pushed = bundles::publish_bundle(
+        sandbox,
+        &bundles::Change {
+            files: &[(path.as_str(), route.as_str())],
+            message: "mesh: internal checkout route in east-1",
+            dir: BUNDLE_DIR,
+            repository: "mesh/east-1",
         },
     )
-    .map_err(bundle_error("render"))?;
-    let client = BundleClient::new(RegistryOptions::default());
-    let repository = sandbox.registry().repository("mesh/east-1");
-    let tag = &commit[..commit.len().min(12)];
-    let pushed = client
-        .push(&artifact, &format!("{repository}:{tag}"))
-        .await
-        .map_err(bundle_error("push"))?;
-    let key = sandbox.signing_key();
-    client
-        .sign(&pushed.reference, key)
-        .await
-        .map_err(bundle_error("sign"))?;
-    let verified = client
-        .verify(&pushed.reference, std::slice::from_ref(key.public_key()))
+    .await?;
+    let repository = pushed.repository.clone();
+    let tag = &pushed.tag;
+    let verified = BundleClient::new(RegistryOptions::default())
+        .verify(
+            &pushed.reference,
+            std::slice::from_ref(sandbox.signing_key().public_key()),
+        )
         .await
         .is_ok();
     let digest = pushed.manifest_digest.clone();
