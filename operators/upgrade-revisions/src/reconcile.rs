@@ -21,7 +21,7 @@ use k8s_openapi::{
     api::{
         admissionregistration::v1::MutatingWebhookConfiguration,
         apps::v1::{DaemonSet, Deployment, StatefulSet},
-        core::v1::{Namespace, Pod},
+        core::v1::{Namespace, Pod, PodTemplateSpec},
     },
     jiff::Timestamp,
 };
@@ -456,66 +456,49 @@ async fn restarted_at(
         )
     }) {
         let ns = n.name.as_str();
-        let err = |source| ReconcileError::Workloads {
-            namespace: ns.to_owned(),
-            source,
-        };
-        let lp = ListParams::default();
-        let mut add = |kind: &str, name: String, tpl: Option<&BTreeMap<String, String>>| {
-            if let Some(v) = tpl.and_then(|a| a.get(RESTARTED_AT_ANNOTATION)) {
-                out.insert(
-                    (
-                        ns.to_owned(),
-                        Workload {
-                            kind: kind.into(),
-                            name,
-                        },
-                    ),
-                    v.clone(),
-                );
-            }
-        };
-        for d in Api::<Deployment>::namespaced(client.clone(), ns)
-            .list(&lp)
-            .await
-            .map_err(err)?
-        {
-            let a = d
-                .spec
-                .template
-                .metadata
-                .as_ref()
-                .and_then(|m| m.annotations.clone());
-            add("Deployment", d.name_any(), a.as_ref());
-        }
-        for d in Api::<StatefulSet>::namespaced(client.clone(), ns)
-            .list(&lp)
-            .await
-            .map_err(err)?
-        {
-            let a = d
-                .spec
-                .template
-                .metadata
-                .as_ref()
-                .and_then(|m| m.annotations.clone());
-            add("StatefulSet", d.name_any(), a.as_ref());
-        }
-        for d in Api::<DaemonSet>::namespaced(client.clone(), ns)
-            .list(&lp)
-            .await
-            .map_err(err)?
-        {
-            let a = d
-                .spec
-                .template
-                .metadata
-                .as_ref()
-                .and_then(|m| m.annotations.clone());
-            add("DaemonSet", d.name_any(), a.as_ref());
-        }
+        let mut found = workload_markers::<Deployment>(client, ns, |d| &d.spec.template).await?;
+        found.extend(workload_markers::<StatefulSet>(client, ns, |s| &s.spec.template).await?);
+        found.extend(workload_markers::<DaemonSet>(client, ns, |d| &d.spec.template).await?);
+        out.extend(found.into_iter().map(|(w, v)| ((ns.to_owned(), w), v)));
     }
     Ok(out)
+}
+
+/// The `restartedAt` annotation of the pod template of every `K` in `namespace` that has one.
+async fn workload_markers<K>(
+    client: &Client,
+    namespace: &str,
+    template: fn(&K) -> &PodTemplateSpec,
+) -> Result<Vec<(Workload, String)>, ReconcileError>
+where
+    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+{
+    let list = Api::<K>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .map_err(|source| ReconcileError::Workloads {
+            namespace: namespace.to_owned(),
+            source,
+        })?;
+    Ok(list
+        .into_iter()
+        .filter_map(|obj| {
+            let marker = template(&obj)
+                .metadata
+                .as_ref()
+                .and_then(|m| m.annotations.as_ref())
+                .and_then(|a| a.get(RESTARTED_AT_ANNOTATION))?
+                .clone();
+            let workload = Workload {
+                kind: K::kind(&()).into_owned(),
+                name: obj.name_any(),
+            };
+            Some((workload, marker))
+        })
+        .collect())
 }
 
 /// Reads the issuance counter and, when due, the gates of the current wave.
