@@ -359,6 +359,16 @@ main() {
   else
     fail "helm template (metrics source values)" "$(cat "$OUT/render.err")"
   fi
+  # revert's identity Secrets in a namespace of their own: its list grant and its flag follow.
+  if render identities --set revert.clusterIdentities.namespace=sluice-revert-clusters 2>"$OUT/render.err"; then
+    pass "helm template (revert identities in their own namespace)"
+    check "revert lists Secrets only in its identity namespace, which its flag names" "$PY" scripts/chart_assert.py \
+      "$OUT/identities.yaml" --enabled "$(IFS=,; echo "${OPERATORS[*]}")" --release-namespace "$NAMESPACE" \
+      --argocd-namespace "$ARGOCD_NAMESPACE" --route-owner-annotation "$ROUTE_OWNER_ANNOTATION" \
+      --revert-identity-namespace sluice-revert-clusters --expect-arg revert=--cluster-namespace=sluice-revert-clusters
+  else
+    fail "helm template (revert identities in their own namespace)" "$(cat "$OUT/render.err")"
+  fi
   # ...and are absent by default (the binaries' own defaults apply).
   if grep -qE -- '--(prometheus-url|cluster)=' "$OUT/default.yaml"; then
     fail "default values pass no --prometheus-url or --cluster" "$(grep -nE -- '--(prometheus-url|cluster)=' "$OUT/default.yaml")"
@@ -406,6 +416,9 @@ main() {
     "at '/rolloutWeights/prometheusUrl'" --set rolloutWeights.prometheusUrl=thanos-query:9090
   expect_rejected "schema rejects a cluster label value with a space" "at '/rolloutWeights/cluster'" \
     --set 'rolloutWeights.cluster=east 1'
+  expect_rejected "chart refuses revert's identity Secrets in the Argo CD namespace" \
+    "revert.clusterIdentities.namespace must not be argocd.namespace (argocd)" \
+    --set revert.clusterIdentities.namespace=argocd
   expect_rejected "schema rejects a bad alert duration" "at '/monitoring/prometheusRule/alerts/rolloutStuckFor'" \
     --set monitoring.prometheusRule.alerts.rolloutStuckFor=soon
   expect_rejected "chart rejects renewSeconds >= leaseDurationSeconds" \

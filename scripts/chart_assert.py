@@ -144,7 +144,8 @@ def grants(docs: list[dict]) -> dict[str, set[str]]:
     return out
 
 
-def check_rbac(docs: list[dict], enabled: list[str], release_ns: str, argocd_ns: str, f: Failures) -> dict[str, set[str]]:
+def check_rbac(docs: list[dict], enabled: list[str], release_ns: str, argocd_ns: str, identity_ns: str,
+               f: Failures) -> dict[str, set[str]]:
     g = grants(docs)
     f.check("<dangling>" not in g, f"bindings reference roles that are not rendered: {sorted(g.get('<dangling>', []))}")
     sa_of = {}
@@ -167,18 +168,19 @@ def check_rbac(docs: list[dict], enabled: list[str], release_ns: str, argocd_ns:
                 f.check(allowed, f"{where}: may write another operator's kind: {line}")
             if res == "secrets":
                 f.check(op == "revert", f"{where}: must not read Secrets: {line}")
-                # revert's destination-cluster identities are Secrets in the release namespace
-                # (get, list); in the Argo CD namespace, where Argo CD's cluster credentials
-                # live, it may only get the named cosign public-key Secrets.
-                identities = scope == f"ns/{release_ns}" and verb in ("get", "list")
+                # revert finds its destination-cluster identities by listing the Secrets of
+                # their own namespace (list only); in the Argo CD namespace, where Argo CD's
+                # cluster credentials live, it may only get the named cosign public-key Secrets.
+                identities = scope == f"ns/{identity_ns}" and verb == "list" and identity_ns != argocd_ns
                 f.check(identities or (names != "*" and verb == "get"),
-                        f"{where}: Secrets only by name and only get outside the release namespace: {line}")
+                        f"{where}: Secrets only listed in the identity namespace ({identity_ns}), "
+                        f"else only get by name: {line}")
             if res == "pods/eviction":
                 f.check(op == "upgrade-revisions", f"{where}: must not evict pods: {line}")
             if res == "httproutes" and verb in WRITE_VERBS:
                 f.check(op == "rollout-weights", f"{where}: must not write routes: {line}")
             if op in ("wave-gate", "revert") and not res.startswith("gatetemplates") and res != "leases" \
-                    and not (op == "revert" and res == "secrets" and scope == f"ns/{release_ns}"):
+                    and not (op == "revert" and res == "secrets" and scope == f"ns/{identity_ns}"):
                 f.check(scope == f"ns/{argocd_ns}", f"{where}: must be limited to the Argo CD namespace: {line}")
             if res == "leases":
                 f.check(scope == f"ns/{release_ns}", f"{where}: Leases only in the release namespace: {line}")
@@ -277,6 +279,8 @@ def main() -> int:
     p.add_argument("--enabled", required=True, help="comma-separated operators expected to be rendered")
     p.add_argument("--release-namespace", required=True)
     p.add_argument("--argocd-namespace", default="argocd")
+    p.add_argument("--revert-identity-namespace",
+                   help="namespace of revert's cluster identity Secrets (default: the release namespace)")
     p.add_argument("--route-owner-annotation", help="the annotation sluice-api puts on owned routes")
     p.add_argument("--rbac-table", help="file holding every expected grant, one per line")
     p.add_argument("--write", action="store_true", help="rewrite --rbac-table from the render")
@@ -300,7 +304,8 @@ def main() -> int:
         f.check(not leftovers, f"{op} is disabled but renders {leftovers}")
     for d in deployments.values():
         check_deployment(d, docs, f)
-    g = check_rbac(docs, enabled, a.release_namespace, a.argocd_namespace, f)
+    g = check_rbac(docs, enabled, a.release_namespace, a.argocd_namespace,
+                   a.revert_identity_namespace or a.release_namespace, f)
     check_crd_names(docs, g, f)
     check_decision_configmap(docs, enabled, a.argocd_namespace, f)
     check_owned_route_policy(docs, enabled, a.route_owner_annotation, f)

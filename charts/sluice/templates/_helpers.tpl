@@ -343,6 +343,11 @@ spec:
 sluice.dev/owned-by-rollout
 {{- end }}
 
+{{/* The namespace of revert's destination-cluster identity Secrets (default: the release namespace). */}}
+{{- define "sluice.revertIdentityNamespace" -}}
+{{- .Values.revert.clusterIdentities.namespace | default .Release.Namespace }}
+{{- end }}
+
 {{/* revert's target identity on a workload cluster: its ServiceAccount, ClusterRole and binding name. */}}
 {{- define "sluice.revertTargetName" -}}
 {{- include "sluice.componentName" (dict "root" . "component" "revert-target") }}
