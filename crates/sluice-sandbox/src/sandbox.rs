@@ -487,6 +487,7 @@ impl Sandbox {
         sandbox.commit_intent()?;
         sandbox.write_key_files()?;
         sandbox.start_argocd().await?;
+        sandbox.install_revert_trust().await?;
         sandbox.start_worlds(&options)?;
         if let Some(build) = build {
             sandbox.start_operators(&options, &build)?;
@@ -609,6 +610,62 @@ impl Sandbox {
                 targets.join(", ")
             ));
             self.argocds.push((name, argocd));
+        }
+        Ok(())
+    }
+
+    /// Gives each site's revert what the chart gives it beside Argo CD: the Secret holding the
+    /// sandbox's cosign public key ([`PUBLIC_KEYS_SECRET`]) and, per workload cluster of the
+    /// site, an identity Secret with revert's own token there ([`REVERT_IDENTITY`]), never
+    /// Argo CD's.
+    async fn install_revert_trust(&self) -> Result<(), SandboxError> {
+        for mgmt in self
+            .clusters
+            .iter()
+            .filter(|c| c.spec.role == Role::Management)
+        {
+            let name = mgmt.spec.name.clone();
+            let fail = |what: String| {
+                let cluster = name.clone();
+                move |e: kube::Error| SandboxError::ArgoCd {
+                    cluster,
+                    reason: format!("{what} for revert: {e}"),
+                }
+            };
+            let keys: Api<Secret> =
+                Api::namespaced(mgmt.emulator.client(), operators::ARGOCD_NAMESPACE);
+            keys.create(
+                &PostParams::default(),
+                &public_keys_secret(self.signing_key.public_key().pem()),
+            )
+            .await
+            .map_err(fail(format!("creating Secret {PUBLIC_KEYS_SECRET}")))?;
+            let identities: Api<Secret> =
+                Api::namespaced(mgmt.emulator.client(), operators::REVERT_IDENTITY_NAMESPACE);
+            let mut targets = Vec::new();
+            for w in self
+                .clusters
+                .iter()
+                .filter(|c| c.spec.role == Role::Workload && c.spec.site == mgmt.spec.site)
+            {
+                let token = w
+                    .emulator
+                    .service_account_token(REVERT_IDENTITY.0, REVERT_IDENTITY.1);
+                identities
+                    .create(
+                        &PostParams::default(),
+                        &revert_identity(&w.spec.name, &w.emulator.base_url(), &token),
+                    )
+                    .await
+                    .map_err(fail(format!("creating the identity of {}", w.spec.name)))?;
+                targets.push(w.spec.name.clone());
+            }
+            self.narrator.say(format!(
+                "{name}: revert trusts the sandbox's cosign key and reaches {} as {}/{}",
+                targets.join(", "),
+                REVERT_IDENTITY.0,
+                REVERT_IDENTITY.1
+            ));
         }
         Ok(())
     }
