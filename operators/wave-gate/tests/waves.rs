@@ -45,8 +45,16 @@ fn one_site_waves() -> serde_json::Value {
     ])
 }
 
-/// Given a site eu on revision a, when the WaveGate asks for b: wave 0 is admitted.
-async fn site_changing_to_b(w: &World, patch: serde_json::Value) {
+/// Given site eu (canary eu-1, rest eu-2 and eu-3) on revision a, its mesh as `mesh` leaves
+/// it and the controller running; when its WaveGate asks for b (spec fields overridden by
+/// `patch`). `None` when the world cannot start (the reason is printed).
+async fn eu_changing_to_b(
+    patch: serde_json::Value,
+    mesh: impl FnOnce(&World),
+) -> Option<(World, Operator)> {
+    let w = World::start(&["eu-1", "eu-2", "eu-3"]).await?;
+    mesh(&w);
+    let op = w.operator();
     w.application_set(
         "mesh-eu",
         safe_policy(),
@@ -59,6 +67,7 @@ async fn site_changing_to_b(w: &World, patch: serde_json::Value) {
         s[k] = v.clone();
     }
     w.wave_gate(object("eu", s)).await;
+    Some((w, op))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,18 +160,17 @@ async fn clean_change_crosses_every_wave_of_both_sites_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn breach_in_wave_zero_halts_and_pins_back_only_wave_zero() {
-    let Some(w) = World::start(&["eu-1", "eu-2", "eu-3"]).await else {
-        return;
-    };
-    let op = w.operator();
-    site_changing_to_b(
-        &w,
+    let Some((w, op)) = eu_changing_to_b(
         serde_json::json!({"waves": [
             {"name": "canary", "clusters": ["eu-1"], "soak": "30s"},
             {"name": "rest", "clusters": ["eu-2", "eu-3"]}
         ]}),
+        |_| {},
     )
-    .await;
+    .await
+    else {
+        return;
+    };
     w.eventually("eu", "wave 0 soaking", BUDGET, |g| {
         wave_state(g, 0) == Some(WaveState::Soaking)
     })
@@ -278,18 +286,17 @@ async fn breach_in_wave_zero_halts_and_pins_back_only_wave_zero() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn xds_nacks_in_the_canary_halt_the_change() {
-    let Some(w) = World::start(&["eu-1", "eu-2", "eu-3"]).await else {
-        return;
-    };
-    let op = w.operator();
-    site_changing_to_b(
-        &w,
+    let Some((w, op)) = eu_changing_to_b(
         serde_json::json!({"waves": [
             {"name": "canary", "clusters": ["eu-1"], "soak": "30s"},
             {"name": "rest", "clusters": ["eu-2", "eu-3"]}
         ]}),
+        |_| {},
     )
-    .await;
+    .await
+    else {
+        return;
+    };
     w.eventually("eu", "wave 0 soaking", BUDGET, |g| {
         wave_state(g, 0) == Some(WaveState::Soaking)
     })
@@ -309,13 +316,14 @@ async fn xds_nacks_in_the_canary_halt_the_change() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxies_that_never_acknowledge_time_out_and_halt() {
-    let Some(w) = World::start(&["eu-1", "eu-2", "eu-3"]).await else {
+    // Given proxies in the canary cluster that never pick up new config.
+    let Some((w, op)) = eu_changing_to_b(serde_json::json!({"convergenceTimeout": "5s"}), |w| {
+        w.mesh("eu-1", |m| m.stuck_behind = 7.0)
+    })
+    .await
+    else {
         return;
     };
-    // Given proxies in the canary cluster that never pick up new config.
-    w.mesh("eu-1", |m| m.stuck_behind = 7.0);
-    let op = w.operator();
-    site_changing_to_b(&w, serde_json::json!({"convergenceTimeout": "5s"})).await;
     let halted = w
         .eventually("eu", "convergence timeout", BUDGET, |g| {
             g.status.as_ref().and_then(|s| s.halt.as_ref()).is_some()
@@ -341,18 +349,17 @@ async fn proxies_that_never_acknowledge_time_out_and_halt() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_during_a_soak_continues_the_same_soak() {
-    let Some(w) = World::start(&["eu-1", "eu-2", "eu-3"]).await else {
-        return;
-    };
-    let op = w.operator();
-    site_changing_to_b(
-        &w,
+    let Some((w, op)) = eu_changing_to_b(
         serde_json::json!({"waves": [
             {"name": "canary", "clusters": ["eu-1"], "soak": "6s"},
             {"name": "rest", "clusters": ["eu-2", "eu-3"], "soak": "1s"}
         ]}),
+        |_| {},
     )
-    .await;
+    .await
+    else {
+        return;
+    };
     let soaking = w
         .eventually("eu", "wave 0 soaking", BUDGET, |g| {
             wave_state(g, 0) == Some(WaveState::Soaking)
@@ -399,15 +406,14 @@ async fn restart_during_a_soak_continues_the_same_soak() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn emergency_admits_every_wave_at_once_audited() {
-    let Some(w) = World::start(&["eu-1", "eu-2", "eu-3"]).await else {
+    let Some((w, op)) = eu_changing_to_b(
+        serde_json::json!({"emergency": {"revision": rev('b'), "reason": "CVE-2026-0001 fix"}}),
+        |_| {},
+    )
+    .await
+    else {
         return;
     };
-    let op = w.operator();
-    site_changing_to_b(
-        &w,
-        serde_json::json!({"emergency": {"revision": rev('b'), "reason": "CVE-2026-0001 fix"}}),
-    )
-    .await;
     let done = w
         .eventually("eu", "emergency complete", BUDGET, |g| {
             phase(g) == Some(WaveGatePhase::Complete)
@@ -428,16 +434,18 @@ async fn emergency_admits_every_wave_at_once_audited() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitioned_site_is_released_explicitly() {
-    let Some(w) = World::start(&["eu-1", "eu-2", "eu-3"]).await else {
+    // Given eu's rest waits for site us, which is cut off (reports nothing).
+    let Some((w, op)) = eu_changing_to_b(
+        serde_json::json!({"waves": [
+            {"name": "canary", "clusters": ["eu-1"], "soak": "2s"},
+            {"name": "rest", "clusters": ["eu-2", "eu-3"], "soak": "1s", "waitFor": [{"site": "us", "wave": "canary"}]}
+        ]}),
+        |_| {},
+    )
+    .await
+    else {
         return;
     };
-    let op = w.operator();
-    // Given eu's rest waits for site us, which is cut off (reports nothing).
-    site_changing_to_b(&w, serde_json::json!({"waves": [
-        {"name": "canary", "clusters": ["eu-1"], "soak": "2s"},
-        {"name": "rest", "clusters": ["eu-2", "eu-3"], "soak": "1s", "waitFor": [{"site": "us", "wave": "canary"}]}
-    ]}))
-    .await;
     let waiting = w
         .eventually("eu", "waiting for us", BUDGET, |g| {
             phase(g) == Some(WaveGatePhase::WaitingForSite)
