@@ -239,7 +239,12 @@ async fn breach_in_wave_zero_halts_and_pins_back_only_wave_zero() {
     assert_eq!(h.pins, vec![pin.metadata.name.clone().unwrap()]);
     // And its decision is set back, so Argo CD converges on what the pin applied.
     assert!(decided(&halted).iter().all(|(_, r)| *r == rev('a')));
-    assert_eq!(w.events("eu", reasons::PINNED_BACK).await.len(), 1);
+    assert_eq!(
+        w.events_published("eu", reasons::PINNED_BACK, BUDGET)
+            .await
+            .len(),
+        1
+    );
 
     // A restart never creates a second pin.
     op.stop().await;
@@ -279,7 +284,11 @@ async fn breach_in_wave_zero_halts_and_pins_back_only_wave_zero() {
     assert_eq!(s.previous_revision, Some(rev('a')));
     assert_eq!(d[0], ("eu-1".to_owned(), rev('c')));
     assert!(d[1..].iter().all(|(_, r)| *r == rev('a')));
-    assert!(!w.events("eu", reasons::SUPERSEDED).await.is_empty());
+    assert!(
+        !w.events_published("eu", reasons::SUPERSEDED, BUDGET)
+            .await
+            .is_empty()
+    );
     op.stop().await;
     w.stop().await;
 }
@@ -425,7 +434,7 @@ async fn emergency_admits_every_wave_at_once_audited() {
     assert!(s.waves.iter().all(|w| w.converged_at.is_none()), "no soak");
     let last = s.history.last().unwrap();
     assert!(last.reason.as_deref().unwrap().contains("CVE-2026-0001"));
-    let events = w.events("eu", reasons::EMERGENCY).await;
+    let events = w.events_published("eu", reasons::EMERGENCY, BUDGET).await;
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].type_.as_deref(), Some("Warning"));
     op.stop().await;
@@ -485,7 +494,9 @@ async fn partitioned_site_is_released_explicitly() {
             .unwrap()
             .contains("us partitioned")
     );
-    let events = w.events("eu", reasons::WAIT_RELEASED).await;
+    let events = w
+        .events_published("eu", reasons::WAIT_RELEASED, BUDGET)
+        .await;
     assert_eq!(events.len(), 1, "audited once");
     op.stop().await;
     w.stop().await;
@@ -516,7 +527,9 @@ async fn application_set_without_create_update_is_refused() {
     assert_eq!(c.reason, reasons::APPLICATIONS_SYNC_UNSAFE);
     assert!(c.message.contains("create-update"), "{}", c.message);
     assert!(s.decisions.is_empty(), "nothing published");
-    let events = w.events("eu", reasons::APPLICATIONS_SYNC_UNSAFE).await;
+    let events = w
+        .events_published("eu", reasons::APPLICATIONS_SYNC_UNSAFE, BUDGET)
+        .await;
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].type_.as_deref(), Some("Warning"));
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -340,6 +340,24 @@ impl World {
             .collect()
     }
 
+    /// Events with `reason` about WaveGate `name`, once at least one is there. The operator
+    /// publishes a decision's Events after the status write that recorded it, so a test that
+    /// has just seen the status waits for them; fails after `budget`.
+    pub async fn events_published(&self, name: &str, reason: &str, budget: Duration) -> Vec<Event> {
+        let deadline = Instant::now() + budget;
+        loop {
+            let events = self.events(name, reason).await;
+            if !events.is_empty() {
+                return events;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {reason} Event about WaveGate {name} within {budget:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// The BundlePins in the namespace.
     pub async fn pins(&self) -> Vec<BundlePin> {
         let pins: Api<BundlePin> = Api::namespaced(self.client.clone(), NS);
