@@ -7,6 +7,7 @@
 pub mod bundles;
 pub mod canary_abort;
 pub mod canary_promote;
+pub mod pin_release;
 pub mod revision_upgrade;
 pub mod world;
 
@@ -109,6 +110,7 @@ pub const REGISTRY: &[ScenarioDef] = &[
     canary_abort::SCENARIO,
     canary_promote::SCENARIO,
     revision_upgrade::SCENARIO,
+    pin_release::SCENARIO,
 ];
 
 /// A scenario by name.

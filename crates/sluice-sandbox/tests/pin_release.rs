@@ -1,0 +1,66 @@
+//! `sluice-sandbox --scenario pin-release --until-done`: a bad checkout change synced by Argo CD
+//! into east-1 is pinned back to the previous signed bundle with a BundlePin; Argo CD does not
+//! re-apply it while pinned; revert's branch, merged in Git, reaches Argo CD with equal content
+//! and the pin releases. The binary exits 0 with the JSON result as its last line, and nothing it
+//! started is left running.
+
+mod common;
+
+use std::time::Duration;
+
+/// The whole run (start, scenario, stop). On an idle machine it takes well under a minute.
+const BUDGET: Duration = Duration::from_secs(118);
+
+#[test]
+fn pin_release_pins_holds_reverts_in_git_and_releases() {
+    if let Some(reason) = common::skip_reason() {
+        println!("skipping: {reason}");
+        return;
+    }
+    if common::operators_flag() != "--operators=on" {
+        println!("skipping: the scenario needs the revert binary (cargo build --bins)");
+        return;
+    }
+    let mut run = common::start(&[
+        "--scenario",
+        "pin-release",
+        "--until-done",
+        "--base-port",
+        "0",
+    ]);
+    let status = run.wait_exit(BUDGET);
+    let last = run.seen.last().cloned().unwrap_or_default();
+    assert!(status.success(), "exit {status:?}; last line: {last}");
+    let result: serde_json::Value = serde_json::from_str(&last)
+        .unwrap_or_else(|e| panic!("last line is not JSON ({e}): {last}"));
+    assert_eq!(result["scenario"], "pin-release");
+    assert_eq!(result["outcome"], "pass", "{last}");
+    let pin_ms = result["pin_ms"].as_u64().expect("pin_ms is a number");
+    assert!(
+        pin_ms > 0 && pin_ms < 30_000,
+        "pin_ms {pin_ms} is not a few seconds: {last}"
+    );
+    assert!(
+        result["release_ms"].as_u64().is_some(),
+        "release_ms missing: {last}"
+    );
+    assert_eq!(
+        result["pin_pruned_objects"].as_u64(),
+        Some(1),
+        "the route the bad change added is pruned: {last}"
+    );
+    assert!(
+        result["pin_applied_objects"].as_u64() >= Some(1),
+        "the checkout route is applied: {last}"
+    );
+    assert_eq!(
+        result["revert_branch"], "sluice/revert/argocd/checkout-bad-split",
+        "{last}"
+    );
+    assert_ne!(
+        result["pinned_digest"], result["released_at_digest"],
+        "release happens at the merged revert's own digest, not the pinned one: {last}"
+    );
+    let left = run.leftovers();
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+}
