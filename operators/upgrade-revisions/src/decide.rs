@@ -40,6 +40,19 @@ use crate::{
 pub const TICK: Duration = pacing::TICK;
 /// Time between two looks at an idle (pending on a problem, aborted or complete) upgrade.
 pub const IDLE: Duration = Duration::from_secs(30);
+/// Time between two looks while a relabel is awaited: restarts start as soon as the new label
+/// is seen, not a whole tick later.
+pub const RELABEL_RECHECK: Duration = Duration::from_millis(250);
+
+/// Whether a namespace of the upgrade was asked to move and its new label is not seen yet.
+fn awaiting_relabel(status: &RevisionUpgradeStatus) -> bool {
+    status.namespaces.iter().any(|n| {
+        matches!(
+            n.state,
+            NamespaceState::Restarting | NamespaceState::RollingBack
+        ) && n.relabelled_at.is_none()
+    })
+}
 
 /// What the reconcile saw besides the object's spec and status.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -61,6 +74,13 @@ pub struct Observations {
     pub unused_grants: u32,
     /// Pods (`namespace/name`) whose eviction a PodDisruptionBudget refused at the previous tick.
     pub blocked: Vec<String>,
+    /// Pods (`namespace/name`) and workloads ([`workload_key`]) whose restart is scheduled or
+    /// was sent and which the fleet reading may still show: never candidates, so no restart is
+    /// repeated.
+    pub in_progress: BTreeSet<String>,
+    /// Where this tick's restarts may be scheduled: after the previous grant's schedule, up to
+    /// the horizon (the expected time to the next tick, with room to spare).
+    pub pacing: pacing::Window,
 }
 
 /// The fleet as read this tick.
@@ -118,6 +138,8 @@ pub enum Action {
         namespace: String,
         /// Pod name.
         pod: String,
+        /// When, after the tick: the issuance budget's schedule.
+        after: Duration,
     },
     /// Restart a workload by setting its pod template's `restartedAt` annotation.
     RolloutRestart {
@@ -127,6 +149,10 @@ pub enum Action {
         workload: Workload,
         /// The annotation value: the namespace's relabel time, so repeating it changes nothing.
         restarted_at: String,
+        /// Tokens granted for it: its pods not yet on the target revision.
+        pods: u32,
+        /// When, after the tick: the issuance budget's schedule.
+        after: Duration,
     },
 }
 
@@ -148,6 +174,9 @@ pub struct Decision {
     pub status: RevisionUpgradeStatus,
     /// When to reconcile again.
     pub requeue: Requeue,
+    /// When restarts were granted: how long after the tick the next grant may start its first
+    /// restart (the schedule's last slot plus one peak spacing). Zero otherwise.
+    pub busy_for: Duration,
 }
 
 /// The Event action name of validation outcomes.
@@ -182,8 +211,9 @@ fn elapsed(since: &Time, now: Timestamp) -> Duration {
 }
 
 /// How long until the object is due for a tick, or `None` when it is due now: a new
-/// generation is always due; otherwise one tick after the last (`status.proxies.observedAt`).
-/// Reconciles triggered by the operator's own status writes therefore do nothing.
+/// generation is always due; otherwise one tick after the last (`status.proxies.observedAt`),
+/// or [`RELABEL_RECHECK`] after it while a relabel is awaited. Reconciles triggered by the
+/// operator's own status writes therefore do nothing.
 pub fn not_due_for(
     status: Option<&RevisionUpgradeStatus>,
     generation: Option<i64>,
@@ -195,7 +225,18 @@ pub fn not_due_for(
     }
     let last = status.proxies.as_ref()?.observed_at.as_ref()?;
     let since = elapsed(last, now);
-    (since < TICK).then(|| TICK - since)
+    let every = if awaiting_relabel(status) {
+        RELABEL_RECHECK
+    } else {
+        TICK
+    };
+    (since < every).then(|| every - since)
+}
+
+/// The key of a workload's rollout restart in [`Observations::in_progress`]
+/// (`namespace/Kind/name`; a pod's is `namespace/name`).
+pub fn workload_key(namespace: &str, workload: &Workload) -> String {
+    format!("{namespace}/{}/{}", workload.kind, workload.name)
 }
 
 /// Decides the next status of a RevisionUpgrade.
@@ -222,10 +263,12 @@ pub fn decide(
             now,
             next: &mut d.status,
             actions: &mut d.actions,
+            busy_for: &mut d.busy_for,
         }
         .run();
         d.requeue = Requeue::After(match d.status.phase {
             RevisionUpgradePhase::Complete | RevisionUpgradePhase::Aborted => IDLE,
+            _ if awaiting_relabel(&d.status) => RELABEL_RECHECK,
             _ => TICK,
         });
     }
@@ -273,6 +316,7 @@ pub fn decide_validity(
         // An invalid spec is waited on (no requeue loop); a valid one without a fleet reading
         // has nothing timed to do.
         requeue: Requeue::AwaitChange,
+        busy_for: Duration::ZERO,
     }
 }
 
@@ -284,6 +328,7 @@ struct Tick<'a> {
     now: Timestamp,
     next: &'a mut RevisionUpgradeStatus,
     actions: &'a mut Vec<Action>,
+    busy_for: &'a mut Duration,
 }
 
 /// Per-namespace reading of this tick.
@@ -765,6 +810,14 @@ impl Tick<'_> {
     /// `usize::MAX`) from `from` to `to`, and records when the new label was first seen.
     fn relabel(&mut self, index: usize, from: &str, to: &str) {
         let wave = self.next.waves.get(index).map(|w| w.name.clone());
+        // When the relabel was asked for (the wave's start, or the abort, which asks at once):
+        // it is asked again only a tick later, while the quicker rechecks wait for the watch to
+        // show it.
+        let asked = match &wave {
+            Some(_) => self.next.waves[index].started_at.clone(),
+            None => self.next.aborted_at.clone(),
+        };
+        let asked = asked.as_ref();
         let mut actions = Vec::new();
         for i in 0..self.next.namespaces.len() {
             let n = &self.next.namespaces[i];
@@ -797,7 +850,9 @@ impl Tick<'_> {
                 {
                     if rev.as_deref() == Some(to) {
                         n.relabelled_at = Some(Time(self.now));
-                    } else if rev.as_deref() == Some(from) {
+                    } else if rev.as_deref() == Some(from)
+                        && asked.is_none_or(|t| t.0 == self.now || elapsed(t, self.now) >= TICK)
+                    {
                         // The previous relabel did not land (or not yet): ask again.
                         actions.push(Action::Relabel {
                             namespace: n.name.clone(),
@@ -826,7 +881,12 @@ impl Tick<'_> {
             let n = &mut self.next.namespaces[i];
             // While its pods are being replaced, a namespace keeps the most pods it was seen
             // with, so an evicted pod whose replacement does not exist yet is still awaited.
+            // Rollout restarts surge above the workloads' replicas: there the count stays the
+            // one seen before the restarts were asked for (the new label's first sighting).
+            let surging =
+                self.spec.restart == RestartMode::RolloutRestart && n.relabelled_at.is_some();
             n.pods = match n.state {
+                NamespaceState::Restarting | NamespaceState::RollingBack if surging => n.pods,
                 NamespaceState::Restarting | NamespaceState::RollingBack => n.pods.max(c.pods),
                 _ => c.pods,
             };
@@ -853,6 +913,12 @@ impl Tick<'_> {
             .iter()
             .filter(|p| namespaces.contains(p.namespace.as_str()))
             .filter(|p| !p.terminating && p.revision != target && p.workload.is_some())
+            .filter(|p| {
+                !self
+                    .obs
+                    .in_progress
+                    .contains(&format!("{}/{}", p.namespace, p.name))
+            })
             .collect();
         pods.sort_by_key(|p| {
             (
@@ -884,6 +950,7 @@ impl Tick<'_> {
                     Action::Evict {
                         namespace: p.namespace.clone(),
                         pod: p.name.clone(),
+                        after: Duration::ZERO,
                     },
                 ));
             }
@@ -895,11 +962,20 @@ impl Tick<'_> {
                 .iter()
                 .find(|x| x.name == namespace)
                 .and_then(|x| x.relabelled_at.as_ref())
-                .map(|t| t.0.to_string())
+                // Whole seconds, as the API stores the status time: the marker is the same
+                // before and after the status round-trips, so a restart is never repeated.
+                .map(|t| t.0.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
                 .unwrap_or_default();
             let key = (namespace.clone(), workload.clone());
             if self.fleet.restarted_at.get(&key) == Some(&marker) {
                 continue; // already restarted for this move; its controller is replacing pods
+            }
+            if self
+                .obs
+                .in_progress
+                .contains(&workload_key(&namespace, &workload))
+            {
+                continue; // its restart is scheduled or was just sent
             }
             units.push((
                 n,
@@ -907,6 +983,8 @@ impl Tick<'_> {
                     namespace,
                     workload,
                     restarted_at: marker,
+                    pods: n,
+                    after: Duration::ZERO,
                 },
             ));
         }
@@ -919,31 +997,33 @@ impl Tick<'_> {
         if due && let Some(p) = previous.as_mut() {
             pacing::refund(p, &self.spec.issuance_budget, self.obs.unused_grants);
         }
+        let costs: Vec<u32> = units.iter().map(|u| u.0).collect();
         let g = pacing::grant(
             &self.spec.issuance_budget,
             previous.as_ref(),
             self.obs.issuance.as_ref(),
-            wanted,
+            &costs,
+            self.obs.pacing,
             self.now,
         );
-        let mut left = g.restarts;
-        let mut spent = 0;
-        for (cost, action) in units {
-            if cost <= left {
-                left -= cost;
-                spent += cost;
-                self.actions.push(action);
+        for ((_, mut action), start) in units.into_iter().zip(&g.starts) {
+            let Some(start) = start else { continue };
+            match &mut action {
+                Action::Evict { after, .. } | Action::RolloutRestart { after, .. } => {
+                    *after = *start;
+                }
+                _ => {}
             }
+            self.actions.push(action);
         }
-        let mut state = g.state;
-        if left > 0 && g.held_by != Some(Hold::NotDue) {
-            pacing::refund(&mut state, &self.spec.issuance_budget, left);
+        if g.restarts > 0 {
+            *self.busy_for = g.busy_for;
         }
         if wanted > 0 || g.held_by != Some(Hold::NoReading) {
-            self.budget_conditions(g.held_by, &state);
+            self.budget_conditions(g.held_by, &g.state);
         }
-        self.next.issuance_budget = Some(state);
-        spent
+        self.next.issuance_budget = Some(g.state);
+        g.restarts
     }
 
     fn budget_conditions(&mut self, held: Option<Hold>, state: &IssuanceBudgetStatus) {
@@ -1000,7 +1080,9 @@ impl Tick<'_> {
             .collect();
         let remaining = pods.len();
         let started = self.restart(pods);
-        // Namespaces whose every restartable pod runs the target and is Ready are moved.
+        // Namespaces whose every restartable pod runs the target are moved; the replacements'
+        // readiness is what PodDisruptionBudgets gate while restarting, and what the wave waits
+        // for before it passes its soak.
         let wave = self.next.waves[index].name.clone();
         let mut pending = 0;
         for i in 0..self.next.namespaces.len() {
@@ -1015,7 +1097,7 @@ impl Tick<'_> {
             let n = &mut self.next.namespaces[i];
             let expected = n.pods;
             let settled = c.done + c.bare_not_done == c.pods && c.pods >= expected;
-            if labelled && settled && c.not_ready == 0 {
+            if labelled && settled {
                 n.state = NamespaceState::Moved;
                 n.done_at = Some(Time(self.now));
             } else {
@@ -1086,6 +1168,27 @@ impl Tick<'_> {
             return;
         }
         if elapsed(&started, self.now) < soak {
+            return;
+        }
+        let target = self.spec.to_revision.clone();
+        let members: Vec<String> = self
+            .next
+            .namespaces
+            .iter()
+            .filter(|n| n.wave == wave)
+            .map(|n| n.name.clone())
+            .collect();
+        let unready: u32 = members
+            .iter()
+            .map(|n| self.count(n, &target).not_ready)
+            .sum();
+        if unready > 0 {
+            self.condition(
+                conditions::PROGRESSING,
+                Status::True,
+                reasons::SOAKING,
+                format!("wave {wave}: soak elapsed; waiting for {unready} pod(s) on {target} to become Ready"),
+            );
             return;
         }
         let passed = match gates {
@@ -1601,6 +1704,7 @@ mod upgrade_tests {
                     Action::Evict {
                         namespace,
                         pod: name,
+                        ..
                     } => {
                         let key = format!("{namespace}/{name}");
                         assert!(!self.evicted.contains(&key), "{key} evicted twice");
@@ -1698,6 +1802,7 @@ mod upgrade_tests {
             if !lose.contains(&tick) {
                 model.apply(&d.actions);
             }
+            let granted = evictions(&d) > 0;
             status = Some(d.status);
             if again.contains(&tick) {
                 let d2 = decide(
@@ -1706,11 +1811,13 @@ mod upgrade_tests {
                     &observe(model, status.as_ref(), action),
                     t(now + 300),
                 );
-                assert_eq!(
-                    evictions(&d2),
-                    0,
-                    "tick {tick}: a second decision within the tick restarts nothing"
-                );
+                if granted {
+                    assert_eq!(
+                        evictions(&d2),
+                        0,
+                        "tick {tick}: a second decision within a tick of a grant restarts nothing"
+                    );
+                }
                 model.apply(&d2.actions);
                 status = Some(d2.status);
             }
@@ -1751,7 +1858,11 @@ mod upgrade_tests {
         assert!(event_reasons(&d).contains(&event_reasons::WAVE_STARTED));
         assert_eq!(d.status.namespaces.len(), 1);
         assert_eq!(d.status.namespaces[0].state, NamespaceState::Restarting);
-        assert_eq!(d.requeue, Requeue::After(TICK));
+        assert_eq!(
+            d.requeue,
+            Requeue::After(RELABEL_RECHECK),
+            "the new labels are looked for sooner than a tick"
+        );
         let p = d.status.proxies.unwrap();
         assert_eq!((p.old, p.new), (44, 0));
     }
@@ -1760,6 +1871,8 @@ mod upgrade_tests {
     fn full_upgrade_moves_every_wave_within_the_budget_and_retires_the_old_revision() {
         let mut model = Model::new();
         let mut per_tick: Vec<(i64, usize)> = Vec::new();
+        // When each eviction starts, ms: the tick plus its place in the budget's schedule.
+        let mut starts: Vec<i64> = Vec::new();
         let s = spec();
         let mut status: Option<RevisionUpgradeStatus> = None;
         let mut tick = 0;
@@ -1772,6 +1885,11 @@ mod upgrade_tests {
                 t(tick * 1000),
             );
             per_tick.push((tick, evictions(&d)));
+            for a in &d.actions {
+                if let Action::Evict { after, .. } = a {
+                    starts.push(tick * 1000 + after.as_millis() as i64);
+                }
+            }
             model.apply(&d.actions);
             status = Some(d.status);
             tick += 1;
@@ -1790,13 +1908,16 @@ mod upgrade_tests {
         );
         assert!(st.waves.iter().all(|w| w.state == UpgradeWaveState::Passed));
         assert_eq!(st.proxies.as_ref().map(|p| (p.old, p.new)), Some((0, 44)));
-        // Budget: depth 20 (planned at 19), rate 10 (planned at 9.5), peak 20.
-        for (i, &(start, _)) in per_tick.iter().enumerate() {
-            let mut sum = 0;
-            for &(end, n) in &per_tick[i..] {
-                sum += n;
-                let w = (end - start) as f64;
-                assert!(sum as f64 <= 20.0 + 10.0 * w, "{sum} restarts in {w}s");
+        // Budget: depth 20 (planned at 19), rate 10 (planned at 9.5), peak 20 (spaced at
+        // 18/s), checked on every window between two scheduled starts.
+        starts.sort();
+        for (i, &start) in starts.iter().enumerate() {
+            for (k, &end) in starts[i..].iter().enumerate() {
+                let (sum, w) = ((k + 1) as f64, (end - start) as f64 / 1000.0);
+                assert!(sum <= 20.0 + 10.0 * w, "{sum} restarts in {w}s");
+                if w < 1.0 {
+                    assert!(sum <= 20.0, "{sum} restarts in {w}s over the peak");
+                }
             }
         }
         assert_eq!(
@@ -1808,8 +1929,8 @@ mod upgrade_tests {
             "wave 2 (12 pods) fits the bucket"
         );
         assert!(
-            per_tick.iter().all(|&(_, n)| n <= 19),
-            "never more than the bucket"
+            per_tick.iter().all(|&(_, n)| n <= 19 + 19),
+            "never more than the bucket and its refill over the 2 s horizon"
         );
         let completes = event_reasons(&decide(
             &s,
@@ -2068,6 +2189,53 @@ mod upgrade_tests {
     }
 
     #[test]
+    fn replacements_not_ready_hold_the_soak_not_the_move() {
+        let mut model = Model::new();
+        let s = spec();
+        let first = decide(&s, None, &observe(&model, None, GateAction::Proceed), t(0));
+        model.apply(&first.actions);
+        let second = decide(
+            &s,
+            Some(&first.status),
+            &observe(&model, Some(&first.status), GateAction::Proceed),
+            t(1000),
+        );
+        model.apply(&second.actions);
+        for p in model.pods.iter_mut().filter(|p| p.namespace == "a") {
+            p.ready = false;
+        }
+        let mut status = second.status;
+        for at in [2000, 6000] {
+            let d = decide(
+                &s,
+                Some(&status),
+                &observe(&model, Some(&status), GateAction::Proceed),
+                t(at),
+            );
+            status = d.status;
+        }
+        let a = status.namespaces.iter().find(|n| n.name == "a").unwrap();
+        assert_eq!(a.state, NamespaceState::Moved, "moved once replaced");
+        assert_eq!(status.waves[0].state, UpgradeWaveState::Soaking);
+        let c = cond::find(&status.conditions, conditions::PROGRESSING).unwrap();
+        assert!(
+            c.message.contains("2 pod(s) on 1-28 to become Ready"),
+            "{}",
+            c.message
+        );
+        for p in model.pods.iter_mut() {
+            p.ready = true;
+        }
+        let d = decide(
+            &s,
+            Some(&status),
+            &observe(&model, Some(&status), GateAction::Proceed),
+            t(7000),
+        );
+        assert_eq!(d.status.waves[0].state, UpgradeWaveState::Passed);
+    }
+
+    #[test]
     fn manual_abort_rolls_back_the_current_wave() {
         let mut model = Model::new();
         let (st, tick) = run(
@@ -2280,6 +2448,45 @@ mod upgrade_tests {
         let c = cond::find(&d.status.conditions, conditions::PROGRESSING).unwrap();
         assert_eq!(c.reason, reasons::DISRUPTION_BUDGET_BLOCKED);
         assert!(c.message.contains("a/a-0"), "{}", c.message);
+    }
+
+    #[test]
+    fn restarts_scheduled_or_sent_are_never_candidates_again() {
+        let mut model = Model::new();
+        let s = spec();
+        let first = decide(&s, None, &observe(&model, None, GateAction::Proceed), t(0));
+        model.apply(&first.actions);
+        let o = observe(&model, Some(&first.status), GateAction::Proceed);
+        let d = decide(&s, Some(&first.status), &o, t(1000));
+        let scheduled: Vec<(&str, Duration)> = d
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Evict { pod, after, .. } => Some((pod.as_str(), *after)),
+                _ => None,
+            })
+            .collect();
+        // Peak 20 planned at 19/s, less one: consecutive starts 1/18 s apart.
+        let spacing = Duration::from_secs_f64(1.0 / 18.0);
+        assert_eq!(scheduled, vec![("a-0", Duration::ZERO), ("a-1", spacing)]);
+        assert!(
+            (d.busy_for.as_secs_f64() - 2.0 / 18.0).abs() < 1e-6,
+            "the next grant starts one spacing after the last slot: {:?}",
+            d.busy_for
+        );
+
+        let mut o = observe(&model, Some(&first.status), GateAction::Proceed);
+        o.in_progress = BTreeSet::from(["a/a-0".to_owned()]);
+        let d = decide(&s, Some(&first.status), &o, t(1000));
+        let pods: Vec<&str> = d
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Evict { pod, .. } => Some(pod.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(pods, vec!["a-1"], "a-0's eviction is already on its way");
     }
 
     #[test]

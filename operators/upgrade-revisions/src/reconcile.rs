@@ -11,7 +11,7 @@
 //! Must never decide anything.
 
 use std::{
-    collections::{BTreeMap, HashMap, VecDeque},
+    collections::{BTreeMap, BTreeSet, HashMap, VecDeque},
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -70,6 +70,73 @@ pub struct FleetCache {
     namespaces: Store<Namespace>,
     pods: Store<Pod>,
     webhooks: Store<MutatingWebhookConfiguration>,
+    births: Births,
+}
+
+/// When each meshed pod created since the watch started was first seen: (time in ms,
+/// namespace), oldest first, the last [`BIRTHS_KEPT`]. A new meshed pod is a new certificate,
+/// so the births in the namespaces sluice is moving are its own issuance, timed within the
+/// watch's delay of the certificate instead of the (much longer, load-dependent) delay between
+/// an eviction and its replacement.
+#[derive(Clone, Default)]
+struct Births(Arc<Mutex<VecDeque<(i64, String)>>>);
+
+/// How long births are kept.
+const BIRTHS_KEPT: Duration = Duration::from_secs(600);
+
+impl Births {
+    fn record(&self, at: i64, namespace: String) {
+        let mut b = self.0.lock().expect("births lock");
+        b.push_back((at, namespace));
+        let horizon = at - BIRTHS_KEPT.as_millis() as i64;
+        while b.front().is_some_and(|(t, _)| *t < horizon) {
+            b.pop_front();
+        }
+    }
+
+    /// Births in `(from, to]` (ms) in namespaces `namespaces` holds.
+    fn count(&self, from: i64, to: i64, namespaces: &BTreeSet<String>) -> u32 {
+        let b = self.0.lock().expect("births lock");
+        b.iter()
+            .filter(|(t, ns)| *t > from && *t <= to && namespaces.contains(ns))
+            .count() as u32
+    }
+}
+
+/// Watches pods into a store, recording the first sighting of every meshed pod created after
+/// the initial listing.
+fn spawn_pod_reflector(api: Api<Pod>, births: Births) -> (Store<Pod>, JoinHandle<()>) {
+    let (reader, writer) = reflector::store();
+    let mut known: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .for_each(move |event| {
+            match event {
+                Ok(watcher::Event::InitApply(pod)) => {
+                    known.insert(pod.uid().unwrap_or_default());
+                }
+                Ok(watcher::Event::Apply(pod)) => {
+                    let meshed = pod
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(fleet::injected_revision)
+                        .is_some();
+                    if known.insert(pod.uid().unwrap_or_default()) && meshed {
+                        births.record(
+                            Timestamp::now().as_millisecond(),
+                            pod.namespace().unwrap_or_default(),
+                        );
+                    }
+                }
+                Ok(watcher::Event::Delete(pod)) => {
+                    known.remove(&pod.uid().unwrap_or_default());
+                }
+                _ => {}
+            }
+            futures::future::ready(())
+        });
+    (reader, tokio::spawn(stream))
 }
 
 impl std::fmt::Debug for FleetCache {
@@ -100,8 +167,9 @@ impl FleetCache {
     /// Starts watching namespaces, pods and mutating webhook configurations; the returned tasks
     /// run until aborted.
     pub fn start(client: &Client) -> (Self, Vec<JoinHandle<()>>) {
+        let births = Births::default();
         let (namespaces, a) = spawn_reflector(Api::<Namespace>::all(client.clone()));
-        let (pods, b) = spawn_reflector(Api::<Pod>::all(client.clone()));
+        let (pods, b) = spawn_pod_reflector(Api::<Pod>::all(client.clone()), births.clone());
         let (webhooks, c) =
             spawn_reflector(Api::<MutatingWebhookConfiguration>::all(client.clone()));
         (
@@ -109,6 +177,7 @@ impl FleetCache {
                 namespaces,
                 pods,
                 webhooks,
+                births,
             },
             vec![a, b, c],
         )
@@ -190,13 +259,26 @@ pub struct Metrics {
 struct Memory {
     /// Restarts started: (time in ms, count).
     own: VecDeque<(i64, u32)>,
-    /// Granted restarts of the last tick that did not happen.
+    /// Granted restarts that did not happen (refused, gone, failed, cancelled), to refund.
     unused: u32,
-    /// Pods whose eviction a PodDisruptionBudget refused at the last tick.
+    /// Pods whose eviction a PodDisruptionBudget refused since the last grant.
     blocked: Vec<String>,
     /// Latest gate report and when it was made.
     gates: Option<(Timestamp, GateReport)>,
+    /// Pods (`namespace/name`) whose restart is scheduled or was sent, with when (ms): never
+    /// candidates while the fleet reading still shows them.
+    in_progress: HashMap<String, i64>,
+    /// When the next grant's first restart may start (the running schedule's next free slot).
+    next_free: Option<tokio::time::Instant>,
+    /// When the previous tick read the fleet (the next horizon covers the time between ticks).
+    last_tick: Option<tokio::time::Instant>,
+    /// Bumped to cancel the restarts scheduled but not yet started (pause, over budget).
+    epoch: u64,
+    /// The schedules running in the background.
+    pacers: Vec<JoinHandle<()>>,
 }
+
+type Memories = Arc<Mutex<HashMap<String, Memory>>>;
 
 /// What every reconcile shares.
 pub struct Context {
@@ -216,7 +298,20 @@ pub struct Context {
     pub metrics_source: Option<Metrics>,
     /// The operator's metrics.
     pub metrics: UpgradeMetrics,
-    memory: Mutex<HashMap<String, Memory>>,
+    memory: Memories,
+}
+
+impl Drop for Context {
+    /// Stops the schedules still running: restarts are started only by a live operator.
+    fn drop(&mut self) {
+        if let Ok(memory) = self.memory.lock() {
+            for m in memory.values() {
+                for p in &m.pacers {
+                    p.abort();
+                }
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Context {
@@ -237,7 +332,7 @@ impl Context {
             fleet: None,
             metrics_source: None,
             metrics: UpgradeMetrics::default(),
-            memory: Mutex::new(HashMap::new()),
+            memory: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
@@ -251,13 +346,12 @@ impl Context {
         metrics_source: Option<Metrics>,
         metrics: UpgradeMetrics,
     ) -> Self {
-        Self {
-            evict_client,
-            fleet: Some(fleet),
-            metrics_source,
-            metrics,
-            ..Self::new(client, recorder)
-        }
+        let mut ctx = Self::new(client, recorder);
+        ctx.evict_client = evict_client;
+        ctx.fleet = Some(fleet);
+        ctx.metrics_source = metrics_source;
+        ctx.metrics = metrics;
+        ctx
     }
 }
 
@@ -375,7 +469,54 @@ pub async fn reconcile(
         let m = memory.entry(name.clone()).or_default();
         obs.unused_grants = m.unused;
         obs.blocked = m.blocked.clone();
+        // A pod whose restart was sent stays out of the candidates while the reading still
+        // shows it alive (the watch may lag the eviction), at most a minute.
+        let alive: std::collections::HashSet<String> = obs
+            .fleet
+            .iter()
+            .flat_map(|f| f.pods.iter())
+            .filter(|p| !p.terminating)
+            .map(|p| format!("{}/{}", p.namespace, p.name))
+            .collect();
+        // A workload's rollout restart is kept 30 s: by then its new template is read.
+        let (pods_kept, workloads_kept) =
+            (now.as_millisecond() - 60_000, now.as_millisecond() - 30_000);
+        m.in_progress.retain(|key, at| {
+            let workload = key.matches('/').count() == 2;
+            if workload {
+                *at > workloads_kept
+            } else {
+                *at > pods_kept && alive.contains(key)
+            }
+        });
+        obs.in_progress = m.in_progress.keys().cloned().collect();
+        let tick = tokio::time::Instant::now();
+        let between = m
+            .last_tick
+            .replace(tick)
+            .map_or(pacing::TICK, |t| tick.saturating_duration_since(t));
+        // Without memory (a new leader), the previous leader's last schedule may still be
+        // running for up to the longest horizon after its grant.
+        let inherited = obj
+            .status
+            .as_ref()
+            .and_then(|s| s.issuance_budget.as_ref())
+            .filter(|b| b.own_restarts_last_second > 0)
+            .and_then(|b| b.updated_at.as_ref())
+            .map_or(Duration::ZERO, |at| {
+                let since = now.duration_since(at.0).unsigned_abs();
+                pacing::MAX_HORIZON.saturating_sub(since)
+            });
+        obs.pacing = pacing::Window {
+            busy_for: m
+                .next_free
+                .map_or(inherited, |f| f.saturating_duration_since(tick)),
+            horizon: between
+                .mul_f64(1.5)
+                .clamp(pacing::DEFAULT_HORIZON, pacing::MAX_HORIZON),
+        };
     }
+    let started = tokio::time::Instant::now();
     let decision = decide::decide(&obj.spec, obj.status.as_ref(), &obs, now);
     if obj.status.as_ref() != Some(&decision.status) {
         write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &decision.status).await?;
@@ -392,15 +533,20 @@ pub async fn reconcile(
             .and_then(|s| s.issuance_budget.as_ref())
             .and_then(|b| b.updated_at.clone());
     if granted {
-        // The refunds and refusals of the last tick were consumed by this grant.
+        // The refunds and refusals read for this grant were consumed by it (more may have
+        // arrived meanwhile from a running schedule: they stay for the next grant).
         let mut memory = ctx.memory.lock().expect("memory lock");
         let m = memory.entry(name.clone()).or_default();
-        m.unused = 0;
-        m.blocked.clear();
+        m.unused = m.unused.saturating_sub(obs.unused_grants);
+        m.blocked.retain(|p| !obs.blocked.contains(p));
     }
-    let acting = tokio::time::Instant::now();
-    let outcome = act(&ctx, &obj, &decision.actions, now).await;
-    let acted = acting.elapsed();
+    let hold = obj.spec.paused
+        || decision
+            .status
+            .issuance_budget
+            .as_ref()
+            .is_some_and(|b| b.throttled);
+    let outcome = act(&ctx, &obj, &decision, hold).await;
     if let Some(fleet) = &obs.fleet {
         let in_flight = in_flight(&decision.status, &fleet.pods);
         ctx.metrics.observe(
@@ -413,11 +559,11 @@ pub async fn reconcile(
     outcome?;
     Ok(match decision.requeue {
         Requeue::AwaitChange => ControllerAction::await_change(),
-        // Spreading restarts took part of the tick: the next tick is due a tick after this one
-        // started.
-        Requeue::After(d) => {
-            ControllerAction::requeue(d.saturating_sub(acted).max(Duration::from_millis(50)))
-        }
+        // The next tick is due a tick after this one started (restarts run in the background).
+        Requeue::After(d) => ControllerAction::requeue(
+            d.saturating_sub(started.elapsed())
+                .max(Duration::from_millis(50)),
+        ),
     })
 }
 
@@ -517,7 +663,7 @@ async fn read_metrics(
         );
         return;
     };
-    match issuance(ctx, name, m, now).await {
+    match issuance(ctx, name, m, status, now).await {
         Ok(r) => obs.issuance = Some(r),
         Err(why) => obs.issuance_problem = Some(why),
     }
@@ -548,12 +694,15 @@ async fn counter_at(m: &Metrics, at: Timestamp) -> Result<Option<(f64, f64)>, St
     Ok(part("value").zip(part("ts")))
 }
 
-/// Issuance over the last window from two readings of the counter, and sluice's own restarts
-/// in the same window.
+/// Issuance over the last window from two readings of the counter, and sluice's own issuance
+/// in the same window: the meshed pods first seen in the namespaces it is moving between the
+/// two samples' timestamps, at most the restarts it started since a minute before the window
+/// (a pod created there for another reason is not taken for sluice's beyond what it started).
 async fn issuance(
     ctx: &Context,
     name: &str,
     m: &Metrics,
+    status: Option<&RevisionUpgradeStatus>,
     now: Timestamp,
 ) -> Result<IssuanceReading, String> {
     let window = m.issuance_window;
@@ -587,22 +736,42 @@ async fn issuance(
         ));
     }
     let (t0_ms, t1_ms) = ((t0 * 1000.0) as i64, (t1 * 1000.0) as i64);
+    let moving: BTreeSet<String> = status
+        .map(|s| {
+            s.namespaces
+                .iter()
+                .filter(|n| {
+                    matches!(
+                        n.state,
+                        NamespaceState::Restarting
+                            | NamespaceState::RollingBack
+                            | NamespaceState::Moved
+                    )
+                })
+                .map(|n| n.name.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    let births = ctx
+        .fleet
+        .as_ref()
+        .map_or(0, |f| f.births.count(t0_ms, t1_ms, &moving));
     let mut memory = ctx.memory.lock().expect("memory lock");
     let mem = memory.entry(name.to_owned()).or_default();
-    let horizon = now.as_millisecond() - 2 * window.as_millis() as i64;
+    let horizon = now.as_millisecond() - 2 * window.as_millis() as i64 - 60_000;
     while mem.own.front().is_some_and(|(t, _)| *t < horizon) {
         mem.own.pop_front();
     }
-    let own: u32 = mem
+    let started: u32 = mem
         .own
         .iter()
-        .filter(|(t, _)| *t > t0_ms && *t <= t1_ms)
+        .filter(|(t, _)| *t > t0_ms - 60_000 && *t <= t1_ms)
         .map(|(_, n)| n)
         .sum();
     Ok(IssuanceReading {
         window_seconds: span,
         issued: (v1 - v0).max(0.0),
-        own: f64::from(own),
+        own: f64::from(births.min(started)),
     })
 }
 
@@ -750,20 +919,22 @@ fn problem(gate: &str, message: String, now: Timestamp) -> GateVerdict {
     }
 }
 
-/// Carries out the decision's actions: Events, relabels, then restarts (evictions at bounded
-/// concurrency). Restart outcomes go to memory for the next tick (refunds, refusals, own
-/// issuance); the first relabel or restart error is returned after every action was tried.
+/// Carries out the decision's actions: Events and relabels at once, then the restarts in the
+/// background at the times the budget scheduled them, counted from now (after the status
+/// write), so the next tick's decision and writes overlap them and restarts flow as tokens
+/// accrue. `hold` cancels the restarts of earlier schedules not yet started (their tokens are
+/// refunded). Restart outcomes go to memory for the next tick (refunds, refusals, own
+/// issuance); the first relabel error is returned after every action was tried.
 async fn act(
-    ctx: &Context,
+    ctx: &Arc<Context>,
     obj: &RevisionUpgrade,
-    actions: &[Action],
-    now: Timestamp,
+    decision: &decide::Decision,
+    hold: bool,
 ) -> Result<(), ReconcileError> {
     let name = obj.name_any();
     let mut first_error = None;
-    let mut evictions = Vec::new();
-    let mut started = 0u32;
-    for action in actions {
+    let mut restarts = Vec::new();
+    for action in &decision.actions {
         match action {
             Action::Event {
                 severity,
@@ -785,85 +956,53 @@ async fn act(
                     first_error.get_or_insert(e);
                 }
             }
-            Action::Evict { namespace, pod } => evictions.push((namespace.clone(), pod.clone())),
-            Action::RolloutRestart {
-                namespace,
-                workload,
-                restarted_at,
-            } => match rollout_restart(&ctx.client, namespace, workload, restarted_at).await {
-                Ok(pods) => {
-                    started += pods;
-                    ctx.metrics.restart("rollout_restart", "started");
-                }
-                Err(e) => {
-                    ctx.metrics.restart("rollout_restart", "error");
-                    first_error.get_or_insert(e);
-                }
-            },
+            Action::Evict { .. } | Action::RolloutRestart { .. } => restarts.push(action.clone()),
         }
     }
-    // The grant's restarts start evenly over the spread, so certificates are issued as a flow.
-    let spread_start = tokio::time::Instant::now();
-    let n = evictions.len();
-    let results: Vec<(String, EvictOutcome, i64)> = stream::iter(evictions.into_iter().enumerate())
-        .map(|(i, (ns, pod))| {
-            let client = ctx.evict_client.clone();
-            let clock = ctx.clock;
-            async move {
-                tokio::time::sleep_until(spread_start + pacing::spread_offset(i, n)).await;
-                let api: Api<Pod> = Api::namespaced(client, &ns);
-                let outcome = match api.evict(&pod, &EvictParams::default()).await {
-                    Ok(_) => EvictOutcome::Started,
-                    Err(kube::Error::Api(s)) if s.code == 429 => EvictOutcome::Blocked,
-                    Err(kube::Error::Api(s)) if s.code == 404 => EvictOutcome::Gone,
-                    Err(e) => {
-                        tracing::warn!(namespace = ns, pod, error = %e, "eviction failed; retried next tick");
-                        EvictOutcome::Error
-                    }
-                };
-                (format!("{ns}/{pod}"), outcome, (clock)().as_millisecond())
-            }
-        })
-        .buffer_unordered(EVICTION_CONCURRENCY)
-        .collect()
-        .await;
-    let mut unused = 0;
-    let mut blocked = Vec::new();
-    let mut own = Vec::new();
-    for (pod, outcome, at) in results {
-        let result = match outcome {
-            EvictOutcome::Started => {
-                own.push((at, 1));
-                "started"
-            }
-            EvictOutcome::Blocked => {
-                unused += 1;
-                blocked.push(pod);
-                "blocked"
-            }
-            EvictOutcome::Gone => {
-                unused += 1;
-                "gone"
-            }
-            EvictOutcome::Error => {
-                unused += 1;
-                "error"
-            }
-        };
-        ctx.metrics.restart("evict", result);
-    }
-    blocked.sort();
-    if started > 0 || unused > 0 || !own.is_empty() {
-        if started > 0 {
-            // Rollout restarts: their pods are replaced over time; counted when requested.
-            own.push((now.as_millisecond(), started));
-        }
-        own.sort();
+    let base = tokio::time::Instant::now();
+    let epoch = {
         let mut memory = ctx.memory.lock().expect("memory lock");
-        let m = memory.entry(name).or_default();
-        m.own.extend(own);
-        m.unused += unused;
-        m.blocked = blocked;
+        let m = memory.entry(name.clone()).or_default();
+        m.pacers.retain(|p| !p.is_finished());
+        if hold {
+            m.epoch += 1;
+            m.next_free = None;
+        }
+        if !restarts.is_empty() {
+            m.next_free = Some(base + decision.busy_for);
+            let at = (ctx.clock)().as_millisecond();
+            for r in &restarts {
+                match r {
+                    Action::Evict { namespace, pod, .. } => {
+                        m.in_progress.insert(format!("{namespace}/{pod}"), at);
+                    }
+                    Action::RolloutRestart {
+                        namespace,
+                        workload,
+                        ..
+                    } => {
+                        m.in_progress
+                            .insert(decide::workload_key(namespace, workload), at);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        m.epoch
+    };
+    if !restarts.is_empty() {
+        let pacer = Pacer {
+            name: name.clone(),
+            client: ctx.client.clone(),
+            evict_client: ctx.evict_client.clone(),
+            clock: ctx.clock,
+            metrics: ctx.metrics.clone(),
+            memory: ctx.memory.clone(),
+            epoch,
+        };
+        let handle = tokio::spawn(pacer.run(base, restarts));
+        let mut memory = ctx.memory.lock().expect("memory lock");
+        memory.entry(name).or_default().pacers.push(handle);
     }
     match first_error {
         Some(e) => Err(e),
@@ -871,11 +1010,134 @@ async fn act(
     }
 }
 
+/// One grant's restarts, started in the background at their scheduled times.
+struct Pacer {
+    name: String,
+    client: Client,
+    evict_client: Client,
+    clock: fn() -> Timestamp,
+    metrics: UpgradeMetrics,
+    memory: Memories,
+    epoch: u64,
+}
+
+impl Pacer {
+    fn cancelled(&self) -> bool {
+        self.memory
+            .lock()
+            .expect("memory lock")
+            .get(&self.name)
+            .is_none_or(|m| m.epoch != self.epoch)
+    }
+
+    /// Starts every restart at `base` plus its offset (at bounded concurrency, in order), and
+    /// records each outcome as it comes.
+    async fn run(self, base: tokio::time::Instant, restarts: Vec<Action>) {
+        let this = &self;
+        stream::iter(restarts)
+            .map(|action| async move {
+                let after = match &action {
+                    Action::Evict { after, .. } | Action::RolloutRestart { after, .. } => *after,
+                    _ => Duration::ZERO,
+                };
+                tokio::time::sleep_until(base + after).await;
+                this.start(action).await;
+            })
+            .buffer_unordered(EVICTION_CONCURRENCY)
+            .for_each(|()| async {})
+            .await;
+    }
+
+    async fn start(&self, action: Action) {
+        let (key, mode, cost) = match &action {
+            Action::Evict { namespace, pod, .. } => (format!("{namespace}/{pod}"), "evict", 1),
+            Action::RolloutRestart {
+                namespace,
+                workload,
+                pods,
+                ..
+            } => (
+                decide::workload_key(namespace, workload),
+                "rollout_restart",
+                *pods,
+            ),
+            _ => return,
+        };
+        let outcome = if self.cancelled() {
+            EvictOutcome::Cancelled
+        } else {
+            match &action {
+                Action::Evict { namespace, pod, .. } => {
+                    let api: Api<Pod> = Api::namespaced(self.evict_client.clone(), namespace);
+                    match api.evict(pod, &EvictParams::default()).await {
+                        Ok(_) => EvictOutcome::Started(1),
+                        Err(kube::Error::Api(s)) if s.code == 429 => EvictOutcome::Blocked,
+                        Err(kube::Error::Api(s)) if s.code == 404 => EvictOutcome::Gone,
+                        Err(e) => {
+                            tracing::warn!(namespace, pod, error = %e, "eviction failed; retried next tick");
+                            EvictOutcome::Error
+                        }
+                    }
+                }
+                Action::RolloutRestart {
+                    namespace,
+                    workload,
+                    restarted_at,
+                    ..
+                } => match rollout_restart(&self.client, namespace, workload, restarted_at).await {
+                    Ok(pods) => EvictOutcome::Started(pods),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "rollout restart failed; retried next tick");
+                        EvictOutcome::Error
+                    }
+                },
+                _ => return,
+            }
+        };
+        let at = (self.clock)().as_millisecond();
+        let result = match outcome {
+            EvictOutcome::Started(_) => "started",
+            EvictOutcome::Blocked => "blocked",
+            EvictOutcome::Gone => "gone",
+            EvictOutcome::Error => "error",
+            EvictOutcome::Cancelled => "cancelled",
+        };
+        if !matches!(outcome, EvictOutcome::Cancelled) {
+            self.metrics.restart(mode, result);
+        }
+        let mut memory = self.memory.lock().expect("memory lock");
+        let Some(m) = memory.get_mut(&self.name) else {
+            return;
+        };
+        match outcome {
+            EvictOutcome::Started(pods) => {
+                // Rollout restarts: their pods are replaced over time; counted when requested.
+                let pos = m.own.partition_point(|(t, _)| *t <= at);
+                m.own.insert(pos, (at, pods));
+            }
+            EvictOutcome::Blocked => {
+                m.unused += cost;
+                m.in_progress.remove(&key);
+                if !m.blocked.contains(&key) {
+                    m.blocked.push(key);
+                    m.blocked.sort();
+                }
+            }
+            EvictOutcome::Gone | EvictOutcome::Error | EvictOutcome::Cancelled => {
+                m.unused += cost;
+                m.in_progress.remove(&key);
+            }
+        }
+    }
+}
+
 enum EvictOutcome {
-    Started,
+    /// Started; this many pods will be replaced.
+    Started(u32),
     Blocked,
     Gone,
     Error,
+    Cancelled,
 }
 
 /// Patch parameters under the operator's field manager, so its writes are attributed to it in

@@ -72,9 +72,10 @@ pub struct NsSpec {
     pub deployments: Vec<(&'static str, i32)>,
 }
 
-/// How long the fixture waits for the initial pods: 30 s plus 100 ms per pod.
+/// How long the fixture waits for the initial pods: 30 s plus 250 ms per pod (the simulated
+/// kubelet readies a few pods per second on a loaded machine).
 pub fn settle_time(pods: u64) -> Duration {
-    Duration::from_secs(30) + Duration::from_millis(100 * pods)
+    Duration::from_secs(30) + Duration::from_millis(250 * pods)
 }
 
 /// The default fleet: one low-risk namespace, one tier-2, one tier-1 (the last wave takes it).
