@@ -70,6 +70,12 @@ impl Operator {
     }
 }
 
+/// The window upgrade-revisions measures background SVID issuance over in the sandbox (its
+/// `SLUICE_ISSUANCE_WINDOW_SECONDS`). The chart's default is 60 s, sized for a 15–30 s scrape
+/// interval; the sandbox's mesh writes telemetry every second, so ten samples fill a window and
+/// an upgrade need not wait a minute for Prometheus to hold one.
+pub const ISSUANCE_WINDOW_SECONDS: u64 = 10;
+
 /// Namespace of revert's per-cluster identity Secrets in a management cluster.
 pub const REVERT_IDENTITY_NAMESPACE: &str = LEASE_NAMESPACE;
 
@@ -87,7 +93,8 @@ pub struct Services {
 /// The settings of one operator process, as the environment variables its flags read (the
 /// chart's values): every operator gets the Prometheus URL and its cluster's name (the
 /// `cluster` label of its telemetry); revert also the plain-HTTP registry, the intent
-/// repository and the namespace of its per-cluster identities.
+/// repository and the namespace of its per-cluster identities; upgrade-revisions the sandbox's
+/// short issuance window ([`ISSUANCE_WINDOW_SECONDS`]).
 pub fn environment(placement: &Placement, services: &Services) -> Vec<(String, String)> {
     let mut env = vec![
         (
@@ -96,6 +103,12 @@ pub fn environment(placement: &Placement, services: &Services) -> Vec<(String, S
         ),
         ("SLUICE_CLUSTER".to_string(), placement.cluster.clone()),
     ];
+    if placement.operator == Operator::UpgradeRevisions {
+        env.push((
+            "SLUICE_ISSUANCE_WINDOW_SECONDS".to_string(),
+            ISSUANCE_WINDOW_SECONDS.to_string(),
+        ));
+    }
     if placement.operator == Operator::Revert {
         env.extend([
             (
@@ -498,7 +511,7 @@ mod tests {
         };
         let cases = [
             (Operator::RolloutWeights, "east-1", 2),
-            (Operator::UpgradeRevisions, "west-2", 2),
+            (Operator::UpgradeRevisions, "west-2", 3),
             (Operator::WaveGate, "east-mgmt", 2),
             (Operator::Revert, "west-mgmt", 5),
         ];
@@ -514,6 +527,12 @@ mod tests {
             assert_eq!(env.len(), count, "{operator:?}: {env:?}");
             assert_eq!(get("SLUICE_CLUSTER"), Some(cluster));
             assert_eq!(get("SLUICE_PROMETHEUS_URL"), Some("http://127.0.0.1:9090"));
+            let window = (operator == Operator::UpgradeRevisions).then_some("10");
+            assert_eq!(
+                get("SLUICE_ISSUANCE_WINDOW_SECONDS"),
+                window,
+                "{operator:?}"
+            );
             if operator == Operator::Revert {
                 assert_eq!(
                     get("SLUICE_REVERT_INSECURE_REGISTRIES"),

@@ -16,7 +16,8 @@ use serde_json::Value;
 use sluice_api::v1alpha1::{
     BundlePinPhase, BundlePinSpec, BundlePinStatus,
     bundle_pin::{
-        ApplicationPinState, GroupKind, PinnedApplication, ReleasePolicy, conditions, reasons,
+        ApplicationPinState, BundleRef, GroupKind, PinnedApplication, ReleasePolicy, conditions,
+        reasons,
     },
 };
 use sluice_runtime::{
@@ -319,6 +320,105 @@ pub fn needs_verification(status: Option<&BundlePinStatus>) -> bool {
     )
 }
 
+/// The bundle the reconcile verifies and acts on: the one the status recorded as verified once
+/// there is one (so a changed `spec.bundle` is never pulled, applied or released by mistake),
+/// else `spec.bundle`.
+pub fn bundle_to_verify(spec: &BundlePinSpec, status: Option<&BundlePinStatus>) -> BundleRef {
+    match status.and_then(|s| s.to_digest.clone()) {
+        Some(digest) => BundleRef {
+            repository: status
+                .and_then(|s| s.to_repository.clone())
+                .unwrap_or_else(|| spec.bundle.repository.clone()),
+            digest,
+        },
+        None => spec.bundle.clone(),
+    }
+}
+
+/// The Applications the reconcile observes: the ones the status recorded once verification
+/// passed (the pin acts on those only), else `spec.targets` (namespace defaulted to `pin_ns`).
+pub fn targets_to_observe(
+    spec: &BundlePinSpec,
+    status: Option<&BundlePinStatus>,
+    pin_ns: &str,
+) -> Vec<AppKey> {
+    match status {
+        Some(s) if s.to_digest.is_some() && !s.applications.is_empty() => {
+            s.applications.iter().map(app_key).collect()
+        }
+        _ => spec_targets(spec, pin_ns),
+    }
+}
+
+fn spec_targets(spec: &BundlePinSpec, pin_ns: &str) -> Vec<AppKey> {
+    spec.targets
+        .iter()
+        .map(|t| AppKey {
+            namespace: t.namespace.clone().unwrap_or_else(|| pin_ns.to_owned()),
+            name: t.name.clone(),
+        })
+        .collect()
+}
+
+/// How the spec differs from what the pin verified and holds (empty: it does not, or nothing
+/// is recorded yet): (reason, message). The CRD makes `spec.bundle` and `spec.targets`
+/// immutable; this is the defence for a store that did not enforce it.
+pub fn spec_drift(
+    spec: &BundlePinSpec,
+    status: Option<&BundlePinStatus>,
+    pin_ns: &str,
+) -> Vec<(&'static str, String)> {
+    let Some(status) = status else {
+        return Vec::new();
+    };
+    let Some(held) = status.to_digest.as_deref() else {
+        return Vec::new();
+    };
+    let mut drift = Vec::new();
+    let repo_changed = status
+        .to_repository
+        .as_deref()
+        .is_some_and(|r| r != spec.bundle.repository);
+    if held != spec.bundle.digest || repo_changed {
+        drift.push((
+            reasons::BUNDLE_CHANGED,
+            format!(
+                "spec.bundle is now {} but this pin verified and holds {}@{held}; nothing of the new bundle is applied. Restore spec.bundle, or create a new BundlePin for the new bundle and release this one (spec.release: true)",
+                spec.bundle.reference(),
+                status
+                    .to_repository
+                    .as_deref()
+                    .unwrap_or(&spec.bundle.repository)
+                    .trim_start_matches("oci://"),
+            ),
+        ));
+    }
+    if !status.applications.is_empty() {
+        let mut want: Vec<String> = spec_targets(spec, pin_ns)
+            .iter()
+            .map(|k| format!("{}/{}", k.namespace, k.name))
+            .collect();
+        let mut held: Vec<String> = status
+            .applications
+            .iter()
+            .map(|a| format!("{}/{}", a.namespace, a.name))
+            .collect();
+        want.sort();
+        held.sort();
+        if want != held {
+            drift.push((
+                reasons::TARGETS_CHANGED,
+                format!(
+                    "spec.targets now lists {} but this pin verified and holds {}; no other Application is touched. Restore spec.targets, or create a new BundlePin for the other Applications",
+                    want.join(", "),
+                    held.join(", ")
+                ),
+            ));
+        }
+    }
+    drift
+}
+
 /// Whether the reconcile should fetch the content digest of each target's synced revision.
 pub fn needs_revision_content(spec: &BundlePinSpec, status: Option<&BundlePinStatus>) -> bool {
     spec.release_policy == ReleasePolicy::OnMatchingContent
@@ -402,9 +502,62 @@ fn condition(
     }
 }
 
+/// Reports a spec that no longer matches what the pin verified (condition + Warning Event),
+/// or that it matches again. Returns whether it differs.
+fn check_drift(spec: &BundlePinSpec, obs: &Observations, now: Timestamp, d: &mut Decision) -> bool {
+    let before = d.status.clone();
+    let drift = spec_drift(spec, Some(&before), &obs.pin.0);
+    if let Some((reason, _)) = drift.first() {
+        let message = drift
+            .iter()
+            .map(|(_, m)| m.as_str())
+            .collect::<Vec<_>>()
+            .join("; ");
+        condition(
+            d,
+            conditions::VERIFIED,
+            Status::False,
+            reason,
+            message,
+            obs.generation,
+            now,
+            VERIFY,
+        );
+        return true;
+    }
+    if cond::find(&d.status.conditions, conditions::VERIFIED).is_some_and(|c| {
+        c.reason == reasons::BUNDLE_CHANGED || c.reason == reasons::TARGETS_CHANGED
+    }) {
+        condition(
+            d,
+            conditions::VERIFIED,
+            Status::True,
+            reasons::SIGNATURE_VERIFIED,
+            format!(
+                "spec.bundle and spec.targets match the verified pin again ({})",
+                before.to_digest.as_deref().unwrap_or_default()
+            ),
+            obs.generation,
+            now,
+            VERIFY,
+        );
+    }
+    false
+}
+
 /// The state machine after validation.
 fn step(spec: &BundlePinSpec, obs: &Observations, now: Timestamp, d: &mut Decision) {
     let gen_ = obs.generation;
+    if matches!(
+        d.status.phase,
+        BundlePinPhase::Released | BundlePinPhase::Refused | BundlePinPhase::Failed
+    ) {
+        d.requeue = Requeue::AwaitChange;
+        return;
+    }
+    // A changed spec never redirects a pin: it keeps holding what it verified, applies nothing
+    // new, and still releases (explicitly, on deletion, or on matching content).
+    let drifted = check_drift(spec, obs, now, d);
     match d.status.phase {
         BundlePinPhase::Released | BundlePinPhase::Refused | BundlePinPhase::Failed => {
             d.requeue = Requeue::AwaitChange;
@@ -421,6 +574,8 @@ fn step(spec: &BundlePinSpec, obs: &Observations, now: Timestamp, d: &mut Decisi
             ),
         ),
         BundlePinPhase::Verifying => verifying(spec, obs, now, d, gen_),
+        // Waits for the spec to be restored, or for a release; the object's change wakes it.
+        BundlePinPhase::Pinning if drifted => d.requeue = Requeue::AwaitChange,
         BundlePinPhase::Pinning => pinning(spec, obs, now, d, gen_),
         BundlePinPhase::Pinned => pinned(spec, obs, now, d, gen_),
         BundlePinPhase::Releasing => release(
@@ -575,6 +730,7 @@ fn verifying(
         _ => None,
     };
     d.status.to_digest = Some(summary.digest.clone());
+    d.status.to_repository = Some(spec.bundle.repository.clone());
     d.status.content_digest = Some(summary.content_digest.clone());
     d.status.verified_at = Some(Time(now));
     d.status.phase = BundlePinPhase::Pinning;
@@ -640,8 +796,9 @@ fn pinning(
     d: &mut Decision,
     gen_: Option<i64>,
 ) {
+    let held = bundle_to_verify(spec, Some(&d.status)).digest;
     let bundle = match &obs.verification {
-        Some(Verification::Verified(b)) if b.digest == spec.bundle.digest => b.clone(),
+        Some(Verification::Verified(b)) if b.digest == held => b.clone(),
         Some(Verification::Refused { reason, message }) => {
             // The registry now serves something else under the signed digest: stop.
             d.status.phase = BundlePinPhase::Failed;
@@ -784,7 +941,7 @@ fn pinning(
         "pinned {} Application(s) from {} to {} (content {}): {} objects applied, {} pruned; reason: {}",
         d.status.applications.len(),
         d.status.from_digest.as_deref().unwrap_or("mixed revisions"),
-        spec.bundle.digest,
+        held,
         bundle.content_digest,
         d.status.applied_objects,
         d.status.pruned_objects,
@@ -851,7 +1008,7 @@ fn git_revert(
             "Revert {} (BundlePin {ns}/{name})\n\n{}\n\nPinned to {}.",
             &git.commit,
             spec.reason,
-            spec.bundle.reference()
+            bundle_to_verify(spec, Some(&d.status)).reference()
         ),
         pull_request: git.pull_request,
     });
@@ -970,7 +1127,9 @@ fn release(
         .applications
         .iter()
         .any(|a| a.state == ApplicationPinState::Pinned);
-    let bundle_ok = matches!(&obs.verification, Some(Verification::Verified(b)) if b.digest == spec.bundle.digest);
+    let held = bundle_to_verify(spec, Some(&d.status)).digest;
+    let bundle_ok =
+        matches!(&obs.verification, Some(Verification::Verified(b)) if b.digest == held);
     if needs_bundle && !bundle_ok {
         // Dropping ownership needs the bundle's object list; wait for the registry.
         d.requeue = Requeue::After(RETRY);
@@ -1588,6 +1747,156 @@ mod tests {
             } else {
                 assert!(effects(&d).is_empty(), "{}: {:?}", row.name, d.actions);
             }
+        }
+    }
+
+    #[test]
+    fn a_spec_changed_after_verification_applies_nothing_new_and_is_reported() {
+        struct Row {
+            name: &'static str,
+            /// Reconciles run from a fresh status before the change (1: Pinning, None: Pinned).
+            reconciles: Option<usize>,
+            change: Value,
+            want_reason: &'static str,
+        }
+        let two_targets = json!({"targets": [
+            {"name": "mesh-c1", "namespace": "argocd"},
+            {"name": "mesh-c2", "namespace": "argocd"}
+        ]});
+        let table = [
+            Row {
+                name: "digest changed while pinning",
+                reconciles: Some(1),
+                change: json!({"bundle": {"repository": "oci://registry.local:5000/mesh/config", "digest": FIX}}),
+                want_reason: reasons::BUNDLE_CHANGED,
+            },
+            Row {
+                name: "repository changed while pinning",
+                reconciles: Some(1),
+                change: json!({"bundle": {"repository": "oci://registry.local:5000/mesh/other", "digest": GOOD}}),
+                want_reason: reasons::BUNDLE_CHANGED,
+            },
+            Row {
+                name: "target added while pinning",
+                reconciles: Some(1),
+                change: two_targets.clone(),
+                want_reason: reasons::TARGETS_CHANGED,
+            },
+            Row {
+                name: "digest changed while pinned",
+                reconciles: None,
+                change: json!({"bundle": {"repository": "oci://registry.local:5000/mesh/config", "digest": FIX}}),
+                want_reason: reasons::BUNDLE_CHANGED,
+            },
+            Row {
+                name: "target replaced while pinned",
+                reconciles: None,
+                change: json!({"targets": [{"name": "mesh-c2", "namespace": "argocd"}]}),
+                want_reason: reasons::TARGETS_CHANGED,
+            },
+            Row {
+                name: "target added while pinned",
+                reconciles: None,
+                change: two_targets.clone(),
+                want_reason: reasons::TARGETS_CHANGED,
+            },
+        ];
+        let original = spec(json!({}));
+        for row in table {
+            let mut world = World::new();
+            let status = match row.reconciles {
+                Some(n) => {
+                    let mut status = None;
+                    for i in 0..n {
+                        let d = decide(
+                            &original,
+                            status.as_ref(),
+                            &world.obs(verified()),
+                            t(i as i64),
+                        );
+                        world.act(&d);
+                        status = Some(d.status);
+                    }
+                    status.unwrap()
+                }
+                None => pin(&original, &mut world, None),
+            };
+            let phase = status.phase;
+            let changed = spec(row.change.clone());
+            // The reconcile verifies and observes what the status recorded, not the new spec.
+            assert_eq!(
+                bundle_to_verify(&changed, Some(&status)),
+                original.bundle,
+                "{}",
+                row.name
+            );
+            assert_eq!(
+                targets_to_observe(&changed, Some(&status), "argocd"),
+                vec![AppKey {
+                    namespace: "argocd".into(),
+                    name: "mesh-c1".into()
+                }],
+                "{}",
+                row.name
+            );
+            let d = decide(&changed, Some(&status), &world.obs(verified()), t(50));
+            assert!(effects(&d).is_empty(), "{}: {:?}", row.name, d.actions);
+            assert_eq!(d.status.phase, phase, "{}", row.name);
+            assert_eq!(d.status.to_digest.as_deref(), Some(GOOD), "{}", row.name);
+            let c = cond::find(&d.status.conditions, conditions::VERIFIED).unwrap();
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_str()),
+                ("False", row.want_reason),
+                "{}",
+                row.name
+            );
+            assert!(
+                c.message.contains("create a new BundlePin"),
+                "{}: {}",
+                row.name,
+                c.message
+            );
+            assert!(
+                d.actions.iter().any(|a| matches!(a, Action::Event { severity: Severity::Warning, reason, .. } if *reason == row.want_reason)),
+                "{}: a Warning Event names it",
+                row.name
+            );
+            // Asked again: the same status, no second Event.
+            let again = decide(&changed, Some(&d.status), &world.obs(verified()), t(51));
+            assert_eq!(again.status, d.status, "{}", row.name);
+            assert!(reasons_of(&again).is_empty(), "{}", row.name);
+
+            // Restored: the pin goes on from where it was, Verified again.
+            let back = decide(&original, Some(&d.status), &world.obs(verified()), t(52));
+            let c = cond::find(&back.status.conditions, conditions::VERIFIED).unwrap();
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_str()),
+                ("True", reasons::SIGNATURE_VERIFIED),
+                "{}",
+                row.name
+            );
+            if phase == BundlePinPhase::Pinning {
+                assert!(!effects(&back).is_empty(), "{}: pinning resumes", row.name);
+            }
+
+            // Released while changed: the verified pin is undone exactly.
+            let mut release = row.change.clone();
+            release["release"] = json!(true);
+            release["releaseReason"] = json!("pinned the wrong bundle");
+            let r = decide(
+                &spec(release),
+                Some(&d.status),
+                &world.obs(verified()),
+                t(53),
+            );
+            assert_eq!(r.status.phase, BundlePinPhase::Released, "{}", row.name);
+            world.act(&r);
+            assert_eq!(
+                world.app.sync_policy,
+                Some(original_policy()),
+                "{}",
+                row.name
+            );
         }
     }
 

@@ -773,10 +773,14 @@ pub async fn reconcile(
         obj.spec.clone()
     };
 
-    // Observe.
+    // Observe: once verified, the recorded bundle and Applications, never a changed spec's.
     let (verification, bundle) =
         if !terminal && (decide::needs_verification(status) || spec.release) {
-            let (v, b) = ctx.verify(&spec, &ns).await;
+            let verify_spec = BundlePinSpec {
+                bundle: decide::bundle_to_verify(&spec, status),
+                ..spec.clone()
+            };
+            let (v, b) = ctx.verify(&verify_spec, &ns).await;
             (Some(v), b)
         } else {
             (None, None)
@@ -784,12 +788,11 @@ pub async fn reconcile(
     let want_content = decide::needs_revision_content(&spec, status);
     let mut applications = Vec::new();
     if !terminal {
-        for t in &obj.spec.targets {
-            let app_ns = t.namespace.clone().unwrap_or_else(|| ns.clone());
-            let view = ctx.observe_app(&app_ns, &t.name, want_content).await?;
+        for t in decide::targets_to_observe(&spec, status, &ns) {
+            let view = ctx.observe_app(&t.namespace, &t.name, want_content).await?;
             applications.push(AppObservation {
-                namespace: app_ns,
-                name: t.name.clone(),
+                namespace: t.namespace,
+                name: t.name,
                 view,
             });
         }

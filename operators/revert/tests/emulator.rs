@@ -1,6 +1,7 @@
 //! End to end over the Kubernetes API emulator: the BundlePin CRD from `crds/` installed, the
 //! revert controller running in-process; an invalid BundlePin gets `Ready=False`
-//! (`InvalidSpec`) naming the field and a Warning Event, and once fixed, `Ready=True`.
+//! (`InvalidSpec`) naming the field and a Warning Event, and once fixed, `Ready=True`; the
+//! API server refuses a change of `spec.bundle` or `spec.targets` (CEL transition rules).
 
 use std::{sync::Arc, time::Duration};
 
@@ -150,5 +151,92 @@ async fn invalid_bundle_pin_is_named_then_ready_once_fixed() {
         .await
         .expect("controller stops on shutdown")
         .unwrap();
+    emu.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_api_server_refuses_a_changed_bundle_or_targets_and_says_what_to_do() {
+    let emu = kube_emulator::Emulator::start().await;
+    emu.load_manifest_file(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../crds/bundlepins.sluice.dev.yaml"
+    ))
+    .expect("CRD installs");
+    let api: Api<BundlePin> = Api::namespaced(emu.client(), "default");
+    let pin: BundlePin = serde_json::from_value(serde_json::json!({
+        "apiVersion": "sluice.dev/v1alpha1",
+        "kind": "BundlePin",
+        "metadata": {"name": "revert-1", "namespace": "default"},
+        "spec": {"targets": [{"name": "mesh-config-c1"}], "bundle": {"repository": "oci://registry.example/mesh", "digest": format!("sha256:{}", "a".repeat(64))}, "publicKeysSecretRef": {"name": "cosign"}, "reason": "bad route"},
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &pin).await.unwrap();
+
+    struct Row {
+        name: &'static str,
+        patch: serde_json::Value,
+        /// `None`: accepted; `Some(words)`: 422 whose message holds every word.
+        refused_with: Option<&'static [&'static str]>,
+    }
+    let table = [
+        Row {
+            name: "digest",
+            patch: serde_json::json!({"spec": {"bundle": {"digest": format!("sha256:{}", "b".repeat(64))}}}),
+            refused_with: Some(&["spec.bundle", "immutable", "create a new BundlePin"]),
+        },
+        Row {
+            name: "repository",
+            patch: serde_json::json!({"spec": {"bundle": {"repository": "oci://registry.example/other"}}}),
+            refused_with: Some(&["spec.bundle", "immutable", "create a new BundlePin"]),
+        },
+        Row {
+            name: "target added",
+            patch: serde_json::json!({"spec": {"targets": [{"name": "mesh-config-c1"}, {"name": "mesh-config-c2"}]}}),
+            refused_with: Some(&["spec.targets", "immutable", "create a new BundlePin"]),
+        },
+        Row {
+            name: "target renamed",
+            patch: serde_json::json!({"spec": {"targets": [{"name": "mesh-config-c2"}]}}),
+            refused_with: Some(&["spec.targets", "immutable", "create a new BundlePin"]),
+        },
+        Row {
+            name: "explicit release",
+            patch: serde_json::json!({"spec": {"release": true, "releaseReason": "forward fix 43"}}),
+            refused_with: None,
+        },
+    ];
+    for row in table {
+        let got = api
+            .patch(
+                "revert-1",
+                &PatchParams::default(),
+                &Patch::Merge(&row.patch),
+            )
+            .await;
+        match (row.refused_with, got) {
+            (None, Ok(_)) => {}
+            (None, Err(e)) => panic!("{}: refused: {e}", row.name),
+            (Some(_), Ok(o)) => panic!("{}: accepted: {:?}", row.name, o.spec),
+            (Some(words), Err(kube::Error::Api(s))) => {
+                assert_eq!(s.code, 422, "{}: {s:?}", row.name);
+                for w in words {
+                    assert!(
+                        s.message.contains(w),
+                        "{}: {w:?} not in {}",
+                        row.name,
+                        s.message
+                    );
+                }
+            }
+            (Some(_), Err(e)) => panic!("{}: {e}", row.name),
+        }
+    }
+    let kept = api.get("revert-1").await.unwrap();
+    assert_eq!(
+        kept.spec.bundle.digest,
+        format!("sha256:{}", "a".repeat(64))
+    );
+    assert_eq!(kept.spec.targets.len(), 1);
+    assert!(kept.spec.release);
     emu.shutdown().await;
 }

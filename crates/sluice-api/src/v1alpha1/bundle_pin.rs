@@ -54,16 +54,20 @@ pub const DEFAULT_ALLOWED_KINDS: &[(&str, &str)] = &[
 )]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
-    {"rule": "!self.release || has(self.releaseReason)", "message": "releaseReason is required when release is true", "fieldPath": ".releaseReason"}
+    {"rule": "!self.release || has(self.releaseReason)", "message": "releaseReason is required when release is true", "fieldPath": ".releaseReason"},
+    {"rule": "self.bundle == oldSelf.bundle", "message": "spec.bundle is immutable: a pin holds the bundle it verified; to pin a different bundle, create a new BundlePin (and release this one with spec.release)", "fieldPath": ".bundle"},
+    {"rule": "self.targets == oldSelf.targets", "message": "spec.targets is immutable: a pin holds the Applications it verified; to pin other Applications, create a new BundlePin", "fieldPath": ".targets"}
 ]))]
 pub struct BundlePinSpec {
-    /// Argo CD Applications to pin (OCI-sourced only). 1..64, unique.
+    /// Argo CD Applications to pin (OCI-sourced only). 1..64, unique. Immutable: to pin other
+    /// Applications, create a new BundlePin.
     #[schemars(length(min = 1, max = 64))]
     #[schemars(extend("x-kubernetes-validations" = [
         {"rule": "self.all(a, self.filter(b, b.name == a.name && (has(b.__namespace__) ? b.__namespace__ : '') == (has(a.__namespace__) ? a.__namespace__ : '')).size() == 1)", "message": "targets must be unique"}
     ]))]
     pub targets: Vec<ApplicationTarget>,
-    /// The bundle to pin to, by digest.
+    /// The bundle to pin to, by digest. Immutable: to pin a different bundle, create a new
+    /// BundlePin.
     pub bundle: BundleRef,
     /// Secret (same namespace) holding the cosign public key(s) (PEM) the signature must
     /// verify with.
@@ -323,6 +327,9 @@ pub struct BundlePinStatus {
     /// Digest pinned to (spec.bundle.digest once verified).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to_digest: Option<String>,
+    /// Repository the pinned digest was verified in (spec.bundle.repository once verified).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_repository: Option<String>,
     /// Content digest of the pinned manifests (same manifests → same digest); release compares
     /// Argo CD's synced content against it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -410,6 +417,11 @@ pub mod reasons {
     pub const GIT_REVERT_FAILED: &str = "GitRevertFailed";
     /// spec.gitRevert is set but the operator has no intent repository configured.
     pub const GIT_NOT_CONFIGURED: &str = "GitNotConfigured";
+    /// spec.bundle differs from the bundle the pin verified and holds; nothing new is applied.
+    pub const BUNDLE_CHANGED: &str = "BundleChanged";
+    /// spec.targets differs from the Applications the pin verified and holds; nothing new is
+    /// applied.
+    pub const TARGETS_CHANGED: &str = "TargetsChanged";
     /// Automated sync was turned back on while pinned and was suspended again.
     pub const RESUSPENDED: &str = "Resuspended";
 }

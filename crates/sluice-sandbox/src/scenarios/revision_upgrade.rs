@@ -9,7 +9,8 @@
 //! counter, of issuance ÷ `min(depth + rate × w, peak × ⌈w⌉)`; pass needs ≤ 1.0),
 //! `budget_utilisation` (restarts per second while a wave was Restarting ÷ the headroom: the
 //! budget's rate less the background issuance counted before the upgrade), `time_ratio`
-//! (restart time ÷ (proxies ÷ headroom)).
+//! (restart time ÷ (proxies ÷ headroom)), `issuance_window_wait_ms` (the wait for Prometheus to
+//! hold one issuance window of the operator, [`ISSUANCE_WINDOW`], before the upgrade).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -47,9 +48,10 @@ pub const PEAK: f64 = 10.0;
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(20);
 /// How long background issuance is counted before the upgrade starts.
 pub const BACKGROUND_WINDOW: Duration = Duration::from_secs(3);
-/// The window the operator binary measures issuance over (its `--issuance-window-seconds`
-/// default, which the sandbox leaves as the chart does).
-pub const ISSUANCE_WINDOW: Duration = Duration::from_secs(60);
+/// The window the operator binary measures issuance over: the sandbox starts it with
+/// `SLUICE_ISSUANCE_WINDOW_SECONDS` set to [`crate::operators::ISSUANCE_WINDOW_SECONDS`].
+pub const ISSUANCE_WINDOW: Duration =
+    Duration::from_secs(crate::operators::ISSUANCE_WINDOW_SECONDS);
 /// The certificate authority's issuance counter the simulator writes to Prometheus.
 pub const ISSUANCE_METRIC: &str = "citadel_server_success_cert_issuance_count";
 /// The injector's record of the revision that injected a pod.
@@ -365,6 +367,7 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
         "revision-upgrade: waiting until Prometheus holds a full issuance window ({ISSUANCE_WINDOW:?}) for {CLUSTER}; without it the operator holds restarts"
     ));
     let query = format!("max({ISSUANCE_METRIC}{{cluster=\"{CLUSTER}\"}})");
+    let window_wait = Instant::now();
     loop {
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -381,6 +384,11 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    let window_wait = window_wait.elapsed();
+    sandbox.say(format!(
+        "revision-upgrade: Prometheus holds a full issuance window after waiting {:.1} s",
+        window_wait.as_secs_f64()
+    ));
     let sampler = Sampler::start(svid);
     tokio::time::sleep(BACKGROUND_WINDOW).await;
     let pre = sampler.samples();
@@ -509,6 +517,10 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
             .unwrap_or(Value::Null),
     );
     figures.insert("proxies".into(), Value::from(before));
+    figures.insert(
+        "issuance_window_wait_ms".into(),
+        Value::from(u64::try_from(window_wait.as_millis()).unwrap_or(u64::MAX)),
+    );
     figures.insert("svids_issued".into(), Value::from(issued));
     figures.insert(
         "restart_s".into(),
