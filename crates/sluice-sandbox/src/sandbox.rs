@@ -875,6 +875,14 @@ impl Sandbox {
             .collect()
     }
 
+    /// The `/metrics` port of `operator` in `cluster`, when the sandbox runs it there.
+    pub fn metrics_port(&self, cluster: &str, operator: operators::Operator) -> Option<u16> {
+        self.operators
+            .iter()
+            .find(|p| p.placement.cluster == cluster && p.placement.operator == operator)
+            .map(|p| p.metrics_port)
+    }
+
     /// Time since start began.
     pub fn uptime(&self) -> Duration {
         self.started.elapsed()

@@ -9,6 +9,7 @@ pub mod canary_abort;
 pub mod canary_promote;
 pub mod pin_release;
 pub mod revision_upgrade;
+pub mod waves;
 pub mod world;
 
 use std::time::Duration;
@@ -111,6 +112,8 @@ pub const REGISTRY: &[ScenarioDef] = &[
     canary_promote::SCENARIO,
     revision_upgrade::SCENARIO,
     pin_release::SCENARIO,
+    waves::CLEAN,
+    waves::BREACH,
 ];
 
 /// A scenario by name.

@@ -1,0 +1,113 @@
+//! `sluice-sandbox --scenario waves-clean|waves-breach --until-done`: wave-gate and revert running
+//! where the chart puts them, beside each site's simulated Argo CD.
+//! - `waves-clean`: a signed bundle crosses east and west in the fleet order; the binary exits 0
+//!   with a time per wave and the total.
+//! - `waves-breach`: mesh-attributed errors in the canary cluster halt the change in wave 0, which
+//!   is pinned back to the previous bundle by revert; the binary exits 0 with `halt_to_pin_ms` and
+//!   `breach_to_reverted_ms`.
+//!
+//! Each leaves nothing running.
+
+mod common;
+
+use std::time::Duration;
+
+/// The whole run (start, scenario, stop). On an idle machine it takes about a minute; the
+/// scenario itself takes 40 to 50 s of it (`waves-clean`: three wave stages, each Argo CD's sync,
+/// the proxies' 5 s convergence and a 2 s soak).
+const BUDGET: Duration = Duration::from_secs(115);
+
+/// Runs a scenario and returns its result line, or `None` (said why) when it cannot run here.
+fn run(name: &str) -> Option<serde_json::Value> {
+    if let Some(reason) = common::skip_reason() {
+        println!("skipping: {reason}");
+        return None;
+    }
+    if common::operators_flag() != "--operators=on" {
+        println!(
+            "skipping: the scenario needs the wave-gate and revert binaries (cargo build --bins)"
+        );
+        return None;
+    }
+    let mut run = common::start(&["--scenario", name, "--until-done", "--base-port", "0"]);
+    let status = run.wait_exit(BUDGET);
+    let last = run.seen.last().cloned().unwrap_or_default();
+    assert!(status.success(), "exit {status:?}; last line: {last}");
+    let result: serde_json::Value = serde_json::from_str(&last)
+        .unwrap_or_else(|e| panic!("last line is not JSON ({e}): {last}"));
+    assert_eq!(result["scenario"], name);
+    assert_eq!(result["outcome"], "pass", "{last}");
+    let left = run.leftovers();
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+    Some(result)
+}
+
+fn figure(result: &serde_json::Value, name: &str) -> u64 {
+    result[name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{name} is not a number of ms: {result}"))
+}
+
+#[test]
+fn waves_clean_crosses_both_sites_in_the_fleet_order() {
+    let Some(result) = run("waves-clean") else {
+        return;
+    };
+    // A time per wave, each at least its soak (2 s) on top of Argo CD's sync and the proxies'
+    // convergence; then the total.
+    let waves = [
+        "east_canary_ms",
+        "west_one_per_site_ms",
+        "east_rest_ms",
+        "west_rest_ms",
+    ];
+    for w in waves {
+        let ms = figure(&result, w);
+        assert!((2_000..60_000).contains(&ms), "{w} {ms}: {result}");
+    }
+    let total = figure(&result, "total_ms");
+    let sequential = figure(&result, "east_canary_ms") + figure(&result, "west_one_per_site_ms");
+    assert!(
+        total >= sequential,
+        "total_ms {total} is shorter than the canary and one-per-site waves in a row ({sequential}): {result}"
+    );
+    let order: Vec<&str> = result["wave_order"].as_str().unwrap().split(',').collect();
+    assert_eq!(order[..2], ["east/canary", "west/one-per-site"], "{result}");
+    assert_eq!(order.len(), 4, "{result}");
+}
+
+#[test]
+fn waves_breach_halts_in_wave_zero_and_pins_back() {
+    let Some(result) = run("waves-breach") else {
+        return;
+    };
+    assert_eq!(result["failed_gate"], "mesh-error-ratio", "{result}");
+    assert!(
+        result["failed_value"].as_f64().unwrap() > 0.01,
+        "the failing ratio is recorded: {result}"
+    );
+    let halt_to_pin = figure(&result, "halt_to_pin_ms");
+    let to_fail = figure(&result, "fault_to_fail_ms");
+    let reverted = figure(&result, "breach_to_reverted_ms");
+    // The controller's own delay is a small part of what a user feels; the revert needs the Fail
+    // verdict, the pin and revert's verification and apply, in that order.
+    assert!(
+        halt_to_pin < 10_000,
+        "halt_to_pin_ms {halt_to_pin}: {result}"
+    );
+    assert!(
+        to_fail + halt_to_pin <= reverted,
+        "reverted ({reverted} ms) before the fail ({to_fail} ms) and pin ({halt_to_pin} ms): {result}"
+    );
+    assert!(
+        reverted < 60_000,
+        "breach_to_reverted_ms {reverted}: {result}"
+    );
+    let pinned = figure(&result, "breach_to_pinned_ms");
+    assert!(
+        to_fail + halt_to_pin <= pinned,
+        "revert applied the pin ({pinned} ms) before wave-gate created it: {result}"
+    );
+    let pins: Vec<&str> = result["pins"].as_str().unwrap().split(',').collect();
+    assert_eq!(pins.len(), 1, "one pin, for the canary cluster: {result}");
+}
