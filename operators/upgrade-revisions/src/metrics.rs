@@ -3,12 +3,16 @@
 //! budget and the headroom it leaves), wave progress, phase, and whether the old revision may be
 //! retired.
 //!
-//! Owns metric names (all `sluice_upgrade_*`), help texts and label sets. Labels come from fixed
-//! or operator-bounded sets (phase, result, restart mode, injecting revision, wave name — at most
-//! 16 per upgrade); never an object name, pod name or message. One RevisionUpgrade runs per
-//! cluster at a time, so the gauges describe it.
+//! Owns metric names (all `sluice_upgrade_*`), help texts and label sets. Every series carries
+//! `upgrade` (the RevisionUpgrade's name; the kind is cluster-scoped), so two upgrades in one
+//! cluster never overwrite each other; the other labels come from fixed or operator-bounded
+//! sets (phase, result, restart mode, injecting revision, wave name — at most 16 per upgrade).
+//! Never a pod name or a message.
 
-use std::sync::atomic::AtomicU64;
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, atomic::AtomicU64},
+};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -22,9 +26,18 @@ use sluice_api::v1alpha1::{
 
 use crate::pacing;
 
+/// Labels naming the upgrade.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct UpgradeLabels {
+    /// The RevisionUpgrade's name.
+    pub upgrade: String,
+}
+
 /// Labels naming an injecting revision.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct RevisionLabels {
+    /// The RevisionUpgrade's name.
+    pub upgrade: String,
     /// Revision recorded by the injector (`sidecar.istio.io/status`).
     pub revision: String,
 }
@@ -32,6 +45,8 @@ pub struct RevisionLabels {
 /// Labels naming a wave.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct WaveLabels {
+    /// The RevisionUpgrade's name.
+    pub upgrade: String,
     /// Wave name from the spec.
     pub wave: String,
 }
@@ -39,6 +54,8 @@ pub struct WaveLabels {
 /// Labels naming a phase.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct PhaseLabels {
+    /// The RevisionUpgrade's name.
+    pub upgrade: String,
     /// Pending, Progressing, Soaking, Paused, RollingBack, Aborted, Complete or Invalid.
     pub phase: String,
 }
@@ -46,6 +63,8 @@ pub struct PhaseLabels {
 /// Labels of a restart attempt.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct RestartLabels {
+    /// The RevisionUpgrade's name.
+    pub upgrade: String,
     /// `evict` or `rollout_restart`.
     pub mode: String,
     /// `started`, `blocked` (a PodDisruptionBudget refused it), `gone` (the pod no longer
@@ -60,18 +79,23 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 pub struct UpgradeMetrics {
     proxies: Family<RevisionLabels, Gauge>,
     restarts: Family<RestartLabels, Counter>,
-    in_flight: Gauge,
-    tokens: FloatGauge,
-    observed: FloatGauge,
-    background: FloatGauge,
-    budget: FloatGauge,
-    headroom: FloatGauge,
-    throttled: Gauge,
+    in_flight: Family<UpgradeLabels, Gauge>,
+    tokens: Family<UpgradeLabels, FloatGauge>,
+    observed: Family<UpgradeLabels, FloatGauge>,
+    background: Family<UpgradeLabels, FloatGauge>,
+    budget: Family<UpgradeLabels, FloatGauge>,
+    headroom: Family<UpgradeLabels, FloatGauge>,
+    throttled: Family<UpgradeLabels, Gauge>,
     wave_namespaces: Family<WaveLabels, Gauge>,
     wave_moved: Family<WaveLabels, Gauge>,
     phase: Family<PhaseLabels, Gauge>,
-    retirable: Gauge,
+    retirable: Family<UpgradeLabels, Gauge>,
+    /// Per upgrade, the revisions and waves it has series for (removed when they go away).
+    labelled: Arc<Mutex<HashMap<String, Labelled>>>,
 }
+
+/// The revisions and waves one upgrade has series for.
+type Labelled = (Vec<String>, Vec<String>);
 
 /// Registers every metric of the operator in `registry`.
 pub fn register(registry: &mut Registry) -> UpgradeMetrics {
@@ -156,58 +180,85 @@ const PHASES: [RevisionUpgradePhase; 8] = [
 ];
 
 impl UpgradeMetrics {
-    /// Records one restart attempt.
-    pub fn restart(&self, mode: &str, result: &str) {
+    /// Records one restart attempt of upgrade `upgrade`.
+    pub fn restart(&self, upgrade: &str, mode: &str, result: &str) {
         self.restarts
             .get_or_create(&RestartLabels {
+                upgrade: upgrade.into(),
                 mode: mode.into(),
                 result: result.into(),
             })
             .inc();
     }
 
-    /// Restarts attempted so far with `mode` and `result`.
-    pub fn restarts(&self, mode: &str, result: &str) -> u64 {
+    /// Restarts of upgrade `upgrade` attempted so far with `mode` and `result`.
+    pub fn restarts(&self, upgrade: &str, mode: &str, result: &str) -> u64 {
         self.restarts
             .get_or_create(&RestartLabels {
+                upgrade: upgrade.into(),
                 mode: mode.into(),
                 result: result.into(),
             })
             .get()
     }
 
-    /// Updates the gauges from a status just written.
+    /// Updates upgrade `upgrade`'s gauges from a status just written.
     pub fn observe(
         &self,
+        upgrade: &str,
         spec: &RevisionUpgradeSpec,
         status: &RevisionUpgradeStatus,
         proxies: &std::collections::BTreeMap<String, u64>,
         in_flight: u64,
     ) {
-        self.proxies.clear();
-        for (revision, n) in proxies {
-            self.proxies
-                .get_or_create(&RevisionLabels {
-                    revision: revision.clone(),
-                })
-                .set(*n as i64);
+        let me = UpgradeLabels {
+            upgrade: upgrade.to_owned(),
+        };
+        let revision = |r: &str| RevisionLabels {
+            upgrade: upgrade.to_owned(),
+            revision: r.to_owned(),
+        };
+        let wave = |w: &str| WaveLabels {
+            upgrade: upgrade.to_owned(),
+            wave: w.to_owned(),
+        };
+        {
+            // Series of revisions and waves this upgrade no longer has are removed.
+            let mut labelled = self.labelled.lock().expect("metrics labels lock");
+            let (revisions, waves) = labelled.entry(upgrade.to_owned()).or_default();
+            for r in revisions.iter().filter(|r| !proxies.contains_key(*r)) {
+                self.proxies.remove(&revision(r));
+            }
+            for w in waves
+                .iter()
+                .filter(|w| !status.waves.iter().any(|x| &x.name == *w))
+            {
+                self.wave_namespaces.remove(&wave(w));
+                self.wave_moved.remove(&wave(w));
+            }
+            *revisions = proxies.keys().cloned().collect();
+            *waves = status.waves.iter().map(|w| w.name.clone()).collect();
         }
-        self.in_flight.set(in_flight as i64);
+        for (r, n) in proxies {
+            self.proxies.get_or_create(&revision(r)).set(*n as i64);
+        }
+        self.in_flight.get_or_create(&me).set(in_flight as i64);
         if let Some(b) = &status.issuance_budget {
-            self.tokens.set(b.tokens);
-            self.observed.set(b.observed_rate);
-            self.background.set(b.background_rate);
+            self.tokens.get_or_create(&me).set(b.tokens);
+            self.observed.get_or_create(&me).set(b.observed_rate);
+            self.background.get_or_create(&me).set(b.background_rate);
             self.headroom
+                .get_or_create(&me)
                 .set(pacing::headroom(&spec.issuance_budget, b.background_rate));
-            self.throttled.set(i64::from(b.throttled));
+            self.throttled
+                .get_or_create(&me)
+                .set(i64::from(b.throttled));
         }
-        self.budget.set(f64::from(spec.issuance_budget.rate));
-        self.wave_namespaces.clear();
-        self.wave_moved.clear();
+        self.budget
+            .get_or_create(&me)
+            .set(f64::from(spec.issuance_budget.rate));
         for w in &status.waves {
-            let l = WaveLabels {
-                wave: w.name.clone(),
-            };
+            let l = wave(&w.name);
             self.wave_namespaces
                 .get_or_create(&l)
                 .set(i64::from(w.namespaces));
@@ -221,11 +272,14 @@ impl UpgradeMetrics {
         for p in PHASES {
             self.phase
                 .get_or_create(&PhaseLabels {
+                    upgrade: upgrade.to_owned(),
                     phase: format!("{p:?}"),
                 })
                 .set(i64::from(p == status.phase));
         }
-        self.retirable.set(i64::from(status.completed_at.is_some()));
+        self.retirable
+            .get_or_create(&me)
+            .set(i64::from(status.completed_at.is_some()));
     }
 }
 
@@ -233,48 +287,116 @@ impl UpgradeMetrics {
 mod tests {
     use super::*;
 
+    fn status(phase: RevisionUpgradePhase, waves: &[&str]) -> RevisionUpgradeStatus {
+        RevisionUpgradeStatus {
+            phase,
+            completed_at: (phase == RevisionUpgradePhase::Complete).then_some(
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ),
+            ),
+            waves: waves
+                .iter()
+                .map(
+                    |w| sluice_api::v1alpha1::revision_upgrade::UpgradeWaveStatus {
+                        name: (*w).to_owned(),
+                        namespaces: 2,
+                        ..Default::default()
+                    },
+                )
+                .collect(),
+            ..RevisionUpgradeStatus::default()
+        }
+    }
+
     #[test]
-    fn every_metric_is_registered_with_the_sluice_prefix() {
+    fn every_series_is_prefixed_and_names_its_upgrade_so_two_never_overwrite() {
         let mut registry = Registry::default();
         let m = register(&mut registry);
-        m.restart("evict", "started");
         let spec: RevisionUpgradeSpec = serde_json::from_value(serde_json::json!({
             "fromTag": "stable", "fromRevision": "1-27", "toTag": "canary", "toRevision": "1-28"
         }))
         .unwrap();
-        let status = RevisionUpgradeStatus {
-            phase: RevisionUpgradePhase::Complete,
-            completed_at: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-            )),
-            ..RevisionUpgradeStatus::default()
-        };
+        m.restart("a", "evict", "started");
         m.observe(
+            "a",
             &spec,
-            &status,
+            &status(RevisionUpgradePhase::Complete, &["tier-1"]),
             &[("1-28".to_owned(), 3)].into_iter().collect(),
             0,
+        );
+        m.observe(
+            "b",
+            &spec,
+            &status(RevisionUpgradePhase::Progressing, &["tier-1"]),
+            &[("1-27".to_owned(), 5), ("1-28".to_owned(), 1)]
+                .into_iter()
+                .collect(),
+            1,
         );
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
         for line in out.lines().filter(|l| !l.starts_with('#')) {
             assert!(line.starts_with("sluice_upgrade_"), "{line}");
+            assert!(
+                line.contains("upgrade=\"a\"") || line.contains("upgrade=\"b\""),
+                "{line}"
+            );
         }
-        assert!(
-            out.contains("sluice_upgrade_proxies{revision=\"1-28\"} 3"),
-            "{out}"
+        for want in [
+            "sluice_upgrade_proxies{upgrade=\"a\",revision=\"1-28\"} 3",
+            "sluice_upgrade_proxies{upgrade=\"b\",revision=\"1-28\"} 1",
+            "sluice_upgrade_proxies{upgrade=\"b\",revision=\"1-27\"} 5",
+            "sluice_upgrade_old_revision_retirable{upgrade=\"a\"} 1",
+            "sluice_upgrade_old_revision_retirable{upgrade=\"b\"} 0",
+            "sluice_upgrade_phase{upgrade=\"a\",phase=\"Complete\"} 1",
+            "sluice_upgrade_phase{upgrade=\"b\",phase=\"Progressing\"} 1",
+            "sluice_upgrade_restarts_total{upgrade=\"a\",mode=\"evict\",result=\"started\"} 1",
+            "sluice_upgrade_wave_namespaces{upgrade=\"b\",wave=\"tier-1\"} 2",
+        ] {
+            assert!(out.contains(want), "missing {want} in\n{out}");
+        }
+        assert_eq!(m.restarts("a", "evict", "started"), 1);
+        assert_eq!(m.restarts("b", "evict", "started"), 0);
+    }
+
+    #[test]
+    fn series_of_revisions_and_waves_that_went_away_are_removed() {
+        let mut registry = Registry::default();
+        let m = register(&mut registry);
+        let spec: RevisionUpgradeSpec = serde_json::from_value(serde_json::json!({
+            "fromTag": "stable", "fromRevision": "1-27", "toTag": "canary", "toRevision": "1-28"
+        }))
+        .unwrap();
+        let both = [("1-27".to_owned(), 2), ("1-28".to_owned(), 2)];
+        m.observe(
+            "a",
+            &spec,
+            &status(RevisionUpgradePhase::Progressing, &["w1", "w2"]),
+            &both.into_iter().collect(),
+            0,
         );
-        assert!(
-            out.contains("sluice_upgrade_old_revision_retirable 1"),
-            "{out}"
+        m.observe(
+            "b",
+            &spec,
+            &status(RevisionUpgradePhase::Progressing, &["w1"]),
+            &[("1-27".to_owned(), 7)].into_iter().collect(),
+            0,
         );
-        assert!(
-            out.contains("sluice_upgrade_phase{phase=\"Complete\"} 1"),
-            "{out}"
+        m.observe(
+            "a",
+            &spec,
+            &status(RevisionUpgradePhase::Progressing, &["w1"]),
+            &[("1-28".to_owned(), 4)].into_iter().collect(),
+            0,
         );
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        assert!(!out.contains("upgrade=\"a\",revision=\"1-27\""), "{out}");
+        assert!(!out.contains("upgrade=\"a\",wave=\"w2\""), "{out}");
         assert!(
-            out.contains("sluice_upgrade_restarts_total{mode=\"evict\",result=\"started\"} 1"),
-            "{out}"
+            out.contains("sluice_upgrade_proxies{upgrade=\"b\",revision=\"1-27\"} 7"),
+            "another upgrade's series stay: {out}"
         );
     }
 }

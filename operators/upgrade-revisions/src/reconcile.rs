@@ -550,6 +550,7 @@ pub async fn reconcile(
     if let Some(fleet) = &obs.fleet {
         let in_flight = in_flight(&decision.status, &fleet.pods);
         ctx.metrics.observe(
+            &name,
             &obj.spec,
             &decision.status,
             &fleet::proxies_by_revision(&fleet.pods),
@@ -1103,7 +1104,7 @@ impl Pacer {
             EvictOutcome::Cancelled => "cancelled",
         };
         if !matches!(outcome, EvictOutcome::Cancelled) {
-            self.metrics.restart(mode, result);
+            self.metrics.restart(&self.name, mode, result);
         }
         let mut memory = self.memory.lock().expect("memory lock");
         let Some(m) = memory.get_mut(&self.name) else {

@@ -140,8 +140,16 @@ async fn rollout_restart_surges_workloads_no_eviction_could_move_within_the_budg
         "restartedAt markers {requested:?} != relabel time {relabelled}"
     );
     assert_eq!(h.namespace_revisions("payments").await, (0, pods));
-    assert_eq!(h.metrics.restarts("rollout_restart", "started"), 6);
-    assert_eq!(h.metrics.restarts("evict", "started"), 0, "no eviction");
+    assert_eq!(
+        h.metrics
+            .restarts(common::NAME, "rollout_restart", "started"),
+        6
+    );
+    assert_eq!(
+        h.metrics.restarts(common::NAME, "evict", "started"),
+        0,
+        "no eviction"
+    );
     assert_eq!(
         h.svid.get() - issued_before,
         pods,

@@ -102,7 +102,7 @@ async fn full_upgrade_moves_three_waves_within_the_budget_and_retires_the_old_re
         pods,
         "one certificate per pod: no pod was restarted twice"
     );
-    assert_eq!(h.metrics.restarts("evict", "started"), pods);
+    assert_eq!(h.metrics.restarts(common::NAME, "evict", "started"), pods);
     // Own restarts are not background: the operator never saw more than a trickle of it.
     let bg = status.issuance_budget.as_ref().unwrap().background_rate;
     assert!(bg < 2.0, "background issuance misread as {bg}/s");
@@ -210,8 +210,8 @@ async fn pod_disruption_budget_blocks_evictions_until_released() {
         (3, 0),
         "no pod evicted"
     );
-    assert!(h.metrics.restarts("evict", "blocked") > 0);
-    assert_eq!(h.metrics.restarts("evict", "started"), 0);
+    assert!(h.metrics.restarts(common::NAME, "evict", "blocked") > 0);
+    assert_eq!(h.metrics.restarts(common::NAME, "evict", "started"), 0);
 
     // When the budget is released, the evictions go through.
     pdbs.patch(
@@ -257,7 +257,7 @@ async fn background_issuance_shrinks_the_pace_and_over_budget_holds_restarts() {
         })
         .await;
     assert_eq!(phase(&held), Some(RevisionUpgradePhase::Paused));
-    assert_eq!(h.metrics.restarts("evict", "started"), 0);
+    assert_eq!(h.metrics.restarts(common::NAME, "evict", "started"), 0);
     storm.abort();
 
     // When the background drops to half the rate, restarts resume at what it leaves (the
@@ -272,14 +272,14 @@ async fn background_issuance_shrinks_the_pace_and_over_budget_holds_restarts() {
         })
         .await;
     let t0 = Instant::now();
-    let own_before = h.metrics.restarts("evict", "started");
+    let own_before = h.metrics.restarts(common::NAME, "evict", "started");
     let status = h
         .until(Duration::from_secs(60), "phase Complete", |o| {
             phase(o) == Some(RevisionUpgradePhase::Complete)
         })
         .await;
     let took = t0.elapsed().as_secs_f64();
-    let own = (h.metrics.restarts("evict", "started") - own_before) as f64;
+    let own = (h.metrics.restarts(common::NAME, "evict", "started") - own_before) as f64;
     let pace = own / took;
     println!(
         "restarted {own} pods in {took:.1}s: {pace:.2}/s with background {}/s",
@@ -333,7 +333,7 @@ async fn operator_restarted_mid_wave_finishes_without_repeating_evictions() {
     .await;
     // When the operator stops mid-wave and a new one (no memory) takes over.
     h.stop_operator().await;
-    let first = h.metrics.restarts("evict", "started");
+    let first = h.metrics.restarts(common::NAME, "evict", "started");
     tokio::time::sleep(Duration::from_secs(1)).await;
     h.start_operator().await;
 
@@ -342,7 +342,7 @@ async fn operator_restarted_mid_wave_finishes_without_repeating_evictions() {
         phase(o) == Some(RevisionUpgradePhase::Complete)
     })
     .await;
-    let second = h.metrics.restarts("evict", "started");
+    let second = h.metrics.restarts(common::NAME, "evict", "started");
     assert_eq!(
         first + second,
         pods,
