@@ -2507,5 +2507,24 @@ mod upgrade_tests {
         assert_eq!(not_due_for(Some(&st), Some(1), t(1000)), None);
         assert_eq!(not_due_for(Some(&st), Some(2), t(400)), None);
         assert_eq!(not_due_for(None, Some(1), t(400)), None);
+        // While a relabel is awaited, the next look comes a quarter of a tick after the last.
+        let mut awaiting = st.clone();
+        awaiting.namespaces.push(NamespaceProgress {
+            name: "a".into(),
+            wave: "low-risk".into(),
+            state: NamespaceState::Restarting,
+            ..NamespaceProgress::default()
+        });
+        assert_eq!(
+            not_due_for(Some(&awaiting), Some(1), t(100)),
+            Some(Duration::from_millis(150))
+        );
+        assert_eq!(not_due_for(Some(&awaiting), Some(1), t(250)), None);
+        awaiting.namespaces[0].relabelled_at = Some(Time(t(0)));
+        assert_eq!(
+            not_due_for(Some(&awaiting), Some(1), t(250)),
+            Some(Duration::from_millis(750)),
+            "the label was seen: back to one tick"
+        );
     }
 }
