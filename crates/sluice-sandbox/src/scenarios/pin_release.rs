@@ -525,6 +525,10 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
     );
 
     // 5. The revert reaches Git and Argo CD.
+    sandbox.say(format!(
+        "pin-release: waiting for revert to push its revert branch of commit {} to the intent repository",
+        bad.tag
+    ));
     let (branch, revert_commit) = loop {
         let status = apis.pin_until(BundlePinPhase::Pinned).await?;
         if status.phase != BundlePinPhase::Pinned {
