@@ -76,7 +76,22 @@ pub struct RuntimeArgs {
     /// Log filter in `tracing` EnvFilter syntax, e.g. `info` or `info,kube=warn`.
     #[arg(long, env = "SLUICE_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
+
+    /// Most reconciles running at once (at least 1); further objects wait in the controller's
+    /// queue. Each running reconcile holds its object, what it read and an API server
+    /// connection, so this bounds the operator's memory and its load on the API server.
+    #[arg(
+        long,
+        env = "SLUICE_MAX_CONCURRENT_RECONCILES",
+        default_value_t = DEFAULT_MAX_CONCURRENT_RECONCILES,
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub max_concurrent_reconciles: u16,
 }
+
+/// Default of `--max-concurrent-reconciles`. Reconciles that are due together still share one
+/// analysis batch up to this many; beyond it they run in further batches.
+pub const DEFAULT_MAX_CONCURRENT_RECONCILES: u16 = 256;
 
 /// A configuration value that cannot work, with the flag to fix.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -262,6 +277,24 @@ mod tests {
             parse(&["--namespace", "team-a"]).namespace_scope(),
             Some("team-a")
         );
+    }
+
+    #[test]
+    fn max_concurrent_reconciles_defaults_and_refuses_zero() {
+        let table: [(&[&str], Option<u16>); 4] = [
+            (&[], Some(DEFAULT_MAX_CONCURRENT_RECONCILES)),
+            (&["--max-concurrent-reconciles", "8"], Some(8)),
+            (&["--max-concurrent-reconciles", "0"], None),
+            (&["--max-concurrent-reconciles", "70000"], None),
+        ];
+        for (args, want) in table {
+            let mut argv = vec!["op"];
+            argv.extend_from_slice(args);
+            let got = Cli::try_parse_from(argv)
+                .ok()
+                .map(|c| c.runtime.max_concurrent_reconciles);
+            assert_eq!(got, want, "{args:?}");
+        }
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //! health, run leader election, and run a kube-runtime `Controller` for one kind only while
 //! this replica leads; shut down gracefully on SIGTERM/SIGINT.
 //!
-//! Owns the order of startup and shutdown and the per-object retry back-off. Must never contain
-//! reconcile logic: operators pass their reconcile function in.
+//! Owns the order of startup and shutdown, the per-object retry back-off and the bound on
+//! reconciles running at once. Must never contain reconcile logic: operators pass their
+//! reconcile function in.
 
 use std::{
     collections::HashMap,
@@ -19,7 +20,7 @@ use kube::{
     Api, Client, Resource,
     runtime::{
         Controller,
-        controller::{Action, Error as ControllerError},
+        controller::{Action, Config as ControllerConfig, Error as ControllerError},
         watcher,
     },
 };
@@ -29,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     client::ClientError,
-    config::{ConfigError, RuntimeArgs},
+    config::{ConfigError, DEFAULT_MAX_CONCURRENT_RECONCILES, RuntimeArgs},
     error::{Categorized, Category},
     events::EventRecorder,
     leader::{self, Leadership},
@@ -118,6 +119,8 @@ pub struct Hooks {
     pub health: Health,
     /// Per-object back-off for failures.
     pub backoff: Arc<Backoff>,
+    /// Most reconciles running at once (`--max-concurrent-reconciles`); at least 1.
+    pub max_concurrent_reconciles: u16,
 }
 
 impl Hooks {
@@ -130,9 +133,23 @@ impl Hooks {
                 metrics,
                 health: Health::default(),
                 backoff: Arc::new(Backoff::default()),
+                max_concurrent_reconciles: DEFAULT_MAX_CONCURRENT_RECONCILES,
             },
             registry,
         )
+    }
+
+    /// The same hooks running at most `n` reconciles at once (0 is taken as 1: kube-runtime
+    /// reads 0 as unbounded).
+    pub fn with_max_concurrent_reconciles(mut self, n: u16) -> Self {
+        self.max_concurrent_reconciles = n.max(1);
+        self
+    }
+
+    /// The kube-runtime controller settings these hooks ask for (the reconcile bound); an
+    /// operator that builds its own `Controller` passes them to `Controller::with_config`.
+    pub fn controller_config(&self) -> ControllerConfig {
+        ControllerConfig::default().concurrency(self.max_concurrent_reconciles.max(1))
     }
 }
 
@@ -146,10 +163,11 @@ fn object_key<K: Resource>(obj: &K) -> String {
 }
 
 /// Runs a controller for `api`'s kind whenever `leadership` holds, until `shutdown` is
-/// cancelled. Every reconcile is timed and counted; an error is counted by category, logged
-/// and retried with per-object back-off. Losing leadership stops the controller gracefully
-/// (reconciles in flight finish; their writes are fenced by resourceVersion); regaining it
-/// starts a fresh one with fresh caches.
+/// cancelled. At most `hooks.max_concurrent_reconciles` reconciles run at once (never two of
+/// the same object); the rest wait in the controller's queue. Every reconcile is timed and
+/// counted; an error is counted by category, logged and retried with per-object back-off.
+/// Losing leadership stops the controller gracefully (reconciles in flight finish; their
+/// writes are fenced by resourceVersion); regaining it starts a fresh one with fresh caches.
 pub async fn drive<K, Ctx, F, Fut, E>(
     api: Api<K>,
     watcher_config: watcher::Config,
@@ -191,6 +209,7 @@ pub async fn drive<K, Ctx, F, Fut, E>(
         };
 
         let controller = Controller::new(api.clone(), watcher_config.clone())
+            .with_config(hooks.controller_config())
             .graceful_shutdown_on(stop.clone().cancelled_owned());
         let store = controller.store();
         let sync_task = {
@@ -412,7 +431,12 @@ impl Runtime {
             metrics: self.metrics.clone(),
             health: self.health.clone(),
             backoff: Arc::new(Backoff::default()),
+            max_concurrent_reconciles: self.args.max_concurrent_reconciles,
         };
+        tracing::info!(
+            max_concurrent_reconciles = hooks.max_concurrent_reconciles,
+            "reconciles bounded"
+        );
         // The namespace scope is in `api` (see `namespaced_api`).
         let watcher_config = watcher::Config::default().any_semantic();
         drive(

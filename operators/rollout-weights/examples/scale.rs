@@ -14,7 +14,9 @@
 //! resolution), and the analysis ticks and queries it took.
 //!
 //! `memory N`: N HTTPRoutes, N canary Deployments and N Rollouts, the operator *binary* against
-//! the emulator; prints the binary's resident memory once every Rollout has a status.
+//! the emulator; prints the binary's resident memory (now and peak) once every Rollout has a
+//! status, and the most sockets it held open at once (one per API request in flight). The
+//! binary's reconcile bound is its default unless `SLUICE_MAX_CONCURRENT_RECONCILES` is set.
 
 use std::{
     collections::HashMap,
@@ -372,6 +374,20 @@ fn rss_kib(pid: u32) -> Option<u64> {
         .ok()
 }
 
+/// Open sockets of process `pid` (its API connections and its listener).
+fn sockets(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|dir| {
+            dir.filter_map(Result::ok)
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
 async fn memory(n: usize) {
     let emu = emulator().await;
     let client = emu.client();
@@ -419,9 +435,11 @@ async fn memory(n: usize) {
     let api: Api<Rollout> = Api::namespaced(client.clone(), NS);
     let started = Instant::now();
     let mut peak = 0;
+    let mut peak_sockets = 0;
     loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
         peak = peak.max(rss_kib(pid).unwrap_or(0));
+        peak_sockets = peak_sockets.max(sockets(pid));
         let list = api.list(&Default::default()).await.unwrap();
         let written = list
             .items
@@ -444,7 +462,8 @@ async fn memory(n: usize) {
     let now = rss_kib(pid).unwrap_or(0);
     peak = peak.max(now);
     println!(
-        "rollouts={n} httproutes={n} resident_memory_mib={:.1} peak_mib={:.1}",
+        "rollouts={n} httproutes={n} max_concurrent_reconciles={} resident_memory_mib={:.1} peak_mib={:.1} peak_sockets={peak_sockets}",
+        std::env::var("SLUICE_MAX_CONCURRENT_RECONCILES").unwrap_or_else(|_| "default".into()),
         now as f64 / 1024.0,
         peak as f64 / 1024.0
     );
