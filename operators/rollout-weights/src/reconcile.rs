@@ -441,6 +441,11 @@ async fn hand_back(api: &Api<HttpRoute>, route_name: &str, me: &str) -> Result<(
     }
 }
 
+/// Whole milliseconds of `d`, saturating.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 fn same_status(a: Option<&RolloutStatus>, b: &RolloutStatus) -> bool {
     // Compared as stored: times are kept to the second.
     serde_json::to_value(a.cloned().unwrap_or_default()).ok() == serde_json::to_value(b).ok()
@@ -616,11 +621,14 @@ pub async fn reconcile(
                         a.first_failed_at.as_ref().map(|t| took(t.0)),
                         took(from_decision),
                     );
+                    let detect_to_revert_ms = millis(took(from_decision));
                     tracing::info!(
                         reason = ?a.reason,
-                        detect_to_revert_ms = took(from_decision).as_millis() as u64,
+                        detect_to_revert_ms,
                         "route reverted: canary weight 0, cohort and mirror rules removed"
                     );
+                    // Stored as a duration: the times above are kept to the second.
+                    status.abort_detect_to_revert_ms = Some(detect_to_revert_ms);
                 }
             }
             Action::HandBack => {

@@ -761,6 +761,7 @@ impl Machine<'_> {
         {
             self.next.retries_handled = spec.retry;
             self.next.abort = None;
+            self.next.abort_detect_to_revert_ms = None;
             self.next.phase = RolloutPhase::WaitingForCanary;
             self.next.current_step_index = None;
             self.event(
@@ -1217,6 +1218,7 @@ mod tests {
                 route_reverted_at: Some(Time(t(0))),
                 revert_verified_at: None,
             }),
+            abort_detect_to_revert_ms: Some(812),
             ..Default::default()
         };
         let with = |patch: serde_json::Value| {
@@ -1309,6 +1311,19 @@ mod tests {
             let d = step(&s, st, &obs, t(now));
             assert_eq!(d.status.phase, phase, "{name}");
             assert_eq!(d.status.desired_weight, weight, "{name}");
+            // The millisecond figure lives exactly as long as the revert it measures.
+            let reverted = d
+                .status
+                .abort
+                .as_ref()
+                .is_some_and(|a| a.route_reverted_at.is_some());
+            assert_eq!(
+                d.status.abort_detect_to_revert_ms.is_some(),
+                reverted,
+                "{name}: abortDetectToRevertMs {:?} with abort {:?}",
+                d.status.abort_detect_to_revert_ms,
+                d.status.abort
+            );
         }
     }
 }

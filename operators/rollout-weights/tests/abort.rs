@@ -162,6 +162,14 @@ async fn abort_scenario(scenario: Scenario, fault_at: Duration, want_gate: &str)
         detect < 1.0,
         "the controller reverts well under a second after deciding: {detect}s"
     );
+    // The status carries the same figure to the millisecond (one abort in this controller).
+    let stored_ms = status
+        .abort_detect_to_revert_ms
+        .expect("status.abortDetectToRevertMs set with routeRevertedAt");
+    assert!(
+        (stored_ms as f64 - detect * 1000.0).abs() <= 1.0,
+        "status says {stored_ms} ms, the histogram {detect} s"
+    );
 
     poller.abort();
     ctl.stop().await;

@@ -645,6 +645,12 @@ pub struct RolloutStatus {
     /// The abort decision and its timeline, when aborted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub abort: Option<AbortStatus>,
+    /// Milliseconds from the abort decision (taken the moment the failing verdict comes back)
+    /// to the route write that reverted the canary, measured by the operator: exact where
+    /// `abort.decidedAt` and `abort.routeRevertedAt` are kept to the second. Set with
+    /// `abort.routeRevertedAt`, cleared with `abort`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abort_detect_to_revert_ms: Option<u64>,
     /// The route ownership held by this Rollout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owned_route: Option<OwnedRouteStatus>,
