@@ -47,16 +47,18 @@ async fn one(n: usize, run: usize) -> Option<Duration> {
     let started = Instant::now();
     w.create_pin("bench", &good.digest, json!({})).await;
     let pins = w.pins();
-    eventually(Duration::from_secs(120), "Pinned", || {
+    let status = eventually(Duration::from_secs(120), "Pinned", || {
         let pins = pins.clone();
         async move {
-            let p = pins.get("bench").await.ok()?;
-            (p.status?.phase == BundlePinPhase::Pinned).then_some(())
+            let s = pins.get("bench").await.ok()?.status?;
+            (s.phase == BundlePinPhase::Pinned).then_some(s)
         }
     })
     .await;
     let took = started.elapsed();
-    assert_eq!(w.canary_weight("route-0000").await, Some(10));
+    // The stand-in Argo CD may still be finishing a stale sync tick, so the count the pin
+    // recorded, not a live weight, is checked.
+    assert_eq!(status.applied_objects as usize, n);
     Some(took)
 }
 

@@ -27,8 +27,9 @@ use sluice_runtime::{
 
 use crate::validity;
 
-/// How often a pinned BundlePin looks at its Applications (release, re-suspension).
-pub const POLL: Duration = Duration::from_secs(5);
+/// How often a pinned BundlePin looks at its Applications without being woken: a safety net.
+/// A change to a target Application wakes its pins at once (see [`crate::controller`]).
+pub const POLL: Duration = Duration::from_secs(30);
 /// How soon a step that waits on something outside (a terminating sync) looks again.
 pub const SHORT: Duration = Duration::from_millis(500);
 /// How soon a transient verification failure (registry down, keys absent) is retried.

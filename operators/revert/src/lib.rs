@@ -1,13 +1,15 @@
 //! The revert operator: pinning Argo CD Applications to a signed bundle (`BundlePin`).
 //!
 //! `decide` holds the pure logic (the state machine), `reconcile` the I/O, `validity` the checks
-//! CEL cannot express, `clusters` revert's own identity per destination cluster, `apply` the
+//! CEL cannot express, `clusters` revert's own identity per destination cluster, `controller` the controller loop
+//! with its Application watch, `apply` the
 //! writes to a destination, `metrics` the `sluice_revert_*` metrics, `scenario` the
 //! helpers a sandbox scenario drives a pin with. Never applies anything before the signature and the bundle's kinds are verified.
 #![forbid(unsafe_code)]
 
 pub mod apply;
 pub mod clusters;
+pub mod controller;
 pub mod decide;
 pub mod metrics;
 pub mod reconcile;

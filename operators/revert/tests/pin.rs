@@ -24,7 +24,12 @@ use sluice_bundle::SigningKey;
 use sluice_runtime::conditions::find;
 use support::*;
 
-const BUDGET: Duration = Duration::from_secs(20);
+/// Per-step budget: generous for a loaded 2-core machine (a 301-object apply into the debug
+/// emulator), short enough that a stuck step fails well within the file's run.
+const BUDGET: Duration = Duration::from_secs(60);
+/// An Application change wakes its pins at once; a pin released only by its safety-net poll
+/// (30 s) misses this.
+const RELEASE_WITHIN: Duration = Duration::from_secs(3);
 
 async fn phase_is(w: &World, pin: &str, want: BundlePinPhase) -> BundlePin {
     let deadline = tokio::time::Instant::now() + BUDGET;
@@ -224,7 +229,36 @@ async fn pin_holds_against_argo_cd_then_releases_on_matching_content() {
         )
         .await
         .unwrap();
-    let released = phase_is(&w, "pin-1", BundlePinPhase::Released).await;
+    let apps = w.apps();
+    let same_digest = same.digest.clone();
+    let agreed = eventually(
+        BUDGET,
+        "Argo CD reports Synced at the pinned content",
+        || {
+            let apps = apps.clone();
+            let same_digest = same_digest.clone();
+            async move {
+                let a = apps.get(APP).await.ok()?;
+                a.is_synced_at(&same_digest).then(Instant::now)
+            }
+        },
+    )
+    .await;
+    let pins = w.pins();
+    let released = eventually(BUDGET, "pin-1 Released", || {
+        let pins = pins.clone();
+        async move {
+            let p = pins.get("pin-1").await.ok()?;
+            (p.status.as_ref()?.phase == BundlePinPhase::Released).then_some(p)
+        }
+    })
+    .await;
+    let release_ms = agreed.elapsed().as_millis();
+    println!("release_latency_ms={release_ms} (Argo CD Synced at equal content → Released)");
+    assert!(
+        release_ms < RELEASE_WITHIN.as_millis(),
+        "released {release_ms} ms after Argo CD agreed; the Application watch should wake the pin within {RELEASE_WITHIN:?}"
+    );
     let rc = find(
         &released.status.as_ref().unwrap().conditions,
         conditions::RELEASED,
@@ -446,11 +480,20 @@ async fn refused_bundles_and_targets_touch_nothing() {
             "{name}: {}",
             c.message
         );
-        let warned = events(&w, want).await;
-        assert!(
-            warned.iter().any(|e| e.type_.as_deref() == Some("Warning")),
-            "{name}: a Warning Event names the cause"
-        );
+        // The Event follows the status write.
+        let w = &w;
+        eventually(
+            BUDGET,
+            &format!("{name}: a Warning Event names the cause"),
+            || async move {
+                events(w, want)
+                    .await
+                    .iter()
+                    .any(|e| e.type_.as_deref() == Some("Warning"))
+                    .then_some(())
+            },
+        )
+        .await;
     }
     // Zero objects applied, no Application touched.
     assert_eq!(
@@ -486,7 +529,7 @@ async fn _good_digest(w: &World) -> String {
 }
 
 #[tokio::test]
-async fn a_restart_mid_apply_finishes_the_pin_with_one_revert_branch() {
+async fn a_restart_mid_apply_finishes_the_pin_with_one_revert_branch_and_one_pull_request() {
     let Some(mut w) = World::start().await else {
         return;
     };
@@ -500,7 +543,7 @@ async fn a_restart_mid_apply_finishes_the_pin_with_one_revert_branch() {
     w.create_pin(
         "pin-3",
         &big.digest,
-        json!({"gitRevert": {"commit": bad_commit, "pullRequest": false}}),
+        json!({"gitRevert": {"commit": bad_commit}}),
     )
     .await;
     // Kill revert once some, not all, objects are applied.
@@ -519,6 +562,7 @@ async fn a_restart_mid_apply_finishes_the_pin_with_one_revert_branch() {
     println!("killed at {partial} routes, phase {phase:?}");
     assert_ne!(phase, BundlePinPhase::Pinned, "killed mid-apply");
     assert_eq!(w.git.branches().unwrap(), vec!["main".to_owned()]);
+    assert!(w.forge.pulls().is_empty(), "no pull request before Pinned");
 
     // A new process finishes the pin.
     w.start_revert();
@@ -538,6 +582,24 @@ async fn a_restart_mid_apply_finishes_the_pin_with_one_revert_branch() {
         Some(original_policy())
     );
     let pinned = git_recorded(&w, "pin-3").await;
+    let branch = "sluice/revert/argocd/pin-3";
+    let pulls = w.forge.pulls();
+    assert_eq!(pulls.len(), 1, "exactly one pull request: {pulls:#?}");
+    assert_eq!(pulls[0]["head"]["ref"], branch);
+    assert_eq!(pulls[0]["base"]["ref"], "main");
+    assert!(
+        pulls[0]["title"]
+            .as_str()
+            .is_some_and(|t| t.starts_with(&format!("Revert {bad_commit}"))),
+        "{pulls:#?}"
+    );
+    let git = pinned.status.as_ref().unwrap().git_revert.clone().unwrap();
+    assert_eq!(git.branch.as_deref(), Some(branch));
+    assert_eq!(
+        git.pull_request_url.as_deref(),
+        pulls[0]["html_url"].as_str(),
+        "the status records the pull request"
+    );
     // Applying again changes nothing: a second reconcile after a restart leaves one branch.
     w.kill_revert();
     w.start_revert();
@@ -547,6 +609,8 @@ async fn a_restart_mid_apply_finishes_the_pin_with_one_revert_branch() {
         2,
         "exactly one revert branch"
     );
+    assert_eq!(w.forge.pulls().len(), 1, "still one pull request");
+    assert_eq!(w.forge.creates(), 1, "opened once, never asked again");
     let again = w.pins().get("pin-3").await.unwrap();
     assert_eq!(
         again.status,
@@ -554,6 +618,62 @@ async fn a_restart_mid_apply_finishes_the_pin_with_one_revert_branch() {
             s.conditions = again.status.as_ref().unwrap().conditions.clone();
             s
         })
+    );
+}
+
+#[tokio::test]
+async fn a_restart_while_the_pull_request_is_being_opened_leaves_one() {
+    let Some(mut w) = World::start().await else {
+        return;
+    };
+    let (good, _bad, bad_commit) = given_bad_change(&w).await;
+    // The forge records the pull request but answers late: revert dies before it records it.
+    w.forge.delay_answers(Duration::from_secs(30));
+    w.start_revert();
+    w.create_pin(
+        "pin-4",
+        &good.digest,
+        json!({"gitRevert": {"commit": bad_commit}}),
+    )
+    .await;
+    let forge = w.forge.clone();
+    eventually(BUDGET, "the pull request to be opened", || {
+        let forge = forge.clone();
+        async move { (forge.creates() == 1).then_some(()) }
+    })
+    .await;
+    w.kill_revert();
+    w.forge.delay_answers(Duration::ZERO);
+    let p = w.pins().get("pin-4").await.unwrap();
+    assert!(
+        p.status.as_ref().unwrap().git_revert.is_none(),
+        "killed before the status recorded the revert"
+    );
+
+    // A new process finds the branch and the open pull request instead of making new ones.
+    w.start_revert();
+    let recorded = git_recorded(&w, "pin-4").await;
+    let branch = "sluice/revert/argocd/pin-4";
+    assert_eq!(
+        w.git.branches().unwrap(),
+        vec!["main".to_owned(), branch.to_owned()]
+    );
+    let pulls = w.forge.pulls();
+    assert_eq!(pulls.len(), 1, "{pulls:#?}");
+    assert_eq!(
+        w.forge.creates(),
+        1,
+        "the open pull request was found, not opened again"
+    );
+    assert_eq!(
+        recorded
+            .status
+            .unwrap()
+            .git_revert
+            .unwrap()
+            .pull_request_url
+            .as_deref(),
+        pulls[0]["html_url"].as_str()
     );
 }
 

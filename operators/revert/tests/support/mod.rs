@@ -5,6 +5,9 @@
 //! Application the way Argo CD does: compare target against live on every resync, sync only
 //! when automated sync is on, terminate a running sync on request.
 //!
+//! A local HTTP stand-in for the Forgejo/Gitea pulls API records the pull requests revert opens
+//! (no forge server is available to the tests).
+//!
 //! Skips (returns `None` with a printed reason) when `../shared/upstream`, `docker-registry`
 //! or `git` is absent.
 #![allow(dead_code)]
@@ -27,16 +30,12 @@ use sluice_api::{external::argocd::Application, v1alpha1::BundlePin};
 use sluice_bundle::{
     Artifact, BundleClient, ManifestFile, Manifests, Metadata, RegistryOptions, SigningKey, render,
 };
-use sluice_gitops::GitConfig;
+use sluice_gitops::{ForgeConfig, GitConfig};
 use sluice_revert::{
-    OPERATOR, metrics,
+    OPERATOR, controller, metrics,
     reconcile::{self, Settings},
 };
-use sluice_runtime::{
-    events::EventRecorder,
-    leader::Leadership,
-    operator::{Hooks, drive},
-};
+use sluice_runtime::{events::EventRecorder, leader::Leadership, operator::Hooks};
 use sluice_testkit::{git::GitRepo, registry::Registry};
 use tokio_util::sync::CancellationToken;
 
@@ -147,6 +146,120 @@ pub struct World {
     pub argo_stop: CancellationToken,
     pub controller: Option<tokio::task::JoinHandle<()>>,
     pub controller_stop: CancellationToken,
+    pub forge: Forge,
+}
+
+/// Token the forge stand-in accepts.
+pub const FORGE_TOKEN: &str = "forge-token";
+
+/// What the forge stand-in saw.
+#[derive(Debug, Default)]
+pub struct ForgeState {
+    /// Pull requests opened, as the forge returns them.
+    pub pulls: Vec<Value>,
+    /// POSTs to the pulls endpoint (a duplicate is answered 409, as Forgejo does).
+    pub creates: usize,
+    /// How long the answer to a POST is held after the pull request is recorded.
+    pub answer_delay: Duration,
+}
+
+/// The forge stand-in: its base URL and what it saw.
+#[derive(Clone)]
+pub struct Forge {
+    pub url: String,
+    pub state: Arc<Mutex<ForgeState>>,
+}
+
+impl Forge {
+    async fn start() -> Forge {
+        use axum::{
+            Json, Router,
+            extract::{Path, State},
+            http::{HeaderMap, StatusCode},
+            routing::get,
+        };
+        type Shared = Arc<Mutex<ForgeState>>;
+        fn authorized(headers: &HeaderMap) -> bool {
+            headers.get("authorization").and_then(|v| v.to_str().ok())
+                == Some(&format!("token {FORGE_TOKEN}"))
+        }
+        async fn list(
+            State(s): State<Shared>,
+            headers: HeaderMap,
+        ) -> Result<Json<Value>, StatusCode> {
+            if !authorized(&headers) {
+                return Err(StatusCode::UNAUTHORIZED);
+            }
+            Ok(Json(Value::Array(s.lock().unwrap().pulls.clone())))
+        }
+        async fn create(
+            State(s): State<Shared>,
+            Path((owner, repo)): Path<(String, String)>,
+            headers: HeaderMap,
+            Json(body): Json<Value>,
+        ) -> (StatusCode, Json<Value>) {
+            if !authorized(&headers) {
+                return (StatusCode::UNAUTHORIZED, Json(json!({"message": "token"})));
+            }
+            let recorded = {
+                let mut f = s.lock().unwrap();
+                f.creates += 1;
+                if f.pulls
+                    .iter()
+                    .any(|p| p["head"]["ref"] == body["head"] && p["base"]["ref"] == body["base"])
+                {
+                    None
+                } else {
+                    let number = f.pulls.len() as u64 + 1;
+                    let pull = json!({
+                        "number": number,
+                        "html_url": format!("http://forge.invalid/{owner}/{repo}/pulls/{number}"),
+                        "title": body["title"],
+                        "body": body["body"],
+                        "state": "open",
+                        "head": {"ref": body["head"]},
+                        "base": {"ref": body["base"]},
+                    });
+                    f.pulls.push(pull.clone());
+                    Some((pull, f.answer_delay))
+                }
+            };
+            let Some((pull, delay)) = recorded else {
+                return (
+                    StatusCode::CONFLICT,
+                    Json(json!({"message": "pull request already exists for these targets"})),
+                );
+            };
+            tokio::time::sleep(delay).await;
+            (StatusCode::CREATED, Json(pull))
+        }
+        let state: Shared = Arc::default();
+        let app = Router::new()
+            .route("/api/v1/repos/{owner}/{repo}/pulls", get(list).post(create))
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Forge {
+            url: format!("http://{addr}"),
+            state,
+        }
+    }
+
+    /// Pull requests opened so far.
+    pub fn pulls(&self) -> Vec<Value> {
+        self.state.lock().unwrap().pulls.clone()
+    }
+
+    /// POSTs seen so far.
+    pub fn creates(&self) -> usize {
+        self.state.lock().unwrap().creates
+    }
+
+    /// Holds the answer to each POST this long (the pull request exists meanwhile).
+    pub fn delay_answers(&self, delay: Duration) {
+        self.state.lock().unwrap().answer_delay = delay;
+    }
 }
 
 fn files(objects: &[String]) -> Manifests {
@@ -286,6 +399,7 @@ impl World {
             .await
             .unwrap();
         let repo = registry.repository("mesh/config");
+        let forge = Forge::start().await;
         Some(World {
             registry,
             git,
@@ -300,6 +414,7 @@ impl World {
             argo_stop: CancellationToken::new(),
             controller: None,
             controller_stop: CancellationToken::new(),
+            forge,
         })
     }
 
@@ -374,7 +489,7 @@ impl World {
         });
     }
 
-    /// Starts revert in-process.
+    /// Starts revert in-process (BundlePins woken by their Applications, as the binary runs).
     pub fn start_revert(&mut self) {
         let client = self.mgmt_client.clone();
         let ctx = Arc::new(
@@ -390,7 +505,13 @@ impl World {
                         author_name: "sluice-revert".into(),
                         author_email: "sluice-revert@example.invalid".into(),
                     }),
-                    forge: None,
+                    forge: Some(ForgeConfig {
+                        base_url: self.forge.url.clone(),
+                        owner: "platform".into(),
+                        repo: "mesh".into(),
+                        token: FORGE_TOKEN.into(),
+                        timeout: Some(Duration::from_secs(5)),
+                    }),
                 },
                 metrics::register(&mut Default::default()),
             )
@@ -398,11 +519,11 @@ impl World {
         );
         let (hooks, _registry) = Hooks::standalone();
         self.controller_stop = CancellationToken::new();
-        self.controller = Some(tokio::spawn(drive(
-            Api::<BundlePin>::all(client),
+        self.controller = Some(tokio::spawn(controller::drive(
+            Api::<BundlePin>::all(client.clone()),
+            Api::<Application>::all(client),
             watcher::Config::default(),
             ctx,
-            reconcile::reconcile,
             Leadership::always(),
             self.controller_stop.clone(),
             hooks,
