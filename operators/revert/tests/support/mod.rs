@@ -709,10 +709,14 @@ impl FakeArgo {
             for o in artifact.manifests.objects() {
                 let mut body = o.value.clone();
                 body["metadata"]["annotations"] = json!({"argocd.argoproj.io/tracking-id": format!("{}:gateway.networking.k8s.io/HTTPRoute:{SHOP}/{}", self.name, o.name)});
-                routes
+                // The world may be shutting down (emulator gone): end the tick.
+                if routes
                     .patch(&o.name, &apply, &Patch::Apply(&body))
                     .await
-                    .unwrap();
+                    .is_err()
+                {
+                    return;
+                }
             }
             // prune: tracked routes the target lacks
             for r in status.resources.iter().flatten() {
