@@ -593,13 +593,14 @@ fn step(cx: &mut Ctx<'_>) -> Requeue {
         ApplicationSetView::Found(p) if p.is_empty() => (
             true,
             reasons::APPLICATION_SET_OK,
-            "applicationsSync is create-update and preserveResourcesOnDeletion is true".into(),
+            "applicationsSync is create-update, preserveResourcesOnDeletion is true and ignoreApplicationDifferences covers /spec/syncPolicy of every Application".into(),
         ),
         ApplicationSetView::Found(p) => (
             false,
             match p[0] {
                 UnsafeApplicationSet::ApplicationsSync(_) => reasons::APPLICATIONS_SYNC_UNSAFE,
                 UnsafeApplicationSet::ResourcesNotPreserved => reasons::RESOURCES_NOT_PRESERVED,
+                UnsafeApplicationSet::SyncPolicyNotIgnored => reasons::SYNC_POLICY_NOT_IGNORED,
             },
             format!(
                 "ApplicationSet {}: {}; the WaveGate publishes nothing until it is fixed",
@@ -1576,6 +1577,10 @@ mod tests {
             (
                 ApplicationSetView::Found(vec![UnsafeApplicationSet::ResourcesNotPreserved]),
                 reasons::RESOURCES_NOT_PRESERVED,
+            ),
+            (
+                ApplicationSetView::Found(vec![UnsafeApplicationSet::SyncPolicyNotIgnored]),
+                reasons::SYNC_POLICY_NOT_IGNORED,
             ),
         ];
         for (view, reason) in cases {

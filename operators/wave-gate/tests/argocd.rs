@@ -122,6 +122,7 @@ async fn no_decisions_yet_never_makes_argo_cd_delete_applications() {
                 "spec": {"project": "default", "source": {"repoURL": "oci://127.0.0.1:9/mesh/config", "targetRevision": "{{.revision}}", "path": "."}, "destination": {"name": "{{.clusterName}}", "namespace": "istio-config"}}
             },
             "syncPolicy": {"applicationsSync": "create-update", "preserveResourcesOnDeletion": true},
+            "ignoreApplicationDifferences": [{"jsonPointers": ["/spec/syncPolicy"]}],
         }
     }))
     .unwrap();

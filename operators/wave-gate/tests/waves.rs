@@ -3,7 +3,8 @@
 //! to the revision its cluster's decision names). One scenario per behaviour a site relies on:
 //! a clean change across waves and sites, a breach in wave 0 pinned back, the NACK gate, the
 //! drift gate's timeout, a restart during a soak, supersession, emergency, a partitioned site
-//! released, and an unsafe ApplicationSet refused.
+//! released, and an unsafe ApplicationSet refused (no create-update; sync policy not ignored for
+//! every generated Application).
 
 mod common;
 
@@ -529,6 +530,55 @@ async fn application_set_without_create_update_is_refused() {
     assert!(s.decisions.is_empty(), "nothing published");
     let events = w
         .events_published("eu", reasons::APPLICATIONS_SYNC_UNSAFE, BUDGET)
+        .await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].type_.as_deref(), Some("Warning"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        w.synced().await.values().all(|r| *r == rev('a')),
+        "no Application moved"
+    );
+    op.stop().await;
+    w.stop().await;
+}
+
+/// An ApplicationSet whose `ignoreApplicationDifferences` covers the sync policy of one named
+/// Application only: revert would refuse the pins of every other cluster, so the WaveGate
+/// refuses the whole site and says what to add.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn application_set_not_ignoring_sync_policy_is_refused() {
+    let Some(w) = World::start(&["eu-1", "eu-2", "eu-3"]).await else {
+        return;
+    };
+    let op = w.operator();
+    w.application_set_with(
+        "mesh-eu",
+        safe_policy(),
+        serde_json::json!([{"name": "mesh-eu-1", "jsonPointers": ["/spec/syncPolicy"]}]),
+        &["eu-1", "eu-2", "eu-3"],
+        &rev('a'),
+    )
+    .await;
+    w.wave_gate(object("eu", spec("eu", one_site_waves(), &rev('b'))))
+        .await;
+    let refused = w
+        .eventually("eu", "refused", BUDGET, |g| {
+            phase(g) == Some(WaveGatePhase::Refused)
+        })
+        .await;
+    let s = refused.status.unwrap();
+    let c = find(&s.conditions, conditions::APPLICATION_SET_SAFE).unwrap();
+    assert_eq!(c.status, "False");
+    assert_eq!(c.reason, reasons::SYNC_POLICY_NOT_IGNORED);
+    assert!(
+        c.message
+            .contains(r#"add {jsonPointers: ["/spec/syncPolicy"]} (no name)"#),
+        "the message says what to add: {}",
+        c.message
+    );
+    assert!(s.decisions.is_empty(), "nothing published");
+    let events = w
+        .events_published("eu", reasons::SYNC_POLICY_NOT_IGNORED, BUDGET)
         .await;
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].type_.as_deref(), Some("Warning"));

@@ -504,6 +504,20 @@ pub struct ApplicationSetResourceIgnoreDifferences {
     pub extra: Extra,
 }
 
+impl ApplicationSetResourceIgnoreDifferences {
+    /// Whether this entry keeps the controller off `spec.syncPolicy.automated` (a JSON pointer
+    /// or jq path to it, to `spec.syncPolicy`, or to the whole `spec`), whatever its `name`.
+    pub fn covers_sync_policy(&self) -> bool {
+        self.json_pointers
+            .iter()
+            .flatten()
+            .any(|p| p == "/spec/syncPolicy" || p == "/spec/syncPolicy/automated" || p == "/spec")
+            || self.jq_path_expressions.iter().flatten().any(|e| {
+                e == ".spec.syncPolicy" || e == ".spec.syncPolicy.automated" || e == ".spec"
+            })
+    }
+}
+
 /// Why an ApplicationSet is unsafe to drive from a WaveGate.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum UnsafeApplicationSet {
@@ -511,6 +525,10 @@ pub enum UnsafeApplicationSet {
     ApplicationsSync(Option<String>),
     /// `syncPolicy.preserveResourcesOnDeletion` is not true.
     ResourcesNotPreserved,
+    /// No `ignoreApplicationDifferences` entry without a `name` covers `/spec/syncPolicy`, so
+    /// the controller would undo revert's suspension of a generated Application's automated
+    /// sync and revert refuses every pin (`ApplicationSetWouldRevert`).
+    SyncPolicyNotIgnored,
 }
 
 impl std::fmt::Display for UnsafeApplicationSet {
@@ -527,13 +545,19 @@ impl std::fmt::Display for UnsafeApplicationSet {
                 f,
                 "spec.syncPolicy.preserveResourcesOnDeletion is not true; set it so deleting an Application never deletes its mesh configuration"
             ),
+            UnsafeApplicationSet::SyncPolicyNotIgnored => write!(
+                f,
+                "spec.ignoreApplicationDifferences has no entry without a name covering /spec/syncPolicy; add {{jsonPointers: [\"/spec/syncPolicy\"]}} (no name) so revert can suspend a generated Application's automated sync when a halt pins it back (it refuses the pin otherwise: ApplicationSetWouldRevert)"
+            ),
         }
     }
 }
 
 impl ApplicationSet {
-    /// The WaveGate's safety check: `applicationsSync: create-update` and
-    /// `preserveResourcesOnDeletion: true`. Returns every problem found.
+    /// The WaveGate's safety check: `applicationsSync: create-update`,
+    /// `preserveResourcesOnDeletion: true`, and an `ignoreApplicationDifferences` entry without a
+    /// name filter covering the sync policy of every generated Application (what revert needs
+    /// to pin one). Returns every problem found.
     pub fn wave_gate_safety(&self) -> Vec<UnsafeApplicationSet> {
         let policy = self.spec.sync_policy.as_ref();
         let mut out = Vec::new();
@@ -544,7 +568,21 @@ impl ApplicationSet {
         if policy.and_then(|p| p.preserve_resources_on_deletion) != Some(true) {
             out.push(UnsafeApplicationSet::ResourcesNotPreserved);
         }
+        if !self.ignores_sync_policy_of_all() {
+            out.push(UnsafeApplicationSet::SyncPolicyNotIgnored);
+        }
         out
+    }
+
+    /// Whether an `ignoreApplicationDifferences` entry without a `name` covers the sync policy,
+    /// i.e. of every Application the ApplicationSet generates, whatever its name.
+    pub fn ignores_sync_policy_of_all(&self) -> bool {
+        self.spec
+            .ignore_application_differences
+            .iter()
+            .flatten()
+            .filter(|d| d.name.is_none())
+            .any(ApplicationSetResourceIgnoreDifferences::covers_sync_policy)
     }
 
     /// Whether `ignoreApplicationDifferences` keeps the controller off the generated
@@ -556,13 +594,7 @@ impl ApplicationSet {
             .iter()
             .flatten()
             .filter(|d| d.name.as_deref().is_none_or(|n| n == app))
-            .any(|d| {
-                d.json_pointers.iter().flatten().any(|p| {
-                    p == "/spec/syncPolicy" || p == "/spec/syncPolicy/automated" || p == "/spec"
-                }) || d.jq_path_expressions.iter().flatten().any(|e| {
-                    e == ".spec.syncPolicy" || e == ".spec.syncPolicy.automated" || e == ".spec"
-                })
-            })
+            .any(ApplicationSetResourceIgnoreDifferences::covers_sync_policy)
     }
 
     /// Names of the decision resources the clusterDecisionResource generators read.
@@ -712,6 +744,89 @@ mod tests {
             json!([{"name": "other", "jsonPointers": ["/spec/syncPolicy"]}]);
         let s: ApplicationSet = serde_json::from_value(doc).unwrap();
         assert!(!s.ignores_sync_policy("mesh-eu-1"));
+    }
+
+    /// The third check: an entry without a name covering the sync policy of every generated
+    /// Application (what revert needs before it suspends one's automated sync).
+    #[test]
+    fn sync_policy_ignored_for_every_application_table() {
+        // (ignoreApplicationDifferences, safe for the WaveGate, revert's view of mesh-eu-1)
+        let cases: &[(Value, bool, bool)] = &[
+            (json!([{"jsonPointers": ["/spec/syncPolicy"]}]), true, true),
+            (
+                json!([{"jsonPointers": ["/spec/syncPolicy/automated"]}]),
+                true,
+                true,
+            ),
+            (json!([{"jsonPointers": ["/spec"]}]), true, true),
+            (
+                json!([{"jqPathExpressions": [".spec.syncPolicy"]}]),
+                true,
+                true,
+            ),
+            (
+                json!([{"jsonPointers": ["/spec/source"]}, {"jqPathExpressions": [".spec.syncPolicy.automated"]}]),
+                true,
+                true,
+            ),
+            (json!(null), false, false),
+            (json!([]), false, false),
+            (
+                json!([{"jsonPointers": ["/spec/source/targetRevision"]}]),
+                false,
+                false,
+            ),
+            (
+                json!([{"jsonPointers": ["/spec/syncPolicy/retry"]}]),
+                false,
+                false,
+            ),
+            // A name filter covers one Application, not every generated one.
+            (
+                json!([{"name": "mesh-eu-1", "jsonPointers": ["/spec/syncPolicy"]}]),
+                false,
+                true,
+            ),
+            (
+                json!([{"name": "mesh-eu-2", "jsonPointers": ["/spec/syncPolicy"]}]),
+                false,
+                false,
+            ),
+            (
+                json!([{"name": "mesh-eu-1", "jsonPointers": ["/spec/syncPolicy"]}, {"jsonPointers": ["/spec/syncPolicy"]}]),
+                true,
+                true,
+            ),
+        ];
+        for (ignore, safe, revert_view) in cases {
+            let mut doc = app_set();
+            if ignore.is_null() {
+                doc["spec"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("ignoreApplicationDifferences");
+            } else {
+                doc["spec"]["ignoreApplicationDifferences"] = ignore.clone();
+            }
+            let s: ApplicationSet = serde_json::from_value(doc).unwrap();
+            let found = s.wave_gate_safety();
+            let want = if *safe {
+                vec![]
+            } else {
+                vec![UnsafeApplicationSet::SyncPolicyNotIgnored]
+            };
+            assert_eq!(found, want, "{ignore}");
+            assert_eq!(s.ignores_sync_policy("mesh-eu-1"), *revert_view, "{ignore}");
+        }
+        let msg = UnsafeApplicationSet::SyncPolicyNotIgnored.to_string();
+        for want in [
+            "spec.ignoreApplicationDifferences",
+            r#"{jsonPointers: ["/spec/syncPolicy"]}"#,
+            "no name",
+            "ApplicationSetWouldRevert",
+        ] {
+            assert!(msg.contains(want), "{msg} should say {want}");
+        }
     }
 
     /// Every field this view names exists in the released Argo CD CRDs.

@@ -542,7 +542,8 @@ pub mod conditions {
     pub const READY: &str = "Ready";
     /// A change is moving through waves.
     pub const PROGRESSING: &str = "Progressing";
-    /// The ApplicationSet uses create-update and preserves resources on deletion.
+    /// The ApplicationSet uses create-update, preserves resources on deletion, and keeps its
+    /// controller off every generated Application's sync policy.
     pub const APPLICATION_SET_SAFE: &str = "ApplicationSetSafe";
     /// The drift signal is present (False with reason DriftExporterAbsent when skipped).
     pub const DRIFT_SIGNAL: &str = "DriftSignal";
@@ -560,6 +561,9 @@ pub mod reasons {
     pub const APPLICATIONS_SYNC_UNSAFE: &str = "ApplicationsSyncUnsafe";
     /// The ApplicationSet does not set `preserveResourcesOnDeletion: true`.
     pub const RESOURCES_NOT_PRESERVED: &str = "ResourcesNotPreserved";
+    /// The ApplicationSet has no `ignoreApplicationDifferences` entry without a name covering
+    /// `/spec/syncPolicy`, so revert would refuse every pin of a halt.
+    pub const SYNC_POLICY_NOT_IGNORED: &str = "SyncPolicyNotIgnored";
     /// The ApplicationSet was not found.
     pub const APPLICATION_SET_NOT_FOUND: &str = "ApplicationSetNotFound";
     /// The ApplicationSet is safe.

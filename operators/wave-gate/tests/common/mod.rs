@@ -195,6 +195,19 @@ impl World {
         clusters: &[&str],
         at: &str,
     ) {
+        self.application_set_with(name, sync_policy, safe_ignore(), clusters, at)
+            .await;
+    }
+
+    /// As [`World::application_set`], with `ignore` as its `ignoreApplicationDifferences`.
+    pub async fn application_set_with(
+        &self,
+        name: &str,
+        sync_policy: serde_json::Value,
+        ignore: serde_json::Value,
+        clusters: &[&str],
+        at: &str,
+    ) {
         let sets: Api<sluice_api::external::argocd::ApplicationSet> =
             Api::namespaced(self.client.clone(), NS);
         let set: sluice_api::external::argocd::ApplicationSet =
@@ -210,6 +223,7 @@ impl World {
                         "spec": {"project": "mesh", "source": {"repoURL": "oci://registry.local:5000/mesh/config", "targetRevision": "{{.revision}}", "path": "."}, "destination": {"name": "{{.clusterName}}", "namespace": "istio-config"}}
                     },
                     "syncPolicy": sync_policy,
+                    "ignoreApplicationDifferences": ignore,
                 }
             }))
             .unwrap();
@@ -436,6 +450,12 @@ pub fn object(name: &str, spec: serde_json::Value) -> serde_json::Value {
 /// The ApplicationSet sync policy a WaveGate accepts.
 pub fn safe_policy() -> serde_json::Value {
     serde_json::json!({"applicationsSync": "create-update", "preserveResourcesOnDeletion": true})
+}
+
+/// The `ignoreApplicationDifferences` a WaveGate accepts: no name filter, so the controller
+/// stays off every generated Application's sync policy while revert suspends it.
+pub fn safe_ignore() -> serde_json::Value {
+    serde_json::json!([{"jsonPointers": ["/spec/syncPolicy"]}])
 }
 
 /// The mesh's telemetry, written once a second with the same timestamp for every series.
