@@ -292,3 +292,85 @@ async fn proxies_per_revision_svids_nacks_and_drift_reach_prometheus() {
     let rejects = value(r#"pilot_total_xds_rejects{cluster="cluster-1"}"#.into()).await;
     assert_eq!(rejects, Some(0.0), "the world scenario has no NACKs");
 }
+
+/// A mesh fault injected at run time: Prometheus returns the share MeshErrorRatio reads
+/// (`failure_origin="mesh"` over all source requests, crates/sluice-analysis/GATES.md), the
+/// flagged-without-origin part stays empty, and the destination never sees the failed requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mesh_fault_shows_as_mesh_attributed_failures() {
+    let Some((_emu, prometheus, world)) = given_a_world_at_90_10().await else {
+        return;
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    world.mesh().unwrap().apply_now(sluice_sim::mesh::Event {
+        cluster: Some("cluster-1".into()),
+        mesh_failure_ratio: Some(0.2),
+        mesh_failure_flag: Some(sluice_sim::mesh::scenario::ResponseFlag::URX),
+        ..Default::default()
+    });
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let one = |q: String| {
+        let prometheus = &prometheus;
+        async move {
+            let v = prometheus.query(&q, None).await.unwrap();
+            v.first().map_or(0.0, |s| s.value)
+        }
+    };
+    let sel = r#"reporter="source", cluster="cluster-1""#;
+    let requests = one(format!("sum(increase(istio_requests_total{{{sel}}}[5s]))")).await;
+    let origin = one(format!(
+        r#"sum(increase(istio_requests_total{{{sel}, failure_origin="mesh"}}[5s]))"#
+    ))
+    .await;
+    let flagged = one(format!(
+        r#"sum(increase(istio_requests_total{{{sel}, failure_origin="", response_flags!~"-|DC"}}[5s]))"#
+    ))
+    .await;
+    let share = origin / requests;
+    println!("mesh-attributed share measured in Prometheus: {share:.4} ({origin} of {requests})");
+    assert!(
+        requests > 500.0,
+        "expected ~1000 requests in 5 s, got {requests}"
+    );
+    assert!(
+        (share - 0.2).abs() < 0.01,
+        "mesh-attributed share {share} not within 0.20 ± 0.01"
+    );
+    assert_eq!(
+        flagged, 0.0,
+        "failures carry their origin, so none counts as flagged"
+    );
+    let labels = prometheus
+        .query(
+            r#"istio_requests_total{reporter="source", cluster="cluster-1", failure_origin="mesh"}"#,
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(!labels.is_empty());
+    for s in &labels {
+        assert_eq!(
+            (
+                s.labels["response_flags"].as_str(),
+                s.labels["response_code"].as_str()
+            ),
+            ("URX", "503"),
+            "{s:?}"
+        );
+    }
+    // The destination proxy never saw the failed requests.
+    let missing = one(
+        r#"sum(istio_requests_total{reporter="source", cluster="cluster-1"}) - sum(istio_requests_total{reporter="destination", cluster="cluster-1"})"#
+            .to_string(),
+    )
+    .await;
+    let failed = one(
+        r#"sum(istio_requests_total{reporter="source", cluster="cluster-1", failure_origin="mesh"})"#
+            .to_string(),
+    )
+    .await;
+    assert!(
+        failed > 0.0 && (missing - failed).abs() < 1e-6,
+        "destination misses exactly the failed requests: {missing} vs {failed}"
+    );
+}

@@ -3,7 +3,8 @@
 //! (Kubernetes API emulators; the workload clusters enforce RBAC), the simulated Argo CD whose
 //! ApplicationSet generates one Application per cluster from the WaveGate through the duck
 //! ConfigMap (`clusterDecisionResource`, `applicationsSync: create-update`,
-//! `preserveResourcesOnDeletion: true`), a real registry holding cosign-signed OCI bundles of
+//! `preserveResourcesOnDeletion: true`, the sync policy ignored for every generated
+//! Application), a real registry holding cosign-signed OCI bundles of
 //! mesh configuration, a real Prometheus fed by the simulated mesh (`sluice-sim`), and the
 //! wave-gate and revert operators running in-process.
 //!
@@ -19,7 +20,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
@@ -50,11 +51,8 @@ use sluice_runtime::{
     operator::{Hooks, drive},
 };
 use sluice_sim::Scenario;
-use sluice_testkit::{
-    prometheus::{Prometheus, now_ms},
-    registry::Registry,
-    remote_write::Series,
-};
+use sluice_sim::mesh::{Event, ResponseFlag};
+use sluice_testkit::{prometheus::Prometheus, registry::Registry};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -175,12 +173,13 @@ fn route_resource() -> ApiResource {
 
 /// The simulated mesh: checkout in every cluster, split by the route Argo CD (or revert)
 /// applied there; proxies (20 per cluster) on `commit` at the start and converging on a newly
-/// applied commit within a second.
+/// applied commit within a second; mesh-attributed failure series (Envoy flag `UF`,
+/// `failure_origin="mesh"`) at zero in every cluster until a fault raises them.
 fn mesh_scenario(commit: &str) -> Scenario {
     let mut text = String::from("name: fleet\npropagation_delay: 1s\nclusters:\n");
     for c in CLUSTERS {
         text.push_str(&format!(
-            "  - name: {c}\n    xds_pushes_per_second: 10\n    drift: {{commit: \"{commit}\", convergence: 1s, proxies: 20}}\n"
+            "  - name: {c}\n    xds_pushes_per_second: 10\n    mesh_failure_ratio: 0\n    drift: {{commit: \"{commit}\", convergence: 1s, proxies: 20}}\n"
         ));
     }
     text.push_str("services:\n");
@@ -228,8 +227,6 @@ struct Fleet {
     b: Revision,
     argocd: ArgoCd,
     sim: Arc<sluice_sim::World>,
-    /// Mesh-attributed failures per second, by cluster.
-    faults: Arc<Mutex<BTreeMap<String, f64>>>,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
     wave_gate: Option<Running>,
@@ -454,7 +451,6 @@ impl Fleet {
             b,
             argocd,
             sim,
-            faults: Arc::default(),
             stop: CancellationToken::new(),
             tasks: Vec::new(),
             wave_gate: None,
@@ -468,11 +464,6 @@ impl Fleet {
                 (fleet.b.digest.clone(), fleet.b.commit.clone()),
             ]
             .into(),
-            fleet.stop.clone(),
-        )));
-        fleet.tasks.push(tokio::spawn(mesh_failures(
-            fleet.prom.clone(),
-            fleet.faults.clone(),
             fleet.stop.clone(),
         )));
         fleet.wave_gate = Some(fleet.start_wave_gate());
@@ -753,51 +744,6 @@ async fn config_applied(
     }
 }
 
-/// Mesh-attributed failures (Envoy flag `UF`, `failure_origin="mesh"`, seed ADR-30) per
-/// cluster, written beside the simulated mesh's requests once a second from the start (zeros
-/// until a fault is injected). The simulator's requests carry no failure origin, so this is
-/// the platform's attribution of the injected fault.
-async fn mesh_failures(
-    prom: Arc<Prometheus>,
-    faults: Arc<Mutex<BTreeMap<String, f64>>>,
-    stop: CancellationToken,
-) {
-    let rw = prom.remote_write();
-    let mut totals: BTreeMap<&str, f64> = CLUSTERS.iter().map(|c| (*c, 0.0)).collect();
-    let mut last = Instant::now();
-    loop {
-        let dt = last.elapsed().as_secs_f64();
-        last = Instant::now();
-        let at = now_ms();
-        let series: Vec<Series> = {
-            let rates = faults.lock().expect("faults lock");
-            totals
-                .iter_mut()
-                .map(|(c, total)| {
-                    *total += rates.get(*c).copied().unwrap_or(0.0) * dt;
-                    Series::new("istio_requests_total")
-                        .label("cluster", *c)
-                        .label("reporter", "source")
-                        .label("source_workload", "istio-ingressgateway")
-                        .label("destination_service_name", "checkout-stable")
-                        .label("destination_service_namespace", SHOP)
-                        .label("response_code", "503")
-                        .label("response_flags", "UF")
-                        .label("failure_origin", "mesh")
-                        .sample(at, *total)
-                })
-                .collect()
-        };
-        if let Err(e) = rw.write(&series).await {
-            eprintln!("mesh failure write failed: {e}");
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-        }
-    }
-}
-
 fn wave_state(g: &WaveGate, i: usize) -> Option<WaveState> {
     g.status.as_ref()?.waves.get(i).map(|w| w.state)
 }
@@ -937,7 +883,15 @@ async fn breach_in_the_canary_halts_pins_back_through_revert_and_releases() {
         assert_eq!(f.canary_weight("eu-1").await, Some(WEIGHT_B), "the canary runs b");
 
         // When mesh-attributed errors rise in the canary cluster (~23% of its requests).
-        f.faults.lock().unwrap().insert("eu-1".into(), 30.0);
+        f.sim
+            .mesh()
+            .expect("the simulated mesh runs")
+            .apply_now(Event {
+                cluster: Some("eu-1".into()),
+                mesh_failure_ratio: Some(0.23),
+                mesh_failure_flag: Some(ResponseFlag::UF),
+                ..Default::default()
+            });
         let fault = Instant::now();
         let (mut first_fail, mut pin_seen, mut reverted) = (None, None, None);
         let mut applied_by = Vec::new();

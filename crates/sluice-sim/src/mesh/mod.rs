@@ -12,5 +12,5 @@ pub mod series;
 pub mod split;
 pub mod telemetry;
 
-pub use scenario::{Event, Scenario};
+pub use scenario::{Event, MeshFailure, ResponseFlag, Scenario};
 pub use telemetry::{DEFAULT_INTERVAL, MeshCluster, MeshStats, MeshTelemetry};

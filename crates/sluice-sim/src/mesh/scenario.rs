@@ -53,6 +53,89 @@ pub struct ClusterScenario {
     /// How proxies converge on a newly applied config revision (drift metrics).
     #[serde(default)]
     pub drift: Drift,
+    /// Share (0..1) of the requests the cluster's sources send that the mesh itself fails
+    /// (the destination never sees them). Absent: no mesh-failure series at all; `0`: the
+    /// series exist at zero from the start, so a later fault is measured from its first tick.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mesh_failure_ratio: Option<f64>,
+    /// The Envoy response flag (and so the response code) of those failures. Default `UF`.
+    #[serde(default)]
+    pub mesh_failure_flag: ResponseFlag,
+    /// Whether those failures carry `failure_origin="mesh"` (a platform that attributes
+    /// failures, seed ADR-30); false: only the response flag tells them apart. Default true.
+    #[serde(default = "yes")]
+    pub mesh_failure_origin: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `failure_origin` of requests the mesh failed.
+pub const FAILURE_ORIGIN_MESH: &str = "mesh";
+
+/// An Envoy response flag a mesh-caused failure carries (`response_flags`), with the response
+/// code Envoy returns with it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ResponseFlag {
+    /// Upstream connection failure (503).
+    #[default]
+    UF,
+    /// Upstream retry limit (or maximum connect attempts) reached (503).
+    URX,
+    /// No healthy upstream host (503).
+    UH,
+    /// Upstream overflow: circuit breaking (503).
+    UO,
+    /// Upstream request timeout (504).
+    UT,
+    /// No route configured for the request (404).
+    NR,
+}
+
+impl ResponseFlag {
+    /// The `response_flags` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResponseFlag::UF => "UF",
+            ResponseFlag::URX => "URX",
+            ResponseFlag::UH => "UH",
+            ResponseFlag::UO => "UO",
+            ResponseFlag::UT => "UT",
+            ResponseFlag::NR => "NR",
+        }
+    }
+
+    /// The response code Envoy returns with the flag.
+    pub fn response_code(self) -> u16 {
+        match self {
+            ResponseFlag::UT => 504,
+            ResponseFlag::NR => 404,
+            ResponseFlag::UF | ResponseFlag::URX | ResponseFlag::UH | ResponseFlag::UO => 503,
+        }
+    }
+}
+
+/// Mesh-caused failures in one cluster at one time (see [`ClusterScenario::mesh_failure_ratio`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MeshFailure {
+    /// Share of the sources' requests that fail (0..1).
+    pub ratio: f64,
+    /// Their response flag.
+    pub flag: ResponseFlag,
+    /// Whether they carry `failure_origin="mesh"`.
+    pub origin: bool,
+}
+
+impl ClusterScenario {
+    /// The cluster's mesh failures, if its failure series exist.
+    pub fn mesh_failure(&self) -> Option<MeshFailure> {
+        self.mesh_failure_ratio.map(|ratio| MeshFailure {
+            ratio,
+            flag: self.mesh_failure_flag,
+            origin: self.mesh_failure_origin,
+        })
+    }
 }
 
 fn one() -> f64 {
@@ -227,6 +310,12 @@ pub struct Event {
     /// New count of proxies stuck behind in the cluster.
     #[serde(default)]
     pub drift_stuck: Option<u32>,
+    /// New share of the cluster's requests the mesh fails (a fault: `0` ends it).
+    #[serde(default)]
+    pub mesh_failure_ratio: Option<f64>,
+    /// New response flag of the cluster's mesh failures.
+    #[serde(default)]
+    pub mesh_failure_flag: Option<ResponseFlag>,
 }
 
 /// A scenario that cannot be used.
@@ -346,8 +435,30 @@ impl Scenario {
                 }
             }
         }
+        for c in &self.clusters {
+            if let Some(r) = c.mesh_failure_ratio
+                && !ratio(r)
+            {
+                return Err(bad(format!(
+                    "clusters[{}].mesh_failure_ratio must be within 0..1",
+                    c.name
+                )));
+            }
+        }
         for (i, e) in self.events.iter().enumerate() {
             let at = format!("events[{i}]");
+            if (e.mesh_failure_ratio.is_some() || e.mesh_failure_flag.is_some())
+                && e.cluster.is_none()
+            {
+                return Err(bad(format!(
+                    "{at} changes mesh failures but does not name the cluster"
+                )));
+            }
+            if let Some(r) = e.mesh_failure_ratio
+                && !ratio(r)
+            {
+                return Err(bad(format!("{at}.mesh_failure_ratio must be within 0..1")));
+            }
             if let Some(name) = &e.service {
                 let Some(svc) = self.services.iter().find(|s| &s.name == name) else {
                     return Err(bad(format!(
@@ -405,6 +516,9 @@ impl Scenario {
                         xds_pushes_per_second: 1.0,
                         xds_rejects_per_second: 0.0,
                         drift: Drift::default(),
+                        mesh_failure_ratio: None,
+                        mesh_failure_flag: ResponseFlag::default(),
+                        mesh_failure_origin: true,
                     });
                     self.clusters.last_mut().expect("just pushed")
                 }
@@ -414,6 +528,12 @@ impl Scenario {
             }
             if let Some(s) = e.drift_stuck {
                 c.drift.stuck = s;
+            }
+            if let Some(r) = e.mesh_failure_ratio {
+                c.mesh_failure_ratio = Some(r);
+            }
+            if let Some(f) = e.mesh_failure_flag {
+                c.mesh_failure_flag = f;
             }
         }
         let Some(svc) = e
@@ -528,6 +648,110 @@ events:
         }];
         let st = s.state_at(Duration::from_secs(11), &extra);
         assert_eq!(st.services[0].versions[1].weight_factor, 0.5);
+    }
+
+    #[test]
+    fn mesh_failures_over_time_table() {
+        let text = r#"
+name: mesh-fault
+clusters:
+  - {name: east-1, mesh_failure_ratio: 0}
+  - {name: east-2}
+services:
+  - name: checkout
+    namespace: shop
+    requests_per_second: 100
+    versions: [{name: v1, backend: checkout-v1}]
+events:
+  - {at: 10s, cluster: east-1, mesh_failure_ratio: 0.2}
+  - {at: 20s, cluster: east-1, mesh_failure_flag: NR}
+  - {at: 30s, cluster: east-1, mesh_failure_ratio: 0}
+  - {at: 40s, cluster: west-1, mesh_failure_ratio: 0.5, mesh_failure_flag: UT}
+"#;
+        let s = Scenario::from_yaml(text).unwrap();
+        let failure = |st: &Scenario, c: &str| {
+            st.clusters
+                .iter()
+                .find(|x| x.name == c)
+                .and_then(ClusterScenario::mesh_failure)
+        };
+        let f = |ratio: f64, flag: ResponseFlag| {
+            Some(MeshFailure {
+                ratio,
+                flag,
+                origin: true,
+            })
+        };
+        // (t seconds, east-1, east-2, west-1)
+        let cases = [
+            (0, f(0.0, ResponseFlag::UF), None, None),
+            (10, f(0.2, ResponseFlag::UF), None, None),
+            (20, f(0.2, ResponseFlag::NR), None, None),
+            (30, f(0.0, ResponseFlag::NR), None, None),
+            (40, f(0.0, ResponseFlag::NR), None, f(0.5, ResponseFlag::UT)),
+        ];
+        for (t, east1, east2, west1) in cases {
+            let st = s.state_at(Duration::from_secs(t), &[]);
+            assert_eq!(failure(&st, "east-1"), east1, "t={t} east-1");
+            assert_eq!(failure(&st, "east-2"), east2, "t={t} east-2");
+            assert_eq!(failure(&st, "west-1"), west1, "t={t} west-1");
+        }
+        // (flag, label, response code): Envoy's codes for its response flags.
+        let flags = [
+            (ResponseFlag::UF, "UF", 503),
+            (ResponseFlag::URX, "URX", 503),
+            (ResponseFlag::UH, "UH", 503),
+            (ResponseFlag::UO, "UO", 503),
+            (ResponseFlag::UT, "UT", 504),
+            (ResponseFlag::NR, "NR", 404),
+        ];
+        for (flag, label, code) in flags {
+            assert_eq!((flag.as_str(), flag.response_code()), (label, code));
+            let parsed: ResponseFlag = serde_yaml::from_str(label).unwrap();
+            assert_eq!(parsed, flag);
+        }
+        let unlabelled = text.replace(
+            "{name: east-1, mesh_failure_ratio: 0}",
+            "{name: east-1, mesh_failure_ratio: 0, mesh_failure_origin: false}",
+        );
+        let st = Scenario::from_yaml(&unlabelled)
+            .unwrap()
+            .state_at(Duration::ZERO, &[]);
+        assert!(!failure(&st, "east-1").unwrap().origin);
+        // Invalid: (replacement of the east-1 fault event, what the error names)
+        let invalid = [
+            (
+                "{at: 10s, mesh_failure_ratio: 0.2}",
+                "does not name the cluster",
+            ),
+            (
+                "{at: 10s, mesh_failure_flag: UF}",
+                "does not name the cluster",
+            ),
+            (
+                "{at: 10s, cluster: east-1, mesh_failure_ratio: 1.2}",
+                "mesh_failure_ratio must be within 0..1",
+            ),
+            (
+                "{at: 10s, cluster: east-1, mesh_failure_flag: XX}",
+                "unknown variant",
+            ),
+        ];
+        for (event, want) in invalid {
+            let bad = text.replace("{at: 10s, cluster: east-1, mesh_failure_ratio: 0.2}", event);
+            let err = Scenario::from_yaml(&bad).unwrap_err();
+            assert!(
+                err.to_string().contains(want),
+                "{err} should mention {want}"
+            );
+        }
+        let bad = text.replace("mesh_failure_ratio: 0}", "mesh_failure_ratio: -0.1}");
+        let err = Scenario::from_yaml(&bad).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("clusters[east-1].mesh_failure_ratio"),
+            "{err}"
+        );
     }
 
     #[test]

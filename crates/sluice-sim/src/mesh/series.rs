@@ -8,7 +8,7 @@
 //! propagation and rate-window effects that a real mesh also shows.
 
 use super::latency::{ISTIO_BUCKETS_MS, LogNormal};
-use super::scenario::{ServiceScenario, VersionScenario};
+use super::scenario::{FAILURE_ORIGIN_MESH, MeshFailure, ServiceScenario, VersionScenario};
 use super::split::Split;
 use sluice_testkit::remote_write::{Label, Sample, TimeSeries};
 use std::collections::BTreeMap;
@@ -55,6 +55,8 @@ pub struct RequestKey {
     pub code: u16,
     /// `response_flags`.
     pub flags: &'static str,
+    /// `failure_origin`, only on requests the mesh failed (absent from every other series).
+    pub failure_origin: Option<&'static str>,
 }
 
 fn label(name: &str, value: &str) -> Label {
@@ -99,9 +101,10 @@ pub fn name_of(series: &TimeSeries) -> &str {
 
 impl RequestKey {
     /// The key's labels with `__name__`, in the sorted order remote write requires; `le` (for
-    /// buckets) sorts between `destination_workload` and `reporter`, at index [`LE_INDEX`].
+    /// buckets) sorts between `destination_workload` (or `failure_origin`) and `reporter`, at
+    /// [`le_index`].
     fn labels(&self, name: &str) -> Vec<Label> {
-        vec![
+        let mut labels = vec![
             label("__name__", name),
             label("cluster", &self.cluster),
             label("destination_service_name", &self.service),
@@ -112,12 +115,21 @@ impl RequestKey {
             label("response_code", &self.code.to_string()),
             label("response_flags", self.flags),
             label("source_workload", &self.source_workload),
-        ]
+        ];
+        if let Some(origin) = self.failure_origin {
+            labels.insert(6, label("failure_origin", origin));
+        }
+        labels
     }
 }
 
-/// Where `le` goes in [`RequestKey::labels`] to keep the labels sorted.
-const LE_INDEX: usize = 6;
+/// Where `le` goes in sorted `labels` (before the first label name after it).
+fn le_index(labels: &[Label]) -> usize {
+    labels
+        .iter()
+        .position(|l| l.name.as_str() > "le")
+        .unwrap_or(labels.len())
+}
 
 #[derive(Debug, Clone, Default)]
 struct Histogram {
@@ -161,6 +173,23 @@ impl MeshCounters {
         split: &Split,
         dt_seconds: f64,
     ) {
+        self.add_service_in(svc, cluster, split, dt_seconds, None);
+    }
+
+    /// [`MeshCounters::add_service`] in a cluster whose mesh fails `failure.ratio` of the
+    /// served requests: the source reporter counts them with the failure's response code and
+    /// flag (and `failure_origin="mesh"` if the failure says so), the destination never sees
+    /// them; the rest is served as without a failure. With a failure (even at ratio 0) the
+    /// failure series of every served backend exist.
+    pub fn add_service_in(
+        &mut self,
+        svc: &ServiceScenario,
+        cluster: &str,
+        split: &Split,
+        dt_seconds: f64,
+        failure: Option<MeshFailure>,
+    ) {
+        let failed_share = failure.map_or(0.0, |f| f.ratio);
         let total = svc.requests_per_second * dt_seconds;
         let stable = &svc.versions[0];
         let mut backends: Vec<&str> = svc.versions.iter().map(|v| v.backend.as_str()).collect();
@@ -185,31 +214,47 @@ impl MeshCounters {
                     LogNormal::from_p50_p99(stable.p50_ms, stable.p99_ms),
                 ),
             };
-            let served = total * split.served.get(backend).copied().unwrap_or(0.0);
+            let attempted = total * split.served.get(backend).copied().unwrap_or(0.0);
+            let failed = attempted * failed_share;
+            let served = attempted - failed;
             let mirrored = total * split.mirrored.get(backend).copied().unwrap_or(0.0);
+            let key = |reporter, code, flags, failure_origin| RequestKey {
+                reporter,
+                cluster: cluster.to_string(),
+                source_workload: svc.source_workload.clone(),
+                service: backend.to_string(),
+                namespace: svc.namespace.clone(),
+                version: version.to_string(),
+                workload: workload.to_string(),
+                code,
+                flags,
+                failure_origin,
+            };
+            if let Some(f) = failure {
+                let origin = f.origin.then_some(FAILURE_ORIGIN_MESH);
+                self.count(
+                    key("source", f.flag.response_code(), f.flag.as_str(), origin),
+                    failed,
+                    &dist,
+                );
+            }
             for (reporter, n) in [("source", served), ("destination", served + mirrored)] {
                 for (code, n) in [(200u16, n * (1.0 - error_ratio)), (500u16, n * error_ratio)] {
-                    let key = RequestKey {
-                        reporter,
-                        cluster: cluster.to_string(),
-                        source_workload: svc.source_workload.clone(),
-                        service: backend.to_string(),
-                        namespace: svc.namespace.clone(),
-                        version: version.to_string(),
-                        workload: workload.to_string(),
-                        code,
-                        flags: "-",
-                    };
-                    let h = self.durations.entry(key.clone()).or_default();
-                    for (i, le) in ISTIO_BUCKETS_MS.iter().enumerate() {
-                        h.buckets[i] += n * dist.cdf(*le);
-                    }
-                    h.sum += n * dist.mean();
-                    h.count += n;
-                    *self.requests.entry(key).or_default() += n;
+                    self.count(key(reporter, code, "-", None), n, &dist);
                 }
             }
         }
+    }
+
+    /// Adds `n` requests with latency `dist` to the series of `key`.
+    fn count(&mut self, key: RequestKey, n: f64, dist: &LogNormal) {
+        let h = self.durations.entry(key.clone()).or_default();
+        for (i, le) in ISTIO_BUCKETS_MS.iter().enumerate() {
+            h.buckets[i] += n * dist.cdf(*le);
+        }
+        h.sum += n * dist.mean();
+        h.count += n;
+        *self.requests.entry(key).or_default() += n;
     }
 
     /// Adds `dt_seconds` of a cluster's xDS pushes and rejections.
@@ -246,13 +291,14 @@ impl MeshCounters {
         let count = format!("{REQUEST_DURATION}_count");
         for (key, h) in &self.durations {
             let base = key.labels(&bucket);
+            let at = le_index(&base);
             for (i, le) in ISTIO_BUCKETS_MS.iter().enumerate() {
                 let mut labels = base.clone();
-                labels.insert(LE_INDEX, label("le", &le.to_string()));
+                labels.insert(at, label("le", &le.to_string()));
                 out.push(one_sample(labels, timestamp_ms, h.buckets[i]));
             }
             let mut labels = base;
-            labels.insert(LE_INDEX, label("le", "+Inf"));
+            labels.insert(at, label("le", "+Inf"));
             out.push(one_sample(labels, timestamp_ms, h.count));
             out.push(one_sample(key.labels(&sum), timestamp_ms, h.sum));
             out.push(one_sample(key.labels(&count), timestamp_ms, h.count));
@@ -359,6 +405,7 @@ services:
             workload: service.into(),
             code,
             flags: "-",
+            failure_origin: None,
         }
     }
 
@@ -457,6 +504,153 @@ services:
         ] {
             assert!(names.contains(want), "missing {want}");
         }
+    }
+
+    #[test]
+    fn mesh_failures_table() {
+        use crate::mesh::scenario::ResponseFlag;
+        let split = Split {
+            served: BTreeMap::from([("c-v1".into(), 0.9), ("c-v2".into(), 0.1)]),
+            mirrored: BTreeMap::from([("c-v2".into(), 0.5)]),
+            unrouted: 0.0,
+        };
+        let failing =
+            |k: RequestKey, flag: ResponseFlag, origin: Option<&'static str>| RequestKey {
+                code: flag.response_code(),
+                flags: flag.as_str(),
+                failure_origin: origin,
+                ..k
+            };
+        // (failure, key, want) — 200 requests in 2 s; v1 fails 10% of its responses, v2 50%.
+        let uf = MeshFailure {
+            ratio: 0.25,
+            flag: ResponseFlag::UF,
+            origin: true,
+        };
+        let nr_unlabelled = MeshFailure {
+            ratio: 0.5,
+            flag: ResponseFlag::NR,
+            origin: false,
+        };
+        let zero = MeshFailure { ratio: 0.0, ..uf };
+        let cases = [
+            // The mesh fails a quarter of what the sources send, flagged, at the source only.
+            (
+                Some(uf),
+                failing(
+                    key("source", "c-v1", "v1", 0),
+                    ResponseFlag::UF,
+                    Some("mesh"),
+                ),
+                45.0,
+            ),
+            (
+                Some(uf),
+                failing(
+                    key("source", "c-v2", "v2", 0),
+                    ResponseFlag::UF,
+                    Some("mesh"),
+                ),
+                5.0,
+            ),
+            (Some(uf), key("source", "c-v1", "v1", 200), 121.5),
+            (Some(uf), key("source", "c-v1", "v1", 500), 13.5),
+            (Some(uf), key("destination", "c-v1", "v1", 200), 121.5),
+            (
+                Some(uf),
+                failing(
+                    key("destination", "c-v1", "v1", 0),
+                    ResponseFlag::UF,
+                    Some("mesh"),
+                ),
+                0.0,
+            ),
+            // Mirrored copies are not failed by the source's mesh: 15 served (half 200) + 50.
+            (Some(uf), key("destination", "c-v2", "v2", 200), 7.5 + 50.0),
+            // Without the origin label only the flag tells them apart.
+            (
+                Some(nr_unlabelled),
+                failing(key("source", "c-v1", "v1", 0), ResponseFlag::NR, None),
+                90.0,
+            ),
+            (
+                Some(nr_unlabelled),
+                failing(
+                    key("source", "c-v1", "v1", 0),
+                    ResponseFlag::NR,
+                    Some("mesh"),
+                ),
+                0.0,
+            ),
+            (Some(nr_unlabelled), key("source", "c-v1", "v1", 200), 81.0),
+            // At ratio 0 the failure series exist at zero and nothing else changes.
+            (
+                Some(zero),
+                failing(
+                    key("source", "c-v1", "v1", 0),
+                    ResponseFlag::UF,
+                    Some("mesh"),
+                ),
+                0.0,
+            ),
+            (Some(zero), key("source", "c-v1", "v1", 200), 162.0),
+            (None, key("source", "c-v1", "v1", 200), 162.0),
+        ];
+        for (failure, k, want) in cases {
+            let mut c = MeshCounters::default();
+            c.add_service_in(&svc(), "east", &split, 2.0, failure);
+            assert!(
+                (c.requests(&k) - want).abs() < 1e-9,
+                "{failure:?} {k:?}: {}",
+                c.requests(&k)
+            );
+        }
+        // Series written: the failure series only with a failure configured (2 backends).
+        let per_key = 1 + ISTIO_BUCKETS_MS.len() + 1 + 2;
+        for (failure, keys) in [(None, 8), (Some(zero), 10), (Some(uf), 10)] {
+            let mut c = MeshCounters::default();
+            c.add_service_in(&svc(), "east", &split, 2.0, failure);
+            assert_eq!(
+                c.series(1, &BTreeMap::new()).len(),
+                keys * per_key,
+                "{failure:?}"
+            );
+        }
+        let mut c = MeshCounters::default();
+        c.add_service_in(&svc(), "east", &split, 2.0, Some(uf));
+        let series = c.series(1_000, &BTreeMap::new());
+        let with_origin: Vec<&TimeSeries> = series
+            .iter()
+            .filter(|s| s.labels.iter().any(|l| l.name == "failure_origin"))
+            .collect();
+        assert_eq!(with_origin.len(), 2 * per_key);
+        for s in &series {
+            let names: Vec<&str> = s.labels.iter().map(|l| l.name.as_str()).collect();
+            let mut sorted = names.clone();
+            sorted.sort();
+            assert_eq!(names, sorted, "labels must be sorted for remote write");
+        }
+        let flagged = with_origin
+            .iter()
+            .find(|s| name_of(s) == REQUESTS_TOTAL && s.labels.iter().any(|l| l.value == "c-v1"))
+            .unwrap();
+        let get = |n: &str| {
+            flagged
+                .labels
+                .iter()
+                .find(|l| l.name == n)
+                .map(|l| l.value.as_str())
+        };
+        assert_eq!(
+            (
+                get("failure_origin"),
+                get("response_flags"),
+                get("response_code"),
+                get("reporter")
+            ),
+            (Some("mesh"), Some("UF"), Some("503"), Some("source"))
+        );
+        assert!((flagged.samples[0].value - 45.0).abs() < 1e-9);
     }
 
     #[test]

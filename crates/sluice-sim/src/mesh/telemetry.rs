@@ -371,7 +371,12 @@ async fn run(
                     }
                 }
             };
-            counters.add_service(svc, &cluster, &s, dt);
+            let failure = state
+                .clusters
+                .iter()
+                .find(|c| c.name == cluster)
+                .and_then(|c| c.mesh_failure());
+            counters.add_service_in(svc, &cluster, &s, dt, failure);
             splits.insert(format!("{}/{}", svc.namespace, svc.name), s);
         }
         let mut gauges = BTreeMap::new();
