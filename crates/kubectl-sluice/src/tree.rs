@@ -67,6 +67,34 @@ impl Tree {
             self.node(&inner, i + 1 == items.len(), item);
         }
     }
+
+    /// The `waves (N)` node of a WaveGate or RevisionUpgrade `v`: each wave of `spec.waves`
+    /// with its state from `status.waves` (Pending when absent; ▶ marks `status.currentWave`)
+    /// and under it the lines `items` gives for (the spec wave, its status entry).
+    fn waves(&mut self, v: &Value, items: impl Fn(&Value, Option<&Value>) -> Vec<String>) {
+        let status_waves = arr(v, "/status/waves");
+        let waves = arr(v, "/spec/waves");
+        let inner = self.node("", false, &format!("waves ({})", waves.len()));
+        for (i, wave) in waves.iter().enumerate() {
+            let name = s(wave, "/name").unwrap_or("?");
+            let st = status_waves.iter().find(|w| s(w, "/name") == Some(name));
+            let state = st.and_then(|w| s(w, "/state")).unwrap_or("Pending");
+            let marker = if s(v, "/status/currentWave") == Some(name) {
+                "▶ "
+            } else {
+                ""
+            };
+            let prefix = self.node(
+                &inner,
+                i + 1 == waves.len(),
+                &format!("{marker}{name}  {state}"),
+            );
+            let lines = items(wave, st);
+            for (j, line) in lines.iter().enumerate() {
+                self.node(&prefix, j + 1 == lines.len(), line);
+            }
+        }
+    }
 }
 
 fn gate_line(g: &Value) -> String {
@@ -274,24 +302,8 @@ pub fn wave_gate(v: &Value) -> String {
             s(v, "/status/previousRevision").unwrap_or("-")
         ),
     );
-    let status_waves = arr(v, "/status/waves");
     let decisions = arr(v, "/status/decisions");
-    let waves = arr(v, "/spec/waves");
-    let inner = t.node("", false, &format!("waves ({})", waves.len()));
-    for (i, wave) in waves.iter().enumerate() {
-        let name = s(wave, "/name").unwrap_or("?");
-        let st = status_waves.iter().find(|w| s(w, "/name") == Some(name));
-        let state = st.and_then(|w| s(w, "/state")).unwrap_or("Pending");
-        let marker = if s(v, "/status/currentWave") == Some(name) {
-            "▶ "
-        } else {
-            ""
-        };
-        let wave_prefix = t.node(
-            &inner,
-            i + 1 == waves.len(),
-            &format!("{marker}{name}  {state}"),
-        );
+    t.waves(v, |wave, st| {
         let mut items: Vec<String> = arr(wave, "/clusters")
             .iter()
             .filter_map(Value::as_str)
@@ -322,10 +334,8 @@ pub fn wave_gate(v: &Value) -> String {
             }
             items.extend(arr(w, "/gates").iter().map(gate_line));
         }
-        for (j, item) in items.iter().enumerate() {
-            t.node(&wave_prefix, j + 1 == items.len(), item);
-        }
-    }
+        items
+    });
     if let Some(h) = v.pointer("/status/halt") {
         let mut items = vec![format!(
             "{} in wave {}",
@@ -469,23 +479,8 @@ pub fn revision_upgrade(v: &Value) -> String {
         );
     }
     let namespaces = arr(v, "/status/namespaces");
-    let status_waves = arr(v, "/status/waves");
-    let waves = arr(v, "/spec/waves");
-    let inner = t.node("", false, &format!("waves ({})", waves.len()));
-    for (i, wave) in waves.iter().enumerate() {
+    t.waves(v, |wave, st| {
         let name = s(wave, "/name").unwrap_or("?");
-        let st = status_waves.iter().find(|w| s(w, "/name") == Some(name));
-        let state = st.and_then(|w| s(w, "/state")).unwrap_or("Pending");
-        let marker = if s(v, "/status/currentWave") == Some(name) {
-            "▶ "
-        } else {
-            ""
-        };
-        let prefix = t.node(
-            &inner,
-            i + 1 == waves.len(),
-            &format!("{marker}{name}  {state}"),
-        );
         let mut items: Vec<String> = namespaces
             .iter()
             .filter(|ns| s(ns, "/wave") == Some(name))
@@ -502,10 +497,8 @@ pub fn revision_upgrade(v: &Value) -> String {
         if let Some(w) = st {
             items.extend(arr(w, "/gates").iter().map(gate_line));
         }
-        for (j, item) in items.iter().enumerate() {
-            t.node(&prefix, j + 1 == items.len(), item);
-        }
-    }
+        items
+    });
     let legacy: Vec<String> = arr(v, "/status/injectionEnabledNamespaces")
         .iter()
         .filter_map(Value::as_str)
