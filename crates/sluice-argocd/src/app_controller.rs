@@ -12,7 +12,6 @@
 //! object another Application tracks.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -1415,33 +1414,22 @@ enum SyncOutcome {
 /// What of an Application, when changed, warrants an immediate reconcile (status writes of the
 /// controller itself do not, except a client's Terminating).
 fn trigger_hash(app: &DynamicObject) -> Option<u64> {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    let key = json!({
+    crate::driver::predicate_hash(&json!({
         "spec": app.data.get("spec"),
         "operation": app.data.get("operation"),
         "phase": app.data.pointer("/status/operationState/phase"),
         "deleting": app.metadata.deletion_timestamp.is_some(),
         "finalizers": app.metadata.finalizers,
         "refresh": app.annotations().get(APP_REFRESH_ANNOTATION),
-    });
-    key.to_string().hash(&mut h);
-    Some(h.finish())
+    }))
 }
 
 /// Runs the controller until the future is dropped.
 pub(crate) async fn run(ctx: Arc<AppCtx>) {
-    let api = ctx.apps.clone();
-    crate::driver::drive(api, trigger_hash, move |name: String, uid: String| {
+    let (api, retry) = (ctx.apps.clone(), ctx.options.resync);
+    crate::driver::drive_fallible(api, trigger_hash, "Application", retry, move |name, uid| {
         let ctx = ctx.clone();
-        async move {
-            match ctx.reconcile(&name, &uid).await {
-                Ok(next) => next,
-                Err(e) => {
-                    tracing::warn!(application = %name, category = e.category(), error = %e, "reconcile failed");
-                    Next::Requeue(ctx.options.resync)
-                }
-            }
-        }
+        async move { ctx.reconcile(&name, &uid).await }
     })
     .await;
 }

@@ -7,7 +7,6 @@
 //! ApplicationSet's status and refresh annotation. A generator error changes no Application.
 
 use std::collections::BTreeMap;
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -549,31 +548,25 @@ impl AppSetCtx {
 }
 
 fn trigger_hash(appset: &DynamicObject) -> Option<u64> {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    json!({
+    crate::driver::predicate_hash(&json!({
         "spec": appset.data.get("spec"),
         "refresh": appset.annotations().get(APPSET_REFRESH_ANNOTATION),
         "deleting": appset.metadata.deletion_timestamp.is_some(),
-    })
-    .to_string()
-    .hash(&mut h);
-    Some(h.finish())
+    }))
 }
 
 /// Runs the controller until the future is dropped.
 pub(crate) async fn run(ctx: Arc<AppSetCtx>) {
-    let api = ctx.appsets.clone();
-    crate::driver::drive(api, trigger_hash, move |name: String, uid: String| {
-        let ctx = ctx.clone();
-        async move {
-            match ctx.reconcile(&name, &uid).await {
-                Ok(next) => next,
-                Err(e) => {
-                    tracing::warn!(application_set = %name, category = e.category(), error = %e, "reconcile failed");
-                    Next::Requeue(ctx.resync)
-                }
-            }
-        }
-    })
+    let (api, retry) = (ctx.appsets.clone(), ctx.resync);
+    crate::driver::drive_fallible(
+        api,
+        trigger_hash,
+        "ApplicationSet",
+        retry,
+        move |name, uid| {
+            let ctx = ctx.clone();
+            async move { ctx.reconcile(&name, &uid).await }
+        },
+    )
     .await;
 }

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +17,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinSet;
+
+use crate::error::ArgoCdError;
 
 /// What a reconcile asks for next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,4 +90,39 @@ pub async fn drive<F, Fut>(
             Some(_) = set.join_next(), if !set.is_empty() => {}
         }
     }
+}
+
+/// [`drive`] for a reconcile that can fail: a failure is logged with the object's `kind`, name
+/// and error category, and retried after `retry` (or sooner on a relevant change).
+pub async fn drive_fallible<F, Fut>(
+    api: Api<DynamicObject>,
+    predicate: fn(&DynamicObject) -> Option<u64>,
+    kind: &'static str,
+    retry: Duration,
+    reconcile: F,
+) where
+    F: Fn(String, String) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Next, ArgoCdError>> + Send + 'static,
+{
+    let reconcile = Arc::new(reconcile);
+    drive(api, predicate, move |name: String, uid: String| {
+        let reconcile = reconcile.clone();
+        async move {
+            match reconcile(name.clone(), uid).await {
+                Ok(next) => next,
+                Err(e) => {
+                    tracing::warn!(kind, name = %name, category = e.category(), error = %e, "reconcile failed");
+                    Next::Requeue(retry)
+                }
+            }
+        }
+    })
+    .await;
+}
+
+/// A predicate value: the hash of `key`, the JSON of what of an object warrants a reconcile.
+pub fn predicate_hash(key: &serde_json::Value) -> Option<u64> {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.to_string().hash(&mut h);
+    Some(h.finish())
 }
