@@ -310,6 +310,28 @@ pub fn branch_name(namespace: &str, name: &str) -> String {
     format!("{BRANCH_PREFIX}/{namespace}/{name}")
 }
 
+/// Whether an Application of this pin may still have its automated sync suspended by revert:
+/// Suspended or Pinned, or Failed after its original sync policy was recorded. A Failed pin that
+/// holds one still restores it on release or deletion.
+fn holds_application(app: &PinnedApplication) -> bool {
+    match app.state {
+        ApplicationPinState::Suspended | ApplicationPinState::Pinned => true,
+        ApplicationPinState::Failed => app.original_sync_policy_saved,
+        _ => false,
+    }
+}
+
+/// Whether the pin is over: Released or Refused, or Failed with no Application left suspended.
+/// A Failed pin that still holds an Application waits for a release (explicit or by deletion).
+pub fn is_over(status: Option<&BundlePinStatus>) -> bool {
+    let Some(s) = status else { return false };
+    match s.phase {
+        BundlePinPhase::Released | BundlePinPhase::Refused => true,
+        BundlePinPhase::Failed => !s.applications.iter().any(holds_application),
+        _ => false,
+    }
+}
+
 /// Whether the reconcile must verify the bundle for this status (it needs the objects).
 pub fn needs_verification(status: Option<&BundlePinStatus>) -> bool {
     matches!(
@@ -549,6 +571,21 @@ fn check_drift(spec: &BundlePinSpec, obs: &Observations, now: Timestamp, d: &mut
 /// The state machine after validation.
 fn step(spec: &BundlePinSpec, obs: &Observations, now: Timestamp, d: &mut Decision) {
     let gen_ = obs.generation;
+    if d.status.phase == BundlePinPhase::Failed && spec.release && !is_over(Some(&d.status)) {
+        // A failed pin may have suspended some Applications: a release gives them back.
+        release(
+            spec,
+            obs,
+            now,
+            d,
+            reasons::RELEASED_EXPLICITLY,
+            format!(
+                "released after a failure: {}",
+                spec.release_reason.as_deref().unwrap_or("no reason given")
+            ),
+        );
+        return;
+    }
     if matches!(
         d.status.phase,
         BundlePinPhase::Released | BundlePinPhase::Refused | BundlePinPhase::Failed
@@ -1131,17 +1168,20 @@ fn release(
     let held = bundle_to_verify(spec, Some(&d.status)).digest;
     let bundle_ok =
         matches!(&obs.verification, Some(Verification::Verified(b)) if b.digest == held);
-    if needs_bundle && !bundle_ok {
+    // A failed pin releases even when its bundle no longer verifies (that may be why it
+    // failed): sync policies are restored; revert's field ownership is dropped only with the
+    // bundle's object list.
+    let failed = d.status.phase == BundlePinPhase::Failed;
+    if needs_bundle && !bundle_ok && !failed {
         // Dropping ownership needs the bundle's object list; wait for the registry.
         d.requeue = Requeue::After(RETRY);
         return;
     }
     let mut effects = Vec::new();
     for app in &mut d.status.applications {
-        let touched = matches!(
-            app.state,
-            ApplicationPinState::Suspended | ApplicationPinState::Pinned
-        );
+        // A Failed Application is given back only while it still exists.
+        let touched = holds_application(app)
+            && (app.state != ApplicationPinState::Failed || view(obs, app).is_some());
         if touched && app.original_sync_policy_saved {
             effects.push(Action::SetSyncPolicy {
                 app: app_key(app),
@@ -1150,6 +1190,7 @@ fn release(
             });
         }
         if app.state == ApplicationPinState::Pinned
+            && bundle_ok
             && let Some(destination) = &app.destination
         {
             effects.push(Action::DropOwnership {
@@ -1931,6 +1972,64 @@ mod tests {
         let d = decide(&released, None, &world.obs(None), t(0));
         assert_eq!(d.status.phase, BundlePinPhase::Released);
         assert!(effects(&d).is_empty());
+    }
+
+    #[test]
+    fn a_failed_pin_gives_suspended_applications_back_on_release() {
+        let pin_spec = spec(json!({}));
+        let mut world = World::new();
+        // Pin until the Application's automation is suspended, not yet applied.
+        let mut status: Option<BundlePinStatus> = None;
+        for i in 0..6 {
+            let d = decide(&pin_spec, status.as_ref(), &world.obs(verified()), t(i));
+            world.act(&d);
+            status = Some(d.status);
+            if !world.app.automated {
+                break;
+            }
+        }
+        assert!(!world.app.automated, "suspended before the failure");
+        // The registry now serves something else under the signed digest: the pin fails.
+        let refused = Some(Verification::Refused {
+            reason: reasons::TAMPERED,
+            message: "no signature verifies with the configured keys".into(),
+        });
+        let failed = decide(
+            &pin_spec,
+            status.as_ref(),
+            &world.obs(refused.clone()),
+            t(10),
+        );
+        assert_eq!(failed.status.phase, BundlePinPhase::Failed);
+        assert!(
+            !is_over(Some(&failed.status)),
+            "a failed pin holding a suspended Application is not over"
+        );
+        let idle = decide(
+            &pin_spec,
+            Some(&failed.status),
+            &world.obs(refused.clone()),
+            t(11),
+        );
+        assert!(effects(&idle).is_empty(), "nothing happens until a release");
+        // A release (explicit, or by deletion) restores the policy even though the bundle no
+        // longer verifies; ownership is kept (no object list to drop it from).
+        let released = spec(json!({"release": true, "releaseReason": "registry repaired"}));
+        let d = decide(&released, Some(&failed.status), &world.obs(refused), t(12));
+        assert_eq!(d.status.phase, BundlePinPhase::Released);
+        assert!(reasons_of(&d).contains(&reasons::RELEASED_EXPLICITLY));
+        world.act(&d);
+        assert_eq!(world.app.sync_policy, Some(original_policy()));
+        assert!(world.app.automated);
+        assert_eq!(world.dropped, 0);
+        assert!(is_over(Some(&d.status)));
+        // A Failed pin that never touched an Application is over.
+        let mut untouched = failed.status.clone();
+        untouched.applications.iter_mut().for_each(|a| {
+            a.state = ApplicationPinState::Failed;
+            a.original_sync_policy_saved = false;
+        });
+        assert!(is_over(Some(&untouched)));
     }
 
     #[test]

@@ -750,10 +750,9 @@ pub async fn reconcile(
     let api: Api<BundlePin> = Api::namespaced(ctx.client.clone(), &ns);
     let status = obj.status.as_ref();
     let phase_before = status.map(|s| s.phase).unwrap_or_default();
-    let terminal = matches!(
-        phase_before,
-        BundlePinPhase::Released | BundlePinPhase::Refused | BundlePinPhase::Failed
-    );
+    // A Failed pin that still holds Applications suspended is not over: its release (explicit or
+    // by deletion) restores them.
+    let terminal = decide::is_over(status);
     // A deleted pin releases like an explicit release (sync restored, ownership dropped), then
     // lets go of its finalizer.
     let deleting = obj.metadata.deletion_timestamp.is_some();
