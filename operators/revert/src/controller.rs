@@ -144,6 +144,7 @@ pub async fn drive(
         };
 
         let controller = Controller::new(pins.clone(), watcher_config.clone())
+            .with_config(hooks.controller_config())
             .graceful_shutdown_on(stop.clone().cancelled_owned());
         let store: Store<BundlePin> = controller.store();
         let trigger = ApplicationTrigger::default();

@@ -179,6 +179,7 @@ async fn run(rt: Runtime, ctx: Arc<reconcile::Context>) -> anyhow::Result<()> {
     let (mut hooks, _unused) = Hooks::standalone();
     hooks.metrics = rt.metrics.clone();
     hooks.health = rt.health.clone();
+    let hooks = hooks.with_max_concurrent_reconciles(rt.args.max_concurrent_reconciles);
     controller::drive(
         pins,
         applications,
