@@ -16,7 +16,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use sluice_analysis::GateAction;
 use sluice_api::external::argocd::{SYNC_STATUS_SYNCED, UnsafeApplicationSet};
 use sluice_api::v1alpha1::{
-    GateVerdict, Verdict, VerdictReason, WaveGatePhase, WaveGateSpec, WaveGateStatus,
+    BundlePinPhase, GateVerdict, Verdict, VerdictReason, WaveGatePhase, WaveGateSpec,
+    WaveGateStatus,
     wave_gate::{
         ChangeOutcome, ChangeRecord, DriftExporter, HaltReason, HaltStatus, WaveState, WaveStatus,
         conditions as types, reasons,
@@ -102,7 +103,15 @@ pub struct Observations {
     pub passed_elsewhere: BTreeSet<(String, String)>,
     /// Names of the BundlePins that exist in the namespace.
     pub existing_pins: BTreeSet<String>,
+    /// Phase revert reports for each existing BundlePin (absent: no status yet).
+    pub pin_phases: BTreeMap<String, BundlePinPhase>,
+    /// How long a halt waits for revert to put its pins in force before the decisions go back
+    /// anyway (revert down or slow must not keep the canary on the halted revision).
+    pub pin_wait: Duration,
 }
+
+/// Default of [`Observations::pin_wait`].
+pub const DEFAULT_PIN_WAIT: Duration = Duration::from_secs(30);
 
 impl Default for Observations {
     fn default() -> Self {
@@ -117,6 +126,8 @@ impl Default for Observations {
             gates: None,
             passed_elsewhere: BTreeSet::new(),
             existing_pins: BTreeSet::new(),
+            pin_phases: BTreeMap::new(),
+            pin_wait: DEFAULT_PIN_WAIT,
         }
     }
 }
@@ -1256,18 +1267,63 @@ fn finish_halt(cx: &mut Ctx<'_>) -> Requeue {
         // The pins' creation is observed on the next reconcile.
         return Requeue::After(Duration::from_millis(200));
     }
+    // The decisions go back only once revert holds every pin (automation suspended, bundle
+    // applied): set back earlier, Argo CD would sync the previous revision itself, racing revert
+    // and leaving its audit without the halted revision. A pin revert refused or failed, or one
+    // not in force within `pin_wait`, does not hold the set-back: Argo CD then reverts.
+    let plans = pin_plans(spec, &cx.next, cx.obs);
+    let phase = |name: &str| cx.obs.pin_phases.get(name).copied();
+    let pending: Vec<&str> = plans
+        .iter()
+        .map(|p| p.name.as_str())
+        .filter(|n| {
+            !matches!(
+                phase(n),
+                Some(
+                    BundlePinPhase::Pinned
+                        | BundlePinPhase::Released
+                        | BundlePinPhase::Refused
+                        | BundlePinPhase::Failed
+                )
+            )
+        })
+        .collect();
+    let waited = until(h.halted_at.0, cx.now);
+    if !pending.is_empty() && waited < cx.obs.pin_wait {
+        return Requeue::After(Duration::from_millis(250));
+    }
+    let mut caveats: Vec<String> = plans
+        .iter()
+        .filter_map(|p| match phase(&p.name) {
+            Some(ph @ (BundlePinPhase::Refused | BundlePinPhase::Failed)) => Some(format!(
+                "revert reports {} {ph:?}: Argo CD reverts {} from the decision",
+                p.name, p.cluster
+            )),
+            _ => None,
+        })
+        .collect();
+    if !pending.is_empty() {
+        caveats.push(format!(
+            "{} not in force after {}s: decisions set back without waiting longer",
+            pending.join(", "),
+            cx.obs.pin_wait.as_secs()
+        ));
+    }
     decisions::set_revision(&mut cx.next.decisions, &h.reverted_clusters, &previous);
     for ws in cx.next.waves.iter_mut() {
         if admitted(ws.state) && ws.state != WaveState::Failed {
             ws.state = WaveState::Reverted;
         }
     }
-    let note = format!(
+    let mut note = format!(
         "pinned back to {previous}: {} BundlePin(s) ({}) for cluster(s) {}; their decisions set back",
         h.pins.len(),
         h.pins.join(", "),
         h.reverted_clusters.join(", ")
     );
+    if !caveats.is_empty() {
+        note.push_str(&format!(" ({})", caveats.join("; ")));
+    }
     if let Some(hh) = cx.next.halt.as_mut() {
         hh.pinned_at = Some(Time(cx.now));
     }
@@ -1848,9 +1904,47 @@ mod tests {
         assert_eq!(pins_of(&retry).len(), 1);
         assert_eq!(pins_of(&retry)[0].name, pins[0].name);
 
-        // Once the pin exists: decisions back, waves reverted, no second pin.
+        // Once the pin exists but revert does not hold it yet: no second pin, decisions wait.
         let mut o = obs(&["c1"]);
         o.existing_pins.insert(pins[0].name.clone());
+        for phase in [
+            None,
+            Some(BundlePinPhase::Verifying),
+            Some(BundlePinPhase::Pinning),
+        ] {
+            if let Some(ph) = phase {
+                o.pin_phases.insert(pins[0].name.clone(), ph);
+            }
+            let waiting = run(&s, Some(&halted.status), &o, 16);
+            assert!(pins_of(&waiting).is_empty());
+            assert_eq!(
+                revisions(&waiting),
+                on(&[("c1", "b"), ("c2", "a"), ("c3", "a")]),
+                "decisions wait for revert to hold the pin ({phase:?})"
+            );
+            assert_eq!(waiting.status.halt.as_ref().unwrap().pinned_at, None);
+        }
+        // Revert waited out: the decisions go back anyway, and the note says why.
+        let late = run(&s, Some(&halted.status), &o, 15 + 31);
+        assert_eq!(
+            revisions(&late),
+            on(&[("c1", "a"), ("c2", "a"), ("c3", "a")])
+        );
+        let note = &cond::find(&late.status.conditions, types::HALTED)
+            .unwrap()
+            .message;
+        assert!(note.contains("not in force after 30s"), "{note}");
+        // Revert refused the pin: no reason to wait, Argo CD reverts from the decision.
+        o.pin_phases
+            .insert(pins[0].name.clone(), BundlePinPhase::Refused);
+        let refused = run(&s, Some(&halted.status), &o, 16);
+        assert_eq!(
+            revisions(&refused),
+            on(&[("c1", "a"), ("c2", "a"), ("c3", "a")])
+        );
+        // Revert holds the pin: decisions back, waves reverted, no second pin.
+        o.pin_phases
+            .insert(pins[0].name.clone(), BundlePinPhase::Pinned);
         let pinned = run(&s, Some(&halted.status), &o, 16);
         assert!(pins_of(&pinned).is_empty());
         assert_eq!(
@@ -1889,6 +1983,11 @@ mod tests {
             .pins
             .iter()
             .cloned()
+            .collect();
+        o.pin_phases = o
+            .existing_pins
+            .iter()
+            .map(|p| (p.clone(), BundlePinPhase::Pinned))
             .collect();
         let pinned = run(&s, Some(&halted.status), &o, 16).status;
         for (supersede, want_admitted) in [(false, false), (true, true)] {

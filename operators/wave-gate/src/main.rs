@@ -27,6 +27,10 @@ struct Cli {
     /// The label that scopes a series to one cluster in the metrics view.
     #[arg(long, env = "SLUICE_CLUSTER_LABEL", default_value = "cluster")]
     cluster_label: String,
+    /// After a halt, how long to wait for revert to hold the BundlePins (automation suspended,
+    /// previous bundle applied) before setting the halted clusters' decisions back anyway.
+    #[arg(long, env = "SLUICE_PIN_WAIT_SECONDS", default_value_t = 30)]
+    pin_wait_seconds: u64,
 }
 
 #[tokio::main]
@@ -54,6 +58,7 @@ async fn main() -> ExitCode {
             allow_free_form_promql: cli.allow_free_form_promql,
             engine,
             metrics: Some(wave_metrics),
+            pin_wait: std::time::Duration::from_secs(cli.pin_wait_seconds),
             ..reconcile::Context::new(rt.client.clone(), rt.recorder.clone())
         });
         rt.run(api, ctx, reconcile::reconcile).await?;

@@ -60,6 +60,9 @@ pub struct Context {
     pub engine: Option<Arc<Engine<PrometheusSource>>>,
     /// The operator's metrics.
     pub metrics: Option<WaveGateMetrics>,
+    /// How long a halt waits for revert to hold its pins before setting decisions back
+    /// (`--pin-wait-seconds`).
+    pub pin_wait: std::time::Duration,
 }
 
 impl std::fmt::Debug for Context {
@@ -78,6 +81,7 @@ impl Context {
             allow_free_form_promql: false,
             engine: None,
             metrics: None,
+            pin_wait: crate::decide::DEFAULT_PIN_WAIT,
         }
     }
 }
@@ -366,6 +370,7 @@ pub async fn reconcile(
         name: name.clone(),
         generation: obj.metadata.generation,
         allow_free_form_promql: ctx.allow_free_form_promql,
+        pin_wait: ctx.pin_wait,
         ..Observations::default()
     };
     if crate::validity::problems(spec, ctx.allow_free_form_promql).is_empty() {
@@ -394,7 +399,7 @@ pub async fn reconcile(
         let current = status.cloned().unwrap_or_default();
         if current.halt.is_some() {
             let pins: Api<BundlePin> = Api::namespaced(ctx.client.clone(), &ns);
-            obs.existing_pins = pins
+            let listed = pins
                 .list(&ListParams::default().labels(&format!(
                     "{}={}",
                     pins::MANAGED_BY_LABEL,
@@ -402,9 +407,11 @@ pub async fn reconcile(
                 )))
                 .await
                 .map_err(read("BundlePins"))?
-                .items
-                .into_iter()
-                .map(|p| p.name_any())
+                .items;
+            obs.existing_pins = listed.iter().map(|p| p.name_any()).collect();
+            obs.pin_phases = listed
+                .iter()
+                .filter_map(|p| Some((p.name_any(), p.status.as_ref()?.phase)))
                 .collect();
         }
         let same_change = current.current_revision.as_deref() == Some(spec.revision.as_str());

@@ -937,6 +937,12 @@ async fn breach_in_the_canary_halts_pins_back_through_revert_and_releases() {
                 in_force.then(Instant::now)
             })
             .await;
+        // Argo CD's automation is suspended before the decision goes back, so the first write
+        // of a's route in the canary is revert's.
+        assert!(
+            applied_by.iter().any(|m| m == "sluice-revert"),
+            "revert wrote a's route first; managers: {applied_by:?}"
+        );
         let first_fail = first_fail.expect("a Fail verdict precedes the set-back");
         let pin_seen = pin_seen.expect("the BundlePin precedes the set-back");
         println!(
@@ -1007,6 +1013,13 @@ async fn breach_in_the_canary_halts_pins_back_through_revert_and_releases() {
         assert_eq!(rs.applied_objects, 1, "revert applied a's route: {rs:#?}");
         assert_eq!(rs.applications.len(), 1);
         assert_eq!(rs.applications[0].destination.as_deref(), Some("eu-1"));
+        // The decision went back only once revert held the pin, so revert, not Argo CD, moved
+        // the canary off the halted revision: its audit names b as what it pinned away from.
+        assert_eq!(
+            rs.from_digest.as_deref(),
+            Some(b.as_str()),
+            "revert pinned the canary away from the halted revision: {rs:#?}"
+        );
         let rc = find(&rs.conditions, pin_conditions::RELEASED).expect("Released condition");
         assert_eq!(rc.reason, pin_reasons::CONTENT_MATCHED, "{rc:?}");
         assert!(

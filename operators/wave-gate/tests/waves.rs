@@ -238,8 +238,11 @@ async fn breach_in_wave_zero_halts_and_pins_back_only_wave_zero() {
     assert_eq!(pin.spec.targets.len(), 1);
     assert_eq!(pin.spec.targets[0].name, "mesh-eu-1");
     assert_eq!(h.pins, vec![pin.metadata.name.clone().unwrap()]);
-    // And its decision is set back, so Argo CD converges on what the pin applied.
+    // And its decision is set back, so Argo CD converges on what the pin applied. No revert
+    // runs here, so the set-back came after waiting PIN_WAIT for the pin to be held, and says so.
     assert!(decided(&halted).iter().all(|(_, r)| *r == rev('a')));
+    let note = &find(&s.conditions, conditions::HALTED).unwrap().message;
+    assert!(note.contains("not in force after 2s"), "{note}");
     assert_eq!(
         w.events_published("eu", reasons::PINNED_BACK, BUDGET)
             .await

@@ -42,6 +42,8 @@ use tokio_util::sync::CancellationToken;
 
 /// The Argo CD namespace of the management cluster.
 pub const NS: &str = "argocd";
+/// How long a halt waits for revert to hold its pins in these tests (no revert runs here).
+pub const PIN_WAIT: Duration = Duration::from_secs(2);
 
 /// A manifest digest made of one repeated hex character.
 pub fn rev(c: char) -> String {
@@ -291,6 +293,8 @@ impl World {
         let ctx = Arc::new(reconcile::Context {
             engine: Some(Arc::new(engine)),
             metrics: Some(m),
+            // No revert runs here: a halt waits this long for pins in force, then sets back.
+            pin_wait: PIN_WAIT,
             ..reconcile::Context::new(
                 self.client.clone(),
                 EventRecorder::new(self.client.clone(), OPERATOR),
