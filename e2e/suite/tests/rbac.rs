@@ -94,6 +94,61 @@ async fn target(p: &Prereqs, rendered: &[Value], namespaces: &[&str]) -> Target 
         .expect("emulator with the chart's RBAC")
 }
 
+/// The negative check's setup: the prerequisites for `mode` and the chart's RBAC with the rule of
+/// `op`'s ClusterRole that grants `group`/`resource` taken out. `None`, with the reason printed,
+/// on a real cluster (whose RBAC this suite does not edit) or without the prerequisites.
+async fn without_grant(
+    mode: Mode,
+    op: Operator,
+    group: &str,
+    resource: &str,
+) -> Option<(Prereqs, Vec<Value>)> {
+    if target::cluster_mode() {
+        println!("skipping: the negative check edits RBAC, which only the emulator does here");
+        return None;
+    }
+    let p = prereqs(mode).await?;
+    let role = chart::service_account(op.component());
+    let (rendered, removed) = chart::without_rule(&p.rendered, "ClusterRole", &role, |r| {
+        chart::rule_grants(r, group, resource)
+    });
+    assert!(
+        removed.is_some(),
+        "the chart grants {} {group}/{resource} in ClusterRole {role}",
+        op.component()
+    );
+    Some((p, rendered))
+}
+
+/// Waits for the first denial in `op`'s log and prints it.
+async fn denial_logged(op: &OperatorProcess) -> String {
+    let denied = eventually("a denial in the operator's log", BUDGET, async || {
+        let d = op.denials();
+        d.first().cloned().ok_or(op.log())
+    })
+    .await;
+    println!("denied as expected: {denied}");
+    denied
+}
+
+/// Ends a scenario: the operator this process started (none on a real cluster, or one already
+/// stopped) must still be running; then it and the world stop before the target does, and the
+/// scenario's duration is printed.
+async fn finish(
+    mut op: Option<OperatorProcess>,
+    world: impl Into<Option<World>>,
+    t: Target,
+    started: std::time::Instant,
+) {
+    if let Some(op) = &mut op {
+        op.assert_healthy();
+    }
+    drop(op);
+    drop(world.into());
+    t.stop().await;
+    println!("scenario took {:.1?}", started.elapsed());
+}
+
 /// Starts `op` as the chart would (its Deployment's arguments, its ServiceAccount's identity)
 /// with `env`; `None` on a real cluster, where the chart's Deployment runs it.
 fn run(
@@ -222,7 +277,7 @@ async fn rollout_weights_owns_the_route_and_writes_a_weight() {
     let t = target(&p, &p.rendered, &[SHOP]).await;
     let world = shop(&t, &p.prometheus).await;
     let logs = tempfile::tempdir().unwrap();
-    let mut op = run(
+    let op = run(
         &t,
         &p.rendered,
         Operator::RolloutWeights,
@@ -277,34 +332,23 @@ async fn rollout_weights_owns_the_route_and_writes_a_weight() {
             "the owned-route policy must deny a foreign change to an owned route's rules: {other:?}"
         ),
     }
-    if let Some(op) = &mut op {
-        op.assert_healthy();
-    }
-    drop(op);
-    drop(world);
-    t.stop().await;
-    println!("scenario took {:.1?}", started.elapsed());
+    finish(op, world, t, started).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rollout_weights_without_its_route_grant_fails_visibly() {
     let started = std::time::Instant::now();
-    if target::cluster_mode() {
-        println!("skipping: the negative check edits RBAC, which only the emulator does here");
-        return;
-    }
-    let Some(p) = prereqs(Mode::Workload).await else {
+    // Given the chart's RBAC with the HTTPRoute rule taken out of rollout-weights' ClusterRole.
+    let Some((p, rendered)) = without_grant(
+        Mode::Workload,
+        Operator::RolloutWeights,
+        "gateway.networking.k8s.io",
+        "httproutes",
+    )
+    .await
+    else {
         return;
     };
-    // Given the chart's RBAC with the HTTPRoute rule taken out of rollout-weights' ClusterRole.
-    let role = chart::service_account(Operator::RolloutWeights.component());
-    let (rendered, removed) = chart::without_rule(&p.rendered, "ClusterRole", &role, |r| {
-        chart::rule_grants(r, "gateway.networking.k8s.io", "httproutes")
-    });
-    assert!(
-        removed.is_some(),
-        "the chart grants rollout-weights HTTPRoutes in ClusterRole {role}"
-    );
     let t = target(&p, &rendered, &[SHOP]).await;
     let world = shop(&t, &p.prometheus).await;
     let logs = tempfile::tempdir().unwrap();
@@ -322,12 +366,7 @@ async fn rollout_weights_without_its_route_grant_fails_visibly() {
     create::<Rollout>(&t.admin(), Some(SHOP), checkout_rollout()).await;
 
     // Then its log reports the denial, and the route is untouched.
-    let denied = eventually("a denial in the operator's log", BUDGET, async || {
-        let d = op.denials();
-        d.first().cloned().ok_or(op.log())
-    })
-    .await;
-    println!("denied as expected: {denied}");
+    denial_logged(&op).await;
     let routes: Api<HttpRoute> = Api::namespaced(t.admin(), SHOP);
     let r = routes.get("checkout").await.unwrap();
     assert_eq!(
@@ -335,10 +374,9 @@ async fn rollout_weights_without_its_route_grant_fails_visibly() {
         None,
         "no weight written without the grant"
     );
+    // A denied operator may well have stopped: it is not checked, only stopped first.
     drop(op);
-    drop(world);
-    t.stop().await;
-    println!("scenario took {:.1?}", started.elapsed());
+    finish(None, world, t, started).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -358,7 +396,7 @@ async fn wave_gate_adopts_and_publishes_decisions() {
     };
     let t = target(&p, &p.rendered, &[ARGOCD]).await;
     let logs = tempfile::tempdir().unwrap();
-    let mut op = run(
+    let op = run(
         &t,
         &p.rendered,
         Operator::WaveGate,
@@ -383,6 +421,7 @@ async fn wave_gate_adopts_and_publishes_decisions() {
                     "spec": {"project": "mesh", "source": {"repoURL": "oci://registry.local:5000/mesh/config", "targetRevision": "{{.revision}}", "path": "."}, "destination": {"name": "{{.clusterName}}", "namespace": "istio-config"}}
                 },
                 "syncPolicy": {"applicationsSync": "create-update", "preserveResourcesOnDeletion": true},
+                "ignoreApplicationDifferences": [{"jsonPointers": ["/spec/syncPolicy"]}],
             }
         }),
     )
@@ -448,14 +487,9 @@ async fn wave_gate_adopts_and_publishes_decisions() {
         };
         assert_eq!(d.revision, want, "decision for {}", d.cluster_name);
     }
-    if let Some(op) = &mut op {
-        op.assert_healthy();
-    }
     t.assert_cluster_operator_not_denied(Operator::WaveGate.component())
         .await;
-    drop(op);
-    t.stop().await;
-    println!("scenario took {:.1?}", started.elapsed());
+    finish(op, None, t, started).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -581,7 +615,7 @@ async fn upgrade_revisions_relabels_a_namespace_and_evicts_its_pods() {
     let revisions = async || revisions(&client).await;
 
     let logs = tempfile::tempdir().unwrap();
-    let mut op = run(
+    let op = run(
         &t,
         &p.rendered,
         Operator::UpgradeRevisions,
@@ -629,34 +663,23 @@ async fn upgrade_revisions_relabels_a_namespace_and_evicts_its_pods() {
             .ok_or(format!("{:?}", u.status))
     })
     .await;
-    if let Some(op) = &mut op {
-        op.assert_healthy();
-    }
-    drop(op);
-    drop(world);
-    t.stop().await;
-    println!("scenario took {:.1?}", started.elapsed());
+    finish(op, world, t, started).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upgrade_revisions_without_its_eviction_grant_fails_visibly() {
     let started = std::time::Instant::now();
-    if target::cluster_mode() {
-        println!("skipping: the negative check edits RBAC, which only the emulator does here");
-        return;
-    }
-    let Some(p) = prereqs(Mode::Workload).await else {
+    // Given the chart's RBAC with the pods/eviction rule taken out of upgrade-revisions' role.
+    let Some((p, rendered)) = without_grant(
+        Mode::Workload,
+        Operator::UpgradeRevisions,
+        "",
+        "pods/eviction",
+    )
+    .await
+    else {
         return;
     };
-    // Given the chart's RBAC with the pods/eviction rule taken out of upgrade-revisions' role.
-    let role = chart::service_account(Operator::UpgradeRevisions.component());
-    let (rendered, removed) = chart::without_rule(&p.rendered, "ClusterRole", &role, |r| {
-        chart::rule_grants(r, "", "pods/eviction")
-    });
-    assert!(
-        removed.is_some(),
-        "the chart grants upgrade-revisions pods/eviction in ClusterRole {role}"
-    );
     let t = target(&p, &rendered, &[]).await;
     let emu = t.emulator().expect("emulated");
     let world = edge_fleet(&t, emu, &p.prometheus).await;
@@ -676,17 +699,11 @@ async fn upgrade_revisions_without_its_eviction_grant_fails_visibly() {
         .unwrap();
 
     // Then its log reports the denied eviction, and no pod moved to 1-28.
-    let denied = eventually("a denial in the operator's log", BUDGET, async || {
-        let d = op.denials();
-        d.first().cloned().ok_or(op.log())
-    })
-    .await;
-    println!("denied as expected: {denied}");
+    denial_logged(&op).await;
     assert_eq!(revisions(&t.admin()).await, Ok((2, 0)), "no pod restarted");
+    // A denied operator may well have stopped: it is not checked, only stopped first.
     drop(op);
-    drop(world);
-    t.stop().await;
-    println!("scenario took {:.1?}", started.elapsed());
+    finish(None, world, t, started).await;
 }
 
 // ---------------------------------------------------------------------------------------------
