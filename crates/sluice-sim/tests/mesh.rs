@@ -309,10 +309,19 @@ async fn a_mesh_fault_shows_as_mesh_attributed_failures() {
         ..Default::default()
     });
     tokio::time::sleep(Duration::from_secs(8)).await;
+    // Every query reads one instant, a little in the past, so a tick written
+    // between two queries cannot make them disagree.
+    let at = Some(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+            - 2_000,
+    );
     let one = |q: String| {
         let prometheus = &prometheus;
         async move {
-            let v = prometheus.query(&q, None).await.unwrap();
+            let v = prometheus.query(&q, at).await.unwrap();
             v.first().map_or(0.0, |s| s.value)
         }
     };
