@@ -19,6 +19,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{Selector, SelectorExt};
@@ -215,7 +216,7 @@ where
             owner.meta().name.clone().unwrap_or_default()
         );
         let result = async {
-            let names: Vec<String> = owned_pods(&ctx, &ns, &uid, &what)
+            let names: Vec<String> = owned_pods(&ctx, &ns, &uid, None, &what)
                 .await?
                 .iter()
                 .map(|p| p.name_any())
@@ -319,11 +320,25 @@ fn pod_ip(uid: &str) -> String {
 
 // ---------------------------------------------------------------- shared workload plumbing
 
-/// Non-terminating pods in `ns` controlled by `uid`, read fresh from the API.
-async fn owned_pods(ctx: &Ctx, ns: &str, uid: &str, what: &str) -> Result<Vec<Pod>, ClusterError> {
+/// Non-terminating pods in `ns` controlled by `uid`, read fresh from the API. Listed by the
+/// workload's `selector` when it has one, as kube-controller-manager does, so a reconcile reads
+/// its own pods and not the whole namespace.
+async fn owned_pods(
+    ctx: &Ctx,
+    ns: &str,
+    uid: &str,
+    selector: Option<&LabelSelector>,
+    what: &str,
+) -> Result<Vec<Pod>, ClusterError> {
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let params = match selector.map(|s| Selector::try_from(s.clone())) {
+        Some(Ok(s)) => ListParams::default().labels_from(&s),
+        // No selector, or one that selects nothing or cannot be expressed: list the namespace
+        // and rely on the controller reference alone.
+        _ => ListParams::default(),
+    };
     let list = api
-        .list(&ListParams::default())
+        .list(&params)
         .await
         .map_err(api_err(format!("listing pods of {what}")))?;
     Ok(list
@@ -490,7 +505,7 @@ async fn reconcile_deployment(d: Arc<Deployment>, ctx: Arc<Ctx>) -> Result<Actio
     let spec = &d.spec;
     let replicas = spec.replicas.unwrap_or(1);
     let hash = template_hash(&spec.template);
-    let owned = owned_pods(&ctx, &id.ns, &id.uid, &id.what).await?;
+    let owned = owned_pods(&ctx, &id.ns, &id.uid, Some(&spec.selector), &id.what).await?;
     let views: Vec<PodView> = owned
         .iter()
         .map(|p| PodView {
@@ -568,7 +583,7 @@ async fn reconcile_statefulset(s: Arc<StatefulSet>, ctx: Arc<Ctx>) -> Result<Act
     let spec = &s.spec;
     let replicas = spec.replicas.unwrap_or(1).max(0) as u32;
     let revision = format!("{}-{}", id.name, template_hash(&spec.template));
-    let owned = owned_pods(&ctx, &id.ns, &id.uid, &id.what).await?;
+    let owned = owned_pods(&ctx, &id.ns, &id.uid, Some(&spec.selector), &id.what).await?;
     let prefix = format!("{}-", id.name);
     let views: Vec<OrdinalPod> = owned
         .iter()
@@ -646,7 +661,7 @@ async fn reconcile_daemonset(ds: Arc<DaemonSet>, ctx: Arc<Ctx>) -> Result<Action
     let id = identity(&*ds)?;
     let spec = &ds.spec;
     let hash = template_hash(&spec.template);
-    let owned = owned_pods(&ctx, &id.ns, &id.uid, &id.what).await?;
+    let owned = owned_pods(&ctx, &id.ns, &id.uid, Some(&spec.selector), &id.what).await?;
     let views: Vec<NodePod> = owned
         .iter()
         .map(|p| NodePod {

@@ -1,0 +1,163 @@
+//! Benchmark (not a test, not in CI): how fast the cluster simulator brings up and replaces the
+//! pods of many Deployments on the API emulator. Prints the time until every initial pod is
+//! Ready, then deletes every pod at once (as a wave of evictions would) and prints the time until
+//! every replacement is created and until every replacement is Ready, in pods per second.
+//!
+//! `cargo run [--release] -p sluice-sim --example cluster_bench -- [workloads] [replicas]`
+//! (defaults 200 × 10). Workloads are spread over 20 namespaces.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use kube_emulator::Emulator;
+use serde_json::json;
+use sluice_sim::cluster::ClusterTasks;
+use sluice_sim::{ClusterConfig, SvidCounter};
+
+fn arg<T: std::str::FromStr>(i: usize, default: T) -> T {
+    std::env::args()
+        .nth(i)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(default)
+}
+
+fn is_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// (live pods, Ready live pods, live pods whose uid is not in `old`).
+async fn count(client: &Client, old: &std::collections::HashSet<String>) -> (usize, usize, usize) {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let list = pods.list(&ListParams::default()).await.unwrap();
+    let live: Vec<&Pod> = list
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    let ready = live.iter().filter(|p| is_ready(p)).count();
+    let fresh = live
+        .iter()
+        .filter(|p| !old.contains(&p.uid().unwrap_or_default()))
+        .count();
+    (live.len(), ready, fresh)
+}
+
+#[tokio::main]
+async fn main() {
+    let workloads: usize = arg(1, 200);
+    let replicas: i32 = arg(2, 10);
+    let total = workloads * replicas as usize;
+    let namespaces = 20.min(workloads.max(1));
+    let emu = Emulator::start().await;
+    let client = emu.client();
+    for i in 0..namespaces {
+        let ns: Namespace = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": format!("ns-{i:02}")}
+        }))
+        .unwrap();
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+    }
+    for w in 0..workloads {
+        let ns = format!("ns-{:02}", w % namespaces);
+        let name = format!("app-{w:04}");
+        let d: Deployment = serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {"containers": [{"name": "app", "image": format!("{name}:1")}]}
+                }
+            }
+        }))
+        .unwrap();
+        Api::<Deployment>::namespaced(client.clone(), &ns)
+            .create(&PostParams::default(), &d)
+            .await
+            .unwrap();
+    }
+    println!("fleet: {workloads} Deployments × {replicas} = {total} pods in {namespaces} namespaces");
+    let mut config = ClusterConfig::new("cluster-1");
+    config.readiness_delay = Duration::from_millis(200);
+    let started = Instant::now();
+    let _tasks = ClusterTasks::start(client.clone(), config, SvidCounter::default());
+    let none = Default::default();
+    let mut created_at = None;
+    loop {
+        let (live, ready, _) = count(&client, &none).await;
+        if created_at.is_none() && live == total {
+            created_at = Some(started.elapsed());
+        }
+        if ready == total {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let up = started.elapsed();
+    let created = created_at.unwrap_or(up);
+    println!(
+        "initial: all created in {:.1}s ({:.0} pods/s), all Ready in {:.1}s ({:.0} pods/s)",
+        created.as_secs_f64(),
+        total as f64 / created.as_secs_f64(),
+        up.as_secs_f64(),
+        total as f64 / up.as_secs_f64()
+    );
+
+    let pods: Api<Pod> = Api::all(client.clone());
+    let old: std::collections::HashSet<String> = pods
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter_map(|p| p.uid())
+        .collect();
+    let started = Instant::now();
+    // 32 deletes in flight, as an operator evicting at a high rate would have.
+    futures::stream::iter(pods.list(&ListParams::default()).await.unwrap().items)
+        .for_each_concurrent(32, |p| {
+            let client = client.clone();
+            async move {
+                Api::<Pod>::namespaced(client, &p.namespace().unwrap())
+                    .delete(&p.name_any(), &DeleteParams::default())
+                    .await
+                    .unwrap();
+            }
+        })
+        .await;
+    let deleted = started.elapsed();
+    let mut created_at = None;
+    loop {
+        let (_, ready, fresh) = count(&client, &old).await;
+        if created_at.is_none() && fresh == total {
+            created_at = Some(started.elapsed());
+        }
+        if fresh == total && ready == total {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let up = started.elapsed();
+    let created = created_at.unwrap_or(up);
+    println!(
+        "replacement: deletes took {:.1}s; all replacements created in {:.1}s ({:.0} pods/s), all Ready in {:.1}s ({:.0} pods/s)",
+        deleted.as_secs_f64(),
+        created.as_secs_f64(),
+        total as f64 / created.as_secs_f64(),
+        up.as_secs_f64(),
+        total as f64 / up.as_secs_f64()
+    );
+}
