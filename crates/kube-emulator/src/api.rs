@@ -635,10 +635,17 @@ impl State {
             });
         };
         let ns = (!req.namespace.is_empty()).then_some(req.namespace.as_str());
+        let required = selector::required_labels(
+            &selector::parse_labels(req.q("labelSelector").unwrap_or_default())
+                .map_err(|e| ApiError::BadRequest(e.to_string()))?,
+        );
         let mut items = Vec::new();
         let mut remaining = 0;
         let mut last = None;
-        for obj in t.iter_ns(ns) {
+        let candidates = t
+            .iter_labelled(ns, &required)
+            .unwrap_or_else(|| t.iter_ns(ns));
+        for obj in candidates {
             if let Some(a) = &after
                 && key_of(obj) <= *a
             {

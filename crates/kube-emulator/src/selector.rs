@@ -109,6 +109,20 @@ pub fn parse_labels(s: &str) -> Result<Vec<Requirement>, SelectorError> {
     Ok(out)
 }
 
+/// The `(key, value)` pairs every selected object must carry (`key=value`, or `key in (value)`
+/// with one value): what a label index can narrow a search by.
+pub fn required_labels(reqs: &[Requirement]) -> Vec<(String, String)> {
+    reqs.iter()
+        .filter_map(|r| match r {
+            Requirement::Eq(k, v) => Some((k.clone(), v.clone())),
+            Requirement::In(k, set) if set.len() == 1 => {
+                set.first().map(|v| (k.clone(), v.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
 /// Whether the labels (a JSON object, or null) satisfy every requirement.
 pub fn labels_match(reqs: &[Requirement], labels: Option<&Value>) -> bool {
     let get = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);

@@ -5,7 +5,7 @@
 //! Owns resourceVersion assignment and event emission. Never interprets objects beyond
 //! `metadata.namespace`/`metadata.name`/`metadata.resourceVersion`; semantics live in `api`.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use serde_json::Value;
@@ -56,7 +56,10 @@ pub struct Event {
 #[derive(Debug)]
 pub struct Table {
     /// (namespace, name) → object; cluster-scoped objects use an empty namespace.
-    pub objects: BTreeMap<(String, String), Arc<Value>>,
+    objects: BTreeMap<(String, String), Arc<Value>>,
+    /// (label key, label value) → (namespace, name) of the objects carrying that label, so a
+    /// list by an equality selector reads its matches instead of the whole resource.
+    by_label: HashMap<(String, String), BTreeSet<(String, String)>>,
     history: VecDeque<Arc<Event>>,
     /// Events at or below this resourceVersion are no longer in the history.
     compacted: u64,
@@ -72,6 +75,7 @@ impl Table {
     fn new() -> Self {
         Table {
             objects: BTreeMap::new(),
+            by_label: HashMap::new(),
             history: VecDeque::new(),
             compacted: 0,
             tx: broadcast::channel(CHANNEL_CAPACITY).0,
@@ -92,6 +96,81 @@ impl Table {
                     .map(|(_, v)| v),
             ),
         }
+    }
+
+    /// Objects carrying every `(key, value)` label of `labels`, in one namespace (or all when
+    /// `ns` is `None`), in (namespace, name) order; `None` when `labels` is empty (no index
+    /// narrows the search: iterate [`Table::iter_ns`]). Callers still match the whole selector.
+    pub fn iter_labelled<'a>(
+        &'a self,
+        ns: Option<&'a str>,
+        labels: &[(String, String)],
+    ) -> Option<Box<dyn Iterator<Item = &'a Arc<Value>> + 'a>> {
+        static EMPTY: BTreeSet<(String, String)> = BTreeSet::new();
+        let narrowest = labels
+            .iter()
+            .map(|l| self.by_label.get(l).unwrap_or(&EMPTY))
+            .min_by_key(|set| set.len())?;
+        let keys: Box<dyn Iterator<Item = &'a (String, String)> + 'a> = match ns {
+            None => Box::new(narrowest.iter()),
+            Some(ns) => Box::new(
+                narrowest
+                    .range((ns.to_string(), String::new())..)
+                    .take_while(move |(n, _)| n == ns),
+            ),
+        };
+        Some(Box::new(keys.filter_map(|k| self.objects.get(k))))
+    }
+
+    /// The object at (namespace, name).
+    pub fn get(&self, ns: &str, name: &str) -> Option<&Arc<Value>> {
+        self.objects.get(&(ns.to_string(), name.to_string()))
+    }
+
+    /// Number of objects stored.
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    /// Whether no object is stored.
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    fn index(&mut self, k: &(String, String), obj: &Value, add: bool) {
+        let Some(labels) = obj.pointer("/metadata/labels").and_then(Value::as_object) else {
+            return;
+        };
+        for (lk, lv) in labels {
+            let Some(lv) = lv.as_str() else { continue };
+            let entry = (lk.clone(), lv.to_string());
+            if add {
+                self.by_label.entry(entry).or_default().insert(k.clone());
+            } else if let Some(set) = self.by_label.get_mut(&entry) {
+                set.remove(k);
+                if set.is_empty() {
+                    self.by_label.remove(&entry);
+                }
+            }
+        }
+    }
+
+    fn insert(&mut self, k: (String, String), obj: Arc<Value>) -> Option<Arc<Value>> {
+        let prev = self.objects.insert(k.clone(), obj.clone());
+        let labels = |o: &Value| o.pointer("/metadata/labels").cloned();
+        if prev.as_deref().map(labels) != Some(labels(&obj)) {
+            if let Some(p) = &prev {
+                self.index(&k, p, false);
+            }
+            self.index(&k, &obj, true);
+        }
+        prev
+    }
+
+    fn take(&mut self, k: &(String, String)) -> Option<Arc<Value>> {
+        let old = self.objects.remove(k)?;
+        self.index(k, &old, false);
+        Some(old)
     }
 
     /// Events after `rv`, or `None` when some of them were already dropped from the history.
@@ -151,11 +230,7 @@ impl Inner {
 
     /// The stored object at (namespace, name).
     pub fn get(&self, key: &TableKey, ns: &str, name: &str) -> Option<Arc<Value>> {
-        self.tables
-            .get(key)?
-            .objects
-            .get(&(ns.to_string(), name.to_string()))
-            .cloned()
+        self.tables.get(key)?.get(ns, name).cloned()
     }
 
     /// Ensures the table exists and returns a live feed plus the events after `rv`
@@ -202,7 +277,7 @@ impl Inner {
         obj["metadata"]["resourceVersion"] = Value::String(self.rv.to_string());
         let k = key_of(&obj);
         let obj = Arc::new(obj);
-        let prev = self.table_mut(key).objects.insert(k, obj.clone());
+        let prev = self.table_mut(key).insert(k, obj.clone());
         let kind = if prev.is_some() {
             EventType::Modified
         } else {
@@ -216,8 +291,7 @@ impl Inner {
     pub fn remove(&mut self, key: &TableKey, ns: &str, name: &str) -> Option<Arc<Value>> {
         let old = self
             .table_mut(key)
-            .objects
-            .remove(&(ns.to_string(), name.to_string()))?;
+            .take(&(ns.to_string(), name.to_string()))?;
         self.rv += 1;
         let mut last = (*old).clone();
         last["metadata"]["resourceVersion"] = Value::String(self.rv.to_string());

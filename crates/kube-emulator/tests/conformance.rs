@@ -135,6 +135,83 @@ async fn controller_reconciles_an_object_created_after_start_within_a_second() {
 }
 
 #[tokio::test]
+async fn a_list_by_label_follows_relabels_deletes_and_namespaces() {
+    let emu = Emulator::start().await;
+    let client = emu.client();
+    for ns in ["shop", "bank"] {
+        let n: k8s_openapi::api::core::v1::Namespace =
+            serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
+        Api::all(client.clone())
+            .create(&PostParams::default(), &n)
+            .await
+            .unwrap();
+    }
+    let shop: Api<ConfigMap> = Api::namespaced(client.clone(), "shop");
+    let bank: Api<ConfigMap> = Api::namespaced(client.clone(), "bank");
+    let all: Api<ConfigMap> = Api::all(client.clone());
+    for (api, n) in [(&shop, "a"), (&shop, "b"), (&bank, "c")] {
+        api.create(
+            &PostParams::default(),
+            &cm(n, json!({"app": "web", "tier": "1"})),
+        )
+        .await
+        .unwrap();
+    }
+    let names = |l: kube::core::ObjectList<ConfigMap>| -> Vec<String> {
+        l.items
+            .into_iter()
+            .map(|c| c.metadata.name.unwrap())
+            .collect()
+    };
+    let list = |api: &Api<ConfigMap>, sel: &'static str| {
+        let api = api.clone();
+        async move { names(api.list(&ListParams::default().labels(sel)).await.unwrap()) }
+    };
+    assert_eq!(list(&shop, "app=web").await, vec!["a", "b"]);
+    assert_eq!(list(&all, "app=web,tier in (1)").await, vec!["c", "a", "b"]);
+    // A relabel moves the object out of one selection and into another.
+    shop.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"app": "api"}}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(list(&shop, "app=web").await, vec!["b"]);
+    assert_eq!(list(&shop, "app=api,tier=1").await, vec!["a"]);
+    // A label removed is gone from the selection; a deleted object is gone from every one.
+    shop.patch(
+        "b",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"tier": null}}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(list(&all, "tier=1").await, vec!["c", "a"]);
+    // Pagination walks the narrowed selection in order.
+    let page1 = all
+        .list(&ListParams::default().labels("tier=1").limit(1))
+        .await
+        .unwrap();
+    let token = page1.metadata.continue_.clone().expect("continue token");
+    assert_eq!(names(page1), vec!["c"]);
+    let page2 = all
+        .list(
+            &ListParams::default()
+                .labels("tier=1")
+                .limit(1)
+                .continue_token(&token),
+        )
+        .await
+        .unwrap();
+    assert!(page2.metadata.continue_.is_none(), "the last page");
+    assert_eq!(names(page2), vec!["a"]);
+    bank.delete("c", &DeleteParams::default()).await.unwrap();
+    assert_eq!(list(&all, "app=web").await, vec!["b"]);
+    assert_eq!(list(&all, "app=nothing").await, Vec::<String>::new());
+}
+
+#[tokio::test]
 async fn create_get_list_with_selectors_and_pagination() {
     let emu = Emulator::start().await;
     let api: Api<ConfigMap> = Api::namespaced(emu.client(), "default");
