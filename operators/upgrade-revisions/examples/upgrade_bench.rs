@@ -10,7 +10,8 @@
 //! - `time_ratio`: restart time ÷ (proxies ÷ headroom); goal ≤ 1.25.
 //!
 //! `cargo run -p sluice-upgrade-revisions --example upgrade_bench -- [workloads] [replicas]
-//! [rate] [depth] [peak]` (defaults 2000 × 20 = 40,000 proxies, 200/s, 2000, 2000/s;
+//! [rate] [depth] [peak] [issuance window seconds]` (defaults 2000 × 20 = 40,000 proxies, 200/s,
+//! 2000, 2000/s, 60 s as the operator's default;
 //! `BENCH_VERBOSE=1` prints the budget every 2 s). The workloads are spread over 20 namespaces:
 //! 5% of them low-risk, 30% tier-2, the rest tier-1. Keep `depth` well above `rate` (the default
 //! is 10×): a tick that comes late can refill at most `depth`.
@@ -69,7 +70,10 @@ async fn main() {
         "fleet: {namespaces} namespaces, {workloads} workloads, {proxies} proxies; budget {rate}/s depth {depth} peak {peak}/s"
     );
     let setup = Instant::now();
-    let Some(mut h) = Harness::given(&fleet).await else {
+    // The operator's default window (its flag `--issuance-window-seconds`): a short window
+    // magnifies the edges where a restart's certificate and its sighting fall apart.
+    let window = Duration::from_secs(arg(6, 60));
+    let Some(mut h) = Harness::given_with_window(&fleet, window).await else {
         return;
     };
     println!("fleet ready in {:.1}s", setup.elapsed().as_secs_f64());

@@ -121,6 +121,8 @@ pub struct Harness {
     pub controller: Option<(CancellationToken, JoinHandle<()>, Vec<JoinHandle<()>>)>,
     pub samples: Samples,
     sampler: Option<JoinHandle<()>>,
+    /// Window the operator measures background issuance over.
+    pub issuance_window: Duration,
 }
 
 async fn create(client: &Client, value: Value) {
@@ -190,6 +192,14 @@ impl Harness {
     /// Given: the local world with `fleet`'s namespaces on tag `stable` and their pods Ready on
     /// revision 1-27, Prometheus holding at least one issuance window of telemetry.
     pub async fn given(fleet: &[NsSpec]) -> Option<Harness> {
+        Self::given_with_window(fleet, ISSUANCE_WINDOW).await
+    }
+
+    /// [`Harness::given`], the operator measuring background issuance over `issuance_window`.
+    pub async fn given_with_window(
+        fleet: &[NsSpec],
+        issuance_window: Duration,
+    ) -> Option<Harness> {
         if !prerequisites() {
             return None;
         }
@@ -271,27 +281,33 @@ impl Harness {
             controller: None,
             samples: Samples::default(),
             sampler: None,
+            issuance_window,
         };
         let settle = Instant::now();
         let said = std::cell::Cell::new(Instant::now());
         // Listing every pod is the costliest read of the emulator; a large fleet is polled
         // less often so the poll does not slow the simulator it waits for.
         let every = Duration::from_millis(100.max(total / 2));
-        eventually_every(settle_time(total), every, "every pod Ready on 1-27", || async {
-            let (old, new, ready) = h.revisions().await;
-            if said.get().elapsed() > Duration::from_secs(10) {
-                said.set(Instant::now());
-                println!(
-                    "{:.0}s: {old} pods on 1-27, {new} on 1-28, {ready} Ready of {total}",
-                    settle.elapsed().as_secs_f64()
-                );
-            }
-            (old == total && new == 0 && ready == total).then_some(())
-        })
+        eventually_every(
+            settle_time(total),
+            every,
+            "every pod Ready on 1-27",
+            || async {
+                let (old, new, ready) = h.revisions().await;
+                if said.get().elapsed() > Duration::from_secs(10) {
+                    said.set(Instant::now());
+                    println!(
+                        "{:.0}s: {old} pods on 1-27, {new} on 1-28, {ready} Ready of {total}",
+                        settle.elapsed().as_secs_f64()
+                    );
+                }
+                (old == total && new == 0 && ready == total).then_some(())
+            },
+        )
         .await;
         // One issuance window of telemetry after the initial pods, so their certificates are
         // not mistaken for background issuance during the upgrade.
-        tokio::time::sleep(ISSUANCE_WINDOW + Duration::from_secs(1)).await;
+        tokio::time::sleep(issuance_window + Duration::from_secs(1)).await;
         Some(h)
     }
 
@@ -304,7 +320,12 @@ impl Harness {
         let evict_client = Client::try_from(config).unwrap();
         let (fleet, watchers) = FleetCache::start(&self.client);
         let source =
-            reconcile::metrics_source(self.prometheus.url(), CLUSTER, ISSUANCE_WINDOW, false)
+            reconcile::metrics_source(
+                self.prometheus.url(),
+                CLUSTER,
+                self.issuance_window,
+                false,
+            )
                 .unwrap();
         let ctx = Arc::new(reconcile::Context::full(
             self.client.clone(),
