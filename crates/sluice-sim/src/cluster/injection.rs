@@ -163,9 +163,13 @@ pub fn status_annotation(revision: &str) -> String {
 
 /// The injecting revision recorded on a pod (from `sidecar.istio.io/status`), if injected.
 pub fn injected_revision(annotations: &BTreeMap<String, String>) -> Option<String> {
+    /// The one field read; the rest of the annotation is skipped without being built.
+    #[derive(serde::Deserialize)]
+    struct Status {
+        revision: Option<String>,
+    }
     let raw = annotations.get(STATUS_ANNOTATION)?;
-    let v: serde_json::Value = serde_json::from_str(raw).ok()?;
-    v.get("revision")?.as_str().map(str::to_string)
+    serde_json::from_str::<Status>(raw).ok()?.revision
 }
 
 /// Mutates `pod` as the injector of `revision` would: status and `istio.io/rev` annotations,

@@ -12,6 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use futures::StreamExt;
 use k8s_openapi::api::{
     admissionregistration::v1::MutatingWebhookConfiguration,
     apps::v1::Deployment,
@@ -20,7 +21,7 @@ use k8s_openapi::api::{
 use kube::{
     Api, Client, ResourceExt,
     api::{ListParams, PostParams},
-    runtime::watcher,
+    runtime::{WatchStreamExt, reflector, watcher},
 };
 use kube_emulator::Emulator;
 use serde_json::{Value, json};
@@ -97,6 +98,33 @@ pub fn three_tiers() -> Vec<NsSpec> {
             deployments: vec![("ledger", 4), ("api", 4)],
         },
     ]
+}
+
+/// Live pods among `pods`: (on 1-27, on 1-28, Ready).
+pub fn count_revisions<'a>(pods: impl Iterator<Item = &'a Pod>) -> (u64, u64, u64) {
+    let mut out = (0, 0, 0);
+    for p in pods.filter(|p| p.metadata.deletion_timestamp.is_none()) {
+        match p
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(injected_revision)
+            .as_deref()
+        {
+            Some("1-27") => out.0 += 1,
+            Some("1-28") => out.1 += 1,
+            _ => {}
+        }
+        let ready = p
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        if ready {
+            out.2 += 1;
+        }
+    }
+    out
 }
 
 pub fn pods_of(fleet: &[NsSpec]) -> u64 {
@@ -196,10 +224,7 @@ impl Harness {
     }
 
     /// [`Harness::given`], the operator measuring background issuance over `issuance_window`.
-    pub async fn given_with_window(
-        fleet: &[NsSpec],
-        issuance_window: Duration,
-    ) -> Option<Harness> {
+    pub async fn given_with_window(fleet: &[NsSpec], issuance_window: Duration) -> Option<Harness> {
         if !prerequisites() {
             return None;
         }
@@ -285,15 +310,26 @@ impl Harness {
         };
         let settle = Instant::now();
         let said = std::cell::Cell::new(Instant::now());
-        // Listing every pod is the costliest read of the emulator; a large fleet is polled
-        // less often so the poll does not slow the simulator it waits for.
-        let every = Duration::from_millis(100.max(total / 2));
+        // Counted from a watch cache: listing every pod of a large fleet is the costliest read
+        // of the emulator and would slow the simulator it waits for.
+        let (pods, writer) = reflector::store();
+        let watch = tokio::spawn(
+            reflector::reflector(
+                writer,
+                watcher(
+                    Api::<Pod>::all(h.client.clone()),
+                    watcher::Config::default(),
+                ),
+            )
+            .default_backoff()
+            .for_each(|_| async {}),
+        );
         eventually_every(
             settle_time(total),
-            every,
+            Duration::from_millis(250),
             "every pod Ready on 1-27",
             || async {
-                let (old, new, ready) = h.revisions().await;
+                let (old, new, ready) = count_revisions(pods.state().iter().map(|p| p.as_ref()));
                 if said.get().elapsed() > Duration::from_secs(10) {
                     said.set(Instant::now());
                     println!(
@@ -305,6 +341,7 @@ impl Harness {
             },
         )
         .await;
+        watch.abort();
         // One issuance window of telemetry after the initial pods, so their certificates are
         // not mistaken for background issuance during the upgrade.
         tokio::time::sleep(issuance_window + Duration::from_secs(1)).await;
@@ -320,12 +357,7 @@ impl Harness {
         let evict_client = Client::try_from(config).unwrap();
         let (fleet, watchers) = FleetCache::start(&self.client);
         let source =
-            reconcile::metrics_source(
-                self.prometheus.url(),
-                CLUSTER,
-                self.issuance_window,
-                false,
-            )
+            reconcile::metrics_source(self.prometheus.url(), CLUSTER, self.issuance_window, false)
                 .unwrap();
         let ctx = Arc::new(reconcile::Context::full(
             self.client.clone(),
@@ -454,39 +486,13 @@ impl Harness {
         }
     }
 
-    /// Live pods: (on 1-27, on 1-28, Ready).
+    /// Live pods: (on 1-27, on 1-28, Ready), listed fresh from the API.
     pub async fn revisions(&self) -> (u64, u64, u64) {
         let pods = Api::<Pod>::all(self.client.clone())
             .list(&ListParams::default())
             .await
             .unwrap();
-        let mut out = (0, 0, 0);
-        for p in pods
-            .items
-            .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-        {
-            match p
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(injected_revision)
-                .as_deref()
-            {
-                Some("1-27") => out.0 += 1,
-                Some("1-28") => out.1 += 1,
-                _ => {}
-            }
-            let ready = p
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-            if ready {
-                out.2 += 1;
-            }
-        }
-        out
+        count_revisions(pods.items.iter())
     }
 
     /// Pods of namespace `ns` by injected revision: (1-27, 1-28).
