@@ -12,37 +12,14 @@ const BUDGET: Duration = Duration::from_secs(115);
 
 #[test]
 fn canary_abort_scenario_aborts_and_reports_its_figures() {
-    if let Some(reason) = common::skip_reason() {
-        println!("skipping: {reason}");
+    let Some(run) = common::run_scenario("canary-abort", BUDGET) else {
         return;
-    }
-    if common::operators_flag() != "--operators=on" {
-        println!("skipping: the scenario needs the rollout-weights binary (cargo build --bins)");
-        return;
-    }
-    let mut run = common::start(&[
-        "--scenario",
-        "canary-abort",
-        "--until-done",
-        "--base-port",
-        "0",
-    ]);
-    let status = run.wait_exit(BUDGET);
-    let last = run.seen.last().cloned().unwrap_or_default();
-    assert!(status.success(), "exit {status:?}; last line: {last}");
-    let result: serde_json::Value = serde_json::from_str(&last)
-        .unwrap_or_else(|e| panic!("last line is not JSON ({e}): {last}"));
-    assert_eq!(result["scenario"], "canary-abort");
-    assert_eq!(result["outcome"], "pass", "{last}");
-    assert_eq!(result["failed_gate"], "error-ratio", "{last}");
-    let figure = |name: &str| {
-        result[name]
-            .as_u64()
-            .unwrap_or_else(|| panic!("{name} is not a number of ms: {last}"))
     };
-    let abort_latency = figure("abort_latency_ms");
-    let detect_to_revert = figure("detect_to_revert_ms");
-    let revert_verified = figure("revert_verified_ms");
+    let (result, last) = (&run.result, &run.last);
+    assert_eq!(result["failed_gate"], "error-ratio", "{last}");
+    let abort_latency = run.ms("abort_latency_ms");
+    let detect_to_revert = run.ms("detect_to_revert_ms");
+    let revert_verified = run.ms("revert_verified_ms");
     // The fault must first show in a 5 s window and fail its gate: the abort cannot precede it,
     // and the controller's own delay is a small part of what a user feels.
     assert!(
@@ -60,7 +37,8 @@ fn canary_abort_scenario_aborts_and_reports_its_figures() {
     let share = result["canary_share_after"]
         .as_f64()
         .expect("canary_share_after is a number");
-    assert!(share <= 0.001, "canary share after the revert {share}");
-    let left = run.leftovers();
-    assert!(left.is_empty(), "processes left behind: {left:?}");
+    assert!(
+        share <= 0.001,
+        "canary share after the revert {share}: {last}"
+    );
 }

@@ -12,28 +12,10 @@ const BUDGET: Duration = Duration::from_secs(118);
 
 #[test]
 fn canary_promote_scenario_promotes_step_by_step_and_hands_back() {
-    if let Some(reason) = common::skip_reason() {
-        println!("skipping: {reason}");
+    let Some(run) = common::run_scenario("canary-promote", BUDGET) else {
         return;
-    }
-    if common::operators_flag() != "--operators=on" {
-        println!("skipping: the scenario needs the rollout-weights binary (cargo build --bins)");
-        return;
-    }
-    let mut run = common::start(&[
-        "--scenario",
-        "canary-promote",
-        "--until-done",
-        "--base-port",
-        "0",
-    ]);
-    let status = run.wait_exit(BUDGET);
-    let last = run.seen.last().cloned().unwrap_or_default();
-    assert!(status.success(), "exit {status:?}; last line: {last}");
-    let result: serde_json::Value = serde_json::from_str(&last)
-        .unwrap_or_else(|e| panic!("last line is not JSON ({e}): {last}"));
-    assert_eq!(result["scenario"], "canary-promote");
-    assert_eq!(result["outcome"], "pass", "{last}");
+    };
+    let (result, last) = (&run.result, &run.last);
     assert_eq!(
         result["steps_passed"],
         serde_json::json!([1, 5, 25, 50]),
@@ -46,6 +28,4 @@ fn canary_promote_scenario_promotes_step_by_step_and_hands_back() {
     for name in ["promote_ms", "handback_ms", "argocd_sync_ms"] {
         assert!(result[name].as_u64().is_some(), "{name} missing: {last}");
     }
-    let left = run.leftovers();
-    assert!(left.is_empty(), "processes left behind: {left:?}");
 }

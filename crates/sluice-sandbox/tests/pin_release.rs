@@ -13,28 +13,10 @@ const BUDGET: Duration = Duration::from_secs(118);
 
 #[test]
 fn pin_release_pins_holds_reverts_in_git_and_releases() {
-    if let Some(reason) = common::skip_reason() {
-        println!("skipping: {reason}");
+    let Some(run) = common::run_scenario("pin-release", BUDGET) else {
         return;
-    }
-    if common::operators_flag() != "--operators=on" {
-        println!("skipping: the scenario needs the revert binary (cargo build --bins)");
-        return;
-    }
-    let mut run = common::start(&[
-        "--scenario",
-        "pin-release",
-        "--until-done",
-        "--base-port",
-        "0",
-    ]);
-    let status = run.wait_exit(BUDGET);
-    let last = run.seen.last().cloned().unwrap_or_default();
-    assert!(status.success(), "exit {status:?}; last line: {last}");
-    let result: serde_json::Value = serde_json::from_str(&last)
-        .unwrap_or_else(|e| panic!("last line is not JSON ({e}): {last}"));
-    assert_eq!(result["scenario"], "pin-release");
-    assert_eq!(result["outcome"], "pass", "{last}");
+    };
+    let (result, last) = (&run.result, &run.last);
     let pin_ms = result["pin_ms"].as_u64().expect("pin_ms is a number");
     assert!(
         pin_ms > 0 && pin_ms < 30_000,
@@ -61,6 +43,4 @@ fn pin_release_pins_holds_reverts_in_git_and_releases() {
         result["pinned_digest"], result["released_at_digest"],
         "release happens at the merged revert's own digest, not the pinned one: {last}"
     );
-    let left = run.leftovers();
-    assert!(left.is_empty(), "processes left behind: {left:?}");
 }

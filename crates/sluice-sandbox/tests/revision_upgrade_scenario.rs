@@ -11,30 +11,10 @@ const BUDGET: Duration = Duration::from_secs(115);
 
 #[test]
 fn revision_upgrade_completes_within_the_issuance_budget() {
-    if let Some(reason) = common::skip_reason() {
-        println!("skipping: {reason}");
+    let Some(run) = common::run_scenario("revision-upgrade", BUDGET) else {
         return;
-    }
-    if common::operators_flag() == "--operators=off" {
-        println!(
-            "skipping: the upgrade-revisions operator binary is not built next to the sandbox (cargo build --bins)"
-        );
-        return;
-    }
-    let mut run = common::start(&[
-        "--scenario",
-        "revision-upgrade",
-        "--until-done",
-        "--base-port",
-        "0",
-    ]);
-    let status = run.wait_exit(BUDGET);
-    let last = run.seen.last().cloned().unwrap_or_default();
-    assert!(status.success(), "exit {status:?}; last line: {last}");
-    let result: serde_json::Value = serde_json::from_str(&last)
-        .unwrap_or_else(|e| panic!("last line is not JSON ({e}): {last}"));
-    assert_eq!(result["scenario"], "revision-upgrade");
-    assert_eq!(result["outcome"], "pass", "{last}");
+    };
+    let (result, last) = (&run.result, &run.last);
     let ratio = result["peak_issuance_ratio"]
         .as_f64()
         .expect("peak_issuance_ratio is a number");

@@ -24,43 +24,19 @@ const BUDGET: Duration = Duration::from_secs(240);
 /// One sandbox at a time: two at once on a small machine double each other's start.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// Runs a scenario and returns its result line, or `None` (said why) when it cannot run here.
-fn run(name: &str) -> Option<serde_json::Value> {
-    if let Some(reason) = common::skip_reason() {
-        println!("skipping: {reason}");
-        return None;
-    }
-    if common::operators_flag() != "--operators=on" {
-        println!(
-            "skipping: the scenario needs the wave-gate and revert binaries (cargo build --bins)"
-        );
-        return None;
-    }
+/// Runs a scenario, one sandbox at a time, and returns its checked result, or `None` (said
+/// why) when it cannot run here.
+fn run(name: &str) -> Option<common::ScenarioResult> {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut run = common::start(&["--scenario", name, "--until-done", "--base-port", "0"]);
-    let status = run.wait_exit(BUDGET);
-    let last = run.seen.last().cloned().unwrap_or_default();
-    assert!(status.success(), "exit {status:?}; last line: {last}");
-    let result: serde_json::Value = serde_json::from_str(&last)
-        .unwrap_or_else(|e| panic!("last line is not JSON ({e}): {last}"));
-    assert_eq!(result["scenario"], name);
-    assert_eq!(result["outcome"], "pass", "{last}");
-    let left = run.leftovers();
-    assert!(left.is_empty(), "processes left behind: {left:?}");
-    Some(result)
-}
-
-fn figure(result: &serde_json::Value, name: &str) -> u64 {
-    result[name]
-        .as_u64()
-        .unwrap_or_else(|| panic!("{name} is not a number of ms: {result}"))
+    common::run_scenario(name, BUDGET)
 }
 
 #[test]
 fn waves_clean_crosses_both_sites_in_the_fleet_order() {
-    let Some(result) = run("waves-clean") else {
+    let Some(run) = run("waves-clean") else {
         return;
     };
+    let result = &run.result;
     // A time per wave, each at least its soak (2 s) on top of Argo CD's sync and the proxies'
     // convergence; then the total.
     let waves = [
@@ -70,11 +46,11 @@ fn waves_clean_crosses_both_sites_in_the_fleet_order() {
         "west_rest_ms",
     ];
     for w in waves {
-        let ms = figure(&result, w);
+        let ms = run.ms(w);
         assert!((2_000..60_000).contains(&ms), "{w} {ms}: {result}");
     }
-    let total = figure(&result, "total_ms");
-    let sequential = figure(&result, "east_canary_ms") + figure(&result, "west_one_per_site_ms");
+    let total = run.ms("total_ms");
+    let sequential = run.ms("east_canary_ms") + run.ms("west_one_per_site_ms");
     assert!(
         total >= sequential,
         "total_ms {total} is shorter than the canary and one-per-site waves in a row ({sequential}): {result}"
@@ -86,17 +62,18 @@ fn waves_clean_crosses_both_sites_in_the_fleet_order() {
 
 #[test]
 fn waves_breach_halts_in_wave_zero_and_pins_back() {
-    let Some(result) = run("waves-breach") else {
+    let Some(run) = run("waves-breach") else {
         return;
     };
+    let result = &run.result;
     assert_eq!(result["failed_gate"], "mesh-error-ratio", "{result}");
     assert!(
         result["failed_value"].as_f64().unwrap() > 0.01,
         "the failing ratio is recorded: {result}"
     );
-    let halt_to_pin = figure(&result, "halt_to_pin_ms");
-    let to_fail = figure(&result, "fault_to_fail_ms");
-    let reverted = figure(&result, "breach_to_reverted_ms");
+    let halt_to_pin = run.ms("halt_to_pin_ms");
+    let to_fail = run.ms("fault_to_fail_ms");
+    let reverted = run.ms("breach_to_reverted_ms");
     // The controller's own delay is a small part of what a user feels; the revert needs the Fail
     // verdict, the pin and revert's verification and apply, in that order.
     assert!(
@@ -111,7 +88,7 @@ fn waves_breach_halts_in_wave_zero_and_pins_back() {
         reverted < 60_000,
         "breach_to_reverted_ms {reverted}: {result}"
     );
-    let pinned = figure(&result, "breach_to_pinned_ms");
+    let pinned = run.ms("breach_to_pinned_ms");
     assert!(
         to_fail + halt_to_pin <= pinned,
         "revert applied the pin ({pinned} ms) before wave-gate created it: {result}"

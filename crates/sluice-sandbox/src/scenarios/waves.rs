@@ -32,10 +32,10 @@
 //! writes a decision, an Application, a BundlePin or a workload object: only Argo CD, wave-gate
 //! and revert do.
 //!
-//! The fault: the mesh simulator's request series carry `response_flags="-"` only (see
-//! `crates/sluice-sim/CONTRACT.md`), so it cannot attribute a failure to the mesh. The scenario
-//! therefore writes the mesh's failed requests beside the simulator's, in Istio's labels, with
-//! Envoy's `UT` flag (upstream request timeout) from a known instant.
+//! The fault is the mesh simulator's own (`crates/sluice-sim/CONTRACT.md`, mesh-attributed
+//! failures): from a known instant a share of `east-1`'s requests fail in the mesh with Envoy's
+//! `UT` flag (upstream request timeout), reported by the source proxy with
+//! `failure_origin="mesh"`; it is lifted once the previous bundle is back.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -52,6 +52,8 @@ use sluice_api::external::argocd::Application;
 use sluice_api::v1alpha1::bundle_pin::BundlePinPhase;
 use sluice_api::v1alpha1::wave_gate::{HaltReason, WaveState};
 use sluice_api::v1alpha1::{BundlePin, Verdict, WaveGate, WaveGatePhase};
+use sluice_sim::mesh::Event as MeshEvent;
+use sluice_sim::mesh::scenario::ResponseFlag;
 use sluice_testkit::prometheus::now_ms;
 use sluice_testkit::remote_write::Series;
 
@@ -88,11 +90,11 @@ pub const REST_WAVE: &str = "rest";
 pub const WAVE_PASSED_METRIC: &str = "sluice_wavegate_wave_passed";
 /// The drift exporter's gauge (sluice's contract; the simulator plays the exporter).
 pub const DRIFT_METRIC: &str = "sluice_drift_proxies_behind";
-/// Mesh-attributed failures per second during the breach (checkout sees 200 requests/s).
-pub const MESH_FAILURES_PER_SECOND: f64 = 30.0;
+/// Share of the canary cluster's requests the mesh fails during the breach.
+pub const MESH_FAILURE_RATIO: f64 = 0.15;
 /// The canary cluster of the fleet.
 pub const CANARY_CLUSTER: &str = "east-1";
-/// How often the platform's parts (drift exporter, global view, fault) act.
+/// How often the platform's parts (drift exporter, global view) act.
 pub const PLATFORM_TICK: Duration = Duration::from_millis(250);
 /// How often the breach is watched.
 pub const FAST_POLL: Duration = Duration::from_millis(20);
@@ -458,7 +460,7 @@ fn short(digest: &str) -> &str {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The platform around sluice: drift exporter, global metrics view, the fault.
+// The platform around sluice: drift exporter, global metrics view.
 
 /// What the platform's parts keep between ticks.
 #[derive(Debug, Default)]
@@ -467,8 +469,6 @@ struct PlatformState {
     commits: BTreeMap<String, String>,
     /// The revision each cluster last applied, as the drift exporter saw it.
     applied: BTreeMap<String, String>,
-    /// The fault: cluster, failures so far, when last counted.
-    fault: Option<(String, f64, Instant)>,
 }
 
 struct Platform<'a> {
@@ -482,12 +482,11 @@ impl Platform<'_> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs the drift exporter, the global metrics view and the fault until dropped.
+    /// Runs the drift exporter and the global metrics view until dropped.
     async fn run(&self) {
         loop {
             self.drift_exporter().await;
             self.global_view().await;
-            self.fault().await;
             tokio::time::sleep(PLATFORM_TICK).await;
         }
     }
@@ -563,32 +562,6 @@ impl Platform<'_> {
         if !series.is_empty() {
             let _ = self.sandbox.prometheus().write(&series).await;
         }
-    }
-
-    /// While a fault runs: the mesh's timed-out requests in the faulty cluster, counted at
-    /// [`MESH_FAILURES_PER_SECOND`] with Envoy's `UT` flag.
-    async fn fault(&self) {
-        let (cluster, count) = {
-            let mut state = self.lock();
-            let Some((cluster, count, last)) = state.fault.as_mut() else {
-                return;
-            };
-            *count += MESH_FAILURES_PER_SECOND * last.elapsed().as_secs_f64();
-            *last = Instant::now();
-            (cluster.clone(), *count)
-        };
-        let series = Series::new("istio_requests_total")
-            .label("cluster", cluster)
-            .label("reporter", "source")
-            .label("source_workload", "istio-ingressgateway")
-            .label("destination_service_name", STABLE)
-            .label("destination_service_namespace", SHOP)
-            .label("destination_version", "v2.13")
-            .label("destination_workload", STABLE)
-            .label("response_code", "504")
-            .label("response_flags", "UT")
-            .sample(now_ms(), count);
-        let _ = self.sandbox.prometheus().write(&[series]).await;
     }
 }
 
@@ -1167,10 +1140,20 @@ async fn breach(platform: &Platform<'_>) -> Result<Outcome, ScenarioError> {
     }
 
     // The fault, from a known instant.
+    let mesh = sandbox
+        .world(CANARY_CLUSTER)
+        .and_then(|w| w.mesh())
+        .ok_or_else(|| ScenarioError::Missing(format!("simulated mesh in {CANARY_CLUSTER}")))?;
     sandbox.say(format!(
-        "{CANARY_CLUSTER}: the change's {BREACH_TIMEOUT} request timeout is too short: the mesh now times out {MESH_FAILURES_PER_SECOND} checkout requests/s (Envoy flag UT)"
+        "{CANARY_CLUSTER}: the change's {BREACH_TIMEOUT} request timeout is too short: the mesh now times out {:.0}% of its requests (Envoy flag UT)",
+        MESH_FAILURE_RATIO * 100.0
     ));
-    platform.lock().fault = Some((CANARY_CLUSTER.to_string(), 0.0, Instant::now()));
+    mesh.apply_now(MeshEvent {
+        cluster: Some(CANARY_CLUSTER.into()),
+        mesh_failure_ratio: Some(MESH_FAILURE_RATIO),
+        mesh_failure_flag: Some(ResponseFlag::UT),
+        ..Default::default()
+    });
     let fault = Instant::now();
 
     // Watch the verdict, the pin and the route in the canary cluster closely.
@@ -1223,7 +1206,11 @@ async fn breach(platform: &Platform<'_>) -> Result<Outcome, ScenarioError> {
     }
 
     // The mesh recovers with the previous config.
-    platform.lock().fault = None;
+    mesh.apply_now(MeshEvent {
+        cluster: Some(CANARY_CLUSTER.into()),
+        mesh_failure_ratio: Some(0.0),
+        ..Default::default()
+    });
     let halted = loop {
         let g = gates.get(&site.name).await.ok();
         if let Some(g) = g

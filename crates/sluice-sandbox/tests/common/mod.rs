@@ -348,3 +348,46 @@ impl Running {
         out
     }
 }
+
+/// A finished scenario run whose result was checked: exit 0, the JSON last line names the
+/// scenario and says `pass`, and nothing it started is left running.
+pub struct ScenarioResult {
+    /// The JSON result line.
+    pub result: serde_json::Value,
+    /// The result line as printed, for messages.
+    pub last: String,
+}
+
+impl ScenarioResult {
+    /// A figure in milliseconds; panics naming it when it is missing or not a number.
+    pub fn ms(&self, name: &str) -> u64 {
+        self.result[name]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{name} is not a number of ms: {}", self.last))
+    }
+}
+
+/// Runs `sluice-sandbox --scenario <name> --until-done` on free ports within `budget` and checks
+/// what every scenario promises (see [`ScenarioResult`]). `None`, with the reason printed, when
+/// the sandbox's prerequisites or the operator binaries are missing here.
+pub fn run_scenario(name: &str, budget: Duration) -> Option<ScenarioResult> {
+    if let Some(reason) = skip_reason() {
+        println!("skipping: {reason}");
+        return None;
+    }
+    if operators_flag() != "--operators=on" {
+        println!("skipping: scenario {name} needs the operator binaries (cargo build --bins)");
+        return None;
+    }
+    let mut run = start(&["--scenario", name, "--until-done", "--base-port", "0"]);
+    let status = run.wait_exit(budget);
+    let last = run.seen.last().cloned().unwrap_or_default();
+    assert!(status.success(), "exit {status:?}; last line: {last}");
+    let result: serde_json::Value = serde_json::from_str(&last)
+        .unwrap_or_else(|e| panic!("last line is not JSON ({e}): {last}"));
+    assert_eq!(result["scenario"], name, "{last}");
+    assert_eq!(result["outcome"], "pass", "{last}");
+    let left = run.leftovers();
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+    Some(ScenarioResult { result, last })
+}
