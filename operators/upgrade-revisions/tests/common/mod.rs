@@ -326,7 +326,7 @@ impl Harness {
         );
         eventually_every(
             settle_time(total),
-            Duration::from_millis(250),
+            Duration::from_millis(100.max(total / 40)),
             "every pod Ready on 1-27",
             || async {
                 let (old, new, ready) = count_revisions(pods.state().iter().map(|p| p.as_ref()));
