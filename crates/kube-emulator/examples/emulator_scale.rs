@@ -2,7 +2,7 @@
 //! (counts overridable) with several watchers open, printing memory, write throughput, list
 //! latency and watch delivery latency.
 //!
-//! Run: `cargo run --release -p kube-emulator --example scale [-- ROLLOUTS ROUTES PODS]`.
+//! Run: `cargo run --release -p kube-emulator --example emulator_scale [-- ROLLOUTS ROUTES PODS]`.
 //! A benchmark binary, not a test: it prints figures and asserts nothing about time.
 
 use std::sync::Arc;
