@@ -127,16 +127,6 @@ impl Table {
         self.objects.get(&(ns.to_string(), name.to_string()))
     }
 
-    /// Number of objects stored.
-    pub fn len(&self) -> usize {
-        self.objects.len()
-    }
-
-    /// Whether no object is stored.
-    pub fn is_empty(&self) -> bool {
-        self.objects.is_empty()
-    }
-
     fn index(&mut self, k: &(String, String), obj: &Value, add: bool) {
         let Some(labels) = obj.pointer("/metadata/labels").and_then(Value::as_object) else {
             return;
@@ -157,8 +147,10 @@ impl Table {
 
     fn insert(&mut self, k: (String, String), obj: Arc<Value>) -> Option<Arc<Value>> {
         let prev = self.objects.insert(k.clone(), obj.clone());
-        let labels = |o: &Value| o.pointer("/metadata/labels").cloned();
-        if prev.as_deref().map(labels) != Some(labels(&obj)) {
+        let unchanged = prev
+            .as_deref()
+            .is_some_and(|p| p.pointer("/metadata/labels") == obj.pointer("/metadata/labels"));
+        if !unchanged {
             if let Some(p) = &prev {
                 self.index(&k, p, false);
             }
