@@ -21,6 +21,7 @@ use kube::{Api, ResourceExt};
 use kube_emulator::Emulator;
 use serde_json::json;
 use sluice_sim::cluster::ClusterTasks;
+use sluice_sim::cluster::pods::{is_ready, is_terminating};
 use sluice_sim::{ClusterConfig, SvidCounter};
 
 fn arg<T: std::str::FromStr>(i: usize, default: T) -> T {
@@ -30,28 +31,43 @@ fn arg<T: std::str::FromStr>(i: usize, default: T) -> T {
         .unwrap_or(default)
 }
 
-fn is_ready(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-/// (live pods, Ready live pods, live pods whose uid is not in `old`), from a watch cache (a
+/// (Ready live pods, live pods whose uid is not in `old`), from a watch cache (a
 /// list of every pod twice a second would cost the emulator more than the simulator does).
-fn count(store: &Store<Pod>, old: &HashSet<String>) -> (usize, usize, usize) {
+fn count(store: &Store<Pod>, old: &HashSet<String>) -> (usize, usize) {
     let pods = store.state();
     let live: Vec<&Pod> = pods
         .iter()
         .map(|p| p.as_ref())
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| !is_terminating(p))
         .collect();
     let ready = live.iter().filter(|p| is_ready(p)).count();
     let fresh = live
         .iter()
         .filter(|p| !old.contains(&p.uid().unwrap_or_default()))
         .count();
-    (live.len(), ready, fresh)
+    (ready, fresh)
+}
+
+/// Waits until `total` live pods not in `old` exist and all are Ready; returns the time from
+/// `started` until they all existed and until they were all Ready.
+async fn settle(
+    store: &Store<Pod>,
+    old: &HashSet<String>,
+    total: usize,
+    started: Instant,
+) -> (Duration, Duration) {
+    let mut created_at = None;
+    loop {
+        let (ready, fresh) = count(store, old);
+        if created_at.is_none() && fresh == total {
+            created_at = Some(started.elapsed());
+        }
+        if fresh == total && ready == total {
+            let up = started.elapsed();
+            return (created_at.unwrap_or(up), up);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 #[tokio::main]
@@ -109,20 +125,7 @@ async fn main() {
         .default_backoff()
         .for_each(|_| async {}),
     );
-    let none = Default::default();
-    let mut created_at = None;
-    loop {
-        let (live, ready, _) = count(&store, &none);
-        if created_at.is_none() && live == total {
-            created_at = Some(started.elapsed());
-        }
-        if ready == total {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let up = started.elapsed();
-    let created = created_at.unwrap_or(up);
+    let (created, up) = settle(&store, &HashSet::new(), total, started).await;
     println!(
         "initial: all created in {:.1}s ({:.0} pods/s), all Ready in {:.1}s ({:.0} pods/s)",
         created.as_secs_f64(),
@@ -131,18 +134,15 @@ async fn main() {
         total as f64 / up.as_secs_f64()
     );
 
-    let pods: Api<Pod> = Api::all(client.clone());
-    let old: HashSet<String> = pods
+    let pods = Api::<Pod>::all(client.clone())
         .list(&ListParams::default())
         .await
         .unwrap()
-        .items
-        .iter()
-        .filter_map(|p| p.uid())
-        .collect();
+        .items;
+    let old: HashSet<String> = pods.iter().filter_map(|p| p.uid()).collect();
     let started = Instant::now();
     // 32 deletes in flight, as an operator evicting at a high rate would have.
-    futures::stream::iter(pods.list(&ListParams::default()).await.unwrap().items)
+    futures::stream::iter(pods)
         .for_each_concurrent(32, |p| {
             let client = client.clone();
             async move {
@@ -154,19 +154,7 @@ async fn main() {
         })
         .await;
     let deleted = started.elapsed();
-    let mut created_at = None;
-    loop {
-        let (_, ready, fresh) = count(&store, &old);
-        if created_at.is_none() && fresh == total {
-            created_at = Some(started.elapsed());
-        }
-        if fresh == total && ready == total {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let up = started.elapsed();
-    let created = created_at.unwrap_or(up);
+    let (created, up) = settle(&store, &old, total, started).await;
     println!(
         "replacement: deletes took {:.1}s; all replacements created in {:.1}s ({:.0} pods/s), all Ready in {:.1}s ({:.0} pods/s)",
         deleted.as_secs_f64(),

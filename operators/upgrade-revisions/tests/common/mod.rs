@@ -31,6 +31,7 @@ use sluice_runtime::{
     leader::Leadership,
     operator::{Hooks, drive},
 };
+use sluice_sim::cluster::pods::is_ready;
 use sluice_sim::{ClusterConfig, Scenario, SvidCounter, World};
 use sluice_testkit::prometheus::Prometheus;
 use sluice_upgrade_revisions::{
@@ -115,12 +116,7 @@ pub fn count_revisions<'a>(pods: impl Iterator<Item = &'a Pod>) -> (u64, u64, u6
             Some("1-28") => out.1 += 1,
             _ => {}
         }
-        let ready = p
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-        if ready {
+        if is_ready(p) {
             out.2 += 1;
         }
     }
@@ -501,25 +497,8 @@ impl Harness {
             .list(&ListParams::default())
             .await
             .unwrap();
-        let mut out = (0, 0);
-        for p in pods
-            .items
-            .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-        {
-            match p
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(injected_revision)
-                .as_deref()
-            {
-                Some("1-27") => out.0 += 1,
-                Some("1-28") => out.1 += 1,
-                _ => {}
-            }
-        }
-        out
+        let (old, new, _) = count_revisions(pods.items.iter());
+        (old, new)
     }
 
     pub async fn namespace_tag(&self, ns: &str) -> Option<String> {
