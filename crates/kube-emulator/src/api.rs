@@ -642,15 +642,7 @@ impl State {
         let mut items = Vec::new();
         let mut remaining = 0;
         let mut last = None;
-        let candidates = t
-            .iter_labelled(ns, &required)
-            .unwrap_or_else(|| t.iter_ns(ns));
-        for obj in candidates {
-            if let Some(a) = &after
-                && key_of(obj) <= *a
-            {
-                continue;
-            }
+        for (key, obj) in t.iter_keyed(ns, &required, after.as_ref()) {
             if !matches(obj) {
                 continue;
             }
@@ -658,15 +650,15 @@ impl State {
                 remaining += 1;
                 continue;
             }
-            last = Some(key_of(obj));
+            last = Some(key);
             items.push(obj.clone());
         }
-        drop(r);
         let continue_token = if remaining > 0 {
             last.map(|(ns, n)| hex(&format!("{ns}\u{0}{n}")))
         } else {
             None
         };
+        drop(r);
         let items = items.iter().map(|o| Self::present(&req.rt, o)).collect();
         Ok(ListResult {
             items,
@@ -1134,14 +1126,6 @@ impl State {
                 .cloned()
                 .collect()
         };
-        let owns = |o: &Value| {
-            o.pointer("/metadata/ownerReferences")
-                .and_then(Value::as_array)
-                .is_some_and(|refs| {
-                    refs.iter()
-                        .any(|r| r.get("uid").and_then(Value::as_str) == Some(uid))
-                })
-        };
         let mut dependents = Vec::new();
         {
             let r = self.store.read();
@@ -1154,9 +1138,10 @@ impl State {
                 };
                 if let Some(tb) = r.table(&t.table()) {
                     dependents.extend(
-                        tb.iter_ns(ns)
-                            .filter(|o| owns(o))
-                            .map(|o| (t.clone(), key_of(o))),
+                        tb.owned_by(uid)
+                            .into_iter()
+                            .filter(|(n, _)| ns.is_none_or(|ns| n == ns))
+                            .map(|k| (t.clone(), k)),
                     );
                 }
             }

@@ -60,6 +60,9 @@ pub struct Table {
     /// (label key, label value) → (namespace, name) of the objects carrying that label, so a
     /// list by an equality selector reads its matches instead of the whole resource.
     by_label: HashMap<(String, String), BTreeSet<(String, String)>>,
+    /// Owner uid → (namespace, name) of the objects whose `ownerReferences` name it, so the
+    /// garbage collector finds an owner's dependents without reading every object.
+    by_owner: HashMap<String, BTreeSet<(String, String)>>,
     history: VecDeque<Arc<Event>>,
     /// Events at or below this resourceVersion are no longer in the history.
     compacted: u64,
@@ -76,6 +79,7 @@ impl Table {
         Table {
             objects: BTreeMap::new(),
             by_label: HashMap::new(),
+            by_owner: HashMap::new(),
             history: VecDeque::new(),
             compacted: 0,
             tx: broadcast::channel(CHANNEL_CAPACITY).0,
@@ -98,28 +102,43 @@ impl Table {
         }
     }
 
-    /// Objects carrying every `(key, value)` label of `labels`, in one namespace (or all when
-    /// `ns` is `None`), in (namespace, name) order; `None` when `labels` is empty (no index
-    /// narrows the search: iterate [`Table::iter_ns`]). Callers still match the whole selector.
-    pub fn iter_labelled<'a>(
+    /// Objects carrying every `(key, value)` label of `labels` (every object when `labels` is
+    /// empty), in one namespace (or all when `ns` is `None`), in (namespace, name) order, with
+    /// their keys, starting strictly after `after` (a list's continue key), so a page costs its
+    /// own length and not the whole resource. Callers still match the whole selector.
+    pub fn iter_keyed<'a>(
         &'a self,
         ns: Option<&'a str>,
         labels: &[(String, String)],
-    ) -> Option<Box<dyn Iterator<Item = &'a Arc<Value>> + 'a>> {
+        after: Option<&(String, String)>,
+    ) -> Box<dyn Iterator<Item = (&'a (String, String), &'a Arc<Value>)> + 'a> {
+        use std::ops::Bound;
+        let lower = match (after, ns) {
+            (Some(a), Some(ns)) if a.0.as_str() < ns => {
+                Bound::Included((ns.to_string(), String::new()))
+            }
+            (Some(a), _) => Bound::Excluded(a.clone()),
+            (None, Some(ns)) => Bound::Included((ns.to_string(), String::new())),
+            (None, None) => Bound::Unbounded,
+        };
+        let in_ns = move |k: &(String, String)| ns.is_none_or(|ns| k.0 == ns);
         static EMPTY: BTreeSet<(String, String)> = BTreeSet::new();
         let narrowest = labels
             .iter()
             .map(|l| self.by_label.get(l).unwrap_or(&EMPTY))
-            .min_by_key(|set| set.len())?;
-        let keys: Box<dyn Iterator<Item = &'a (String, String)> + 'a> = match ns {
-            None => Box::new(narrowest.iter()),
-            Some(ns) => Box::new(
-                narrowest
-                    .range((ns.to_string(), String::new())..)
-                    .take_while(move |(n, _)| n == ns),
+            .min_by_key(|set| set.len());
+        match narrowest {
+            None => Box::new(
+                self.objects
+                    .range((lower, Bound::Unbounded))
+                    .take_while(move |(k, _)| in_ns(k)),
             ),
-        };
-        Some(Box::new(keys.filter_map(|k| self.objects.get(k))))
+            Some(set) => Box::new(
+                set.range((lower, Bound::Unbounded))
+                    .take_while(move |k| in_ns(k))
+                    .filter_map(|k| self.objects.get_key_value(k)),
+            ),
+        }
     }
 
     /// The object at (namespace, name).
@@ -145,16 +164,47 @@ impl Table {
         }
     }
 
+    fn index_owners(&mut self, k: &(String, String), obj: &Value, add: bool) {
+        for uid in owner_uids(obj) {
+            if add {
+                self.by_owner
+                    .entry(uid.to_string())
+                    .or_default()
+                    .insert(k.clone());
+            } else if let Some(set) = self.by_owner.get_mut(uid) {
+                set.remove(k);
+                if set.is_empty() {
+                    self.by_owner.remove(uid);
+                }
+            }
+        }
+    }
+
+    /// (namespace, name) of the objects with an owner reference to `uid`.
+    pub fn owned_by(&self, uid: &str) -> Vec<(String, String)> {
+        self.by_owner
+            .get(uid)
+            .map(|set| set.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
     fn insert(&mut self, k: (String, String), obj: Arc<Value>) -> Option<Arc<Value>> {
         let prev = self.objects.insert(k.clone(), obj.clone());
-        let unchanged = prev
-            .as_deref()
-            .is_some_and(|p| p.pointer("/metadata/labels") == obj.pointer("/metadata/labels"));
-        if !unchanged {
+        let same = |ptr: &str| {
+            prev.as_deref()
+                .is_some_and(|p| p.pointer(ptr) == obj.pointer(ptr))
+        };
+        if !same("/metadata/labels") {
             if let Some(p) = &prev {
                 self.index(&k, p, false);
             }
             self.index(&k, &obj, true);
+        }
+        if !same("/metadata/ownerReferences") {
+            if let Some(p) = &prev {
+                self.index_owners(&k, p, false);
+            }
+            self.index_owners(&k, &obj, true);
         }
         prev
     }
@@ -162,6 +212,7 @@ impl Table {
     fn take(&mut self, k: &(String, String)) -> Option<Arc<Value>> {
         let old = self.objects.remove(k)?;
         self.index(k, &old, false);
+        self.index_owners(k, &old, false);
         Some(old)
     }
 
@@ -190,6 +241,15 @@ pub struct Inner {
     rv: u64,
     tables: HashMap<TableKey, Table>,
     history_limit: usize,
+}
+
+/// The uids an object's `ownerReferences` name.
+fn owner_uids(obj: &Value) -> impl Iterator<Item = &str> {
+    obj.pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r.get("uid").and_then(Value::as_str))
 }
 
 /// Reads `metadata.namespace`/`metadata.name`.
@@ -380,5 +440,70 @@ mod tests {
             Some(0),
             "no event of a new resource was ever dropped"
         );
+    }
+
+    fn names<'a>(it: impl Iterator<Item = (&'a (String, String), &'a Arc<Value>)>) -> Vec<String> {
+        it.map(|(k, _)| format!("{}/{}", k.0, k.1)).collect()
+    }
+
+    #[test]
+    fn a_page_starts_after_its_continue_key_in_and_across_namespaces() {
+        let store = Store::new(10);
+        let mut w = store.write();
+        for (ns, n, app) in [
+            ("a", "1", "web"),
+            ("a", "2", "db"),
+            ("b", "1", "web"),
+            ("b", "2", "web"),
+            ("c", "1", "web"),
+        ] {
+            w.put(
+                &key(),
+                json!({"metadata": {"name": n, "namespace": ns, "labels": {"app": app}}}),
+            );
+        }
+        let t = w.table(&key()).unwrap();
+        let web = [("app".to_string(), "web".to_string())];
+        let after = |ns: &str, n: &str| (ns.to_string(), n.to_string());
+        assert_eq!(
+            names(t.iter_keyed(None, &[], Some(&after("a", "2")))),
+            ["b/1", "b/2", "c/1"]
+        );
+        assert_eq!(
+            names(t.iter_keyed(None, &web, Some(&after("a", "1")))),
+            ["b/1", "b/2", "c/1"]
+        );
+        assert_eq!(
+            names(t.iter_keyed(Some("b"), &web, Some(&after("b", "1")))),
+            ["b/2"]
+        );
+        // A key before the namespace starts at its first object; one past it yields nothing.
+        assert_eq!(
+            names(t.iter_keyed(Some("b"), &[], Some(&after("a", "9")))),
+            ["b/1", "b/2"]
+        );
+        assert!(names(t.iter_keyed(Some("b"), &web, Some(&after("c", "0")))).is_empty());
+        assert_eq!(names(t.iter_keyed(Some("a"), &web, None)), ["a/1"]);
+    }
+
+    #[test]
+    fn the_owner_index_follows_changed_and_removed_owner_references() {
+        let store = Store::new(10);
+        let mut w = store.write();
+        let owned = |uid: &str| json!({"metadata": {"name": "p", "namespace": "n", "ownerReferences": [{"uid": uid}]}});
+        w.put(&key(), owned("u1"));
+        assert_eq!(
+            w.table(&key()).unwrap().owned_by("u1"),
+            [("n".to_string(), "p".to_string())]
+        );
+        w.put(&key(), owned("u2"));
+        let t = w.table(&key()).unwrap();
+        assert!(
+            t.owned_by("u1").is_empty(),
+            "the old owner no longer lists it"
+        );
+        assert_eq!(t.owned_by("u2").len(), 1);
+        w.remove(&key(), "n", "p");
+        assert!(w.table(&key()).unwrap().owned_by("u2").is_empty());
     }
 }

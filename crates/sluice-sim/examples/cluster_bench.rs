@@ -4,7 +4,8 @@
 //! every replacement is created and until every replacement is Ready, in pods per second.
 //!
 //! `cargo run [--release] -p sluice-sim --example cluster_bench -- [workloads] [replicas]`
-//! (defaults 200 × 10). Workloads are spread over 20 namespaces.
+//! (defaults 200 × 10). Workloads are spread over 20 namespaces. `BENCH_VERBOSE=1` prints the
+//! counts every 5 s.
 
 use std::time::{Duration, Instant};
 
@@ -57,8 +58,17 @@ async fn settle(
     started: Instant,
 ) -> (Duration, Duration) {
     let mut created_at = None;
+    let verbose = std::env::var_os("BENCH_VERBOSE").is_some();
+    let mut said = Instant::now();
     loop {
         let (ready, fresh) = count(store, old);
+        if verbose && said.elapsed() >= Duration::from_secs(5) {
+            said = Instant::now();
+            println!(
+                "{:>6.1}s: {fresh} of {total} created, {ready} Ready",
+                started.elapsed().as_secs_f64()
+            );
+        }
         if created_at.is_none() && fresh == total {
             created_at = Some(started.elapsed());
         }

@@ -15,6 +15,7 @@ use super::rolling::{
 };
 use super::{ClusterConfig, ClusterError, SvidCounter};
 use futures::StreamExt;
+use futures::channel::mpsc;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -23,8 +24,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{Selector, SelectorExt};
-use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::controller::{Action, Config as ControllerConfig};
+use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
@@ -36,6 +37,9 @@ use tokio::task::JoinHandle;
 
 /// How long a failed reconcile waits before retrying.
 const RETRY: Duration = Duration::from_secs(1);
+
+/// Reconciles in flight per controller.
+const WORKERS: u16 = 16;
 
 /// The running cluster-behaviour tasks of one cluster. Dropping it aborts them.
 #[derive(Debug)]
@@ -56,12 +60,16 @@ impl ClusterTasks {
             next_node: AtomicUsize::new(0),
         });
         let wc = watcher::Config::default;
-        let pods: Api<Pod> = Api::all(client.clone());
+        // Bounded like kube-controller-manager's workers (`--concurrent-*-syncs`), so a fleet
+        // of tens of thousands of pods cannot open a connection per pending reconcile.
+        let workers = || ControllerConfig::default().concurrency(WORKERS);
+        let mut feed = PodFeed::new(client.clone());
         let mut handles = Vec::new();
         if config.kubelet {
             let c = ctx.clone();
             handles.push(tokio::spawn(
-                Controller::new(pods.clone(), wc())
+                Controller::for_shared_stream(feed.subscribe(), feed.store())
+                    .with_config(workers())
                     .run(reconcile_kubelet, error_policy, c)
                     .for_each(|_| async {}),
             ));
@@ -69,19 +77,22 @@ impl ClusterTasks {
         if config.workloads {
             handles.push(tokio::spawn(
                 Controller::new(Api::<Deployment>::all(client.clone()), wc())
-                    .owns(pods.clone(), wc())
+                    .owns_shared_stream(feed.subscribe())
+                    .with_config(workers())
                     .run(reconcile_deployment, error_policy, ctx.clone())
                     .for_each(|_| async {}),
             ));
             handles.push(tokio::spawn(
                 Controller::new(Api::<StatefulSet>::all(client.clone()), wc())
-                    .owns(pods.clone(), wc())
+                    .owns_shared_stream(feed.subscribe())
+                    .with_config(workers())
                     .run(reconcile_statefulset, error_policy, ctx.clone())
                     .for_each(|_| async {}),
             ));
             handles.push(tokio::spawn(
                 Controller::new(Api::<DaemonSet>::all(client.clone()), wc())
-                    .owns(pods.clone(), wc())
+                    .owns_shared_stream(feed.subscribe())
+                    .with_config(workers())
                     .run(reconcile_daemonset, error_policy, ctx.clone())
                     .for_each(|_| async {}),
             ));
@@ -96,7 +107,7 @@ impl ClusterTasks {
             let store = controller.store();
             handles.push(tokio::spawn(
                 controller
-                    .watches(pods.clone(), wc(), move |pod: Pod| {
+                    .watches_shared_stream(feed.subscribe(), move |pod: Arc<Pod>| {
                         let labels = pod.labels().clone();
                         let ns = pod.namespace();
                         store
@@ -106,10 +117,12 @@ impl ClusterTasks {
                             .map(|pdb| ObjectRef::from_obj(&*pdb))
                             .collect::<Vec<_>>()
                     })
+                    .with_config(workers())
                     .run(reconcile_pdb, error_policy, ctx.clone())
                     .for_each(|_| async {}),
             ));
         }
+        handles.push(feed.run());
         Self { handles, svid }
     }
 
@@ -148,6 +161,70 @@ impl Ctx {
         }
         let i = self.next_node.fetch_add(1, Ordering::Relaxed) % self.config.nodes.len();
         Some(self.config.nodes[i].clone())
+    }
+}
+
+/// One watch of every pod, shared by the simulator's controllers as kube-controller-manager's
+/// informers are: one cache and one decode per event, however many controllers look at pods.
+/// Every changed pod, deleted ones included (a Deployment replaces what was deleted), goes to
+/// each subscriber.
+struct PodFeed {
+    client: Client,
+    reader: Store<Pod>,
+    writer: Option<Writer<Pod>>,
+    subscribers: Vec<mpsc::UnboundedSender<Arc<Pod>>>,
+}
+
+impl PodFeed {
+    fn new(client: Client) -> Self {
+        let (reader, writer) = reflector::store();
+        Self {
+            client,
+            reader,
+            writer: Some(writer),
+            subscribers: Vec::new(),
+        }
+    }
+
+    /// The shared cache of every pod.
+    fn store(&self) -> Store<Pod> {
+        self.reader.clone()
+    }
+
+    /// A stream of every pod that changes from now on.
+    fn subscribe(&mut self) -> mpsc::UnboundedReceiver<Arc<Pod>> {
+        let (tx, rx) = mpsc::unbounded();
+        self.subscribers.push(tx);
+        rx
+    }
+
+    /// Starts the watch; subscribe first.
+    fn run(&mut self) -> JoinHandle<()> {
+        use kube::runtime::WatchStreamExt;
+        let writer = self.writer.take().expect("a pod feed runs once");
+        let subscribers = std::mem::take(&mut self.subscribers);
+        let stream = reflector::reflector(
+            writer,
+            watcher(
+                Api::<Pod>::all(self.client.clone()),
+                watcher::Config::default(),
+            ),
+        )
+        .default_backoff();
+        tokio::spawn(stream.for_each(move |event| {
+            if let Ok(
+                watcher::Event::Apply(pod)
+                | watcher::Event::InitApply(pod)
+                | watcher::Event::Delete(pod),
+            ) = event
+            {
+                let pod = Arc::new(pod);
+                for tx in &subscribers {
+                    let _ = tx.unbounded_send(pod.clone());
+                }
+            }
+            async {}
+        }))
     }
 }
 
