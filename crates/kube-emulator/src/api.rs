@@ -167,6 +167,7 @@ impl PatchKind {
     }
 }
 
+#[derive(Clone, Copy)]
 enum Op {
     Create,
     Update,
@@ -703,8 +704,26 @@ impl State {
         inner.get(&table("", "namespaces"), "", ns).is_some()
     }
 
-    /// The single write path for create, update and patch.
+    /// The single write path for create, update and patch. The new object is computed from a
+    /// snapshot of the live one outside the store's lock (managed fields, validation and the
+    /// no-op check cost far more than the commit), and committed only if the live object is
+    /// still that snapshot; otherwise the write is computed again from the newer one, as an
+    /// API server's guaranteed update retries.
     fn write(&self, req: &Req, op: Op, body: Value) -> Result<(bool, Arc<Value>), ApiError> {
+        loop {
+            if let Some(done) = self.attempt_write(req, op, &body)? {
+                return Ok(done);
+            }
+        }
+    }
+
+    /// One attempt of [`State::write`]; `None` when another write committed first.
+    fn attempt_write(
+        &self,
+        req: &Req,
+        op: Op,
+        body: &Value,
+    ) -> Result<Option<(bool, Arc<Value>)>, ApiError> {
         let rt = req.rt.clone();
         let key = rt.table();
         let scope = req.scope();
@@ -723,8 +742,7 @@ impl State {
                 "the request body for {qualified} must be a JSON object"
             )));
         }
-        let mut inner = self.store.write();
-        if rt.namespaced && !Self::namespace_exists(&inner, &req.namespace) {
+        if rt.namespaced && !Self::namespace_exists(&self.store.read(), &req.namespace) {
             return Err(ApiError::not_found("namespaces", &req.namespace));
         }
         // Name of the object written.
@@ -785,7 +803,7 @@ impl State {
         } else {
             String::new()
         };
-        let live = inner.get(&key, &ns, &name);
+        let live = self.store.read().get(&key, &ns, &name);
         let shape_schema = rt.schema.clone();
         let shape = Shape::root(shape_schema.as_deref());
         let w = Write {
@@ -806,7 +824,7 @@ impl State {
                 if scope == Scope::StatusOnly {
                     return Err(ApiError::not_found(&qualified, &name));
                 }
-                body
+                body.clone()
             }
             Op::Update => {
                 let Some(l) = &live else {
@@ -823,7 +841,7 @@ impl State {
                 if !body_rv.is_empty() && body_rv != live_rv {
                     return Err(ApiError::stale(&qualified, &name));
                 }
-                body
+                body.clone()
             }
             Op::Patch(kind) => match kind {
                 PatchKind::Apply => {
@@ -850,7 +868,7 @@ impl State {
                         }
                     }
                     let force = req.q("force") == Some("true");
-                    managed::apply(live.as_deref(), &body, shape, &w, force)?
+                    managed::apply(live.as_deref(), body, shape, &w, force)?
                 }
                 other => {
                     let Some(l) = &live else {
@@ -858,9 +876,9 @@ impl State {
                     };
                     let mut v = (**l).clone();
                     match other {
-                        PatchKind::Merge => patch::merge_patch(&mut v, &body),
-                        PatchKind::Json => patch::json_patch(&mut v, &body)?,
-                        _ => patch::strategic_merge(&mut v, &body),
+                        PatchKind::Merge => patch::merge_patch(&mut v, body),
+                        PatchKind::Json => patch::json_patch(&mut v, body)?,
+                        _ => patch::strategic_merge(&mut v, body),
                     }
                     let patched_rv = v
                         .pointer("/metadata/resourceVersion")
@@ -962,6 +980,28 @@ impl State {
             })?;
             Self::compile_crd(&name, &types)?;
         }
+        // A write that changes nothing is not a write.
+        let unchanged = live.as_ref().is_some_and(|l| {
+            let mut probe = new.clone();
+            probe["metadata"]["resourceVersion"] = l["metadata"]["resourceVersion"].clone();
+            probe == **l
+        });
+        let mut inner = self.store.write();
+        let current = inner.get(&key, &ns, &name);
+        let same = match (&current, &live) {
+            (Some(c), Some(l)) => Arc::ptr_eq(c, l),
+            (None, None) => true,
+            _ => false,
+        };
+        if !same || (rt.namespaced && !Self::namespace_exists(&inner, &req.namespace)) {
+            // Raced with another write (or the namespace went): compute again.
+            drop(inner);
+            return if same {
+                Err(ApiError::not_found("namespaces", &req.namespace))
+            } else {
+                Ok(None)
+            };
+        }
         self.admit(
             &inner,
             &req.user,
@@ -974,16 +1014,11 @@ impl State {
             live.as_deref(),
             req.dry_run(),
         )?;
-        // A write that changes nothing is not a write.
-        if let Some(l) = &live {
-            let mut probe = new.clone();
-            probe["metadata"]["resourceVersion"] = l["metadata"]["resourceVersion"].clone();
-            if probe == **l {
-                return Ok((false, Self::present(&rt, l)));
-            }
+        if let (true, Some(l)) = (unchanged, &live) {
+            return Ok(Some((false, Self::present(&rt, l))));
         }
         if req.dry_run() {
-            return Ok((created, Arc::new(new)));
+            return Ok(Some((created, Arc::new(new))));
         }
         // Finalizers cleared on an object being deleted: it goes now.
         let finalizing = new.pointer("/metadata/deletionTimestamp").is_some()
@@ -1002,7 +1037,7 @@ impl State {
         if finalizing {
             self.collect_dependents(&stored);
         }
-        Ok((created, Self::present(&rt, &stored)))
+        Ok(Some((created, Self::present(&rt, &stored))))
     }
 
     /// DELETE one object: finalizers hold it with a deletionTimestamp, otherwise it goes.

@@ -12,7 +12,7 @@
 //! `cargo run -p sluice-upgrade-revisions --example upgrade_bench -- [workloads] [replicas]
 //! [rate] [depth] [peak] [issuance window seconds]` (defaults 2000 × 20 = 40,000 proxies, 200/s,
 //! 2000, 2000/s, 60 s as the operator's default;
-//! `BENCH_VERBOSE=1` prints the budget every 2 s). The workloads are spread over 20 namespaces:
+//! `BENCH_VERBOSE=1` prints the budget every 2 s, `RUST_LOG=warn` the warnings). The workloads are spread over 20 namespaces:
 //! 5% of them low-risk, 30% tier-2, the rest tier-1. Keep `depth` well above `rate` (the default
 //! is 10×): a tick that comes late can refill at most `depth`.
 
@@ -38,6 +38,12 @@ fn leak(s: String) -> &'static str {
 
 #[tokio::main]
 async fn main() {
+    // `RUST_LOG=warn` shows what the simulator and the operator retry.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .init();
+    }
     let workloads: usize = arg(1, 2000);
     let replicas: i32 = arg(2, 20);
     let rate: f64 = arg(3, 200.0);

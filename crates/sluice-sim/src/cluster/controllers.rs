@@ -58,12 +58,13 @@ impl ClusterTasks {
             svid: svid.clone(),
             first_seen: Mutex::new(HashMap::new()),
             next_node: AtomicUsize::new(0),
+            owned: Arc::default(),
         });
         let wc = watcher::Config::default;
         // Bounded like kube-controller-manager's workers (`--concurrent-*-syncs`), so a fleet
         // of tens of thousands of pods cannot open a connection per pending reconcile.
         let workers = || ControllerConfig::default().concurrency(WORKERS);
-        let mut feed = PodFeed::new(client.clone());
+        let mut feed = PodFeed::new(client.clone(), ctx.owned.clone());
         let mut handles = Vec::new();
         if config.kubelet {
             let c = ctx.clone();
@@ -152,6 +153,111 @@ struct Ctx {
     /// Pod uid → when the kubelet model first saw it (readiness is counted from there).
     first_seen: Mutex<HashMap<String, Instant>>,
     next_node: AtomicUsize,
+    /// The workload controllers' view of their pods.
+    owned: Arc<Mutex<OwnedPods>>,
+}
+
+/// Pods by their controller's uid, kept from the shared pod watch: what the workload
+/// controllers read instead of listing the API on every reconcile, as kube-controller-manager
+/// reads its informer cache (a list per pod event costs the API server the workload's size each
+/// time). A controller records each pod it creates at once, so a reconcile that runs before the
+/// watch shows the new pod does not create it again (kube-controller-manager's expectations).
+/// A pod it deletes stays until the watch says so: a reconcile in between sees one pod too
+/// many, never one too few, and the deletion's event reconciles again.
+#[derive(Debug, Default)]
+struct OwnedPods {
+    /// Whether the watch has listed every pod once; until then controllers list the API.
+    synced: bool,
+    by_owner: HashMap<String, BTreeMap<String, Arc<Pod>>>,
+    /// The index a relist is building, swapped in when the list is complete.
+    building: Option<HashMap<String, BTreeMap<String, Arc<Pod>>>>,
+}
+
+impl OwnedPods {
+    fn controller_uid(pod: &Pod) -> Option<&str> {
+        pod.metadata
+            .owner_references
+            .as_ref()?
+            .iter()
+            .find(|r| r.controller == Some(true))
+            .map(|r| r.uid.as_str())
+    }
+
+    fn resource_version(pod: &Pod) -> Option<u64> {
+        pod.metadata.resource_version.as_ref()?.parse().ok()
+    }
+
+    /// Records `pod` unless a newer version of it is already recorded.
+    fn insert(index: &mut HashMap<String, BTreeMap<String, Arc<Pod>>>, pod: Arc<Pod>) {
+        let Some(owner) = Self::controller_uid(&pod) else {
+            return;
+        };
+        let pods = index.entry(owner.to_string()).or_default();
+        let name = pod.name_any();
+        let newer = pods.get(&name).is_none_or(|known| {
+            match (Self::resource_version(known), Self::resource_version(&pod)) {
+                (Some(known), Some(new)) => new >= known,
+                _ => true,
+            }
+        });
+        if newer {
+            pods.insert(name, pod);
+        }
+    }
+
+    fn apply(&mut self, pod: Arc<Pod>) {
+        Self::insert(&mut self.by_owner, pod);
+    }
+
+    fn remove(&mut self, pod: &Pod) {
+        let Some(owner) = Self::controller_uid(pod) else {
+            return;
+        };
+        if let Some(pods) = self.by_owner.get_mut(owner) {
+            pods.remove(&pod.name_any());
+            if pods.is_empty() {
+                self.by_owner.remove(owner);
+            }
+        }
+    }
+
+    /// Follows one event of the shared pod watch.
+    fn follow(&mut self, event: &watcher::Event<Pod>) {
+        match event {
+            watcher::Event::Init => self.building = Some(HashMap::new()),
+            watcher::Event::InitApply(pod) => {
+                if let Some(b) = self.building.as_mut() {
+                    Self::insert(b, Arc::new(pod.clone()));
+                }
+            }
+            watcher::Event::InitDone => {
+                if let Some(b) = self.building.take() {
+                    self.by_owner = b;
+                }
+                self.synced = true;
+            }
+            watcher::Event::Apply(pod) => self.apply(Arc::new(pod.clone())),
+            watcher::Event::Delete(pod) => self.remove(pod),
+        }
+    }
+
+    /// Non-terminating pods controlled by `uid`; `None` until the first list is complete.
+    fn of(&self, uid: &str) -> Option<Vec<Arc<Pod>>> {
+        if !self.synced {
+            return None;
+        }
+        Some(
+            self.by_owner
+                .get(uid)
+                .map(|pods| {
+                    pods.values()
+                        .filter(|p| !is_terminating(p))
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default(),
+        )
+    }
 }
 
 impl Ctx {
@@ -170,16 +276,18 @@ impl Ctx {
 /// each subscriber.
 struct PodFeed {
     client: Client,
+    owned: Arc<Mutex<OwnedPods>>,
     reader: Store<Pod>,
     writer: Option<Writer<Pod>>,
     subscribers: Vec<mpsc::UnboundedSender<Arc<Pod>>>,
 }
 
 impl PodFeed {
-    fn new(client: Client) -> Self {
+    fn new(client: Client, owned: Arc<Mutex<OwnedPods>>) -> Self {
         let (reader, writer) = reflector::store();
         Self {
             client,
+            owned,
             reader,
             writer: Some(writer),
             subscribers: Vec::new(),
@@ -203,6 +311,7 @@ impl PodFeed {
         use kube::runtime::WatchStreamExt;
         let writer = self.writer.take().expect("a pod feed runs once");
         let subscribers = std::mem::take(&mut self.subscribers);
+        let owned = self.owned.clone();
         let stream = reflector::reflector(
             writer,
             watcher(
@@ -212,6 +321,10 @@ impl PodFeed {
         )
         .default_backoff();
         tokio::spawn(stream.for_each(move |event| {
+            // The index first: a controller woken by this event reads it.
+            if let Ok(e) = &event {
+                owned.lock().expect("owned pods lock").follow(e);
+            }
             if let Ok(
                 watcher::Event::Apply(pod)
                 | watcher::Event::InitApply(pod)
@@ -397,7 +510,8 @@ fn pod_ip(uid: &str) -> String {
 
 // ---------------------------------------------------------------- shared workload plumbing
 
-/// Non-terminating pods in `ns` controlled by `uid`, read fresh from the API. Listed by the
+/// Non-terminating pods in `ns` controlled by `uid`: from the shared watch's index once it has
+/// listed every pod ([`OwnedPods`]), until then read fresh from the API, listed by the
 /// workload's `selector` when it has one, as kube-controller-manager does, so a reconcile reads
 /// its own pods and not the whole namespace.
 async fn owned_pods(
@@ -406,7 +520,10 @@ async fn owned_pods(
     uid: &str,
     selector: Option<&LabelSelector>,
     what: &str,
-) -> Result<Vec<Pod>, ClusterError> {
+) -> Result<Vec<Arc<Pod>>, ClusterError> {
+    if let Some(pods) = ctx.owned.lock().expect("owned pods lock").of(uid) {
+        return Ok(pods);
+    }
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let params = match selector.map(|s| Selector::try_from(s.clone())) {
         Some(Ok(s)) => ListParams::default().labels_from(&s),
@@ -422,6 +539,7 @@ async fn owned_pods(
         .items
         .into_iter()
         .filter(|p| controlled_by(p, uid) && !is_terminating(p))
+        .map(Arc::new)
         .collect())
 }
 
@@ -480,10 +598,15 @@ impl<'a> PodCreator<'a> {
         let name = pod.name_any();
         let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
         match api.create(&PostParams::default(), &pod).await {
-            Ok(_) => {
+            Ok(created) => {
                 if injected {
                     self.ctx.svid.issue();
                 }
+                self.ctx
+                    .owned
+                    .lock()
+                    .expect("owned pods lock")
+                    .apply(Arc::new(created));
                 tracing::debug!(pod = %name, ns = %self.ns, owner = %self.what, ?decision, "created pod");
                 Ok(())
             }
