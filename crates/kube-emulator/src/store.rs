@@ -52,6 +52,9 @@ pub struct Event {
     pub wire: std::sync::OnceLock<axum::body::Bytes>,
 }
 
+/// An object with its (namespace, name) key, as a list page reads it.
+pub type Keyed<'a> = (&'a (String, String), &'a Arc<Value>);
+
 /// Objects of one resource plus its recent history.
 #[derive(Debug)]
 pub struct Table {
@@ -111,7 +114,7 @@ impl Table {
         ns: Option<&'a str>,
         labels: &[(String, String)],
         after: Option<&(String, String)>,
-    ) -> Box<dyn Iterator<Item = (&'a (String, String), &'a Arc<Value>)> + 'a> {
+    ) -> Box<dyn Iterator<Item = Keyed<'a>> + 'a> {
         use std::ops::Bound;
         let lower = match (after, ns) {
             (Some(a), Some(ns)) if a.0.as_str() < ns => {
@@ -442,7 +445,7 @@ mod tests {
         );
     }
 
-    fn names<'a>(it: impl Iterator<Item = (&'a (String, String), &'a Arc<Value>)>) -> Vec<String> {
+    fn names<'a>(it: impl Iterator<Item = Keyed<'a>>) -> Vec<String> {
         it.map(|(k, _)| format!("{}/{}", k.0, k.1)).collect()
     }
 
