@@ -1,6 +1,8 @@
 //! The I/O side of the cluster behaviour: kube-runtime controllers for the kubelet model (pod
-//! phase and readiness), Deployments, StatefulSets, DaemonSets and PodDisruptionBudgets. Each
-//! reconcile reads fresh state from the API, asks the pure planners in [`super::rolling`],
+//! phase and readiness), Deployments, StatefulSets, DaemonSets and PodDisruptionBudgets, fed by
+//! one shared pod watch. Each reconcile reads its pods from that watch's index (workloads) or
+//! fresh from the API (namespace labels and webhooks for injection), asks the pure planners in
+//! [`super::rolling`],
 //! [`super::pdb`] and [`super::injection`] what to do, does it, and writes status only when it
 //! changed. Never touches an object it does not own except pod and workload status.
 
