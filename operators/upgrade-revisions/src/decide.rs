@@ -256,10 +256,15 @@ pub fn decide(
         return d;
     }
     if let Some(fleet) = &obs.fleet {
+        let mut by_ns: BTreeMap<&str, Vec<&PodView>> = BTreeMap::new();
+        for p in &fleet.pods {
+            by_ns.entry(p.namespace.as_str()).or_default().push(p);
+        }
         Tick {
             spec,
             obs,
             fleet,
+            by_ns,
             now,
             next: &mut d.status,
             actions: &mut d.actions,
@@ -325,6 +330,9 @@ struct Tick<'a> {
     spec: &'a RevisionUpgradeSpec,
     obs: &'a Observations,
     fleet: &'a Fleet,
+    /// The fleet's pods by namespace, built once per tick: a tick counts every namespace of
+    /// the upgrade several times, and a fleet holds tens of thousands of pods.
+    by_ns: BTreeMap<&'a str, Vec<&'a PodView>>,
     now: Timestamp,
     next: &'a mut RevisionUpgradeStatus,
     actions: &'a mut Vec<Action>,
@@ -372,10 +380,11 @@ impl Tick<'_> {
     fn count(&self, ns: &str, target: &str) -> NsCount {
         let mut c = NsCount::default();
         for p in self
-            .fleet
-            .pods
-            .iter()
-            .filter(|p| p.namespace == ns && !p.terminating)
+            .by_ns
+            .get(ns)
+            .into_iter()
+            .flatten()
+            .filter(|p| !p.terminating)
         {
             c.pods += 1;
             if p.revision == target {
@@ -906,28 +915,29 @@ impl Tick<'_> {
             .filter(|n| self.ns_view(&n.name).and_then(NamespaceView::rev) == Some(label))
             .map(|n| n.name.as_str())
             .collect();
-        let blocked: BTreeSet<&str> = self.obs.blocked.iter().map(String::as_str).collect();
-        let mut pods: Vec<&PodView> = self
-            .fleet
-            .pods
+        // `namespace/name` keys split once, so the pods are matched without formatting each.
+        fn split<'k>(keys: impl IntoIterator<Item = &'k String>) -> BTreeSet<(&'k str, &'k str)> {
+            keys.into_iter().filter_map(|k| k.split_once('/')).collect()
+        }
+        let blocked = split(&self.obs.blocked);
+        let in_progress = split(&self.obs.in_progress);
+        let mut pods: Vec<(bool, &PodView)> = namespaces
             .iter()
-            .filter(|p| namespaces.contains(p.namespace.as_str()))
+            .flat_map(|ns| self.by_ns.get(ns).into_iter().flatten())
+            .copied()
             .filter(|p| !p.terminating && p.revision != target && p.workload.is_some())
-            .filter(|p| {
-                !self
-                    .obs
-                    .in_progress
-                    .contains(&format!("{}/{}", p.namespace, p.name))
+            .filter(|p| !in_progress.contains(&(p.namespace.as_str(), p.name.as_str())))
+            .map(|p| {
+                (
+                    blocked.contains(&(p.namespace.as_str(), p.name.as_str())),
+                    p,
+                )
             })
             .collect();
-        pods.sort_by_key(|p| {
-            (
-                blocked.contains(format!("{}/{}", p.namespace, p.name).as_str()),
-                p.namespace.clone(),
-                p.name.clone(),
-            )
+        pods.sort_by(|(a_blocked, a), (b_blocked, b)| {
+            (a_blocked, &a.namespace, &a.name).cmp(&(b_blocked, &b.namespace, &b.name))
         });
-        pods
+        pods.into_iter().map(|(_, p)| p).collect()
     }
 
     /// Grants restarts from the issuance budget and turns them into actions.
