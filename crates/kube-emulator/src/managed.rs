@@ -237,19 +237,12 @@ fn walk_set(v: &Value, shape: Shape<'_>, path: &mut Path, out: &mut FieldSet) {
     }
 }
 
-/// Every node of an object with its value when it is a leaf (scalar, atomic list or map, set
-/// item), for comparing two versions of an object.
-fn nodes(v: &Value, shape: Shape<'_>) -> BTreeMap<Path, Option<Value>> {
-    let mut out = BTreeMap::new();
-    walk_nodes(v, shape, &mut Vec::new(), &mut out);
-    out
-}
-
-fn walk_nodes(
-    v: &Value,
+/// Collects the nodes of `v` at `path` into `out` (see [`nodes_at`]).
+fn walk_nodes<'v>(
+    v: &'v Value,
     shape: Shape<'_>,
     path: &mut Path,
-    out: &mut BTreeMap<Path, Option<Value>>,
+    out: &mut BTreeMap<Path, Option<&'v Value>>,
 ) {
     let leaf = match v {
         Value::Object(m) if !shape.map_atomic() => {
@@ -270,7 +263,7 @@ fn walk_nodes(
                 for (i, item) in a.iter().enumerate() {
                     path.push(item_pe(&kind, item, i));
                     if matches!(kind, ListKind::Set) {
-                        out.insert(path.clone(), Some(item.clone()));
+                        out.insert(path.clone(), Some(item));
                     } else {
                         walk_nodes(item, shape.items(), path, out);
                     }
@@ -282,7 +275,7 @@ fn walk_nodes(
         _ => true,
     };
     if leaf {
-        out.insert(path.clone(), Some(v.clone()));
+        out.insert(path.clone(), Some(v));
     }
 }
 
@@ -298,28 +291,70 @@ pub struct Comparison {
 }
 
 /// Compares two versions of an object.
+///
+/// Walks both at once and skips every sub-object equal in the two, so a write costs what it
+/// changed rather than the size of the object; where the two differ in shape (a list, a leaf
+/// against a map) their nodes are listed and compared.
 pub fn compare(old: &Value, new: &Value, shape: Shape<'_>) -> Comparison {
-    let a = nodes(old, shape);
-    let b = nodes(new, shape);
     let mut c = Comparison::default();
-    for (p, bv) in &b {
-        match a.get(p) {
-            None => {
-                c.added.insert(p.clone());
+    diff(old, new, shape, &mut Vec::new(), &mut c);
+    c
+}
+
+fn diff(a: &Value, b: &Value, shape: Shape<'_>, path: &mut Path, c: &mut Comparison) {
+    if a == b {
+        return;
+    }
+    match (a, b) {
+        (Value::Object(am), Value::Object(bm)) if !shape.map_atomic() => {
+            for (k, av) in am {
+                path.push(format!("f:{k}"));
+                let child = shape.child(k, path.len() == 1);
+                match bm.get(k) {
+                    Some(bv) => diff(av, bv, child, path, c),
+                    None => c.removed.extend(nodes_at(av, child, path).into_keys()),
+                }
+                path.pop();
             }
-            Some(av) => {
-                if (av.is_some() || bv.is_some()) && av != bv {
-                    c.modified.insert(p.clone());
+            for (k, bv) in bm {
+                if !am.contains_key(k) {
+                    path.push(format!("f:{k}"));
+                    let child = shape.child(k, path.len() == 1);
+                    c.added.extend(nodes_at(bv, child, path).into_keys());
+                    path.pop();
+                }
+            }
+        }
+        _ => {
+            let na = nodes_at(a, shape, path);
+            let nb = nodes_at(b, shape, path);
+            for (p, bv) in &nb {
+                match na.get(p) {
+                    None => {
+                        c.added.insert(p.clone());
+                    }
+                    Some(av) => {
+                        if (av.is_some() || bv.is_some()) && av != bv {
+                            c.modified.insert(p.clone());
+                        }
+                    }
+                }
+            }
+            for p in na.keys() {
+                if !nb.contains_key(p) {
+                    c.removed.insert(p.clone());
                 }
             }
         }
     }
-    for p in a.keys() {
-        if !b.contains_key(p) {
-            c.removed.insert(p.clone());
-        }
-    }
-    c
+}
+
+/// Every node of the sub-object at `path` with its value when it is a leaf (scalar, atomic
+/// list or map, set item), keyed by full paths.
+fn nodes_at<'v>(v: &'v Value, shape: Shape<'_>, path: &Path) -> BTreeMap<Path, Option<&'v Value>> {
+    let mut out = BTreeMap::new();
+    walk_nodes(v, shape, &mut path.clone(), &mut out);
+    out
 }
 
 /// Which part of the object a request may write (status separated from spec).
@@ -509,9 +544,7 @@ pub fn starting_managers(live: Option<&Value>, new: &Value) -> Managers {
         Some(Value::Array(a)) if a.len() == 1 && a[0].as_object().is_some_and(Map::is_empty) => {
             Managers::new()
         }
-        Some(Value::Array(a)) if !a.is_empty() && Some(&Value::Array(a.clone())) != live_mf => {
-            decode(&Value::Array(a.clone()))
-        }
+        Some(mf @ Value::Array(a)) if !a.is_empty() && Some(mf) != live_mf => decode(mf),
         _ => live_mf.map(decode).unwrap_or_default(),
     }
 }
@@ -1372,5 +1405,90 @@ mod tests {
                 ".": {}, "f:image": {}, "f:name": {},
                 "f:ports": {"k:{\"containerPort\":80,\"protocol\":\"TCP\"}": {".": {}, "f:containerPort": {}, "f:protocol": {}}}}}}})
         );
+    }
+
+    /// The comparison by listing every node of both versions, which [`compare`] must agree
+    /// with while skipping what is equal.
+    fn compare_by_nodes(old: &Value, new: &Value, shape: Shape<'_>) -> Comparison {
+        let root = Path::new();
+        let (a, b) = (nodes_at(old, shape, &root), nodes_at(new, shape, &root));
+        let mut c = Comparison::default();
+        for (p, bv) in &b {
+            match a.get(p) {
+                None => {
+                    c.added.insert(p.clone());
+                }
+                Some(av) if (av.is_some() || bv.is_some()) && av != bv => {
+                    c.modified.insert(p.clone());
+                }
+                Some(_) => {}
+            }
+        }
+        c.removed = a.keys().filter(|p| !b.contains_key(*p)).cloned().collect();
+        c
+    }
+
+    #[test]
+    fn comparing_skips_equal_parts_and_finds_every_change() {
+        let schema = schema();
+        let crd = Shape::root(Some(&schema));
+        let pod = json!({
+            "metadata": {"name": "p", "labels": {"app": "a"}, "finalizers": ["x"],
+                         "managedFields": [{"manager": "m", "operation": "Update"}]},
+            "spec": {"containers": [{"name": "app", "image": "a:1", "ports": [{"containerPort": 80}]}]},
+            "status": {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}]}
+        });
+        let mut ready = pod.clone();
+        ready["status"]["phase"] = json!("Running");
+        ready["status"]["conditions"] =
+            json!([{"type": "Ready", "status": "True"}, {"type": "Initialized", "status": "True"}]);
+        ready["metadata"]["labels"]["rev"] = json!("1-28");
+        ready["metadata"]["labels"]
+            .as_object_mut()
+            .unwrap()
+            .remove("app");
+        ready["metadata"]["finalizers"] = json!(["y"]);
+        ready["spec"]["containers"][0]["image"] = json!("a:2");
+        let mut reshaped = pod.clone();
+        reshaped["spec"]["containers"] = json!("not a list");
+        reshaped["status"] = json!(null);
+        let thing = json!({"spec": {"replicas": 1, "hosts": ["a"], "tags": ["x", "y"],
+                                    "rules": [{"name": "r", "weight": 1}]}});
+        let mut thing2 = thing.clone();
+        thing2["spec"]["hosts"] = json!(["a", "b"]);
+        thing2["spec"]["tags"] = json!(["y", "z"]);
+        thing2["spec"]["rules"] = json!([{"name": "r", "weight": 2}, {"name": "s"}]);
+        thing2["spec"]["extra"] = json!({"deep": {"x": 1}});
+        let builtin = Shape::root(None);
+        for (old, new, shape) in [
+            (&pod, &ready, builtin),
+            (&ready, &pod, builtin),
+            (&pod, &reshaped, builtin),
+            (&reshaped, &pod, builtin),
+            (&json!({}), &pod, builtin),
+            (&pod, &json!({}), builtin),
+            (&pod, &pod, builtin),
+            (&thing, &thing2, crd),
+            (&thing2, &thing, crd),
+        ] {
+            let fast = compare(old, new, shape);
+            assert_eq!(fast, compare_by_nodes(old, new, shape), "{old} -> {new}");
+        }
+        let c = compare(&pod, &ready, builtin);
+        assert!(
+            c.modified
+                .contains(&vec!["f:status".into(), "f:phase".into()])
+        );
+        assert!(c.removed.contains(&vec![
+            "f:metadata".into(),
+            "f:labels".into(),
+            "f:app".into()
+        ]));
+        assert!(c.added.contains(&vec![
+            "f:metadata".into(),
+            "f:labels".into(),
+            "f:rev".into()
+        ]));
+        assert_eq!(compare(&pod, &pod, builtin), Comparison::default());
     }
 }

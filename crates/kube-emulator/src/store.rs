@@ -70,6 +70,10 @@ pub struct Table {
     /// Events at or below this resourceVersion are no longer in the history.
     compacted: u64,
     tx: broadcast::Sender<Arc<Event>>,
+    /// The last [`CHANNEL_CAPACITY`] events sent, so the channel's ring never holds the last
+    /// reference to one: an event leaves this queue for the store's garbage once the ring has
+    /// overwritten it, and is dropped after the lock is released.
+    sent: VecDeque<Arc<Event>>,
 }
 
 /// Capacity of each live watch channel; a watcher lagging by more is closed with 410.
@@ -86,6 +90,7 @@ impl Table {
             history: VecDeque::new(),
             compacted: 0,
             tx: broadcast::channel(CHANNEL_CAPACITY).0,
+            sent: VecDeque::new(),
         }
     }
 
@@ -239,11 +244,21 @@ impl Table {
 }
 
 /// Everything behind the store lock.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Inner {
     rv: u64,
     tables: HashMap<TableKey, Table>,
     history_limit: usize,
+    /// What a write released: old events and removed objects, dropped after the lock is
+    /// released (freeing a pod's JSON tree is costly, and the lock serialises every write).
+    garbage: Garbage,
+}
+
+/// Values whose last reference a write released.
+#[derive(Debug, Default)]
+struct Garbage {
+    events: Vec<Arc<Event>>,
+    objects: Vec<Arc<Value>>,
 }
 
 /// The uids an object's `ownerReferences` name.
@@ -322,7 +337,12 @@ impl Inner {
                 t.compacted = old.rv;
             }
         }
+        t.sent.push_back(ev.clone());
+        let overwritten = (t.sent.len() > CHANNEL_CAPACITY)
+            .then(|| t.sent.pop_front())
+            .flatten();
         let _ = t.tx.send(ev);
+        self.garbage.events.extend(overwritten);
     }
 
     /// Stores `obj` at a new resourceVersion (written into `metadata.resourceVersion`) and
@@ -352,12 +372,37 @@ impl Inner {
         last["metadata"]["resourceVersion"] = Value::String(self.rv.to_string());
         let last = Arc::new(last);
         self.emit(key, EventType::Deleted, last.clone(), None);
+        self.garbage.objects.push(old);
         Some(last)
     }
 
     /// Drops a whole table (its CRD was deleted); live watches end.
     pub fn drop_table(&mut self, key: &TableKey) {
         self.tables.remove(key);
+    }
+}
+
+/// Exclusive access to the store; what the writes released is dropped after the lock is.
+pub struct WriteGuard<'a>(Option<RwLockWriteGuard<'a, Inner>>);
+
+impl std::ops::Deref for WriteGuard<'_> {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        self.0.as_ref().expect("held until dropped")
+    }
+}
+
+impl std::ops::DerefMut for WriteGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Inner {
+        self.0.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for WriteGuard<'_> {
+    fn drop(&mut self) {
+        let garbage = self.0.as_mut().map(|g| std::mem::take(&mut g.garbage));
+        drop(self.0.take());
+        drop(garbage);
     }
 }
 
@@ -372,9 +417,8 @@ impl Store {
     pub fn new(history_limit: usize) -> Self {
         Store {
             inner: RwLock::new(Inner {
-                rv: 0,
-                tables: HashMap::new(),
                 history_limit: history_limit.max(1),
+                ..Inner::default()
             }),
         }
     }
@@ -385,8 +429,8 @@ impl Store {
     }
 
     /// Exclusive access.
-    pub fn write(&self) -> RwLockWriteGuard<'_, Inner> {
-        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    pub fn write(&self) -> WriteGuard<'_> {
+        WriteGuard(Some(self.inner.write().unwrap_or_else(|p| p.into_inner())))
     }
 }
 
@@ -508,5 +552,55 @@ mod tests {
         assert_eq!(t.owned_by("u2").len(), 1);
         w.remove(&key(), "n", "p");
         assert!(w.table(&key()).unwrap().owned_by("u2").is_empty());
+    }
+
+    #[test]
+    fn what_a_write_released_is_freed_once_the_lock_is() {
+        let store = Store::new(1);
+        let first = store
+            .write()
+            .put(&key(), json!({"metadata": {"name": "a", "namespace": "n"}}));
+        let removed = store.write().remove(&key(), "n", "a").unwrap();
+        let mut rx = store.write().table_mut(&key()).subscribe();
+        assert_eq!(removed["metadata"]["resourceVersion"], "2");
+        // Until the channel's ring overwrites them, the two events keep both versions alive.
+        {
+            let w = store.write();
+            assert!(Arc::strong_count(&first) > 1);
+            assert_eq!(
+                w.garbage.objects.len(),
+                0,
+                "handed over when the guard dropped"
+            );
+        }
+        {
+            let mut w = store.write();
+            for i in 0..CHANNEL_CAPACITY {
+                w.put(
+                    &key(),
+                    json!({"metadata": {"name": format!("b{}", i % 3), "namespace": "n"}}),
+                );
+            }
+            assert!(
+                !w.garbage.events.is_empty(),
+                "the overwritten events wait for the unlock"
+            );
+        }
+        assert_eq!(
+            Arc::strong_count(&first),
+            1,
+            "the ADDED event and the object were freed"
+        );
+        assert_eq!(
+            Arc::strong_count(&removed),
+            1,
+            "the DELETED event was freed"
+        );
+        // A receiver still reads the ring's events: the queue only ever drops what it lost.
+        assert_eq!(rx.try_recv().unwrap().rv, 3);
+        let w = store.write();
+        let t = w.table(&key()).unwrap();
+        assert_eq!(t.sent.len(), CHANNEL_CAPACITY);
+        assert!(w.garbage.events.is_empty());
     }
 }

@@ -13,6 +13,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    sync::Arc,
     time::Duration,
 };
 
@@ -88,8 +89,9 @@ pub struct Observations {
 pub struct Fleet {
     /// Every namespace.
     pub namespaces: Vec<NamespaceView>,
-    /// Every meshed pod of the namespaces in the upgrade.
-    pub pods: Vec<PodView>,
+    /// Every meshed pod of the namespaces in the upgrade, shared with the watch cache that
+    /// read them (a tick reads tens of thousands).
+    pub pods: Vec<Arc<PodView>>,
     /// Revision tags found in the cluster's injector webhooks: tag → revision.
     pub tags: BTreeMap<String, String>,
     /// The `kubectl.kubernetes.io/restartedAt` template annotation of workloads in the upgrade
@@ -256,7 +258,7 @@ pub fn decide(
         return d;
     }
     if let Some(fleet) = &obs.fleet {
-        let mut by_ns: BTreeMap<&str, Vec<&PodView>> = BTreeMap::new();
+        let mut by_ns: BTreeMap<&str, Vec<&Arc<PodView>>> = BTreeMap::new();
         for p in &fleet.pods {
             by_ns.entry(p.namespace.as_str()).or_default().push(p);
         }
@@ -332,7 +334,7 @@ struct Tick<'a> {
     fleet: &'a Fleet,
     /// The fleet's pods by namespace, built once per tick: a tick counts every namespace of
     /// the upgrade several times, and a fleet holds tens of thousands of pods.
-    by_ns: BTreeMap<&'a str, Vec<&'a PodView>>,
+    by_ns: BTreeMap<&'a str, Vec<&'a Arc<PodView>>>,
     now: Timestamp,
     next: &'a mut RevisionUpgradeStatus,
     actions: &'a mut Vec<Action>,
@@ -906,7 +908,7 @@ impl Tick<'_> {
 
     /// The pods to restart in namespaces that carry their target label, in a stable order
     /// (namespace, name), pods a PodDisruptionBudget refused last tick at the end.
-    fn candidates(&self, state: NamespaceState, target: &str, label: &str) -> Vec<&PodView> {
+    fn candidates(&self, state: NamespaceState, target: &str, label: &str) -> Vec<&Arc<PodView>> {
         let namespaces: BTreeSet<&str> = self
             .next
             .namespaces
@@ -921,7 +923,7 @@ impl Tick<'_> {
         }
         let blocked = split(&self.obs.blocked);
         let in_progress = split(&self.obs.in_progress);
-        let mut pods: Vec<(bool, &PodView)> = namespaces
+        let mut pods: Vec<(bool, &Arc<PodView>)> = namespaces
             .iter()
             .flat_map(|ns| self.by_ns.get(ns).into_iter().flatten())
             .copied()
@@ -941,9 +943,14 @@ impl Tick<'_> {
     }
 
     /// Grants restarts from the issuance budget and turns them into actions.
-    fn restart(&mut self, pods: Vec<PodView>) -> u32 {
-        // One unit of work: a pod to evict, or a workload to restart (costing its pods).
-        let mut units: Vec<(u32, Action)> = Vec::new();
+    fn restart(&mut self, pods: Vec<Arc<PodView>>) -> u32 {
+        // One unit of work: a pod to evict, or a workload to restart (costing its pods). An
+        // eviction's action is built only once it is granted: a wave offers thousands.
+        enum Unit {
+            Evict(Arc<PodView>),
+            Action(Action),
+        }
+        let mut units: Vec<(u32, Unit)> = Vec::new();
         let mut by_workload: BTreeMap<(String, Workload), u32> = BTreeMap::new();
         for p in &pods {
             let restartable = self.spec.restart == RestartMode::RolloutRestart
@@ -955,14 +962,7 @@ impl Tick<'_> {
                     .entry((p.namespace.clone(), p.workload.clone().expect("checked")))
                     .or_default() += 1;
             } else {
-                units.push((
-                    1,
-                    Action::Evict {
-                        namespace: p.namespace.clone(),
-                        pod: p.name.clone(),
-                        after: Duration::ZERO,
-                    },
-                ));
+                units.push((1, Unit::Evict(p.clone())));
             }
         }
         for ((namespace, workload), n) in by_workload {
@@ -989,13 +989,13 @@ impl Tick<'_> {
             }
             units.push((
                 n,
-                Action::RolloutRestart {
+                Unit::Action(Action::RolloutRestart {
                     namespace,
                     workload,
                     restarted_at: marker,
                     pods: n,
                     after: Duration::ZERO,
-                },
+                }),
             ));
         }
         let wanted: u32 = units.iter().map(|u| u.0).sum();
@@ -1016,8 +1016,16 @@ impl Tick<'_> {
             self.obs.pacing,
             self.now,
         );
-        for ((_, mut action), start) in units.into_iter().zip(&g.starts) {
+        for ((_, unit), start) in units.into_iter().zip(&g.starts) {
             let Some(start) = start else { continue };
+            let mut action = match unit {
+                Unit::Evict(p) => Action::Evict {
+                    namespace: p.namespace.clone(),
+                    pod: p.name.clone(),
+                    after: Duration::ZERO,
+                },
+                Unit::Action(a) => a,
+            };
             match &mut action {
                 Action::Evict { after, .. } | Action::RolloutRestart { after, .. } => {
                     *after = *start;
@@ -1079,7 +1087,7 @@ impl Tick<'_> {
 
     fn restart_wave(&mut self, index: usize) {
         let target = self.spec.to_revision.clone();
-        let pods: Vec<PodView> = self
+        let pods: Vec<Arc<PodView>> = self
             .candidates(
                 NamespaceState::Restarting,
                 &target,
@@ -1254,7 +1262,7 @@ impl Tick<'_> {
         self.relabel(usize::MAX, &to_tag, &from_tag);
         self.update_counts(&self.spec.to_revision.clone());
         let target = self.spec.from_revision.clone();
-        let pods: Vec<PodView> = self
+        let pods: Vec<Arc<PodView>> = self
             .candidates(NamespaceState::RollingBack, &target, &from_tag)
             .into_iter()
             .cloned()
@@ -1676,7 +1684,7 @@ mod upgrade_tests {
         fn fleet(&self) -> Fleet {
             Fleet {
                 namespaces: self.namespaces.clone(),
-                pods: self.pods.clone(),
+                pods: self.pods.iter().cloned().map(Arc::new).collect(),
                 tags: BTreeMap::from([
                     ("stable".to_owned(), "1-27".to_owned()),
                     ("canary".to_owned(), "1-28".to_owned()),

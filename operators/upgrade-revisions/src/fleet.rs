@@ -6,7 +6,10 @@
 //! Pure; never reads the cluster. Progress is counted from the injector's
 //! `sidecar.istio.io/status` annotation, never from labels sluice wrote.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::{
@@ -137,7 +140,7 @@ impl PodView {
 }
 
 /// Proxies per injecting revision (terminating pods excluded).
-pub fn proxy_counts(spec: &RevisionUpgradeSpec, pods: &[PodView]) -> ProxyCounts {
+pub fn proxy_counts(spec: &RevisionUpgradeSpec, pods: &[Arc<PodView>]) -> ProxyCounts {
     let mut c = ProxyCounts::default();
     for p in pods.iter().filter(|p| !p.terminating) {
         if p.revision == spec.from_revision {
@@ -152,12 +155,12 @@ pub fn proxy_counts(spec: &RevisionUpgradeSpec, pods: &[PodView]) -> ProxyCounts
 }
 
 /// Proxies per revision, every revision seen (for the metric).
-pub fn proxies_by_revision(pods: &[PodView]) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
+pub fn proxies_by_revision(pods: &[Arc<PodView>]) -> BTreeMap<String, u64> {
+    let mut out: BTreeMap<&str, u64> = BTreeMap::new();
     for p in pods.iter().filter(|p| !p.terminating) {
-        *out.entry(p.revision.clone()).or_default() += 1;
+        *out.entry(p.revision.as_str()).or_default() += 1;
     }
-    out
+    out.into_iter().map(|(r, n)| (r.to_owned(), n)).collect()
 }
 
 /// Why a wave selector could not be used.
@@ -344,13 +347,15 @@ mod tests {
 
     #[test]
     fn proxy_counts_by_injected_revision_skip_terminating_pods() {
-        let p = |rev: &str, terminating: bool| PodView {
-            namespace: "a".into(),
-            name: "p".into(),
-            revision: rev.into(),
-            workload: None,
-            terminating,
-            ready: true,
+        let p = |rev: &str, terminating: bool| {
+            Arc::new(PodView {
+                namespace: "a".into(),
+                name: "p".into(),
+                revision: rev.into(),
+                workload: None,
+                terminating,
+                ready: true,
+            })
         };
         let pods = vec![
             p("1-27", false),

@@ -84,9 +84,9 @@ struct PodViews(Arc<Mutex<PodViewIndex>>);
 struct PodViewIndex {
     /// Whether every pod was listed once (until then the fleet is unknown, not empty).
     synced: bool,
-    by_key: BTreeMap<(String, String), PodView>,
+    by_key: BTreeMap<(String, String), Arc<PodView>>,
     /// What a relist is building, swapped in when the list is complete.
-    building: Option<BTreeMap<(String, String), PodView>>,
+    building: Option<BTreeMap<(String, String), Arc<PodView>>>,
 }
 
 impl PodViews {
@@ -97,7 +97,7 @@ impl PodViews {
             watcher::Event::Init => ix.building = Some(BTreeMap::new()),
             watcher::Event::InitApply(p) => {
                 if let (Some(b), Some(v)) = (ix.building.as_mut(), PodView::from_pod(p)) {
-                    b.insert(key(p), v);
+                    b.insert(key(p), Arc::new(v));
                 }
             }
             watcher::Event::InitDone => {
@@ -108,7 +108,7 @@ impl PodViews {
             }
             watcher::Event::Apply(p) => match PodView::from_pod(p) {
                 Some(v) => {
-                    ix.by_key.insert(key(p), v);
+                    ix.by_key.insert(key(p), Arc::new(v));
                 }
                 None => {
                     ix.by_key.remove(&key(p));
@@ -124,7 +124,19 @@ impl PodViews {
         self.0.lock().expect("pod views lock").synced
     }
 
-    fn all(&self) -> Vec<PodView> {
+    /// Whether the pod `namespace/name` is known and not being deleted.
+    fn alive(&self, key: &str) -> bool {
+        let Some((ns, name)) = key.split_once('/') else {
+            return false;
+        };
+        let ix = self.0.lock().expect("pod views lock");
+        ix.by_key
+            .get(&(ns.to_owned(), name.to_owned()))
+            .is_some_and(|v| !v.terminating)
+    }
+
+    /// Every view, shared: a tick hands tens of thousands to `decide`.
+    fn all(&self) -> Vec<Arc<PodView>> {
         self.0
             .lock()
             .expect("pod views lock")
@@ -542,13 +554,6 @@ pub async fn reconcile(
         obs.blocked = m.blocked.clone();
         // A pod whose restart was sent stays out of the candidates while the reading still
         // shows it alive (the watch may lag the eviction), at most a minute.
-        let alive: std::collections::HashSet<String> = obs
-            .fleet
-            .iter()
-            .flat_map(|f| f.pods.iter())
-            .filter(|p| !p.terminating)
-            .map(|p| format!("{}/{}", p.namespace, p.name))
-            .collect();
         // A workload's rollout restart is kept 30 s: by then its new template is read.
         let (pods_kept, workloads_kept) =
             (now.as_millisecond() - 60_000, now.as_millisecond() - 30_000);
@@ -557,7 +562,7 @@ pub async fn reconcile(
             if workload {
                 *at > workloads_kept
             } else {
-                *at > pods_kept && alive.contains(key)
+                *at > pods_kept && cache.views.alive(key)
             }
         });
         obs.in_progress = m.in_progress.keys().cloned().collect();
@@ -640,8 +645,8 @@ pub async fn reconcile(
 }
 
 /// Pods of moving namespaces not yet Ready on their target revision.
-fn in_flight(status: &RevisionUpgradeStatus, pods: &[PodView]) -> u64 {
-    status
+fn in_flight(status: &RevisionUpgradeStatus, pods: &[Arc<PodView>]) -> u64 {
+    let moving: BTreeSet<&str> = status
         .namespaces
         .iter()
         .filter(|n| {
@@ -650,12 +655,11 @@ fn in_flight(status: &RevisionUpgradeStatus, pods: &[PodView]) -> u64 {
                 NamespaceState::Restarting | NamespaceState::RollingBack
             )
         })
-        .map(|n| {
-            pods.iter()
-                .filter(|p| p.namespace == n.name && (p.terminating || !p.ready))
-                .count() as u64
-        })
-        .sum()
+        .map(|n| n.name.as_str())
+        .collect();
+    pods.iter()
+        .filter(|p| (p.terminating || !p.ready) && moving.contains(p.namespace.as_str()))
+        .count() as u64
 }
 
 /// The `restartedAt` template annotation of every workload in namespaces being moved.
