@@ -780,17 +780,21 @@ pub fn record_update(live: Option<&Value>, new: &mut Value, shape: Shape<'_>, w:
     let mut managers = starting_managers(live, new);
     let empty = json!({});
     let cmp = compare(live.unwrap_or(&empty), new, shape);
-    let changed: FieldSet = filter(cmp.added.union(&cmp.modified).cloned().collect(), w.scope);
+    let mut changed = cmp.added;
+    changed.extend(cmp.modified);
+    let changed = filter(changed, w.scope);
     let removed = filter(cmp.removed, w.scope);
     let key = ManagerKey {
         manager: w.manager.to_string(),
         operation: "Update".into(),
         subresource: w.subresource.to_string(),
     };
-    for (k, e) in managers.iter_mut() {
-        if *k != key {
-            e.set = e.set.difference(&changed).cloned().collect();
-            e.set = e.set.difference(&removed).cloned().collect();
+    if !changed.is_empty() || !removed.is_empty() {
+        for (k, e) in managers.iter_mut() {
+            if *k != key {
+                e.set
+                    .retain(|p| !changed.contains(p) && !removed.contains(p));
+            }
         }
     }
     let entry = managers.entry(key).or_insert_with(|| Entry {
@@ -798,16 +802,14 @@ pub fn record_update(live: Option<&Value>, new: &mut Value, shape: Shape<'_>, w:
         time: w.now.to_string(),
         set: FieldSet::new(),
     });
-    let before = entry.set.clone();
-    entry.set = entry
-        .set
-        .difference(&removed)
-        .cloned()
-        .collect::<FieldSet>()
-        .union(&changed)
-        .cloned()
-        .collect();
-    if entry.set != before {
+    let mut ownership_changed = false;
+    for p in &removed {
+        ownership_changed |= entry.set.remove(p);
+    }
+    for p in changed {
+        ownership_changed |= entry.set.insert(p);
+    }
+    if ownership_changed {
         entry.time = w.now.to_string();
         entry.api_version = w.api_version.to_string();
     }

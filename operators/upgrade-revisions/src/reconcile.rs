@@ -45,6 +45,7 @@ use sluice_api::v1alpha1::{
 use sluice_runtime::{
     Categorized, Category,
     events::EventRecorder,
+    projection::Projection,
     write::{self, WriteError},
 };
 use tokio::task::JoinHandle;
@@ -78,50 +79,20 @@ pub struct FleetCache {
 /// annotation is parsed once per change instead of once per tick (a tick reads every pod of the
 /// cluster; at 40,000 pods the parsing would cost more than the rest of the tick).
 #[derive(Clone, Default)]
-struct PodViews(Arc<Mutex<PodViewIndex>>);
-
-#[derive(Default)]
-struct PodViewIndex {
-    /// Whether every pod was listed once (until then the fleet is unknown, not empty).
-    synced: bool,
-    by_key: BTreeMap<(String, String), Arc<PodView>>,
-    /// What a relist is building, swapped in when the list is complete.
-    building: Option<BTreeMap<(String, String), Arc<PodView>>>,
-}
+struct PodViews(Arc<Mutex<Projection<(String, String), Arc<PodView>>>>);
 
 impl PodViews {
     fn follow(&self, event: &watcher::Event<Pod>) {
-        let key = |p: &Pod| (p.namespace().unwrap_or_default(), p.name_any());
-        let mut ix = self.0.lock().expect("pod views lock");
-        match event {
-            watcher::Event::Init => ix.building = Some(BTreeMap::new()),
-            watcher::Event::InitApply(p) => {
-                if let (Some(b), Some(v)) = (ix.building.as_mut(), PodView::from_pod(p)) {
-                    b.insert(key(p), Arc::new(v));
-                }
-            }
-            watcher::Event::InitDone => {
-                if let Some(b) = ix.building.take() {
-                    ix.by_key = b;
-                }
-                ix.synced = true;
-            }
-            watcher::Event::Apply(p) => match PodView::from_pod(p) {
-                Some(v) => {
-                    ix.by_key.insert(key(p), Arc::new(v));
-                }
-                None => {
-                    ix.by_key.remove(&key(p));
-                }
-            },
-            watcher::Event::Delete(p) => {
-                ix.by_key.remove(&key(p));
-            }
-        }
+        self.0.lock().expect("pod views lock").follow(
+            event,
+            |p| Some((p.namespace().unwrap_or_default(), p.name_any())),
+            |p| PodView::from_pod(p).map(Arc::new),
+        );
     }
 
+    /// Whether every pod was listed once (until then the fleet is unknown, not empty).
     fn synced(&self) -> bool {
-        self.0.lock().expect("pod views lock").synced
+        self.0.lock().expect("pod views lock").synced()
     }
 
     /// Whether the pod `namespace/name` is known and not being deleted.
@@ -130,7 +101,7 @@ impl PodViews {
             return false;
         };
         let ix = self.0.lock().expect("pod views lock");
-        ix.by_key
+        ix.entries()
             .get(&(ns.to_owned(), name.to_owned()))
             .is_some_and(|v| !v.terminating)
     }
@@ -140,7 +111,7 @@ impl PodViews {
         self.0
             .lock()
             .expect("pod views lock")
-            .by_key
+            .entries()
             .values()
             .cloned()
             .collect()

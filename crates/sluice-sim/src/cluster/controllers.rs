@@ -31,6 +31,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
+use sluice_runtime::projection::Projection;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -167,97 +168,63 @@ struct Ctx {
 /// A pod it deletes stays until the watch says so: a reconcile in between sees one pod too
 /// many, never one too few, and the deletion's event reconciles again.
 #[derive(Debug, Default)]
-struct OwnedPods {
-    /// Whether the watch has listed every pod once; until then controllers list the API.
-    synced: bool,
-    by_owner: HashMap<String, BTreeMap<String, Arc<Pod>>>,
-    /// The index a relist is building, swapped in when the list is complete.
-    building: Option<HashMap<String, BTreeMap<String, Arc<Pod>>>>,
-}
+struct OwnedPods(Projection<(String, String), Arc<Pod>>);
 
 impl OwnedPods {
-    fn controller_uid(pod: &Pod) -> Option<&str> {
-        pod.metadata
+    /// (controller uid, pod name); `None` for a pod without a controller.
+    fn key(pod: &Pod) -> Option<(String, String)> {
+        let uid = pod
+            .metadata
             .owner_references
             .as_ref()?
             .iter()
-            .find(|r| r.controller == Some(true))
-            .map(|r| r.uid.as_str())
+            .find(|r| r.controller == Some(true))?
+            .uid
+            .clone();
+        Some((uid, pod.name_any()))
     }
 
-    fn resource_version(pod: &Pod) -> Option<u64> {
-        pod.metadata.resource_version.as_ref()?.parse().ok()
-    }
-
-    /// Records `pod` unless a newer version of it is already recorded.
-    fn insert(index: &mut HashMap<String, BTreeMap<String, Arc<Pod>>>, pod: Arc<Pod>) {
-        let Some(owner) = Self::controller_uid(&pod) else {
-            return;
-        };
-        let pods = index.entry(owner.to_string()).or_default();
-        let name = pod.name_any();
-        let newer = pods.get(&name).is_none_or(|known| {
-            match (Self::resource_version(known), Self::resource_version(&pod)) {
-                (Some(known), Some(new)) => new >= known,
-                _ => true,
-            }
-        });
-        if newer {
-            pods.insert(name, pod);
+    /// Whether `new` is at least as recent as `held` (a recorded creation is not replaced by
+    /// the watch's older copy).
+    fn replaces(held: &Arc<Pod>, new: &Arc<Pod>) -> bool {
+        let rv = |p: &Pod| p.metadata.resource_version.as_ref()?.parse::<u64>().ok();
+        match (rv(held), rv(new)) {
+            (Some(held), Some(new)) => new >= held,
+            _ => true,
         }
     }
 
-    fn apply(&mut self, pod: Arc<Pod>) {
-        Self::insert(&mut self.by_owner, pod);
-    }
-
-    fn remove(&mut self, pod: &Pod) {
-        let Some(owner) = Self::controller_uid(pod) else {
-            return;
-        };
-        if let Some(pods) = self.by_owner.get_mut(owner) {
-            pods.remove(&pod.name_any());
-            if pods.is_empty() {
-                self.by_owner.remove(owner);
-            }
+    /// Records a pod the controller just created.
+    fn record(&mut self, pod: Arc<Pod>) {
+        if let Some(key) = Self::key(&pod) {
+            self.0.insert_by(key, pod, Self::replaces);
         }
     }
 
     /// Follows one event of the shared pod watch.
     fn follow(&mut self, event: &watcher::Event<Pod>) {
-        match event {
-            watcher::Event::Init => self.building = Some(HashMap::new()),
-            watcher::Event::InitApply(pod) => {
-                if let Some(b) = self.building.as_mut() {
-                    Self::insert(b, Arc::new(pod.clone()));
-                }
-            }
-            watcher::Event::InitDone => {
-                if let Some(b) = self.building.take() {
-                    self.by_owner = b;
-                }
-                self.synced = true;
-            }
-            watcher::Event::Apply(pod) => self.apply(Arc::new(pod.clone())),
-            watcher::Event::Delete(pod) => self.remove(pod),
-        }
+        self.0.follow_by(
+            event,
+            Self::key,
+            |p| Some(Arc::new(p.clone())),
+            Self::replaces,
+        );
     }
 
     /// Non-terminating pods controlled by `uid`; `None` until the first list is complete.
     fn of(&self, uid: &str) -> Option<Vec<Arc<Pod>>> {
-        if !self.synced {
+        if !self.0.synced() {
             return None;
         }
         Some(
-            self.by_owner
-                .get(uid)
-                .map(|pods| {
-                    pods.values()
-                        .filter(|p| !is_terminating(p))
-                        .cloned()
-                        .collect()
-                })
-                .unwrap_or_default(),
+            self.0
+                .entries()
+                .range((uid.to_owned(), String::new())..)
+                .take_while(|((owner, _), _)| owner == uid)
+                .map(|(_, p)| p)
+                .filter(|p| !is_terminating(p))
+                .cloned()
+                .collect(),
         )
     }
 }
@@ -608,7 +575,7 @@ impl<'a> PodCreator<'a> {
                     .owned
                     .lock()
                     .expect("owned pods lock")
-                    .apply(Arc::new(created));
+                    .record(Arc::new(created));
                 tracing::debug!(pod = %name, ns = %self.ns, owner = %self.what, ?decision, "created pod");
                 Ok(())
             }

@@ -16,8 +16,9 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use prost::Message;
+use sluice_runtime::projection::Projection;
 use sluice_testkit::remote_write::{TimeSeries, WriteRequest};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
@@ -261,66 +262,37 @@ async fn list_routes(
 /// pod's annotation is parsed once per change, not once per tick (a tick at 40,000 pods would
 /// otherwise parse them all every interval).
 #[derive(Clone, Default)]
-struct ProxyRevisions(Arc<Mutex<RevisionIndex>>);
-
-#[derive(Default)]
-struct RevisionIndex {
-    by_pod: HashMap<(String, String), String>,
-    /// What a relist is building, swapped in when the list is complete.
-    building: Option<HashMap<(String, String), String>>,
-}
+struct ProxyRevisions(Arc<Mutex<Projection<(String, String), String>>>);
 
 impl ProxyRevisions {
     fn follow(&self, event: &watcher::Event<Pod>) {
-        let key = |p: &Pod| {
-            (
-                p.metadata.namespace.clone().unwrap_or_default(),
-                p.metadata.name.clone().unwrap_or_default(),
-            )
-        };
-        // Terminating pods no longer count as proxies.
-        let revision = |p: &Pod| {
-            p.metadata
-                .deletion_timestamp
-                .is_none()
-                .then(|| p.metadata.annotations.as_ref().and_then(injected_revision))
-                .flatten()
-        };
-        let mut ix = self.0.lock().expect("proxy revisions lock");
-        match event {
-            watcher::Event::Init => ix.building = Some(HashMap::new()),
-            watcher::Event::InitApply(p) => {
-                if let (Some(b), Some(rev)) = (ix.building.as_mut(), revision(p)) {
-                    b.insert(key(p), rev);
-                }
-            }
-            watcher::Event::InitDone => {
-                if let Some(b) = ix.building.take() {
-                    ix.by_pod = b;
-                }
-            }
-            watcher::Event::Apply(p) => match revision(p) {
-                Some(rev) => {
-                    ix.by_pod.insert(key(p), rev);
-                }
-                None => {
-                    ix.by_pod.remove(&key(p));
-                }
+        self.0.lock().expect("proxy revisions lock").follow(
+            event,
+            |p| {
+                Some((
+                    p.metadata.namespace.clone().unwrap_or_default(),
+                    p.metadata.name.clone().unwrap_or_default(),
+                ))
             },
-            watcher::Event::Delete(p) => {
-                ix.by_pod.remove(&key(p));
-            }
-        }
+            // Terminating pods no longer count as proxies.
+            |p| {
+                p.metadata
+                    .deletion_timestamp
+                    .is_none()
+                    .then(|| p.metadata.annotations.as_ref().and_then(injected_revision))
+                    .flatten()
+            },
+        );
     }
 }
 
 fn proxies_by_revision(proxies: &ProxyRevisions) -> BTreeMap<String, u64> {
     let ix = proxies.0.lock().expect("proxy revisions lock");
-    let mut out = BTreeMap::new();
-    for rev in ix.by_pod.values() {
-        *out.entry(rev.clone()).or_default() += 1;
+    let mut out: BTreeMap<&str, u64> = BTreeMap::new();
+    for rev in ix.entries().values() {
+        *out.entry(rev.as_str()).or_default() += 1;
     }
-    out
+    out.into_iter().map(|(r, n)| (r.to_owned(), n)).collect()
 }
 
 async fn run(
