@@ -61,6 +61,7 @@ async fn main() -> ExitCode {
             metrics,
         );
         ctx.allow_free_form_promql = cli.allow_free_form_promql;
+        let _forgetting = ctx.forget_deleted();
         rt.run(api, Arc::new(ctx), reconcile::reconcile).await?;
         Ok(())
     }

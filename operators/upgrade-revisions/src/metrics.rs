@@ -179,6 +179,11 @@ const PHASES: [RevisionUpgradePhase; 8] = [
     RevisionUpgradePhase::Invalid,
 ];
 
+/// The `mode` values of restart attempts.
+pub const RESTART_MODES: [&str; 2] = ["evict", "rollout_restart"];
+/// The `result` values of restart attempts.
+pub const RESTART_RESULTS: [&str; 4] = ["started", "blocked", "gone", "error"];
+
 impl UpgradeMetrics {
     /// Records one restart attempt of upgrade `upgrade`.
     pub fn restart(&self, upgrade: &str, mode: &str, result: &str) {
@@ -200,6 +205,71 @@ impl UpgradeMetrics {
                 result: result.into(),
             })
             .get()
+    }
+
+    /// The upgrades that have series.
+    pub fn upgrades(&self) -> std::collections::BTreeSet<String> {
+        self.labelled
+            .lock()
+            .expect("metrics labels lock")
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// Removes every series of upgrade `upgrade` (it was deleted): a dashboard shows what
+    /// exists, not the last value of an upgrade that is gone.
+    pub fn forget(&self, upgrade: &str) {
+        let me = UpgradeLabels {
+            upgrade: upgrade.to_owned(),
+        };
+        let (revisions, waves) = self
+            .labelled
+            .lock()
+            .expect("metrics labels lock")
+            .remove(upgrade)
+            .unwrap_or_default();
+        for r in revisions {
+            self.proxies.remove(&RevisionLabels {
+                upgrade: upgrade.to_owned(),
+                revision: r,
+            });
+        }
+        for w in waves {
+            let l = WaveLabels {
+                upgrade: upgrade.to_owned(),
+                wave: w,
+            };
+            self.wave_namespaces.remove(&l);
+            self.wave_moved.remove(&l);
+        }
+        for mode in RESTART_MODES {
+            for result in RESTART_RESULTS {
+                self.restarts.remove(&RestartLabels {
+                    upgrade: upgrade.to_owned(),
+                    mode: mode.to_owned(),
+                    result: result.to_owned(),
+                });
+            }
+        }
+        for f in [&self.in_flight, &self.throttled, &self.retirable] {
+            f.remove(&me);
+        }
+        for f in [
+            &self.tokens,
+            &self.observed,
+            &self.background,
+            &self.budget,
+            &self.headroom,
+        ] {
+            f.remove(&me);
+        }
+        for p in PHASES {
+            self.phase.remove(&PhaseLabels {
+                upgrade: upgrade.to_owned(),
+                phase: format!("{p:?}"),
+            });
+        }
     }
 
     /// Updates upgrade `upgrade`'s gauges from a status just written.
@@ -398,5 +468,37 @@ mod tests {
             out.contains("sluice_upgrade_proxies{upgrade=\"b\",revision=\"1-27\"} 7"),
             "another upgrade's series stay: {out}"
         );
+    }
+
+    #[test]
+    fn a_deleted_upgrade_leaves_no_series_and_others_keep_theirs() {
+        let mut registry = Registry::default();
+        let m = register(&mut registry);
+        let spec: RevisionUpgradeSpec = serde_json::from_value(serde_json::json!({
+            "fromTag": "stable", "fromRevision": "1-27", "toTag": "canary", "toRevision": "1-28"
+        }))
+        .unwrap();
+        for name in ["a", "b"] {
+            m.observe(
+                name,
+                &spec,
+                &status(RevisionUpgradePhase::Progressing, &["w1"]),
+                &[("1-27".to_owned(), 3)].into_iter().collect(),
+                1,
+            );
+            m.restart(name, "evict", "started");
+            m.restart(name, "rollout_restart", "blocked");
+        }
+        m.forget("a");
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        assert!(!out.contains("upgrade=\"a\""), "a's series are gone: {out}");
+        for want in [
+            "sluice_upgrade_proxies{upgrade=\"b\",revision=\"1-27\"} 3",
+            "sluice_upgrade_wave_namespaces{upgrade=\"b\",wave=\"w1\"}",
+            "upgrade=\"b\",mode=\"rollout_restart\",result=\"blocked\"",
+        ] {
+            assert!(out.contains(want), "missing {want} in\n{out}");
+        }
     }
 }

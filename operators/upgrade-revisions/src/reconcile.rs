@@ -27,7 +27,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{EvictParams, ListParams, Patch, PatchParams},
+    api::{EvictParams, ListParams, PartialObjectMeta, Patch, PatchParams},
     runtime::{
         WatchStreamExt,
         controller::Action as ControllerAction,
@@ -406,6 +406,46 @@ impl Context {
         ctx.metrics_source = metrics_source;
         ctx.metrics = metrics;
         ctx
+    }
+}
+
+impl Context {
+    /// Follows RevisionUpgrade deletions until aborted. A deleted upgrade's scheduled
+    /// restarts stop and its metric series are removed; after a relist, so are those of
+    /// upgrades deleted while the watch was down. (A deleted object is never reconciled, so
+    /// the reconcile cannot do it.)
+    pub fn forget_deleted(&self) -> JoinHandle<()> {
+        let api: Api<PartialObjectMeta<RevisionUpgrade>> = Api::all(self.client.clone());
+        let (memory, metrics) = (self.memory.clone(), self.metrics.clone());
+        let forget = move |name: &str| {
+            if let Some(m) = memory.lock().expect("memory lock").remove(name) {
+                m.pacers.iter().for_each(JoinHandle::abort);
+            }
+            metrics.forget(name);
+            tracing::debug!(upgrade = name, "deleted: schedules stopped, series removed");
+        };
+        let (memory, metrics) = (self.memory.clone(), self.metrics.clone());
+        let mut listed: BTreeSet<String> = BTreeSet::new();
+        let stream = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .for_each(move |event| {
+                match event {
+                    Ok(watcher::Event::Delete(m)) => forget(&m.name_any()),
+                    Ok(watcher::Event::Init) => listed.clear(),
+                    Ok(watcher::Event::InitApply(m)) => {
+                        listed.insert(m.name_any());
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        let mut known: BTreeSet<String> = metrics.upgrades();
+                        known.extend(memory.lock().expect("memory lock").keys().cloned());
+                        known.difference(&listed).for_each(|n| forget(n));
+                    }
+                    Ok(watcher::Event::Apply(_)) => {}
+                    Err(e) => tracing::debug!(error = %e, "RevisionUpgrade watch interrupted"),
+                }
+                futures::future::ready(())
+            });
+        tokio::spawn(stream)
     }
 }
 

@@ -150,3 +150,55 @@ async fn invalid_revision_upgrade_is_named_then_ready_once_fixed() {
         .unwrap();
     emu.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_deleted_upgrade_leaves_no_metric_series() {
+    let emu = kube_emulator::Emulator::start().await;
+    emu.load_manifest_file(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../crds/revisionupgrades.sluice.dev.yaml"
+    ))
+    .expect("CRD installs");
+    let client = emu.client();
+    let api: Api<RevisionUpgrade> = Api::all(client.clone());
+    let mut registry = prometheus_client::registry::Registry::default();
+    let mut ctx =
+        reconcile::Context::new(client.clone(), EventRecorder::new(client.clone(), OPERATOR));
+    ctx.metrics = sluice_upgrade_revisions::metrics::register(&mut registry);
+    let forgetting = ctx.forget_deleted();
+    let body = serde_json::json!({
+        "apiVersion": "sluice.dev/v1alpha1",
+        "kind": "RevisionUpgrade",
+        "metadata": {"name": "istio-1-28"},
+        "spec": {"fromTag": "stable", "fromRevision": "1-27", "toTag": "canary", "toRevision": "1-28"},
+    });
+    let upgrade: RevisionUpgrade = serde_json::from_value(body).unwrap();
+    let created = api.create(&PostParams::default(), &upgrade).await.unwrap();
+    ctx.metrics.observe(
+        "istio-1-28",
+        &created.spec,
+        &Default::default(),
+        &[("1-27".to_owned(), 5)].into_iter().collect(),
+        2,
+    );
+    let series = |registry: &prometheus_client::registry::Registry| {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+        out.lines()
+            .filter(|l| l.contains("upgrade=\"istio-1-28\""))
+            .count()
+    };
+    assert!(series(&registry) > 10, "the upgrade has its series");
+
+    // When it is deleted, then every series naming it goes.
+    api.delete("istio-1-28", &Default::default()).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while series(&registry) > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "series of the deleted upgrade remain"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    forgetting.abort();
+}
