@@ -169,6 +169,20 @@ impl RevertMetrics {
                 seen: now,
             },
         );
+        self.publish(&mut active, now);
+    }
+
+    /// Forgets a pin that was deleted (`now`: the clock, seconds): it no longer counts in any
+    /// phase, nor as the oldest pin.
+    pub fn forget(&self, key: &str, now: i64) {
+        let mut active = self.active.lock().expect("metrics lock");
+        active.remove(key);
+        self.publish(&mut active, now);
+    }
+
+    /// Drops pins in force that stopped being reconciled, then sets the phase gauges and the
+    /// oldest pin age from what remains.
+    fn publish(&self, active: &mut BTreeMap<String, Entry>, now: i64) {
         active.retain(|_, e| {
             !matches!(e.phase, BundlePinPhase::Pinning | BundlePinPhase::Pinned)
                 || now - e.seen <= FORGET_AFTER_SECONDS
@@ -188,11 +202,6 @@ impl RevertMetrics {
             .min()
             .map_or(0, |since| (now - since).max(0));
         self.oldest_pin_age_seconds.set(oldest as f64);
-    }
-
-    /// Forgets a pin (deleted).
-    pub fn forget(&self, key: &str) {
-        self.active.lock().expect("metrics lock").remove(key);
     }
 
     /// The current oldest-pin age (tests).
@@ -240,6 +249,24 @@ mod tests {
             "sluice_revert_objects_pruned_total",
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
+        }
+    }
+
+    #[test]
+    fn a_deleted_pin_leaves_every_phase_and_the_oldest_age() {
+        let mut registry = Registry::default();
+        let m = register(&mut registry);
+        m.observe("ns/a", BundlePinPhase::Pinned, Some(0), 10);
+        m.observe("ns/b", BundlePinPhase::Released, Some(0), 10);
+        assert_eq!(m.oldest_pin_age(), 10.0);
+        m.forget("ns/a", 11);
+        m.forget("ns/b", 11);
+        assert_eq!(m.oldest_pin_age(), 0.0);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for phase in ["Pinned", "Released"] {
+            let line = format!("sluice_revert_pins{{phase=\"{phase}\"}} 0");
+            assert!(text.contains(&line), "{line} missing from:\n{text}");
         }
     }
 }

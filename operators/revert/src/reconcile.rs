@@ -761,6 +761,7 @@ pub async fn reconcile(
         if has_finalizer {
             set_finalizer(&api, &obj, false).await?;
         }
+        ctx.metrics.forget(&format!("{ns}/{name}"), (ctx.clock)().as_second());
         return Ok(ControllerAction::await_change());
     }
     let spec = if deleting {

@@ -948,7 +948,12 @@ impl Tick<'_> {
         // eviction's action is built only once it is granted: a wave offers thousands.
         enum Unit {
             Evict(Arc<PodView>),
-            Action(Action),
+            RolloutRestart {
+                namespace: String,
+                workload: Workload,
+                restarted_at: String,
+                pods: u32,
+            },
         }
         let mut units: Vec<(u32, Unit)> = Vec::new();
         let mut by_workload: BTreeMap<(String, Workload), u32> = BTreeMap::new();
@@ -989,13 +994,12 @@ impl Tick<'_> {
             }
             units.push((
                 n,
-                Unit::Action(Action::RolloutRestart {
+                Unit::RolloutRestart {
                     namespace,
                     workload,
                     restarted_at: marker,
                     pods: n,
-                    after: Duration::ZERO,
-                }),
+                },
             ));
         }
         let wanted: u32 = units.iter().map(|u| u.0).sum();
@@ -1018,20 +1022,25 @@ impl Tick<'_> {
         );
         for ((_, unit), start) in units.into_iter().zip(&g.starts) {
             let Some(start) = start else { continue };
-            let mut action = match unit {
+            let action = match unit {
                 Unit::Evict(p) => Action::Evict {
                     namespace: p.namespace.clone(),
                     pod: p.name.clone(),
-                    after: Duration::ZERO,
+                    after: *start,
                 },
-                Unit::Action(a) => a,
+                Unit::RolloutRestart {
+                    namespace,
+                    workload,
+                    restarted_at,
+                    pods,
+                } => Action::RolloutRestart {
+                    namespace,
+                    workload,
+                    restarted_at,
+                    pods,
+                    after: *start,
+                },
             };
-            match &mut action {
-                Action::Evict { after, .. } | Action::RolloutRestart { after, .. } => {
-                    *after = *start;
-                }
-                _ => {}
-            }
             self.actions.push(action);
         }
         if g.restarts > 0 {

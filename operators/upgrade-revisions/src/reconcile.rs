@@ -407,9 +407,7 @@ impl Context {
         ctx.metrics = metrics;
         ctx
     }
-}
 
-impl Context {
     /// Follows RevisionUpgrade deletions until aborted. A deleted upgrade's scheduled
     /// restarts stop and its metric series are removed; after a relist, so are those of
     /// upgrades deleted while the watch was down. (A deleted object is never reconciled, so
@@ -417,18 +415,17 @@ impl Context {
     pub fn forget_deleted(&self) -> JoinHandle<()> {
         let api: Api<PartialObjectMeta<RevisionUpgrade>> = Api::all(self.client.clone());
         let (memory, metrics) = (self.memory.clone(), self.metrics.clone());
-        let forget = move |name: &str| {
-            if let Some(m) = memory.lock().expect("memory lock").remove(name) {
-                m.pacers.iter().for_each(JoinHandle::abort);
-            }
-            metrics.forget(name);
-            tracing::debug!(upgrade = name, "deleted: schedules stopped, series removed");
-        };
-        let (memory, metrics) = (self.memory.clone(), self.metrics.clone());
         let mut listed: BTreeSet<String> = BTreeSet::new();
         let stream = watcher(api, watcher::Config::default())
             .default_backoff()
             .for_each(move |event| {
+                let forget = |name: &str| {
+                    if let Some(m) = memory.lock().expect("memory lock").remove(name) {
+                        m.pacers.iter().for_each(JoinHandle::abort);
+                    }
+                    metrics.forget(name);
+                    tracing::debug!(upgrade = name, "deleted: schedules stopped, series removed");
+                };
                 match event {
                     Ok(watcher::Event::Delete(m)) => forget(&m.name_any()),
                     Ok(watcher::Event::Init) => listed.clear(),
@@ -436,7 +433,7 @@ impl Context {
                         listed.insert(m.name_any());
                     }
                     Ok(watcher::Event::InitDone) => {
-                        let mut known: BTreeSet<String> = metrics.upgrades();
+                        let mut known = metrics.upgrades();
                         known.extend(memory.lock().expect("memory lock").keys().cloned());
                         known.difference(&listed).for_each(|n| forget(n));
                     }
@@ -563,7 +560,7 @@ pub async fn reconcile(
         let m = memory.entry(name.clone()).or_default();
         obs.unused_grants = m.unused;
         obs.blocked = m.blocked.clone();
-        // A pod whose restart was sent stays out of the candidates while the reading still
+        // A pod whose restart was sent stays out of the candidates while the watch cache still
         // shows it alive (the watch may lag the eviction), at most a minute.
         // A workload's rollout restart is kept 30 s: by then its new template is read.
         let (pods_kept, workloads_kept) =
