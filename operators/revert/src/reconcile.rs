@@ -761,7 +761,8 @@ pub async fn reconcile(
         if has_finalizer {
             set_finalizer(&api, &obj, false).await?;
         }
-        ctx.metrics.forget(&format!("{ns}/{name}"), (ctx.clock)().as_second());
+        ctx.metrics
+            .forget(&format!("{ns}/{name}"), (ctx.clock)().as_second());
         return Ok(ControllerAction::await_change());
     }
     let spec = if deleting {

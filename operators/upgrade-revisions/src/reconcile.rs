@@ -79,7 +79,10 @@ pub struct FleetCache {
 /// annotation is parsed once per change instead of once per tick (a tick reads every pod of the
 /// cluster; at 40,000 pods the parsing would cost more than the rest of the tick).
 #[derive(Clone, Default)]
-struct PodViews(Arc<Mutex<Projection<(String, String), Arc<PodView>>>>);
+struct PodViews(Arc<Mutex<Projection<PodKey, Arc<PodView>>>>);
+
+/// A pod's (namespace, name).
+type PodKey = (String, String);
 
 impl PodViews {
     fn follow(&self, event: &watcher::Event<Pod>) {
