@@ -173,7 +173,7 @@ pub async fn drive<K, Ctx, F, Fut, E>(
     watcher_config: watcher::Config,
     ctx: Arc<Ctx>,
     reconcile: F,
-    mut leadership: Leadership,
+    leadership: Leadership,
     shutdown: CancellationToken,
     hooks: Hooks,
 ) where
@@ -183,6 +183,41 @@ pub async fn drive<K, Ctx, F, Fut, E>(
     F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Action, E>> + Send + 'static,
     E: std::error::Error + Categorized + Send + Sync + 'static,
+{
+    drive_with(
+        api,
+        watcher_config,
+        ctx,
+        reconcile,
+        leadership,
+        shutdown,
+        hooks,
+        |controller| controller,
+    )
+    .await;
+}
+
+/// [`drive`], with `extend` applied to each new controller before it runs: an operator adds
+/// its second triggers there (`Controller::watches`, `owns`), reading the controller's own
+/// store if it maps by what the primary objects say.
+#[allow(clippy::too_many_arguments)]
+pub async fn drive_with<K, Ctx, F, Fut, E, X>(
+    api: Api<K>,
+    watcher_config: watcher::Config,
+    ctx: Arc<Ctx>,
+    reconcile: F,
+    mut leadership: Leadership,
+    shutdown: CancellationToken,
+    hooks: Hooks,
+    extend: X,
+) where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Debug + Unpin,
+    Ctx: Send + Sync + 'static,
+    F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, E>> + Send + 'static,
+    E: std::error::Error + Categorized + Send + Sync + 'static,
+    X: Fn(Controller<K>) -> Controller<K>,
 {
     let kind = K::kind(&()).into_owned();
     let reconcile = Arc::new(reconcile);
@@ -208,9 +243,11 @@ pub async fn drive<K, Ctx, F, Fut, E>(
             })
         };
 
-        let controller = Controller::new(api.clone(), watcher_config.clone())
-            .with_config(hooks.controller_config())
-            .graceful_shutdown_on(stop.clone().cancelled_owned());
+        let controller = extend(
+            Controller::new(api.clone(), watcher_config.clone())
+                .with_config(hooks.controller_config())
+                .graceful_shutdown_on(stop.clone().cancelled_owned()),
+        );
         let store = controller.store();
         let sync_task = {
             let health = hooks.health.clone();
@@ -382,6 +419,26 @@ impl Runtime {
         Fut: Future<Output = Result<Action, E>> + Send + 'static,
         E: std::error::Error + Categorized + Send + Sync + 'static,
     {
+        self.run_with(api, ctx, reconcile, |controller| controller)
+            .await
+    }
+
+    /// [`Runtime::run`], with `extend` applied to each new controller (see [`drive_with`]).
+    pub async fn run_with<K, Ctx, F, Fut, E, X>(
+        self,
+        api: Api<K>,
+        ctx: Arc<Ctx>,
+        reconcile: F,
+        extend: X,
+    ) -> Result<(), BootError>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        Ctx: Send + Sync + 'static,
+        F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        E: std::error::Error + Categorized + Send + Sync + 'static,
+        X: Fn(Controller<K>) -> Controller<K>,
+    {
         let settings = self.args.lease_settings(self.name)?;
         let server_stop = CancellationToken::new();
         let server = Server::bind(
@@ -439,7 +496,7 @@ impl Runtime {
         );
         // The namespace scope is in `api` (see `namespaced_api`).
         let watcher_config = watcher::Config::default().any_semantic();
-        drive(
+        drive_with(
             api,
             watcher_config,
             ctx,
@@ -447,6 +504,7 @@ impl Runtime {
             leadership,
             shutdown.clone(),
             hooks,
+            extend,
         )
         .await;
 

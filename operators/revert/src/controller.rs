@@ -4,24 +4,20 @@
 //! once, so a release follows Argo CD's report without waiting for a poll. The pin's own slow
 //! requeue ([`crate::decide::POLL`]) stays as a safety net for a missed event.
 //!
-//! Owns the mapping Application → BundlePins and the controller loop that carries it (the
-//! shared runtime's `drive` watches one kind only; this is the same loop, leadership, metrics
-//! and back-off, plus the Application watch). Must never decide anything about a pin and never
-//! write: it only asks for reconciles.
+//! Owns the mapping Application → BundlePins and the Application watch it adds to the shared
+//! runtime's controller loop (same leadership, metrics and back-off). Must never decide anything
+//! about a pin and never write: it only asks for reconciles.
 
 use std::{
     collections::HashMap,
     hash::{DefaultHasher, Hash, Hasher},
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
 };
 
-use futures::StreamExt;
 use kube::{
-    Api, Resource, ResourceExt,
+    Api, ResourceExt,
     runtime::{
         Controller,
-        controller::{Action, Error as ControllerError},
         reflector::{ObjectRef, Store},
         watcher,
     },
@@ -31,12 +27,15 @@ use sluice_api::{
     external::argocd::Application,
     v1alpha1::{BundlePin, BundlePinPhase},
 };
-use sluice_runtime::{Categorized, leader::Leadership, operator::Hooks};
+use sluice_runtime::{
+    leader::Leadership,
+    operator::{Hooks, drive_with},
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
     decide,
-    reconcile::{self, Context, ReconcileError},
+    reconcile::{self, Context},
 };
 
 /// What of an Application a pin's decision reads; a change elsewhere (health, history,
@@ -102,138 +101,47 @@ impl ApplicationTrigger {
     }
 }
 
-fn object_key(obj: &BundlePin) -> String {
-    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
+/// Adds the Application watch to a new BundlePin controller: a change that matters to a pin
+/// (same [`fingerprint`] as last seen: no) reconciles the live pins targeting the Application.
+pub fn with_application_trigger(
+    applications: Api<Application>,
+    watcher_config: watcher::Config,
+) -> impl Fn(Controller<BundlePin>) -> Controller<BundlePin> {
+    move |controller| {
+        let pins: Store<BundlePin> = controller.store();
+        let trigger = ApplicationTrigger::default();
+        controller.watches(
+            applications.clone(),
+            watcher_config.clone(),
+            move |app: Application| trigger.map(&app, &pins.state()),
+        )
+    }
 }
 
 /// Runs the BundlePin controller (pins from `pins`, Applications from `applications`) whenever
-/// `leadership` holds, until `shutdown` is cancelled: the runtime's `drive` plus the
-/// Application watch. Every reconcile is timed and counted; an error is counted by category,
-/// logged and retried with per-object back-off. Losing leadership stops the controller
-/// gracefully; regaining it starts a fresh one with fresh caches.
+/// `leadership` holds, until `shutdown` is cancelled: the runtime's
+/// [`drive_with`](sluice_runtime::operator::drive_with) with [`with_application_trigger`].
 pub async fn drive(
     pins: Api<BundlePin>,
     applications: Api<Application>,
     watcher_config: watcher::Config,
     ctx: Arc<Context>,
-    mut leadership: Leadership,
+    leadership: Leadership,
     shutdown: CancellationToken,
     hooks: Hooks,
 ) {
-    let kind = BundlePin::kind(&()).into_owned();
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            got = leadership.acquired() => if !got { break },
-        }
-        tracing::info!(%kind, "leading: starting controller");
-        hooks.metrics.set_leader(true);
-
-        let stop = CancellationToken::new();
-        let stopper = {
-            let stop = stop.clone();
-            let shutdown = shutdown.clone();
-            let mut leadership = leadership.clone();
-            tokio::spawn(async move {
-                tokio::select! {
-                    _ = shutdown.cancelled() => {},
-                    _ = leadership.lost() => tracing::warn!("lost leadership: stopping reconciles"),
-                }
-                stop.cancel();
-            })
-        };
-
-        let controller = Controller::new(pins.clone(), watcher_config.clone())
-            .with_config(hooks.controller_config())
-            .graceful_shutdown_on(stop.clone().cancelled_owned());
-        let store: Store<BundlePin> = controller.store();
-        let trigger = ApplicationTrigger::default();
-        let mapper_store = store.clone();
-        let controller = controller.watches(
-            applications.clone(),
-            watcher_config.clone(),
-            move |app: Application| trigger.map(&app, &mapper_store.state()),
-        );
-        let sync_task = {
-            let health = hooks.health.clone();
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                // The store's readiness signal wakes only one waiter, and the controller waits
-                // on it too: re-poll on a short period instead of relying on the wake-up.
-                loop {
-                    let poll =
-                        tokio::time::timeout(Duration::from_millis(200), store.wait_until_ready());
-                    tokio::select! {
-                        _ = stop.cancelled() => break,
-                        ready = poll => match ready {
-                            Ok(Ok(())) => {
-                                health.set_synced(true);
-                                tracing::info!("caches synced");
-                                break;
-                            }
-                            Ok(Err(_)) => break,
-                            Err(_) => {}
-                        },
-                    }
-                }
-            })
-        };
-
-        let run_hooks = hooks.clone();
-        let run_kind = kind.clone();
-        let wrapped = move |obj: Arc<BundlePin>, ctx: Arc<Context>| {
-            let hooks = run_hooks.clone();
-            let kind = run_kind.clone();
-            let key = object_key(obj.as_ref());
-            async move {
-                let started = Instant::now();
-                let result = reconcile::reconcile(obj, ctx).await;
-                let category = result.as_ref().err().map(Categorized::category);
-                hooks.metrics.observe(&kind, started.elapsed(), category);
-                if result.is_ok() {
-                    hooks.backoff.succeed(&key);
-                }
-                result
-            }
-        };
-        let error_hooks = hooks.clone();
-        let error_policy = move |obj: Arc<BundlePin>, err: &ReconcileError, _ctx: Arc<Context>| {
-            let key = object_key(obj.as_ref());
-            let delay = error_hooks.backoff.fail(&key);
-            tracing::warn!(
-                object = %key,
-                category = err.category().label(),
-                retry_in = ?delay,
-                error = %err,
-                "reconcile failed"
-            );
-            Action::requeue(delay)
-        };
-
-        controller
-            .run(wrapped, error_policy, ctx.clone())
-            .for_each(|res| async move {
-                match res {
-                    Ok((obj, _)) => tracing::debug!(object = %obj, "reconciled"),
-                    Err(ControllerError::ReconcilerFailed(..)) => {} // logged by the error policy
-                    Err(ControllerError::ObjectNotFound(obj)) => {
-                        tracing::debug!(object = %obj, "object gone before reconcile")
-                    }
-                    Err(err) => tracing::warn!(error = %err, "controller error"),
-                }
-            })
-            .await;
-
-        stop.cancel();
-        let _ = stopper.await;
-        let _ = sync_task.await;
-        hooks.health.set_synced(false);
-        hooks.metrics.set_leader(false);
-        tracing::info!(%kind, "controller stopped");
-        if shutdown.is_cancelled() {
-            break;
-        }
-    }
+    let extend = with_application_trigger(applications, watcher_config.clone());
+    drive_with(
+        pins,
+        watcher_config,
+        ctx,
+        reconcile::reconcile,
+        leadership,
+        shutdown,
+        hooks,
+        extend,
+    )
+    .await;
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! revert's controller (BundlePins, woken by their Applications) while this replica leads.
 #![forbid(unsafe_code)]
 
-use std::{path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
+use std::{path::PathBuf, process::ExitCode, sync::Arc};
 
 use clap::Parser;
 use kube::runtime::watcher;
@@ -13,13 +13,7 @@ use sluice_revert::{
     OPERATOR, controller, metrics,
     reconcile::{self, Settings},
 };
-use sluice_runtime::{
-    Runtime, RuntimeArgs, leader,
-    leader::Leadership,
-    operator::{Hooks, termination_signal},
-    server::Server,
-};
-use tokio_util::sync::CancellationToken;
+use sluice_runtime::{Runtime, RuntimeArgs};
 
 /// Pins Argo CD Applications to a previously rendered, signed bundle, ahead of Git.
 #[derive(Debug, Parser)]
@@ -131,74 +125,14 @@ fn settings(cli: &Cli, namespace: &str) -> anyhow::Result<Settings> {
 
 /// `Runtime::run` with revert's controller (BundlePins plus the Application watch): serves
 /// metrics and health, runs leader election, reconciles while leading, until SIGTERM/SIGINT.
-/// Shutdown order: stop reconciling, then release the Lease, then stop the server.
 async fn run(rt: Runtime, ctx: Arc<reconcile::Context>) -> anyhow::Result<()> {
-    let lease = rt.args.lease_settings(rt.name)?;
     let pins = rt.namespaced_api::<BundlePin>();
     let applications = rt.namespaced_api::<Application>();
-    let server_stop = CancellationToken::new();
-    let server = Server::bind(
-        rt.args.metrics_addr,
-        Arc::new(rt.registry),
-        rt.health.clone(),
-    )
-    .await?;
-    tracing::info!(operator = rt.name, addr = ?server.local_addr(), "serving /metrics, /healthz, /readyz");
-    let server_task = server.spawn(server_stop.clone());
-
-    let lease_stop = CancellationToken::new();
-    let (leadership, lease_task) = if rt.args.leader_election_disabled {
-        tracing::warn!("leader election disabled: run a single replica only");
-        rt.health.set_leader(true);
-        (Leadership::always(), None)
-    } else {
-        let (l, t) = leader::spawn(rt.client.clone(), lease, lease_stop.clone());
-        (l, Some(t))
-    };
-    let health_task = {
-        let health = rt.health.clone();
-        let mut l = leadership.clone();
-        // Until the Lease first answers, the replica is Starting (not ready), not Standby.
-        tokio::spawn(async move {
-            while let Some(leader) = l.changed().await {
-                health.set_leader(leader);
-            }
-        })
-    };
-    let shutdown = CancellationToken::new();
-    tokio::spawn({
-        let shutdown = shutdown.clone();
-        let health = rt.health.clone();
-        async move {
-            termination_signal().await;
-            tracing::info!("termination signal received: shutting down");
-            health.set_shutting_down();
-            shutdown.cancel();
-        }
-    });
-    let (mut hooks, _unused) = Hooks::standalone();
-    hooks.metrics = rt.metrics.clone();
-    hooks.health = rt.health.clone();
-    let hooks = hooks.with_max_concurrent_reconciles(rt.args.max_concurrent_reconciles);
-    controller::drive(
-        pins,
+    let extend = controller::with_application_trigger(
         applications,
         watcher::Config::default().any_semantic(),
-        ctx,
-        leadership,
-        shutdown,
-        hooks,
-    )
-    .await;
-
-    lease_stop.cancel();
-    if let Some(t) = lease_task {
-        let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
-    }
-    health_task.abort();
-    server_stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(5), server_task).await;
-    tracing::info!(operator = rt.name, "stopped");
+    );
+    rt.run_with(pins, ctx, reconcile::reconcile, extend).await?;
     Ok(())
 }
 
