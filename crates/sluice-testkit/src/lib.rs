@@ -5,5 +5,6 @@
 pub mod git;
 pub mod operator_binary;
 pub mod prometheus;
+pub mod rbac;
 pub mod registry;
 pub mod remote_write;

@@ -80,42 +80,6 @@ const SCENARIO_BUDGET: Duration = Duration::from_secs(58);
 /// The scenarios share the machine's two cores: one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// revert's role in a workload cluster, equivalent to the chart's
-/// `templates/workload/revert-target-identity.yaml` (the allowlisted mesh kinds; get, list,
-/// create, patch, delete), bound to revert's ServiceAccount there.
-const REVERT_TARGET_RBAC: &str = r#"
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata:
-  name: sluice-revert-target
-rules:
-  - apiGroups: ["gateway.networking.k8s.io"]
-    resources: ["httproutes", "grpcroutes"]
-    verbs: ["get", "list", "create", "patch", "delete"]
-  - apiGroups: ["networking.istio.io"]
-    resources: ["virtualservices", "destinationrules", "serviceentries", "sidecars", "envoyfilters"]
-    verbs: ["get", "list", "create", "patch", "delete"]
-  - apiGroups: ["security.istio.io"]
-    resources: ["authorizationpolicies", "peerauthentications", "requestauthentications"]
-    verbs: ["get", "list", "create", "patch", "delete"]
-  - apiGroups: ["telemetry.istio.io"]
-    resources: ["telemetries"]
-    verbs: ["get", "list", "create", "patch", "delete"]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata:
-  name: sluice-revert-target
-roleRef:
-  apiGroup: rbac.authorization.k8s.io
-  kind: ClusterRole
-  name: sluice-revert-target
-subjects:
-  - kind: ServiceAccount
-    name: sluice-revert-target
-    namespace: sluice-system
-"#;
-
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -316,7 +280,7 @@ impl Fleet {
             })
             .await
             .unwrap_or_else(|e| panic!("the workload emulator of {c} starts: {e}"));
-            w.load_yaml(REVERT_TARGET_RBAC)
+            w.load_yaml(&sluice_testkit::rbac::revert_target())
                 .unwrap_or_else(|e| panic!("revert's role in {c}: {e}"));
             namespace(&w.client_with_token(ADMIN_TOKEN), SHOP).await;
             let token = w.service_account_token(SYSTEM, "sluice-revert-target");

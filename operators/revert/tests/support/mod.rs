@@ -45,42 +45,6 @@ pub const SHOP: &str = "shop";
 pub const APP: &str = "mesh-c1";
 pub const CLUSTER: &str = "c1";
 
-/// revert's role in a workload cluster, written equivalently to the chart's
-/// `templates/workload/revert-target-identity.yaml` (same kinds, same verbs: get, list, create,
-/// patch, delete), bound to revert's ServiceAccount there.
-pub const WORKLOAD_RBAC: &str = r#"
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata:
-  name: sluice-revert-target
-rules:
-  - apiGroups: ["gateway.networking.k8s.io"]
-    resources: ["httproutes", "grpcroutes"]
-    verbs: ["get", "list", "create", "patch", "delete"]
-  - apiGroups: ["networking.istio.io"]
-    resources: ["virtualservices", "destinationrules", "serviceentries", "sidecars", "envoyfilters"]
-    verbs: ["get", "list", "create", "patch", "delete"]
-  - apiGroups: ["security.istio.io"]
-    resources: ["authorizationpolicies", "peerauthentications", "requestauthentications"]
-    verbs: ["get", "list", "create", "patch", "delete"]
-  - apiGroups: ["telemetry.istio.io"]
-    resources: ["telemetries"]
-    verbs: ["get", "list", "create", "patch", "delete"]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata:
-  name: sluice-revert-target
-roleRef:
-  apiGroup: rbac.authorization.k8s.io
-  kind: ClusterRole
-  name: sluice-revert-target
-subjects:
-  - kind: ServiceAccount
-    name: sluice-revert-target
-    namespace: sluice-system
-"#;
-
 /// A route with the canary weight `canary`.
 pub fn route(name: &str, canary: u32) -> String {
     format!(
@@ -349,7 +313,9 @@ impl World {
                 upstream.join("gateway-api-v1.6.1/gateway.networking.k8s.io_httproutes.yaml"),
             )
             .expect("HTTPRoute CRD");
-        workload.load_yaml(WORKLOAD_RBAC).expect("revert's role");
+        workload
+            .load_yaml(&sluice_testkit::rbac::revert_target())
+            .expect("revert's role");
         let mgmt_client = mgmt.client();
         let workload_admin = workload.client_with_token(kube_emulator::ADMIN_TOKEN);
         for ns in [ARGOCD, SYSTEM] {
