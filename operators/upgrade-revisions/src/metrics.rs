@@ -379,14 +379,19 @@ mod tests {
         }
     }
 
+    /// An upgrade from 1-27 (tag `stable`) to 1-28 (tag `canary`).
+    fn spec() -> RevisionUpgradeSpec {
+        serde_json::from_value(serde_json::json!({
+            "fromTag": "stable", "fromRevision": "1-27", "toTag": "canary", "toRevision": "1-28"
+        }))
+        .unwrap()
+    }
+
     #[test]
     fn every_series_is_prefixed_and_names_its_upgrade_so_two_never_overwrite() {
         let mut registry = Registry::default();
         let m = register(&mut registry);
-        let spec: RevisionUpgradeSpec = serde_json::from_value(serde_json::json!({
-            "fromTag": "stable", "fromRevision": "1-27", "toTag": "canary", "toRevision": "1-28"
-        }))
-        .unwrap();
+        let spec = spec();
         m.restart("a", "evict", "started");
         m.observe(
             "a",
@@ -434,10 +439,7 @@ mod tests {
     fn series_of_revisions_and_waves_that_went_away_are_removed() {
         let mut registry = Registry::default();
         let m = register(&mut registry);
-        let spec: RevisionUpgradeSpec = serde_json::from_value(serde_json::json!({
-            "fromTag": "stable", "fromRevision": "1-27", "toTag": "canary", "toRevision": "1-28"
-        }))
-        .unwrap();
+        let spec = spec();
         let both = [("1-27".to_owned(), 2), ("1-28".to_owned(), 2)];
         m.observe(
             "a",
@@ -474,10 +476,7 @@ mod tests {
     fn a_deleted_upgrade_leaves_no_series_and_others_keep_theirs() {
         let mut registry = Registry::default();
         let m = register(&mut registry);
-        let spec: RevisionUpgradeSpec = serde_json::from_value(serde_json::json!({
-            "fromTag": "stable", "fromRevision": "1-27", "toTag": "canary", "toRevision": "1-28"
-        }))
-        .unwrap();
+        let spec = spec();
         for name in ["a", "b"] {
             m.observe(
                 name,

@@ -50,14 +50,20 @@ fn ready(obj: &RevisionUpgrade) -> Option<(String, String)> {
     Some((c.status.clone(), c.reason.clone()))
 }
 
-#[tokio::test]
-async fn invalid_revision_upgrade_is_named_then_ready_once_fixed() {
+/// An emulator with the RevisionUpgrade CRD from `crds/` installed.
+async fn emulator_with_crd() -> kube_emulator::Emulator {
     let emu = kube_emulator::Emulator::start().await;
     emu.load_manifest_file(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../crds/revisionupgrades.sluice.dev.yaml"
     ))
     .expect("CRD installs");
+    emu
+}
+
+#[tokio::test]
+async fn invalid_revision_upgrade_is_named_then_ready_once_fixed() {
+    let emu = emulator_with_crd().await;
     let client = emu.client();
     let api: Api<RevisionUpgrade> = Api::all(client.clone());
 
@@ -153,12 +159,7 @@ async fn invalid_revision_upgrade_is_named_then_ready_once_fixed() {
 
 #[tokio::test]
 async fn a_deleted_upgrade_leaves_no_metric_series() {
-    let emu = kube_emulator::Emulator::start().await;
-    emu.load_manifest_file(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../crds/revisionupgrades.sluice.dev.yaml"
-    ))
-    .expect("CRD installs");
+    let emu = emulator_with_crd().await;
     let client = emu.client();
     let api: Api<RevisionUpgrade> = Api::all(client.clone());
     let mut registry = prometheus_client::registry::Registry::default();
