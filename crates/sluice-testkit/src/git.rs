@@ -313,18 +313,9 @@ impl GitRepo {
 mod tests {
     use super::*;
 
-    fn git_available() -> bool {
-        Command::new("git")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .status()
-            .is_ok()
-    }
-
     #[test]
     fn new_repo_has_main_with_an_initial_commit_and_local_identity() {
-        if !git_available() {
-            eprintln!("skipping: {}", GitError::BinaryMissing);
+        if crate::prereq::require_binary("git").is_none() {
             return;
         }
         let repo = GitRepo::new().unwrap();
@@ -348,8 +339,7 @@ mod tests {
 
     #[test]
     fn commits_branches_and_files_are_visible_in_the_bare_repo() {
-        if !git_available() {
-            eprintln!("skipping: {}", GitError::BinaryMissing);
+        if crate::prereq::require_binary("git").is_none() {
             return;
         }
         let repo = GitRepo::new().unwrap();
@@ -392,8 +382,7 @@ mod tests {
 
     #[test]
     fn a_second_clone_sees_pushes_and_pull_follows_the_bare_repo() {
-        if !git_available() {
-            eprintln!("skipping: {}", GitError::BinaryMissing);
+        if crate::prereq::require_binary("git").is_none() {
             return;
         }
         let repo = GitRepo::new().unwrap();
@@ -417,8 +406,7 @@ mod tests {
 
     #[test]
     fn failing_command_says_what_and_where() {
-        if !git_available() {
-            eprintln!("skipping: {}", GitError::BinaryMissing);
+        if crate::prereq::require_binary("git").is_none() {
             return;
         }
         let repo = GitRepo::new().unwrap();
@@ -431,8 +419,7 @@ mod tests {
 
     #[test]
     fn dropping_the_repo_removes_its_directories() {
-        if !git_available() {
-            eprintln!("skipping: {}", GitError::BinaryMissing);
+        if crate::prereq::require_binary("git").is_none() {
             return;
         }
         let repo = GitRepo::new().unwrap();

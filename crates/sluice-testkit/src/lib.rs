@@ -4,6 +4,7 @@
 
 pub mod git;
 pub mod operator_binary;
+pub mod prereq;
 pub mod prometheus;
 pub mod rbac;
 pub mod registry;

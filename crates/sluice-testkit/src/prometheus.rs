@@ -215,6 +215,27 @@ fn parse_value(raw: &str) -> f64 {
 }
 
 impl Prometheus {
+    /// Starts the fixture, or skips the calling test when the binary is missing (under CI a
+    /// missing binary fails the test: see [`crate::prereq`]). Any other failure panics.
+    #[track_caller]
+    pub fn start_or_skip() -> impl std::future::Future<Output = Option<Self>> {
+        let caller = std::panic::Location::caller();
+        async move {
+            match Self::start().await {
+                Ok(fixture) => Some(fixture),
+                Err(PrometheusError::BinaryMissing) => {
+                    crate::prereq::Missing::new(
+                        "the `prometheus` binary",
+                        crate::prereq::INSTALL_TOOLS,
+                    )
+                    .skip();
+                    None
+                }
+                Err(e) => panic!("the prometheus fixture failed to start (at {caller}): {e}"),
+            }
+        }
+    }
+
     /// Starts Prometheus on 127.0.0.1 and a free port and waits until `/-/ready` answers 200.
     pub async fn start() -> Result<Self, PrometheusError> {
         let binary = binary()?;

@@ -133,6 +133,27 @@ fn tail(path: &Path, lines: usize) -> String {
 }
 
 impl Registry {
+    /// Starts the fixture, or skips the calling test when the binary is missing (under CI a
+    /// missing binary fails the test: see [`crate::prereq`]). Any other failure panics.
+    #[track_caller]
+    pub fn start_or_skip() -> impl std::future::Future<Output = Option<Self>> {
+        let caller = std::panic::Location::caller();
+        async move {
+            match Self::start().await {
+                Ok(fixture) => Some(fixture),
+                Err(RegistryError::BinaryMissing) => {
+                    crate::prereq::Missing::new(
+                        "the `docker-registry` binary",
+                        crate::prereq::INSTALL_TOOLS,
+                    )
+                    .skip();
+                    None
+                }
+                Err(e) => panic!("the docker-registry fixture failed to start (at {caller}): {e}"),
+            }
+        }
+    }
+
     /// Starts `docker-registry` on 127.0.0.1 and a free port and waits until `/v2/` answers 200.
     pub async fn start() -> Result<Self, RegistryError> {
         let binary = binary()?;
@@ -355,9 +376,7 @@ mod tests {
 
     #[tokio::test]
     async fn registry_starts_serves_and_stops_cleanly() {
-        if binary().is_err() {
-            // The message names the package; CI installs it (scripts/install-tools.sh).
-            eprintln!("skipping: {}", RegistryError::BinaryMissing);
+        if crate::prereq::or_skip(binary().map_err(|e| crate::prereq::Missing::new(e.to_string(), crate::prereq::INSTALL_TOOLS))).is_none() {
             return;
         }
         let registry = Registry::start().await.expect("registry starts");
@@ -427,8 +446,7 @@ mod tests {
 
     #[tokio::test]
     async fn registry_is_stopped_when_a_test_panics() {
-        if binary().is_err() {
-            eprintln!("skipping: {}", RegistryError::BinaryMissing);
+        if crate::prereq::or_skip(binary().map_err(|e| crate::prereq::Missing::new(e.to_string(), crate::prereq::INSTALL_TOOLS))).is_none() {
             return;
         }
         let (tx, rx) = std::sync::mpsc::channel();

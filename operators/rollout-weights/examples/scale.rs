@@ -62,12 +62,10 @@ fn repo() -> PathBuf {
 
 async fn emulator() -> Emulator {
     let emu = Emulator::start().await;
-    emu.load_manifest_file(
-        repo().join(
-            "../shared/upstream/gateway-api-v1.6.1/gateway.networking.k8s.io_httproutes.yaml",
-        ),
-    )
-    .expect("upstream HTTPRoute CRD (../shared/upstream) loads");
+    let crd = sluice_testkit::prereq::httproute_crd()
+        .unwrap_or_else(|missing| panic!("the scale benchmark needs {missing}"));
+    emu.load_manifest_file(crd)
+        .expect("the released HTTPRoute CRD (.tools/crds) loads");
     emu.load_manifest_file(repo().join("crds/rollouts.sluice.dev.yaml"))
         .unwrap();
     emu.load_yaml(&format!(

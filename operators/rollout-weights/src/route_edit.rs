@@ -915,17 +915,8 @@ mod tests {
                 mirror_percent: false
             }
         );
-        let upstream = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../../shared/upstream/gateway-api-v1.6.1");
-        let Some(file) = std::fs::read_dir(&upstream).ok().and_then(|d| {
-            d.flatten()
-                .map(|e| e.path())
-                .find(|p| p.to_string_lossy().contains("httproutes"))
-        }) else {
-            println!(
-                "skipping the upstream CRD check: {} absent",
-                upstream.display()
-            );
+        let Some(file) = sluice_testkit::prereq::or_skip(sluice_testkit::prereq::httproute_crd())
+        else {
             return;
         };
         let text = std::fs::read_to_string(&file).unwrap();

@@ -40,21 +40,14 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// The released HTTPRoute CRD (Gateway API v1.6.1), fetched by the install script.
 pub fn upstream_httproute_crd() -> PathBuf {
-    repo().join("../shared/upstream/gateway-api-v1.6.1/gateway.networking.k8s.io_httproutes.yaml")
+    sluice_testkit::prereq::httproute_crd().expect("checked by prerequisites()")
 }
 
-/// Whether the prerequisites are there; prints why not.
+/// Whether the prerequisites are there: skips (or, under CI, fails) naming what is missing.
 pub fn prerequisites() -> bool {
-    let crd = upstream_httproute_crd();
-    if !crd.exists() {
-        println!(
-            "skipping: {} is absent (upstream CRDs are reference data outside the repo)",
-            crd.display()
-        );
-        return false;
-    }
-    true
+    sluice_testkit::prereq::or_skip(sluice_testkit::prereq::httproute_crd()).is_some()
 }
 
 /// A scenario from `scenarios/` with the traffic raised so that a 1% step has enough requests
@@ -156,14 +149,7 @@ pub async fn given(scenario: Scenario) -> Option<Given> {
     if !prerequisites() {
         return None;
     }
-    let prometheus = match Prometheus::start().await {
-        Ok(p) => p,
-        Err(e) if e.category() == "binary_missing" => {
-            println!("skipping: {e}");
-            return None;
-        }
-        Err(e) => panic!("Prometheus fixture failed to start: {e}"),
-    };
+    let prometheus = Prometheus::start_or_skip().await?;
     let emu = Emulator::start().await;
     emu.load_manifest_file(upstream_httproute_crd()).unwrap();
     emu.load_manifest_file(repo().join("crds/rollouts.sluice.dev.yaml"))
