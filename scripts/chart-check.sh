@@ -44,6 +44,14 @@ failed=0
 skipped=0
 pass() { passed=$((passed + 1)); printf 'ok   %s\n' "$1"; }
 fail() { failed=$((failed + 1)); printf 'FAIL %s\n' "$1"; [ -z "${2:-}" ] || printf '%s\n' "$2" | sed 's/^/     /'; }
+# A check whose prerequisite is missing: a failure in strict mode (CI=true or
+# SLUICE_REQUIRE_ALL=1, which scripts/test.sh sets), a counted skip otherwise.
+skip_or_fail() {
+  case "${SLUICE_REQUIRE_ALL:-}${CI:-}" in
+    *1*|*true*) fail "$1" "missing prerequisite: $2" ;;
+    *) skipped=$((skipped + 1)); printf 'skip %s: %s\n' "$1" "$2" ;;
+  esac
+}
 
 # Runs a command as one check; its output is shown only when it fails.
 check() {
@@ -276,8 +284,7 @@ main() {
   if compgen -G 'crds/*.yaml' >/dev/null; then
     check "chart crds/ equals generated crds/" crds_match
   else
-    skipped=$((skipped + 1))
-    echo "skip chart crds/ equals generated crds/: crds/ holds no generated CRD yet"
+    skip_or_fail "chart crds/ equals generated crds/" "crds/ holds no generated CRD: cargo run -p sluice-api --bin crdgen"
   fi
   if [ -n "$ROUTE_OWNER_ANNOTATION" ]; then
     pass "sluice-api declares ROUTE_OWNER_ANNOTATION ($ROUTE_OWNER_ANNOTATION)"
@@ -392,8 +399,7 @@ main() {
     check "promtool check rules + test rules (ci/alerts-test.yaml)" alert_rules
     check "dashboard queries parse as PromQL (promtool)" dashboard_queries
   else
-    skipped=$((skipped + 1))
-    echo "skip promtool test rules: promtool is not installed (Debian package prometheus)"
+    skip_or_fail "promtool test rules" "promtool is not installed: bash scripts/install-tools.sh (Debian package prometheus)"
   fi
 
   # Bad values are refused before anything renders.

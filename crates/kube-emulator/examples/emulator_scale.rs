@@ -110,8 +110,8 @@ async fn main() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     emu.load_manifest_file(root.join("crds/rollouts.sluice.dev.yaml"))
         .expect("Rollout CRD loads");
-    let upstream = root
-        .join("../shared/upstream/gateway-api-v1.6.1/gateway.networking.k8s.io_httproutes.yaml");
+    let upstream =
+        root.join(".tools/crds/gateway-api-v1.6.1/gateway.networking.k8s.io_httproutes.yaml");
     let route_schema = if upstream.exists() {
         emu.load_manifest_file(&upstream)
             .expect("HTTPRoute CRD loads");

@@ -947,20 +947,16 @@ async fn the_project_crds_load() {
 
 #[tokio::test]
 async fn upstream_crds_load_and_serve() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/upstream");
-    if !dir.exists() {
-        println!(
-            "skipping: {} is absent (upstream CRDs are reference data outside the repo)",
-            dir.display()
-        );
+    let Some(dir) = sluice_testkit::prereq::or_skip(sluice_testkit::prereq::upstream_crds()) else {
         return;
-    }
+    };
     let emu = Emulator::start().await;
     for f in [
         "gateway-api-v1.6.1/gateway.networking.k8s.io_httproutes.yaml",
         "gateway-api-v1.6.1/gateway.networking.k8s.io_grpcroutes.yaml",
         "argo-cd-v3.5.1/application-crd.yaml",
         "argo-cd-v3.5.1/applicationset-crd.yaml",
+        "argo-cd-v3.5.1/appproject-crd.yaml",
     ] {
         emu.load_manifest_file(dir.join(f))
             .unwrap_or_else(|e| panic!("{f}: {e}"));

@@ -48,6 +48,7 @@ spec: {replicas: 2, hosts: [a.example]}
 "#;
 
 struct Kubectl {
+    bin: std::path::PathBuf,
     kubeconfig: std::path::PathBuf,
     cache: std::path::PathBuf,
 }
@@ -61,7 +62,7 @@ struct Out {
 impl Kubectl {
     async fn run(&self, args: &[&str], stdin: Option<&str>) -> Out {
         use tokio::io::AsyncWriteExt;
-        let mut cmd = tokio::process::Command::new("kubectl");
+        let mut cmd = tokio::process::Command::new(&self.bin);
         cmd.env("KUBECONFIG", &self.kubeconfig)
             .arg("--cache-dir")
             .arg(&self.cache)
@@ -91,25 +92,23 @@ impl Kubectl {
     }
 }
 
-fn kubectl_available() -> bool {
-    std::process::Command::new("kubectl")
-        .arg("version")
-        .arg("--client")
-        .output()
-        .is_ok_and(|o| o.status.success())
+/// The kubectl the tests run (`.tools/bin` first, then PATH); when missing the test fails under
+/// CI and is skipped and counted otherwise.
+fn kubectl_binary() -> Option<std::path::PathBuf> {
+    sluice_testkit::prereq::require_binary("kubectl")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_applies_gets_patches_explains_and_deletes() {
-    if !kubectl_available() {
-        println!("skipping: kubectl is not installed on this machine");
+    let Some(bin) = kubectl_binary() else {
         return;
-    }
+    };
     let emu = Emulator::start().await;
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     emu.write_kubeconfig(&kubeconfig).unwrap();
     let k = Kubectl {
+        bin,
         kubeconfig,
         cache: dir.path().join("cache"),
     };

@@ -1,8 +1,8 @@
 //! The released Gateway API and Argo CD CRDs load, every CEL rule in them compiles, and good and
 //! bad objects are accepted or rejected with kube-apiserver's wording.
 //!
-//! The CRDs are read from `../shared/upstream/` next to the repository; the tests skip, saying so,
-//! when that folder is absent.
+//! The CRDs are the released files `scripts/install-tools.sh` fetches into `.tools/crds/`; when
+//! they are missing a test fails under CI and is skipped and counted otherwise.
 
 use std::path::PathBuf;
 
@@ -10,16 +10,7 @@ use kube_emulator::validation::{CrdSchema, FieldError, invalid_status};
 use serde_json::{Value, json};
 
 fn upstream_dir() -> Option<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/upstream");
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        println!(
-            "skipping: upstream CRDs not found at {} (reference data lives outside the repo)",
-            dir.display()
-        );
-        None
-    }
+    sluice_testkit::prereq::or_skip(sluice_testkit::prereq::upstream_crds())
 }
 
 fn load_crds(file: &str) -> Option<Vec<Value>> {

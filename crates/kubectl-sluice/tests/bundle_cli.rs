@@ -73,13 +73,8 @@ fn p(path: &Path) -> &str {
 
 #[tokio::test]
 async fn ci_flow_render_push_sign_verify_inspect() {
-    let registry = match Registry::start().await {
-        Ok(registry) => registry,
-        Err(err) if err.category() == "binary_missing" => {
-            eprintln!("skipping: {err}");
-            return;
-        }
-        Err(err) => panic!("registry fixture failed: {err}"),
+    let Some(registry) = Registry::start_or_skip().await else {
+        return;
     };
     let work = tempfile::tempdir().unwrap();
     let manifests = work.path().join("mesh");

@@ -2,10 +2,10 @@
 //! Application reporting Synced at the new commit, with automated sync, on kube-emulator.
 //!
 //! `cargo run --release -p sluice-argocd --example sync_latency -- [RUNS] [OBJECTS] [RESYNC_MS]`
-//! (defaults 10 runs, 20 ConfigMaps, 1000 ms resync). Needs git and `../shared/upstream`.
+//! (defaults 10 runs, 20 ConfigMaps, 1000 ms resync). Needs git and the released CRDs
+//! (`bash scripts/install-tools.sh`).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
@@ -40,8 +40,8 @@ async fn main() {
     let runs = args.first().copied().unwrap_or(10);
     let objects = args.get(1).copied().unwrap_or(20);
     let resync = Duration::from_millis(args.get(2).copied().unwrap_or(1000) as u64);
-    let crds =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/upstream/argo-cd-v3.5.1");
+    let crds = sluice_testkit::prereq::upstream_dir(sluice_testkit::prereq::Upstream::ArgoCd)
+        .unwrap_or_else(|missing| panic!("the benchmark needs {missing}"));
     let mgmt = Emulator::start_with(Options {
         manifests: vec![
             crds.join("application-crd.yaml"),
@@ -50,7 +50,7 @@ async fn main() {
         ..Default::default()
     })
     .await
-    .expect("management emulator (needs ../shared/upstream)");
+    .expect("management emulator with the released Argo CD CRDs");
     mgmt.load_yaml("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: argocd\n")
         .unwrap();
     let workload = Emulator::start().await;

@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use common::*;
@@ -55,16 +54,9 @@ async fn an_owned_route_is_left_to_its_owner_until_hand_back() {
     if !have_git() {
         return;
     }
-    let crd = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(
-        "../../../shared/upstream/gateway-api-v1.6.1/gateway.networking.k8s.io_httproutes.yaml",
-    );
-    if !crd.exists() {
-        eprintln!(
-            "skipping: the upstream HTTPRoute CRD is absent at {}",
-            crd.display()
-        );
+    let Some(crd) = sluice_testkit::prereq::or_skip(sluice_testkit::prereq::httproute_crd()) else {
         return;
-    }
+    };
     let Some(site) = Site::start(&["east-1"], fast_options()).await else {
         return;
     };

@@ -47,14 +47,7 @@ spec:
 ";
 
 async fn registry() -> Option<Registry> {
-    match Registry::start().await {
-        Ok(registry) => Some(registry),
-        Err(err) if err.category() == "binary_missing" => {
-            eprintln!("skipping: {err}");
-            None
-        }
-        Err(err) => panic!("registry fixture failed: {err}"),
-    }
+    Registry::start_or_skip().await
 }
 
 fn write_dir(dir: &Path, files: &[(&str, &str)]) {

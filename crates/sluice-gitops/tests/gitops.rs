@@ -17,14 +17,8 @@ use sluice_gitops::{
 use sluice_testkit::git::GitRepo;
 
 fn repo() -> Option<GitRepo> {
-    match GitRepo::new() {
-        Ok(r) => Some(r),
-        Err(e) if e.category() == "binary_missing" => {
-            eprintln!("skipping: {e}");
-            None
-        }
-        Err(e) => panic!("git fixture failed: {e}"),
-    }
+    sluice_testkit::prereq::require_binary("git")?;
+    Some(GitRepo::new().expect("git fixture"))
 }
 
 fn config(repo: &GitRepo) -> GitConfig {

@@ -55,7 +55,7 @@ struct Cli {
     #[arg(long, value_name = "DIR")]
     repo: Option<PathBuf>,
     /// The released upstream CRDs (gateway-api-v1.6.1/, argo-cd-v3.5.1/). Default:
-    /// <repo>/../shared/upstream.
+    /// <repo>/.tools/crds, where `bash scripts/install-tools.sh` puts them.
     #[arg(long, value_name = "DIR")]
     upstream: Option<PathBuf>,
     /// Mesh telemetry interval in milliseconds.
@@ -123,7 +123,7 @@ async fn main() -> ExitCode {
 
     let mut options = Options::defaults();
     if let Some(repo) = cli.repo {
-        options.upstream = repo.join("../shared/upstream");
+        options.upstream = repo.join(".tools/crds");
         options.repo = repo;
     }
     if let Some(upstream) = cli.upstream {

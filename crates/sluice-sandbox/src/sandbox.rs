@@ -64,7 +64,8 @@ const SHARE_WINDOW_S: u64 = 5;
 pub struct Options {
     /// The repository root (holds `crds/` and `scenarios/`).
     pub repo: PathBuf,
-    /// The released upstream CRDs (`../shared/upstream` from the repository root).
+    /// The released upstream CRDs (`.tools/crds` in the repository root, fetched by
+    /// `scripts/install-tools.sh`).
     pub upstream: PathBuf,
     /// First fixed port (see [`topology`]); 0 picks free ports everywhere.
     pub base_port: u16,
@@ -75,13 +76,13 @@ pub struct Options {
 }
 
 impl Options {
-    /// Defaults: the repository this crate was built from, its `../shared/upstream`, ports from
+    /// Defaults: the repository this crate was built from, its `.tools/crds`, ports from
     /// [`topology::DEFAULT_BASE_PORT`], operators on, telemetry every second.
     pub fn defaults() -> Self {
         let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let repo = repo.canonicalize().unwrap_or(repo);
         Self {
-            upstream: repo.join("../shared/upstream"),
+            upstream: repo.join(".tools/crds"),
             repo,
             base_port: topology::DEFAULT_BASE_PORT,
             operators: true,
@@ -223,9 +224,9 @@ fn require(path: PathBuf, what: &'static str, hint: &'static str) -> Result<Path
     }
 }
 
-const UPSTREAM_HINT: &str = "the released Gateway API and Argo CD CRDs are reference data kept \
-    outside the repository; pass --upstream DIR (the directory holding gateway-api-v1.6.1/ and \
-    argo-cd-v3.5.1/)";
+const UPSTREAM_HINT: &str = "the released Gateway API and Argo CD CRDs are fetched from their Go \
+    modules at pinned versions by `bash scripts/install-tools.sh` into .tools/crds; run it, or pass \
+    --upstream DIR (the directory holding gateway-api-v1.6.1/ and argo-cd-v3.5.1/)";
 const REPO_HINT: &str = "pass --repo DIR (the sluice repository root); `cargo run --bin crdgen -p \
     sluice-api` regenerates crds/";
 
@@ -968,8 +969,7 @@ mod tests {
     #[test]
     fn management_clusters_load_argo_cd_crds_and_workload_clusters_do_not() {
         let options = Options::defaults();
-        if !options.upstream.is_dir() {
-            println!("skipping: {} is absent", options.upstream.display());
+        if sluice_testkit::prereq::or_skip(sluice_testkit::prereq::upstream_crds()).is_none() {
             return;
         }
         let names = |role| -> Vec<String> {

@@ -4,14 +4,19 @@
 
 mod common;
 
+use std::path::PathBuf;
 use std::process::Command;
+use std::sync::OnceLock;
 use std::time::Duration;
+
+/// The kubectl the tests run (`.tools/bin` first, then PATH).
+static KUBECTL: OnceLock<PathBuf> = OnceLock::new();
 
 const START_BUDGET: Duration = Duration::from_secs(90);
 const STOP_BUDGET: Duration = Duration::from_secs(25);
 
 fn kubectl(kubeconfig: &str, args: &[&str]) -> (bool, String) {
-    let out = Command::new("kubectl")
+    let out = Command::new(KUBECTL.get().expect("kubectl found"))
         .args(args)
         .args(["--request-timeout=10s"])
         .env("KUBECONFIG", kubeconfig)
@@ -29,14 +34,13 @@ fn kubectl(kubeconfig: &str, args: &[&str]) -> (bool, String) {
 
 #[test]
 fn kubectl_sees_every_cluster_and_sigterm_stops_everything() {
-    if let Some(reason) = common::skip_reason() {
-        println!("skipping: {reason}");
+    if !common::prerequisites() {
         return;
     }
-    if !common::on_path("kubectl") {
-        println!("skipping: kubectl is not installed");
+    let Some(bin) = sluice_testkit::prereq::require_binary("kubectl") else {
         return;
-    }
+    };
+    KUBECTL.set(bin).unwrap();
     let mut run = common::start(&["--base-port", "0"]);
     let export = run.wait_line(START_BUDGET, |l| l.starts_with("export KUBECONFIG="));
     let kubeconfig = export.trim_start_matches("export KUBECONFIG=").to_string();
@@ -64,7 +68,7 @@ fn kubectl_sees_every_cluster_and_sigterm_stops_everything() {
     // Real kubectl refuses `-w` on a category (`get sluice -A -w`: "you may only specify a single
     // resource type"), so the sandbox tells users to watch one kind; that watch keeps running (it
     // would exit at once on an API error).
-    let mut watch = Command::new("kubectl")
+    let mut watch = Command::new(KUBECTL.get().expect("kubectl found"))
         .args(["--context", "east-1", "get", "rollouts", "-A", "-w"])
         .env("KUBECONFIG", &kubeconfig)
         .stdout(std::process::Stdio::null())

@@ -13,8 +13,7 @@ const BUDGET: Duration = Duration::from_secs(170);
 
 #[test]
 fn world_scenario_passes_and_leaves_nothing_behind() {
-    if let Some(reason) = common::skip_reason() {
-        println!("skipping: {reason}");
+    if !common::prerequisites() {
         return;
     }
     let mut run = common::start(&["--scenario", "world", "--until-done", "--base-port", "0"]);

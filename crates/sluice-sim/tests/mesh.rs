@@ -8,7 +8,6 @@ use serde_json::json;
 use sluice_sim::{ClusterConfig, Scenario, World};
 use sluice_testkit::prometheus::{Prometheus, now_ms};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 const NS: &str = "shop";
@@ -38,24 +37,8 @@ fn rules(stable: u32, canary: u32) -> serde_json::Value {
 /// real Prometheus, and a world playing the shipped `world` scenario (1 s interval, 3 s delay).
 /// None when a prerequisite is missing (the reason is printed).
 async fn given_a_world_at_90_10() -> Option<(Emulator, Prometheus, World)> {
-    let upstream = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(
-        "../../../shared/upstream/gateway-api-v1.6.1/gateway.networking.k8s.io_httproutes.yaml",
-    );
-    if !upstream.exists() {
-        println!(
-            "skipping: {} is absent (upstream CRDs are reference data outside the repo)",
-            upstream.display()
-        );
-        return None;
-    }
-    let prometheus = match Prometheus::start().await {
-        Ok(p) => p,
-        Err(e) if e.category() == "binary_missing" => {
-            println!("skipping: {e}");
-            return None;
-        }
-        Err(e) => panic!("Prometheus fixture failed to start: {e}"),
-    };
+    let upstream = sluice_testkit::prereq::or_skip(sluice_testkit::prereq::httproute_crd())?;
+    let prometheus = Prometheus::start_or_skip().await?;
     let emu = Emulator::start().await;
     emu.load_manifest_file(&upstream).unwrap();
     emu.load_yaml(&format!(

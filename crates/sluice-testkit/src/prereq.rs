@@ -239,6 +239,19 @@ pub fn upstream_root() -> PathBuf {
     tools_dir().join("crds")
 }
 
+/// The root of the upstream CRDs once every set is there: `<root>/gateway-api-v1.6.1/...`,
+/// `<root>/gateway-api-v1.2.1/...`, `<root>/argo-cd-v3.5.1/...` (see [`Upstream::dir_name`]).
+pub fn upstream_crds() -> Result<PathBuf, Missing> {
+    for set in [
+        Upstream::GatewayApi,
+        Upstream::GatewayApiOld,
+        Upstream::ArgoCd,
+    ] {
+        upstream_dir(set)?;
+    }
+    Ok(upstream_root())
+}
+
 /// The folder of one upstream CRD set, if the install script fetched it.
 pub fn upstream_dir(set: Upstream) -> Result<PathBuf, Missing> {
     let dir = upstream_root().join(set.dir_name());
@@ -265,7 +278,11 @@ pub fn upstream_file(set: Upstream, file: &str) -> Result<PathBuf, Missing> {
         Ok(path)
     } else {
         Err(Missing::new(
-            format!("{} (not in the fetched {} set)", path.display(), set.dir_name()),
+            format!(
+                "{} (not in the fetched {} set)",
+                path.display(),
+                set.dir_name()
+            ),
             INSTALL_TOOLS,
         ))
     }

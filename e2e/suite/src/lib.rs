@@ -17,20 +17,10 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The released upstream CRDs beside the repository (`../shared/upstream`), or `None` with the
-/// reason printed.
+/// The released upstream CRDs the install script fetched (`.tools/crds`), or `None` when they
+/// are missing (the test then fails under CI and is skipped and counted otherwise).
 pub fn upstream() -> Option<PathBuf> {
-    let dir = repo_root().join("../shared/upstream");
-    if dir.join("gateway-api-v1.6.1").is_dir() && dir.join("argo-cd-v3.5.1").is_dir() {
-        Some(dir)
-    } else {
-        println!(
-            "skipping: the upstream Gateway API and Argo CD CRDs are absent ({}); they are \
-             reference data beside the repository",
-            dir.display()
-        );
-        None
-    }
+    sluice_testkit::prereq::or_skip(sluice_testkit::prereq::upstream_crds())
 }
 
 /// Polls `check` until it returns `Ok`, or panics after `budget` naming `what` and the last

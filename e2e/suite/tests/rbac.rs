@@ -55,20 +55,17 @@ async fn prereqs(mode: Mode) -> Option<Prereqs> {
         match chart::render(&repo_root(), mode) {
             Ok(d) => d,
             Err(e) if e.category() == "helm_missing" => {
-                println!("skipping: {e}");
+                sluice_testkit::prereq::Missing::new(
+                    e.to_string(),
+                    sluice_testkit::prereq::INSTALL_TOOLS,
+                )
+                .skip();
                 return None;
             }
             Err(e) => panic!("{e}"),
         }
     };
-    let prometheus = match Prometheus::start().await {
-        Ok(p) => p,
-        Err(e) if e.category() == "binary_missing" => {
-            println!("skipping: {e}");
-            return None;
-        }
-        Err(e) => panic!("Prometheus fixture failed to start: {e}"),
-    };
+    let prometheus = Prometheus::start_or_skip().await?;
     Some(Prereqs {
         upstream,
         rendered,
@@ -800,13 +797,8 @@ async fn revert_refuses_an_unsigned_bundle_and_pins_a_signed_one_with_its_target
     let Some(p) = prereqs(Mode::Management).await else {
         return;
     };
-    let registry = match sluice_testkit::registry::Registry::start().await {
-        Ok(r) => r,
-        Err(e) if e.category() == "binary_missing" => {
-            println!("skipping: {e}");
-            return;
-        }
-        Err(e) => panic!("registry: {e}"),
+    let Some(registry) = sluice_testkit::registry::Registry::start_or_skip().await else {
+        return;
     };
     let workload_rendered = match chart::render(&repo_root(), Mode::Workload) {
         Ok(d) => d,

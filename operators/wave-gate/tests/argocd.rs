@@ -39,16 +39,8 @@ fn rev(c: char) -> String {
 }
 
 fn upstream() -> Option<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/upstream/argo-cd-v3.5.1");
-    if dir.join("application-crd.yaml").exists() {
-        Some(dir)
-    } else {
-        println!(
-            "SKIPPED: the upstream Argo CD CRDs are absent ({})",
-            dir.display()
-        );
-        None
-    }
+    use sluice_testkit::prereq;
+    prereq::or_skip(prereq::upstream_dir(prereq::Upstream::ArgoCd))
 }
 
 async fn apps(client: &kube::Client) -> BTreeMap<String, Option<String>> {

@@ -14,8 +14,8 @@
 //! once Argo CD reports the canary's Application Synced at the previous revision. It prints
 //! `halt_to_pin_ms` and `breach_to_reverted_ms`.
 //!
-//! Skips with a printed reason when `../shared/upstream`, `prometheus` or `docker-registry` is
-//! absent. Every scenario runs inside its own time budget; the scenarios run one at a time so
+//! Without the released CRDs (`.tools/crds`), `prometheus` or `docker-registry` a scenario fails
+//! under CI and is skipped and counted otherwise (`sluice_testkit::prereq`). Every scenario runs inside its own time budget; the scenarios run one at a time so
 //! their figures are not taken while the other scenario loads the machine.
 
 use std::collections::BTreeMap;
@@ -84,23 +84,10 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The released upstream CRDs, or why the test is skipped.
+/// The released upstream CRDs (`.tools/crds`); when missing the test fails under CI and is
+/// skipped and counted otherwise.
 fn upstream() -> Option<PathBuf> {
-    let dir = repo_root().join("../shared/upstream");
-    let needed = [
-        "argo-cd-v3.5.1/application-crd.yaml",
-        "argo-cd-v3.5.1/applicationset-crd.yaml",
-        "gateway-api-v1.6.1/gateway.networking.k8s.io_httproutes.yaml",
-    ];
-    if needed.iter().all(|f| dir.join(f).exists()) {
-        Some(dir)
-    } else {
-        println!(
-            "SKIPPED: the released Argo CD and Gateway API CRDs are absent under {}; they come from ../shared/upstream",
-            dir.display()
-        );
-        None
-    }
+    sluice_testkit::prereq::or_skip(sluice_testkit::prereq::upstream_crds())
 }
 
 /// The mesh configuration of one revision: the checkout route with `canary` percent on the
@@ -234,20 +221,8 @@ impl Fleet {
         let level = std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "warn".into());
         let _ = sluice_runtime::telemetry::init(sluice_runtime::config::LogFormat::Text, &level);
         let upstream = upstream()?;
-        let prom = match Prometheus::start().await {
-            Ok(p) => Arc::new(p),
-            Err(e) => {
-                println!("SKIPPED: Prometheus is not available: {e}");
-                return None;
-            }
-        };
-        let registry = match Registry::start().await {
-            Ok(r) => r,
-            Err(e) => {
-                println!("SKIPPED: the OCI registry is not available: {e}");
-                return None;
-            }
-        };
+        let prom = Arc::new(Prometheus::start_or_skip().await?);
+        let registry = Registry::start_or_skip().await?;
 
         // The management cluster: WaveGate, BundlePin and Argo CD's CRDs.
         let mgmt = Emulator::start_with(Options {

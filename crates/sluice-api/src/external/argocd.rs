@@ -832,20 +832,19 @@ mod tests {
     /// Every field this view names exists in the released Argo CD CRDs.
     #[test]
     fn field_names_exist_upstream() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../../shared/upstream/argo-cd-v3.5.1");
-        let load = |f: &str| -> Option<Value> {
-            let text = std::fs::read_to_string(dir.join(f)).ok()?;
-            let crd: Value = serde_yaml::from_str(&text).ok()?;
-            Some(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone())
-        };
-        let (Some(app), Some(set)) = (
-            load("application-crd.yaml"),
-            load("applicationset-crd.yaml"),
-        ) else {
-            println!("skipping: {} is absent", dir.display());
+        use sluice_testkit::prereq;
+        let Some(dir) = prereq::or_skip(prereq::upstream_dir(prereq::Upstream::ArgoCd)) else {
             return;
         };
+        let load = |f: &str| -> Value {
+            let text = std::fs::read_to_string(dir.join(f)).unwrap();
+            let crd: Value = serde_yaml::from_str(&text).unwrap();
+            crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
+        };
+        let (app, set) = (
+            load("application-crd.yaml"),
+            load("applicationset-crd.yaml"),
+        );
         let p = |v: &Value, path: &[&str]| -> bool {
             let mut node = v;
             for seg in path {

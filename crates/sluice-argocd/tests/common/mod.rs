@@ -18,31 +18,16 @@ use sluice_argocd::{ArgoCd, ArgoCdOptions, cluster_secret};
 pub const NS: &str = "argocd";
 pub const DEST_NS: &str = "mesh";
 
-/// The released Argo CD CRDs, or `None` (with the reason printed) when absent.
+/// The released Argo CD CRDs (`.tools/crds/argo-cd-v3.5.1`); when missing the test fails under
+/// CI and is skipped and counted otherwise.
 pub fn upstream() -> Option<PathBuf> {
-    let dir =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/upstream/argo-cd-v3.5.1");
-    if dir.join("application-crd.yaml").exists() {
-        Some(dir)
-    } else {
-        eprintln!(
-            "skipping: the upstream Argo CD CRDs are absent at {}",
-            dir.display()
-        );
-        None
-    }
+    use sluice_testkit::prereq;
+    prereq::or_skip(prereq::upstream_dir(prereq::Upstream::ArgoCd))
 }
 
 /// Whether the git CLI is available (prints why not).
 pub fn have_git() -> bool {
-    let ok = std::process::Command::new("git")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("skipping: git is not installed");
-    }
-    ok
+    sluice_testkit::prereq::require_binary("git").is_some()
 }
 
 /// One Argo CD site: management cluster, workload clusters, the simulation running.

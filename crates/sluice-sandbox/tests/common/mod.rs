@@ -1,4 +1,5 @@
-//! Helpers of the sandbox binary tests: prerequisites (skip with a reason), running the binary
+//! Helpers of the sandbox binary tests: prerequisites (`sluice_testkit::prereq`: a missing one
+//! fails under CI and is skipped and counted otherwise), running the binary
 //! with its stdout read line by line, the processes it started (from /proc) and the ports it
 //! printed, so a test can prove nothing is left once it exits.
 #![allow(dead_code)]
@@ -11,35 +12,25 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// Why the test cannot run here, if it cannot.
-pub fn skip_reason() -> Option<String> {
-    let upstream = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/upstream");
-    if !upstream.join("gateway-api-v1.6.1").is_dir() || !upstream.join("argo-cd-v3.5.1").is_dir() {
-        return Some(format!(
-            "{} is absent (the released Gateway API and Argo CD CRDs are reference data outside the repo)",
-            upstream.display()
-        ));
-    }
-    for (what, found) in [
-        ("prometheus", sluice_testkit::prometheus::binary().is_ok()),
-        (
-            "docker-registry",
-            sluice_testkit::registry::binary().is_ok(),
-        ),
-        ("git", on_path("git")),
-    ] {
-        if !found {
-            return Some(format!("{what} is not installed"));
-        }
-    }
-    None
-}
-
-/// Whether `name` is an executable on PATH.
-pub fn on_path(name: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
-        .unwrap_or(false)
+/// Whether the sandbox's prerequisites are here: the released CRDs, prometheus, docker-registry
+/// and git. When one is missing the test fails under CI and is skipped and counted otherwise.
+pub fn prerequisites() -> bool {
+    use sluice_testkit::prereq::{self, INSTALL_TOOLS, Missing};
+    let missing = |what: &str| Missing::new(format!("the `{what}` binary"), INSTALL_TOOLS);
+    let check = prereq::upstream_crds()
+        .map(|_| ())
+        .and_then(|()| {
+            sluice_testkit::prometheus::binary()
+                .map(|_| ())
+                .map_err(|_| missing("prometheus"))
+        })
+        .and_then(|()| {
+            sluice_testkit::registry::binary()
+                .map(|_| ())
+                .map_err(|_| missing("docker-registry"))
+        })
+        .and_then(|()| prereq::binary("git").map(|_| ()));
+    prereq::or_skip(check).is_some()
 }
 
 /// The sandbox binary running, with its stdout lines arriving on a channel.
@@ -371,12 +362,15 @@ impl ScenarioResult {
 /// what every scenario promises (see [`ScenarioResult`]). `None`, with the reason printed, when
 /// the sandbox's prerequisites or the operator binaries are missing here.
 pub fn run_scenario(name: &str, budget: Duration) -> Option<ScenarioResult> {
-    if let Some(reason) = skip_reason() {
-        println!("skipping: {reason}");
+    if !prerequisites() {
         return None;
     }
     if operators_flag() != "--operators=on" {
-        println!("skipping: scenario {name} needs the operator binaries (cargo build --bins)");
+        sluice_testkit::prereq::Missing::new(
+            format!("the operator binaries (scenario {name} runs them)"),
+            "cargo build --bins",
+        )
+        .skip();
         return None;
     }
     let mut run = start(&["--scenario", name, "--until-done", "--base-port", "0"]);

@@ -8,8 +8,8 @@
 //! A local HTTP stand-in for the Forgejo/Gitea pulls API records the pull requests revert opens
 //! (no forge server is available to the tests).
 //!
-//! Skips (returns `None` with a printed reason) when `../shared/upstream`, `docker-registry`
-//! or `git` is absent.
+//! Without the released CRDs (`.tools/crds`), `docker-registry` or `git` a test fails under CI
+//! and is skipped and counted otherwise (`sluice_testkit::prereq`).
 #![allow(dead_code)]
 
 use std::{
@@ -76,17 +76,10 @@ pub fn route_resource() -> ApiResource {
     )
 }
 
+/// The released Gateway API and Argo CD CRDs (`.tools/crds`); skips (or, under CI, fails)
+/// naming what is missing.
 pub fn upstream() -> Option<std::path::PathBuf> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/upstream");
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        eprintln!(
-            "skipping: {} is absent (released Gateway API and Argo CD CRDs)",
-            dir.display()
-        );
-        None
-    }
+    sluice_testkit::prereq::or_skip(sluice_testkit::prereq::upstream_crds())
 }
 
 /// A pushed bundle.
@@ -276,22 +269,9 @@ impl World {
             .with_test_writer()
             .try_init();
         let upstream = upstream()?;
-        let registry = match Registry::start().await {
-            Ok(r) => r,
-            Err(e) if e.category() == "binary_missing" => {
-                eprintln!("skipping: {e}");
-                return None;
-            }
-            Err(e) => panic!("registry: {e}"),
-        };
-        let git = match GitRepo::new() {
-            Ok(g) => g,
-            Err(e) if e.category() == "binary_missing" => {
-                eprintln!("skipping: {e}");
-                return None;
-            }
-            Err(e) => panic!("git: {e}"),
-        };
+        let registry = Registry::start_or_skip().await?;
+        sluice_testkit::prereq::require_binary("git")?;
+        let git = GitRepo::new().expect("a git repository for the intent");
         let mgmt = kube_emulator::Emulator::start().await;
         for f in [
             std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

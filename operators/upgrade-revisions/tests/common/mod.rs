@@ -54,17 +54,9 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Whether the prerequisites are there; prints why not.
+/// Whether the prerequisites are there: skips (or, under CI, fails) naming what is missing.
 pub fn prerequisites() -> bool {
-    let upstream = repo().join("../shared/upstream");
-    if !upstream.exists() {
-        println!(
-            "skipping: {} is absent (the local world's reference data lives outside the repo)",
-            upstream.display()
-        );
-        return false;
-    }
-    true
+    sluice_testkit::prereq::or_skip(sluice_testkit::prereq::upstream_crds()).is_some()
 }
 
 /// A namespace of the fleet: name, risk tier label, Deployments (name, replicas).
@@ -224,14 +216,7 @@ impl Harness {
         if !prerequisites() {
             return None;
         }
-        let prometheus = match Prometheus::start().await {
-            Ok(p) => p,
-            Err(e) if e.category() == "binary_missing" => {
-                println!("skipping: {e}");
-                return None;
-            }
-            Err(e) => panic!("Prometheus fixture failed to start: {e}"),
-        };
+        let prometheus = Prometheus::start_or_skip().await?;
         let emu = Emulator::start().await;
         emu.load_manifest_file(repo().join("crds/revisionupgrades.sluice.dev.yaml"))
             .unwrap();

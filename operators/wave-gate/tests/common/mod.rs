@@ -59,18 +59,11 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The upstream Argo CD CRDs, or why the test is skipped.
+/// The released Argo CD CRDs (`.tools/crds/argo-cd-v3.5.1`); when missing the test fails under
+/// CI and is skipped and counted otherwise.
 pub fn upstream() -> Option<PathBuf> {
-    let dir = repo_root().join("../shared/upstream/argo-cd-v3.5.1");
-    if dir.join("application-crd.yaml").exists() {
-        Some(dir)
-    } else {
-        println!(
-            "SKIPPED: the upstream Argo CD CRDs are absent ({}); they come from ../shared/upstream",
-            dir.display()
-        );
-        None
-    }
+    use sluice_testkit::prereq;
+    prereq::or_skip(prereq::upstream_dir(prereq::Upstream::ArgoCd))
 }
 
 /// The mesh signals of one cluster.
@@ -129,13 +122,7 @@ impl World {
         let level = std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "warn".into());
         let _ = sluice_runtime::telemetry::init(sluice_runtime::config::LogFormat::Text, &level);
         let argocd = upstream()?;
-        let prom = match Prometheus::start().await {
-            Ok(p) => Arc::new(p),
-            Err(e) => {
-                println!("SKIPPED: Prometheus is not available: {e}");
-                return None;
-            }
-        };
+        let prom = Arc::new(Prometheus::start_or_skip().await?);
         let emu = kube_emulator::Emulator::start().await;
         for f in [
             repo_root().join("crds/wavegates.sluice.dev.yaml"),
