@@ -59,22 +59,39 @@ fn current_kind(spec: &RolloutSpec, status: &RolloutStatus) -> Option<StepKind> 
         .and_then(|s| s.kind())
 }
 
-/// Whether the Rollout is in a state that is analysed: a weight step (share, then gates), a
-/// header-cohort step that later steps keep (its share only), or an abort whose revert is not
-/// yet verified from telemetry (share only).
+/// Whether the Rollout is in a state that is analysed: whenever the canary receives traffic
+/// (a weight written, a cohort or mirror rule on the route) in any step, held or not — a pause
+/// step, `spec.paused`, a mirror or cohort step, an invalid spec held — plus a weight step
+/// from its first second and a header-cohort step that later steps keep (its share), and an
+/// abort whose revert is not yet verified from telemetry (share only). Pausing holds progress,
+/// never safety.
 pub fn wants_analysis(spec: &RolloutSpec, status: &RolloutStatus) -> bool {
     match status.phase {
-        RolloutPhase::Progressing | RolloutPhase::Paused => match current_kind(spec, status) {
-            Some(StepKind::SetWeight) => true,
-            Some(StepKind::HeaderCohort) => spec.keep_cohort,
-            _ => false,
-        },
+        RolloutPhase::Progressing | RolloutPhase::Paused => {
+            let live = status.desired_weight.unwrap_or(0) > 0
+                || status.cohort_active
+                || status.mirror_active;
+            live || match current_kind(spec, status) {
+                Some(StepKind::SetWeight) => true,
+                Some(StepKind::HeaderCohort) => spec.keep_cohort,
+                _ => false,
+            }
+        }
         RolloutPhase::Aborted => status
             .abort
             .as_ref()
             .is_some_and(|a| a.route_reverted_at.is_some() && a.revert_verified_at.is_none()),
         _ => false,
     }
+}
+
+/// Whether the current step is a weight step whose applied share the mesh confirmed: only then
+/// is a share gate judged (the gates on the canary's health are judged from the first second).
+pub fn share_confirmed(spec: &RolloutSpec, status: &RolloutStatus) -> bool {
+    current_kind(spec, status) == Some(StepKind::SetWeight)
+        && status.history.last().is_some_and(|h| {
+            Some(h.index) == status.current_step_index && h.share_confirmed_at.is_some()
+        })
 }
 
 /// The analysis slot `t` falls in: analyses run once per slot of length `interval`, counted
@@ -107,7 +124,8 @@ pub fn last_analysis(status: &RolloutStatus) -> Option<Timestamp> {
 
 /// Builds the checks of one Rollout: its effective gates (with the Rollout's share tolerance
 /// and Inconclusive policy where a gate sets none) and the share check. During an abort only
-/// the share is measured. `templates` holds the GateTemplates the gates reference.
+/// the share is measured. A share gate is measured always but judged only once the current
+/// weight step's share is confirmed; every other gate is judged in every analysed state. `templates` holds the GateTemplates the gates reference.
 pub fn plan(
     spec: &RolloutSpec,
     status: &RolloutStatus,
@@ -123,9 +141,9 @@ pub fn plan(
     vars.insert("stableService".into(), spec.stable_service.name.clone());
     vars.insert("canaryService".into(), spec.canary_service.name.clone());
     let aborting = status.phase == RolloutPhase::Aborted;
-    let share_only = aborting || current_kind(spec, status) == Some(StepKind::HeaderCohort);
+    let share_judged = share_confirmed(spec, status);
     let target = match status.current_step_index {
-        Some(i) if !share_only => crate::step::expected_share(spec, status, i as usize) / 100.0,
+        Some(i) if !aborting => crate::step::expected_share(spec, status, i as usize) / 100.0,
         _ => 0.0,
     };
     let previous = |gate: &str| status.gates.iter().find(|g| g.gate == gate).cloned();
@@ -134,7 +152,7 @@ pub fn plan(
     let mut judged = Vec::new();
     let mut problems = Vec::new();
     let mut share_index = None;
-    let gates = if share_only {
+    let gates = if aborting {
         Vec::new()
     } else {
         spec.effective_gates()
@@ -167,7 +185,9 @@ pub fn plan(
         if is_share && share_index.is_none() {
             share_index = Some(checks.len());
         }
-        judged.push(gate.name.clone());
+        if !is_share || share_judged {
+            judged.push(gate.name.clone());
+        }
         checks.push(check);
     }
     let share_index = match share_index {
@@ -389,6 +409,9 @@ impl<S: MetricsSource + Send + Sync + 'static> Analyzer<S> {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use sluice_api::v1alpha1::rollout::StepRecord;
+
     use super::*;
 
     fn t(ms: i64) -> Timestamp {
@@ -429,13 +452,87 @@ mod tests {
     }
 
     #[test]
+    fn a_live_canary_is_analysed_in_every_state() {
+        let spec: RolloutSpec = serde_json::from_value(serde_json::json!({
+            "routeRef": {"name": "checkout"},
+            "stableService": {"name": "v1"},
+            "canaryService": {"name": "v2"},
+            "canaryWorkload": {"name": "v2"},
+            "steps": [
+                {"pause": {"duration": "1m"}},
+                {"mirror": {}},
+                {"headerCohort": {"header": {"name": "x-cohort", "value": "staff"}}},
+                {"setWeight": {"weight": 1}},
+                {"pause": {"untilPromoted": true}},
+                {"promote": {}}
+            ],
+        }))
+        .unwrap();
+        let st = |phase, index: u32, weight: u32, cohort: bool, mirror: bool| RolloutStatus {
+            phase,
+            current_step_index: Some(index),
+            desired_weight: Some(weight),
+            cohort_active: cohort,
+            mirror_active: mirror,
+            ..Default::default()
+        };
+        use RolloutPhase::*;
+        let table = [
+            (
+                "pause before any traffic",
+                st(Paused, 0, 0, false, false),
+                false,
+            ),
+            ("mirror step", st(Progressing, 1, 0, false, true), true),
+            ("cohort step", st(Progressing, 2, 0, true, false), true),
+            ("weight step", st(Progressing, 3, 1, false, false), true),
+            (
+                "pause untilPromoted at 1%",
+                st(Paused, 4, 1, false, false),
+                true,
+            ),
+            ("spec.paused at 1%", st(Paused, 3, 1, false, false), true),
+            (
+                "held by an invalid spec",
+                st(Progressing, 9, 1, false, false),
+                true,
+            ),
+            (
+                "waiting for the canary",
+                st(WaitingForCanary, 0, 0, false, false),
+                false,
+            ),
+            ("promoted", st(Promoted, 5, 100, false, false), false),
+            (
+                "never started, invalid",
+                st(Invalid, 0, 0, false, false),
+                false,
+            ),
+        ];
+        for (name, status, want) in table {
+            assert_eq!(wants_analysis(&spec, &status), want, "{name}");
+        }
+    }
+
+    #[test]
     fn plan_table() {
-        let progressing = RolloutStatus {
+        let unconfirmed = RolloutStatus {
             phase: RolloutPhase::Progressing,
             current_step_index: Some(0),
             desired_weight: Some(5),
+            history: vec![StepRecord {
+                index: 0,
+                kind: StepKind::SetWeight,
+                weight: Some(5),
+                started_at: Time(t(0)),
+                share_confirmed_at: None,
+                finished_at: None,
+                outcome: None,
+            }],
             ..Default::default()
         };
+        let mut progressing = unconfirmed.clone();
+        progressing.history[0].share_confirmed_at = Some(Time(t(1_000)));
         let aborted = RolloutStatus {
             phase: RolloutPhase::Aborted,
             desired_weight: Some(0),
@@ -450,6 +547,15 @@ mod tests {
                 progressing.clone(),
                 3,
                 3,
+                "applied-share",
+                0,
+            ),
+            (
+                "share not yet confirmed: measured, not judged; the other gates judged",
+                serde_json::json!([]),
+                unconfirmed,
+                3,
+                2,
                 "applied-share",
                 0,
             ),

@@ -2,8 +2,11 @@
 //! next status, requeue).
 //!
 //! Owns the order of judgement: validity first (what CEL cannot express; sets
-//! `status.observedGeneration`, the `Ready` condition and phase `Invalid`), then, for a valid spec
-//! only, the state machine in [`crate::step`]. Must never do I/O or read the clock.
+//! `status.observedGeneration` and the `Ready` condition), then the state machine in
+//! [`crate::step`]: the whole of it for a valid spec, its invalid-spec part otherwise. Phase
+//! `Invalid` is only for a Rollout that never started: one that did keeps its phase, so an
+//! invalid edit never resets it and a live canary keeps being judged (or is aborted). Must never
+//! do I/O or read the clock.
 
 use k8s_openapi::jiff::Timestamp;
 use sluice_api::v1alpha1::{RolloutPhase, RolloutSpec, RolloutStatus, rollout::reasons};
@@ -24,19 +27,18 @@ pub fn decide(
     allow_free_form_promql: bool,
     now: Timestamp,
 ) -> Decision {
-    let checked = decide_validity(
-        &validity::problems(spec, allow_free_form_promql),
-        status,
-        obs.generation,
-        now,
-    );
-    if checked.status.phase == RolloutPhase::Invalid {
-        // An invalid spec is waited on; a Rollout being deleted still hands its route back.
-        if !obs.deleting {
-            return checked;
-        }
+    let problems = validity::problems(spec, allow_free_form_promql);
+    let checked = decide_validity(&problems, status, obs.generation, now);
+    if checked.status.phase == RolloutPhase::Invalid && !obs.deleting {
+        // Never started: an invalid spec is waited on.
+        return checked;
     }
-    let mut next = step::step(spec, checked.status, obs, now);
+    let mut next = if problems.is_empty() || obs.deleting {
+        // A Rollout being deleted hands its route back whatever its spec.
+        step::step(spec, checked.status, obs, now)
+    } else {
+        step::invalid(spec, checked.status, obs, now, &problems)
+    };
     let mut actions = checked.actions;
     actions.append(&mut next.actions);
     next.actions = actions;
@@ -53,7 +55,8 @@ pub fn decide_validity(
     let mut next = status.cloned().unwrap_or_default();
     next.observed_generation = generation;
     let validity = cond::set_validity(&mut next.conditions, problems, generation, now);
-    if !validity.valid {
+    let started = !matches!(next.phase, RolloutPhase::Pending | RolloutPhase::Invalid);
+    if !validity.valid && !started {
         next.phase = RolloutPhase::Invalid;
     } else if validity.was_invalid && next.phase == RolloutPhase::Invalid {
         next.phase = RolloutPhase::Pending;
@@ -259,5 +262,216 @@ mod tests {
             "no status write on an identical reconcile"
         );
         assert!(second.actions.is_empty());
+    }
+
+    fn spec(patch: serde_json::Value) -> RolloutSpec {
+        let mut v = serde_json::json!({
+            "routeRef": {"name": "checkout"},
+            "stableService": {"name": "v1"},
+            "canaryService": {"name": "v2"},
+            "canaryWorkload": {"name": "v2"},
+            "analysisInterval": "30s",
+            "steps": [
+                {"setWeight": {"weight": 1, "duration": "10m"}},
+                {"pause": {"untilPromoted": true}},
+                {"setWeight": {"weight": 50}},
+                {"promote": {}}
+            ]
+        });
+        for (k, x) in patch.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn started(phase: RolloutPhase, index: u32, weight: u32) -> RolloutStatus {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let mut st = decide_validity(&[], None, obs(1), t(0)).status;
+        st.phase = phase;
+        st.current_step_index = Some(index);
+        st.current_step_started_at = Some(Time(t(0)));
+        st.desired_weight = Some(weight);
+        st.owned_route = Some(sluice_api::v1alpha1::rollout::OwnedRouteStatus {
+            written_weight: Some(weight),
+            owned_since: Some(Time(t(0))),
+            ..Default::default()
+        });
+        st
+    }
+
+    fn observed(weight: u32, fail: bool) -> Observations {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        use sluice_api::v1alpha1::{GateVerdict, Verdict, VerdictReason};
+        let v = GateVerdict {
+            gate: "error-ratio".into(),
+            verdict: if fail { Verdict::Fail } else { Verdict::Pass },
+            reason: VerdictReason::ThresholdBreached,
+            message: None,
+            value: Some(0.046),
+            baseline: Some(0.02),
+            threshold: Some(0.03),
+            samples: Some(1000),
+            min_samples: Some(100),
+            consecutive_failures: 2,
+            inconclusive_since: None,
+            evaluated_at: Time(t(60)),
+        };
+        let act = if fail {
+            sluice_analysis::GateAction::Abort
+        } else {
+            sluice_analysis::GateAction::Proceed
+        };
+        Observations {
+            generation: Some(2),
+            route: crate::step::RouteObs::Present(crate::step::RouteState {
+                resource_version: Some("1".into()),
+                owner: Some("shop/checkout".into()),
+                me: "shop/checkout".into(),
+                canary_weight: weight,
+                ..Default::default()
+            }),
+            gates: vec![(v, act)],
+            ..Default::default()
+        }
+    }
+
+    fn route_writes(d: &Decision) -> Vec<u32> {
+        d.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::WriteRoute(w) => Some(w.weight),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_invalid_spec_never_leaves_a_live_canary_unjudged() {
+        use sluice_api::v1alpha1::rollout::AbortReason;
+        // A step made invalid (a 0s duration): the canary is held where it is and judged.
+        let bad_step = spec(serde_json::json!({"stepDuration": "0s"}));
+        // The gates themselves invalid: the canary cannot be judged, so it is aborted.
+        let bad_gate = spec(
+            serde_json::json!({"gates": [{"name": "q", "promql": "up", "comparison": {"absolute": {"op": "LessOrEqual", "value": 1.0}}}]}),
+        );
+        type Row = (
+            &'static str,
+            RolloutSpec,
+            RolloutStatus,
+            bool,
+            RolloutPhase,
+            Option<AbortReason>,
+            Vec<u32>,
+        );
+        let table: Vec<Row> = vec![
+            (
+                "pause untilPromoted at 1%, invalid step, gate fails",
+                bad_step.clone(),
+                started(RolloutPhase::Paused, 1, 1),
+                true,
+                RolloutPhase::Aborted,
+                Some(AbortReason::GateFailed),
+                vec![0],
+            ),
+            (
+                "weight step at 1%, invalid step, gate fails",
+                bad_step.clone(),
+                started(RolloutPhase::Progressing, 0, 1),
+                true,
+                RolloutPhase::Aborted,
+                Some(AbortReason::GateFailed),
+                vec![0],
+            ),
+            (
+                "pause untilPromoted at 1%, invalid step, gate passes: held",
+                bad_step.clone(),
+                started(RolloutPhase::Paused, 1, 1),
+                false,
+                RolloutPhase::Paused,
+                None,
+                vec![],
+            ),
+            (
+                "weight step at 1%, gates invalid: aborted",
+                bad_gate.clone(),
+                started(RolloutPhase::Progressing, 0, 1),
+                false,
+                RolloutPhase::Aborted,
+                Some(AbortReason::InvalidSpec),
+                vec![0],
+            ),
+            (
+                "spec.abort honoured while invalid",
+                spec(serde_json::json!({"stepDuration": "0s", "abort": true})),
+                started(RolloutPhase::Paused, 1, 1),
+                false,
+                RolloutPhase::Aborted,
+                Some(AbortReason::Manual),
+                vec![0],
+            ),
+            (
+                "promoted keeps its phase and its route",
+                bad_step.clone(),
+                started(RolloutPhase::Promoted, 3, 100),
+                false,
+                RolloutPhase::Promoted,
+                None,
+                vec![],
+            ),
+        ];
+        for (name, s, st, fail, phase, reason, want_writes) in table {
+            let o = observed(st.desired_weight.unwrap_or(0), fail);
+            let d = decide(&s, Some(&st), &o, false, t(60));
+            assert_eq!(d.status.phase, phase, "{name}");
+            assert_eq!(d.status.abort.as_ref().map(|a| a.reason), reason, "{name}");
+            assert_eq!(route_writes(&d), want_writes, "{name}");
+            let ready = cond::find(&d.status.conditions, conditions::READY).unwrap();
+            assert_eq!(ready.status, "False", "{name}: Ready names the problem");
+        }
+    }
+
+    #[test]
+    fn invalid_then_valid_resumes_where_it_was() {
+        let bad = spec(serde_json::json!({"stepDuration": "0s"}));
+        let good = spec(serde_json::json!({}));
+        for (name, st) in [
+            ("promoted", started(RolloutPhase::Promoted, 3, 100)),
+            ("paused at 1%", started(RolloutPhase::Paused, 1, 1)),
+            (
+                "waiting for the canary",
+                started(RolloutPhase::WaitingForCanary, 0, 0),
+            ),
+        ] {
+            let weight = st.desired_weight;
+            let o = observed(weight.unwrap_or(0), false);
+            let held = decide(&bad, Some(&st), &o, false, t(60));
+            assert_eq!(
+                held.status.phase, st.phase,
+                "{name}: phase kept while invalid"
+            );
+            let back = decide(&good, Some(&held.status), &o, false, t(90));
+            assert_eq!(back.status.phase, st.phase, "{name}: no reset to Pending");
+            assert_eq!(back.status.desired_weight, weight, "{name}: weight kept");
+            assert!(
+                !route_writes(&back).contains(&0) || weight == Some(0),
+                "{name}: never yanked to 0"
+            );
+        }
+        // An abort stays an abort: only retry restarts it.
+        let mut aborted = started(RolloutPhase::Aborted, 0, 0);
+        aborted.abort = Some(sluice_api::v1alpha1::rollout::AbortStatus {
+            reason: sluice_api::v1alpha1::rollout::AbortReason::GateFailed,
+            message: None,
+            gate: None,
+            step_index: Some(0),
+            first_failed_at: None,
+            decided_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t(0)),
+            route_reverted_at: None,
+            revert_verified_at: None,
+        });
+        let o = observed(0, false);
+        let held = decide(&bad, Some(&aborted), &o, false, t(60));
+        let back = decide(&good, Some(&held.status), &o, false, t(90));
+        assert_eq!(back.status.phase, RolloutPhase::Aborted);
     }
 }

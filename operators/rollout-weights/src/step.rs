@@ -308,6 +308,7 @@ impl Machine<'_> {
             AbortReason::InconclusiveTimeout => reasons::INCONCLUSIVE,
             AbortReason::AppliedShareNotConfirmed => reasons::SHARE_NOT_YET_APPLIED,
             AbortReason::CanaryNotReady => reasons::WAITING_FOR_CANARY,
+            AbortReason::InvalidSpec => reasons::INVALID_SPEC,
         };
         self.condition(conditions::PROGRESSING, Status::False, why, message.clone());
         if reason != AbortReason::PinnedByBundlePin {
@@ -409,6 +410,42 @@ impl Machine<'_> {
         });
     }
 
+    /// Judges the verdicts evaluated this tick while the canary receives traffic but the step
+    /// does not advance on them (a pause step, `spec.paused`, a mirror or cohort step, a weight
+    /// step whose share is not yet confirmed, an invalid spec held): records each verdict and
+    /// the applied share, and aborts on a Fail. `held` says what holds the step, for the abort
+    /// message. Returns true when it aborted. A Fail is the safe direction and needs no
+    /// confirmed share; an Inconclusive verdict's policy applies only to a confirmed weight
+    /// step, where it can hold or complete the step.
+    fn judge_live(&mut self, index: usize, held: &str) -> bool {
+        if let Some(s) = self.obs.applied_share {
+            self.next.applied_share = Some(s);
+            self.next.applied_share_observed_at = Some(Time(self.now));
+        }
+        for (v, _) in &self.obs.gates {
+            self.next.gates.retain(|g| g.gate != v.gate);
+            self.next.gates.push(v.clone());
+        }
+        self.next.gates.sort_by(|a, b| a.gate.cmp(&b.gate));
+        let failed = self
+            .obs
+            .gates
+            .iter()
+            .find(|(v, act)| v.verdict == Verdict::Fail && *act == GateAction::Abort);
+        let Some((v, _)) = failed else {
+            return false;
+        };
+        let msg = format!(
+            "gate {} failed at step {index} ({held}): value {:?} vs threshold {:?} ({})",
+            v.gate,
+            v.value,
+            v.threshold,
+            v.message.clone().unwrap_or_default()
+        );
+        self.abort(AbortReason::GateFailed, msg, Some(v.clone()));
+        true
+    }
+
     /// Runs the current step; returns true when it completed.
     fn run_step(&mut self, index: usize) -> bool {
         let spec = self.spec;
@@ -428,6 +465,14 @@ impl Machine<'_> {
             .map(|d| dur(&d, Duration::from_secs(300)));
         match step.kind() {
             Some(StepKind::Mirror | StepKind::HeaderCohort) => {
+                let held = if step.kind() == Some(StepKind::Mirror) {
+                    "mirror step"
+                } else {
+                    "cohort step, cohort traffic against stable"
+                };
+                if self.judge_live(index, held) {
+                    return false;
+                }
                 if step.kind() == Some(StepKind::HeaderCohort)
                     && let Some(share) = self.obs.applied_share
                 {
@@ -443,6 +488,7 @@ impl Machine<'_> {
                 self.wake(d - elapsed);
                 false
             }
+            Some(StepKind::Pause) if self.judge_live(index, "pause step") => false,
             Some(StepKind::Pause) => match duration {
                 Some(d) if elapsed >= d => true,
                 Some(d) => {
@@ -489,6 +535,11 @@ impl Machine<'_> {
             .last()
             .and_then(|r| r.share_confirmed_at.clone());
         let Some(confirmed) = confirmed else {
+            // The gates judge the canary from the first second of the step: only the share
+            // gate waits for the confirmation (the plan does not judge it before).
+            if self.judge_live(index, "share not yet confirmed") {
+                return false;
+            }
             let within = self
                 .obs
                 .applied_share
@@ -864,6 +915,9 @@ impl Machine<'_> {
         }
         let mut index = self.next.current_step_index.unwrap_or(0) as usize;
         if spec.paused {
+            if self.judge_live(index, "spec.paused") {
+                return;
+            }
             self.next.phase = RolloutPhase::Paused;
             self.condition(
                 conditions::PROGRESSING,
@@ -967,6 +1021,94 @@ fn truncate(s: &str) -> String {
     s.chars().take(1024).collect()
 }
 
+/// Fields of the spec the gates of a live canary need: while any of them is invalid the canary
+/// cannot be judged, so it is aborted; any other problem (a step, a deadline) holds the canary
+/// where it is and keeps judging it.
+pub const JUDGED_FIELDS: [&str; 7] = [
+    "spec.gates",
+    "spec.analysisInterval",
+    "spec.inconclusive",
+    "spec.appliedShareTolerancePercent",
+    "spec.routeRef",
+    "spec.stableService",
+    "spec.canaryService",
+];
+
+impl Machine<'_> {
+    /// The state machine while the spec is invalid (`problems` non-empty) for a Rollout that
+    /// already started: nothing advances, but a live canary is never left unjudged.
+    fn run_invalid(&mut self, problems: &[String]) {
+        let RouteObs::Present(route) = self.obs.route.clone() else {
+            return;
+        };
+        if route.owner.as_ref().is_some_and(|o| *o != route.me) {
+            return;
+        }
+        let index = self.next.current_step_index.unwrap_or(0) as usize;
+        let first = problems.first().cloned().unwrap_or_default();
+        match self.next.phase {
+            RolloutPhase::Progressing | RolloutPhase::Paused => {
+                let unjudgeable = problems
+                    .iter()
+                    .find(|p| JUDGED_FIELDS.iter().any(|f| p.starts_with(f)));
+                if self.spec.abort {
+                    self.abort(AbortReason::Manual, "spec.abort is true".into(), None);
+                } else if let Some(p) = unjudgeable {
+                    self.abort(
+                        AbortReason::InvalidSpec,
+                        format!(
+                            "the spec became invalid in a field the gates need ({p}); a live canary is never left unjudged"
+                        ),
+                        None,
+                    );
+                } else if !self.judge_live(index, "spec invalid") {
+                    self.condition(
+                        conditions::PROGRESSING,
+                        Status::True,
+                        reasons::INVALID_SPEC,
+                        format!(
+                            "step {index} held at canary weight {} while the spec is invalid ({first}); the gates still judge the canary and a Fail aborts",
+                            self.next.desired_weight.unwrap_or(0)
+                        ),
+                    );
+                    self.wake(self.interval());
+                    return;
+                }
+                self.aborted(&route);
+            }
+            RolloutPhase::Aborted => self.aborted(&route),
+            _ => {}
+        }
+    }
+}
+
+/// Runs the state machine for a Rollout that already started while its spec is invalid
+/// (`problems`, each `path: what is wrong`): progress stops; a live canary keeps being judged
+/// when the gates' own fields are valid and is aborted otherwise; an abort keeps being
+/// verified; `spec.abort` is honoured.
+pub fn invalid(
+    spec: &RolloutSpec,
+    status: RolloutStatus,
+    obs: &Observations,
+    now: Timestamp,
+    problems: &[String],
+) -> Decision {
+    let mut m = Machine {
+        spec,
+        obs,
+        now,
+        next: status,
+        actions: Vec::new(),
+        requeue: None,
+    };
+    m.run_invalid(problems);
+    Decision {
+        actions: m.actions,
+        status: m.next,
+        requeue: m.requeue.map_or(Requeue::AwaitChange, Requeue::After),
+    }
+}
+
 /// Runs the state machine for a valid spec from `status`.
 pub fn step(
     spec: &RolloutSpec,
@@ -1054,7 +1196,7 @@ mod tests {
             !d.status.mirror_active,
             "mirror ends at the first weight step"
         );
-        // Share not yet applied: no judgement, even on a failing verdict.
+        // Share not yet applied.
         obs.route = route(5, false);
         let fail = GateVerdict {
             gate: "error-ratio".into(),
@@ -1072,11 +1214,28 @@ mod tests {
         };
         obs.gates = vec![(fail.clone(), GateAction::Abort)];
         obs.applied_share = Some(1.0);
+        // A Fail needs no confirmed share: failing is the safe direction.
+        let early = step(&s, d.status.clone(), &obs, t(5));
+        assert_eq!(
+            early.status.phase,
+            RolloutPhase::Aborted,
+            "judged from the first second"
+        );
+        // Without a Fail, the step is never judged on the written weight.
+        obs.gates.clear();
         let d = step(&s, d.status, &obs, t(5));
         assert_eq!(
             d.status.phase,
             RolloutPhase::Progressing,
             "never judged on the written weight"
+        );
+        assert!(
+            d.status
+                .history
+                .last()
+                .unwrap()
+                .share_confirmed_at
+                .is_none()
         );
         obs.applied_share = Some(5.3);
         obs.gates.clear();
@@ -1324,6 +1483,218 @@ mod tests {
                 d.status.abort_detect_to_revert_ms,
                 d.status.abort
             );
+        }
+    }
+
+    fn verdict(gate: &str, verdict: Verdict, at: i64) -> GateVerdict {
+        GateVerdict {
+            gate: gate.into(),
+            verdict,
+            reason: if verdict == Verdict::Fail {
+                sluice_api::v1alpha1::VerdictReason::ThresholdBreached
+            } else {
+                sluice_api::v1alpha1::VerdictReason::TooFewSamples
+            },
+            message: None,
+            value: Some(0.046),
+            baseline: Some(0.02),
+            threshold: Some(0.03),
+            samples: Some(1000),
+            min_samples: Some(100),
+            consecutive_failures: u32::from(verdict == Verdict::Fail) * 2,
+            inconclusive_since: (verdict == Verdict::Inconclusive).then(|| Time(t(0))),
+            evaluated_at: Time(t(at)),
+        }
+    }
+
+    /// A Rollout in step `index` since t(0), with what the route carries in that step.
+    fn live(s: &RolloutSpec, index: u32, phase: RolloutPhase, confirmed: bool) -> RolloutStatus {
+        let d = desired_at(s, index as usize);
+        let kind = s.steps[index as usize].kind().unwrap();
+        RolloutStatus {
+            phase,
+            current_step_index: Some(index),
+            current_step_started_at: Some(Time(t(0))),
+            desired_weight: Some(d.weight),
+            cohort_active: d.cohort.is_some(),
+            mirror_active: d.mirror.is_some(),
+            owned_route: Some(OwnedRouteStatus {
+                written_weight: Some(d.weight),
+                owned_since: Some(Time(t(0))),
+                ..Default::default()
+            }),
+            history: vec![StepRecord {
+                index,
+                kind,
+                weight: Some(d.weight),
+                started_at: Time(t(0)),
+                share_confirmed_at: confirmed.then(|| Time(t(0))),
+                finished_at: None,
+                outcome: None,
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn live_route(s: &RolloutSpec, st: &RolloutStatus) -> RouteObs {
+        let d = desired_at(s, st.current_step_index.unwrap_or(0) as usize);
+        RouteObs::Present(RouteState {
+            resource_version: Some("1".into()),
+            owner: Some("shop/checkout".into()),
+            me: "shop/checkout".into(),
+            canary_weight: d.weight,
+            cohort: d.cohort.is_some(),
+            mirror: d.mirror.is_some(),
+            ..RouteState::default()
+        })
+    }
+
+    fn held_spec(pause: serde_json::Value, patch: serde_json::Value) -> RolloutSpec {
+        let mut v = serde_json::json!({
+            "routeRef": {"name": "checkout"},
+            "stableService": {"name": "v1"},
+            "canaryService": {"name": "v2"},
+            "canaryWorkload": {"name": "v2"},
+            "analysisInterval": "30s",
+            "steps": [
+                {"mirror": {"duration": "10m"}},
+                {"headerCohort": {"header": {"name": "x-cohort", "value": "staff"}, "duration": "10m"}},
+                {"setWeight": {"weight": 1, "duration": "10m"}},
+                {"pause": pause},
+                {"setWeight": {"weight": 50}},
+                {"promote": {}}
+            ]
+        });
+        for (k, x) in patch.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// Every state in which the canary receives traffic, held or not: (name, spec, status).
+    fn live_states() -> Vec<(&'static str, RolloutSpec, RolloutStatus)> {
+        use RolloutPhase::*;
+        let until = serde_json::json!({"untilPromoted": true});
+        let timed = serde_json::json!({"duration": "1h"});
+        let plain = held_spec(until.clone(), serde_json::json!({}));
+        let paused = held_spec(until.clone(), serde_json::json!({"paused": true}));
+        let timed_spec = held_spec(timed, serde_json::json!({}));
+        vec![
+            (
+                "mirror step",
+                plain.clone(),
+                live(&plain, 0, Progressing, false),
+            ),
+            (
+                "cohort step",
+                plain.clone(),
+                live(&plain, 1, Progressing, false),
+            ),
+            (
+                "weight step, first second, share not confirmed",
+                plain.clone(),
+                live(&plain, 2, Progressing, false),
+            ),
+            (
+                "weight step, share confirmed",
+                plain.clone(),
+                live(&plain, 2, Progressing, true),
+            ),
+            (
+                "pause untilPromoted at 1%",
+                plain.clone(),
+                live(&plain, 3, Paused, false),
+            ),
+            (
+                "timed pause at 1%",
+                timed_spec.clone(),
+                live(&timed_spec, 3, Paused, false),
+            ),
+            (
+                "spec.paused at 1%",
+                paused.clone(),
+                live(&paused, 2, Paused, true),
+            ),
+            (
+                "spec.paused at 1%, share not confirmed",
+                paused.clone(),
+                live(&paused, 2, Progressing, false),
+            ),
+            (
+                "spec.paused in the mirror step",
+                paused.clone(),
+                live(&paused, 0, Paused, false),
+            ),
+        ]
+    }
+
+    #[test]
+    fn a_fail_aborts_in_every_state_the_canary_receives_traffic() {
+        for (name, s, st) in live_states() {
+            let obs = Observations {
+                route: live_route(&s, &st),
+                gates: vec![(verdict("error-ratio", Verdict::Fail, 60), GateAction::Abort)],
+                applied_share: Some(0.9),
+                ..Default::default()
+            };
+            let d = step(&s, st, &obs, t(60));
+            assert_eq!(d.status.phase, RolloutPhase::Aborted, "{name}");
+            assert_eq!(writes(&d), vec![0], "{name}: one write, canary 0");
+            assert!(
+                d.actions
+                    .iter()
+                    .any(|a| matches!(a, Action::WriteRoute(w) if *w == Desired::abort())),
+                "{name}: cohort and mirror removed in the same write"
+            );
+            let a = d.status.abort.as_ref().unwrap();
+            assert_eq!(a.reason, AbortReason::GateFailed, "{name}");
+            assert_eq!(a.gate.as_ref().unwrap().gate, "error-ratio", "{name}");
+            assert_eq!(
+                a.decided_at,
+                Time(t(60)),
+                "{name}: decided on the verdict's tick"
+            );
+        }
+    }
+
+    #[test]
+    fn without_a_fail_a_held_canary_stays_held_and_keeps_its_verdicts() {
+        for (name, s, st) in live_states() {
+            let before = (st.phase, st.current_step_index, st.desired_weight);
+            let obs = Observations {
+                route: live_route(&s, &st),
+                gates: vec![
+                    (
+                        verdict("error-ratio", Verdict::Pass, 60),
+                        GateAction::Proceed,
+                    ),
+                    // An Inconclusive whose policy says Abort applies only to a confirmed weight
+                    // step; a hold never aborts on missing data.
+                    (
+                        verdict("latency-p99", Verdict::Inconclusive, 60),
+                        GateAction::Abort,
+                    ),
+                ],
+                applied_share: Some(0.9),
+                ..Default::default()
+            };
+            let d = step(&s, st, &obs, t(60));
+            if name == "weight step, share confirmed" {
+                assert_eq!(
+                    d.status.phase,
+                    RolloutPhase::Aborted,
+                    "{name}: policy Abort"
+                );
+                continue;
+            }
+            assert_ne!(d.status.phase, RolloutPhase::Aborted, "{name}");
+            assert_eq!(
+                (d.status.current_step_index, d.status.desired_weight),
+                (before.1, before.2),
+                "{name}: no step advanced"
+            );
+            assert_eq!(d.status.gates.len(), 2, "{name}: verdicts recorded");
+            assert_eq!(d.status.applied_share, Some(0.9), "{name}: share recorded");
         }
     }
 }

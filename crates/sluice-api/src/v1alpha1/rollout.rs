@@ -136,7 +136,8 @@ pub struct RolloutSpec {
     /// Control: set true to abort now (canary weight 0, cohort and mirror removed). Default: false.
     #[serde(default)]
     pub abort: bool,
-    /// Control: set true to hold at the current step; false resumes. Default: false.
+    /// Control: set true to hold at the current step; false resumes. Holds progress, never
+    /// safety: the live canary is still judged and a Fail aborts. Default: false.
     #[serde(default)]
     pub paused: bool,
     /// Control: treat every step up to and including this index as complete (skips its
@@ -460,7 +461,8 @@ pub struct PauseStep {
     /// Hold for this long.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration: Option<DurationString>,
-    /// Hold until a person promotes (spec.promoteThroughStep or spec.promoteFull). Default: false.
+    /// Hold until a person promotes (spec.promoteThroughStep or spec.promoteFull); the live
+    /// canary is still judged meanwhile and a Fail aborts. Default: false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub until_promoted: Option<bool>,
 }
@@ -481,13 +483,16 @@ pub enum RolloutPhase {
     WaitingForCanary,
     /// Executing steps.
     Progressing,
-    /// Held: by a pause step, `spec.paused`, or a sustained Inconclusive verdict.
+    /// Held: by a pause step, `spec.paused`, or a sustained Inconclusive verdict. Holds progress,
+    /// never safety: the gates still judge the live canary and a Fail aborts.
     Paused,
     /// At 100% canary, route still owned, waiting for hand-back.
     Promoted,
     /// Aborted: canary weight 0, cohort and mirror removed.
     Aborted,
-    /// The spec is invalid; see the Ready condition.
+    /// The spec is invalid and the Rollout never started; see the Ready condition. A Rollout
+    /// that already started keeps its phase while invalid (`Ready=False`): a live canary is
+    /// still judged (or aborted), never left unjudged.
     Invalid,
 }
 
@@ -507,6 +512,9 @@ pub enum AbortReason {
     Manual,
     /// A BundlePin rewrote the owned route; the pin wins.
     PinnedByBundlePin,
+    /// The spec became invalid while the canary received traffic, in a part the gates need
+    /// (gates, interval, route or Services): the canary cannot be judged, so it is aborted.
+    InvalidSpec,
 }
 
 /// The abort decision and its timeline.

@@ -4,9 +4,10 @@
 //! rollout-weights operator running in east-1 must abort: canary weight 0 in one route write,
 //! then confirm from telemetry that the canary share fell to ~0.
 //! Figures: `abort_latency_ms` (fault injected → route reverted, seen on the route),
-//! `detect_to_revert_ms` (first Fail verdict → route reverted, from the Rollout's status
-//! timestamps, which have one-second precision), `revert_verified_ms` (route reverted → the
-//! operator's telemetry check confirmed ~0).
+//! `detect_to_revert_ms` (the abort decision on the first Fail verdict → route reverted: the
+//! status' millisecond figure `abortDetectToRevertMs`, measured by the operator; the status
+//! times have one-second precision), `revert_verified_ms` (route reverted → the operator's
+//! telemetry check confirmed ~0).
 //! Also holds the helpers the canary scenarios share. Never writes the route itself: only the
 //! operator does; the scenario reads it.
 
@@ -19,7 +20,7 @@ use kube::api::PostParams;
 use serde_json::{Map, Value, json};
 use sluice_api::external::http_route::HttpRoute;
 use sluice_api::v1alpha1::Rollout;
-use sluice_api::v1alpha1::rollout::AbortStatus;
+use sluice_api::v1alpha1::RolloutStatus;
 use sluice_sim::mesh::scenario::Event;
 
 use super::{Outcome, ScenarioDef, ScenarioError};
@@ -188,9 +189,15 @@ pub(super) fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// First Fail verdict → route reverted, from the status timestamps (ms; None when either is
-/// missing or the order is impossible).
-pub fn detect_to_revert_ms(abort: &AbortStatus) -> Option<u64> {
+/// First Fail verdict → route reverted, in milliseconds: the status' own figure
+/// (`abortDetectToRevertMs`, the operator's measurement from the abort decision, taken on the
+/// failing verdict's tick, to the write that reverted the route). Without it, from the status
+/// timestamps, which have one-second precision. None when neither is there.
+pub fn detect_to_revert_ms(status: &RolloutStatus) -> Option<u64> {
+    if let Some(ms) = status.abort_detect_to_revert_ms {
+        return Some(ms);
+    }
+    let abort = status.abort.as_ref()?;
     let first = abort.first_failed_at.as_ref()?.0;
     let reverted = abort.route_reverted_at.as_ref()?.0;
     u64::try_from(reverted.as_millisecond() - first.as_millisecond()).ok()
@@ -302,14 +309,18 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
     ));
 
     // The operator confirms the revert from telemetry.
-    let abort = rollout_until(sandbox, |r| {
-        r.status
-            .as_ref()
-            .and_then(|s| s.abort.clone())
-            .filter(|a| a.revert_verified_at.is_some())
+    let status = rollout_until(sandbox, |r| {
+        r.status.clone().filter(|s| {
+            s.abort
+                .as_ref()
+                .is_some_and(|a| a.revert_verified_at.is_some())
+        })
     })
     .await?;
     let revert_verified = reverted.elapsed();
+    let Some(abort) = status.abort.clone() else {
+        return Err(ScenarioError::Missing("the Rollout's abort status".into()));
+    };
     let gate = abort.gate.as_ref().map(|g| g.gate.clone());
     sandbox.say(format!(
         "canary-abort: rollout-weights aborted on gate {} (value {:?}, stable {:?}, threshold {:?}) and confirmed the revert {} ms after it",
@@ -331,13 +342,12 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
     figures.insert("abort_latency_ms".into(), Value::from(ms(abort_latency)));
     figures.insert(
         "detect_to_revert_ms".into(),
-        detect_to_revert_ms(&abort).map_or(Value::Null, Value::from),
+        detect_to_revert_ms(&status).map_or(Value::Null, Value::from),
     );
     figures.insert(
         "revert_verified_ms".into(),
         Value::from(ms(revert_verified)),
     );
-    figures.insert("status_timestamp_precision_ms".into(), Value::from(1000));
     figures.insert(
         "failed_gate".into(),
         gate.clone().map_or(Value::Null, Value::from),
@@ -378,35 +388,41 @@ mod tests {
     }
 
     #[test]
-    fn detect_to_revert_comes_from_the_status_timestamps() {
-        let abort = |first: Option<&str>, reverted: Option<&str>| -> AbortStatus {
-            serde_json::from_value(json!({
-                "reason": "GateFailed",
-                "decidedAt": "2026-01-01T00:00:01Z",
-                "firstFailedAt": first,
-                "routeRevertedAt": reverted,
+    fn detect_to_revert_is_the_status_millisecond_figure() {
+        let status = |ms: Option<u64>, first: Option<&str>, reverted: Option<&str>| {
+            serde_json::from_value::<RolloutStatus>(json!({
+                "abortDetectToRevertMs": ms,
+                "abort": {
+                    "reason": "GateFailed",
+                    "decidedAt": "2026-01-01T00:00:01Z",
+                    "firstFailedAt": first,
+                    "routeRevertedAt": reverted,
+                }
             }))
             .unwrap()
         };
         let cases = [
+            // The operator's millisecond figure wins over the one-second timestamps.
             (
+                Some(31),
+                Some("2026-01-01T00:00:01Z"),
+                Some("2026-01-01T00:00:04Z"),
+                Some(31),
+            ),
+            (
+                None,
                 Some("2026-01-01T00:00:01Z"),
                 Some("2026-01-01T00:00:03Z"),
                 Some(2000),
             ),
-            (
-                Some("2026-01-01T00:00:01Z"),
-                Some("2026-01-01T00:00:01Z"),
-                Some(0),
-            ),
-            (Some("2026-01-01T00:00:01Z"), None, None),
-            (None, Some("2026-01-01T00:00:01Z"), None),
+            (None, Some("2026-01-01T00:00:01Z"), None, None),
+            (None, None, Some("2026-01-01T00:00:01Z"), None),
         ];
-        for (first, reverted, want) in cases {
+        for (ms, first, reverted, want) in cases {
             assert_eq!(
-                detect_to_revert_ms(&abort(first, reverted)),
+                detect_to_revert_ms(&status(ms, first, reverted)),
                 want,
-                "{first:?} {reverted:?}"
+                "{ms:?} {first:?} {reverted:?}"
             );
         }
     }

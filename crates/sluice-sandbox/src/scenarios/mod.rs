@@ -6,6 +6,7 @@
 
 pub mod bundles;
 pub mod canary_abort;
+pub mod canary_pause_abort;
 pub mod canary_promote;
 pub mod pin_release;
 pub mod revision_upgrade;
@@ -109,6 +110,7 @@ impl std::fmt::Debug for ScenarioDef {
 pub const REGISTRY: &[ScenarioDef] = &[
     world::SCENARIO,
     canary_abort::SCENARIO,
+    canary_pause_abort::SCENARIO,
     canary_promote::SCENARIO,
     revision_upgrade::SCENARIO,
     pin_release::SCENARIO,
