@@ -94,10 +94,11 @@ read -r t_passed t_failed t_ignored < <(
     END { printf "%d %d %d\n", p, f, g }')
 chart_skipped=$(sed -n 's/^chart: [0-9]* passed, [0-9]* failed, \([0-9]*\) skipped$/\1/p' "$WORK"/chart.log 2>/dev/null | tail -n 1)
 t_skipped=$(sort -u "$SLUICE_SKIP_LOG" | grep -c . || true)
-t_passed=$((t_passed - t_skipped))
+t_not_run=$(sort -u "$SLUICE_NOT_RUN_LOG" | grep -c . || true)
+t_passed=$((t_passed - t_skipped - t_not_run))
 t_skipped=$((t_skipped + ${chart_skipped:-0}))
-if [ -s "$SLUICE_NOT_RUN_LOG" ]; then
-  printf 'not run (prereq::UNAVAILABLE, by name):\n'
+if [ "$t_not_run" -gt 0 ]; then
+  printf '%d not run (they need a component of sluice_testkit::prereq::UNAVAILABLE, named):\n' "$t_not_run"
   sort -u "$SLUICE_NOT_RUN_LOG" | sed 's/^/  /'
 fi
 if [ "$t_skipped" -gt 0 ]; then

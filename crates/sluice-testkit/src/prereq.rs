@@ -151,12 +151,19 @@ fn record_skip(test: &str, what: &str) {
     }
 }
 
-/// The test binary's name, to tell apart tests of the same name in different binaries.
+/// The test binary's name without cargo's hash suffix, to tell apart tests of the same name in
+/// different binaries.
 fn crate_name() -> String {
-    std::env::current_exe()
+    let stem = std::env::current_exe()
         .ok()
         .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
-        .unwrap_or_default()
+        .unwrap_or_default();
+    match stem.rsplit_once('-') {
+        Some((name, hash)) if hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            name.to_string()
+        }
+        _ => stem,
+    }
 }
 
 /// `Some(value)` when present; otherwise skips (or fails in strict mode) and gives `None`.

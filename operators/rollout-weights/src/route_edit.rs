@@ -927,5 +927,25 @@ mod tests {
             "{}",
             file.display()
         );
+        // The released v1.2.1 standard channel predates rule names and mirror fractions: a
+        // cluster with it installed prunes both silently, and detection must say so.
+        use sluice_testkit::prereq::{Upstream, or_skip, upstream_file};
+        let Some(old_file) = or_skip(upstream_file(
+            Upstream::GatewayApiOld,
+            "gateway.networking.k8s.io_httproutes.yaml",
+        )) else {
+            return;
+        };
+        let text = std::fs::read_to_string(&old_file).unwrap();
+        let doc: Value = serde_yaml::from_str(&text).expect("the v1.2.1 HTTPRoute CRD parses");
+        assert_eq!(
+            CrdSupport::from_crd(&doc),
+            CrdSupport {
+                rule_name: false,
+                mirror_percent: false
+            },
+            "{}",
+            old_file.display()
+        );
     }
 }
