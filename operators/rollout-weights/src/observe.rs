@@ -48,22 +48,15 @@ pub fn route(route: &HttpRoute, target: &Target, spec: &RolloutSpec, crd: CrdSup
             return RouteObs::Unusable {
                 reason: e.category(),
                 message: e.to_string(),
+                state: None,
             };
         }
     };
-    for index in 0..spec.steps.len() {
-        if let Err(e) = route_edit::apply(route, target, &desired_at(spec, index), crd) {
-            return RouteObs::Unusable {
-                reason: e.category(),
-                message: format!("step {index}: {e}"),
-            };
-        }
-    }
     let managed = &route.rules()[observed.rule_index];
     let canary_weight = managed
         .backend(&target.canary)
         .map_or(0, |b| u32::try_from(b.effective_weight()).unwrap_or(0));
-    RouteObs::Present(RouteState {
+    let state = RouteState {
         resource_version: route.metadata.resource_version.clone(),
         owner: observed.owner,
         me: target.owner.clone(),
@@ -71,7 +64,17 @@ pub fn route(route: &HttpRoute, target: &Target, spec: &RolloutSpec, crd: CrdSup
         cohort: observed.cohort,
         mirror: observed.mirror,
         last_writer: rules_writer(&route.metadata),
-    })
+    };
+    for index in 0..spec.steps.len() {
+        if let Err(e) = route_edit::apply(route, target, &desired_at(spec, index), crd) {
+            return RouteObs::Unusable {
+                reason: e.category(),
+                message: format!("step {index}: {e}"),
+                state: Some(state),
+            };
+        }
+    }
+    RouteObs::Present(state)
 }
 
 /// Whether a workload (Deployment, StatefulSet, or any kind with the same status fields) is
@@ -208,8 +211,16 @@ mod tests {
                     assert_eq!(state.me, "shop/checkout", "{name}");
                     assert_eq!(state.resource_version.as_deref(), Some("9"), "{name}");
                 }
-                (RouteObs::Unusable { reason, message }, Err(want)) => {
+                (
+                    RouteObs::Unusable {
+                        reason,
+                        message,
+                        state,
+                    },
+                    Err(want),
+                ) => {
                     assert_eq!(reason, want, "{name}: {message}");
+                    assert!(state.is_some(), "{name}: the route's parts were read");
                     assert!(message.starts_with("step 0: "), "{name}: {message}");
                 }
                 (got, want) => panic!("{name}: got {got:?}, want {want:?}"),

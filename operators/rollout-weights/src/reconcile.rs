@@ -592,6 +592,12 @@ pub async fn reconcile(
                 };
                 let written = match written {
                     Ok(w) => w,
+                    Err(ReconcileError::Edit { source, .. }) if deleting => {
+                        // The abort before hand-back cannot apply to this route (its managed
+                        // rule is gone): hand it back as it is rather than keep it locked.
+                        tracing::warn!(error = %source, "the abort before hand-back does not apply; handing the route back as it is");
+                        continue;
+                    }
                     Err(e) => {
                         ctx.metrics.route_write("Failed");
                         return Err(e);

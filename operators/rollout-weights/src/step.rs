@@ -98,12 +98,17 @@ pub enum RouteObs {
     Unknown,
     /// No HTTPRoute of that name.
     Missing,
-    /// The route exists but cannot be governed (no managed rule, ambiguous, ...).
+    /// The route exists but cannot be governed (no managed rule, ambiguous, a step whose edit
+    /// does not fit, ...).
     Unusable {
         /// Condition reason (bounded).
         reason: &'static str,
         /// What is wrong and what to do.
         message: String,
+        /// This operator's parts of the route when they could be read (only a step's edit does
+        /// not fit): the steps are refused, but abort and hand-back, which only remove what
+        /// this operator added, still apply.
+        state: Option<RouteState>,
     },
     /// The route and this operator's parts of it.
     Present(RouteState),
@@ -701,13 +706,29 @@ impl Machine<'_> {
                 self.route_problem(reasons::ROUTE_NOT_FOUND, msg);
                 return;
             }
-            RouteObs::Unusable { reason, message } => {
+            RouteObs::Unusable {
+                reason,
+                message,
+                state,
+            } => {
                 let (r, m) = (*reason, message.clone());
                 self.route_problem(r, m);
-                return;
+                match state {
+                    Some(st) => st.clone(),
+                    None => {
+                        if self.obs.deleting {
+                            // The reconcile hands back only a route this Rollout owns.
+                            self.hand_back();
+                        }
+                        return;
+                    }
+                }
             }
             RouteObs::Present(r) => r.clone(),
         };
+        // Only the steps are refused on a route they do not fit: a live canary is still judged,
+        // aborted and handed back.
+        let blocked = matches!(self.obs.route, RouteObs::Unusable { .. });
         if let Some(other) = route.owner.as_ref().filter(|o| **o != route.me) {
             let msg = format!(
                 "HTTPRoute {} is owned by Rollout {other}; one Rollout per route",
@@ -716,23 +737,35 @@ impl Machine<'_> {
             self.route_problem(reasons::ROUTE_OWNED_BY_OTHER, msg);
             return;
         }
-        if self.obs.deleting {
-            if route.owner.is_some() {
-                self.actions.push(Action::HandBack);
-                self.event(
-                    Severity::Normal,
-                    "HandedBack",
-                    event_actions::OWN,
-                    format!("HTTPRoute {} handed back", spec.route_ref.name),
-                );
-            }
-            return;
-        }
         let pinned = self
             .next
             .abort
             .as_ref()
             .is_some_and(|a| a.reason == AbortReason::PinnedByBundlePin);
+        if self.obs.deleting {
+            if route.owner.is_some() {
+                // Deleting a Rollout before promotion cancels it: the canary is aborted in the
+                // same way as any abort, then the route is handed back. A promoted canary is
+                // the new stable and stays until Git says otherwise; a pinned route is the
+                // pin's.
+                let live = route.canary_weight > 0 || route.cohort || route.mirror;
+                let pin = pinned || route.last_writer.as_deref() == Some(REVERT_FIELD_MANAGER);
+                if live && self.next.phase != RolloutPhase::Promoted && !pin {
+                    self.actions.push(Action::WriteRoute(Desired::abort()));
+                    self.event(
+                        Severity::Warning,
+                        reasons::ABORTED_ON_DELETE,
+                        event_actions::ABORT,
+                        format!(
+                            "deleted before promotion: canary weight 0 and cohort and mirror rules removed on HTTPRoute {} before hand-back",
+                            spec.route_ref.name
+                        ),
+                    );
+                }
+                self.hand_back();
+            }
+            return;
+        }
         let last_written = self
             .next
             .owned_route
@@ -793,7 +826,7 @@ impl Machine<'_> {
         // changes; otherwise the route is simply owned.
         let restored = cond::find(&self.next.conditions, conditions::ROUTE_OWNED)
             .is_some_and(|c| c.status == "True" && c.reason == reasons::FOREIGN_EDIT_RESTORED);
-        if route.owner.is_some() && !restored {
+        if route.owner.is_some() && !restored && !blocked {
             self.condition(
                 conditions::ROUTE_OWNED,
                 Status::True,
@@ -821,6 +854,16 @@ impl Machine<'_> {
                 event_actions::STEP,
                 format!("retry {} from the first step", spec.retry),
             );
+        }
+        if blocked && self.next.phase != RolloutPhase::Aborted {
+            let live = matches!(
+                self.next.phase,
+                RolloutPhase::Progressing | RolloutPhase::Paused
+            );
+            let index = self.next.current_step_index.unwrap_or(0) as usize;
+            if !live || !self.judge_live(index, "the route does not fit the steps") {
+                return;
+            }
         }
         match self.next.phase {
             RolloutPhase::Aborted => self.aborted(&route),
@@ -991,6 +1034,16 @@ impl Machine<'_> {
             }
         }
         self.next.abort = Some(a);
+    }
+
+    fn hand_back(&mut self) {
+        self.actions.push(Action::HandBack);
+        self.event(
+            Severity::Normal,
+            "HandedBack",
+            event_actions::OWN,
+            format!("HTTPRoute {} handed back", self.spec.route_ref.name),
+        );
     }
 
     fn route_problem(&mut self, reason: &'static str, message: String) {
@@ -1695,6 +1748,189 @@ mod tests {
             );
             assert_eq!(d.status.gates.len(), 2, "{name}: verdicts recorded");
             assert_eq!(d.status.applied_share, Some(0.9), "{name}: share recorded");
+        }
+    }
+
+    fn kinds(d: &Decision) -> Vec<String> {
+        d.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::WriteRoute(w) => Some(format!("write {}", w.weight)),
+                Action::HandBack => Some("hand back".into()),
+                Action::Event { .. } => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn deleting_before_promotion_aborts_then_hands_back() {
+        use RolloutPhase::*;
+        let s = held_spec(
+            serde_json::json!({"untilPromoted": true}),
+            serde_json::json!({}),
+        );
+        let mut pinned = live(&s, 2, Aborted, true);
+        pinned.abort = Some(AbortStatus {
+            reason: AbortReason::PinnedByBundlePin,
+            message: None,
+            gate: None,
+            step_index: Some(2),
+            first_failed_at: None,
+            decided_at: Time(t(0)),
+            route_reverted_at: None,
+            revert_verified_at: None,
+        });
+        let mut promoted = live(&s, 5, Promoted, true);
+        promoted.desired_weight = Some(100);
+        let table = [
+            (
+                "mirror step",
+                live(&s, 0, Progressing, false),
+                vec!["write 0", "hand back"],
+            ),
+            (
+                "cohort step",
+                live(&s, 1, Progressing, false),
+                vec!["write 0", "hand back"],
+            ),
+            (
+                "1%",
+                live(&s, 2, Progressing, true),
+                vec!["write 0", "hand back"],
+            ),
+            (
+                "paused at 1%",
+                live(&s, 3, Paused, true),
+                vec!["write 0", "hand back"],
+            ),
+            (
+                "promoted: the canary is the new stable",
+                promoted,
+                vec!["hand back"],
+            ),
+            ("pinned: the route is the pin's", pinned, vec!["hand back"]),
+        ];
+        for (name, st, want) in table {
+            let mut obs = Observations {
+                route: live_route(&s, &st),
+                deleting: true,
+                ..Default::default()
+            };
+            if name.starts_with("promoted")
+                && let RouteObs::Present(r) = &mut obs.route
+            {
+                r.canary_weight = 100;
+            }
+            let d = step(&s, st, &obs, t(60));
+            assert_eq!(kinds(&d), want, "{name}");
+        }
+        // Already at 0 with no extra rules: nothing to abort.
+        let st = live(&s, 2, Aborted, true);
+        let obs = Observations {
+            route: route(0, false),
+            deleting: true,
+            ..Default::default()
+        };
+        assert_eq!(kinds(&step(&s, st, &obs, t(60))), vec!["hand back"]);
+    }
+
+    #[test]
+    fn a_route_the_steps_do_not_fit_never_blocks_abort_or_hand_back() {
+        use RolloutPhase::*;
+        let s = held_spec(
+            serde_json::json!({"untilPromoted": true}),
+            serde_json::json!({}),
+        );
+        let st = live(&s, 3, Paused, true);
+        let RouteObs::Present(state) = live_route(&s, &st) else {
+            unreachable!()
+        };
+        let unusable = |state: Option<RouteState>| RouteObs::Unusable {
+            reason: reasons::ROUTE_FULL,
+            message: "step 0: no room for the mirror rule".into(),
+            state,
+        };
+        let fail = vec![(verdict("error-ratio", Verdict::Fail, 60), GateAction::Abort)];
+        let pass = vec![(
+            verdict("error-ratio", Verdict::Pass, 60),
+            GateAction::Proceed,
+        )];
+        let with_abort = held_spec(
+            serde_json::json!({"untilPromoted": true}),
+            serde_json::json!({"abort": true}),
+        );
+        type Row = (
+            &'static str,
+            RolloutSpec,
+            RouteObs,
+            bool,
+            Vec<(GateVerdict, GateAction)>,
+            Vec<&'static str>,
+            RolloutPhase,
+        );
+        let table: Vec<Row> = vec![
+            (
+                "held, judged, no Fail: nothing written",
+                s.clone(),
+                unusable(Some(state.clone())),
+                false,
+                pass,
+                vec![],
+                Paused,
+            ),
+            (
+                "a Fail aborts",
+                s.clone(),
+                unusable(Some(state.clone())),
+                false,
+                fail.clone(),
+                vec!["write 0"],
+                Aborted,
+            ),
+            (
+                "spec.abort aborts",
+                with_abort,
+                unusable(Some(state.clone())),
+                false,
+                vec![],
+                vec!["write 0"],
+                Aborted,
+            ),
+            (
+                "deleted: abort, then hand back",
+                s.clone(),
+                unusable(Some(state)),
+                true,
+                vec![],
+                vec!["write 0", "hand back"],
+                Paused,
+            ),
+            (
+                "deleted, parts unreadable: hand back",
+                s.clone(),
+                unusable(None),
+                true,
+                vec![],
+                vec!["hand back"],
+                Paused,
+            ),
+        ];
+        for (name, spec, route, deleting, gates, want, phase) in table {
+            let obs = Observations {
+                route,
+                deleting,
+                gates,
+                ..Default::default()
+            };
+            let d = step(&spec, st.clone(), &obs, t(60));
+            assert_eq!(kinds(&d), want, "{name}");
+            assert_eq!(d.status.phase, phase, "{name}");
+            let owned = cond::find(&d.status.conditions, conditions::ROUTE_OWNED).unwrap();
+            assert_eq!(
+                (owned.status.as_str(), owned.reason.as_str()),
+                ("False", reasons::ROUTE_FULL),
+                "{name}: the refusal stays reported"
+            );
         }
     }
 }

@@ -728,6 +728,8 @@ pub mod reasons {
     pub const GATE_FAILED: &str = "GateFailed";
     /// Aborted by spec.abort.
     pub const ABORTED_MANUALLY: &str = "AbortedManually";
+    /// Deleted before promotion: the canary was aborted, then the route handed back.
+    pub const ABORTED_ON_DELETE: &str = "AbortedOnDelete";
     /// Aborted because a BundlePin rewrote the route.
     pub const PINNED_BY_BUNDLE_PIN: &str = "PinnedByBundlePin";
     /// Route handed back after promotion is overdue.
