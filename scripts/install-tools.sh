@@ -307,6 +307,7 @@ main() {
   install_kubernetes_validate
   install_crds
   install_kubectl
+  bash "$ROOT/scripts/install-control-plane.sh"
   log "done; tools in $BIN_DIR (scripts/test.sh puts them on PATH)"
 }
 
