@@ -2,6 +2,7 @@
 //! the simulated world. Never a dependency of an operator binary.
 #![forbid(unsafe_code)]
 
+pub mod control_plane;
 pub mod git;
 pub mod operator_binary;
 pub mod prereq;
