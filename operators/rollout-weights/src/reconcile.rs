@@ -19,6 +19,7 @@ use std::{
 };
 
 use k8s_openapi::{
+    api::core::v1::Service,
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time},
     jiff::Timestamp,
@@ -290,6 +291,22 @@ async fn canary_ready(
     })
 }
 
+/// Whether the canary Service exists in the Rollout's namespace.
+async fn canary_service(
+    ctx: &Context,
+    ns: &str,
+    obj: &Rollout,
+    key: &str,
+) -> Result<bool, ReconcileError> {
+    let api: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
+    let name = &obj.spec.canary_service.name;
+    Ok(api
+        .get_opt(name)
+        .await
+        .map_err(read_err(format!("Service {name}"), key))?
+        .is_some())
+}
+
 async fn templates(
     ctx: &Context,
     obj: &Rollout,
@@ -498,10 +515,22 @@ pub async fn reconcile(
         }
         _ => None,
     };
+    let canary_service = match current.phase {
+        RolloutPhase::Pending
+        | RolloutPhase::WaitingForCanary
+        | RolloutPhase::Progressing
+        | RolloutPhase::Paused
+            if !deleting =>
+        {
+            Some(canary_service(&ctx, &ns, &obj, &key).await?)
+        }
+        _ => None,
+    };
     let mut obs = Observations {
         generation: obj.metadata.generation,
         route: route_obs,
         canary_ready,
+        canary_service,
         deleting,
         ..Observations::default()
     };

@@ -44,6 +44,9 @@ pub struct Observations {
     pub route: RouteObs,
     /// Whether the canary workload is ready (`None`: not read).
     pub canary_ready: Option<bool>,
+    /// Whether the canary Service exists (`None`: not read). Without it the canary's share of
+    /// requests gets 500s, so no live weight goes to it.
+    pub canary_service: Option<bool>,
     /// Verdicts evaluated this tick with the action each calls for (empty: no analysis ran).
     pub gates: Vec<(GateVerdict, GateAction)>,
     /// Canary share of the route's requests the mesh reports, percent (`None`: no data).
@@ -584,6 +587,28 @@ impl Machine<'_> {
                 "canary weight {target}% written; the mesh reports {seen} (needs ±{:.0}%); the step is not judged on the written weight",
                 tol * 100.0
             );
+            // Aborting needs the mesh to report a wrong share: with no reading in the last two
+            // intervals (a metrics outage), the step is held instead, never aborted on missing
+            // data (the canary's gates then have no data either: a Fail still aborts).
+            let recent = self
+                .next
+                .applied_share_observed_at
+                .as_ref()
+                .is_some_and(|t| since(Some(t), self.now) <= interval * 2);
+            if elapsed >= deadline && !recent {
+                self.next.phase = RolloutPhase::Paused;
+                self.condition(
+                    conditions::PROGRESSING,
+                    Status::True,
+                    reasons::METRICS_UNAVAILABLE,
+                    format!(
+                        "{note}; deadline {}s passed without share data: held until the mesh reports the share, never aborted on missing data",
+                        deadline.as_secs()
+                    ),
+                );
+                self.wake(interval);
+                return false;
+            }
             if elapsed >= deadline {
                 self.abort(
                     AbortReason::AppliedShareNotConfirmed,
@@ -899,8 +924,9 @@ impl Machine<'_> {
 
     fn waiting(&mut self) {
         let spec = self.spec;
+        let service_missing = self.obs.canary_service == Some(false);
         match self.obs.canary_ready {
-            Some(true) => {
+            Some(true) if !service_missing => {
                 self.condition(
                     conditions::CANARY_READY,
                     Status::True,
@@ -926,10 +952,17 @@ impl Machine<'_> {
                         .and_then(|o| o.owned_since.as_ref()),
                     self.now,
                 );
-                let msg = format!(
-                    "{} {} is not ready; no live weight until it is",
-                    spec.canary_workload.kind, spec.canary_workload.name
-                );
+                let msg = if service_missing {
+                    format!(
+                        "canary Service {} does not exist; no live weight until it does",
+                        spec.canary_service.name
+                    )
+                } else {
+                    format!(
+                        "{} {} is not ready; no live weight until it is",
+                        spec.canary_workload.kind, spec.canary_workload.name
+                    )
+                };
                 self.condition(
                     conditions::CANARY_READY,
                     Status::False,
@@ -957,6 +990,10 @@ impl Machine<'_> {
             return;
         }
         let mut index = self.next.current_step_index.unwrap_or(0) as usize;
+        if self.obs.canary_service == Some(false) {
+            self.hold_without_service(index);
+            return;
+        }
         if spec.paused {
             if self.judge_live(index, "spec.paused") {
                 return;
@@ -998,6 +1035,51 @@ impl Machine<'_> {
                 return;
             }
         }
+    }
+
+    /// The canary Service is gone mid-rollout: its share of requests would get 500s that no
+    /// gate attributes to the canary. Holds the canary at weight 0 (no cohort, no mirror) and
+    /// keeps the step's clock and share confirmation at their start, so the step starts over
+    /// once the Service is back; never aborts for it and never advances.
+    fn hold_without_service(&mut self, index: usize) {
+        let msg = format!(
+            "canary Service {} does not exist: canary weight 0 until it does, then step {index} starts over",
+            self.spec.canary_service.name
+        );
+        let before =
+            cond::find(&self.next.conditions, conditions::CANARY_READY).map(|c| c.reason.clone());
+        self.condition(
+            conditions::CANARY_READY,
+            Status::False,
+            reasons::CANARY_SERVICE_MISSING,
+            msg.clone(),
+        );
+        self.condition(
+            conditions::PROGRESSING,
+            Status::True,
+            reasons::CANARY_SERVICE_MISSING,
+            msg.clone(),
+        );
+        if before.as_deref() != Some(reasons::CANARY_SERVICE_MISSING) {
+            self.event(
+                Severity::Warning,
+                reasons::CANARY_SERVICE_MISSING,
+                event_actions::STEP,
+                msg,
+            );
+        }
+        self.next.phase = RolloutPhase::Paused;
+        self.next.current_step_started_at = Some(Time(self.now));
+        self.next.gates.clear();
+        if let Some(rec) = self.next.history.last_mut() {
+            rec.share_confirmed_at = None;
+        }
+        cond::remove(
+            &mut self.next.conditions,
+            conditions::APPLIED_SHARE_CONFIRMED,
+        );
+        self.write(Desired::abort());
+        self.wake(self.interval());
     }
 
     fn aborted(&mut self, route: &RouteState) {
@@ -1482,12 +1564,24 @@ mod tests {
                 Some(100),
             ),
             (
-                "share never applied: abort after the deadline",
+                "share reported wrong past the deadline: abort",
                 with(serde_json::json!({"appliedShareDeadline": "3s"})),
-                progressing(1),
+                RolloutStatus {
+                    applied_share: Some(2.0),
+                    applied_share_observed_at: Some(Time(t(4))),
+                    ..progressing(1)
+                },
                 4,
                 RolloutPhase::Aborted,
                 Some(0),
+            ),
+            (
+                "no share data past the deadline (metrics outage): held, never aborted",
+                with(serde_json::json!({"appliedShareDeadline": "3s"})),
+                progressing(1),
+                4,
+                RolloutPhase::Paused,
+                Some(5),
             ),
             (
                 "share not yet applied: hold",
@@ -1932,5 +2026,60 @@ mod tests {
                 "{name}: the refusal stays reported"
             );
         }
+    }
+
+    #[test]
+    fn a_missing_canary_service_holds_at_zero_and_the_step_starts_over() {
+        let s = spec();
+        // Before any live weight: the canary waits for its Service as for its readiness.
+        let waiting = RolloutStatus {
+            phase: RolloutPhase::WaitingForCanary,
+            owned_route: Some(OwnedRouteStatus {
+                owned_since: Some(Time(t(0))),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut obs = Observations {
+            route: route(0, false),
+            canary_ready: Some(true),
+            canary_service: Some(false),
+            ..Default::default()
+        };
+        let d = step(&s, waiting, &obs, t(1));
+        assert_eq!(d.status.phase, RolloutPhase::WaitingForCanary);
+        assert_eq!(writes(&d), vec![0]);
+        // Mid-rollout at 5%, share confirmed: the Service goes away.
+        let st = live(&s, 1, RolloutPhase::Progressing, true);
+        obs.route = route(5, false);
+        obs.canary_ready = None;
+        let d = step(&s, st, &obs, t(120));
+        assert_eq!(d.status.phase, RolloutPhase::Paused, "held, not aborted");
+        assert_eq!(writes(&d), vec![0], "no request goes to a missing backend");
+        assert!(d.status.abort.is_none());
+        assert!(
+            d.status
+                .history
+                .last()
+                .unwrap()
+                .share_confirmed_at
+                .is_none()
+        );
+        let c = cond::find(&d.status.conditions, conditions::CANARY_READY).unwrap();
+        assert_eq!(c.reason, reasons::CANARY_SERVICE_MISSING);
+        // Long past every deadline, still held.
+        obs.route = route(0, false);
+        let d = step(&s, d.status, &obs, t(3_600));
+        assert_eq!(
+            (d.status.phase, writes(&d)),
+            (RolloutPhase::Paused, vec![0])
+        );
+        // The Service is back: the step starts over at its weight, judged on the share again.
+        obs.canary_service = Some(true);
+        let d = step(&s, d.status, &obs, t(3_601));
+        assert_eq!(writes(&d), vec![5]);
+        assert_eq!(d.status.current_step_index, Some(1));
+        assert_eq!(d.status.current_step_started_at, Some(Time(t(3_600))));
+        assert!(d.status.abort.is_none());
     }
 }

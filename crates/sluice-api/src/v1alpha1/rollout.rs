@@ -728,6 +728,12 @@ pub mod reasons {
     pub const GATE_FAILED: &str = "GateFailed";
     /// Aborted by spec.abort.
     pub const ABORTED_MANUALLY: &str = "AbortedManually";
+    /// The canary Service does not exist: the canary is held at weight 0 (its share of
+    /// requests would get 500s) and its step restarts once the Service is back.
+    pub const CANARY_SERVICE_MISSING: &str = "CanaryServiceMissing";
+    /// The metrics source gave no data for the applied share past its deadline: held, never
+    /// aborted on missing data.
+    pub const METRICS_UNAVAILABLE: &str = "MetricsUnavailable";
     /// Deleted before promotion: the canary was aborted, then the route handed back.
     pub const ABORTED_ON_DELETE: &str = "AbortedOnDelete";
     /// Aborted because a BundlePin rewrote the route.
