@@ -1021,7 +1021,7 @@ async fn schema_and_cel_rejections_are_422_with_the_field_and_the_rule_message()
     assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
     assert_eq!(
         err.message,
-        "Widget.test.sluice.dev \"w\" is invalid: spec: Invalid value: \"object\": replicas may not exceed twice the number of hosts"
+        "Widget.test.sluice.dev \"w\" is invalid: spec: Invalid value: replicas may not exceed twice the number of hosts"
     );
     let err = api_error(
         api.create(
@@ -1055,7 +1055,7 @@ async fn schema_and_cel_rejections_are_422_with_the_field_and_the_rule_message()
     );
     assert_eq!(
         err.message,
-        "Widget.test.sluice.dev \"w\" is invalid: spec.owner: Invalid value: \"string\": owner is immutable"
+        "Widget.test.sluice.dev \"w\" is invalid: spec.owner: Invalid value: \"team-b\": owner is immutable"
     );
     // Unknown fields are pruned, not stored.
     let pruned = api

@@ -135,8 +135,8 @@ pub struct FieldError {
     pub path: String,
     /// What kind of failure.
     pub kind: FieldErrorKind,
-    /// The offending value as the apiserver prints it (`"object"`, `200`, `"abc"`), if it prints
-    /// one for this kind.
+    /// The offending value as the apiserver prints it (`200`, `"abc"`, `{"name":"x"}`), if it
+    /// prints one for this kind (a failed rule on an object or a list prints none).
     pub value: Option<String>,
     /// The detail message (a rule's message, `should match '^a$'`, ...).
     pub detail: String,
@@ -144,7 +144,7 @@ pub struct FieldError {
 
 impl FieldError {
     /// The error without its path, as `details.causes[].message` carries it:
-    /// `Invalid value: "object": <detail>`.
+    /// `Invalid value: "abc": <detail>`, or `Invalid value: <detail>` without a value.
     pub fn body(&self) -> String {
         let mut s = self.kind.label().to_owned();
         if let Some(v) = &self.value {
@@ -274,8 +274,8 @@ impl CrdSchema {
 }
 
 /// Builds the 422 `Status` kube-apiserver sends for an invalid object, e.g.
-/// `HTTPRoute.gateway.networking.k8s.io "x" is invalid: spec.rules[0]: Invalid value: "object":
-/// <message>`, with `details.causes`.
+/// `HTTPRoute.gateway.networking.k8s.io "x" is invalid: spec.rules[0]: Invalid value: <message>`,
+/// with `details.causes`.
 ///
 /// `kind_lower_plural_group` is the resource with its group (`httproutes.gateway.networking.k8s.io`,
 /// or `configmaps` for the core group): the group is what follows the first dot.
@@ -335,7 +335,7 @@ mod tests {
         let errs = vec![FieldError {
             path: "spec.rules[0]".into(),
             kind: FieldErrorKind::Invalid,
-            value: Some("\"object\"".into()),
+            value: None,
             detail: "RequestRedirect filter must not be used together with backendRefs".into(),
         }];
         let st = invalid_status(
@@ -346,7 +346,7 @@ mod tests {
         );
         assert_eq!(
             st["message"],
-            "HTTPRoute.gateway.networking.k8s.io \"x\" is invalid: spec.rules[0]: Invalid value: \"object\": RequestRedirect filter must not be used together with backendRefs"
+            "HTTPRoute.gateway.networking.k8s.io \"x\" is invalid: spec.rules[0]: Invalid value: RequestRedirect filter must not be used together with backendRefs"
         );
         assert_eq!(st["code"], 422);
         assert_eq!(st["reason"], "Invalid");
@@ -483,13 +483,12 @@ mod tests {
         assert_eq!(
             check(json!([{"setWeight": {"weight": 25}}, {"setWeight": {"weight": 5}}])),
             vec![
-                "spec.steps: Invalid value: \"array\": setWeight steps must be strictly increasing"
-                    .to_owned()
+                "spec.steps: Invalid value: setWeight steps must be strictly increasing".to_owned()
             ]
         );
         assert_eq!(
             check(json!([{"setWeight": {"weight": 5}, "promote": {}}])),
-            vec!["spec.steps[0]: Invalid value: \"object\": a step sets exactly one of mirror, headerCohort, setWeight, pause or promote".to_owned()]
+            vec!["spec.steps[0]: Invalid value: a step sets exactly one of mirror, headerCohort, setWeight, pause or promote".to_owned()]
         );
     }
 }

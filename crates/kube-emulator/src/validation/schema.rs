@@ -87,6 +87,17 @@ pub(crate) struct Node {
     pub(crate) not: Option<Box<Node>>,
 }
 
+impl Node {
+    /// Whether this node or any node below it has an `x-kubernetes-validations` rule (the
+    /// apiserver builds a CEL validator for the schema only then).
+    pub(crate) fn has_rules(&self) -> bool {
+        !self.rules.is_empty()
+            || self.properties.values().any(Node::has_rules)
+            || matches!(&self.additional, Additional::Schema(sub) if sub.has_rules())
+            || self.items.as_ref().is_some_and(|i| i.has_rules())
+    }
+}
+
 fn u64_of(
     v: &serde_json::Map<String, Value>,
     key: &str,

@@ -48,32 +48,31 @@ fn quote(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| format!("\"{s}\""))
 }
 
-/// A value as `field.Error` prints it: strings quoted, numbers and bools bare, others `%#v`-ish.
+/// A value as `field.Error` prints it: strings quoted, numbers and bools bare, maps and lists as JSON.
 fn go_value(v: &Value) -> String {
     match v {
         Value::String(s) => quote(s),
         Value::Number(n) => n.to_string(),
         Value::Bool(b) => b.to_string(),
         Value::Null => "\"null\"".to_owned(),
-        Value::Object(m) => {
-            let inner: Vec<String> = m
-                .iter()
-                .map(|(k, v)| format!("{}:{}", quote(k), go_scalar(v)))
-                .collect();
-            format!("map[string]interface {{}}{{{}}}", inner.join(", "))
-        }
-        Value::Array(a) => {
-            let inner: Vec<String> = a.iter().map(go_scalar).collect();
-            format!("[]interface {{}}{{{}}}", inner.join(", "))
-        }
+        // apimachinery prints maps and lists as JSON (json.Marshal: keys sorted).
+        Value::Object(_) | Value::Array(_) => go_json(v),
     }
 }
 
-fn go_scalar(v: &Value) -> String {
+fn go_json(v: &Value) -> String {
     match v {
-        Value::Object(_) | Value::Array(_) => go_value(v),
-        Value::Null => "interface {}(nil)".to_owned(),
-        _ => go_value(v),
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            let inner: Vec<String> = keys
+                .into_iter()
+                .map(|k| format!("{}:{}", quote(k), go_json(&m[k])))
+                .collect();
+            format!("{{{}}}", inner.join(","))
+        }
+        Value::Array(a) => format!("[{}]", a.iter().map(go_json).collect::<Vec<_>>().join(",")),
+        other => serde_json::to_string(other).unwrap_or_default(),
     }
 }
 
@@ -137,7 +136,33 @@ pub(crate) fn validate(root: &Node, new: &Value, old: Option<&Value>) -> Vec<Fie
     let mut path = Vec::new();
     walk(&mut w, root, new, old, &mut path, true);
     let mut out = w.schema_errors;
-    out.append(&mut w.rule_errors);
+    // The apiserver does not run the CEL rules of an object with a missing required field, a
+    // too long string, too many items, a wrong type or a value outside its enum; it says so
+    // instead (apiextensions-apiserver's `hasBlockingErr`).
+    let blocking = out.iter().any(|e| {
+        matches!(
+            e.kind,
+            FieldErrorKind::Required
+                | FieldErrorKind::TooLong
+                | FieldErrorKind::TooMany
+                | FieldErrorKind::TypeInvalid
+                | FieldErrorKind::NotSupported
+        )
+    });
+    if blocking {
+        if !w.rule_errors.is_empty() || root.has_rules() {
+            out.push(FieldError {
+                path: "<nil>".into(),
+                kind: FieldErrorKind::Invalid,
+                value: Some("null".into()),
+                detail: "some validation rules were not checked because the object was invalid; \
+                         correct the existing errors to complete validation"
+                    .into(),
+            });
+        }
+    } else {
+        out.append(&mut w.rule_errors);
+    }
     out
 }
 
@@ -237,6 +262,12 @@ fn walk(
         );
     }
 
+    // A node's own rules are evaluated before its children's, as the apiserver's CEL validator
+    // does, so a list's rule is reported before its items' rules.
+    if !node.rules.is_empty() {
+        run_rules(w, node, new, old, path);
+    }
+
     match new {
         Value::Object(map) => {
             let old_map = old.and_then(Value::as_object);
@@ -270,10 +301,6 @@ fn walk(
             }
         }
         _ => {}
-    }
-
-    if !node.rules.is_empty() {
-        run_rules(w, node, new, old, path);
     }
 }
 
@@ -324,7 +351,11 @@ fn value_checks(w: &mut Walker, node: &Node, v: &Value, path: &[Seg], name: &str
                     format!("may not be more than {max} {unit}"),
                 );
             }
-            if let Some(min) = node.min_length
+            // kube-openapi's stringValidator reports only the first of maxLength, minLength
+            // and pattern that fails.
+            let length_failed = node.max_length.is_some_and(|max| len > max);
+            if !length_failed
+                && let Some(min) = node.min_length
                 && len < min
             {
                 w.err(
@@ -334,7 +365,9 @@ fn value_checks(w: &mut Walker, node: &Node, v: &Value, path: &[Seg], name: &str
                     format!("{name} in body should be at least {min} chars long"),
                 );
             }
-            if let Some((src, re)) = &node.pattern
+            if !length_failed
+                && node.min_length.is_none_or(|min| len >= min)
+                && let Some((src, re)) = &node.pattern
                 && !re.is_match(s)
             {
                 w.err(
@@ -357,19 +390,16 @@ fn value_checks(w: &mut Walker, node: &Node, v: &Value, path: &[Seg], name: &str
         }
         Value::Number(n) => {
             let x = n.as_f64().unwrap_or(f64::NAN);
-            if let Some(max) = node.maximum
-                && ((node.exclusive_maximum && x >= max) || x > max)
+            // kube-openapi's numberValidator lists multipleOf, then minimum, then maximum.
+            if let Some(m) = node.multiple_of
+                && m != 0.0
+                && (x / m).fract().abs() > 1e-9
             {
-                let rel = if node.exclusive_maximum {
-                    "less than"
-                } else {
-                    "less than or equal to"
-                };
                 w.err(
                     path,
                     FieldErrorKind::Invalid,
                     Some(n.to_string()),
-                    format!("{name} in body should be {rel} {max}"),
+                    format!("{name} in body should be a multiple of {m}"),
                 );
             }
             if let Some(min) = node.minimum
@@ -387,15 +417,19 @@ fn value_checks(w: &mut Walker, node: &Node, v: &Value, path: &[Seg], name: &str
                     format!("{name} in body should be {rel} {min}"),
                 );
             }
-            if let Some(m) = node.multiple_of
-                && m != 0.0
-                && (x / m).fract().abs() > 1e-9
+            if let Some(max) = node.maximum
+                && ((node.exclusive_maximum && x >= max) || x > max)
             {
+                let rel = if node.exclusive_maximum {
+                    "less than"
+                } else {
+                    "less than or equal to"
+                };
                 w.err(
                     path,
                     FieldErrorKind::Invalid,
                     Some(n.to_string()),
-                    format!("{name} in body should be a multiple of {m}"),
+                    format!("{name} in body should be {rel} {max}"),
                 );
             }
         }
@@ -613,16 +647,18 @@ fn rule_error(
             p = format!("{p}.{fp}");
         }
     }
-    let typed = Some(quote(type_name));
+    // A failed rule names the value of a scalar and omits an object or list
+    // (`field.OmitValueType`): `spec.x: Invalid value: "abc": msg`, `spec: Invalid value: msg`.
+    let value = if type_name == "object" || type_name == "array" {
+        None
+    } else {
+        Some(go_value(new))
+    };
     let (kind, value, detail) = match rule.reason.as_deref() {
         Some("FieldValueForbidden") => (FieldErrorKind::Forbidden, None, detail),
         Some("FieldValueRequired") => (FieldErrorKind::Required, None, detail),
-        Some("FieldValueDuplicate") => (
-            FieldErrorKind::Duplicate,
-            Some(go_value(new)),
-            String::new(),
-        ),
-        _ => (FieldErrorKind::Invalid, typed, detail),
+        Some("FieldValueDuplicate") => (FieldErrorKind::Duplicate, value, String::new()),
+        _ => (FieldErrorKind::Invalid, value, detail),
     };
     w.rule_errors.push(FieldError {
         path: p,
@@ -784,6 +820,9 @@ mod tests {
             .collect()
     }
 
+    /// What the apiserver adds instead of running the rules of an object with a blocking error.
+    const BLOCKED: &str = "<nil>: Invalid value: null: some validation rules were not checked because the object was invalid; correct the existing errors to complete validation";
+
     #[test]
     fn schema_and_rule_errors_are_worded_like_the_apiserver() {
         let cases: Vec<(&str, Value, &[&str])> = vec![
@@ -794,13 +833,17 @@ mod tests {
                 ),
                 &[],
             ),
-            ("required", obj(json!({})), &["spec.target: Required value"]),
+            (
+                "required",
+                obj(json!({})),
+                &["spec.target: Required value", BLOCKED],
+            ),
             (
                 "pattern and length",
                 obj(json!({"target": "WEB-SERVER-1"})),
                 &[
                     "spec.target: Too long: may not be more than 8 bytes",
-                    "spec.target: Invalid value: \"WEB-SERVER-1\": spec.target in body should match '^[a-z]+$'",
+                    BLOCKED,
                 ],
             ),
             (
@@ -808,7 +851,6 @@ mod tests {
                 obj(json!({"target": ""})),
                 &[
                     "spec.target: Invalid value: \"\": spec.target in body should be at least 1 chars long",
-                    "spec.target: Invalid value: \"\": spec.target in body should match '^[a-z]+$'",
                 ],
             ),
             (
@@ -828,13 +870,17 @@ mod tests {
             (
                 "enum",
                 obj(json!({"target": "a", "mode": "Shut"})),
-                &["spec.mode: Unsupported value: \"Shut\": supported values: \"Open\", \"Locked\""],
+                &[
+                    "spec.mode: Unsupported value: \"Shut\": supported values: \"Open\", \"Locked\"",
+                    BLOCKED,
+                ],
             ),
             (
                 "int-or-string",
                 obj(json!({"target": "a", "port": true})),
                 &[
                     "spec.port: Invalid value: \"boolean\": spec.port in body must be of type integer,string: \"boolean\"",
+                    BLOCKED,
                 ],
             ),
             (
@@ -862,35 +908,37 @@ mod tests {
             (
                 "map duplicate",
                 obj(json!({"target": "a", "backends": [{"name": "x"}, {"name": "x"}]})),
-                &["spec.backends[1]: Duplicate value: map[string]interface {}{\"name\":\"x\"}"],
+                &["spec.backends[1]: Duplicate value: {\"name\":\"x\"}"],
             ),
             (
                 "messageExpression and fieldPath",
                 obj(json!({"target": "a", "replicas": 5, "maxReplicas": 3})),
-                &["spec.replicas: Invalid value: \"object\": replicas 5 exceeds 3"],
+                &["spec.replicas: Invalid value: replicas 5 exceeds 3"],
             ),
             (
                 "rule without message",
                 obj(json!({"target": "a", "ratio": 1.5})),
-                &[
-                    "spec: Invalid value: \"object\": failed rule: !has(self.ratio) || self.ratio < 1.0",
-                ],
+                &["spec: Invalid value: failed rule: !has(self.ratio) || self.ratio < 1.0"],
             ),
             (
                 "root rule",
                 json!({"apiVersion": "x/v1", "kind": "K", "metadata": {"name": "forbidden"}, "spec": {"target": "a"}}),
-                &["<nil>: Invalid value: \"object\": that name is taken"],
+                &["<nil>: Invalid value: that name is taken"],
             ),
             (
                 "embedded resource without kind",
                 obj(json!({"target": "a", "template": {"apiVersion": "v1"}})),
-                &["spec.template.kind: Required value: must not be empty"],
+                &[
+                    "spec.template.kind: Required value: must not be empty",
+                    BLOCKED,
+                ],
             ),
             (
                 "type error stops the subtree",
                 obj(json!({"target": 7})),
                 &[
                     "spec.target: Invalid value: \"integer\": spec.target in body must be of type string: \"integer\"",
+                    BLOCKED,
                 ],
             ),
         ];
@@ -930,7 +978,7 @@ mod tests {
                     json!({"target": "a", "mode": "Open", "backends": [{"name": "x", "weight": 50}]}),
                 ),
                 Some(&old),
-                &["spec: Invalid value: \"object\": a locked spec stays locked"],
+                &["spec: Invalid value: a locked spec stays locked"],
             ),
             (
                 "map-list items correlate by key",
@@ -938,7 +986,7 @@ mod tests {
                     json!({"target": "a", "mode": "Locked", "backends": [{"name": "x", "weight": 40}]}),
                 ),
                 Some(&old),
-                &["spec.backends[0]: Invalid value: \"object\": weights only grow"],
+                &["spec.backends[0]: Invalid value: weights only grow"],
             ),
             (
                 "a new map-list item has no old value",
