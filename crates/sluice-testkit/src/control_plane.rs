@@ -29,13 +29,15 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
-use kube::api::{Api, ObjectMeta, PostParams};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,
 };
+use serde::Deserialize as _;
 
 use crate::prereq::{self, Missing};
 
@@ -96,6 +98,9 @@ pub enum ControlPlaneError {
     /// A request to the API server failed.
     #[error("request to the control plane failed: {0}")]
     Kube(#[from] kube::Error),
+    /// A manifest given to the fixture is not what it should be.
+    #[error("manifest for the control plane: {0}")]
+    Manifest(String),
 }
 
 impl ControlPlaneError {
@@ -108,6 +113,7 @@ impl ControlPlaneError {
             ControlPlaneError::NotReady { .. } => "not_ready",
             ControlPlaneError::Client(_) => "client",
             ControlPlaneError::Kube(_) => "kube",
+            ControlPlaneError::Manifest(_) => "manifest",
         }
     }
 }
@@ -851,6 +857,54 @@ impl ControlPlane {
         )
         .await?;
         Ok(name)
+    }
+
+    /// Server-side applies every CustomResourceDefinition in `yaml` (one or more documents;
+    /// other kinds are an error) and waits until each is Established. Returns their names. The
+    /// real API server refuses a CRD whose rules do not compile or exceed its CEL cost estimate:
+    /// that is the error returned, with the server's message.
+    pub async fn install_crds(&self, yaml: &str) -> Result<Vec<String>, ControlPlaneError> {
+        let api: Api<CustomResourceDefinition> = Api::all(self.client().await?);
+        let mut names = Vec::new();
+        for doc in serde_yaml::Deserializer::from_str(yaml) {
+            let value = serde_json::Value::deserialize(doc)
+                .map_err(|e| ControlPlaneError::Manifest(e.to_string()))?;
+            if value.is_null() {
+                continue;
+            }
+            let crd: CustomResourceDefinition = serde_json::from_value(value)
+                .map_err(|e| ControlPlaneError::Manifest(format!("not a CRD: {e}")))?;
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            api.patch(
+                &name,
+                &PatchParams::apply("sluice-tests").force(),
+                &Patch::Apply(&crd),
+            )
+            .await?;
+            names.push(name);
+        }
+        for name in &names {
+            let start = Instant::now();
+            loop {
+                let crd = api.get(name).await?;
+                let established = crd
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True");
+                if established {
+                    break;
+                }
+                if start.elapsed() > READY_TIMEOUT {
+                    return Err(ControlPlaneError::Manifest(format!(
+                        "CRD {name} not Established within {READY_TIMEOUT:?}"
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(names)
     }
 
     /// A token for ServiceAccount `namespace/name` from the TokenRequest API (valid one hour);
