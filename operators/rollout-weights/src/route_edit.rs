@@ -36,7 +36,9 @@ use sluice_api::{
         BackendObjectReference, FILTER_REQUEST_MIRROR, HttpBackendRef, HttpHeaderMatch, HttpRoute,
         HttpRouteFilter, HttpRouteMatch, HttpRouteRule, MAX_MATCHES, MAX_RULES, RequestMirror,
     },
-    v1alpha1::rollout::{HeaderMatch, HeaderMatchType, HttpMethod, ROUTE_OWNER_ANNOTATION},
+    v1alpha1::rollout::{
+        HeaderMatch, HeaderMatchType, HttpMethod, ROUTE_OWNER_ANNOTATION, reasons,
+    },
 };
 
 /// Name of the header-cohort rule this operator adds.
@@ -193,6 +195,22 @@ pub enum EditError {
         /// Header name.
         header: String,
     },
+    /// Another rule of the route matches the same path without a method match: the mirror
+    /// rule (the managed rule's path plus a method) would outrank it under Gateway API
+    /// precedence and take its requests.
+    #[error(
+        "HTTPRoute {route}: rule {rule} matches path {path} without a method, so the mirror rule (that path plus method {method}) would take its requests under Gateway API precedence (a method match outranks header and query matches); remove the mirror step or give that rule a distinct path or its own method match"
+    )]
+    MirrorWouldCapture {
+        /// Route name.
+        route: String,
+        /// The other rule's name, or its index.
+        rule: String,
+        /// The shared path.
+        path: String,
+        /// A mirrored method.
+        method: String,
+    },
     /// The route has too many backends to add the canary.
     #[error(
         "HTTPRoute {route}: the managed rule has 16 backendRefs, no room for canary Service {canary}"
@@ -213,6 +231,7 @@ impl EditError {
             EditError::RouteFull { .. } | EditError::NoBackendRoom { .. } => "RouteFull",
             EditError::FieldPruned { .. } => "RouteFieldPruned",
             EditError::CohortHeaderTaken { .. } => "InvalidSpec",
+            EditError::MirrorWouldCapture { .. } => reasons::MIRROR_WOULD_CAPTURE,
         }
     }
 }
@@ -344,6 +363,32 @@ fn mirror_matches(base: &[HttpRouteMatch], mirror: &Mirror) -> Vec<HttpRouteMatc
         }
     }
     out
+}
+
+/// A path match as Gateway API precedence sees it: (type, value), absent = `PathPrefix /`.
+fn path_key(m: &HttpRouteMatch) -> (String, String) {
+    let p = m.path.as_ref();
+    (
+        p.and_then(|p| p.match_type.clone())
+            .unwrap_or_else(|| "PathPrefix".into()),
+        p.and_then(|p| p.value.clone())
+            .unwrap_or_else(|| "/".into()),
+    )
+}
+
+/// Whether the generated mirror match `mirror` would win a request that `other` (a match of
+/// another rule) wins today. Precedence: path (exact, then longest prefix), then method, then
+/// the number of header matches, then query matches. Only an equal path can tie; then `other`
+/// loses to the method unless it has the same method and at least as many header matches.
+fn mirror_captures(mirror: &HttpRouteMatch, other: &HttpRouteMatch) -> bool {
+    if path_key(mirror) != path_key(other) {
+        return false;
+    }
+    let headers = |m: &HttpRouteMatch| m.headers.as_ref().map_or(0, Vec::len);
+    match &other.method {
+        None => true,
+        Some(method) => mirror.method.as_ref() == Some(method) && headers(other) <= headers(mirror),
+    }
 }
 
 fn canary_backend(rule: &HttpRouteRule, target: &Target, weight: i32) -> HttpBackendRef {
@@ -486,6 +531,23 @@ pub fn apply(
         added.push(("headerCohort", rule));
     }
     if let Some(mirror) = &desired.mirror {
+        // The mirror rule must never take requests from the route's other rules.
+        let generated = mirror_matches(&base, mirror);
+        for (i, other) in kept.iter().enumerate() {
+            if i == managed_at {
+                continue;
+            }
+            for m in matches_of(other) {
+                if let Some(g) = generated.iter().find(|g| mirror_captures(g, &m)) {
+                    return Err(EditError::MirrorWouldCapture {
+                        route: name,
+                        rule: other.name.clone().unwrap_or_else(|| format!("#{i}")),
+                        path: path_key(&m).1,
+                        method: g.method.clone().unwrap_or_default(),
+                    });
+                }
+            }
+        }
         let mut rule = managed.clone();
         rule.name = Some(MIRROR_RULE.into());
         rule.matches = Some(mirror_matches(&base, mirror));
@@ -801,6 +863,21 @@ mod tests {
             rule_name: false,
             mirror_percent: false,
         };
+        let beside = |m: Value| {
+            let mut v = rich();
+            v["spec"]["rules"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"name": "beta", "matches": [m], "backendRefs": [{"name": "beta", "port": 80}]}));
+            v
+        };
+        let beta_header = beside(
+            json!({"path": {"type": "PathPrefix", "value": "/api"}, "headers": [{"name": "x-beta", "value": "1"}]}),
+        );
+        let beta_get_header = beside(
+            json!({"path": {"type": "PathPrefix", "value": "/api"}, "method": "GET", "headers": [{"name": "x-beta", "value": "1"}]}),
+        );
+        let beta_longer = beside(json!({"path": {"type": "PathPrefix", "value": "/api/beta"}}));
         let table: Vec<(&str, Value, Desired, CrdSupport, &str, &str)> = vec![
             (
                 "16 rules, mirror",
@@ -833,6 +910,38 @@ mod tests {
                 CrdSupport::ALL,
                 "InvalidSpec",
                 "x-cohort",
+            ),
+            (
+                "mirror beside a rule on the same path with header matches only",
+                beta_header.clone(),
+                want(0, false, true),
+                CrdSupport::ALL,
+                "MirrorWouldCapture",
+                "rule beta matches path /api",
+            ),
+            (
+                "weights beside that rule: no mirror, no capture",
+                beta_header,
+                want(5, false, false),
+                CrdSupport::ALL,
+                "",
+                "",
+            ),
+            (
+                "mirror beside a rule with the same method and more headers",
+                beta_get_header,
+                want(0, false, true),
+                CrdSupport::ALL,
+                "",
+                "",
+            ),
+            (
+                "mirror beside a rule on a longer prefix",
+                beta_longer,
+                want(0, false, true),
+                CrdSupport::ALL,
+                "",
+                "",
             ),
             (
                 "old CRD, cohort",

@@ -704,6 +704,9 @@ pub mod reasons {
     pub const ROUTE_FULL: &str = "RouteFull";
     /// The installed HTTPRoute CRD would prune a field a step needs.
     pub const ROUTE_FIELD_PRUNED: &str = "RouteFieldPruned";
+    /// Another rule of the route matches the managed rule's path without a method: the mirror
+    /// rule would take its requests, so the mirror step is refused.
+    pub const MIRROR_WOULD_CAPTURE: &str = "MirrorWouldCapture";
     /// The route or the managed rule was not found.
     pub const ROUTE_NOT_FOUND: &str = "RouteNotFound";
     /// Another Rollout owns the route.
