@@ -17,7 +17,7 @@ use kube::{
 use serde_json::{Value, json};
 use sluice_bundle::BundleObject;
 
-use crate::decide::ObjectKey;
+use crate::{decide::ObjectKey, restore};
 
 /// Objects written concurrently per destination.
 pub const CONCURRENCY: usize = 16;
@@ -39,6 +39,19 @@ pub enum ApplyError {
         /// The API error.
         source: kube::Error,
     },
+    /// After the apply and the removals the object still differs from the bundle's (a field
+    /// another manager owns, or a removal that did not hold).
+    #[error(
+        "{object} in destination {destination} still differs from the pinned bundle at {fields}; the pin is not declared until it equals the bundle (a field another manager than Argo CD set is never removed by revert: remove it, or release the pin)"
+    )]
+    NotRestored {
+        /// The object.
+        object: String,
+        /// The destination.
+        destination: String,
+        /// The differing fields (JSON pointers), bounded.
+        fields: String,
+    },
     /// The API server refused a write.
     #[error("{verb} {object} in destination {destination}: {source}")]
     Write {
@@ -58,6 +71,7 @@ impl ApplyError {
     pub fn category(&self) -> &'static str {
         match self {
             ApplyError::Discovery { .. } => "Discovery",
+            ApplyError::NotRestored { .. } => "NotRestored",
             ApplyError::Write { source, .. } => match source {
                 kube::Error::Api(s) if s.code == 403 => "Forbidden",
                 kube::Error::Api(s) if s.code == 409 => "Conflict",
@@ -136,7 +150,16 @@ fn namespace_of<'a>(o: &'a BundleObject, default_ns: Option<&'a str>) -> Option<
     o.namespace.as_deref().or(default_ns)
 }
 
-/// Server-side applies every object (forced, field manager `manager`); returns how many.
+/// How many fields the exact restore removed, over all objects.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// Objects written.
+    pub objects: usize,
+    /// Fields removed because Argo CD's manager owned them and the bundle lacks them.
+    pub removed_fields: usize,
+}
+
+/// Restores every object exactly (see [`restore_object`]); returns what was written.
 pub async fn apply_objects(
     kinds: &Kinds,
     client: &Client,
@@ -144,33 +167,144 @@ pub async fn apply_objects(
     objects: &[BundleObject],
     default_ns: Option<&str>,
     manager: &str,
-) -> Result<usize, ApplyError> {
-    let params = PatchParams::apply(manager).force();
-    stream::iter(objects.iter().map(Ok))
-        .try_for_each_concurrent(CONCURRENCY, |o| {
-            let params = params.clone();
-            async move {
-                let ns = namespace_of(o, default_ns);
-                let gvk = gvk_of(&o.api_version, &o.group_kind.kind);
-                let shown = o.display_name();
-                let api = kinds.api(client, destination, &gvk, ns, &shown).await?;
-                let mut body = o.value.clone();
-                if let (Some(ns), Some(meta)) = (ns, body.get_mut("metadata")) {
-                    meta["namespace"] = json!(ns);
-                }
-                api.patch(&o.name, &params, &Patch::Apply(&body))
-                    .await
-                    .map_err(|source| ApplyError::Write {
-                        verb: "apply",
-                        object: shown,
-                        destination: destination.to_owned(),
-                        source,
-                    })?;
-                Ok(())
-            }
-        })
+) -> Result<Restored, ApplyError> {
+    let work: Vec<_> = objects
+        .iter()
+        .map(|o| restore_object(kinds, client, destination, o, default_ns, manager))
+        .collect();
+    let removed: Vec<usize> = stream::iter(work)
+        .buffer_unordered(CONCURRENCY)
+        .try_collect()
         .await?;
-    Ok(objects.len())
+    Ok(Restored {
+        objects: objects.len(),
+        removed_fields: removed.into_iter().sum(),
+    })
+}
+
+/// Attempts at removing fields when the object changes under revert (409 or a failed `test`).
+const REMOVAL_ATTEMPTS: usize = 5;
+
+/// Makes one live object equal to the bundle's: server-side apply (forced, `manager`), removal
+/// of the fields [`restore::ARGOCD_MANAGERS`] own that the bundle lacks (JSON patch fenced by a
+/// `test` of the resourceVersion), then a server-side dry-run of the bundle's configuration over
+/// the live object (defaults applied) compared with the live object. Returns how many fields
+/// were removed; [`ApplyError::NotRestored`] when the object still differs.
+pub async fn restore_object(
+    kinds: &Kinds,
+    client: &Client,
+    destination: &str,
+    o: &BundleObject,
+    default_ns: Option<&str>,
+    manager: &str,
+) -> Result<usize, ApplyError> {
+    let ns = namespace_of(o, default_ns);
+    let gvk = gvk_of(&o.api_version, &o.group_kind.kind);
+    let shown = o.display_name();
+    let api = kinds.api(client, destination, &gvk, ns, &shown).await?;
+    let mut body = o.value.clone();
+    if let (Some(ns), Some(meta)) = (ns, body.get_mut("metadata")) {
+        meta["namespace"] = json!(ns);
+    }
+    let write_err = |verb: &'static str| {
+        let shown = shown.clone();
+        move |source| ApplyError::Write {
+            verb,
+            object: shown,
+            destination: destination.to_owned(),
+            source,
+        }
+    };
+    let applied = api
+        .patch(
+            &o.name,
+            &PatchParams::apply(manager).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map_err(write_err("apply"))?;
+    let mut live = serde_json::to_value(&applied).unwrap_or(Value::Null);
+    let mut removed = 0;
+    for attempt in 0..REMOVAL_ATTEMPTS {
+        let gone = restore::removals(&live, &body, restore::ARGOCD_MANAGERS);
+        if gone.is_empty() {
+            break;
+        }
+        let mut ops = vec![json!({
+            "op": "test",
+            "path": "/metadata/resourceVersion",
+            "value": live.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null),
+        })];
+        ops.extend(gone.iter().map(|p| json!({"op": "remove", "path": p})));
+        let patch = serde_json::from_value(Value::Array(ops)).expect("a JSON patch");
+        match api
+            .patch(
+                &o.name,
+                &PatchParams {
+                    field_manager: Some(manager.to_owned()),
+                    ..PatchParams::default()
+                },
+                &Patch::<()>::Json(patch),
+            )
+            .await
+        {
+            Ok(after) => {
+                tracing::info!(object = %shown, destination, fields = %restore::shown(&gone), "removed fields the pinned bundle lacks");
+                removed += gone.len();
+                live = serde_json::to_value(&after).unwrap_or(Value::Null);
+                break;
+            }
+            // Changed since read: read again and recompute.
+            Err(kube::Error::Api(s))
+                if (s.code == 409 || s.code == 422) && attempt + 1 < REMOVAL_ATTEMPTS =>
+            {
+                let again = api.get(&o.name).await.map_err(write_err("read"))?;
+                live = serde_json::to_value(&again).unwrap_or(Value::Null);
+            }
+            Err(source) => return Err(write_err("remove fields of")(source)),
+        }
+    }
+    // The bundle's configuration as the API server would store it over this object.
+    let mut ops = Vec::new();
+    for (k, v) in body.as_object().into_iter().flatten() {
+        if !matches!(k.as_str(), "apiVersion" | "kind" | "metadata" | "status") {
+            ops.push(json!({"op": "add", "path": format!("/{k}"), "value": v}));
+        }
+    }
+    for (k, _) in live.as_object().into_iter().flatten() {
+        if !matches!(k.as_str(), "apiVersion" | "kind" | "metadata" | "status")
+            && body.get(k).is_none()
+        {
+            ops.push(json!({"op": "remove", "path": format!("/{k}")}));
+        }
+    }
+    let expected = if ops.is_empty() {
+        live.clone()
+    } else {
+        let patch = serde_json::from_value(Value::Array(ops)).expect("a JSON patch");
+        let dry = api
+            .patch(
+                &o.name,
+                &PatchParams {
+                    field_manager: Some(manager.to_owned()),
+                    dry_run: true,
+                    ..PatchParams::default()
+                },
+                &Patch::<()>::Json(patch),
+            )
+            .await
+            .map_err(write_err("dry-run the bundle's configuration over"))?;
+        serde_json::to_value(&dry).unwrap_or(Value::Null)
+    };
+    let differs = restore::differences(&live, &expected, &body);
+    if !differs.is_empty() {
+        return Err(ApplyError::NotRestored {
+            object: shown,
+            destination: destination.to_owned(),
+            fields: restore::shown(&differs),
+        });
+    }
+    Ok(removed)
 }
 
 /// Deletes the objects (already gone counts as deleted); returns how many.

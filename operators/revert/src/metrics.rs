@@ -60,6 +60,9 @@ pub struct RevertMetrics {
     pub objects_applied: Counter,
     /// `sluice_revert_objects_pruned_total`.
     pub objects_pruned: Counter,
+    /// `sluice_revert_fields_removed_total`: fields the bad change added outside atomic lists
+    /// (owned by Argo CD's manager, absent from the pinned bundle) that an exact restore removed.
+    pub fields_removed: Counter,
     /// `sluice_revert_refusals_total{reason}`.
     pub refusals: Family<ReasonLabels, Counter>,
     /// `sluice_revert_releases_total{reason}`.
@@ -89,6 +92,7 @@ pub fn register(registry: &mut Registry) -> RevertMetrics {
         pin_duration_seconds: Histogram::new(exponential_buckets(0.05, 2.0, 16)),
         objects_applied: Counter::default(),
         objects_pruned: Counter::default(),
+        fields_removed: Counter::default(),
         refusals: Family::default(),
         releases: Family::default(),
         git_reverts: Family::default(),
@@ -115,6 +119,11 @@ pub fn register(registry: &mut Registry) -> RevertMetrics {
         "objects_pruned",
         "Objects pruned from destination clusters",
         m.objects_pruned.clone(),
+    );
+    sub.register(
+        "fields_removed",
+        "Fields removed from pinned objects because Argo CD's manager owned them and the pinned bundle lacks them",
+        m.fields_removed.clone(),
     );
     sub.register(
         "refusals",
@@ -247,6 +256,7 @@ mod tests {
             "sluice_revert_pin_duration_seconds_bucket",
             "sluice_revert_objects_applied_total",
             "sluice_revert_objects_pruned_total",
+            "sluice_revert_fields_removed_total",
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }

@@ -138,6 +138,10 @@ pub enum ReconcileError {
     /// An effect failed; the status carries a condition naming it.
     #[error("{0}")]
     Effect(String, Category),
+    /// A pinned object still differs from the bundle after the restore; the status carries a
+    /// condition (`Pinned=False NotRestored`) naming the fields.
+    #[error("{0}")]
+    NotRestored(String),
     /// The operator's configuration is unusable.
     #[error("configuration: {0}")]
     Config(String),
@@ -164,6 +168,7 @@ impl Categorized for ReconcileError {
             ReconcileError::Status(e) => e.category(),
             ReconcileError::Read { source, .. } => kube_category(source),
             ReconcileError::Effect(_, c) => *c,
+            ReconcileError::NotRestored(_) => Category::Conflict,
             ReconcileError::Config(_) => Category::Config,
         }
     }
@@ -522,16 +527,25 @@ impl Context {
                     FIELD_MANAGER.as_str(),
                 )
                 .await
-                .map_err(|e| dest_err(e.to_string(), apply_category(&e)))?;
+                .map_err(|e| match e {
+                    apply::ApplyError::NotRestored { .. } => {
+                        ReconcileError::NotRestored(e.to_string())
+                    }
+                    e => dest_err(e.to_string(), apply_category(&e)),
+                })?;
                 let pruned = apply::prune_objects(&self.kinds, &client, destination, prune)
                     .await
                     .map_err(|e| dest_err(e.to_string(), apply_category(&e)))?;
-                self.metrics.objects_applied.inc_by(applied as u64);
+                self.metrics.objects_applied.inc_by(applied.objects as u64);
+                self.metrics
+                    .fields_removed
+                    .inc_by(applied.removed_fields as u64);
                 self.metrics.objects_pruned.inc_by(pruned as u64);
                 tracing::info!(
                     application = %format!("{}/{}", app.namespace, app.name),
                     destination,
-                    applied,
+                    applied = applied.objects,
+                    removed_fields = applied.removed_fields,
                     pruned,
                     apply_ms = started.elapsed().as_millis() as u64,
                     "bundle applied"
@@ -825,12 +839,16 @@ pub async fn reconcile(
         {
             let mut failed = obj.status.clone().unwrap_or_default();
             let message = err.to_string();
+            let reason = match err {
+                ReconcileError::NotRestored(_) => reasons::NOT_RESTORED,
+                _ => reasons::APPLY_FAILED,
+            };
             let changed = cond::set(
                 &mut failed.conditions,
                 cond::new(
                     conditions::PINNED,
                     Status::False,
-                    reasons::APPLY_FAILED,
+                    reason,
                     message.clone(),
                     obj.metadata.generation,
                     now,
@@ -842,7 +860,7 @@ pub async fn reconcile(
                     .publish(
                         obj.as_ref(),
                         Severity::Warning,
-                        reasons::APPLY_FAILED,
+                        reason,
                         decide::PIN,
                         &message,
                     )

@@ -405,6 +405,9 @@ pub mod reasons {
     pub const ALL_PINNED: &str = "AllPinned";
     /// Applying to a destination failed.
     pub const APPLY_FAILED: &str = "ApplyFailed";
+    /// A pinned object still differs from the bundle after the restore (a field another
+    /// manager than Argo CD set); the pin is not declared until it equals the bundle.
+    pub const NOT_RESTORED: &str = "NotRestored";
     /// Argo CD reports the pinned content; released.
     pub const CONTENT_MATCHED: &str = "ContentMatched";
     /// Argo CD reports different content (a forward fix); waiting for explicit release.
