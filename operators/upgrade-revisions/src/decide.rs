@@ -23,7 +23,7 @@ use sluice_api::v1alpha1::{
     GateVerdict, RevisionUpgradePhase, RevisionUpgradeSpec, RevisionUpgradeStatus,
     revision_upgrade::{
         IssuanceBudgetStatus, NamespaceProgress, NamespaceState, ProxyCounts, RelabelDetection,
-        RestartMode, UpgradeWaveState, UpgradeWaveStatus, conditions, reasons,
+        RestartMode, UpgradeWaveState, UpgradeWaveStatus, WorkloadReport, conditions, reasons,
     },
 };
 use sluice_runtime::{
@@ -32,7 +32,8 @@ use sluice_runtime::{
 };
 
 use crate::{
-    fleet::{self, NamespaceView, PodView, Workload},
+    availability_floor::{self, Plan},
+    fleet::{self, NamespaceView, PodView, Workload, WorkloadView},
     pacing::{self, Hold, IssuanceReading},
     validity,
 };
@@ -94,10 +95,21 @@ pub struct Fleet {
     pub pods: Vec<Arc<PodView>>,
     /// Revision tags found in the cluster's injector webhooks: tag → revision.
     pub tags: BTreeMap<String, String>,
-    /// The `kubectl.kubernetes.io/restartedAt` template annotation of workloads in the upgrade
-    /// (read only with `restart: RolloutRestart`), keyed by namespace and workload.
+    /// The `kubectl.kubernetes.io/restartedAt` template annotation of workloads in the upgrade,
+    /// keyed by namespace and workload.
     pub restarted_at: BTreeMap<(String, Workload), String>,
+    /// The workload controllers sluice reads (Deployments, StatefulSets, DaemonSets), keyed by
+    /// namespace and workload: replicas, own maxUnavailable, PodDisruptionBudget coverage.
+    pub workloads: BTreeMap<(String, Workload), WorkloadView>,
 }
+
+/// How long after a namespace's new label was first seen a pod created on another revision
+/// than the label's is taken as re-injected by that revision (the injector reads namespace
+/// labels from a cache that may lag the write by a moment).
+pub const REINJECTION_GRACE: Duration = Duration::from_secs(2);
+
+/// At most this many workloads or namespaces are listed in a status report.
+pub const REPORT_LIMIT: usize = 64;
 
 /// The gates of the current wave, evaluated.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -259,18 +271,24 @@ pub fn decide(
     }
     if let Some(fleet) = &obs.fleet {
         let mut by_ns: BTreeMap<&str, Vec<&Arc<PodView>>> = BTreeMap::new();
+        let mut by_workload: BTreeMap<(&str, &Workload), u32> = BTreeMap::new();
         for p in &fleet.pods {
             by_ns.entry(p.namespace.as_str()).or_default().push(p);
+            if let Some(w) = p.workload.as_ref().filter(|_| !p.terminating) {
+                *by_workload.entry((p.namespace.as_str(), w)).or_default() += 1;
+            }
         }
         Tick {
             spec,
             obs,
             fleet,
             by_ns,
+            by_workload,
             now,
             next: &mut d.status,
             actions: &mut d.actions,
             busy_for: &mut d.busy_for,
+            held_by_floor: 0,
         }
         .run();
         d.requeue = Requeue::After(match d.status.phase {
@@ -335,10 +353,15 @@ struct Tick<'a> {
     /// The fleet's pods by namespace, built once per tick: a tick counts every namespace of
     /// the upgrade several times, and a fleet holds tens of thousands of pods.
     by_ns: BTreeMap<&'a str, Vec<&'a Arc<PodView>>>,
+    /// Non-terminating pods per workload (namespace, workload), built once per tick.
+    by_workload: BTreeMap<(&'a str, &'a Workload), u32>,
     now: Timestamp,
     next: &'a mut RevisionUpgradeStatus,
     actions: &'a mut Vec<Action>,
     busy_for: &'a mut Duration,
+    /// Pods this tick did not offer for restart because their workload is at its
+    /// availability floor.
+    held_by_floor: u32,
 }
 
 /// Per-namespace reading of this tick.
@@ -347,6 +370,10 @@ struct NsCount {
     pods: u32,
     done: u32,
     bare_not_done: u32,
+    /// Pods not on the target that are not restarted: Job pods, pods whose own label pins
+    /// another revision, workloads stopped after a re-injection, and single pods of
+    /// controllers that cannot be rollout-restarted.
+    held_not_done: u32,
     not_ready: u32,
 }
 
@@ -396,9 +423,103 @@ impl Tick<'_> {
                 }
             } else if p.workload.is_none() {
                 c.bare_not_done += 1;
+            } else if self.held(p, target) {
+                c.held_not_done += 1;
             }
         }
         c
+    }
+
+    /// The tag that selects `target` (the to tag forward, the from tag in a rollback).
+    fn tag_of(&self, target: &str) -> &str {
+        if target == self.spec.to_revision {
+            &self.spec.to_tag
+        } else {
+            &self.spec.from_tag
+        }
+    }
+
+    /// Whether a pod's own `istio.io/rev` label pins a revision other than `target`.
+    fn overrides(&self, p: &PodView, target: &str) -> bool {
+        p.rev_label
+            .as_deref()
+            .is_some_and(|l| l != target && l != self.tag_of(target))
+    }
+
+    /// Whether a pod of a controller is left on its revision rather than restarted (see
+    /// [`NsCount::held_not_done`]).
+    fn held(&self, p: &PodView, target: &str) -> bool {
+        let Some(w) = &p.workload else {
+            return false;
+        };
+        if w.kind == "Job" || self.overrides(p, target) {
+            return true;
+        }
+        if self
+            .next
+            .reinjected_by_old_revision
+            .iter()
+            .any(|r| r.namespace == p.namespace && r.kind == w.kind && r.name == w.name)
+        {
+            return true;
+        }
+        // Only a controller a rollout restart cannot restart is ever held by its floor.
+        self.spec.restart == RestartMode::Evict
+            && !availability_floor::ROLLOUT_RESTARTABLE.contains(&w.kind.as_str())
+            && self.plan_of(&p.namespace, w, &[], |_| false) == Plan::Hold
+    }
+
+    /// The workload's view, when sluice reads its controller.
+    fn workload_view(&self, namespace: &str, w: &Workload) -> Option<&WorkloadView> {
+        self.fleet.workloads.get(&(namespace.to_owned(), w.clone()))
+    }
+
+    /// The availability-floor plan of a workload; `pods` are its pods (only needed for an
+    /// eviction's allowance).
+    fn plan_of(
+        &self,
+        namespace: &str,
+        w: &Workload,
+        pods: &[&PodView],
+        being_evicted: impl Fn(&PodView) -> bool,
+    ) -> Plan {
+        let view = self.workload_view(namespace, w);
+        let observed = self.by_workload.get(&(namespace, w)).copied().unwrap_or(0);
+        if pods.is_empty() {
+            // Only whether it can be evicted at all is asked.
+            let (_, _, no_eviction) =
+                availability_floor::shape(&self.spec.disruption, view, observed);
+            if view.is_some_and(|v| v.pdb) || !no_eviction {
+                return Plan::Budget;
+            }
+        }
+        availability_floor::plan(
+            &self.spec.disruption,
+            &w.kind,
+            view,
+            pods,
+            being_evicted,
+            self.now.as_millisecond(),
+        )
+    }
+
+    /// Whether a namespace holds a workload restarted by rollout restart (which surges above
+    /// its replicas while it runs).
+    fn surging(&self, namespace: &str) -> bool {
+        if self.spec.restart == RestartMode::RolloutRestart {
+            return true;
+        }
+        self.by_workload
+            .iter()
+            .filter(|((ns, _), _)| *ns == namespace)
+            .any(|((ns, w), n)| {
+                availability_floor::surges(
+                    &self.spec.disruption,
+                    &w.kind,
+                    self.workload_view(ns, w),
+                    *n,
+                )
+            })
     }
 
     fn run(mut self) {
@@ -412,6 +533,7 @@ impl Tick<'_> {
             self.next.phase = RevisionUpgradePhase::Complete;
             return;
         }
+        self.report_overrides();
         self.controls();
         self.watch_relabels();
         let rolling_back = self
@@ -878,6 +1000,251 @@ impl Tick<'_> {
         self.actions.extend(actions);
     }
 
+    /// Stops (and reports) every workload of a moving namespace carrying its target label
+    /// whose pod created after the new label was seen runs another revision than the target:
+    /// its pods would come back on that revision however often they were evicted.
+    fn detect_reinjection(&mut self, state: NamespaceState, target: &str, label: &str) {
+        let grace = REINJECTION_GRACE.as_millis() as i64;
+        let mut found: Vec<WorkloadReport> = Vec::new();
+        for n in self.next.namespaces.iter().filter(|n| n.state == state) {
+            let Some(seen) = n.relabelled_at.as_ref() else {
+                continue;
+            };
+            if self.ns_view(&n.name).and_then(NamespaceView::rev) != Some(label) {
+                continue;
+            }
+            for p in self.by_ns.get(n.name.as_str()).into_iter().flatten() {
+                let Some(w) = &p.workload else { continue };
+                let late = p.created_ms.is_some_and(|c| c > to_ms(seen) + grace);
+                if !late || p.terminating || p.revision == target || w.kind == "Job" {
+                    continue;
+                }
+                if self.overrides(p, target) {
+                    continue; // its own label says so: reported as an override
+                }
+                let known = |r: &WorkloadReport| {
+                    r.namespace == p.namespace && r.kind == w.kind && r.name == w.name
+                };
+                if self.next.reinjected_by_old_revision.iter().any(known) || found.iter().any(known)
+                {
+                    continue;
+                }
+                found.push(WorkloadReport {
+                    namespace: p.namespace.clone(),
+                    kind: w.kind.clone(),
+                    name: w.name.clone(),
+                    pod: p.name.clone(),
+                    found: p.revision.clone(),
+                    detected_at: Time(self.now),
+                });
+            }
+        }
+        for r in found {
+            if self.next.reinjected_by_old_revision.len() >= REPORT_LIMIT {
+                break;
+            }
+            self.event(
+                Severity::Warning,
+                reasons::REINJECTED_BY_OLD_REVISION,
+                RELABEL,
+                format!(
+                    "{} {}/{}: pod {} was created after namespace {} carried istio.io/rev={label} and was injected by revision {}, not {target}; the workload is not restarted again (check a pod-level istio.io/rev label added at admission, or the {label} tag's injector)",
+                    r.kind, r.namespace, r.name, r.pod, r.namespace, r.found
+                ),
+            );
+            self.next.reinjected_by_old_revision.push(r);
+        }
+        if self.next.reinjected_by_old_revision.is_empty() {
+            self.condition(
+                conditions::REINJECTED_BY_OLD_REVISION,
+                Status::False,
+                reasons::NO_REINJECTION,
+                "every replacement came back on its namespace's new revision".into(),
+            );
+        } else {
+            let list: Vec<String> = self
+                .next
+                .reinjected_by_old_revision
+                .iter()
+                .map(|r| format!("{} {}/{} ({})", r.kind, r.namespace, r.name, r.found))
+                .collect();
+            self.condition(
+                conditions::REINJECTED_BY_OLD_REVISION,
+                Status::True,
+                reasons::REINJECTED_BY_OLD_REVISION,
+                format!(
+                    "replacement pods came back on another revision than their namespace's label selects, so these workloads are stopped, not evicted again: {}",
+                    list.join(", ")
+                ),
+            );
+        }
+    }
+
+    /// Reports the workloads whose pods pin a revision with their own `istio.io/rev` label
+    /// (relabelling the namespace cannot move them; they are not restarted), and the
+    /// namespaces whose labels Argo CD manages.
+    fn report_overrides(&mut self) {
+        let ours: BTreeSet<String> = self
+            .next
+            .namespaces
+            .iter()
+            .map(|n| n.name.clone())
+            .chain(
+                self.fleet
+                    .namespaces
+                    .iter()
+                    .filter(|n| n.rev() == Some(self.spec.from_tag.as_str()))
+                    .map(|n| n.name.clone()),
+            )
+            .collect();
+        let mut overrides: Vec<WorkloadReport> = Vec::new();
+        for ns in &ours {
+            for p in self.by_ns.get(ns.as_str()).into_iter().flatten() {
+                let (Some(w), Some(label)) = (&p.workload, &p.rev_label) else {
+                    continue;
+                };
+                let target = &self.spec.to_revision;
+                if p.terminating || !self.overrides(p, target) {
+                    continue;
+                }
+                if overrides
+                    .iter()
+                    .any(|r| r.namespace == p.namespace && r.kind == w.kind && r.name == w.name)
+                {
+                    continue;
+                }
+                let detected_at = self
+                    .next
+                    .pod_revision_overrides
+                    .iter()
+                    .find(|r| r.namespace == p.namespace && r.kind == w.kind && r.name == w.name)
+                    .map_or(Time(self.now), |r| r.detected_at.clone());
+                overrides.push(WorkloadReport {
+                    namespace: p.namespace.clone(),
+                    kind: w.kind.clone(),
+                    name: w.name.clone(),
+                    pod: p.name.clone(),
+                    found: label.clone(),
+                    detected_at,
+                });
+            }
+        }
+        overrides.sort_by(|a, b| {
+            (&a.namespace, &a.kind, &a.name).cmp(&(&b.namespace, &b.kind, &b.name))
+        });
+        overrides.truncate(REPORT_LIMIT);
+        let new: Vec<String> = overrides
+            .iter()
+            .filter(|r| {
+                !self
+                    .next
+                    .pod_revision_overrides
+                    .iter()
+                    .any(|o| o.namespace == r.namespace && o.kind == r.kind && o.name == r.name)
+            })
+            .map(|r| {
+                format!(
+                    "{} {}/{} (istio.io/rev={})",
+                    r.kind, r.namespace, r.name, r.found
+                )
+            })
+            .collect();
+        if !new.is_empty() {
+            self.event(
+                Severity::Warning,
+                reasons::POD_REVISION_OVERRIDE,
+                RELABEL,
+                format!(
+                    "pods pin their revision with their own istio.io/rev label, which wins over the namespace's, so they are not restarted: {}; set their label to {} (or remove it) to move them",
+                    new.join(", "),
+                    self.spec.to_tag
+                ),
+            );
+        }
+        if overrides.is_empty() {
+            self.condition(
+                conditions::POD_REVISION_OVERRIDE,
+                Status::False,
+                reasons::NO_POD_OVERRIDE,
+                "no pod of the upgrade's namespaces pins another revision".into(),
+            );
+        } else {
+            let list: Vec<String> = overrides
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{} {}/{} (istio.io/rev={})",
+                        r.kind, r.namespace, r.name, r.found
+                    )
+                })
+                .collect();
+            self.condition(
+                conditions::POD_REVISION_OVERRIDE,
+                Status::True,
+                reasons::POD_REVISION_OVERRIDE,
+                format!(
+                    "pods pin their revision with their own istio.io/rev label and are not restarted: {}; set it to {} (or remove it) to move them",
+                    list.join(", "),
+                    self.spec.to_tag
+                ),
+            );
+        }
+        self.next.pod_revision_overrides = overrides;
+
+        let mut argo: Vec<String> = self
+            .fleet
+            .namespaces
+            .iter()
+            .filter(|n| n.argo_cd_managed && ours.contains(&n.name))
+            .map(|n| n.name.clone())
+            .collect();
+        argo.sort();
+        argo.truncate(REPORT_LIMIT);
+        let setting = format!(
+            "a self-healing Application puts Git's istio.io/rev back after sluice moves them; in each Application set ignoreDifferences (group \"\", kind Namespace, managedFieldsManagers [{}], or jsonPointers [/metadata/labels/istio.io~1rev]) with syncOptions RespectIgnoreDifferences=true, then change the label in Git to {} once the upgrade completes",
+            crate::FIELD_MANAGER.as_str(),
+            self.spec.to_tag
+        );
+        let new: Vec<&String> = argo
+            .iter()
+            .filter(|n| !self.next.argo_cd_managed_namespaces.contains(n))
+            .collect();
+        if !new.is_empty() {
+            let note = format!(
+                "Argo CD manages namespace(s) {}: {setting}",
+                new.iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            self.event(
+                Severity::Warning,
+                reasons::ARGO_CD_MANAGES_NAMESPACE_LABELS,
+                RELABEL,
+                note,
+            );
+        }
+        if argo.is_empty() {
+            self.condition(
+                conditions::ARGO_CD_MANAGED_NAMESPACES,
+                Status::False,
+                reasons::NO_ARGO_CD_NAMESPACES,
+                "no namespace of the upgrade carries Argo CD's tracking".into(),
+            );
+        } else {
+            self.condition(
+                conditions::ARGO_CD_MANAGED_NAMESPACES,
+                Status::True,
+                reasons::ARGO_CD_MANAGES_NAMESPACE_LABELS,
+                format!(
+                    "Argo CD manages namespace(s) {}: {setting}",
+                    argo.join(", ")
+                ),
+            );
+        }
+        self.next.argo_cd_managed_namespaces = argo;
+    }
+
     /// Recounts the pods of every namespace in the upgrade against its direction's target.
     fn update_counts(&mut self, forward_target: &str) {
         for i in 0..self.next.namespaces.len() {
@@ -888,14 +1255,14 @@ impl Tick<'_> {
                 }
                 _ => forward_target.to_owned(),
             };
-            let c = self.count(&n.name.clone(), &target);
+            let name = n.name.clone();
+            let c = self.count(&name, &target);
+            let surging = self.next.namespaces[i].relabelled_at.is_some() && self.surging(&name);
             let n = &mut self.next.namespaces[i];
             // While its pods are being replaced, a namespace keeps the most pods it was seen
             // with, so an evicted pod whose replacement does not exist yet is still awaited.
             // Rollout restarts surge above the workloads' replicas: there the count stays the
             // one seen before the restarts were asked for (the new label's first sighting).
-            let surging =
-                self.spec.restart == RestartMode::RolloutRestart && n.relabelled_at.is_some();
             n.pods = match n.state {
                 NamespaceState::Restarting | NamespaceState::RollingBack if surging => n.pods,
                 NamespaceState::Restarting | NamespaceState::RollingBack => n.pods.max(c.pods),
@@ -929,6 +1296,7 @@ impl Tick<'_> {
             .copied()
             .filter(|p| !p.terminating && p.revision != target && p.workload.is_some())
             .filter(|p| !in_progress.contains(&(p.namespace.as_str(), p.name.as_str())))
+            .filter(|p| !self.held(p, target))
             .map(|p| {
                 (
                     blocked.contains(&(p.namespace.as_str(), p.name.as_str())),
@@ -957,19 +1325,66 @@ impl Tick<'_> {
         }
         let mut units: Vec<(u32, Unit)> = Vec::new();
         let mut by_workload: BTreeMap<(String, Workload), u32> = BTreeMap::new();
+        // Evictions left per workload without a PodDisruptionBudget: its availability floor.
+        let mut allowance: BTreeMap<(String, Workload), Option<u32>> = BTreeMap::new();
+        let in_progress: BTreeSet<&str> = self.obs.in_progress.iter().map(String::as_str).collect();
+        let mut floored = 0u32;
+        let mut plan_started: BTreeSet<(&str, &Workload)> = BTreeSet::new();
         for p in &pods {
+            let Some(w) = p.workload.as_ref() else {
+                continue;
+            };
             let restartable = self.spec.restart == RestartMode::RolloutRestart
-                && p.workload.as_ref().is_some_and(|w| {
-                    matches!(w.kind.as_str(), "Deployment" | "StatefulSet" | "DaemonSet")
-                });
+                && availability_floor::ROLLOUT_RESTARTABLE.contains(&w.kind.as_str());
             if restartable {
                 *by_workload
-                    .entry((p.namespace.clone(), p.workload.clone().expect("checked")))
+                    .entry((p.namespace.clone(), w.clone()))
                     .or_default() += 1;
-            } else {
-                units.push((1, Unit::Evict(p.clone())));
+                continue;
+            }
+            let key = (p.namespace.clone(), w.clone());
+            if !allowance.contains_key(&key) {
+                let mine: Vec<&PodView> = self
+                    .by_ns
+                    .get(p.namespace.as_str())
+                    .into_iter()
+                    .flatten()
+                    .filter(|q| q.workload.as_ref() == Some(w))
+                    .map(|q| q.as_ref())
+                    .collect();
+                let plan = self.plan_of(&p.namespace, w, &mine, |q| {
+                    in_progress.contains(format!("{}/{}", q.namespace, q.name).as_str())
+                });
+                let left = match plan {
+                    Plan::Budget => None,
+                    Plan::Evict { allowed, .. } => Some(allowed),
+                    Plan::RolloutRestart => {
+                        *by_workload.entry(key.clone()).or_default() += 1;
+                        plan_started.insert((p.namespace.as_str(), w));
+                        Some(0)
+                    }
+                    Plan::Hold => Some(0),
+                };
+                allowance.insert(key.clone(), left);
+                if plan == Plan::RolloutRestart {
+                    continue;
+                }
+            }
+            let left = allowance.get_mut(&key).expect("inserted above");
+            match left {
+                None => units.push((1, Unit::Evict(p.clone()))),
+                Some(0) => match by_workload.get_mut(&(p.namespace.clone(), w.clone())) {
+                    // A surging workload costs each of its pods not yet moved.
+                    Some(n) if plan_started.contains(&(p.namespace.as_str(), w)) => *n += 1,
+                    _ => floored += 1,
+                },
+                Some(n) => {
+                    *n -= 1;
+                    units.push((1, Unit::Evict(p.clone())));
+                }
             }
         }
+        self.held_by_floor = floored;
         for ((namespace, workload), n) in by_workload {
             let marker = self
                 .next
@@ -1096,6 +1511,11 @@ impl Tick<'_> {
 
     fn restart_wave(&mut self, index: usize) {
         let target = self.spec.to_revision.clone();
+        self.detect_reinjection(
+            NamespaceState::Restarting,
+            &target,
+            &self.spec.to_tag.clone(),
+        );
         let pods: Vec<Arc<PodView>> = self
             .candidates(
                 NamespaceState::Restarting,
@@ -1123,7 +1543,8 @@ impl Tick<'_> {
                     == Some(self.spec.to_tag.as_str());
             let n = &mut self.next.namespaces[i];
             let expected = n.pods;
-            let settled = c.done + c.bare_not_done == c.pods && c.pods >= expected;
+            let settled =
+                c.done + c.bare_not_done + c.held_not_done == c.pods && c.pods >= expected;
             if labelled && settled {
                 n.state = NamespaceState::Moved;
                 n.done_at = Some(Time(self.now));
@@ -1160,13 +1581,24 @@ impl Tick<'_> {
                     self.obs.blocked.join(", ")
                 ),
             );
+        } else if self.held_by_floor > 0 && started == 0 {
+            self.condition(
+                conditions::PROGRESSING,
+                Status::True,
+                reasons::AT_AVAILABILITY_FLOOR,
+                format!(
+                    "wave {wave}: {pending} namespace(s) moving; {} pod(s) wait until their workload (no PodDisruptionBudget) has more than replicas - maxUnavailable pods Available (default maxUnavailable {})",
+                    self.held_by_floor, self.spec.disruption.default_max_unavailable
+                ),
+            );
         } else {
             self.condition(
                 conditions::PROGRESSING,
                 Status::True,
                 reasons::WAVE_RESTARTING,
                 format!(
-                    "wave {wave}: {pending} namespace(s) moving, {remaining} pod(s) to restart, {started} restart(s) started this tick"
+                    "wave {wave}: {pending} namespace(s) moving, {remaining} pod(s) to restart, {started} restart(s) started this tick, {} waiting for their workload's availability floor",
+                    self.held_by_floor
                 ),
             );
         }
@@ -1271,6 +1703,7 @@ impl Tick<'_> {
         self.relabel(usize::MAX, &to_tag, &from_tag);
         self.update_counts(&self.spec.to_revision.clone());
         let target = self.spec.from_revision.clone();
+        self.detect_reinjection(NamespaceState::RollingBack, &target, &from_tag);
         let pods: Vec<Arc<PodView>> = self
             .candidates(NamespaceState::RollingBack, &target, &from_tag)
             .into_iter()
@@ -1287,7 +1720,8 @@ impl Tick<'_> {
             let labelled = self.next.namespaces[i].relabelled_at.is_some();
             let n = &mut self.next.namespaces[i];
             let expected = n.pods;
-            let settled = c.done + c.bare_not_done == c.pods && c.pods >= expected;
+            let settled =
+                c.done + c.bare_not_done + c.held_not_done == c.pods && c.pods >= expected;
             if labelled && settled && c.not_ready == 0 {
                 n.state = NamespaceState::RolledBack;
                 n.done_at = Some(Time(self.now));
@@ -1403,6 +1837,33 @@ impl Tick<'_> {
         }
         if !self.next.injection_enabled_namespaces.is_empty() {
             where_.push("namespaces with istio-injection=enabled".to_owned());
+        }
+        if !self.next.reinjected_by_old_revision.is_empty() {
+            where_.push(format!(
+                "{} workload(s) re-injected by the old revision",
+                self.next.reinjected_by_old_revision.len()
+            ));
+        }
+        if !self.next.pod_revision_overrides.is_empty() {
+            where_.push(format!(
+                "{} workload(s) pinning a revision with a pod label",
+                self.next.pod_revision_overrides.len()
+            ));
+        }
+        let jobs = self
+            .fleet
+            .pods
+            .iter()
+            .filter(|p| {
+                !p.terminating
+                    && p.revision == self.spec.from_revision
+                    && p.workload.as_ref().is_some_and(|w| w.kind == "Job")
+            })
+            .count();
+        if jobs > 0 {
+            where_.push(format!(
+                "{jobs} Job pod(s), never evicted: their next pods get the new revision"
+            ));
         }
         if all_passed {
             where_.push("namespaces no wave selected".to_owned());
@@ -1651,6 +2112,7 @@ mod upgrade_tests {
         NamespaceView {
             name: name.into(),
             labels,
+            argo_cd_managed: false,
         }
     }
 
@@ -1665,7 +2127,34 @@ mod upgrade_tests {
             }),
             terminating: false,
             ready: true,
+            ready_since_ms: Some(0),
+            created_ms: Some(0),
+            rev_label: None,
         }
+    }
+
+    /// The model's workloads: one Deployment `app` per namespace, covered by a
+    /// PodDisruptionBudget (the Eviction API keeps its floor; the model grants every eviction).
+    fn covered_apps(namespaces: &[NamespaceView]) -> BTreeMap<(String, Workload), WorkloadView> {
+        namespaces
+            .iter()
+            .map(|n| {
+                (
+                    (
+                        n.name.clone(),
+                        Workload {
+                            kind: "Deployment".into(),
+                            name: "app".into(),
+                        },
+                    ),
+                    WorkloadView {
+                        replicas: 30,
+                        pdb: true,
+                        ..WorkloadView::default()
+                    },
+                )
+            })
+            .collect()
     }
 
     impl Model {
@@ -1699,6 +2188,7 @@ mod upgrade_tests {
                     ("canary".to_owned(), "1-28".to_owned()),
                 ]),
                 restarted_at: BTreeMap::new(),
+                workloads: covered_apps(&self.namespaces),
             }
         }
 
@@ -2364,6 +2854,7 @@ mod upgrade_tests {
         model.namespaces.push(NamespaceView {
             name: "legacy".into(),
             labels: BTreeMap::from([("istio-injection".to_owned(), "enabled".to_owned())]),
+            argo_cd_managed: false,
         });
         model.pods.push(pod("a", "debug", "1-27", true));
         let (st, _) = run(
@@ -2553,5 +3044,357 @@ mod upgrade_tests {
             Some(Duration::from_millis(750)),
             "the label was seen: back to one tick"
         );
+    }
+
+    /// A namespace `a` (first wave) with workloads without a PodDisruptionBudget, whose
+    /// replacements become Ready two ticks after they are created, as a kubelet would.
+    struct FloorModel {
+        namespaces: Vec<NamespaceView>,
+        pods: Vec<PodView>,
+        workloads: BTreeMap<(String, Workload), WorkloadView>,
+        restarted_at: BTreeMap<(String, Workload), String>,
+        /// Pods created after the relabel on the old revision (a re-injection).
+        reinject: Option<&'static str>,
+        evicted: Vec<String>,
+        rollout_restarts: Vec<String>,
+        serial: u32,
+    }
+
+    fn workload(kind: &str, name: &str) -> Workload {
+        Workload {
+            kind: kind.into(),
+            name: name.into(),
+        }
+    }
+
+    impl FloorModel {
+        /// `web` (4 replicas, no maxUnavailable of its own), `solo` (1 replica), `batch` (a
+        /// Job pod), `pinned` (2 replicas whose pods carry `istio.io/rev: stable`).
+        fn new() -> Self {
+            let mut pods = Vec::new();
+            let mut add = |w: &str, kind: &str, n: usize, label: Option<&str>| {
+                for i in 0..n {
+                    let mut p = pod("a", &format!("{w}-{i}"), "1-27", false);
+                    p.workload = Some(workload(kind, w));
+                    p.rev_label = label.map(str::to_owned);
+                    pods.push(p);
+                }
+            };
+            add("web", "Deployment", 4, None);
+            add("solo", "Deployment", 1, None);
+            add("batch", "Job", 1, None);
+            add("pinned", "Deployment", 2, Some("stable"));
+            let view = |replicas| WorkloadView {
+                replicas,
+                ..WorkloadView::default()
+            };
+            Self {
+                namespaces: vec![ns("a", Some("low"), "stable")],
+                pods,
+                workloads: BTreeMap::from([
+                    (("a".into(), workload("Deployment", "web")), view(4)),
+                    (("a".into(), workload("Deployment", "solo")), view(1)),
+                    (("a".into(), workload("Deployment", "pinned")), view(2)),
+                ]),
+                restarted_at: BTreeMap::new(),
+                reinject: None,
+                evicted: Vec::new(),
+                rollout_restarts: Vec::new(),
+                serial: 0,
+            }
+        }
+
+        fn fleet(&self) -> Fleet {
+            Fleet {
+                namespaces: self.namespaces.clone(),
+                pods: self.pods.iter().cloned().map(Arc::new).collect(),
+                tags: BTreeMap::from([
+                    ("stable".to_owned(), "1-27".to_owned()),
+                    ("canary".to_owned(), "1-28".to_owned()),
+                ]),
+                restarted_at: self.restarted_at.clone(),
+                workloads: self.workloads.clone(),
+            }
+        }
+
+        fn replacement(&mut self, w: &Workload, now: i64) -> PodView {
+            self.serial += 1;
+            let label = self.namespaces[0].rev().unwrap_or("").to_owned();
+            let mut rev = if label == "canary" { "1-28" } else { "1-27" };
+            if self.reinject == Some(w.name.as_str()) {
+                rev = "1-27";
+            }
+            let mut p = pod("a", &format!("{}-n{}", w.name, self.serial), rev, false);
+            p.workload = Some(w.clone());
+            p.ready = false;
+            p.ready_since_ms = None;
+            p.created_ms = Some(t(now).as_millisecond());
+            p
+        }
+
+        /// One tick of the cluster: replacements older than two seconds become Ready, then
+        /// the actions are carried out.
+        fn apply(&mut self, actions: &[Action], now: i64) {
+            for p in &mut self.pods {
+                if !p.ready
+                    && p.created_ms
+                        .is_some_and(|c| t(now).as_millisecond() - c >= 2000)
+                {
+                    p.ready = true;
+                    p.ready_since_ms = Some(t(now).as_millisecond());
+                }
+            }
+            for a in actions {
+                match a {
+                    Action::Relabel { namespace, to, .. } => {
+                        let n = self.namespaces.iter_mut().find(|n| &n.name == namespace);
+                        n.unwrap().labels.insert("istio.io/rev".into(), to.clone());
+                    }
+                    Action::Evict { pod: name, .. } => {
+                        let key = format!("a/{name}");
+                        assert!(!self.evicted.contains(&key), "{key} evicted twice");
+                        self.evicted.push(key);
+                        let gone = self.pods.iter().position(|p| &p.name == name).unwrap();
+                        let w = self.pods.remove(gone).workload.unwrap();
+                        let r = self.replacement(&w, now);
+                        self.pods.push(r);
+                    }
+                    Action::RolloutRestart {
+                        workload: w,
+                        restarted_at,
+                        ..
+                    } => {
+                        self.rollout_restarts.push(w.name.clone());
+                        self.restarted_at
+                            .insert(("a".into(), w.clone()), restarted_at.clone());
+                        // The controller surges: the new pod first, the old one once it is Ready
+                        // (modelled as at once with the new one Ready: the floor is kept).
+                        let mut r = self.replacement(w, now);
+                        r.ready = true;
+                        r.ready_since_ms = Some(now);
+                        self.pods.retain(|p| p.workload.as_ref() != Some(w));
+                        self.pods.push(r);
+                    }
+                    Action::Event { .. } => {}
+                }
+            }
+        }
+
+        fn available(&self, name: &str) -> usize {
+            self.pods
+                .iter()
+                .filter(|p| {
+                    p.workload.as_ref().is_some_and(|w| w.name == name) && p.ready && !p.terminating
+                })
+                .count()
+        }
+    }
+
+    fn observe_floor(model: &FloorModel, status: Option<&RevisionUpgradeStatus>) -> Observations {
+        Observations {
+            generation: Some(1),
+            fleet: Some(model.fleet()),
+            issuance: Some(IssuanceReading {
+                window_seconds: 10.0,
+                issued: 0.0,
+                own: 0.0,
+            }),
+            gates: gates(
+                status.and_then(|s| s.current_wave.as_deref()),
+                GateAction::Proceed,
+            ),
+            ..Observations::default()
+        }
+    }
+
+    /// Runs ticks one second apart until complete (or 120 ticks), checking `web` never has
+    /// fewer than 3 Available pods and `solo` never none.
+    fn run_floor(model: &mut FloorModel) -> (RevisionUpgradeStatus, Vec<Decision>) {
+        let s = spec();
+        let mut status: Option<RevisionUpgradeStatus> = None;
+        let mut decisions = Vec::new();
+        for tick in 0..120 {
+            let now = tick * 1000;
+            let d = decide(
+                &s,
+                status.as_ref(),
+                &observe_floor(model, status.as_ref()),
+                t(now),
+            );
+            model.apply(&d.actions, now);
+            assert!(
+                model.available("web") >= 3,
+                "tick {tick}: web below its floor of 3: {:?}",
+                model.pods
+            );
+            assert!(
+                model.available("solo") >= 1,
+                "tick {tick}: solo has no Available pod"
+            );
+            status = Some(d.status.clone());
+            decisions.push(d);
+            if status.as_ref().is_some_and(complete) {
+                break;
+            }
+        }
+        (status.unwrap(), decisions)
+    }
+
+    #[test]
+    fn a_workload_without_a_pdb_keeps_its_floor_and_a_single_replica_surges() {
+        let mut model = FloorModel::new();
+        let (st, decisions) = run_floor(&mut model);
+        let web_evicted = model
+            .evicted
+            .iter()
+            .filter(|k| k.starts_with("a/web"))
+            .count();
+        assert_eq!(
+            web_evicted, 4,
+            "each web pod evicted once: {:?}",
+            model.evicted
+        );
+        assert!(
+            decisions.iter().all(|d| d
+                .actions
+                .iter()
+                .filter(|a| matches!(a, Action::Evict { pod, .. } if pod.starts_with("web")))
+                .count()
+                <= 1),
+            "never two web pods in one grant"
+        );
+        assert_eq!(
+            model.rollout_restarts,
+            vec!["solo".to_owned()],
+            "solo surged once"
+        );
+        assert!(
+            !model
+                .evicted
+                .iter()
+                .any(|k| k.contains("solo") || k.contains("batch") || k.contains("pinned")),
+            "the single replica, the Job pod and the pinned pods are never evicted: {:?}",
+            model.evicted
+        );
+        // The wave still moves: the Job and the pinned pods are held, not awaited for ever.
+        assert_eq!(st.waves[0].state, UpgradeWaveState::Passed, "{st:#?}");
+        let c = cond::find(&st.conditions, conditions::POD_REVISION_OVERRIDE).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", reasons::POD_REVISION_OVERRIDE)
+        );
+        assert!(c.message.contains("Deployment a/pinned"), "{}", c.message);
+        assert_eq!(st.pod_revision_overrides.len(), 1);
+        let r = cond::find(&st.conditions, conditions::OLD_REVISION_RETIRABLE).unwrap();
+        assert_eq!(r.status, "False", "{}", r.message);
+        assert!(r.message.contains("Job pod"), "{}", r.message);
+        let overrides_reported = decisions
+            .iter()
+            .flat_map(event_reasons)
+            .filter(|r| *r == reasons::POD_REVISION_OVERRIDE)
+            .count();
+        assert_eq!(overrides_reported, 1, "the override is announced once");
+    }
+
+    #[test]
+    fn without_the_floor_the_same_grant_would_take_web_down() {
+        // The scenario's premise: the budget alone grants every web pod in one tick.
+        let mut model = FloorModel::new();
+        for w in model.workloads.values_mut() {
+            w.pdb = true;
+        }
+        let s = spec();
+        let d0 = decide(&s, None, &observe_floor(&model, None), t(0));
+        model.apply(&d0.actions, 0);
+        let d1 = decide(
+            &s,
+            Some(&d0.status),
+            &observe_floor(&model, Some(&d0.status)),
+            t(1000),
+        );
+        let web = d1
+            .actions
+            .iter()
+            .filter(|a| matches!(a, Action::Evict { pod, .. } if pod.starts_with("web")))
+            .count();
+        assert_eq!(web, 4, "a PodDisruptionBudget is left to the Eviction API");
+    }
+
+    #[test]
+    fn a_replacement_back_on_the_old_revision_stops_its_workload() {
+        let mut model = FloorModel::new();
+        model.reinject = Some("web");
+        let (st, decisions) = run_floor(&mut model);
+        let web_evicted = model
+            .evicted
+            .iter()
+            .filter(|k| k.starts_with("a/web"))
+            .count();
+        // The first replacement is created in the same second the new label was seen, within
+        // REINJECTION_GRACE, so it gets the benefit of the doubt once; the next one stops web.
+        assert!(
+            web_evicted <= 2,
+            "web is not evicted in a loop: {:?}",
+            model.evicted
+        );
+        assert_eq!(model.available("web"), 4, "web keeps its pods");
+        assert_eq!(st.reinjected_by_old_revision.len(), 1, "{st:#?}");
+        let r = &st.reinjected_by_old_revision[0];
+        assert_eq!(
+            (r.kind.as_str(), r.name.as_str(), r.found.as_str()),
+            ("Deployment", "web", "1-27")
+        );
+        let c = cond::find(&st.conditions, conditions::REINJECTED_BY_OLD_REVISION).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", reasons::REINJECTED_BY_OLD_REVISION)
+        );
+        let warned = decisions
+            .iter()
+            .flat_map(event_reasons)
+            .filter(|r| *r == reasons::REINJECTED_BY_OLD_REVISION)
+            .count();
+        assert_eq!(warned, 1, "reported once");
+        assert_eq!(
+            st.waves[0].state,
+            UpgradeWaveState::Passed,
+            "the rest of the wave moves on"
+        );
+        let retirable = cond::find(&st.conditions, conditions::OLD_REVISION_RETIRABLE).unwrap();
+        assert!(
+            retirable.message.contains("re-injected"),
+            "{}",
+            retirable.message
+        );
+    }
+
+    #[test]
+    fn namespaces_argo_cd_manages_are_reported_with_the_setting() {
+        let mut model = FloorModel::new();
+        model.namespaces[0].argo_cd_managed = true;
+        model.namespaces.push(ns("elsewhere", None, "other"));
+        model.namespaces[1].argo_cd_managed = true;
+        let d = decide(&spec(), None, &observe_floor(&model, None), t(0));
+        assert_eq!(d.status.argo_cd_managed_namespaces, vec!["a".to_owned()]);
+        let c = cond::find(&d.status.conditions, conditions::ARGO_CD_MANAGED_NAMESPACES).unwrap();
+        assert_eq!(c.status, "True");
+        assert!(
+            c.message.contains("RespectIgnoreDifferences=true"),
+            "{}",
+            c.message
+        );
+        assert!(
+            c.message.contains("sluice-upgrade-revisions"),
+            "{}",
+            c.message
+        );
+        assert!(event_reasons(&d).contains(&reasons::ARGO_CD_MANAGES_NAMESPACE_LABELS));
+        let again = decide(
+            &spec(),
+            Some(&d.status),
+            &observe_floor(&model, Some(&d.status)),
+            t(1000),
+        );
+        assert!(!event_reasons(&again).contains(&reasons::ARGO_CD_MANAGES_NAMESPACE_LABELS));
     }
 }

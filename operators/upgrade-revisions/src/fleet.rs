@@ -12,6 +12,7 @@ use std::{
 };
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::apimachinery::pkg::{apis::meta::v1::LabelSelector, util::intstr::IntOrString};
 use kube::{
     ResourceExt,
     core::{Selector, SelectorExt},
@@ -28,6 +29,9 @@ pub const RESTARTED_AT_ANNOTATION: &str = "kubectl.kubernetes.io/restartedAt";
 /// Pod label Deployments put on their pods (the ReplicaSet name's suffix).
 pub const POD_TEMPLATE_HASH: &str = "pod-template-hash";
 
+/// Annotation Argo CD's annotation tracking (the default in Argo CD v3) sets on what it manages.
+pub const ARGOCD_TRACKING_ANNOTATION: &str = "argocd.argoproj.io/tracking-id";
+
 /// A namespace: name and labels.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NamespaceView {
@@ -35,6 +39,9 @@ pub struct NamespaceView {
     pub name: String,
     /// Its labels.
     pub labels: BTreeMap<String, String>,
+    /// Whether Argo CD manages it (so a self-healing Application would put Git's
+    /// `istio.io/rev` back).
+    pub argo_cd_managed: bool,
 }
 
 impl NamespaceView {
@@ -43,6 +50,7 @@ impl NamespaceView {
         Self {
             name: ns.name_any(),
             labels: ns.labels().clone(),
+            argo_cd_managed: argo_cd_manages_labels(ns),
         }
     }
 
@@ -55,6 +63,30 @@ impl NamespaceView {
     pub fn injection_enabled(&self) -> bool {
         self.labels.get(INJECTION_LABEL).map(String::as_str) == Some("enabled")
     }
+}
+
+/// Whether Argo CD manages a namespace's labels: it carries Argo CD's tracking annotation (a
+/// `Namespace` manifest in an Application, or `managedNamespaceMetadata`), or a field manager
+/// of Argo CD's (`argocd-controller`, server-side apply) owns its `istio.io/rev` label.
+pub fn argo_cd_manages_labels(ns: &Namespace) -> bool {
+    if ns.annotations().contains_key(ARGOCD_TRACKING_ANNOTATION) {
+        return true;
+    }
+    let rev_field = format!("\"f:{REV_LABEL}\"");
+    ns.metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|f| {
+            f.manager
+                .as_deref()
+                .is_some_and(|m| m.starts_with("argocd"))
+        })
+        .any(|f| {
+            f.fields_v1
+                .as_ref()
+                .is_some_and(|v| v.0.to_string().contains(&rev_field))
+        })
 }
 
 /// The workload controller a pod belongs to.
@@ -81,6 +113,49 @@ pub struct PodView {
     pub terminating: bool,
     /// Whether it is Ready.
     pub ready: bool,
+    /// Since when it is Ready (the Ready condition's last transition, ms since the epoch).
+    pub ready_since_ms: Option<i64>,
+    /// When it was created (ms since the epoch).
+    pub created_ms: Option<i64>,
+    /// Its own `istio.io/rev` label (a pod-level revision override), if any.
+    pub rev_label: Option<String>,
+}
+
+/// What the operator reads of a workload controller: its desired replicas, its own
+/// `rollingUpdate.maxUnavailable`, `minReadySeconds`, whether a PodDisruptionBudget covers
+/// its pods, and its pod template's restart marker.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkloadView {
+    /// Desired replicas (a DaemonSet's desired number scheduled).
+    pub replicas: u32,
+    /// Its own `rollingUpdate.maxUnavailable`, when it declares one.
+    pub max_unavailable: Option<IntOrString>,
+    /// Seconds a Ready pod must stay Ready to count as Available.
+    pub min_ready_seconds: u32,
+    /// Whether a PodDisruptionBudget selects its pods (the Eviction API then keeps its floor).
+    pub pdb: bool,
+    /// Its pod template's `kubectl.kubernetes.io/restartedAt` annotation.
+    pub restarted_at: Option<String>,
+}
+
+impl WorkloadView {
+    /// Resolves an int-or-percent against `total` the way Kubernetes does for maxUnavailable
+    /// (a percentage rounds down); an unparsable value counts as 0.
+    pub fn scaled(value: &IntOrString, total: u32) -> u32 {
+        match value {
+            IntOrString::Int(i) => (*i).max(0) as u32,
+            IntOrString::String(s) => {
+                let pct: f64 = s.trim_end_matches('%').trim().parse().unwrap_or(0.0);
+                (pct.max(0.0) * f64::from(total) / 100.0).floor() as u32
+            }
+        }
+    }
+}
+
+/// Whether a label selector selects `labels` (an empty selector selects everything, as a
+/// PodDisruptionBudget's does in `policy/v1`).
+pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    Selector::try_from(selector.clone()).is_ok_and(|s| s.matches(labels))
 }
 
 /// The injecting revision recorded in a pod's `sidecar.istio.io/status` annotation.
@@ -117,24 +192,39 @@ pub fn workload_of(pod: &Pod) -> Option<Workload> {
     })
 }
 
-fn is_ready(pod: &Pod) -> bool {
+/// Since when the pod is Ready (ms), `None` when it is not.
+fn ready_since(pod: &Pod) -> Option<Option<i64>> {
     pod.status
         .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        .and_then(|s| s.conditions.as_ref())?
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == "True")
+        .map(|c| {
+            c.last_transition_time
+                .as_ref()
+                .map(|t| t.0.as_millisecond())
+        })
 }
 
 impl PodView {
     /// Reads a Pod; `None` when it is not meshed.
     pub fn from_pod(pod: &Pod) -> Option<Self> {
         let revision = injected_revision(pod.annotations())?;
+        let ready = ready_since(pod);
         Some(Self {
             namespace: pod.namespace().unwrap_or_default(),
             name: pod.name_any(),
             revision,
             workload: workload_of(pod),
             terminating: pod.metadata.deletion_timestamp.is_some(),
-            ready: is_ready(pod),
+            ready: ready.is_some(),
+            ready_since_ms: ready.flatten(),
+            created_ms: pod
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.as_millisecond()),
+            rev_label: pod.labels().get(REV_LABEL).cloned(),
         })
     }
 }
@@ -233,6 +323,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| ((*k).into(), (*v).into()))
                 .collect(),
+            argo_cd_managed: false,
         }
     }
 
@@ -355,6 +446,9 @@ mod tests {
                 workload: None,
                 terminating,
                 ready: true,
+                ready_since_ms: None,
+                created_ms: None,
+                rev_label: None,
             })
         };
         let pods = vec![

@@ -7,6 +7,7 @@
 //! the old control plane, and never restarts pods above the issuance budget.
 #![forbid(unsafe_code)]
 
+pub mod availability_floor;
 pub mod decide;
 pub mod fleet;
 pub mod metrics;

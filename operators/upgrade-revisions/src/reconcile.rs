@@ -22,12 +22,14 @@ use k8s_openapi::{
         admissionregistration::v1::MutatingWebhookConfiguration,
         apps::v1::{DaemonSet, Deployment, StatefulSet},
         core::v1::{Namespace, Pod, PodTemplateSpec},
+        policy::v1::PodDisruptionBudget,
     },
+    apimachinery::pkg::{apis::meta::v1::LabelSelector, util::intstr::IntOrString},
     jiff::Timestamp,
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{EvictParams, ListParams, PartialObjectMeta, Patch, PatchParams},
+    api::{EvictParams, PartialObjectMeta, Patch, PatchParams},
     runtime::{
         WatchStreamExt,
         controller::Action as ControllerAction,
@@ -40,7 +42,7 @@ use sluice_analysis::{Engine, EngineOptions, GateAction, GateCheck, PrometheusSo
 use sluice_api::v1alpha1::{
     GateTemplate, GateVerdict, RevisionUpgrade, RevisionUpgradeSpec, RevisionUpgradeStatus,
     Verdict, VerdictReason,
-    revision_upgrade::{NamespaceState, RestartMode, UpgradeWaveState},
+    revision_upgrade::{NamespaceState, UpgradeWaveState},
 };
 use sluice_runtime::{
     Categorized, Category,
@@ -53,7 +55,7 @@ use tokio::task::JoinHandle;
 use crate::{
     FIELD_MANAGER,
     decide::{self, Action, Fleet, GateReport, Observations, Requeue},
-    fleet::{self, NamespaceView, PodView, RESTARTED_AT_ANNOTATION, Workload},
+    fleet::{self, NamespaceView, PodView, RESTARTED_AT_ANNOTATION, Workload, WorkloadView},
     metrics::UpgradeMetrics,
     pacing::{self, IssuanceReading},
 };
@@ -65,13 +67,17 @@ pub const DEFAULT_ISSUANCE_WINDOW: Duration = Duration::from_secs(60);
 /// Evictions sent at once.
 const EVICTION_CONCURRENCY: usize = 32;
 
-/// Watch caches of the objects the operator reads every tick.
+/// Watch caches of the objects the operator reads every tick. Pods are kept only as the
+/// operator's views of them (never whole Pod objects: a cluster holds tens of thousands).
 #[derive(Clone)]
 pub struct FleetCache {
     namespaces: Store<Namespace>,
-    pods: Store<Pod>,
     views: PodViews,
     webhooks: Store<MutatingWebhookConfiguration>,
+    deployments: Store<Deployment>,
+    statefulsets: Store<StatefulSet>,
+    daemonsets: Store<DaemonSet>,
+    pdbs: Store<PodDisruptionBudget>,
     births: Births,
 }
 
@@ -151,16 +157,11 @@ impl Births {
     }
 }
 
-/// Watches pods into a store, recording the first sighting of every meshed pod created after
-/// the initial listing.
-fn spawn_pod_reflector(
-    api: Api<Pod>,
-    births: Births,
-    views: PodViews,
-) -> (Store<Pod>, JoinHandle<()>) {
-    let (reader, writer) = reflector::store();
+/// Watches pods into their views, recording the first sighting of every meshed pod created
+/// after the initial listing.
+fn spawn_pod_watch(api: Api<Pod>, births: Births, views: PodViews) -> JoinHandle<()> {
     let mut known: std::collections::HashSet<String> = std::collections::HashSet::new();
-    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+    let stream = watcher(api, watcher::Config::default())
         .default_backoff()
         .for_each(move |event| {
             if let Ok(e) = &event {
@@ -191,7 +192,7 @@ fn spawn_pod_reflector(
             }
             futures::future::ready(())
         });
-    (reader, tokio::spawn(stream))
+    tokio::spawn(stream)
 }
 
 impl std::fmt::Debug for FleetCache {
@@ -211,8 +212,10 @@ where
         + 'static,
 {
     let (reader, writer) = reflector::store();
+    // Managed fields are never read: not kept.
     let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
         .default_backoff()
+        .modify(|o| o.meta_mut().managed_fields = None)
         .touched_objects()
         .for_each(|_| async {});
     (reader, tokio::spawn(stream))
@@ -223,32 +226,42 @@ impl FleetCache {
     /// run until aborted.
     pub fn start(client: &Client) -> (Self, Vec<JoinHandle<()>>) {
         let births = Births::default();
-        let (namespaces, a) = spawn_reflector(Api::<Namespace>::all(client.clone()));
+        let (namespaces, a) = spawn_namespace_reflector(Api::<Namespace>::all(client.clone()));
         let views = PodViews::default();
-        let (pods, b) = spawn_pod_reflector(
+        let b = spawn_pod_watch(
             Api::<Pod>::all(client.clone()),
             births.clone(),
             views.clone(),
         );
         let (webhooks, c) =
             spawn_reflector(Api::<MutatingWebhookConfiguration>::all(client.clone()));
+        let (deployments, d) = spawn_reflector(Api::<Deployment>::all(client.clone()));
+        let (statefulsets, e) = spawn_reflector(Api::<StatefulSet>::all(client.clone()));
+        let (daemonsets, f) = spawn_reflector(Api::<DaemonSet>::all(client.clone()));
+        let (pdbs, g) = spawn_reflector(Api::<PodDisruptionBudget>::all(client.clone()));
         (
             Self {
                 namespaces,
-                pods,
                 views,
                 webhooks,
+                deployments,
+                statefulsets,
+                daemonsets,
+                pdbs,
                 births,
             },
-            vec![a, b, c],
+            vec![a, b, c, d, e, f, g],
         )
     }
 
     async fn ready(&self) -> bool {
         let wait = async {
             let _ = self.namespaces.wait_until_ready().await;
-            let _ = self.pods.wait_until_ready().await;
             let _ = self.webhooks.wait_until_ready().await;
+            let _ = self.deployments.wait_until_ready().await;
+            let _ = self.statefulsets.wait_until_ready().await;
+            let _ = self.daemonsets.wait_until_ready().await;
+            let _ = self.pdbs.wait_until_ready().await;
         };
         tokio::time::timeout(Duration::from_secs(5), wait)
             .await
@@ -270,13 +283,142 @@ impl FleetCache {
             .iter()
             .map(|m| (**m).clone())
             .collect();
+        let workloads = self.workloads();
+        let restarted_at = workloads
+            .iter()
+            .filter_map(|(k, v)| Some((k.clone(), v.restarted_at.clone()?)))
+            .collect();
         Fleet {
             namespaces,
             pods,
             tags: revision_tags(&mwcs),
-            restarted_at: BTreeMap::new(),
+            restarted_at,
+            workloads,
         }
     }
+
+    /// Every Deployment, StatefulSet and DaemonSet as the availability floor reads it.
+    fn workloads(&self) -> BTreeMap<(String, Workload), WorkloadView> {
+        let mut pdbs: HashMap<String, Vec<LabelSelector>> = HashMap::new();
+        for p in self.pdbs.state() {
+            if let Some(sel) = p.spec.as_ref().and_then(|s| s.selector.clone()) {
+                pdbs.entry(p.namespace().unwrap_or_default())
+                    .or_default()
+                    .push(sel);
+            }
+        }
+        let mut out = BTreeMap::new();
+        let mut add = |ns: String,
+                       kind: &str,
+                       name: String,
+                       template: &PodTemplateSpec,
+                       replicas: u32,
+                       max_unavailable: Option<IntOrString>,
+                       min_ready_seconds: Option<i32>| {
+            let meta = template.metadata.as_ref();
+            let labels = meta.and_then(|m| m.labels.clone()).unwrap_or_default();
+            let pdb = pdbs
+                .get(&ns)
+                .is_some_and(|sels| sels.iter().any(|s| fleet::selects(s, &labels)));
+            let restarted_at = meta
+                .and_then(|m| m.annotations.as_ref())
+                .and_then(|a| a.get(RESTARTED_AT_ANNOTATION))
+                .cloned();
+            out.insert(
+                (
+                    ns,
+                    Workload {
+                        kind: kind.to_owned(),
+                        name,
+                    },
+                ),
+                WorkloadView {
+                    replicas,
+                    max_unavailable,
+                    min_ready_seconds: min_ready_seconds.unwrap_or(0).max(0) as u32,
+                    pdb,
+                    restarted_at,
+                },
+            );
+        };
+        for d in self.deployments.state() {
+            let spec = &d.spec;
+            let max_unavailable = spec
+                .strategy
+                .as_ref()
+                .filter(|s| s.type_.as_deref() != Some("Recreate"))
+                .and_then(|s| s.rolling_update.as_ref())
+                .and_then(|r| r.max_unavailable.clone());
+            add(
+                d.namespace().unwrap_or_default(),
+                "Deployment",
+                d.name_any(),
+                &spec.template,
+                spec.replicas.unwrap_or(1).max(0) as u32,
+                max_unavailable,
+                spec.min_ready_seconds,
+            );
+        }
+        for s in self.statefulsets.state() {
+            let spec = &s.spec;
+            let max_unavailable = spec
+                .update_strategy
+                .as_ref()
+                .and_then(|u| u.rolling_update.as_ref())
+                .and_then(|r| r.max_unavailable.clone());
+            add(
+                s.namespace().unwrap_or_default(),
+                "StatefulSet",
+                s.name_any(),
+                &spec.template,
+                spec.replicas.unwrap_or(1).max(0) as u32,
+                max_unavailable,
+                spec.min_ready_seconds,
+            );
+        }
+        for ds in self.daemonsets.state() {
+            let spec = &ds.spec;
+            let max_unavailable = spec
+                .update_strategy
+                .as_ref()
+                .and_then(|u| u.rolling_update.as_ref())
+                .and_then(|r| r.max_unavailable.clone());
+            let replicas = ds
+                .status
+                .as_ref()
+                .map_or(0, |s| s.desired_number_scheduled.max(0) as u32);
+            add(
+                ds.namespace().unwrap_or_default(),
+                "DaemonSet",
+                ds.name_any(),
+                &spec.template,
+                replicas,
+                max_unavailable,
+                spec.min_ready_seconds,
+            );
+        }
+        out
+    }
+}
+
+/// Watches namespaces into a store, keeping only the managed-field entries of Argo CD's
+/// managers (what [`fleet::argo_cd_manages_labels`] reads).
+fn spawn_namespace_reflector(api: Api<Namespace>) -> (Store<Namespace>, JoinHandle<()>) {
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .modify(|ns| {
+            if let Some(fields) = ns.metadata.managed_fields.as_mut() {
+                fields.retain(|f| {
+                    f.manager
+                        .as_deref()
+                        .is_some_and(|m| m.starts_with("argocd"))
+                });
+            }
+        })
+        .touched_objects()
+        .for_each(|_| async {});
+    (reader, tokio::spawn(stream))
 }
 
 /// Revision tags from the injector webhooks: `istio-revision-tag-<tag>` labelled
@@ -547,11 +689,7 @@ pub async fn reconcile(
         if !cache.ready().await {
             return Ok(ControllerAction::requeue(Duration::from_secs(1)));
         }
-        let mut fleet = cache.read();
-        if obj.spec.restart == RestartMode::RolloutRestart {
-            fleet.restarted_at = restarted_at(&ctx.client, obj.status.as_ref()).await?;
-        }
-        obs.fleet = Some(fleet);
+        obs.fleet = Some(cache.read());
         let complete = obj
             .status
             .as_ref()
@@ -671,67 +809,6 @@ fn in_flight(status: &RevisionUpgradeStatus, pods: &[Arc<PodView>]) -> u64 {
     pods.iter()
         .filter(|p| (p.terminating || !p.ready) && moving.contains(p.namespace.as_str()))
         .count() as u64
-}
-
-/// The `restartedAt` template annotation of every workload in namespaces being moved.
-async fn restarted_at(
-    client: &Client,
-    status: Option<&RevisionUpgradeStatus>,
-) -> Result<BTreeMap<(String, Workload), String>, ReconcileError> {
-    let mut out = BTreeMap::new();
-    let Some(status) = status else {
-        return Ok(out);
-    };
-    for n in status.namespaces.iter().filter(|n| {
-        matches!(
-            n.state,
-            NamespaceState::Restarting | NamespaceState::RollingBack
-        )
-    }) {
-        let ns = n.name.as_str();
-        let mut found = workload_markers::<Deployment>(client, ns, |d| &d.spec.template).await?;
-        found.extend(workload_markers::<StatefulSet>(client, ns, |s| &s.spec.template).await?);
-        found.extend(workload_markers::<DaemonSet>(client, ns, |d| &d.spec.template).await?);
-        out.extend(found.into_iter().map(|(w, v)| ((ns.to_owned(), w), v)));
-    }
-    Ok(out)
-}
-
-/// The `restartedAt` annotation of the pod template of every `K` in `namespace` that has one.
-async fn workload_markers<K>(
-    client: &Client,
-    namespace: &str,
-    template: fn(&K) -> &PodTemplateSpec,
-) -> Result<Vec<(Workload, String)>, ReconcileError>
-where
-    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned,
-{
-    let list = Api::<K>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default())
-        .await
-        .map_err(|source| ReconcileError::Workloads {
-            namespace: namespace.to_owned(),
-            source,
-        })?;
-    Ok(list
-        .into_iter()
-        .filter_map(|obj| {
-            let marker = template(&obj)
-                .metadata
-                .as_ref()
-                .and_then(|m| m.annotations.as_ref())
-                .and_then(|a| a.get(RESTARTED_AT_ANNOTATION))?
-                .clone();
-            let workload = Workload {
-                kind: K::kind(&()).into_owned(),
-                name: obj.name_any(),
-            };
-            Some((workload, marker))
-        })
-        .collect())
 }
 
 /// Reads the issuance counter and, when due, the gates of the current wave.

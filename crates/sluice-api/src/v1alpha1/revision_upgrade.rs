@@ -111,6 +111,11 @@ pub struct RevisionUpgradeSpec {
     /// How pods are restarted. Default: Evict.
     #[serde(default)]
     pub restart: RestartMode,
+    /// The availability floor of workloads no PodDisruptionBudget covers (the Eviction API
+    /// honours PodDisruptionBudgets only). Default: each such workload's own
+    /// `rollingUpdate.maxUnavailable`, else 1; single-replica workloads by rollout restart.
+    #[serde(default)]
+    pub disruption: WorkloadDisruption,
     /// The SVID issuance budget restarts must stay within. Default: 200/s, depth 2000, peak 2000/s.
     #[serde(default)]
     pub issuance_budget: IssuanceBudget,
@@ -220,6 +225,54 @@ pub enum RestartMode {
     /// Patch the owning Deployment/StatefulSet/DaemonSet's pod template restart annotation, for
     /// workloads that must surge.
     RolloutRestart,
+}
+
+/// The floor kept for workloads without a PodDisruptionBudget: a workload of `replicas` pods
+/// may have at most `maxUnavailable` of them unavailable (not Available, missing, terminating
+/// or being evicted) at any time; its next pod is evicted only when that still holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadDisruption {
+    /// Pods of a workload without a PodDisruptionBudget that may be unavailable at once when
+    /// the workload declares no `rollingUpdate.maxUnavailable` of its own. At least 1.
+    /// Default: 1.
+    #[serde(default = "default_max_unavailable")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub default_max_unavailable: u32,
+    /// How a workload whose floor allows no eviction is restarted: one replica, or its own
+    /// `maxUnavailable` resolving to 0. `RolloutRestart` (the default) sets its pod template's
+    /// restart annotation so its controller surges a new pod before removing the old one;
+    /// `Evict` evicts it anyway (the workload is unavailable until its replacement is Ready).
+    #[serde(default)]
+    pub no_eviction_allowed: NoEvictionAllowed,
+}
+
+/// Default for [`WorkloadDisruption::default_max_unavailable`].
+pub const DEFAULT_MAX_UNAVAILABLE: u32 = 1;
+
+fn default_max_unavailable() -> u32 {
+    DEFAULT_MAX_UNAVAILABLE
+}
+
+impl Default for WorkloadDisruption {
+    fn default() -> Self {
+        Self {
+            default_max_unavailable: DEFAULT_MAX_UNAVAILABLE,
+            no_eviction_allowed: NoEvictionAllowed::default(),
+        }
+    }
+}
+
+/// What restarts a workload whose availability floor allows no eviction.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = super::common::drop_type_description)]
+pub enum NoEvictionAllowed {
+    /// Rollout restart (Deployment, StatefulSet, DaemonSet): the controller surges within its
+    /// own strategy. Pods of other controllers are left on the old revision and reported.
+    #[default]
+    RolloutRestart,
+    /// Evict anyway, one pod at a time (an outage for a single-replica workload).
+    Evict,
 }
 
 /// A token bucket on SVID issuance (one restarted pod costs one SVID), shrunk by the background
@@ -361,6 +414,30 @@ pub struct RelabelDetection {
     pub detected_at: Time,
 }
 
+/// A workload whose replacement pod came back on the revision it was moved away from: sluice
+/// stops restarting it (it would be evicted again for ever) and reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadReport {
+    /// Namespace.
+    #[schemars(length(max = 63))]
+    pub namespace: String,
+    /// Controller kind (Deployment, StatefulSet, DaemonSet, ...).
+    #[schemars(length(max = 63))]
+    pub kind: String,
+    /// Controller name.
+    #[schemars(length(max = 253))]
+    pub name: String,
+    /// The pod that showed it.
+    #[schemars(length(max = 253))]
+    pub pod: String,
+    /// The revision (or, for a pod-level override, the `istio.io/rev` value) found.
+    #[schemars(length(max = 63))]
+    pub found: String,
+    /// When it was detected.
+    pub detected_at: Time,
+}
+
 /// Live state of the issuance budget.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -455,6 +532,22 @@ pub struct RevisionUpgradeStatus {
     /// Namespaces using `istio-injection=enabled` (ignores `istio.io/rev`; not moved).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub injection_enabled_namespaces: Vec<String>,
+    /// Workloads whose replacement came back on the revision they were moved away from
+    /// (stopped, never evicted again; at most 64 listed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub reinjected_by_old_revision: Vec<WorkloadReport>,
+    /// Workloads of namespaces in the upgrade whose pods carry their own `istio.io/rev` label
+    /// naming another revision than the target (relabelling the namespace cannot move them;
+    /// they are not restarted; at most 64 listed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub pod_revision_overrides: Vec<WorkloadReport>,
+    /// Namespaces on the from tag (or in the upgrade) whose labels Argo CD manages: a
+    /// self-healing Application would put `istio.io/rev` back (at most 64 listed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub argo_cd_managed_namespaces: Vec<String>,
     /// The issuance budget's live state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub issuance_budget: Option<IssuanceBudgetStatus>,
@@ -494,6 +587,12 @@ pub mod conditions {
     pub const RELABELLED_BACK: &str = "RelabelledBack";
     /// Namespaces use `istio-injection=enabled`.
     pub const INJECTION_LABEL_FOUND: &str = "InjectionLabelFound";
+    /// A replacement pod came back on the revision it was moved away from.
+    pub const REINJECTED_BY_OLD_REVISION: &str = "ReinjectedByOldRevision";
+    /// Pods of the upgrade's namespaces pin their revision with their own label.
+    pub const POD_REVISION_OVERRIDE: &str = "PodRevisionOverride";
+    /// Namespaces of the upgrade have labels Argo CD manages.
+    pub const ARGO_CD_MANAGED_NAMESPACES: &str = "ArgoCDManagedNamespaces";
 }
 
 /// Condition reasons of a RevisionUpgrade.
@@ -530,6 +629,20 @@ pub mod reasons {
     pub const NAMESPACE_RELABELLED_BACK: &str = "NamespaceRelabelledBack";
     /// Namespaces use the legacy injection label.
     pub const LEGACY_INJECTION_LABEL: &str = "LegacyInjectionLabel";
+    /// A workload's replacement came back on the old revision; the workload is stopped.
+    pub const REINJECTED_BY_OLD_REVISION: &str = "ReinjectedByOldRevision";
+    /// No replacement came back on the old revision.
+    pub const NO_REINJECTION: &str = "NoReinjection";
+    /// Pods carry their own `istio.io/rev` label.
+    pub const POD_REVISION_OVERRIDE: &str = "PodRevisionOverride";
+    /// No pod overrides its namespace's revision.
+    pub const NO_POD_OVERRIDE: &str = "NoPodOverride";
+    /// Argo CD tracks namespaces of the upgrade.
+    pub const ARGO_CD_MANAGES_NAMESPACE_LABELS: &str = "ArgoCDManagesNamespaceLabels";
+    /// No namespace of the upgrade is tracked by Argo CD.
+    pub const NO_ARGO_CD_NAMESPACES: &str = "NoArgoCDNamespaces";
+    /// A workload without a PodDisruptionBudget is at its availability floor.
+    pub const AT_AVAILABILITY_FLOOR: &str = "AtAvailabilityFloor";
 }
 
 #[cfg(test)]

@@ -213,6 +213,16 @@ impl Harness {
 
     /// [`Harness::given`], the operator measuring background issuance over `issuance_window`.
     pub async fn given_with_window(fleet: &[NsSpec], issuance_window: Duration) -> Option<Harness> {
+        Self::given_shaped(fleet, issuance_window, deployment).await
+    }
+
+    /// [`Harness::given_with_window`], each Deployment built by `shape(namespace, name,
+    /// replicas)`.
+    pub async fn given_shaped(
+        fleet: &[NsSpec],
+        issuance_window: Duration,
+        shape: fn(&str, &str, i32) -> Value,
+    ) -> Option<Harness> {
         if !prerequisites() {
             return None;
         }
@@ -259,7 +269,7 @@ impl Harness {
             )
             .await;
             for (d, replicas) in &ns.deployments {
-                create(&client, deployment(ns.name, d, *replicas)).await;
+                create(&client, shape(ns.name, d, *replicas)).await;
             }
         }
         let scenario = Scenario::from_yaml(&format!(
@@ -535,14 +545,26 @@ impl Harness {
     }
 }
 
+/// A Deployment of `replicas` pods that tolerates one unavailable pod (so sluice evicts its
+/// pods one at a time; a single replica surges).
 pub fn deployment(ns: &str, name: &str, replicas: i32) -> Value {
+    deployment_with(
+        ns,
+        name,
+        replicas,
+        json!({"maxSurge": 1, "maxUnavailable": 1}),
+    )
+}
+
+/// A Deployment with this `rollingUpdate` strategy.
+pub fn deployment_with(ns: &str, name: &str, replicas: i32, rolling_update: Value) -> Value {
     json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "namespace": ns},
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": {"app": name}},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling_update},
             "template": {
                 "metadata": {"labels": {"app": name}},
                 "spec": {"containers": [{"name": "app", "image": format!("{name}:1")}]}
