@@ -8,8 +8,10 @@ pub mod bundles;
 pub mod canary_abort;
 pub mod canary_pause_abort;
 pub mod canary_promote;
+pub mod pin_exact;
 pub mod pin_release;
 pub mod revision_upgrade;
+pub mod upgrade_no_pdb;
 pub mod waves;
 pub mod world;
 
@@ -113,7 +115,9 @@ pub const REGISTRY: &[ScenarioDef] = &[
     canary_pause_abort::SCENARIO,
     canary_promote::SCENARIO,
     revision_upgrade::SCENARIO,
+    upgrade_no_pdb::SCENARIO,
     pin_release::SCENARIO,
+    pin_exact::SCENARIO,
     waves::CLEAN,
     waves::BREACH,
 ];
