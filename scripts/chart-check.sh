@@ -430,6 +430,9 @@ main() {
   expect_rejected "chart rejects renewSeconds >= leaseDurationSeconds" \
     "leaderElection.renewSeconds (15) must be less than leaderElection.leaseDurationSeconds (15)" \
     --set leaderElection.renewSeconds=15
+  expect_rejected "chart rejects retrySeconds >= the renew deadline" \
+    "leaderElection.retrySeconds (10) must be less than leaseDurationSeconds - renewSeconds (10)" \
+    --set leaderElection.retrySeconds=10
 
   echo
   printf 'chart: %d passed, %d failed, %d skipped\n' "$passed" "$failed" "$skipped"

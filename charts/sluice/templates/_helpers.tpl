@@ -77,7 +77,7 @@ automountServiceAccountToken: true
 {{- end }}
 
 {{/*
-Leader election (kube-lease-manager: get, create, patch): create any Lease in the release
+Leader election (sluice-runtime's leader module: get, create, patch): create any Lease in the release
 namespace (create cannot be limited by name), but read and renew only the operator's own.
 Args: (dict "root" $ "component" "revert")
 */}}

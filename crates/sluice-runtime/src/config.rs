@@ -107,8 +107,13 @@ pub enum ConfigError {
         /// Configured renew margin.
         renew: u64,
     },
-    /// The retry interval is zero.
-    #[error("--lease-retry-seconds must be at least 1 so a failing API server is not hammered")]
+    /// The retry interval is zero, or not shorter than the renew deadline.
+    #[error(
+        "--lease-retry-seconds must be at least 1 (so a failing API server is not hammered) and \
+         less than --lease-duration-seconds minus --lease-renew-seconds (the renew deadline: the \
+         leader renews every retry interval and steps down when no renewal succeeded within the \
+         deadline)"
+    )]
     LeaseRetry,
 }
 
@@ -151,7 +156,9 @@ impl RuntimeArgs {
                 renew: self.lease_renew_seconds,
             });
         }
-        if self.lease_retry_seconds == 0 {
+        if self.lease_retry_seconds == 0
+            || self.lease_retry_seconds >= self.lease_duration_seconds - self.lease_renew_seconds
+        {
             return Err(ConfigError::LeaseRetry);
         }
         let namespace = self
@@ -218,11 +225,11 @@ mod tests {
             (
                 &[
                     "--lease-duration-seconds",
-                    "2",
+                    "4",
                     "--lease-renew-seconds",
                     "1",
                 ],
-                Ok((2, 1)),
+                Ok((4, 1)),
             ),
             (
                 &[
@@ -258,6 +265,21 @@ mod tests {
             .lease_settings("op")
             .unwrap_err();
         assert_eq!(err, ConfigError::LeaseRetry);
+    }
+
+    #[test]
+    fn a_retry_not_shorter_than_the_renew_deadline_is_refused() {
+        // Duration 15, renew 5: the leader must renew more often than every 10 s.
+        let err = parse(&["--lease-retry-seconds", "10"])
+            .lease_settings("op")
+            .unwrap_err();
+        assert_eq!(err, ConfigError::LeaseRetry);
+        assert!(err.to_string().contains("renew deadline"), "{err}");
+        assert!(
+            parse(&["--lease-retry-seconds", "9"])
+                .lease_settings("op")
+                .is_ok()
+        );
     }
 
     #[test]

@@ -230,14 +230,21 @@ pub async fn drive_with<K, Ctx, F, Fut, E, X>(
         hooks.metrics.set_leader(true);
 
         let stop = CancellationToken::new();
+        // Cancelled only when leadership is lost: in-flight reconciles are dropped at their next
+        // await, before their next side effect. A shutdown (SIGTERM) lets them finish instead.
+        let deposed = CancellationToken::new();
         let stopper = {
             let stop = stop.clone();
+            let deposed = deposed.clone();
             let shutdown = shutdown.clone();
             let mut leadership = leadership.clone();
             tokio::spawn(async move {
                 tokio::select! {
                     _ = shutdown.cancelled() => {},
-                    _ = leadership.lost() => tracing::warn!("lost leadership: stopping reconciles"),
+                    _ = leadership.lost() => {
+                        tracing::warn!("lost leadership: cancelling in-flight reconciles");
+                        deposed.cancel();
+                    }
                 }
                 stop.cancel();
             })
@@ -277,14 +284,22 @@ pub async fn drive_with<K, Ctx, F, Fut, E, X>(
         let run_hooks = hooks.clone();
         let run_reconcile = reconcile.clone();
         let run_kind = kind.clone();
+        let run_deposed = deposed.clone();
         let wrapped = move |obj: Arc<K>, ctx: Arc<Ctx>| {
             let hooks = run_hooks.clone();
             let kind = run_kind.clone();
             let key = object_key(obj.as_ref());
             let fut = run_reconcile(obj, ctx);
+            let deposed = run_deposed.clone();
             async move {
                 let started = Instant::now();
-                let result = fut.await;
+                let result = tokio::select! {
+                    r = fut => r,
+                    _ = deposed.cancelled() => {
+                        tracing::warn!(object = %key, "reconcile cancelled: this replica no longer leads");
+                        return Ok(Action::await_change());
+                    }
+                };
                 let category = result.as_ref().err().map(Categorized::category);
                 hooks.metrics.observe(&kind, started.elapsed(), category);
                 if result.is_ok() {

@@ -70,7 +70,8 @@ fn settings(identity: &str) -> LeaseSettings {
         name: "sluice-test".into(),
         namespace: "default".into(),
         identity: identity.into(),
-        duration_seconds: 2,
+        // Renew deadline 2 s, renewed every second (the validated flags require retry < deadline).
+        duration_seconds: 3,
         renew_seconds: 1,
         retry: Duration::from_secs(1),
     }
@@ -133,7 +134,7 @@ async fn standby_takes_over_after_expiry_then_after_release() {
     task_a.abort();
     let took = wait_leader(&mut lead_b, Duration::from_secs(15)).await;
     println!(
-        "takeover after the leader stopped renewing: {took:?} (lease 2 s, renew 1 s before expiry)"
+        "takeover after the leader stopped renewing: {took:?} (lease 3 s, renew deadline 2 s)"
     );
     assert!(
         took >= Duration::from_millis(500),

@@ -77,6 +77,8 @@ pub async fn check_operator_binary(binary: &str, crd_file: &Path, lease_name: &s
             "4",
             "--lease-renew-seconds",
             "2",
+            "--lease-retry-seconds",
+            "1",
         ])
         .args(["--log-format", "text", "--log-level", "info"])
         .env_remove("KUBERNETES_SERVICE_HOST")

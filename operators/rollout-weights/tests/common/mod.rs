@@ -347,6 +347,8 @@ impl Binary {
                 "4",
                 "--lease-renew-seconds",
                 "2",
+                "--lease-retry-seconds",
+                "1",
             ])
             .args(["--prometheus-url", prometheus_url, "--cluster", CLUSTER])
             .args(["--log-format", "text", "--log-level", "warn"])
