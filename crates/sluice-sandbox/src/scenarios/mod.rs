@@ -12,7 +12,6 @@ pub mod pin_exact;
 pub mod pin_release;
 pub mod revision_upgrade;
 pub mod upgrade_no_pdb;
-pub mod upgrade_no_pdb;
 pub mod waves;
 pub mod world;
 
@@ -116,7 +115,6 @@ pub const REGISTRY: &[ScenarioDef] = &[
     canary_pause_abort::SCENARIO,
     canary_promote::SCENARIO,
     revision_upgrade::SCENARIO,
-    upgrade_no_pdb::SCENARIO,
     upgrade_no_pdb::SCENARIO,
     pin_release::SCENARIO,
     pin_exact::SCENARIO,
