@@ -30,8 +30,9 @@ use base64::Engine as _;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, GroupVersionKind, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::discovery::Scope;
 use kube::{Client, Config};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -326,6 +327,7 @@ impl Drop for Supervised {
 pub struct CertificateAuthority {
     issuer: Issuer<'static, KeyPair>,
     cert_pem: String,
+    cert_der: Vec<u8>,
 }
 
 impl std::fmt::Debug for CertificateAuthority {
@@ -366,6 +368,7 @@ impl CertificateAuthority {
         let cert = params.self_signed(&key)?;
         Ok(Self {
             cert_pem: cert.pem(),
+            cert_der: cert.der().to_vec(),
             issuer: Issuer::new(params, key),
         })
     }
@@ -373,6 +376,11 @@ impl CertificateAuthority {
     /// The CA certificate, PEM: what clients trust.
     pub fn cert_pem(&self) -> &str {
         &self.cert_pem
+    }
+
+    /// The CA certificate, DER.
+    pub fn cert_der(&self) -> &[u8] {
+        &self.cert_der
     }
 
     /// A serving certificate for the given DNS names and IP addresses (`"127.0.0.1"` becomes an
@@ -539,6 +547,10 @@ async fn wait_etcd(procs: &mut Supervised, port: u16, log: &Path) -> Result<(), 
 pub struct Options {
     /// Also run kube-controller-manager with [`CONTROLLERS`].
     pub controller_manager: bool,
+    /// With `controller_manager`, run these controllers instead of [`CONTROLLERS`] (e.g. only
+    /// the service-account and namespace controllers while a simulator plays the workload
+    /// controllers). Empty: [`CONTROLLERS`].
+    pub controllers: Vec<&'static str>,
     /// Share this etcd (under a prefix of its own) instead of starting one.
     pub etcd: Option<Arc<Etcd>>,
 }
@@ -600,7 +612,7 @@ fn shared_in(
             .get_or_init(|| async move {
                 ControlPlane::start_with(Options {
                     controller_manager,
-                    etcd: None,
+                    ..Options::default()
                 })
                 .await
                 .unwrap_or_else(|e| panic!("the shared control plane did not start: {e}"))
@@ -698,7 +710,12 @@ impl ControlPlane {
             namespaces: AtomicUsize::new(0),
         };
         if options.controller_manager {
-            cp.start_controller_manager(&bins.kube_controller_manager)
+            let controllers = if options.controllers.is_empty() {
+                CONTROLLERS.to_vec()
+            } else {
+                options.controllers.clone()
+            };
+            cp.start_controller_manager(&bins.kube_controller_manager, &controllers)
                 .await?;
         }
         Ok(cp)
@@ -713,14 +730,18 @@ impl ControlPlane {
         }
     }
 
-    async fn start_controller_manager(&mut self, bin: &Path) -> Result<(), ControlPlaneError> {
+    async fn start_controller_manager(
+        &mut self,
+        bin: &Path,
+        controllers: &[&str],
+    ) -> Result<(), ControlPlaneError> {
         let dir = self.procs.path().to_path_buf();
         let kubeconfig = dir.join("kube-controller-manager.kubeconfig");
         self.write_kubeconfig(&kubeconfig)?;
         let port = free_port()?;
         let mut cmd = Command::new(bin);
         cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(format!("--controllers={}", CONTROLLERS.join(",")))
+            .arg(format!("--controllers={}", controllers.join(",")))
             .arg("--leader-elect=false")
             .arg("--bind-address=127.0.0.1")
             .arg(format!("--secure-port={port}"))
@@ -828,15 +849,84 @@ impl ControlPlane {
         write_private(path, &self.token_kubeconfig(token))
     }
 
+    fn base_config(&self) -> Config {
+        let url = self
+            .url()
+            .parse()
+            .expect("https://127.0.0.1:PORT is a valid URI");
+        let mut config = Config::new(url);
+        config.root_cert = Some(vec![self.ca.cert_der().to_vec()]);
+        config
+    }
+
+    /// The administrator's client configuration (client certificate in `system:masters`).
+    pub fn config(&self) -> Config {
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let mut config = self.base_config();
+        config.auth_info.client_certificate_data = Some(b64(&self.admin.cert_pem));
+        config.auth_info.client_key_data = Some(b64(&self.admin.key_pem).into());
+        config
+    }
+
+    /// A client configuration authenticating with a bearer token.
+    pub fn config_with_token(&self, token: &str) -> Config {
+        let mut config = self.base_config();
+        config.auth_info.token = Some(token.to_string().into());
+        config
+    }
+
     /// A client acting as the administrator. Each call builds a new client, so a control plane
     /// shared by tests (each with its own runtime) hands every test a client of its own runtime.
     pub async fn client(&self) -> Result<Client, ControlPlaneError> {
-        client_from(&self.admin_kubeconfig()).await
+        Client::try_from(self.config()).map_err(|e| ControlPlaneError::Client(e.to_string()))
     }
 
     /// A client authenticating with `token`.
     pub async fn client_with_token(&self, token: &str) -> Result<Client, ControlPlaneError> {
-        client_from(&self.token_kubeconfig(token)).await
+        Client::try_from(self.config_with_token(token))
+            .map_err(|e| ControlPlaneError::Client(e.to_string()))
+    }
+
+    /// Server-side applies every document of `yaml` (any kind the server serves; CRDs must be
+    /// Established first, see [`ControlPlane::install_crds`]) as the administrator, field manager
+    /// `sluice-tests`, taking conflicting fields over. A namespaced object without a namespace
+    /// goes to `default`. Returns the objects as stored.
+    pub async fn apply_yaml(&self, yaml: &str) -> Result<Vec<DynamicObject>, ControlPlaneError> {
+        let client = self.client().await?;
+        let mut applied = Vec::new();
+        for doc in serde_yaml::Deserializer::from_str(yaml) {
+            let value = serde_json::Value::deserialize(doc)
+                .map_err(|e| ControlPlaneError::Manifest(e.to_string()))?;
+            if !value.is_object() {
+                continue;
+            }
+            let obj: DynamicObject = serde_json::from_value(value)
+                .map_err(|e| ControlPlaneError::Manifest(e.to_string()))?;
+            let types = obj.types.clone().ok_or_else(|| {
+                ControlPlaneError::Manifest("a document without apiVersion and kind".into())
+            })?;
+            let gvk = GroupVersionKind::try_from(&types)
+                .map_err(|e| ControlPlaneError::Manifest(e.to_string()))?;
+            let (resource, caps) = kube::discovery::pinned_kind(&client, &gvk).await?;
+            let name = obj.metadata.name.clone().ok_or_else(|| {
+                ControlPlaneError::Manifest(format!("a {} without metadata.name", gvk.kind))
+            })?;
+            let api: Api<DynamicObject> = if caps.scope == Scope::Namespaced {
+                let ns = obj.metadata.namespace.as_deref().unwrap_or("default");
+                Api::namespaced_with(client.clone(), ns, &resource)
+            } else {
+                Api::all_with(client.clone(), &resource)
+            };
+            let stored = api
+                .patch(
+                    &name,
+                    &PatchParams::apply("sluice-tests").force(),
+                    &Patch::Apply(&obj),
+                )
+                .await?;
+            applied.push(stored);
+        }
+        Ok(applied)
     }
 
     /// Creates a namespace named `<prefix>-<n>`, unique on this control plane, and returns its

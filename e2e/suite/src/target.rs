@@ -1,14 +1,19 @@
 //! Where the scenarios run: a Kubernetes API emulator with RBAC enforced, holding our CRDs, the
 //! upstream Gateway API and Argo CD CRDs and exactly the RBAC the chart renders (the default);
-//! or, with `KUBECONFIG` set and `SLUICE_E2E_CLUSTER=1`, a real cluster where the chart is
-//! installed and its operators already run. Never grants a ServiceAccount anything beyond the
+//! with `SLUICE_E2E_CONTROL_PLANE=real`, the same on a real kube-apiserver v1.37.2
+//! (`sluice_testkit::control_plane`), which enforces RBAC and the chart's admission policy
+//! itself; or, with `KUBECONFIG` set and `SLUICE_E2E_CLUSTER=1`, a real cluster where the chart
+//! is installed and its operators already run. Never grants a ServiceAccount anything beyond the
 //! rendered documents it is given.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use kube::Client;
 use kube_emulator::{Emulator, Options};
 use serde_json::Value;
+use sluice_testkit::control_plane::{self, ControlPlane, Etcd};
 
 use crate::chart;
 
@@ -17,6 +22,15 @@ pub fn cluster_mode() -> bool {
     std::env::var_os("KUBECONFIG").is_some()
         && std::env::var("SLUICE_E2E_CLUSTER").is_ok_and(|v| v == "1")
 }
+
+/// Whether the scenarios run on a real kube-apiserver (`SLUICE_E2E_CONTROL_PLANE=real`).
+pub fn real_mode() -> bool {
+    !cluster_mode() && std::env::var("SLUICE_E2E_CONTROL_PLANE").is_ok_and(|v| v == "real")
+}
+
+/// The etcd every real-mode target of this test binary stores in, each API server under a
+/// prefix of its own (never dropped: its watchdog stops it when the binary exits).
+static ETCD: tokio::sync::OnceCell<Arc<Etcd>> = tokio::sync::OnceCell::const_new();
 
 /// Setting up the target failed.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +49,9 @@ pub enum TargetError {
     /// The real cluster is unreachable.
     #[error("the cluster of KUBECONFIG is unreachable: {0}; check KUBECONFIG and the context")]
     Cluster(String),
+    /// The real control plane did not start or refused a manifest.
+    #[error("the real control plane: {0}")]
+    ControlPlane(String),
 }
 
 impl TargetError {
@@ -44,6 +61,7 @@ impl TargetError {
             TargetError::Emulator(_) => "emulator",
             TargetError::Load { .. } => "load",
             TargetError::Cluster(_) => "cluster",
+            TargetError::ControlPlane(_) => "control_plane",
         }
     }
 }
@@ -54,6 +72,17 @@ pub enum Target {
     Emulated {
         /// The emulator.
         emu: Emulator,
+        /// Holds the operators' kubeconfigs.
+        dir: tempfile::TempDir,
+    },
+    /// A real kube-apiserver started for the scenario.
+    Real {
+        /// The control plane.
+        cp: Box<ControlPlane>,
+        /// Its administrator client.
+        admin: Client,
+        /// TokenRequest tokens of the chart's ServiceAccounts, by (namespace, name).
+        tokens: BTreeMap<(String, String), String>,
         /// Holds the operators' kubeconfigs.
         dir: tempfile::TempDir,
     },
@@ -68,6 +97,7 @@ impl std::fmt::Debug for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Target::Emulated { emu, .. } => write!(f, "Emulated({})", emu.base_url()),
+            Target::Real { cp, .. } => write!(f, "Real({})", cp.url()),
             Target::Cluster { .. } => write!(f, "Cluster"),
         }
     }
@@ -134,6 +164,145 @@ impl Target {
         Ok(Target::Emulated { emu, dir })
     }
 
+    /// A real kube-apiserver (its own, on the test binary's shared etcd) holding the CRDs, the
+    /// namespaces `extra_namespaces` and those the chart's documents use, and the chart's RBAC
+    /// and admission policies from `rendered`; every ServiceAccount among them gets a token from
+    /// the TokenRequest API. `None` when the control plane's binaries are missing (the test is
+    /// then skipped, or fails under CI).
+    pub async fn real(
+        crds: &[PathBuf],
+        rendered: &[Value],
+        extra_namespaces: &[&str],
+    ) -> Result<Option<Target>, TargetError> {
+        if control_plane::require().is_none() {
+            return Ok(None);
+        }
+        let fail = |e: control_plane::ControlPlaneError| TargetError::ControlPlane(e.to_string());
+        let etcd = ETCD
+            .get_or_try_init(|| async { Etcd::start().await.map(Arc::new) })
+            .await
+            .map_err(fail)?
+            .clone();
+        // The namespace and service-account controllers (pods need their namespace's `default`
+        // ServiceAccount) and the garbage collector; the simulator still plays the workload
+        // and disruption controllers and the kubelet here.
+        let cp = ControlPlane::start_with(control_plane::Options {
+            etcd: Some(etcd),
+            controller_manager: true,
+            controllers: vec![
+                "serviceaccount-controller",
+                "serviceaccount-token-controller",
+                "namespace-controller",
+                "garbage-collector-controller",
+            ],
+        })
+        .await
+        .map_err(fail)?;
+        for f in crds {
+            let yaml = std::fs::read_to_string(f).map_err(|e| TargetError::Load {
+                what: f.display().to_string(),
+                message: e.to_string(),
+            })?;
+            cp.install_crds(&yaml)
+                .await
+                .map_err(|e| TargetError::Load {
+                    what: f.display().to_string(),
+                    message: e.to_string(),
+                })?;
+        }
+        let mut grants = chart::of_kinds(rendered, &chart::RBAC_KINDS);
+        grants.extend(chart::of_kinds(rendered, &chart::ADMISSION_KINDS));
+        let mut namespaces = chart::namespaces(&grants);
+        namespaces.extend(extra_namespaces.iter().map(|s| (*s).to_owned()));
+        let namespace_docs: Vec<String> = namespaces
+            .iter()
+            .map(|ns| format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n"))
+            .collect();
+        cp.apply_yaml(&namespace_docs.join("---\n"))
+            .await
+            .map_err(|e| TargetError::Load {
+                what: "namespaces".into(),
+                message: e.to_string(),
+            })?;
+        cp.apply_yaml(&chart::to_yaml(&grants))
+            .await
+            .map_err(|e| TargetError::Load {
+                what: "the chart's RBAC and admission policies".into(),
+                message: e.to_string(),
+            })?;
+        let mut tokens = BTreeMap::new();
+        for sa in chart::of_kinds(&grants, &["ServiceAccount"]) {
+            let ns = sa["metadata"]["namespace"].as_str().unwrap_or("default");
+            let name = sa["metadata"]["name"].as_str().unwrap_or_default();
+            let token = cp.service_account_token(ns, name).await.map_err(fail)?;
+            tokens.insert((ns.to_owned(), name.to_owned()), token);
+        }
+        let admin =
+            Client::try_from(cp.config()).map_err(|e| TargetError::ControlPlane(e.to_string()))?;
+        let dir = tempfile::tempdir().map_err(|e| TargetError::ControlPlane(e.to_string()))?;
+        Ok(Some(Target::Real {
+            cp: Box::new(cp),
+            admin,
+            tokens,
+            dir,
+        }))
+    }
+
+    /// Creates or updates the objects of `yaml` as the administrator (emulated or real; a real
+    /// cluster's objects are its own).
+    pub async fn load_yaml(&self, yaml: &str) -> Result<(), TargetError> {
+        match self {
+            Target::Emulated { emu, .. } => {
+                emu.load_yaml(yaml).map_err(|e| TargetError::Load {
+                    what: "a fixture".into(),
+                    message: e.to_string(),
+                })?;
+            }
+            Target::Real { cp, .. } => {
+                cp.apply_yaml(yaml).await.map_err(|e| TargetError::Load {
+                    what: "a fixture".into(),
+                    message: e.to_string(),
+                })?;
+            }
+            Target::Cluster { .. } => {
+                return Err(TargetError::Cluster(
+                    "fixtures are not loaded into a real cluster".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The API server's URL (emulated or real).
+    pub fn base_url(&self) -> Option<String> {
+        match self {
+            Target::Emulated { emu, .. } => Some(emu.base_url()),
+            Target::Real { cp, .. } => Some(cp.url()),
+            Target::Cluster { .. } => None,
+        }
+    }
+
+    /// The CA certificate (PEM) a client of this target must trust; `None` for the emulator's
+    /// plain HTTP.
+    pub fn ca_pem(&self) -> Option<String> {
+        match self {
+            Target::Real { cp, .. } => Some(cp.ca().cert_pem().to_owned()),
+            _ => None,
+        }
+    }
+
+    /// A bearer token of the ServiceAccount `namespace/name` (emulated, or one of the chart's on
+    /// a real control plane).
+    pub fn service_account_token(&self, namespace: &str, name: &str) -> Option<String> {
+        match self {
+            Target::Emulated { emu, .. } => Some(emu.service_account_token(namespace, name)),
+            Target::Real { tokens, .. } => tokens
+                .get(&(namespace.to_owned(), name.to_owned()))
+                .cloned(),
+            Target::Cluster { .. } => None,
+        }
+    }
+
     /// The real cluster of `KUBECONFIG`.
     pub async fn cluster() -> Result<Target, TargetError> {
         let client = Client::try_default()
@@ -150,6 +319,7 @@ impl Target {
     pub fn admin(&self) -> Client {
         match self {
             Target::Emulated { emu, .. } => emu.client(),
+            Target::Real { admin, .. } => admin.clone(),
             Target::Cluster { client } => client.clone(),
         }
     }
@@ -163,27 +333,42 @@ impl Target {
     pub fn emulator(&self) -> Option<&Emulator> {
         match self {
             Target::Emulated { emu, .. } => Some(emu),
+            Target::Real { .. } | Target::Cluster { .. } => None,
+        }
+    }
+
+    /// A kubeconfig authenticating as the ServiceAccount `namespace/name` (emulated, or one of
+    /// the chart's on a real control plane; on a real cluster the chart's Deployments run the
+    /// operators with their own identity).
+    pub fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> Option<PathBuf> {
+        let token = self.service_account_token(namespace, name)?;
+        let file = format!("{namespace}-{name}.kubeconfig");
+        match self {
+            Target::Emulated { emu, dir } => {
+                let path = dir.path().join(file);
+                emu.write_kubeconfig_with_token(&path, &token)
+                    .expect("kubeconfig written to a temporary directory");
+                Some(path)
+            }
+            Target::Real { cp, dir, .. } => {
+                let path = dir.path().join(file);
+                cp.write_token_kubeconfig(&path, &token)
+                    .expect("kubeconfig written to a temporary directory");
+                Some(path)
+            }
             Target::Cluster { .. } => None,
         }
     }
 
-    /// A kubeconfig authenticating as the ServiceAccount `namespace/name` (emulated only: on a
-    /// real cluster the chart's Deployments run the operators with their own identity).
-    pub fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> Option<PathBuf> {
-        let Target::Emulated { emu, dir } = self else {
-            return None;
-        };
-        let token = emu.service_account_token(namespace, name);
-        let path = dir.path().join(format!("{namespace}-{name}.kubeconfig"));
-        emu.write_kubeconfig_with_token(&path, &token)
-            .expect("kubeconfig written to a temporary directory");
-        Some(path)
-    }
-
-    /// A client authenticating as the ServiceAccount `namespace/name` (emulated only).
+    /// A client authenticating as the ServiceAccount `namespace/name` (emulated, or one of the
+    /// chart's on a real control plane).
     pub fn service_account_client(&self, namespace: &str, name: &str) -> Option<Client> {
-        let emu = self.emulator()?;
-        Some(emu.client_with_token(&emu.service_account_token(namespace, name)))
+        let token = self.service_account_token(namespace, name)?;
+        match self {
+            Target::Emulated { emu, .. } => Some(emu.client_with_token(&token)),
+            Target::Real { cp, .. } => Client::try_from(cp.config_with_token(&token)).ok(),
+            Target::Cluster { .. } => None,
+        }
     }
 
     /// On a real cluster, the logs of the chart's pods of `component` (label

@@ -2,8 +2,11 @@
 //! emulator that enforces exactly the RBAC the chart renders (default values for wave-gate and
 //! revert beside Argo CD, workload-cluster values for rollout-weights and upgrade-revisions):
 //! each exercises its real write paths, logs no denial and reaches the expected phase; and one
-//! operator with one rule taken out of its ClusterRole fails visibly. With `KUBECONFIG` and
-//! `SLUICE_E2E_CLUSTER=1` the scenarios run against that cluster, where the chart is installed.
+//! operator with one rule taken out of its ClusterRole fails visibly. With
+//! `SLUICE_E2E_CONTROL_PLANE=real` every cluster is a real kube-apiserver v1.37.2 instead
+//! (`scripts/install-control-plane.sh`), enforcing the chart's RBAC and admission policy itself.
+//! With `KUBECONFIG` and `SLUICE_E2E_CLUSTER=1` the scenarios run against that cluster, where the
+//! chart is installed.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -49,6 +52,9 @@ struct Prereqs {
 
 async fn prereqs(mode: Mode) -> Option<Prereqs> {
     let upstream = sluice_e2e::upstream()?;
+    if target::real_mode() {
+        sluice_testkit::control_plane::require()?;
+    }
     let rendered = if target::cluster_mode() {
         Vec::new()
     } else {
@@ -86,6 +92,12 @@ async fn target(p: &Prereqs, rendered: &[Value], namespaces: &[&str]) -> Target 
         return t;
     }
     let crds = target::crd_files(&repo_root(), &p.upstream);
+    if target::real_mode() {
+        return Target::real(&crds, rendered, namespaces)
+            .await
+            .expect("real control plane with the chart's RBAC")
+            .expect("the control plane's binaries (prereqs checks them)");
+    }
     Target::emulated(&crds, rendered, namespaces)
         .await
         .expect("emulator with the chart's RBAC")
@@ -207,9 +219,12 @@ const CANARY: &str = "checkout-v2-14";
 /// The shop's checkout route, two versions, and the world making Deployments ready and
 /// reporting the mesh's telemetry into Prometheus.
 async fn shop(t: &Target, prom: &Prometheus) -> Option<World> {
-    let emu = t.emulator()?;
+    if t.is_cluster() {
+        return None;
+    }
     for name in [STABLE, CANARY] {
-        emu.load_yaml(&deployment_and_service(SHOP, name, 1))
+        t.load_yaml(&deployment_and_service(SHOP, name, 1))
+            .await
             .expect("shop fixtures load");
     }
     let route = json!({
@@ -495,7 +510,7 @@ async fn wave_gate_adopts_and_publishes_decisions() {
 /// The `edge` namespace on revision tag `stable` (1-27) with two meshed pods, the revision-tag
 /// webhooks, and the world injecting pods and reporting xDS telemetry; returns once both pods
 /// run 1-27.
-async fn edge_fleet(t: &Target, emu: &kube_emulator::Emulator, prom: &Prometheus) -> World {
+async fn edge_fleet(t: &Target, prom: &Prometheus) -> World {
     for (name, tag, rev) in [
         ("istio-revision-tag-stable", Some("stable"), "1-27"),
         ("istio-revision-tag-canary", Some("canary"), "1-28"),
@@ -505,18 +520,21 @@ async fn edge_fleet(t: &Target, emu: &kube_emulator::Emulator, prom: &Prometheus
         let tag = tag
             .map(|t| format!("\n    istio.io/tag: {t}"))
             .unwrap_or_default();
-        emu.load_yaml(&format!(
+        t.load_yaml(&format!(
             "apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\nmetadata:\n  name: {name}\n  labels:\n    istio.io/rev: \"{rev}\"{tag}\n"
         ))
+        .await
         .expect("webhook fixture");
     }
-    emu.load_yaml(
+    t.load_yaml(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: edge\n  labels:\n    istio.io/rev: stable\n    sluice.dev/risk-tier: low\n",
     )
+    .await
     .unwrap();
-    emu.load_yaml(
+    t.load_yaml(
         "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: gw\n  namespace: edge\nspec:\n  replicas: 2\n  selector:\n    matchLabels: {app: gw}\n  strategy:\n    type: RollingUpdate\n    rollingUpdate: {maxSurge: 1, maxUnavailable: 0}\n  template:\n    metadata:\n      labels: {app: gw}\n    spec:\n      containers:\n      - name: app\n        image: gw:1\n",
     )
+    .await
     .unwrap();
     let scenario = Scenario::from_yaml(&format!(
         "name: revision-upgrade\nclusters:\n  - name: {CLUSTER}\n    xds_pushes_per_second: 4\nservices: []\n"
@@ -601,13 +619,13 @@ async fn upgrade_revisions_relabels_a_namespace_and_evicts_its_pods() {
         return;
     };
     let t = target(&p, &p.rendered, &[]).await;
-    let Some(emu) = t.emulator() else {
+    if t.is_cluster() {
         println!(
             "skipping on a real cluster: it needs Istio's injector, which the simulator plays here"
         );
         return;
-    };
-    let world = edge_fleet(&t, emu, &p.prometheus).await;
+    }
+    let world = edge_fleet(&t, &p.prometheus).await;
     let client = t.admin();
     let revisions = async || revisions(&client).await;
 
@@ -678,8 +696,7 @@ async fn upgrade_revisions_without_its_eviction_grant_fails_visibly() {
         return;
     };
     let t = target(&p, &rendered, &[]).await;
-    let emu = t.emulator().expect("emulated");
-    let world = edge_fleet(&t, emu, &p.prometheus).await;
+    let world = edge_fleet(&t, &p.prometheus).await;
     let logs = tempfile::tempdir().unwrap();
     let op = run(
         &t,
@@ -688,7 +705,7 @@ async fn upgrade_revisions_without_its_eviction_grant_fails_visibly() {
         &upgrade_env(&p.prometheus),
         &logs,
     )
-    .expect("emulated");
+    .expect("emulated or real");
     let upgrades: Api<RevisionUpgrade> = Api::all(t.admin());
     upgrades
         .create(&PostParams::default(), &istio_upgrade())
@@ -808,9 +825,16 @@ async fn revert_refuses_an_unsigned_bundle_and_pins_a_signed_one_with_its_target
     // workload-mode RBAC (revert's target identity).
     let mgmt = target(&p, &p.rendered, &[ARGOCD]).await;
     let crds = target::crd_files(&repo_root(), &p.upstream);
-    let workload = Target::emulated(&crds, &workload_rendered, &[SHOP])
-        .await
-        .expect("workload emulator");
+    let workload = if target::real_mode() {
+        Target::real(&crds, &workload_rendered, &[SHOP])
+            .await
+            .expect("workload control plane")
+            .expect("the control plane's binaries")
+    } else {
+        Target::emulated(&crds, &workload_rendered, &[SHOP])
+            .await
+            .expect("workload emulator")
+    };
     let target_sa = workload_rendered
         .iter()
         .find(|d| {
@@ -822,8 +846,19 @@ async fn revert_refuses_an_unsigned_bundle_and_pins_a_signed_one_with_its_target
         .and_then(|d| d["metadata"]["name"].as_str())
         .expect("workload mode renders revert's target ServiceAccount")
         .to_owned();
-    let wl_emu = workload.emulator().unwrap();
-    let target_token = wl_emu.service_account_token(chart::NAMESPACE, &target_sa);
+    let target_token = workload
+        .service_account_token(chart::NAMESPACE, &target_sa)
+        .expect("the target identity's token");
+    let server = workload.base_url().unwrap();
+    let mut identity = vec![
+        ("name", DESTINATION),
+        ("server", server.as_str()),
+        ("token", target_token.as_str()),
+    ];
+    let ca = workload.ca_pem();
+    if let Some(ca) = &ca {
+        identity.push(("ca.crt", ca.as_str()));
+    }
     let admin = mgmt.admin();
     let system: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(admin.clone(), chart::NAMESPACE);
@@ -833,11 +868,7 @@ async fn revert_refuses_an_unsigned_bundle_and_pins_a_signed_one_with_its_target
             &secret(
                 "revert-c1",
                 &[("sluice.dev/revert-cluster", "true")],
-                &[
-                    ("name", DESTINATION),
-                    ("server", &wl_emu.base_url()),
-                    ("token", &target_token),
-                ],
+                &identity,
             ),
         )
         .await
