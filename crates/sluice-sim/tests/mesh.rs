@@ -240,7 +240,7 @@ async fn proxies_per_revision_svids_nacks_and_drift_reach_prometheus() {
     loop {
         let proxies = value(r#"pilot_xds{cluster="cluster-1", revision="1-27"}"#.into()).await;
         let svids =
-            value(r#"citadel_server_success_cert_issuance_count{cluster="cluster-1"}"#.into())
+            value(r#"sum(citadel_server_success_cert_issuance_count{cluster="cluster-1"})"#.into())
                 .await;
         if proxies == Some(2.0) && svids == Some(2.0) {
             break;

@@ -10,6 +10,7 @@
 pub mod availability_floor;
 pub mod decide;
 pub mod fleet;
+pub mod issuance;
 pub mod metrics;
 pub mod pacing;
 pub mod reconcile;

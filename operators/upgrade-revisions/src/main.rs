@@ -31,6 +31,15 @@ struct Cli {
     /// Window background issuance is measured over, seconds (at least 4 scrape intervals).
     #[arg(long, env = "SLUICE_ISSUANCE_WINDOW_SECONDS", default_value_t = 60)]
     issuance_window_seconds: u64,
+    /// Series selector of the certificate issuance counters, one series per CA replica
+    /// (`{{cluster}}` is replaced by --cluster); issuance is the sum of their increases. Default:
+    /// istiod's counter. With SPIRE, SPIRE server's X.509-SVID signing counter.
+    #[arg(
+        long,
+        env = "SLUICE_ISSUANCE_SERIES",
+        default_value = sluice_upgrade_revisions::issuance::DEFAULT_ISSUANCE_SERIES
+    )]
+    issuance_series: String,
 }
 
 #[tokio::main]
@@ -51,7 +60,8 @@ async fn main() -> ExitCode {
             &cli.cluster,
             Duration::from_secs(cli.issuance_window_seconds.max(1)),
             cli.allow_free_form_promql,
-        )?;
+        )?
+        .with_issuance_series(cli.issuance_series);
         let mut ctx = reconcile::Context::full(
             rt.client.clone(),
             evict_client,

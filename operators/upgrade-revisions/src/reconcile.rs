@@ -60,8 +60,6 @@ use crate::{
     pacing::{self, IssuanceReading},
 };
 
-/// The certificate authority's issuance counter (istiod's `citadel_server_*` metrics).
-pub const ISSUANCE_METRIC: &str = "citadel_server_success_cert_issuance_count";
 /// Default length of the window background issuance is measured over.
 pub const DEFAULT_ISSUANCE_WINDOW: Duration = Duration::from_secs(60);
 /// Evictions sent at once.
@@ -450,6 +448,17 @@ pub struct Metrics {
     pub cluster: String,
     /// Window background issuance is measured over.
     pub issuance_window: Duration,
+    /// The issuance counters' series selector, `{{cluster}}` replaced by [`Metrics::cluster`]
+    /// (default [`crate::issuance::DEFAULT_ISSUANCE_SERIES`]).
+    pub issuance_series: String,
+}
+
+impl Metrics {
+    /// Reads issuance from `series` (a selector; `{{cluster}}` is this cluster's label value).
+    pub fn with_issuance_series(mut self, series: impl Into<String>) -> Self {
+        self.issuance_series = series.into();
+        self
+    }
 }
 
 /// What one RevisionUpgrade's reconciles remember between ticks (lost on restart, which only
@@ -610,6 +619,7 @@ pub fn metrics_source(
         engine,
         cluster: cluster.to_owned(),
         issuance_window,
+        issuance_series: crate::issuance::DEFAULT_ISSUANCE_SERIES.to_owned(),
     })
 }
 
@@ -834,34 +844,10 @@ async fn read_metrics(
     obs.gates = gates(ctx, name, m, spec, status, now).await;
 }
 
-async fn counter_at(m: &Metrics, at: Timestamp) -> Result<Option<(f64, f64)>, String> {
-    use sluice_analysis::MetricsSource;
-    let sel = format!(
-        "{ISSUANCE_METRIC}{{cluster=\"{}\"}}",
-        sluice_analysis::template::escape_string(&m.cluster)
-    );
-    let q = format!(
-        "label_replace(max({sel}), \"part\", \"value\", \"\", \"\") or label_replace(max(timestamp({sel})), \"part\", \"ts\", \"\", \"\")"
-    );
-    let series = m
-        .engine
-        .source()
-        .query(&q, at)
-        .await
-        .map_err(|e| format!("reading {ISSUANCE_METRIC}: {e}"))?;
-    let part = |p: &str| {
-        series
-            .iter()
-            .find(|s| s.labels.get("part").map(String::as_str) == Some(p))
-            .map(|s| s.value)
-    };
-    Ok(part("value").zip(part("ts")))
-}
-
-/// Issuance over the last window from two readings of the counter, and sluice's own issuance
-/// in the same window: the meshed pods first seen in the namespaces it is moving between the
-/// two samples' timestamps, at most the restarts it started since a minute before the window
-/// (a pod created there for another reason is not taken for sluice's beyond what it started).
+/// Issuance over the last window (the sum of every CA replica's increase, resets handled), and
+/// sluice's own issuance in the same window: the meshed pods first seen in the namespaces it is
+/// moving in the window, at most the restarts it started since a minute before the window (a
+/// pod created there for another reason is not taken for sluice's beyond what it started).
 async fn issuance(
     ctx: &Context,
     name: &str,
@@ -869,36 +855,32 @@ async fn issuance(
     status: Option<&RevisionUpgradeStatus>,
     now: Timestamp,
 ) -> Result<IssuanceReading, String> {
+    use sluice_analysis::MetricsSource;
     let window = m.issuance_window;
-    let before = now - jiff::SignedDuration::try_from(window).unwrap_or_default();
-    let (late, early) = tokio::join!(counter_at(m, now), counter_at(m, before));
-    let no_series = || {
-        format!(
-            "no {ISSUANCE_METRIC}{{cluster={:?}}} series in the metrics source",
-            m.cluster
-        )
+    let series = crate::issuance::series(&m.issuance_series, &m.cluster);
+    let answer = m
+        .engine
+        .source()
+        .query(&crate::issuance::query(&series, window), now)
+        .await
+        .map_err(|e| format!("reading {series}: {e}"))?;
+    let part = |p: &str| {
+        answer
+            .iter()
+            .find(|s| s.labels.get("part").map(String::as_str) == Some(p))
+            .map(|s| s.value)
     };
-    let (v1, t1) = late?.ok_or_else(no_series)?;
-    let (v0, t0) = match early? {
-        Some(x) => x,
-        None => {
-            return Err(format!(
-                "{ISSUANCE_METRIC} has no sample older than the window of {window:?} yet"
-            ));
-        }
-    };
-    let span = t1 - t0;
-    let stale = (now.as_millisecond() as f64 / 1000.0) - t1;
-    if span < window.as_secs_f64() / 4.0 {
-        return Err(format!(
-            "{ISSUANCE_METRIC} samples span {span:.1}s of the {window:?} window; waiting for more"
-        ));
-    }
-    if stale > window.as_secs_f64() {
-        return Err(format!(
-            "the newest {ISSUANCE_METRIC} sample is {stale:.0}s old"
-        ));
-    }
+    let now_s = now.as_millisecond() as f64 / 1000.0;
+    let issued = crate::issuance::interpret(
+        &series,
+        part("value"),
+        part("ts"),
+        part("early"),
+        window,
+        now_s,
+    )?;
+    let (t0, t1) = (now_s - window.as_secs_f64(), now_s);
+    let span = window.as_secs_f64();
     let (t0_ms, t1_ms) = ((t0 * 1000.0) as i64, (t1 * 1000.0) as i64);
     let moving: BTreeSet<String> = status
         .map(|s| {
@@ -934,7 +916,7 @@ async fn issuance(
         .sum();
     Ok(IssuanceReading {
         window_seconds: span,
-        issued: (v1 - v0).max(0.0),
+        issued,
         own: f64::from(births.min(started)),
     })
 }

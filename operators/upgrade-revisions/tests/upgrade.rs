@@ -357,3 +357,50 @@ async fn operator_restarted_mid_wave_finishes_without_repeating_evictions() {
     assert_within_budget(&h);
     h.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issuance_sums_every_istiod_replica_through_their_restarts() {
+    let fleet = vec![common::NsSpec {
+        name: "payments",
+        tier: None,
+        deployments: vec![("ledger", 4)],
+    }];
+    let Some(mut h) = Harness::given(&fleet).await else {
+        return;
+    };
+    // Given certificates issued elsewhere above the whole budget, spread over three istiod
+    // replicas whose counters restart from 0 in turn (as replicas are rescheduled).
+    let storm = h.background_issuance(RATE * 1.5);
+    let svid = h.svid.clone();
+    let restarts = tokio::spawn(async move {
+        for i in 0.. {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            svid.restart_replica(sluice_sim::cluster::svid::DEFAULT_REVISION, i % 3);
+        }
+    });
+    tokio::time::sleep(common::ISSUANCE_WINDOW + Duration::from_secs(1)).await;
+    h.start_operator().await;
+    h.when_upgrade(json!({"waves": [{"name": "all", "namespaceSelector": {}, "soak": "1s"}]}))
+        .await;
+
+    // Then the reading is the whole issuance, not one replica's, nor clamped by a reset.
+    let held = h
+        .until(Duration::from_secs(20), "BudgetThrottled OverBudget", |o| {
+            o.status
+                .as_ref()
+                .and_then(|s| s.issuance_budget.as_ref())
+                .is_some_and(|b| b.throttled)
+        })
+        .await;
+    let b = held.status.unwrap().issuance_budget.unwrap();
+    assert!(
+        b.background_rate >= RATE,
+        "background read as {}/s of {}/s issued",
+        b.background_rate,
+        RATE * 1.5
+    );
+    assert_eq!(h.metrics.restarts(common::NAME, "evict", "started"), 0);
+    storm.abort();
+    restarts.abort();
+    h.shutdown().await;
+}

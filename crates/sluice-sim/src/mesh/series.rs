@@ -154,8 +154,9 @@ pub struct ClusterGauges {
     pub proxies_by_revision: BTreeMap<String, u64>,
     /// Drift: `(commit, proxies evaluated, proxies behind)`, if a commit is known.
     pub drift: Option<(String, u64, u64)>,
-    /// SVIDs issued so far, if the cluster behaviour runs in this cluster.
-    pub svids: Option<u64>,
+    /// SVIDs issued so far per istiod replica, (revision, pod) → count, if the cluster
+    /// behaviour runs in this cluster.
+    pub svids: Option<BTreeMap<(String, String), u64>>,
 }
 
 fn version_for<'a>(svc: &'a ServiceScenario, backend: &str) -> Option<&'a VersionScenario> {
@@ -338,13 +339,13 @@ impl MeshCounters {
                     ));
                 }
             }
-            if let Some(n) = g.svids {
+            for ((revision, pod), n) in g.svids.iter().flatten() {
                 for name in [SVID_ISSUED, CSR_COUNT] {
                     out.push(simple_series(
                         name,
-                        &[("cluster", cluster)],
+                        &[("cluster", cluster), ("revision", revision), ("pod", pod)],
                         timestamp_ms,
-                        n as f64,
+                        *n as f64,
                     ));
                 }
             }
@@ -453,7 +454,10 @@ services:
             ClusterGauges {
                 proxies_by_revision: BTreeMap::from([("1-27".into(), 3)]),
                 drift: Some(("abc".into(), 3, 1)),
-                svids: Some(7),
+                svids: Some(BTreeMap::from([(
+                    ("1-27".into(), "istiod-1-27-0".into()),
+                    7,
+                )])),
             },
         )]);
         let series = c.series(1_000, &gauges);

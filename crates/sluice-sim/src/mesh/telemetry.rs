@@ -434,7 +434,7 @@ async fn run(
                 ClusterGauges {
                     proxies_by_revision: by_rev,
                     drift,
-                    svids: c.svid.as_ref().map(SvidCounter::get),
+                    svids: c.svid.as_ref().map(SvidCounter::by_replica),
                 },
             );
         }
