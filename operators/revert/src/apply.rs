@@ -307,6 +307,77 @@ pub async fn restore_object(
     Ok(removed)
 }
 
+/// Proves revert can carry out a pin in the destination before anything is suspended:
+/// server-side dry-run (`dryRun=All`) of the forced apply of every object and of every delete
+/// of `prune`. Fails like the real writes would (identity refused, a kind not served, 403,
+/// 422), so nothing is suspended for a pin that cannot apply.
+pub async fn preflight(
+    kinds: &Kinds,
+    client: &Client,
+    destination: &str,
+    objects: &[BundleObject],
+    default_ns: Option<&str>,
+    prune: &[ObjectKey],
+    manager: &str,
+) -> Result<(), ApplyError> {
+    let mut params = PatchParams::apply(manager).force();
+    params.dry_run = true;
+    stream::iter(objects.iter().map(Ok))
+        .try_for_each_concurrent(CONCURRENCY, |o| {
+            let params = params.clone();
+            async move {
+                let ns = namespace_of(o, default_ns);
+                let gvk = gvk_of(&o.api_version, &o.group_kind.kind);
+                let shown = o.display_name();
+                let api = kinds.api(client, destination, &gvk, ns, &shown).await?;
+                let mut body = o.value.clone();
+                if let (Some(ns), Some(meta)) = (ns, body.get_mut("metadata")) {
+                    meta["namespace"] = json!(ns);
+                }
+                api.patch(&o.name, &params, &Patch::Apply(&body))
+                    .await
+                    .map_err(|source| ApplyError::Write {
+                        verb: "dry-run apply",
+                        object: shown,
+                        destination: destination.to_owned(),
+                        source,
+                    })?;
+                Ok(())
+            }
+        })
+        .await?;
+    let delete = DeleteParams {
+        dry_run: true,
+        ..DeleteParams::default()
+    };
+    stream::iter(prune.iter().map(Ok))
+        .try_for_each_concurrent(CONCURRENCY, |o| {
+            let delete = delete.clone();
+            async move {
+                let version = if o.version.is_empty() {
+                    "v1"
+                } else {
+                    &o.version
+                };
+                let gvk = GroupVersionKind::gvk(&o.group, version, &o.kind);
+                let shown = o.display();
+                let ns = (!o.namespace.is_empty()).then_some(o.namespace.as_str());
+                let api = kinds.api(client, destination, &gvk, ns, &shown).await?;
+                match api.delete(&o.name, &delete).await {
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                    Err(source) => Err(ApplyError::Write {
+                        verb: "dry-run delete",
+                        object: shown,
+                        destination: destination.to_owned(),
+                        source,
+                    }),
+                }
+            }
+        })
+        .await
+}
+
 /// Deletes the objects (already gone counts as deleted); returns how many.
 pub async fn prune_objects(
     kinds: &Kinds,
@@ -351,13 +422,13 @@ pub fn without_manager(managed: &Value, manager: &str) -> Option<Vec<Value>> {
     (kept.len() != entries.len()).then_some(kept)
 }
 
-/// Removes `manager`'s managedFields entries from every object still present; returns how many
-/// objects changed.
+/// Removes `manager`'s managedFields entries from every object still present (the pinned
+/// objects as verification recorded them); returns how many objects changed.
 pub async fn drop_ownership(
     kinds: &Kinds,
     client: &Client,
     destination: &str,
-    objects: &[BundleObject],
+    objects: &[ObjectKey],
     default_ns: Option<&str>,
     manager: &str,
 ) -> Result<usize, ApplyError> {
@@ -376,13 +447,22 @@ async fn drop_one(
     kinds: &Kinds,
     client: &Client,
     destination: &str,
-    o: &BundleObject,
+    o: &ObjectKey,
     default_ns: Option<&str>,
     manager: &str,
 ) -> Result<bool, ApplyError> {
-    let ns = namespace_of(o, default_ns);
-    let gvk = gvk_of(&o.api_version, &o.group_kind.kind);
-    let shown = o.display_name();
+    let ns = if o.namespace.is_empty() {
+        default_ns
+    } else {
+        Some(o.namespace.as_str())
+    };
+    let version = if o.version.is_empty() {
+        "v1"
+    } else {
+        &o.version
+    };
+    let gvk = GroupVersionKind::gvk(&o.group, version, &o.kind);
+    let shown = o.display();
     let api = kinds.api(client, destination, &gvk, ns, &shown).await?;
     let write_err = |source| ApplyError::Write {
         verb: "patch managedFields of",

@@ -16,8 +16,8 @@ use serde_json::Value;
 use sluice_api::v1alpha1::{
     BundlePinPhase, BundlePinSpec, BundlePinStatus,
     bundle_pin::{
-        ApplicationPinState, BundleRef, GroupKind, PinnedApplication, ReleasePolicy, conditions,
-        reasons,
+        ApplicationPinState, BundleRef, GroupKind, PinnedApplication, PinnedObject, ReleasePolicy,
+        conditions, reasons,
     },
 };
 use sluice_runtime::{
@@ -37,6 +37,15 @@ pub const RETRY: Duration = Duration::from_secs(10);
 
 /// Prefix of the revert branch: `sluice/revert/<namespace>/<name>`.
 pub const BRANCH_PREFIX: &str = "sluice/revert";
+/// Most objects a pin records (and so pins).
+pub const MAX_OBJECTS: usize = 2048;
+/// Re-suspensions (automation turned back on by someone else while pinned) within
+/// [`FIGHT_WINDOW`] after which revert stops suspending again and reports `Fighting`.
+pub const MAX_RESUSPENSIONS: u32 = 5;
+/// The window [`MAX_RESUSPENSIONS`] counts in; a quieter Application starts counting afresh.
+pub const FIGHT_WINDOW: Duration = Duration::from_secs(600);
+/// The longest wait between two re-suspensions (the wait doubles from 1 s).
+pub const MAX_RESUSPEND_BACKOFF: Duration = Duration::from_secs(60);
 
 /// One object by identity.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -181,10 +190,28 @@ pub struct Observations {
     pub applications: Vec<AppObservation>,
     /// Whether an intent repository is configured for git reverts.
     pub git_configured: bool,
+    /// The other BundlePins of this namespace that are not over (a second pin on one of this
+    /// pin's Applications is refused unless it supersedes that one).
+    pub other_pins: Vec<OtherPin>,
+}
+
+/// Another live BundlePin, as far as a pin needs to know it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OtherPin {
+    /// Its name (same namespace).
+    pub name: String,
+    /// Its `spec.supersedes`.
+    pub supersedes: Option<String>,
+    /// The Applications it targets (recorded ones once verified, else `spec.targets`).
+    pub targets: Vec<AppKey>,
+    /// Its per-Application state (recorded original sync policies), once verified.
+    pub applications: Vec<PinnedApplication>,
+    /// Whether it has verified (recorded what it inherited) and so took over.
+    pub verified: bool,
 }
 
 /// An Application by namespace and name.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AppKey {
     /// Namespace.
     pub namespace: String,
@@ -212,15 +239,32 @@ pub enum Action {
         /// The Application.
         app: AppKey,
     },
-    /// Replace the Application's `spec.syncPolicy` with this (automation off), and drop a
+    /// Set `spec.syncPolicy.automated.enabled` (`None`: remove the field, as the original had
+    /// none), touching nothing else of the sync policy; optionally drop a
     /// requested-but-not-started `operation`.
-    SetSyncPolicy {
+    SetAutomation {
         /// The Application.
         app: AppKey,
-        /// The policy to write (`None`: remove it).
-        sync_policy: Option<Value>,
-        /// Also remove `operation`.
-        clear_operation: bool,
+        /// `Some(false)` suspends; on release the original value.
+        enabled: Option<bool>,
+    },
+    /// Drop a requested-but-not-started `operation` of the Application.
+    ClearOperation {
+        /// The Application.
+        app: AppKey,
+    },
+    /// Before any Application is touched: resolve revert's identity for the destination and
+    /// server-side dry-run (`dryRun=All`) every bundle object and every prune there, so a 403,
+    /// a kind not served or an invalid object shows before automation is suspended.
+    Preflight {
+        /// The Application (for messages).
+        app: AppKey,
+        /// Destination cluster name or server.
+        destination: String,
+        /// Namespace for bundle objects that name none.
+        default_namespace: Option<String>,
+        /// Objects the apply would delete.
+        prune: Vec<ObjectKey>,
     },
     /// Server-side apply every bundle object to the destination and delete `prune`.
     Apply {
@@ -233,7 +277,8 @@ pub enum Action {
         /// Objects to delete: tracked, allowed, not in the bundle.
         prune: Vec<ObjectKey>,
     },
-    /// Drop revert's managedFields entries from the bundle's objects in the destination.
+    /// Drop revert's managedFields entries from the pinned objects (`status.objects`) in the
+    /// destination; needs neither the registry nor the key.
     DropOwnership {
         /// The Application.
         app: AppKey,
@@ -332,15 +377,56 @@ pub fn is_over(status: Option<&BundlePinStatus>) -> bool {
     }
 }
 
-/// Whether the reconcile must verify the bundle for this status (it needs the objects).
+/// Whether the reconcile must verify the bundle for this status (it needs the objects to
+/// apply them). Release never does: it needs only what verification recorded, so a rotated
+/// key, a garbage-collected digest or a registry outage never keeps automation suspended.
 pub fn needs_verification(status: Option<&BundlePinStatus>) -> bool {
     matches!(
         status.map(|s| s.phase).unwrap_or_default(),
-        BundlePinPhase::Verifying
-            | BundlePinPhase::Pinning
-            | BundlePinPhase::Pinned
-            | BundlePinPhase::Releasing
+        BundlePinPhase::Verifying | BundlePinPhase::Pinning
     )
+}
+
+/// What release sets `automated.enabled` back to: `None` when the original policy had no
+/// `automated` (nothing was suspended there), else its original `enabled` (`None`: absent).
+fn original_enabled(app: &PinnedApplication) -> Option<Option<bool>> {
+    let automated = app.original_sync_policy.as_ref()?.get("automated")?;
+    Some(automated.get("enabled").and_then(Value::as_bool))
+}
+
+/// The live pin (other than this one) that took this pin's Applications over with
+/// `spec.supersedes`, once it verified.
+fn superseded_by<'a>(obs: &'a Observations, status: &BundlePinStatus) -> Option<&'a OtherPin> {
+    obs.other_pins.iter().find(|o| {
+        o.verified
+            && o.supersedes.as_deref() == Some(obs.pin.1.as_str())
+            && o.applications.iter().any(|a| {
+                a.inherited_from.as_deref() == Some(obs.pin.1.as_str())
+                    && status
+                        .applications
+                        .iter()
+                        .any(|m| m.namespace == a.namespace && m.name == a.name)
+            })
+    })
+}
+
+/// When the pin's deadline passes (verification + `spec.pinDeadlineSeconds`).
+fn deadline_left(
+    spec: &BundlePinSpec,
+    status: &BundlePinStatus,
+    now: Timestamp,
+) -> Option<Duration> {
+    let verified = status.verified_at.as_ref()?.0;
+    let end = verified.as_second() + i64::from(spec.pin_deadline_seconds);
+    Some(Duration::from_secs(
+        end.saturating_sub(now.as_second()).max(0) as u64,
+    ))
+}
+
+/// Back-off before the next re-suspension after `n` of them: 1 s, doubling, at most
+/// [`MAX_RESUSPEND_BACKOFF`].
+pub fn resuspend_backoff(n: u32) -> Duration {
+    Duration::from_secs(1u64 << n.min(6)).min(MAX_RESUSPEND_BACKOFF)
 }
 
 /// The bundle the reconcile verifies and acts on: the one the status recorded as verified once
@@ -571,6 +657,14 @@ fn check_drift(spec: &BundlePinSpec, obs: &Observations, now: Timestamp, d: &mut
 /// The state machine after validation.
 fn step(spec: &BundlePinSpec, obs: &Observations, now: Timestamp, d: &mut Decision) {
     let gen_ = obs.generation;
+    if !matches!(
+        d.status.phase,
+        BundlePinPhase::Released | BundlePinPhase::Refused
+    ) && let Some(by) = superseded_by(obs, &d.status)
+    {
+        handed_over(by.name.clone(), now, gen_, d);
+        return;
+    }
     if d.status.phase == BundlePinPhase::Failed && spec.release && !is_over(Some(&d.status)) {
         // A failed pin may have suspended some Applications: a release gives them back.
         release(
@@ -612,8 +706,17 @@ fn step(spec: &BundlePinSpec, obs: &Observations, now: Timestamp, d: &mut Decisi
             ),
         ),
         BundlePinPhase::Verifying => verifying(spec, obs, now, d, gen_),
-        // Waits for the spec to be restored, or for a release; the object's change wakes it.
-        BundlePinPhase::Pinning if drifted => d.requeue = Requeue::AwaitChange,
+        BundlePinPhase::Pinning
+            if deadline_left(spec, &d.status, now).is_some_and(|l| l.is_zero()) =>
+        {
+            give_back(spec, obs, now, d)
+        }
+        // Waits for the spec to be restored, or for a release; the object's change wakes it
+        // (and the deadline, which gives automation back).
+        BundlePinPhase::Pinning if drifted => {
+            d.requeue =
+                deadline_left(spec, &d.status, now).map_or(Requeue::AwaitChange, Requeue::After)
+        }
         BundlePinPhase::Pinning => pinning(spec, obs, now, d, gen_),
         BundlePinPhase::Pinned => pinned(spec, obs, now, d, gen_),
         BundlePinPhase::Releasing => release(
@@ -687,6 +790,24 @@ fn verifying(
         );
         return;
     }
+    if summary.objects.len() > MAX_OBJECTS {
+        d.status.phase = BundlePinPhase::Refused;
+        condition(
+            d,
+            conditions::VERIFIED,
+            Status::False,
+            reasons::TOO_MANY_OBJECTS,
+            format!(
+                "refused, nothing applied: the bundle holds {} objects, more than the {MAX_OBJECTS} a pin records; split the Application's configuration",
+                summary.objects.len()
+            ),
+            gen_,
+            now,
+            VERIFY,
+        );
+        d.requeue = Requeue::AwaitChange;
+        return;
+    }
     // Every target must be pinnable before any is touched.
     let mut refusals: Vec<(&'static str, String)> = Vec::new();
     let mut apps = Vec::new();
@@ -730,6 +851,36 @@ fn verifying(
                 app.original_sync_policy_saved = true;
                 app.from_digest = v.revision.clone();
                 app.destination = v.destination.clone();
+                app.destination_namespace = v.destination_namespace.clone();
+                let holders: Vec<&OtherPin> = obs
+                    .other_pins
+                    .iter()
+                    .filter(|p| {
+                        p.targets
+                            .iter()
+                            .any(|k| k.namespace == o.namespace && k.name == o.name)
+                    })
+                    .collect();
+                for holder in holders {
+                    if spec.supersedes.as_deref() == Some(holder.name.as_str()) {
+                        // An explicit hand-over: the policy before the first pin, not its
+                        // suspension.
+                        if let Some(held) = holder.applications.iter().find(|a| {
+                            a.namespace == o.namespace && a.name == o.name && holds_application(a)
+                        }) {
+                            app.original_sync_policy = held.original_sync_policy.clone();
+                            app.inherited_from = Some(holder.name.clone());
+                        }
+                        continue;
+                    }
+                    let m = format!(
+                        "{who} is held by BundlePin {}/{}; release that pin first, or hand over from it with spec.supersedes: {}",
+                        obs.pin.0, holder.name, holder.name
+                    );
+                    refusals.push((reasons::TARGET_ALREADY_PINNED, m.clone()));
+                    app.state = ApplicationPinState::Refused;
+                    app.message = Some(m);
+                }
             }
         }
         apps.push(app);
@@ -767,6 +918,17 @@ fn verifying(
         }
         _ => None,
     };
+    d.status.objects = summary
+        .objects
+        .iter()
+        .map(|o| PinnedObject {
+            group: o.group.clone(),
+            version: o.version.clone(),
+            kind: o.kind.clone(),
+            namespace: o.namespace.clone(),
+            name: o.name.clone(),
+        })
+        .collect();
     d.status.to_digest = Some(summary.digest.clone());
     d.status.to_repository = Some(spec.bundle.repository.clone());
     d.status.content_digest = Some(summary.content_digest.clone());
@@ -882,16 +1044,47 @@ fn pinning(
                     waiting = true;
                     continue;
                 }
+                // revert's identity, the destination's kinds and a dry-run of every write
+                // succeed before automation is suspended; a failure is retried until the
+                // deadline, with nothing suspended.
+                if !app.preflight_passed {
+                    let Some(destination) = app.destination.clone().or(v.destination.clone())
+                    else {
+                        app.state = ApplicationPinState::Failed;
+                        app.message = Some("the Application names no destination cluster".into());
+                        continue;
+                    };
+                    let default_ns = app
+                        .destination_namespace
+                        .clone()
+                        .or(v.destination_namespace.clone());
+                    actions.push(Action::Preflight {
+                        app: key,
+                        destination,
+                        prune: to_prune(
+                            &allowed,
+                            &bundle,
+                            v,
+                            default_ns.as_deref().unwrap_or_default(),
+                        ),
+                        default_namespace: default_ns,
+                    });
+                    app.preflight_passed = true;
+                    waiting = true;
+                    continue;
+                }
                 if v.operation_phase.as_deref() == Some("Running") {
                     actions.push(Action::TerminateSync { app: key.clone() });
                     app.sync_terminated = true;
                 }
-                if v.automated || v.operation_requested {
-                    actions.push(Action::SetSyncPolicy {
-                        app: key,
-                        sync_policy: suspended_policy(v.sync_policy.as_ref()),
-                        clear_operation: v.operation_requested && !v.sync_running(),
+                if v.automated {
+                    actions.push(Action::SetAutomation {
+                        app: key.clone(),
+                        enabled: Some(false),
                     });
+                }
+                if v.operation_requested && !v.sync_running() {
+                    actions.push(Action::ClearOperation { app: key });
                 }
                 app.state = ApplicationPinState::Suspended;
                 waiting = true;
@@ -900,16 +1093,18 @@ fn pinning(
                 if v.sync_running() || v.automated {
                     // Terminating, or something turned automation back on: suspend again.
                     if v.automated {
-                        actions.push(Action::SetSyncPolicy {
+                        actions.push(Action::SetAutomation {
                             app: key,
-                            sync_policy: suspended_policy(v.sync_policy.as_ref()),
-                            clear_operation: false,
+                            enabled: Some(false),
                         });
                     }
                     waiting = true;
                     continue;
                 }
-                let default_ns = v.destination_namespace.clone();
+                let default_ns = app
+                    .destination_namespace
+                    .clone()
+                    .or(v.destination_namespace.clone());
                 let prune = to_prune(
                     &allowed,
                     &bundle,
@@ -963,7 +1158,10 @@ fn pinning(
         .iter()
         .all(|a| a.state == ApplicationPinState::Pinned);
     if !all_pinned {
-        d.requeue = Requeue::After(if waiting { SHORT } else { RETRY });
+        let wait = if waiting { SHORT } else { RETRY };
+        d.requeue = Requeue::After(
+            deadline_left(spec, &d.status, now).map_or(wait, |left| wait.min(left.max(SHORT))),
+        );
         return;
     }
     d.status.phase = BundlePinPhase::Pinned;
@@ -1061,29 +1259,44 @@ fn pinned(
 ) {
     d.requeue = Requeue::After(POLL);
     git_revert(spec, obs, now, d, gen_);
-    // Something turned automation back on (a person, a controller): suspend again.
+    // Something turned automation back on (a person, a controller): suspend again, each time
+    // after a longer wait, and after MAX_RESUSPENSIONS within FIGHT_WINDOW stop and say so
+    // instead of fighting at API speed.
     let mut resuspend = Vec::new();
-    for app in &d.status.applications {
-        if let Some(v) = view(obs, app)
-            && v.automated
-        {
-            resuspend.push(Action::SetSyncPolicy {
-                app: app_key(app),
-                sync_policy: suspended_policy(v.sync_policy.as_ref()),
-                clear_operation: false,
-            });
+    let mut fighting = Vec::new();
+    for app in &mut d.status.applications {
+        let Some(v) = view(obs, app) else { continue };
+        if !v.automated || app.state != ApplicationPinState::Pinned {
+            continue;
         }
+        let last = app.last_resuspended_at.as_ref().map(|t| t.0.as_second());
+        if last.is_some_and(|l| now.as_second() - l > FIGHT_WINDOW.as_secs() as i64) {
+            app.resuspensions = 0;
+        }
+        let who = format!("{}/{}", app.namespace, app.name);
+        if app.resuspensions >= MAX_RESUSPENSIONS {
+            fighting.push(who);
+            continue;
+        }
+        let due = last.map_or(0, |l| {
+            l + resuspend_backoff(app.resuspensions).as_secs() as i64
+        });
+        if now.as_second() < due {
+            d.requeue = Requeue::After(Duration::from_secs((due - now.as_second()) as u64));
+            continue;
+        }
+        app.resuspensions += 1;
+        app.last_resuspended_at = Some(Time(now));
+        resuspend.push((
+            Action::SetAutomation {
+                app: app_key(app),
+                enabled: Some(false),
+            },
+            who,
+        ));
     }
     if !resuspend.is_empty() {
-        let names: Vec<String> = resuspend
-            .iter()
-            .filter_map(|a| match a {
-                Action::SetSyncPolicy { app, .. } => {
-                    Some(format!("{}/{}", app.namespace, app.name))
-                }
-                _ => None,
-            })
-            .collect();
+        let names: Vec<String> = resuspend.iter().map(|(_, w)| w.clone()).collect();
         d.actions.push(event(
             Severity::Warning,
             reasons::RESUSPENDED,
@@ -1093,7 +1306,24 @@ fn pinned(
                 names.join(", ")
             ),
         ));
-        d.actions.splice(0..0, resuspend);
+        d.actions
+            .splice(0..0, resuspend.into_iter().map(|(a, _)| a));
+    }
+    if !fighting.is_empty() {
+        condition(
+            d,
+            conditions::SUSPENDED,
+            Status::False,
+            reasons::FIGHTING,
+            format!(
+                "automated sync of {} was turned back on {MAX_RESUSPENSIONS} times within {} min while pinned; revert stopped suspending it again. Fix what turns it on (an ApplicationSet without ignoreApplicationDifferences on /spec/syncPolicy, a person, a tool), then suspend it by hand or release this pin",
+                fighting.join(", "),
+                FIGHT_WINDOW.as_secs() / 60
+            ),
+            gen_,
+            now,
+            PIN,
+        );
     }
     if spec.release_policy == ReleasePolicy::Explicit {
         return;
@@ -1152,7 +1382,7 @@ fn pinned(
 }
 
 fn release(
-    spec: &BundlePinSpec,
+    _spec: &BundlePinSpec,
     obs: &Observations,
     now: Timestamp,
     d: &mut Decision,
@@ -1160,53 +1390,13 @@ fn release(
     note: String,
 ) {
     let gen_ = obs.generation;
-    let needs_bundle = d
-        .status
-        .applications
-        .iter()
-        .any(|a| a.state == ApplicationPinState::Pinned);
-    let held = bundle_to_verify(spec, Some(&d.status)).digest;
-    let bundle_ok =
-        matches!(&obs.verification, Some(Verification::Verified(b)) if b.digest == held);
-    // A failed pin releases even when its bundle no longer verifies (that may be why it
-    // failed): sync policies are restored; revert's field ownership is dropped only with the
-    // bundle's object list.
-    let failed = d.status.phase == BundlePinPhase::Failed;
-    if needs_bundle && !bundle_ok && !failed {
-        // Dropping ownership needs the bundle's object list; wait for the registry.
-        d.requeue = Requeue::After(RETRY);
-        return;
-    }
-    let mut effects = Vec::new();
-    for app in &mut d.status.applications {
-        // A Failed Application is given back only while it still exists.
-        let touched = holds_application(app)
-            && (app.state != ApplicationPinState::Failed || view(obs, app).is_some());
-        if touched && app.original_sync_policy_saved {
-            effects.push(Action::SetSyncPolicy {
-                app: app_key(app),
-                sync_policy: app.original_sync_policy.clone(),
-                clear_operation: false,
-            });
-        }
-        if app.state == ApplicationPinState::Pinned
-            && bundle_ok
-            && let Some(destination) = &app.destination
-        {
-            effects.push(Action::DropOwnership {
-                app: app_key(app),
-                destination: destination.clone(),
-                default_namespace: view(obs, app).and_then(|v| v.destination_namespace.clone()),
-            });
-        }
-        if touched || app.state == ApplicationPinState::Pending {
-            app.state = ApplicationPinState::Released;
-            app.released_at = Some(Time(now));
-        }
-    }
+    // Sync policies first, from what verification recorded: never waits on the registry or the
+    // key. Then revert's field ownership of the recorded objects.
+    d.status.released_at = Some(Time(now));
+    let mut effects = give_back_effects(obs, d);
+    effects.sort_by_key(|a| matches!(a, Action::DropOwnership { .. }));
     d.actions.splice(0..0, effects);
     d.status.phase = BundlePinPhase::Released;
-    d.status.released_at = Some(Time(now));
     cond::set(
         &mut d.status.conditions,
         cond::new(
@@ -1220,6 +1410,110 @@ fn release(
     );
     d.actions.push(Action::Audit {
         reason,
+        from_digest: d.status.to_digest.clone(),
+        to_digest: None,
+        note,
+    });
+    d.requeue = Requeue::AwaitChange;
+}
+
+/// The effects that give every held Application its automation back (`automated.enabled` as
+/// recorded, nothing else of the policy) and drop revert's field ownership of the objects it
+/// applied; marks those Applications Released.
+fn give_back_effects(obs: &Observations, d: &mut Decision) -> Vec<Action> {
+    let now_released = d.status.released_at.clone();
+    let mut effects = Vec::new();
+    for app in &mut d.status.applications {
+        // A Failed Application is given back only while it still exists.
+        let touched = holds_application(app)
+            && (app.state != ApplicationPinState::Failed || view(obs, app).is_some());
+        if touched
+            && app.original_sync_policy_saved
+            && let Some(enabled) = original_enabled(app)
+            && view(obs, app).is_some()
+        {
+            effects.push(Action::SetAutomation {
+                app: app_key(app),
+                enabled,
+            });
+        }
+        if app.state == ApplicationPinState::Pinned
+            && let Some(destination) = &app.destination
+        {
+            effects.push(Action::DropOwnership {
+                app: app_key(app),
+                destination: destination.clone(),
+                default_namespace: app
+                    .destination_namespace
+                    .clone()
+                    .or_else(|| view(obs, app).and_then(|v| v.destination_namespace.clone())),
+            });
+        }
+        if touched || app.state == ApplicationPinState::Pending {
+            app.state = ApplicationPinState::Released;
+            app.released_at = now_released.clone();
+        }
+    }
+    effects
+}
+
+/// The pin's deadline passed before every object was restored: every Application it suspended
+/// gets its automation back and the pin ends Failed, holding nothing.
+fn give_back(spec: &BundlePinSpec, obs: &Observations, now: Timestamp, d: &mut Decision) {
+    d.status.released_at = Some(Time(now));
+    let mut effects = give_back_effects(obs, d);
+    effects.sort_by_key(|a| matches!(a, Action::DropOwnership { .. }));
+    d.actions.splice(0..0, effects);
+    d.status.phase = BundlePinPhase::Failed;
+    let note = format!(
+        "the pin did not restore every object within spec.pinDeadlineSeconds ({} s); every Application it suspended has its automation back. The last failure is in this pin's Events and revert's log",
+        spec.pin_deadline_seconds
+    );
+    condition(
+        d,
+        conditions::PINNED,
+        Status::False,
+        reasons::DEADLINE_EXCEEDED,
+        note.clone(),
+        obs.generation,
+        now,
+        PIN,
+    );
+    d.actions.push(Action::Audit {
+        reason: reasons::DEADLINE_EXCEEDED,
+        from_digest: d.status.to_digest.clone(),
+        to_digest: None,
+        note,
+    });
+    d.requeue = Requeue::AwaitChange;
+}
+
+/// A pin that supersedes this one took its Applications over (with their original policies):
+/// this one lets go without restoring anything or dropping ownership (the same field manager
+/// now holds the successor's objects).
+fn handed_over(by: String, now: Timestamp, gen_: Option<i64>, d: &mut Decision) {
+    for app in &mut d.status.applications {
+        if holds_application(app) || app.state == ApplicationPinState::Pending {
+            app.state = ApplicationPinState::Released;
+            app.released_at = Some(Time(now));
+        }
+    }
+    d.status.phase = BundlePinPhase::Released;
+    d.status.released_at = Some(Time(now));
+    let note = format!("BundlePin {by} superseded this pin and holds its Applications now");
+    cond::set(
+        &mut d.status.conditions,
+        cond::new(
+            conditions::RELEASED,
+            Status::True,
+            reasons::SUPERSEDED,
+            note.clone(),
+            gen_,
+            now,
+        ),
+    );
+    d.actions.push(Action::Audit {
+        reason: reasons::SUPERSEDED,
         from_digest: d.status.to_digest.clone(),
         to_digest: None,
         note,
@@ -1339,6 +1633,7 @@ mod tests {
         pruned: Vec<ObjectKey>,
         pushes: u32,
         dropped: u32,
+        preflights: u32,
     }
 
     impl World {
@@ -1370,6 +1665,7 @@ mod tests {
                 pruned: vec![],
                 pushes: 0,
                 dropped: 0,
+                preflights: 0,
             }
         }
 
@@ -1384,6 +1680,7 @@ mod tests {
                     view: Some(self.app.clone()),
                 }],
                 git_configured: true,
+                other_pins: vec![],
             }
         }
 
@@ -1395,20 +1692,32 @@ mod tests {
                     Action::TerminateSync { .. } => {
                         self.app.operation_phase = Some("Terminating".into())
                     }
-                    Action::SetSyncPolicy {
-                        sync_policy,
-                        clear_operation,
-                        ..
-                    } => {
-                        self.app.automated = sync_policy
+                    Action::SetAutomation { enabled, .. } => {
+                        if let Some(automated) = self
+                            .app
+                            .sync_policy
+                            .as_mut()
+                            .and_then(|p| p.get_mut("automated"))
+                            .and_then(Value::as_object_mut)
+                        {
+                            match enabled {
+                                Some(b) => {
+                                    automated.insert("enabled".into(), json!(b));
+                                }
+                                None => {
+                                    automated.remove("enabled");
+                                }
+                            }
+                        }
+                        self.app.automated = self
+                            .app
+                            .sync_policy
                             .as_ref()
                             .and_then(|p| p.get("automated"))
                             .is_some_and(|a| a.get("enabled") != Some(&json!(false)));
-                        self.app.sync_policy = sync_policy.clone();
-                        if *clear_operation {
-                            self.app.operation_requested = false;
-                        }
                     }
+                    Action::ClearOperation { .. } => self.app.operation_requested = false,
+                    Action::Preflight { .. } => self.preflights += 1,
                     Action::Apply { prune, .. } => {
                         self.applied += 1;
                         self.pruned.extend(prune.iter().cloned());
@@ -2032,6 +2341,265 @@ mod tests {
         assert!(is_over(Some(&untouched)));
     }
 
+    /// Runs the pin until automation is suspended (not yet applied); returns the status.
+    fn until_suspended(spec: &BundlePinSpec, world: &mut World) -> BundlePinStatus {
+        let mut status: Option<BundlePinStatus> = None;
+        for i in 0..8 {
+            let d = decide(spec, status.as_ref(), &world.obs(verified()), t(i));
+            world.act(&d);
+            world.sync_ends();
+            status = Some(d.status);
+            if !world.app.automated {
+                return status.unwrap();
+            }
+        }
+        panic!("never suspended: {status:#?}");
+    }
+
+    #[test]
+    fn nothing_is_suspended_before_the_preflight_passed() {
+        let spec = spec(json!({}));
+        let mut world = World::new();
+        let mut status: Option<BundlePinStatus> = None;
+        for i in 0..8 {
+            let d = decide(&spec, status.as_ref(), &world.obs(verified()), t(i));
+            if d.actions.iter().any(|a| {
+                matches!(
+                    a,
+                    Action::SetAutomation { .. }
+                        | Action::TerminateSync { .. }
+                        | Action::Apply { .. }
+                )
+            }) {
+                assert_eq!(world.preflights, 1, "preflight first: {:?}", d.actions);
+                return;
+            }
+            // The preflight fails (identity missing, 403, kind not served): its status is never
+            // written, so the next reconcile asks for it again and suspends nothing.
+            if d.actions
+                .iter()
+                .any(|a| matches!(a, Action::Preflight { .. }))
+                && i < 4
+            {
+                continue;
+            }
+            world.act(&d);
+            status = Some(d.status);
+        }
+        panic!("never got past the preflight");
+    }
+
+    #[test]
+    fn a_pin_that_cannot_apply_within_its_deadline_gives_automation_back() {
+        let spec = spec(json!({"pinDeadlineSeconds": 60}));
+        let mut world = World::new();
+        let suspended = until_suspended(&spec, &mut world);
+        // Every apply fails (403, CRD gone, conflict): the status stays where it was.
+        let before = decide(&spec, Some(&suspended), &world.obs(verified()), t(30));
+        assert!(
+            before
+                .actions
+                .iter()
+                .any(|a| matches!(a, Action::Apply { .. }))
+        );
+        assert!(
+            matches!(before.requeue, Requeue::After(d) if d <= Duration::from_secs(60)),
+            "looks again before the deadline: {:?}",
+            before.requeue
+        );
+        let d = decide(&spec, Some(&suspended), &world.obs(verified()), t(61));
+        assert_eq!(d.status.phase, BundlePinPhase::Failed);
+        let c = cond::find(&d.status.conditions, conditions::PINNED).unwrap();
+        assert_eq!(c.reason, reasons::DEADLINE_EXCEEDED);
+        assert!(c.message.contains("60 s"), "{}", c.message);
+        assert!(
+            !d.actions.iter().any(|a| matches!(a, Action::Apply { .. })),
+            "{:?}",
+            d.actions
+        );
+        world.act(&d);
+        assert_eq!(world.app.sync_policy, Some(original_policy()));
+        assert!(world.app.automated);
+        assert!(
+            is_over(Some(&d.status)),
+            "holds nothing: the finalizer goes"
+        );
+    }
+
+    #[test]
+    fn release_needs_neither_the_registry_nor_the_key() {
+        let pin_spec = spec(json!({"releasePolicy": "Explicit"}));
+        let mut world = World::new();
+        let pinned = pin(&pin_spec, &mut world, None);
+        assert_eq!(pinned.objects.len(), 1, "the objects are recorded");
+        // The key was rotated out and the digest garbage-collected: nothing verifies.
+        let released = spec(
+            json!({"releasePolicy": "Explicit", "release": true, "releaseReason": "incident over"}),
+        );
+        for verification in [
+            None,
+            Some(Verification::Refused {
+                reason: reasons::WRONG_KEY,
+                message: "rotated".into(),
+            }),
+            Some(Verification::Unavailable {
+                reason: reasons::BUNDLE_UNAVAILABLE,
+                message: "manifest unknown".into(),
+            }),
+        ] {
+            let mut w = world.clone();
+            let d = decide(&released, Some(&pinned), &w.obs(verification), t(200));
+            assert_eq!(d.status.phase, BundlePinPhase::Released);
+            w.act(&d);
+            assert_eq!(w.app.sync_policy, Some(original_policy()));
+            assert_eq!(w.dropped, 1, "ownership dropped from the recorded objects");
+            let first = effects(&d)[0];
+            assert!(
+                matches!(first, Action::SetAutomation { .. }),
+                "automation first: {first:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn release_turns_automation_back_on_and_keeps_what_changed_meanwhile() {
+        let pin_spec = spec(json!({"releasePolicy": "Explicit"}));
+        for (name, original) in [
+            ("enabled absent", original_policy()),
+            (
+                "enabled true",
+                json!({"automated": {"enabled": true, "prune": false}}),
+            ),
+        ] {
+            let mut world = World::new();
+            world.app.sync_policy = Some(original.clone());
+            let pinned = pin(&pin_spec, &mut world, None);
+            // While pinned someone adds a sync option.
+            world.app.sync_policy.as_mut().unwrap()["syncOptions"] = json!(["Validate=false"]);
+            let released = spec(
+                json!({"releasePolicy": "Explicit", "release": true, "releaseReason": "done"}),
+            );
+            let d = decide(&released, Some(&pinned), &world.obs(None), t(300));
+            world.act(&d);
+            let mut want = original.clone();
+            want["syncOptions"] = json!(["Validate=false"]);
+            assert_eq!(world.app.sync_policy, Some(want), "{name}");
+        }
+    }
+
+    fn holder(name: &str, status: &BundlePinStatus, supersedes: Option<&str>) -> OtherPin {
+        OtherPin {
+            name: name.into(),
+            supersedes: supersedes.map(str::to_owned),
+            targets: vec![AppKey {
+                namespace: "argocd".into(),
+                name: "mesh-c1".into(),
+            }],
+            applications: status.applications.clone(),
+            verified: status.to_digest.is_some(),
+        }
+    }
+
+    #[test]
+    fn a_second_pin_on_an_application_is_refused_unless_it_supersedes_the_first() {
+        // The first pin (a wave-gate halt) suspended the Application.
+        let first_spec = spec(json!({}));
+        let mut world = World::new();
+        let first = pin(&first_spec, &mut world, None);
+        assert!(!world.app.automated);
+
+        // A second pin (the on-call's) on the same Application: refused, naming the first.
+        let mut obs = world.obs(verified());
+        obs.pin.1 = "pin-2".into();
+        obs.other_pins = vec![holder("pin-1", &first, None)];
+        let d = decide(&spec(json!({})), None, &obs, t(100));
+        assert_eq!(d.status.phase, BundlePinPhase::Refused);
+        let c = cond::find(&d.status.conditions, conditions::VERIFIED).unwrap();
+        assert_eq!(c.reason, reasons::TARGET_ALREADY_PINNED);
+        assert!(
+            c.message.contains("pin-1") && c.message.contains("supersedes"),
+            "{}",
+            c.message
+        );
+        assert!(effects(&d).is_empty());
+
+        // Saying it supersedes the first: it inherits the policy before the first pin.
+        let second_spec = spec(json!({"supersedes": "pin-1"}));
+        let d = decide(&second_spec, None, &obs, t(101));
+        assert_eq!(d.status.phase, BundlePinPhase::Pinning);
+        let app = &d.status.applications[0];
+        assert_eq!(app.original_sync_policy, Some(original_policy()));
+        assert_eq!(app.inherited_from.as_deref(), Some("pin-1"));
+
+        // The first pin then lets go without restoring anything.
+        let mut first_obs = world.obs(None);
+        first_obs.other_pins = vec![holder("pin-2", &d.status, Some("pin-1"))];
+        let handed = decide(&first_spec, Some(&first), &first_obs, t(102));
+        assert_eq!(handed.status.phase, BundlePinPhase::Released);
+        assert!(effects(&handed).is_empty(), "{:?}", handed.actions);
+        assert_eq!(
+            cond::find(&handed.status.conditions, conditions::RELEASED)
+                .unwrap()
+                .reason,
+            reasons::SUPERSEDED
+        );
+        assert!(
+            !world.app.automated,
+            "still suspended: the second pin holds it"
+        );
+
+        // The second pin, released, gives back the original automation.
+        let mut second = d.status.clone();
+        for a in &mut second.applications {
+            a.state = ApplicationPinState::Pinned;
+        }
+        second.phase = BundlePinPhase::Pinned;
+        let released =
+            spec(json!({"supersedes": "pin-1", "release": true, "releaseReason": "done"}));
+        let mut obs2 = world.obs(None);
+        obs2.pin.1 = "pin-2".into();
+        let d = decide(&released, Some(&second), &obs2, t(200));
+        world.act(&d);
+        assert!(world.app.automated, "automation back after both pins");
+        assert_eq!(world.app.sync_policy, Some(original_policy()));
+    }
+
+    #[test]
+    fn a_write_war_over_the_suspension_backs_off_then_stops_and_says_so() {
+        let spec = spec(json!({"releasePolicy": "Explicit"}));
+        let mut world = World::new();
+        let mut status = pin(&spec, &mut world, None);
+        let mut resuspended_at = Vec::new();
+        // Something turns automation back on at once, every time, for 3 minutes.
+        for now in 100..280 {
+            world.app.automated = true;
+            world.app.sync_policy.as_mut().unwrap()["automated"]["enabled"] = json!(true);
+            let d = decide(&spec, Some(&status), &world.obs(None), t(now));
+            if d.actions
+                .iter()
+                .any(|a| matches!(a, Action::SetAutomation { .. }))
+            {
+                resuspended_at.push(now);
+            }
+            world.act(&d);
+            status = d.status;
+        }
+        assert_eq!(
+            resuspended_at.len() as u32,
+            MAX_RESUSPENSIONS,
+            "{resuspended_at:?}"
+        );
+        let gaps: Vec<i64> = resuspended_at.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(
+            gaps.windows(2).all(|g| g[1] >= g[0]) && gaps.iter().all(|g| *g >= 1),
+            "backs off: {gaps:?}"
+        );
+        let c = cond::find(&status.conditions, conditions::SUSPENDED).unwrap();
+        assert_eq!(c.reason, reasons::FIGHTING);
+        assert!(c.message.contains("argocd/mesh-c1"), "{}", c.message);
+        assert_eq!(status.phase, BundlePinPhase::Pinned);
+    }
+
     #[test]
     fn automation_turned_back_on_while_pinned_is_suspended_again() {
         let spec = spec(json!({}));
@@ -2077,16 +2645,20 @@ mod tests {
         world.app.operation_phase = Some("Succeeded".into());
         world.app.operation_requested = true;
         let verifying = decide(&spec, None, &world.obs(verified()), t(0));
-        let d = decide(&spec, Some(&verifying.status), &world.obs(verified()), t(1));
-        let clear = d.actions.iter().any(|a| {
-            matches!(
-                a,
-                Action::SetSyncPolicy {
-                    clear_operation: true,
-                    ..
-                }
-            )
-        });
+        let preflight = decide(&spec, Some(&verifying.status), &world.obs(verified()), t(1));
+        assert!(
+            preflight
+                .actions
+                .iter()
+                .all(|a| !a.is_effect() || matches!(a, Action::Preflight { .. })),
+            "nothing is touched before the preflight: {:?}",
+            preflight.actions
+        );
+        let d = decide(&spec, Some(&preflight.status), &world.obs(verified()), t(2));
+        let clear = d
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::ClearOperation { .. }));
         assert!(clear, "{:?}", d.actions);
         assert!(
             !d.actions

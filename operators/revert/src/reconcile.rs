@@ -142,6 +142,10 @@ pub enum ReconcileError {
     /// condition (`Pinned=False NotRestored`) naming the fields.
     #[error("{0}")]
     NotRestored(String),
+    /// The preflight (identity, kinds, dry-run of every write) failed before any Application
+    /// was suspended; the status carries `Pinned=False PreflightFailed`.
+    #[error("preflight before suspending anything: {0}")]
+    Preflight(String),
     /// The operator's configuration is unusable.
     #[error("configuration: {0}")]
     Config(String),
@@ -169,6 +173,7 @@ impl Categorized for ReconcileError {
             ReconcileError::Read { source, .. } => kube_category(source),
             ReconcileError::Effect(_, c) => *c,
             ReconcileError::NotRestored(_) => Category::Conflict,
+            ReconcileError::Preflight(_) => Category::Rejected,
             ReconcileError::Config(_) => Category::Config,
         }
     }
@@ -485,25 +490,49 @@ impl Context {
                 .await?;
                 tracing::info!(application = %format!("{}/{}", app.namespace, app.name), "terminating the running sync");
             }
-            Action::SetSyncPolicy {
-                app,
-                sync_policy,
-                clear_operation,
-            } => {
-                let patch = match sync_policy {
-                    Some(p) => Patch::Json(
-                        serde_json::from_value(
-                            json!([{"op": "add", "path": "/spec/syncPolicy", "value": p}]),
-                        )
-                        .expect("a JSON patch"),
-                    ),
-                    None => Patch::Merge(json!({"spec": {"syncPolicy": null}})),
+            Action::SetAutomation { app, enabled } => {
+                let op = match enabled {
+                    Some(b) => {
+                        json!([{"op": "add", "path": "/spec/syncPolicy/automated/enabled", "value": b}])
+                    }
+                    None => json!([{"op": "remove", "path": "/spec/syncPolicy/automated/enabled"}]),
                 };
-                self.patch_app(app, patch).await?;
-                if *clear_operation {
-                    self.patch_app(app, Patch::Merge(json!({"operation": null})))
-                        .await?;
+                let patch = Patch::Json(serde_json::from_value(op).expect("a JSON patch"));
+                match self.patch_app(app, patch).await {
+                    // Nothing to remove (already absent, or automation itself removed meanwhile).
+                    Err(ReconcileError::Effect(_, Category::Rejected)) if enabled.is_none() => {}
+                    other => other?,
                 }
+                tracing::info!(application = %format!("{}/{}", app.namespace, app.name), enabled = ?enabled, "automated sync set");
+            }
+            Action::ClearOperation { app } => {
+                self.patch_app(app, Patch::Merge(json!({"operation": null})))
+                    .await?;
+            }
+            Action::Preflight {
+                app,
+                destination,
+                default_namespace,
+                prune,
+            } => {
+                let bundle = need_bundle()?;
+                let client = self
+                    .clusters
+                    .client(destination)
+                    .await
+                    .map_err(|e| ReconcileError::Preflight(format!("{e}")))?;
+                apply::preflight(
+                    &self.kinds,
+                    &client,
+                    destination,
+                    bundle.objects(),
+                    default_namespace.as_deref(),
+                    prune,
+                    FIELD_MANAGER.as_str(),
+                )
+                .await
+                .map_err(|e| ReconcileError::Preflight(e.to_string()))?;
+                tracing::info!(application = %format!("{}/{}", app.namespace, app.name), destination, "preflight passed: identity, kinds and a dry-run of every write");
             }
             Action::Apply {
                 app,
@@ -556,7 +585,17 @@ impl Context {
                 destination,
                 default_namespace,
             } => {
-                let bundle = need_bundle()?;
+                let objects: Vec<ObjectKey> = status
+                    .objects
+                    .iter()
+                    .map(|o| ObjectKey {
+                        group: o.group.clone(),
+                        kind: o.kind.clone(),
+                        namespace: o.namespace.clone(),
+                        name: o.name.clone(),
+                        version: o.version.clone(),
+                    })
+                    .collect();
                 let client = self
                     .clusters
                     .client(destination)
@@ -566,7 +605,7 @@ impl Context {
                     &self.kinds,
                     &client,
                     destination,
-                    bundle.objects(),
+                    &objects,
                     default_namespace.as_deref(),
                     FIELD_MANAGER.as_str(),
                 )
@@ -751,6 +790,42 @@ async fn set_finalizer(
     }
 }
 
+/// The other BundlePins of the namespace that are not over.
+async fn other_pins(
+    api: &Api<BundlePin>,
+    name: &str,
+    ns: &str,
+) -> Result<Vec<decide::OtherPin>, ReconcileError> {
+    let list = api
+        .list(&Default::default())
+        .await
+        .map_err(|source| ReconcileError::Read {
+            what: format!("BundlePins in {ns}"),
+            source,
+        })?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|p| p.name_any() != name)
+        .filter(|p| {
+            !decide::is_over(p.status.as_ref())
+                && p.status
+                    .as_ref()
+                    .is_none_or(|s| s.phase != BundlePinPhase::Refused)
+        })
+        .map(|p| {
+            let status = p.status.clone().unwrap_or_default();
+            decide::OtherPin {
+                name: p.name_any(),
+                supersedes: p.spec.supersedes.clone(),
+                targets: decide::targets_to_observe(&p.spec, p.status.as_ref(), ns),
+                verified: status.to_digest.is_some() && !status.applications.is_empty(),
+                applications: status.applications,
+            }
+        })
+        .collect())
+}
+
 /// Reconciles one BundlePin.
 #[tracing::instrument(skip_all, fields(kind = "BundlePin", namespace = obj.namespace().unwrap_or_default(), name = obj.name_any()))]
 pub async fn reconcile(
@@ -789,17 +864,17 @@ pub async fn reconcile(
     };
 
     // Observe: once verified, the recorded bundle and Applications, never a changed spec's.
-    let (verification, bundle) =
-        if !terminal && (decide::needs_verification(status) || spec.release) {
-            let verify_spec = BundlePinSpec {
-                bundle: decide::bundle_to_verify(&spec, status),
-                ..spec.clone()
-            };
-            let (v, b) = ctx.verify(&verify_spec, &ns).await;
-            (Some(v), b)
-        } else {
-            (None, None)
+    let (verification, bundle) = if !terminal && !spec.release && decide::needs_verification(status)
+    {
+        let verify_spec = BundlePinSpec {
+            bundle: decide::bundle_to_verify(&spec, status),
+            ..spec.clone()
         };
+        let (v, b) = ctx.verify(&verify_spec, &ns).await;
+        (Some(v), b)
+    } else {
+        (None, None)
+    };
     let want_content = decide::needs_revision_content(&spec, status);
     let mut applications = Vec::new();
     if !terminal {
@@ -812,12 +887,18 @@ pub async fn reconcile(
             });
         }
     }
+    let other_pins = if terminal {
+        Vec::new()
+    } else {
+        other_pins(&api, &name, &ns).await?
+    };
     let obs = Observations {
         generation: obj.metadata.generation,
         pin: (ns.clone(), name.clone()),
         verification,
         applications,
         git_configured: ctx.git.is_some(),
+        other_pins,
     };
     let now = (ctx.clock)();
     let mut decision = decide::decide(&spec, status, &obs, now);
@@ -841,6 +922,7 @@ pub async fn reconcile(
             let message = err.to_string();
             let reason = match err {
                 ReconcileError::NotRestored(_) => reasons::NOT_RESTORED,
+                ReconcileError::Preflight(_) => reasons::PREFLIGHT_FAILED,
                 _ => reasons::APPLY_FAILED,
             };
             let changed = cond::set(
@@ -876,10 +958,9 @@ pub async fn reconcile(
         write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &decision.status).await?;
         tracing::info!(phase = ?decision.status.phase, "status written");
     }
-    let done = matches!(
-        decision.status.phase,
-        BundlePinPhase::Released | BundlePinPhase::Refused | BundlePinPhase::Failed
-    );
+    // A Failed pin that still holds Applications keeps its finalizer: deleting it then gives
+    // them back.
+    let done = decide::is_over(Some(&decision.status));
     if done && (has_finalizer || deleting) {
         set_finalizer(&api, &obj, false).await?;
     }

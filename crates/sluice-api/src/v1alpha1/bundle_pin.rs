@@ -96,6 +96,24 @@ pub struct BundlePinSpec {
     /// Push a revert branch (and optionally open a pull request) for the offending change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub git_revert: Option<GitRevertSpec>,
+    /// Name of a live BundlePin in this namespace that this one takes over from (an explicit
+    /// hand-over): its Applications' recorded sync policies are inherited (not their suspended
+    /// ones) and that pin lets go without restoring them. Without it, a pin naming an
+    /// Application another live pin holds is refused (`TargetAlreadyPinned`). At most 253.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub supersedes: Option<String>,
+    /// Seconds the pin may take from verification to every object restored. Past it, revert
+    /// gives every Application it suspended its sync policy back and the pin ends Failed
+    /// (`Pinned=False DeadlineExceeded`), so automation is never stranded by a pin that cannot
+    /// apply. Default 300, 10..3600.
+    #[serde(default = "default_pin_deadline_seconds")]
+    #[schemars(range(min = 10, max = 3600))]
+    pub pin_deadline_seconds: u32,
+}
+
+fn default_pin_deadline_seconds() -> u32 {
+    300
 }
 
 /// An Argo CD Application to pin.
@@ -290,6 +308,42 @@ pub struct PinnedApplication {
     /// Detail (why refused or failed), at most 1024 characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The Application's `destination.namespace` at verification (where bundle objects that
+    /// name no namespace go; release needs it even if the Application is gone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination_namespace: Option<String>,
+    /// Whether revert's identity in the destination passed the preflight (server-side dry-run
+    /// of every bundle object and of every prune) before the Application was suspended.
+    #[serde(default)]
+    pub preflight_passed: bool,
+    /// Times automation was turned back on by someone else while pinned and suspended again.
+    #[serde(default)]
+    pub resuspensions: u32,
+    /// When automation was last suspended again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_resuspended_at: Option<Time>,
+    /// The pin this Application was handed over from (`spec.supersedes`), when inherited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inherited_from: Option<String>,
+}
+
+/// One object of the pinned bundle, recorded at verification so release (dropping revert's
+/// field ownership) needs neither the registry nor the signing key.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PinnedObject {
+    /// API group (empty for the core group).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub group: String,
+    /// API version (without the group).
+    pub version: String,
+    /// Kind.
+    pub kind: String,
+    /// Namespace as the bundle writes it; absent: the Application's destination namespace.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    /// Name.
+    pub name: String,
 }
 
 /// The Git revert pushed for the pin.
@@ -352,6 +406,11 @@ pub struct BundlePinStatus {
     /// Per-Application state.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub applications: Vec<PinnedApplication>,
+    /// The pinned bundle's objects, recorded at verification (release drops revert's field
+    /// ownership from these without pulling or verifying the bundle again). At most 2048.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 2048))]
+    pub objects: Vec<PinnedObject>,
     /// The Git revert, once pushed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub git_revert: Option<GitRevertStatus>,
@@ -373,6 +432,9 @@ pub mod conditions {
     pub const RELEASED: &str = "Released";
     /// The git revert branch (and pull request) for the offending change.
     pub const GIT_REVERT: &str = "GitRevert";
+    /// Automation of every pinned Application stays suspended (False: something keeps turning
+    /// it back on and revert stopped suspending it again).
+    pub const SUSPENDED: &str = "Suspended";
 }
 
 /// Condition reasons of a BundlePin.
@@ -427,6 +489,24 @@ pub mod reasons {
     pub const TARGETS_CHANGED: &str = "TargetsChanged";
     /// Automated sync was turned back on while pinned and was suspended again.
     pub const RESUSPENDED: &str = "Resuspended";
+    /// Something keeps turning automation back on while pinned; revert stopped suspending it
+    /// again (each time sooner would be a write war) and says so.
+    pub const FIGHTING: &str = "Fighting";
+    /// Another live BundlePin holds a target Application and this pin does not supersede it.
+    pub const TARGET_ALREADY_PINNED: &str = "TargetAlreadyPinned";
+    /// A pin that superseded this one took its Applications over; released without restoring.
+    pub const SUPERSEDED: &str = "Superseded";
+    /// revert's identity, the destination's kinds or a server-side dry-run of the bundle failed
+    /// before any Application was suspended; retried until the deadline.
+    pub const PREFLIGHT_FAILED: &str = "PreflightFailed";
+    /// The pin did not restore every object within `spec.pinDeadlineSeconds`; every suspended
+    /// Application got its sync policy back.
+    pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+    /// The bundle holds more objects than a pin records (2048).
+    pub const TOO_MANY_OBJECTS: &str = "TooManyObjects";
+    /// Released while pinned objects' ownership could not be dropped (destination unreachable);
+    /// sync policies were restored first.
+    pub const OWNERSHIP_NOT_DROPPED: &str = "OwnershipNotDropped";
 }
 
 #[cfg(test)]

@@ -1,0 +1,283 @@
+//! End to end: a pin never strands Argo CD's automation. revert's identity must work in the
+//! destination before anything is suspended; a pin that cannot apply within its deadline gives
+//! automation back; deleting a Failed pin that holds a suspended Application gives it back; a
+//! pin whose key was rotated out releases all the same; a second pin on a held Application is
+//! refused, naming the first. On the emulators with the real registry and git and the stand-in
+//! Argo CD of `support`.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::{
+    Api,
+    api::{Patch, PatchParams},
+};
+use serde_json::{Value, json};
+use sluice_api::v1alpha1::{
+    BundlePin, BundlePinPhase,
+    bundle_pin::{conditions, reasons},
+};
+use sluice_bundle::SigningKey;
+use sluice_runtime::conditions::find;
+use support::*;
+
+const BUDGET: Duration = Duration::from_secs(60);
+
+async fn policy(w: &World) -> Value {
+    let app = w.apps().get(APP).await.unwrap();
+    serde_json::to_value(app.spec.sync_policy.unwrap()).unwrap()
+}
+
+fn suspended() -> Value {
+    let mut p = original_policy();
+    p["automated"]["enabled"] = json!(false);
+    p
+}
+
+/// Given the bad change (checkout at 90) synced by the stand-in Argo CD; returns the good digest.
+async fn given_bad_change(w: &World) -> String {
+    let (good, _) = w
+        .bundle(&[route("checkout", 10)], "1111111", Some(&w.signer))
+        .await;
+    let (bad, _) = w
+        .bundle(&[route("checkout", 90)], "2222222", Some(&w.signer))
+        .await;
+    w.application(APP, &bad.digest, json!({})).await;
+    w.argo(APP);
+    let apps = w.apps();
+    eventually(BUDGET, "Argo CD synced the bad change", || {
+        let apps = apps.clone();
+        let bad = bad.digest.clone();
+        async move { apps.get(APP).await.ok()?.is_synced_at(&bad).then_some(()) }
+    })
+    .await;
+    good.digest
+}
+
+async fn until<F: Fn(&BundlePin) -> bool>(w: &World, name: &str, what: &str, f: F) -> BundlePin {
+    let pins = w.pins();
+    let f = &f;
+    eventually(BUDGET, what, || {
+        let pins = pins.clone();
+        async move {
+            let p = pins.get(name).await.ok()?;
+            f(&p).then_some(p)
+        }
+    })
+    .await
+}
+
+fn phase(p: &BundlePin) -> BundlePinPhase {
+    p.status.as_ref().map(|s| s.phase).unwrap_or_default()
+}
+
+fn reason(p: &BundlePin, type_: &str) -> Option<String> {
+    find(&p.status.as_ref()?.conditions, type_).map(|c| c.reason.clone())
+}
+
+async fn identity(w: &World) -> Api<Secret> {
+    Api::namespaced(w.mgmt_client.clone(), SYSTEM)
+}
+
+#[tokio::test]
+async fn no_identity_in_the_destination_suspends_nothing_and_the_deadline_ends_the_pin() {
+    let Some(mut w) = World::start().await else {
+        return;
+    };
+    let good = given_bad_change(&w).await;
+    // revert's identity for the workload cluster is gone.
+    let secrets = identity(&w).await;
+    let saved = secrets.get("revert-c1").await.unwrap();
+    secrets
+        .delete("revert-c1", &Default::default())
+        .await
+        .unwrap();
+    w.start_revert();
+    w.create_pin("pin-a", &good, json!({"pinDeadlineSeconds": 10}))
+        .await;
+
+    // The preflight fails: nothing is suspended, the pin says why.
+    let p = until(&w, "pin-a", "Pinned=False PreflightFailed", |p| {
+        reason(p, conditions::PINNED).as_deref() == Some(reasons::PREFLIGHT_FAILED)
+    })
+    .await;
+    assert_eq!(phase(&p), BundlePinPhase::Pinning);
+    assert_eq!(policy(&w).await, original_policy(), "automation untouched");
+    assert_eq!(w.canary_weight("checkout").await, Some(90));
+
+    // Past the deadline the pin ends, holding nothing, and can go.
+    let p = until(&w, "pin-a", "Failed DeadlineExceeded", |p| {
+        phase(p) == BundlePinPhase::Failed
+    })
+    .await;
+    assert_eq!(
+        reason(&p, conditions::PINNED).as_deref(),
+        Some(reasons::DEADLINE_EXCEEDED)
+    );
+    assert_eq!(policy(&w).await, original_policy());
+    assert!(
+        !p.metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&sluice_revert::FINALIZER.to_owned()),
+        "a pin holding nothing keeps no finalizer"
+    );
+
+    // With the identity back, a new pin goes through.
+    let mut restored = saved.clone();
+    restored.metadata.resource_version = None;
+    restored.metadata.uid = None;
+    restored.metadata.creation_timestamp = None;
+    restored.metadata.managed_fields = None;
+    secrets
+        .create(&Default::default(), &restored)
+        .await
+        .unwrap();
+    w.create_pin("pin-b", &good, json!({})).await;
+    until(&w, "pin-b", "Pinned", |p| {
+        phase(p) == BundlePinPhase::Pinned
+    })
+    .await;
+    assert_eq!(w.canary_weight("checkout").await, Some(10));
+}
+
+#[tokio::test]
+async fn deleting_a_failed_pin_that_holds_an_application_gives_automation_back() {
+    let Some(mut w) = World::start().await else {
+        return;
+    };
+    let good = given_bad_change(&w).await;
+    // Argo CD's controller is busy with a sync that does not end while the pin arrives.
+    w.argo_stop.cancel();
+    w.apps()
+        .patch(
+            APP,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"operationState": {"phase": "Running", "startedAt": "2026-01-01T00:00:00Z", "operation": {"sync": {"revision": "x"}}}}})),
+        )
+        .await
+        .unwrap();
+    w.start_revert();
+    w.create_pin("pin-f", &good, json!({})).await;
+    let pins = w.pins();
+    eventually(BUDGET, "automation suspended", || async {
+        (policy(&w).await == suspended()).then_some(())
+    })
+    .await;
+    // The signing key is rotated out while the pin waits: verification fails, the pin Fails
+    // holding the suspended Application.
+    let other = SigningKey::generate().unwrap();
+    let keys: Api<Secret> = Api::namespaced(w.mgmt_client.clone(), ARGOCD);
+    keys.patch(
+        "cosign",
+        &PatchParams::default(),
+        &Patch::Merge(
+            serde_json::to_value(secret(
+                "cosign",
+                &[],
+                &[("cosign.pub", other.public_key().pem())],
+            ))
+            .unwrap(),
+        ),
+    )
+    .await
+    .unwrap();
+    let failed = until(&w, "pin-f", "Failed", |p| {
+        phase(p) == BundlePinPhase::Failed
+    })
+    .await;
+    assert!(
+        failed
+            .metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&sluice_revert::FINALIZER.to_owned()),
+        "a Failed pin holding an Application keeps its finalizer"
+    );
+    assert_eq!(policy(&w).await, suspended());
+
+    // Deleting it (the documented remedy) gives automation back before it goes.
+    pins.delete("pin-f", &Default::default()).await.unwrap();
+    eventually(BUDGET, "the deleted pin to go", || {
+        let pins = pins.clone();
+        async move { pins.get_opt("pin-f").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    assert_eq!(policy(&w).await, original_policy(), "restored exactly");
+}
+
+#[tokio::test]
+async fn a_pinned_pin_whose_key_was_rotated_out_releases_and_a_second_pin_is_refused() {
+    let Some(mut w) = World::start().await else {
+        return;
+    };
+    let good = given_bad_change(&w).await;
+    w.start_revert();
+    w.create_pin("pin-1", &good, json!({"releasePolicy": "Explicit"}))
+        .await;
+    until(&w, "pin-1", "Pinned", |p| {
+        phase(p) == BundlePinPhase::Pinned
+    })
+    .await;
+    assert!(
+        w.managers("checkout")
+            .await
+            .contains(&"sluice-revert".to_owned())
+    );
+
+    // The on-call pins the same Application again: refused, naming the first pin.
+    w.create_pin("pin-2", &good, json!({})).await;
+    let second = until(&w, "pin-2", "Refused", |p| {
+        phase(p) == BundlePinPhase::Refused
+    })
+    .await;
+    let c = find(&second.status.unwrap().conditions, conditions::VERIFIED)
+        .unwrap()
+        .clone();
+    assert_eq!(c.reason, reasons::TARGET_ALREADY_PINNED);
+    assert!(c.message.contains("pin-1"), "{}", c.message);
+    assert_eq!(
+        policy(&w).await,
+        suspended(),
+        "the first pin still holds it"
+    );
+
+    // The key is rotated out; the pin still releases (and drops its ownership) without it.
+    let other = SigningKey::generate().unwrap();
+    let keys: Api<Secret> = Api::namespaced(w.mgmt_client.clone(), ARGOCD);
+    keys.patch(
+        "cosign",
+        &PatchParams::default(),
+        &Patch::Merge(
+            serde_json::to_value(secret(
+                "cosign",
+                &[],
+                &[("cosign.pub", other.public_key().pem())],
+            ))
+            .unwrap(),
+        ),
+    )
+    .await
+    .unwrap();
+    w.pins()
+        .patch(
+            "pin-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"release": true, "releaseReason": "incident over"}})),
+        )
+        .await
+        .unwrap();
+    until(&w, "pin-1", "Released", |p| {
+        phase(p) == BundlePinPhase::Released
+    })
+    .await;
+    assert_eq!(policy(&w).await, original_policy(), "restored exactly");
+    assert!(
+        !w.managers("checkout")
+            .await
+            .contains(&"sluice-revert".to_owned()),
+        "ownership dropped without the bundle"
+    );
+}
