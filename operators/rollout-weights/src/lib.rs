@@ -14,6 +14,7 @@ pub mod observe;
 pub mod reconcile;
 pub mod route_edit;
 pub mod step;
+pub mod triggers;
 pub mod validity;
 
 use sluice_runtime::FieldManager;

@@ -1,11 +1,13 @@
 //! Binary entry point of sluice-rollout-weights: flags, then the shared runtime runs the Rollout
-//! controller while this replica holds the Lease.
+//! controller (with its triggers: canary workloads, canary Services, routes) while this replica
+//! holds the Lease.
 #![forbid(unsafe_code)]
 
 use std::{process::ExitCode, sync::Arc};
 
 use clap::Parser;
-use sluice_rollout_weights::{OPERATOR, metrics, reconcile};
+use kube::runtime::watcher;
+use sluice_rollout_weights::{OPERATOR, metrics, reconcile, triggers};
 use sluice_runtime::{Runtime, RuntimeArgs};
 
 /// Sole writer of canary weights on a Gateway API HTTPRoute for the life of a Rollout.
@@ -40,7 +42,15 @@ async fn main() -> ExitCode {
         let mut ctx = reconcile::Context::new(rt.client.clone(), rt.recorder.clone());
         ctx.allow_free_form_promql = cli.allow_free_form_promql;
         let ctx = ctx.with_analysis(&cli.prometheus_url, &cli.cluster, metrics)?;
-        rt.run(api, Arc::new(ctx), reconcile::reconcile).await?;
+        let watched = triggers::Watched {
+            deployments: rt.namespaced_api(),
+            statefulsets: rt.namespaced_api(),
+            services: rt.namespaced_api(),
+            routes: rt.namespaced_api(),
+        };
+        let extend = triggers::with_triggers(watched, watcher::Config::default());
+        rt.run_with(api, Arc::new(ctx), reconcile::reconcile, extend)
+            .await?;
         Ok(())
     }
     .await;

@@ -95,6 +95,102 @@ pub fn workload_ready(obj: &Value) -> bool {
     desired > 0 && ready >= desired && updated >= desired
 }
 
+/// FNV-1a (64 bit) of `bytes`, hex: a change detector kept in status, stable across builds and
+/// operator versions (never used for security).
+pub fn fnv_hex(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// `v` as JSON text with every object's keys sorted, so equal content hashes equally whatever
+/// order the API server returned it in.
+fn canonical(v: &Value, out: &mut String) {
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::from(k.as_str()).to_string());
+                out.push(':');
+                canonical(&m[k], out);
+            }
+            out.push('}');
+        }
+        Value::Array(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical(x, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// Removes nulls and empty objects, bottom-up: an absent field, a null and an empty map are the
+/// same content (API servers and clients differ on which they write).
+fn prune(v: &mut Value) {
+    if let Value::Object(m) = v {
+        for x in m.values_mut() {
+            prune(x);
+        }
+        m.retain(|_, x| !(x.is_null() || x.as_object().is_some_and(|o| o.is_empty())));
+    } else if let Value::Array(a) = v {
+        a.iter_mut().for_each(prune);
+    }
+}
+
+fn hash_of(v: &Value) -> String {
+    let mut v = v.clone();
+    prune(&mut v);
+    let mut text = String::new();
+    canonical(&v, &mut text);
+    fnv_hex(text.as_bytes())
+}
+
+/// The hash of a Rollout's steps (`status.stepsHash`).
+pub fn steps_hash(spec: &RolloutSpec) -> String {
+    hash_of(&serde_json::to_value(&spec.steps).unwrap_or_default())
+}
+
+/// Whether a pod-template annotation or label is set by something other than a new version:
+/// a rollout restart (`kubectl.kubernetes.io/restartedAt`) or Istio's sidecar injection and
+/// revision moves (`sidecar.istio.io/*`, `istio.io/*`, `proxy.istio.io/*`, and the `traffic.`
+/// and `status.` prefixes of `sidecar.istio.io`).
+fn ignored_key(key: &str) -> bool {
+    key == "kubectl.kubernetes.io/restartedAt"
+        || ["istio.io/", "sidecar.istio.io/", "proxy.istio.io/"]
+            .iter()
+            .any(|p| key.starts_with(p) || key.contains(&format!(".{p}")))
+}
+
+/// The canary version of a workload object (Deployment, StatefulSet, or any kind with
+/// `spec.template`): the hash of its pod template without the restart and injector keys.
+/// `None` when it has no pod template.
+pub fn workload_version(obj: &Value) -> Option<String> {
+    let mut template = obj.get("spec")?.get("template")?.clone();
+    if let Some(meta) = template.get_mut("metadata").and_then(Value::as_object_mut) {
+        for field in ["annotations", "labels"] {
+            if let Some(m) = meta.get_mut(field).and_then(Value::as_object_mut) {
+                m.retain(|k, _| !ignored_key(k));
+            }
+        }
+        meta.remove("creationTimestamp");
+    }
+    Some(hash_of(&template))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,5 +375,54 @@ mod tests {
         for (name, obj, want) in table {
             assert_eq!(workload_ready(&obj), want, "{name}");
         }
+    }
+
+    #[test]
+    fn canary_version_ignores_restarts_and_the_injector() {
+        let base = json!({"spec": {"template": {
+            "metadata": {"labels": {"app": "v2"}, "annotations": {"team": "a"}},
+            "spec": {"containers": [{"name": "app", "image": "example/app:2.14"}]}
+        }}});
+        let v0 = workload_version(&base).unwrap();
+        let with = |f: &dyn Fn(&mut Value)| {
+            let mut v = base.clone();
+            f(&mut v);
+            workload_version(&v).unwrap()
+        };
+        let bare = json!({"spec": {"template": {"spec": {"containers": [{"name": "app", "image": "example/app:2.14"}]}}}});
+        let mut restarted = bare.clone();
+        restarted["spec"]["template"]["metadata"] =
+            json!({"annotations": {"kubectl.kubernetes.io/restartedAt": "2026-12-01T00:00:00Z"}});
+        assert_eq!(
+            workload_version(&restarted),
+            workload_version(&bare),
+            "a first restart adds only an ignored annotation"
+        );
+        let same = [
+            with(&|v| v["spec"]["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/restartedAt"] = json!("2026-12-01T00:00:00Z")),
+            with(&|v| v["spec"]["template"]["metadata"]["annotations"]["sidecar.istio.io/status"] = json!("{\"revision\":\"1-28\"}")),
+            with(&|v| v["spec"]["template"]["metadata"]["labels"]["istio.io/rev"] = json!("1-28")),
+            with(&|v| v["spec"]["template"]["metadata"]["annotations"]["proxy.istio.io/config"] = json!("{}")),
+            with(&|v| v["spec"]["replicas"] = json!(7)),
+            // Key order is not content.
+            serde_json::from_str::<Value>(r#"{"spec": {"template": {"spec": {"containers": [{"image": "example/app:2.14", "name": "app"}]}, "metadata": {"annotations": {"team": "a"}, "labels": {"app": "v2"}}}}}"#).map(|v| workload_version(&v).unwrap()).unwrap(),
+        ];
+        for (i, h) in same.iter().enumerate() {
+            assert_eq!(*h, v0, "case {i}: not a new version");
+        }
+        let new_image = with(&|v| {
+            v["spec"]["template"]["spec"]["containers"][0]["image"] = json!("example/app:2.15")
+        });
+        let new_env = with(&|v| {
+            v["spec"]["template"]["spec"]["containers"][0]["env"] =
+                json!([{"name": "X", "value": "1"}])
+        });
+        let new_label =
+            with(&|v| v["spec"]["template"]["metadata"]["labels"]["version"] = json!("2.15"));
+        for h in [new_image, new_env, new_label] {
+            assert_ne!(h, v0, "a new version");
+        }
+        assert_eq!(workload_version(&json!({"spec": {}})), None);
+        assert_eq!(fnv_hex(b""), "cbf29ce484222325");
     }
 }

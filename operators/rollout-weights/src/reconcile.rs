@@ -266,12 +266,13 @@ async fn set_finalizer(
     })
 }
 
-async fn canary_ready(
+/// Whether the canary workload is ready, and its version (the pod template's hash).
+async fn canary_workload(
     ctx: &Context,
     ns: &str,
     obj: &Rollout,
     key: &str,
-) -> Result<bool, ReconcileError> {
+) -> Result<(bool, Option<String>), ReconcileError> {
     let w = &obj.spec.canary_workload;
     let (group, version) = match w.api_version.split_once('/') {
         Some((g, v)) => (g, v),
@@ -286,8 +287,11 @@ async fn canary_ready(
         .await
         .map_err(read_err(format!("{} {}", w.kind, w.name), key))?;
     Ok(match got {
-        Some(o) => observe::workload_ready(&serde_json::to_value(&o).unwrap_or_default()),
-        None => false,
+        Some(o) => {
+            let v = serde_json::to_value(&o).unwrap_or_default();
+            (observe::workload_ready(&v), observe::workload_version(&v))
+        }
+        None => (false, None),
     })
 }
 
@@ -507,13 +511,15 @@ pub async fn reconcile(
         Some(r) => observe::route(r, &target, &obj.spec, crd),
     };
     let current = obj.status.clone().unwrap_or_default();
-    let canary_ready = match current.phase {
-        RolloutPhase::Pending | RolloutPhase::WaitingForCanary | RolloutPhase::Aborted
-            if !deleting =>
-        {
-            Some(canary_ready(&ctx, &ns, &obj, &key).await?)
+    // Readiness before any live weight; the version whenever a plan runs (a new version
+    // restarts it).
+    let (canary_ready, canary_version) = match current.phase {
+        RolloutPhase::Invalid => (None, None),
+        _ if deleting => (None, None),
+        _ => {
+            let (ready, version) = canary_workload(&ctx, &ns, &obj, &key).await?;
+            (Some(ready), version)
         }
-        _ => None,
     };
     let canary_service = match current.phase {
         RolloutPhase::Pending
@@ -530,6 +536,7 @@ pub async fn reconcile(
         generation: obj.metadata.generation,
         route: route_obs,
         canary_ready,
+        canary_version,
         canary_service,
         deleting,
         ..Observations::default()

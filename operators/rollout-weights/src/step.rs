@@ -44,6 +44,9 @@ pub struct Observations {
     pub route: RouteObs,
     /// Whether the canary workload is ready (`None`: not read).
     pub canary_ready: Option<bool>,
+    /// The canary version: the hash of the canary workload's pod template (`None`: not read),
+    /// see [`crate::observe::workload_version`].
+    pub canary_version: Option<String>,
     /// Whether the canary Service exists (`None`: not read). Without it the canary's share of
     /// requests gets 500s, so no live weight goes to it.
     pub canary_service: Option<bool>,
@@ -873,6 +876,9 @@ impl Machine<'_> {
             self.next.abort_detect_to_revert_ms = None;
             self.next.phase = RolloutPhase::WaitingForCanary;
             self.next.current_step_index = None;
+            // The canary-ready deadline of the retry counts from the retry.
+            self.next.current_step_started_at = Some(Time(self.now));
+            self.next.canary_version = None;
             self.event(
                 Severity::Normal,
                 reasons::STEP_IN_PROGRESS,
@@ -880,6 +886,7 @@ impl Machine<'_> {
                 format!("retry {} from the first step", spec.retry),
             );
         }
+        self.plan_changes();
         if blocked && self.next.phase != RolloutPhase::Aborted {
             let live = matches!(
                 self.next.phase,
@@ -927,6 +934,8 @@ impl Machine<'_> {
         let service_missing = self.obs.canary_service == Some(false);
         match self.obs.canary_ready {
             Some(true) if !service_missing => {
+                self.next.canary_version = self.obs.canary_version.clone();
+                self.next.steps_hash = Some(crate::observe::steps_hash(spec));
                 self.condition(
                     conditions::CANARY_READY,
                     Status::True,
@@ -945,11 +954,14 @@ impl Machine<'_> {
             }
             _ => {
                 let deadline = dur(&spec.canary_ready_deadline, Duration::from_secs(600));
+                // From ownership, or from the retry or new canary version that restarted the
+                // wait.
                 let waited = since(
-                    self.next
+                    self.next.current_step_started_at.as_ref().or(self
+                        .next
                         .owned_route
                         .as_ref()
-                        .and_then(|o| o.owned_since.as_ref()),
+                        .and_then(|o| o.owned_since.as_ref())),
                     self.now,
                 );
                 let msg = if service_missing {
@@ -1035,6 +1047,108 @@ impl Machine<'_> {
                 return;
             }
         }
+    }
+
+    /// What changed under a running plan: a new canary version (from the canary workload's
+    /// pod template) sets the canary weight to 0 and restarts from step 0 once the new version
+    /// is ready, also after promotion (a promoted canary serving a version nobody judged is
+    /// what the rollout exists to prevent); new `spec.steps` restart the plan at the step that
+    /// matches the current weight (see [`Machine::replan`]).
+    fn plan_changes(&mut self) {
+        let spec = self.spec;
+        let hash = crate::observe::steps_hash(spec);
+        let running = matches!(
+            self.next.phase,
+            RolloutPhase::Progressing | RolloutPhase::Paused | RolloutPhase::Promoted
+        );
+        if running
+            && let (Some(was), Some(seen)) = (&self.next.canary_version, &self.obs.canary_version)
+            && was != seen
+        {
+            let note = format!(
+                "new canary version of {} {} (pod template {was} -> {seen}): canary weight 0; the rollout starts over from step 0 once it is ready",
+                spec.canary_workload.kind, spec.canary_workload.name
+            );
+            self.finish_step(StepOutcome::Restarted);
+            self.next.phase = RolloutPhase::WaitingForCanary;
+            self.next.current_step_index = None;
+            self.next.current_step_started_at = Some(Time(self.now));
+            self.next.canary_version = None;
+            self.next.promoted_at = None;
+            self.next.cohort_share = None;
+            self.next.gates.clear();
+            self.next.applied_share = None;
+            self.next.applied_share_observed_at = None;
+            cond::remove(&mut self.next.conditions, conditions::HAND_BACK_OVERDUE);
+            cond::remove(
+                &mut self.next.conditions,
+                conditions::APPLIED_SHARE_CONFIRMED,
+            );
+            self.condition(
+                conditions::PROGRESSING,
+                Status::True,
+                reasons::CANARY_VERSION_CHANGED,
+                note.clone(),
+            );
+            self.event(
+                Severity::Warning,
+                reasons::CANARY_VERSION_CHANGED,
+                event_actions::STEP,
+                note,
+            );
+            self.next.steps_hash = Some(hash);
+            return;
+        }
+        match self.next.steps_hash.clone() {
+            None => self.next.steps_hash = Some(hash),
+            Some(was) if was != hash => {
+                self.next.steps_hash = Some(hash);
+                if matches!(
+                    self.next.phase,
+                    RolloutPhase::Progressing | RolloutPhase::Paused
+                ) {
+                    self.replan();
+                }
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// New `spec.steps` mid-rollout: the plan restarts at the weight step whose weight is the
+    /// current one, else at the last weight step below it, else at step 0 — never further than
+    /// the weight already judged, never straight to 100%. The restarted step is judged in full.
+    fn replan(&mut self) {
+        let spec = self.spec;
+        let current = self.next.desired_weight.unwrap_or(0);
+        let weight_steps: Vec<usize> = (0..spec.steps.len())
+            .filter(|i| spec.steps[*i].kind() == Some(StepKind::SetWeight))
+            .collect();
+        let index = if current == 0 {
+            0
+        } else {
+            weight_steps
+                .iter()
+                .copied()
+                .find(|i| desired_at(spec, *i).weight == current)
+                .or_else(|| {
+                    weight_steps
+                        .iter()
+                        .copied()
+                        .rfind(|i| desired_at(spec, *i).weight < current)
+                })
+                .unwrap_or(0)
+        };
+        self.finish_step(StepOutcome::Restarted);
+        let note = format!(
+            "spec.steps changed at canary weight {current}%: the plan restarts at step {index}"
+        );
+        self.event(
+            Severity::Normal,
+            reasons::STEPS_CHANGED,
+            event_actions::STEP,
+            note,
+        );
+        self.start_step(index);
     }
 
     /// The canary Service is gone mid-rollout: its share of requests would get 500s that no
@@ -2081,5 +2195,145 @@ mod tests {
         assert_eq!(d.status.current_step_index, Some(1));
         assert_eq!(d.status.current_step_started_at, Some(Time(t(3_600))));
         assert!(d.status.abort.is_none());
+    }
+
+    #[test]
+    fn new_steps_restart_at_the_step_matching_the_weight_never_further() {
+        use RolloutPhase::*;
+        let old = held_spec(
+            serde_json::json!({"untilPromoted": true}),
+            serde_json::json!({}),
+        );
+        let with_steps = |steps: serde_json::Value| {
+            let mut v = serde_json::to_value(&old).unwrap();
+            v["steps"] = steps;
+            serde_json::from_value::<RolloutSpec>(v).unwrap()
+        };
+        let hashed = |mut st: RolloutStatus| {
+            st.steps_hash = Some(crate::observe::steps_hash(&old));
+            st
+        };
+        let mut at_fifty = live(&old, 4, Progressing, true);
+        at_fifty.desired_weight = Some(50);
+        type Row = (
+            &'static str,
+            RolloutSpec,
+            RolloutStatus,
+            Option<u32>,
+            u32,
+            RolloutPhase,
+        );
+        let table: Vec<Row> = vec![
+            (
+                "unchanged steps: nothing restarts",
+                old.clone(),
+                hashed(live(&old, 3, Paused, false)),
+                Some(3),
+                1,
+                Paused,
+            ),
+            (
+                "list shrunk below the index: restart at the 1% step, not promoted",
+                with_steps(serde_json::json!([{"setWeight": {"weight": 1}}, {"promote": {}}])),
+                hashed(live(&old, 3, Paused, false)),
+                Some(0),
+                1,
+                Progressing,
+            ),
+            (
+                "no step at 50%: the last weight step below it",
+                with_steps(
+                    serde_json::json!([{"setWeight": {"weight": 5}}, {"setWeight": {"weight": 25}}, {"promote": {}}]),
+                ),
+                hashed(at_fifty),
+                Some(1),
+                25,
+                Progressing,
+            ),
+            (
+                "nothing at or below the weight: from step 0",
+                with_steps(
+                    serde_json::json!([{"mirror": {"duration": "1m"}}, {"setWeight": {"weight": 10}}, {"promote": {}}]),
+                ),
+                hashed(live(&old, 2, Progressing, true)),
+                Some(0),
+                0,
+                Progressing,
+            ),
+            (
+                "a status from before the hash: adopted, nothing restarts",
+                with_steps(serde_json::json!([{"setWeight": {"weight": 1}}, {"promote": {}}])),
+                live(&old, 0, Progressing, false),
+                Some(0),
+                1,
+                Progressing,
+            ),
+        ];
+        for (name, spec, st, index, weight, phase) in table {
+            let obs = Observations {
+                route: live_route(&old, &st),
+                ..Default::default()
+            };
+            let d = step(&spec, st, &obs, t(60));
+            assert_eq!(d.status.current_step_index, index, "{name}");
+            assert_eq!(d.status.desired_weight, Some(weight), "{name}");
+            assert_eq!(d.status.phase, phase, "{name}");
+            assert!(!writes(&d).contains(&100), "{name}: never straight to 100%");
+            assert_eq!(
+                d.status.steps_hash,
+                Some(crate::observe::steps_hash(&spec)),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_new_canary_version_restarts_from_step_zero_at_weight_zero() {
+        use RolloutPhase::*;
+        let s = held_spec(
+            serde_json::json!({"untilPromoted": true}),
+            serde_json::json!({}),
+        );
+        let versioned = |mut st: RolloutStatus| {
+            st.canary_version = Some("aaaa".into());
+            st.steps_hash = Some(crate::observe::steps_hash(&s));
+            st
+        };
+        let mut promoted = live(&s, 5, Promoted, true);
+        promoted.desired_weight = Some(100);
+        promoted.promoted_at = Some(Time(t(0)));
+        for (name, st) in [
+            ("paused at 1%", versioned(live(&s, 3, Paused, false))),
+            ("weight step", versioned(live(&s, 2, Progressing, true))),
+            ("promoted", versioned(promoted)),
+        ] {
+            let mut obs = Observations {
+                route: live_route(&s, &st),
+                canary_ready: Some(false),
+                canary_version: Some("aaaa".into()),
+                ..Default::default()
+            };
+            let same = step(&s, st.clone(), &obs, t(3_600));
+            assert_eq!(
+                same.status.phase, st.phase,
+                "{name}: same version, nothing restarts"
+            );
+            obs.canary_version = Some("bbbb".into());
+            let d = step(&s, st, &obs, t(3_600));
+            assert_eq!(d.status.phase, WaitingForCanary, "{name}");
+            assert_eq!(writes(&d), vec![0], "{name}: canary weight 0 at once");
+            assert_eq!(d.status.current_step_index, None, "{name}");
+            assert!(d.status.promoted_at.is_none(), "{name}");
+            assert!(d.status.abort.is_none(), "{name}");
+            // Still rolling out, long after ownership was taken: the ready deadline counts from
+            // the new version, so it waits rather than aborts.
+            let d = step(&s, d.status, &obs, t(3_700));
+            assert_eq!(d.status.phase, WaitingForCanary, "{name}");
+            // Ready: the new version is judged from step 0.
+            obs.canary_ready = Some(true);
+            let d = step(&s, d.status, &obs, t(3_800));
+            assert_eq!(d.status.current_step_index, Some(0), "{name}");
+            assert_eq!(d.status.canary_version.as_deref(), Some("bbbb"), "{name}");
+        }
     }
 }

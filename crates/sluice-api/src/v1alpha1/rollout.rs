@@ -581,6 +581,9 @@ pub enum StepOutcome {
     Promoted,
     /// The rollout aborted during it.
     Aborted,
+    /// The plan restarted during it: `spec.steps` changed (the plan resumes at the step that
+    /// matches the current weight) or a new canary version appeared (from step 0, at weight 0).
+    Restarted,
 }
 
 /// One step in the rollout's history.
@@ -659,6 +662,17 @@ pub struct RolloutStatus {
     /// `abort.routeRevertedAt`, cleared with `abort`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub abort_detect_to_revert_ms: Option<u64>,
+    /// Hash of the `spec.steps` the current plan runs (FNV-1a, hex). When the steps change
+    /// mid-rollout the plan restarts at the step that matches the current weight, never further.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps_hash: Option<String>,
+    /// The canary version the rollout judges: a hash (FNV-1a, hex) of the canary workload's pod
+    /// template, ignoring `kubectl.kubernetes.io/restartedAt` and the sidecar injector's
+    /// annotations and labels (an Istio revision upgrade's restart is not a new version). A new
+    /// version mid-rollout (or after promotion) sets the canary weight to 0 and restarts from
+    /// step 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary_version: Option<String>,
     /// The route ownership held by this Rollout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owned_route: Option<OwnedRouteStatus>,
@@ -731,6 +745,10 @@ pub mod reasons {
     pub const GATE_FAILED: &str = "GateFailed";
     /// Aborted by spec.abort.
     pub const ABORTED_MANUALLY: &str = "AbortedManually";
+    /// A new canary version (pod template) appeared: canary weight 0, restart from step 0.
+    pub const CANARY_VERSION_CHANGED: &str = "CanaryVersionChanged";
+    /// `spec.steps` changed mid-rollout: the plan restarted at the step matching the weight.
+    pub const STEPS_CHANGED: &str = "StepsChanged";
     /// The canary Service does not exist: the canary is held at weight 0 (its share of
     /// requests would get 500s) and its step restarts once the Service is back.
     pub const CANARY_SERVICE_MISSING: &str = "CanaryServiceMissing";

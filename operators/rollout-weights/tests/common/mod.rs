@@ -21,11 +21,11 @@ use kube_emulator::Emulator;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use sluice_api::{external::http_route::HttpRoute, v1alpha1::Rollout};
-use sluice_rollout_weights::{OPERATOR, metrics, reconcile};
+use sluice_rollout_weights::{OPERATOR, metrics, reconcile, triggers};
 use sluice_runtime::{
     events::EventRecorder,
     leader::Leadership,
-    operator::{Hooks, drive},
+    operator::{Hooks, drive_with},
 };
 use sluice_sim::{ClusterConfig, Scenario, World};
 use sluice_testkit::prometheus::Prometheus;
@@ -212,7 +212,11 @@ impl Controller {
         let (hooks, _) = Hooks::standalone();
         hooks.health.set_leader(true);
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(drive(
+        let extend = triggers::with_triggers(
+            triggers::Watched::new(client, None),
+            watcher::Config::default(),
+        );
+        let task = tokio::spawn(drive_with(
             Api::<Rollout>::all(client.clone()),
             watcher::Config::default(),
             Arc::new(ctx),
@@ -220,6 +224,7 @@ impl Controller {
             Leadership::always(),
             shutdown.clone(),
             hooks,
+            extend,
         ));
         Controller {
             registry,

@@ -1,0 +1,137 @@
+//! The Rollout controller's second triggers: a change of a Rollout's canary workload (a new
+//! version, readiness), of its canary Service (gone or back), or of its route (a foreign edit, a
+//! BundlePin's rewrite) reconciles that Rollout at once, instead of at its next analysis or
+//! deadline — during a `pause: {untilPromoted: true}` step or after promotion there may be none
+//! for a long time.
+//!
+//! Owns only the mapping from those objects to the Rollouts that reference them, read from the
+//! controller's own store. Never decides and never writes.
+
+use k8s_openapi::api::{
+    apps::v1::{Deployment, StatefulSet},
+    core::v1::Service,
+};
+use kube::{
+    Api, Resource, ResourceExt,
+    runtime::{Controller, reflector::ObjectRef, reflector::Store, watcher},
+};
+use sluice_api::{
+    external::http_route::HttpRoute,
+    v1alpha1::{Rollout, rollout::ROUTE_OWNER_ANNOTATION},
+};
+
+/// The Rollouts in `rollouts` that `pick` selects, as references to reconcile.
+fn refs(
+    rollouts: &Store<Rollout>,
+    namespace: Option<String>,
+    pick: impl Fn(&Rollout) -> bool,
+) -> Vec<ObjectRef<Rollout>> {
+    rollouts
+        .state()
+        .iter()
+        .filter(|r| r.namespace() == namespace && pick(r))
+        .map(|r| ObjectRef::from_obj(r.as_ref()))
+        .collect()
+}
+
+/// The Rollouts whose canary workload is `obj` (matched on kind, namespace and name).
+fn workload_refs<K: Resource<DynamicType = ()>>(
+    rollouts: &Store<Rollout>,
+    obj: &K,
+) -> Vec<ObjectRef<Rollout>> {
+    let kind = K::kind(&());
+    let name = obj.meta().name.clone().unwrap_or_default();
+    refs(rollouts, obj.meta().namespace.clone(), |r| {
+        r.spec.canary_workload.kind == kind && r.spec.canary_workload.name == name
+    })
+}
+
+/// The Rollouts a route change concerns: its owner (the annotation) and any Rollout naming it.
+pub fn route_refs(rollouts: &Store<Rollout>, route: &HttpRoute) -> Vec<ObjectRef<Rollout>> {
+    let ns = route.metadata.namespace.clone();
+    let name = route.metadata.name.clone().unwrap_or_default();
+    let owner = route
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ROUTE_OWNER_ANNOTATION))
+        .cloned();
+    refs(rollouts, ns.clone(), |r| {
+        r.spec.route_ref.name == name
+            || owner.as_deref()
+                == Some(&format!(
+                    "{}/{}",
+                    ns.clone().unwrap_or_default(),
+                    r.name_any()
+                ))
+    })
+}
+
+/// The APIs the triggers watch (scoped like the Rollouts' own).
+#[derive(Clone)]
+pub struct Watched {
+    /// Deployments (canary workloads).
+    pub deployments: Api<Deployment>,
+    /// StatefulSets (canary workloads).
+    pub statefulsets: Api<StatefulSet>,
+    /// Services (canary Services).
+    pub services: Api<Service>,
+    /// HTTPRoutes.
+    pub routes: Api<HttpRoute>,
+}
+
+impl Watched {
+    /// Every watched API on `client`, cluster-wide or in `namespace`.
+    pub fn new(client: &kube::Client, namespace: Option<&str>) -> Self {
+        fn api<K>(client: &kube::Client, namespace: Option<&str>) -> Api<K>
+        where
+            K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+        {
+            match namespace {
+                Some(ns) => Api::namespaced(client.clone(), ns),
+                None => Api::all(client.clone()),
+            }
+        }
+        Self {
+            deployments: api(client, namespace),
+            statefulsets: api(client, namespace),
+            services: api(client, namespace),
+            routes: api(client, namespace),
+        }
+    }
+}
+
+/// Adds the triggers to a new Rollout controller.
+pub fn with_triggers(
+    watched: Watched,
+    config: watcher::Config,
+) -> impl Fn(Controller<Rollout>) -> Controller<Rollout> {
+    move |controller| {
+        let store = controller.store();
+        let (s1, s2, s3, s4) = (store.clone(), store.clone(), store.clone(), store);
+        controller
+            .watches(
+                watched.deployments.clone(),
+                config.clone(),
+                move |d: Deployment| workload_refs(&s1, &d),
+            )
+            .watches(
+                watched.statefulsets.clone(),
+                config.clone(),
+                move |s: StatefulSet| workload_refs(&s2, &s),
+            )
+            .watches(
+                watched.services.clone(),
+                config.clone(),
+                move |svc: Service| {
+                    let name = svc.name_any();
+                    refs(&s3, svc.namespace(), |r| r.spec.canary_service.name == name)
+                },
+            )
+            .watches(
+                watched.routes.clone(),
+                config.clone(),
+                move |route: HttpRoute| route_refs(&s4, &route),
+            )
+    }
+}
