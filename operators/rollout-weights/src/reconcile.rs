@@ -116,7 +116,10 @@ impl Context {
     ) -> Result<Self, sluice_analysis::EngineError> {
         let mut config = PrometheusConfig::new(prometheus_url);
         config.timeout = Duration::from_secs(5);
-        let engine = Engine::new(PrometheusSource::new(config), EngineOptions::default())?;
+        let engine = Engine::new(
+            PrometheusSource::new(config),
+            engine_options(self.allow_free_form_promql),
+        )?;
         let observer = metrics.clone();
         self.analyzer = Some(Arc::new(Analyzer::new(
             engine,
@@ -149,6 +152,15 @@ impl Context {
         };
         *self.crd.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), support));
         support
+    }
+}
+
+/// The engine's options: the platform's `--allow-free-form-promql` reaches the engine too, so
+/// a gate that validation accepts is also evaluated (not refused at query time).
+pub fn engine_options(allow_free_form_promql: bool) -> EngineOptions {
+    EngineOptions {
+        allow_inline_promql_in_namespaced: allow_free_form_promql,
+        ..EngineOptions::default()
     }
 }
 
@@ -754,4 +766,19 @@ pub async fn reconcile(
         None => ControllerAction::await_change(),
         Some(d) => ControllerAction::requeue(d),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_free_form_promql_flag_reaches_the_engine() {
+        assert!(engine_options(true).allow_inline_promql_in_namespaced);
+        assert!(!engine_options(false).allow_inline_promql_in_namespaced);
+        assert_eq!(
+            engine_options(true).cluster_label,
+            EngineOptions::default().cluster_label
+        );
+    }
 }

@@ -702,11 +702,19 @@ impl Machine<'_> {
             .into_iter()
             .map(|g| g.name)
             .collect();
+        // A gate passes the step on Pass, or on a sustained Inconclusive whose policy is
+        // Continue ("treat the gate as passed"), judged on this tick's verdicts.
+        let continued = |n: &String| {
+            self.obs.gates.iter().any(|(v, act)| {
+                &v.gate == n && v.verdict == Verdict::Inconclusive && *act == GateAction::Proceed
+            })
+        };
         let all_pass = names.iter().all(|n| {
             self.next
                 .gates
                 .iter()
                 .any(|g| &g.gate == n && g.verdict == Verdict::Pass)
+                || continued(n)
         });
         let analysed = since(Some(&confirmed), self.now);
         if all_pass && analysed >= duration {
@@ -2334,6 +2342,52 @@ mod tests {
             let d = step(&s, d.status, &obs, t(3_800));
             assert_eq!(d.status.current_step_index, Some(0), "{name}");
             assert_eq!(d.status.canary_version.as_deref(), Some("bbbb"), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_sustained_inconclusive_under_continue_lets_the_step_complete() {
+        use RolloutPhase::*;
+        let s = held_spec(
+            serde_json::json!({"untilPromoted": true}),
+            serde_json::json!({}),
+        );
+        // The 1% step (10 minutes) is over; one gate has no data for long enough.
+        let st = live(&s, 2, Progressing, true);
+        let gates = |act| {
+            vec![
+                (
+                    verdict("error-ratio", Verdict::Pass, 900),
+                    GateAction::Proceed,
+                ),
+                (
+                    verdict("applied-share", Verdict::Pass, 900),
+                    GateAction::Proceed,
+                ),
+                (verdict("latency-p99", Verdict::Inconclusive, 900), act),
+            ]
+        };
+        for (name, act, want_index) in [
+            (
+                "policy Continue: the gate counts as passed",
+                GateAction::Proceed,
+                Some(3),
+            ),
+            (
+                "still within its wait: the step waits",
+                GateAction::Wait,
+                Some(2),
+            ),
+        ] {
+            let obs = Observations {
+                route: live_route(&s, &st),
+                gates: gates(act),
+                applied_share: Some(1.0),
+                ..Default::default()
+            };
+            let d = step(&s, st.clone(), &obs, t(900));
+            assert_eq!(d.status.current_step_index, want_index, "{name}");
+            assert_ne!(d.status.phase, Aborted, "{name}");
         }
     }
 }
