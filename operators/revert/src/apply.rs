@@ -17,7 +17,33 @@ use kube::{
 use serde_json::{Value, json};
 use sluice_bundle::BundleObject;
 
-use crate::{decide::ObjectKey, restore};
+use crate::{
+    decide::{AppKey, ObjectKey},
+    restore,
+    tracking::Tracking,
+};
+
+/// Argo CD's tracking to stamp on every object written for one Application.
+#[derive(Debug, Clone, Copy)]
+pub struct Track<'a> {
+    /// Argo CD's tracking settings.
+    pub tracking: &'a Tracking,
+    /// The Application.
+    pub app: &'a AppKey,
+}
+
+/// The body written for a bundle object: its namespace set and Argo CD's tracking added.
+fn body_of(o: &BundleObject, ns: Option<&str>, track: Option<Track<'_>>) -> Value {
+    let mut body = o.value.clone();
+    if let (Some(ns), Some(meta)) = (ns, body.get_mut("metadata")) {
+        meta["namespace"] = json!(ns);
+    }
+    if let Some(t) = track {
+        t.tracking
+            .stamp(&mut body, &t.app.namespace, &t.app.name, ns);
+    }
+    body
+}
 
 /// Objects written concurrently per destination.
 pub const CONCURRENCY: usize = 16;
@@ -167,10 +193,11 @@ pub async fn apply_objects(
     objects: &[BundleObject],
     default_ns: Option<&str>,
     manager: &str,
+    track: Option<Track<'_>>,
 ) -> Result<Restored, ApplyError> {
     let work: Vec<_> = objects
         .iter()
-        .map(|o| restore_object(kinds, client, destination, o, default_ns, manager))
+        .map(|o| restore_object(kinds, client, destination, o, default_ns, manager, track))
         .collect();
     let removed: Vec<usize> = stream::iter(work)
         .buffer_unordered(CONCURRENCY)
@@ -197,15 +224,13 @@ pub async fn restore_object(
     o: &BundleObject,
     default_ns: Option<&str>,
     manager: &str,
+    track: Option<Track<'_>>,
 ) -> Result<usize, ApplyError> {
     let ns = namespace_of(o, default_ns);
     let gvk = gvk_of(&o.api_version, &o.group_kind.kind);
     let shown = o.display_name();
     let api = kinds.api(client, destination, &gvk, ns, &shown).await?;
-    let mut body = o.value.clone();
-    if let (Some(ns), Some(meta)) = (ns, body.get_mut("metadata")) {
-        meta["namespace"] = json!(ns);
-    }
+    let body = body_of(o, ns, track);
     let write_err = |verb: &'static str| {
         let shown = shown.clone();
         move |source| ApplyError::Write {
@@ -311,6 +336,7 @@ pub async fn restore_object(
 /// server-side dry-run (`dryRun=All`) of the forced apply of every object and of every delete
 /// of `prune`. Fails like the real writes would (identity refused, a kind not served, 403,
 /// 422), so nothing is suspended for a pin that cannot apply.
+#[allow(clippy::too_many_arguments)]
 pub async fn preflight(
     kinds: &Kinds,
     client: &Client,
@@ -319,6 +345,7 @@ pub async fn preflight(
     default_ns: Option<&str>,
     prune: &[ObjectKey],
     manager: &str,
+    track: Option<Track<'_>>,
 ) -> Result<(), ApplyError> {
     let mut params = PatchParams::apply(manager).force();
     params.dry_run = true;
@@ -330,10 +357,7 @@ pub async fn preflight(
                 let gvk = gvk_of(&o.api_version, &o.group_kind.kind);
                 let shown = o.display_name();
                 let api = kinds.api(client, destination, &gvk, ns, &shown).await?;
-                let mut body = o.value.clone();
-                if let (Some(ns), Some(meta)) = (ns, body.get_mut("metadata")) {
-                    meta["namespace"] = json!(ns);
-                }
+                let body = body_of(o, ns, track);
                 api.patch(&o.name, &params, &Patch::Apply(&body))
                     .await
                     .map_err(|source| ApplyError::Write {

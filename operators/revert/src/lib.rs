@@ -3,7 +3,7 @@
 //! `decide` holds the pure logic (the state machine), `reconcile` the I/O, `validity` the checks
 //! CEL cannot express, `clusters` revert's own identity per destination cluster, `controller` the controller loop
 //! with its Application watch, `apply` the
-//! writes to a destination, `restore` what an exact restore removes and compares, `metrics` the `sluice_revert_*` metrics, `scenario` the
+//! writes to a destination, `restore` what an exact restore removes and compares, `tracking` Argo CD's resource tracking on written objects, `metrics` the `sluice_revert_*` metrics, `scenario` the
 //! helpers a sandbox scenario drives a pin with. Never applies anything before the signature and the bundle's kinds are verified.
 #![forbid(unsafe_code)]
 
@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod reconcile;
 pub mod restore;
 pub mod scenario;
+pub mod tracking;
 pub mod validity;
 
 use sluice_runtime::FieldManager;

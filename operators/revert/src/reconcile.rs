@@ -14,7 +14,10 @@ use std::{
     time::Instant,
 };
 
-use k8s_openapi::{api::core::v1::Secret, jiff::Timestamp};
+use k8s_openapi::{
+    api::core::v1::{ConfigMap, Secret},
+    jiff::Timestamp,
+};
 use kube::{
     Api, Client, ResourceExt,
     api::{Patch, PatchParams},
@@ -46,6 +49,7 @@ use crate::{
         OwningApplicationSet, Requeue, Verification,
     },
     metrics::RevertMetrics,
+    tracking::{self, Tracking},
 };
 
 /// How revert reaches registries, git and the forge, and where its cluster identities live.
@@ -462,6 +466,21 @@ impl Context {
         })
     }
 
+    /// Argo CD's tracking settings, from `argocd-cm` beside the pin (Argo CD's namespace);
+    /// Argo CD's defaults when it is absent or unreadable (logged).
+    async fn tracking(&self, pin: &BundlePin) -> Tracking {
+        let ns = pin.namespace().unwrap_or_default();
+        let maps: Api<ConfigMap> = Api::namespaced(self.client.clone(), &ns);
+        let data = match maps.get_opt(tracking::ARGOCD_CM).await {
+            Ok(cm) => cm.and_then(|c| c.data),
+            Err(e) => {
+                tracing::warn!(error = %e, namespace = ns, "cannot read argocd-cm; annotation tracking (Argo CD's default) is assumed");
+                None
+            }
+        };
+        Tracking::from_config(data.as_ref(), &ns)
+    }
+
     /// Carries out one effect.
     async fn effect(
         &self,
@@ -521,6 +540,7 @@ impl Context {
                     .client(destination)
                     .await
                     .map_err(|e| ReconcileError::Preflight(format!("{e}")))?;
+                let tracking = self.tracking(pin).await;
                 apply::preflight(
                     &self.kinds,
                     &client,
@@ -529,6 +549,10 @@ impl Context {
                     default_namespace.as_deref(),
                     prune,
                     FIELD_MANAGER.as_str(),
+                    Some(apply::Track {
+                        tracking: &tracking,
+                        app,
+                    }),
                 )
                 .await
                 .map_err(|e| ReconcileError::Preflight(e.to_string()))?;
@@ -547,6 +571,7 @@ impl Context {
                     .await
                     .map_err(|e| dest_err(e.to_string(), Category::Config))?;
                 let started = Instant::now();
+                let tracking = self.tracking(pin).await;
                 let applied = apply::apply_objects(
                     &self.kinds,
                     &client,
@@ -554,6 +579,10 @@ impl Context {
                     bundle.objects(),
                     default_namespace.as_deref(),
                     FIELD_MANAGER.as_str(),
+                    Some(apply::Track {
+                        tracking: &tracking,
+                        app,
+                    }),
                 )
                 .await
                 .map_err(|e| match e {

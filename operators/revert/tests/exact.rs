@@ -360,3 +360,61 @@ async fn a_field_another_manager_set_keeps_the_pin_from_being_declared_and_is_na
     pin_phase(&w, "pin-exact", BundlePinPhase::Pinned).await;
     drop(argocd);
 }
+
+#[tokio::test]
+async fn an_object_the_bad_change_deleted_comes_back_tracked_so_argo_cd_agrees_and_the_pin_releases()
+ {
+    let Some(mut w) = World::start().await else {
+        return;
+    };
+    w.workload
+        .load_yaml(DESTINATION_RULE_CRD)
+        .expect("DestinationRule CRD");
+    let argocd = sluice_argocd::ArgoCd::start(
+        w.mgmt_client.clone(),
+        sluice_argocd::ArgoCdOptions {
+            insecure_registries: vec![w.registry.host()],
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("simulated Argo CD starts");
+    let good_objects = [checkout_route(false), destination_rule(false)];
+    let (good, _) = w.bundle(&good_objects, "1111111", Some(&w.signer)).await;
+    application(&w, &good.digest, true).await;
+    synced(&w, &good.digest, "Argo CD synced the good revision").await;
+    // The bad change drops the DestinationRule; Argo CD prunes it.
+    let (bad, _) = w
+        .bundle(&[checkout_route(false)], "2222222", Some(&w.signer))
+        .await;
+    point_at(&w, &bad.digest).await;
+    synced(&w, &bad.digest, "Argo CD synced the bad revision").await;
+    assert!(
+        destination_rules(&w)
+            .get_opt("checkout")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // The pin recreates it, carrying Argo CD's tracking for the Application.
+    w.start_revert();
+    w.create_pin("pin-tracked", &good.digest, json!({})).await;
+    pin_phase(&w, "pin-tracked", BundlePinPhase::Pinned).await;
+    let dr = destination_rules(&w).get("checkout").await.unwrap();
+    assert_eq!(
+        dr.metadata
+            .annotations
+            .unwrap_or_default()
+            .get("argocd.argoproj.io/tracking-id")
+            .map(String::as_str),
+        Some("mesh-c1:networking.istio.io/DestinationRule:shop/checkout")
+    );
+
+    // Git agrees (the same content, a new digest): Argo CD reports Synced, the pin releases.
+    let (same, _) = w.bundle(&good_objects, "3333333", Some(&w.signer)).await;
+    point_at(&w, &same.digest).await;
+    pin_phase(&w, "pin-tracked", BundlePinPhase::Released).await;
+    synced(&w, &same.digest, "Argo CD Synced at the merged revert").await;
+    drop(argocd);
+}
