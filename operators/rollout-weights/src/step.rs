@@ -817,7 +817,10 @@ impl Machine<'_> {
                     .and_then(|o| o.written_weight)
                 || route.cohort != self.next.cohort_active
                 || route.mirror != self.next.mirror_active;
-            if route.last_writer.as_deref() == Some(REVERT_FIELD_MANAGER) && drifted {
+            // A BundlePin is recognised by who rewrote spec.rules since our last write, whether
+            // or not the owned weights changed: a pin restoring the very weights this Rollout
+            // wrote still outranks it.
+            if route.last_writer.as_deref() == Some(REVERT_FIELD_MANAGER) {
                 let msg = format!(
                     "a BundlePin rewrote HTTPRoute {}; the pin wins and this rollout stops",
                     spec.route_ref.name
@@ -1581,6 +1584,37 @@ mod tests {
             let got = expected_share(&with(keep), &st, 1);
             assert!((got - want).abs() < 1e-9, "{name}: {got} != {want}");
         }
+    }
+
+    #[test]
+    fn a_bundle_pin_that_leaves_the_weights_equal_still_stops_the_rollout() {
+        let s = spec();
+        let st = RolloutStatus {
+            phase: RolloutPhase::Progressing,
+            current_step_index: Some(1),
+            desired_weight: Some(5),
+            owned_route: Some(OwnedRouteStatus {
+                last_written_resource_version: Some("1".into()),
+                written_weight: Some(5),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let RouteObs::Present(mut r) = route(5, false) else {
+            unreachable!()
+        };
+        r.resource_version = Some("2".into());
+        r.last_writer = Some(REVERT_FIELD_MANAGER.into());
+        let obs = Observations {
+            route: RouteObs::Present(r),
+            ..Default::default()
+        };
+        let d = step(&s, st, &obs, t(0));
+        assert_eq!(
+            d.status.abort.as_ref().map(|a| a.reason),
+            Some(AbortReason::PinnedByBundlePin)
+        );
+        assert!(writes(&d).is_empty(), "never writes over the pin");
     }
 
     #[test]
