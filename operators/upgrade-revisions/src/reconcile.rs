@@ -39,6 +39,7 @@ use kube::{
 };
 use serde_json::json;
 use sluice_analysis::{Engine, EngineOptions, GateAction, GateCheck, PrometheusSource};
+use sluice_api::v1alpha1::GateQuery;
 use sluice_api::v1alpha1::{
     GateTemplate, GateVerdict, RevisionUpgrade, RevisionUpgradeSpec, RevisionUpgradeStatus,
     Verdict, VerdictReason,
@@ -956,7 +957,17 @@ async fn gates(
             return Some(report.clone());
         }
     }
+    // The namespaces the wave moves: a gate naming `{{namespace}}` is judged once per each.
+    let namespaces: Vec<String> = status
+        .namespaces
+        .iter()
+        .filter(|n| n.wave == wave.name)
+        .map(|n| n.name.clone())
+        .collect();
     let mut checks = Vec::new();
+    // The gate (index into `names`) each check judges.
+    let mut of_gate: Vec<usize> = Vec::new();
+    let mut names: Vec<String> = Vec::new();
     let mut problems: Vec<GateVerdict> = Vec::new();
     for gate in spec.effective_gates() {
         let template = match &gate.template_ref {
@@ -983,49 +994,102 @@ async fn gates(
                 continue;
             }
         };
-        let vars = [
-            ("cluster", m.cluster.as_str()),
-            ("revision", spec.to_revision.as_str()),
-            ("tag", spec.to_tag.as_str()),
-            ("wave", wave.name.as_str()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
-        let mut check = GateCheck::new(format!("RevisionUpgrade {name}"), resolved, vars);
-        check.owner_namespaced = false;
-        check.previous = wave.gates.iter().find(|v| v.gate == gate.name).cloned();
-        check.captured_baseline = status
-            .captured_baselines
-            .iter()
-            .find(|b| b.gate == gate.name)
-            .cloned();
-        checks.push(check);
+        let per_namespace =
+            matches!(&resolved.query, GateQuery::PromQl(q) if q.contains("{{namespace}}"));
+        let scopes: Vec<Option<&str>> = if per_namespace {
+            namespaces.iter().map(|n| Some(n.as_str())).collect()
+        } else {
+            vec![None]
+        };
+        let previous = wave.gates.iter().find(|v| v.gate == gate.name).cloned();
+        names.push(gate.name.clone());
+        for scope in scopes {
+            let mut vars: BTreeMap<String, String> = [
+                ("cluster", m.cluster.as_str()),
+                ("revision", spec.to_revision.as_str()),
+                ("tag", spec.to_tag.as_str()),
+                ("wave", wave.name.as_str()),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+            if let Some(ns) = scope {
+                vars.insert("namespace".into(), ns.to_owned());
+            }
+            let owner = match scope {
+                Some(ns) => format!("RevisionUpgrade {name} namespace {ns}"),
+                None => format!("RevisionUpgrade {name}"),
+            };
+            let mut check = GateCheck::new(owner, resolved.clone(), vars);
+            check.owner_namespaced = false;
+            check.previous = previous.clone();
+            check.captured_baseline = status
+                .captured_baselines
+                .iter()
+                .find(|b| b.gate == gate.name)
+                .cloned();
+            checks.push(check);
+            of_gate.push(names.len() - 1);
+        }
     }
     let report = m.engine.tick(&checks, now).await;
-    let mut verdicts = Vec::new();
-    let mut action = GateAction::Proceed;
     let severity = |a: GateAction| match a {
         GateAction::Proceed => 0,
         GateAction::Wait => 1,
         GateAction::Pause => 2,
         GateAction::Abort => 3,
     };
-    for (check, outcome) in checks.iter().zip(report.outcomes) {
-        let (verdict, a) = match outcome.verdict {
+    // Per gate, the worst of its checks: Fail, then Inconclusive, then Pass; a namespace with no
+    // traffic at all (NoData) is no news unless every namespace of the gate has none.
+    let rank = |v: &GateVerdict| match (v.verdict, v.reason) {
+        (Verdict::Fail, _) => 3,
+        (Verdict::Inconclusive, VerdictReason::NoData) => 1,
+        (Verdict::Inconclusive, _) => 2,
+        (Verdict::Pass, _) => 0,
+    };
+    let mut worst: Vec<Option<(GateVerdict, GateAction)>> = vec![None; names.len()];
+    for ((check, outcome), gate) in checks.iter().zip(report.outcomes).zip(&of_gate) {
+        let (mut verdict, a) = match outcome.verdict {
             Ok(v) => {
                 let a = sluice_analysis::action(&check.gate, &v, now);
                 (v, a)
             }
-            Err(e) => (
-                problem(&check.gate.name, e.to_string(), now),
-                GateAction::Wait,
-            ),
+            Err(e) => {
+                // A query that cannot be built or run is Inconclusive under the gate's own
+                // policy (sustained, it pauses, aborts or continues), never an eternal Wait.
+                let mut v = problem(&check.gate.name, e.to_string(), now);
+                v.inconclusive_since = check
+                    .previous
+                    .as_ref()
+                    .filter(|p| p.verdict == Verdict::Inconclusive)
+                    .and_then(|p| p.inconclusive_since.clone())
+                    .or(Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        now,
+                    )));
+                let a = sluice_analysis::action(&check.gate, &v, now);
+                (v, a)
+            }
         };
+        if check.vars.contains_key("namespace")
+            && let Some(ns) = check.vars.get("namespace")
+        {
+            let m = verdict.message.take().unwrap_or_default();
+            let mut m = format!("namespace {ns}: {m}");
+            m.truncate(1000);
+            verdict.message = Some(m);
+        }
+        let slot = &mut worst[*gate];
+        if slot.as_ref().is_none_or(|(w, _)| rank(&verdict) > rank(w)) {
+            *slot = Some((verdict, a));
+        }
+    }
+    let mut verdicts = Vec::new();
+    let mut action = GateAction::Proceed;
+    for (v, a) in worst.into_iter().flatten() {
         if severity(a) > severity(action) {
             action = a;
         }
-        verdicts.push(verdict);
+        verdicts.push(v);
     }
     if !problems.is_empty() && severity(GateAction::Wait) > severity(action) {
         action = GateAction::Wait;

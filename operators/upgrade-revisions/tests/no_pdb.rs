@@ -96,7 +96,8 @@ async fn workloads_without_a_pdb_never_drop_below_their_floor() {
         tier: Some("low"),
         deployments: WORKLOADS.iter().map(|(n, r, _)| (*n, *r)).collect(),
     }];
-    let Some(mut h) = Harness::given_shaped(&fleet, common::ISSUANCE_WINDOW, shaped).await else {
+    let Some(mut h) = Harness::given_shaped(&fleet, common::ISSUANCE_WINDOW, shaped, "[]").await
+    else {
         return;
     };
     let pods = pods_of(&fleet);
@@ -164,7 +165,8 @@ async fn pods_pinning_the_old_revision_are_reported_and_never_evicted() {
         tier: Some("low"),
         deployments: vec![("web", 2), ("legacy", 2)],
     }];
-    let Some(mut h) = Harness::given_shaped(&fleet, common::ISSUANCE_WINDOW, pinned).await else {
+    let Some(mut h) = Harness::given_shaped(&fleet, common::ISSUANCE_WINDOW, pinned, "[]").await
+    else {
         return;
     };
     h.start_operator().await;

@@ -119,8 +119,11 @@ pub struct RevisionUpgradeSpec {
     /// The SVID issuance budget restarts must stay within. Default: 200/s, depth 2000, peak 2000/s.
     #[serde(default)]
     pub issuance_budget: IssuanceBudget,
-    /// Gates judged during each wave's soak. Absent or empty: the built-ins MeshErrorRatio,
-    /// LatencyP99VsStable (new vs old revision) and XdsNackIncrease. At most 16; names unique.
+    /// Gates judged during each wave's soak. Absent or empty: `mesh-error-ratio` (the
+    /// mesh-attributed error ratio of requests to each namespace the wave moved, at most 1%,
+    /// per namespace; a namespace without traffic is no news) and `xds-nack-increase` (no xDS
+    /// NACK in the cluster). A gate whose PromQL names `{{namespace}}` is judged once per
+    /// namespace of the wave; the worst verdict counts. At most 16; names unique.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     #[schemars(extend("x-kubernetes-validations" = [
@@ -183,17 +186,58 @@ impl RevisionUpgradeSpec {
         )
     }
 
-    /// The gates to judge: `spec.gates`, or the built-in defaults when empty.
+    /// The gates to judge: `spec.gates`, or the upgrade's defaults when empty
+    /// ([`default_gates`]).
     pub fn effective_gates(&self) -> Vec<Gate> {
         if !self.gates.is_empty() {
             return self.gates.clone();
         }
-        vec![
-            Gate::builtin("mesh-error-ratio", BuiltinGate::MeshErrorRatio),
-            Gate::builtin("latency-p99", BuiltinGate::LatencyP99VsStable),
-            Gate::builtin("xds-nack-increase", BuiltinGate::XdsNackIncrease),
-        ]
+        default_gates()
     }
+}
+
+/// The default gates' mesh error ratio, per namespace of the wave: requests to the namespace's
+/// services (as their sources report them) that the mesh failed — an Envoy response flag other
+/// than none (`-`) and downstream disconnect (`DC`) — over all of them, and the request count as
+/// samples. Scoped to one namespace so a regression of the moved proxies is not diluted by the
+/// rest of the cluster.
+pub const UPGRADE_MESH_ERROR_RATIO: &str = concat!(
+    "label_replace((sum by ({{by}}) (increase(istio_requests_total{reporter=\"source\", cluster=\"{{cluster}}\", destination_service_namespace=\"{{namespace}}\", response_flags!~\"-|DC\"}[{{window}}]))",
+    " or sum by ({{by}}) (increase(istio_requests_total{reporter=\"source\", cluster=\"{{cluster}}\", destination_service_namespace=\"{{namespace}}\"}[{{window}}])) * 0)",
+    " / sum by ({{by}}) (increase(istio_requests_total{reporter=\"source\", cluster=\"{{cluster}}\", destination_service_namespace=\"{{namespace}}\"}[{{window}}])), \"sluice_part\", \"value\", \"\", \"\")",
+    " or label_replace(sum by ({{by}}) (increase(istio_requests_total{reporter=\"source\", cluster=\"{{cluster}}\", destination_service_namespace=\"{{namespace}}\"}[{{window}}])), \"sluice_part\", \"samples\", \"\", \"\")"
+);
+
+/// The gates a RevisionUpgrade judges when it names none: the mesh error ratio of each moved
+/// namespace (at most 1%, at least 20 requests, two failing evaluations in a row; Inconclusive
+/// for 2m continues: a namespace with too little traffic is no news) and no xDS NACK increase
+/// in the cluster (any NACK of the new revision's config fails; a cluster-wide count is not
+/// diluted). Both need only the variables the upgrade supplies.
+pub fn default_gates() -> Vec<Gate> {
+    let mut errors = Gate {
+        name: "mesh-error-ratio".into(),
+        template_ref: None,
+        definition: super::gate::GateDefinition {
+            promql: Some(UPGRADE_MESH_ERROR_RATIO.into()),
+            comparison: Some(super::gate::Comparison::absolute(
+                super::gate::ComparisonOp::LessOrEqual,
+                0.01,
+            )),
+            min_samples: Some(20),
+            consecutive_failures: Some(2),
+            inconclusive: Some(InconclusivePolicy {
+                action: super::gate::InconclusiveAction::Continue,
+                after: DurationString::new("2m"),
+            }),
+            ..Default::default()
+        },
+        variables: BTreeMap::new(),
+    };
+    errors.definition.window = Some(DurationString::new("2m"));
+    vec![
+        errors,
+        Gate::builtin("xds-nack-increase", BuiltinGate::XdsNackIncrease),
+    ]
 }
 
 /// A wave of namespaces.
@@ -665,6 +709,6 @@ mod tests {
         assert_eq!(spec.restart, RestartMode::Evict);
         assert_eq!(spec.soak_of(1).unwrap().as_str(), "15m");
         assert_eq!(spec.soak_of(3), None);
-        assert_eq!(spec.effective_gates().len(), 3);
+        assert_eq!(spec.effective_gates().len(), 2);
     }
 }

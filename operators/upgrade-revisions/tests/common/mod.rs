@@ -213,15 +213,17 @@ impl Harness {
 
     /// [`Harness::given`], the operator measuring background issuance over `issuance_window`.
     pub async fn given_with_window(fleet: &[NsSpec], issuance_window: Duration) -> Option<Harness> {
-        Self::given_shaped(fleet, issuance_window, deployment).await
+        Self::given_shaped(fleet, issuance_window, deployment, "[]").await
     }
 
     /// [`Harness::given_with_window`], each Deployment built by `shape(namespace, name,
     /// replicas)`.
+    /// `services` is the simulated mesh's traffic (the scenario's `services:` YAML list).
     pub async fn given_shaped(
         fleet: &[NsSpec],
         issuance_window: Duration,
         shape: fn(&str, &str, i32) -> Value,
+        services: &str,
     ) -> Option<Harness> {
         if !prerequisites() {
             return None;
@@ -273,7 +275,7 @@ impl Harness {
             }
         }
         let scenario = Scenario::from_yaml(&format!(
-            "name: revision-upgrade\nclusters:\n  - name: {CLUSTER}\n    xds_pushes_per_second: 4\nservices: []\n"
+            "name: revision-upgrade\nclusters:\n  - name: {CLUSTER}\n    xds_pushes_per_second: 4\nservices: {services}\n"
         ))
         .unwrap();
         let mut config = ClusterConfig::new(CLUSTER);
