@@ -21,6 +21,7 @@ pub fn target(spec: &RolloutSpec, namespace: &str, name: &str) -> Target {
         canary: spec.canary_service.name.clone(),
         canary_port: spec.canary_service.port,
         rule_name: spec.route_ref.rule_name.clone(),
+        zero_other_backends: spec.zero_other_backends,
     }
 }
 

@@ -59,6 +59,8 @@ pub struct Target {
     pub canary_port: Option<u16>,
     /// Name of the managed rule (absent: the single rule with the stable backend).
     pub rule_name: Option<String>,
+    /// Set other backends of the managed rule to weight 0 (`spec.zeroOtherBackends`).
+    pub zero_other_backends: bool,
 }
 
 /// The mirror the route should carry.
@@ -211,6 +213,19 @@ pub enum EditError {
         /// A mirrored method.
         method: String,
     },
+    /// Another backend of the managed rule carries weight: a canary weight would not be the
+    /// canary's share, and an abort would leave that backend live.
+    #[error(
+        "HTTPRoute {route}: the managed rule also sends to Service {backend} with weight {weight}; the canary weight would not be its share. Remove that backend in Git, or set spec.zeroOtherBackends: true to have it set to 0"
+    )]
+    OtherBackendWeighted {
+        /// Route name.
+        route: String,
+        /// The other backend.
+        backend: String,
+        /// Its weight.
+        weight: i32,
+    },
     /// The route has too many backends to add the canary.
     #[error(
         "HTTPRoute {route}: the managed rule has 16 backendRefs, no room for canary Service {canary}"
@@ -232,6 +247,7 @@ impl EditError {
             EditError::FieldPruned { .. } => "RouteFieldPruned",
             EditError::CohortHeaderTaken { .. } => "InvalidSpec",
             EditError::MirrorWouldCapture { .. } => reasons::MIRROR_WOULD_CAPTURE,
+            EditError::OtherBackendWeighted { .. } => reasons::OTHER_BACKEND_WEIGHTED,
         }
     }
 }
@@ -417,6 +433,24 @@ fn set_weights(
     route: &str,
 ) -> Result<(), EditError> {
     let canary = i32::try_from(weight.min(100)).unwrap_or(100);
+    // Stable and canary must be the only weighted backends for the weight to be the canary's
+    // share. Weight 0 (ownership, abort) never refuses: it only takes from the canary.
+    for b in rule.backend_refs.iter_mut().flatten() {
+        if b.is_service(&target.stable) || b.is_service(&target.canary) {
+            continue;
+        }
+        if b.effective_weight() > 0 {
+            if target.zero_other_backends {
+                b.weight = Some(0);
+            } else if canary > 0 {
+                return Err(EditError::OtherBackendWeighted {
+                    route: route.into(),
+                    backend: b.name.clone(),
+                    weight: b.effective_weight(),
+                });
+            }
+        }
+    }
     if rule.backend(&target.canary).is_none() {
         if canary == 0 {
             // Nothing to send to the canary: leave the rule as it is (stable keeps its weight).
@@ -653,6 +687,7 @@ mod tests {
 
     fn target() -> Target {
         Target {
+            zero_other_backends: false,
             owner: "shop/checkout".into(),
             stable: "checkout-v1".into(),
             canary: "checkout-v2".into(),
@@ -834,6 +869,34 @@ mod tests {
         );
         assert_eq!(mirror["timeouts"], json!({"request": "10s"}));
         assert_eq!(mirror["backendRefs"], rules[3]["backendRefs"]);
+    }
+
+    #[test]
+    fn another_weighted_backend_is_refused_unless_zeroed() {
+        let mut v = rich();
+        v["spec"]["rules"][1]["backendRefs"][1]["weight"] = json!(10);
+        let r = route(v);
+        let legacy = |r: &HttpRoute| {
+            r.rules()[1]
+                .backend_refs
+                .iter()
+                .flatten()
+                .find(|b| b.name == "legacy")
+                .map(|b| b.effective_weight())
+        };
+        let err = apply(&r, &target(), &want(5, false, false), CrdSupport::ALL).unwrap_err();
+        assert_eq!(err.category(), "OtherBackendWeighted", "{err}");
+        assert!(err.to_string().contains("legacy"), "{err}");
+        // Ownership and abort (weight 0) never refuse, and leave the other backend alone.
+        let at_zero = apply(&r, &target(), &Desired::abort(), CrdSupport::ALL).unwrap();
+        assert_eq!(legacy(&at_zero), Some(10));
+        // Told to, the other backend goes to 0 with the live weight.
+        let mut zeroing = target();
+        zeroing.zero_other_backends = true;
+        let live = apply(&r, &zeroing, &want(5, false, false), CrdSupport::ALL).unwrap();
+        assert_eq!(legacy(&live), Some(0));
+        let aborted = apply(&r, &zeroing, &Desired::abort(), CrdSupport::ALL).unwrap();
+        assert_eq!(legacy(&aborted), Some(0), "abort: stable gets everything");
     }
 
     #[test]

@@ -96,6 +96,12 @@ pub struct RolloutSpec {
     /// the cohort step, then counts in the expected share). Default: false.
     #[serde(default)]
     pub keep_cohort: bool,
+    /// Set the weight of every other backend of the managed rule to 0 with each live weight (a
+    /// previous canary an earlier Rollout left behind). Default: false — a managed rule whose
+    /// other backends carry weight is refused (`RouteOwned=False`, `OtherBackendWeighted`) and
+    /// left as it is.
+    #[serde(default)]
+    pub zero_other_backends: bool,
     /// Keep the mirror rule after the first setWeight step. Default: false.
     #[serde(default)]
     pub keep_mirror: bool,
@@ -718,6 +724,9 @@ pub mod reasons {
     pub const ROUTE_FULL: &str = "RouteFull";
     /// The installed HTTPRoute CRD would prune a field a step needs.
     pub const ROUTE_FIELD_PRUNED: &str = "RouteFieldPruned";
+    /// Another backend of the managed rule carries weight and `spec.zeroOtherBackends` is false:
+    /// no live weight is written.
+    pub const OTHER_BACKEND_WEIGHTED: &str = "OtherBackendWeighted";
     /// Another rule of the route matches the managed rule's path without a method: the mirror
     /// rule would take its requests, so the mirror step is refused.
     pub const MIRROR_WOULD_CAPTURE: &str = "MirrorWouldCapture";
