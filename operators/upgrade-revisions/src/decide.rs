@@ -83,6 +83,9 @@ pub struct Observations {
     /// Where this tick's restarts may be scheduled: after the previous grant's schedule, up to
     /// the horizon (the expected time to the next tick, with room to spare).
     pub pacing: pacing::Window,
+    /// An older RevisionUpgrade of the cluster still in progress (not Complete, Aborted or
+    /// Invalid), by creation time then name: one budget per cluster, so this one waits.
+    pub earlier_upgrade: Option<String>,
 }
 
 /// The fleet as read this tick.
@@ -798,6 +801,31 @@ impl Tick<'_> {
 
     fn forward(&mut self) {
         if !self.tags_ok() {
+            return;
+        }
+        if let Some(other) = &self.obs.earlier_upgrade {
+            // One issuance budget per cluster: two upgrades would each spend all of it, and
+            // could move the same namespaces.
+            let msg = format!(
+                "RevisionUpgrade {other} was created earlier and is still in progress; this one starts no relabel, restart or wave until it is Complete, Aborted or deleted"
+            );
+            let known = cond::find(&self.next.conditions, conditions::PROGRESSING)
+                .is_some_and(|c| c.reason == reasons::WAITING_FOR_UPGRADE && c.message == msg);
+            if !known {
+                self.event(
+                    Severity::Normal,
+                    reasons::WAITING_FOR_UPGRADE,
+                    WAVE,
+                    msg.clone(),
+                );
+            }
+            self.condition(
+                conditions::PROGRESSING,
+                Status::False,
+                reasons::WAITING_FOR_UPGRADE,
+                msg,
+            );
+            self.update_counts(&self.spec.to_revision.clone());
             return;
         }
         if self.spec.paused {
@@ -1806,7 +1834,21 @@ impl Tick<'_> {
                 .waves
                 .iter()
                 .all(|w| w.state == UpgradeWaveState::Passed);
-        if all_passed && p.old == 0 && self.next.aborted_at.is_none() {
+        // Namespaces whose next pods the old revision would inject: labelled with its revision
+        // name, or still on the old tag (created after their wave, or with no pods now).
+        let mut referencing: Vec<String> = self
+            .fleet
+            .namespaces
+            .iter()
+            .filter(|n| {
+                !n.injection_enabled()
+                    && (n.rev() == Some(self.spec.from_revision.as_str())
+                        || n.rev() == Some(self.spec.from_tag.as_str()))
+            })
+            .map(|n| format!("{} (istio.io/rev={})", n.name, n.rev().unwrap_or_default()))
+            .collect();
+        referencing.sort();
+        if all_passed && p.old == 0 && referencing.is_empty() && self.next.aborted_at.is_none() {
             self.next.completed_at = Some(Time(self.now));
             self.next.phase = RevisionUpgradePhase::Complete;
             let msg = format!(
@@ -1867,6 +1909,16 @@ impl Tick<'_> {
         }
         if all_passed {
             where_.push("namespaces no wave selected".to_owned());
+        }
+        if all_passed && !referencing.is_empty() {
+            let n = referencing.len();
+            referencing.truncate(REPORT_LIMIT);
+            where_.push(format!(
+                "{n} namespace(s) whose next pods {} would inject: {}; relabel them istio.io/rev={} before removing it",
+                self.spec.from_revision,
+                referencing.join(", "),
+                self.spec.to_tag
+            ));
         }
         let msg = if where_.is_empty() {
             format!(
@@ -3396,5 +3448,86 @@ mod upgrade_tests {
             t(1000),
         );
         assert!(!event_reasons(&again).contains(&reasons::ARGO_CD_MANAGES_NAMESPACE_LABELS));
+    }
+
+    #[test]
+    fn a_second_upgrade_waits_for_the_first() {
+        let model = Model::new();
+        let mut o = observe(&model, None, GateAction::Proceed);
+        o.earlier_upgrade = Some("istio-1-27".into());
+        let d = decide(&spec(), None, &o, t(0));
+        assert!(
+            !d.actions
+                .iter()
+                .any(|a| matches!(a, Action::Relabel { .. } | Action::Evict { .. })),
+            "nothing moves while an earlier upgrade runs: {:?}",
+            d.actions
+        );
+        assert_eq!(d.status.phase, RevisionUpgradePhase::Pending);
+        let c = cond::find(&d.status.conditions, conditions::PROGRESSING).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", reasons::WAITING_FOR_UPGRADE)
+        );
+        assert!(c.message.contains("istio-1-27"), "{}", c.message);
+        // Once the first is done, this one starts.
+        let d2 = decide(
+            &spec(),
+            Some(&d.status),
+            &observe(&model, Some(&d.status), GateAction::Proceed),
+            t(1000),
+        );
+        assert!(
+            d2.actions
+                .iter()
+                .any(|a| matches!(a, Action::Relabel { .. }))
+        );
+    }
+
+    #[test]
+    fn the_old_revision_is_not_retirable_while_a_namespace_still_selects_it() {
+        let mut model = Model::new();
+        // Labelled with the old revision's name (no wave selects it) and without pods now.
+        model.namespaces.push(ns("cron", None, "1-27"));
+        let (st, _) = run(
+            &mut model,
+            None,
+            0,
+            &BTreeSet::new(),
+            &BTreeSet::new(),
+            |_, _| GateAction::Proceed,
+            |s| s.waves.iter().all(|w| w.state == UpgradeWaveState::Passed),
+        );
+        assert_eq!(st.proxies.as_ref().unwrap().old, 0);
+        let d = decide(
+            &spec(),
+            Some(&st),
+            &observe(&model, Some(&st), GateAction::Proceed),
+            t(400_000),
+        );
+        assert!(
+            d.status.completed_at.is_none(),
+            "not complete while cron selects 1-27"
+        );
+        let c = cond::find(&d.status.conditions, conditions::OLD_REVISION_RETIRABLE).unwrap();
+        assert_eq!(c.status, "False");
+        assert!(
+            c.message.contains("cron (istio.io/rev=1-27)"),
+            "{}",
+            c.message
+        );
+        // Relabelled to the new tag, the old revision is retirable.
+        model.label("cron", "canary");
+        let d = decide(
+            &spec(),
+            Some(&d.status),
+            &observe(&model, Some(&d.status), GateAction::Proceed),
+            t(401_000),
+        );
+        assert!(
+            d.status.completed_at.is_some(),
+            "{:#?}",
+            d.status.conditions
+        );
     }
 }

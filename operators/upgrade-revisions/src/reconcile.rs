@@ -29,7 +29,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{EvictParams, PartialObjectMeta, Patch, PatchParams},
+    api::{EvictParams, ListParams, PartialObjectMeta, Patch, PatchParams},
     runtime::{
         WatchStreamExt,
         controller::Action as ControllerAction,
@@ -701,6 +701,7 @@ pub async fn reconcile(
             return Ok(ControllerAction::requeue(Duration::from_secs(1)));
         }
         obs.fleet = Some(cache.read());
+        obs.earlier_upgrade = earlier_upgrade(&api, &obj).await;
         let complete = obj
             .status
             .as_ref()
@@ -802,6 +803,33 @@ pub async fn reconcile(
                 .max(Duration::from_millis(50)),
         ),
     })
+}
+
+/// The oldest other RevisionUpgrade of the cluster still in progress, if it was created before
+/// `obj` (creation time, then name): one issuance budget per cluster. A listing error is taken
+/// as none (the next tick lists again).
+async fn earlier_upgrade(api: &Api<RevisionUpgrade>, obj: &RevisionUpgrade) -> Option<String> {
+    use sluice_api::v1alpha1::RevisionUpgradePhase as P;
+    let list = api.list(&ListParams::default()).await.ok()?;
+    let key = |u: &RevisionUpgrade| {
+        (
+            u.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            u.name_any(),
+        )
+    };
+    let mine = key(obj);
+    list.items
+        .iter()
+        .filter(|u| u.name_any() != mine.1 && u.metadata.deletion_timestamp.is_none())
+        .filter(|u| {
+            !matches!(
+                u.status.as_ref().map(|s| s.phase),
+                Some(P::Complete | P::Aborted | P::Invalid)
+            )
+        })
+        .filter(|u| key(u) < mine)
+        .min_by_key(|u| key(u))
+        .map(|u| u.name_any())
 }
 
 /// Pods of moving namespaces not yet Ready on their target revision.

@@ -203,3 +203,35 @@ async fn a_deleted_upgrade_leaves_no_metric_series() {
     }
     forgetting.abort();
 }
+
+#[tokio::test]
+async fn tags_and_revisions_cannot_change_mid_flight() {
+    let emu = emulator_with_crd().await;
+    let api: Api<RevisionUpgrade> = Api::all(emu.client());
+    let obj: RevisionUpgrade = serde_json::from_value(serde_json::json!({
+        "apiVersion": "sluice.dev/v1alpha1", "kind": "RevisionUpgrade",
+        "metadata": {"name": "istio-1-28"},
+        "spec": {"fromTag": "stable", "fromRevision": "1-27", "toTag": "canary", "toRevision": "1-28"}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &obj).await.unwrap();
+    for (field, value) in [
+        ("toRevision", "1-29"),
+        ("toTag", "next"),
+        ("fromRevision", "1-26"),
+        ("fromTag", "old"),
+    ] {
+        let patch = serde_json::json!({"spec": {field: value}});
+        let err = api
+            .patch("istio-1-28", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect_err("an edit of the move is refused");
+        assert!(err.to_string().contains("immutable"), "{field}: {err}");
+    }
+    // Other fields stay editable (pause, abort, the budget).
+    let patch = serde_json::json!({"spec": {"paused": true}});
+    api.patch("istio-1-28", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("spec.paused is editable");
+    emu.shutdown().await;
+}

@@ -70,7 +70,9 @@ pub const INJECTION_LABEL: &str = "istio-injection";
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {"rule": "self.fromTag != self.toTag", "message": "fromTag and toTag must differ", "fieldPath": ".toTag"},
-    {"rule": "self.fromRevision != self.toRevision", "message": "fromRevision and toRevision must differ", "fieldPath": ".toRevision"}
+    {"rule": "self.fromRevision != self.toRevision", "message": "fromRevision and toRevision must differ", "fieldPath": ".toRevision"},
+    {"rule": "self.fromTag == oldSelf.fromTag && self.fromRevision == oldSelf.fromRevision", "message": "fromTag and fromRevision are immutable: namespaces already moved were chosen by them; create a new RevisionUpgrade for another move", "fieldPath": ".fromTag"},
+    {"rule": "self.toTag == oldSelf.toTag && self.toRevision == oldSelf.toRevision", "message": "toTag and toRevision are immutable: pods already restarted run that revision; create a new RevisionUpgrade for another move", "fieldPath": ".toTag"}
 ]))]
 pub struct RevisionUpgradeSpec {
     /// Revision tag namespaces move from (e.g. `stable`).
@@ -687,6 +689,8 @@ pub mod reasons {
     pub const NO_ARGO_CD_NAMESPACES: &str = "NoArgoCDNamespaces";
     /// A workload without a PodDisruptionBudget is at its availability floor.
     pub const AT_AVAILABILITY_FLOOR: &str = "AtAvailabilityFloor";
+    /// An earlier RevisionUpgrade of the cluster is in progress; this one waits.
+    pub const WAITING_FOR_UPGRADE: &str = "WaitingForUpgrade";
 }
 
 #[cfg(test)]
