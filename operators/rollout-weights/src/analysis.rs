@@ -19,8 +19,9 @@ use sluice_analysis::{
     CheckOutcome, Engine, GateAction, GateCheck, MetricsSource, Observation, Vars, action,
 };
 use sluice_api::v1alpha1::{
-    BuiltinGate, Gate, GateQuery, GateTemplateSpec, GateVerdict, RolloutPhase, RolloutSpec,
-    RolloutStatus, rollout::StepKind,
+    BuiltinGate, Gate, GateQuery, GateTemplateSpec, GateVerdict, InconclusiveAction,
+    InconclusivePolicy, RolloutPhase, RolloutSpec, RolloutStatus, Verdict, VerdictReason,
+    rollout::StepKind,
 };
 use tokio::sync::oneshot;
 
@@ -37,8 +38,76 @@ pub struct Plan {
     pub judged: Vec<String>,
     /// Index of the check whose value is the applied share.
     pub share_index: usize,
-    /// Gates that could not be resolved (a missing GateTemplate, a bad duration): message lines.
-    pub problems: Vec<String>,
+    /// Gates that could not be resolved (a missing GateTemplate, a bad duration).
+    pub problems: Vec<Misconfigured>,
+    /// The Rollout's Inconclusive policy, for the gates that could not be resolved.
+    pub inconclusive: InconclusivePolicy,
+}
+
+/// A gate that cannot be evaluated as configured: a missing GateTemplate, a template variable
+/// the Rollout cannot supply, refused inline PromQL, a bad duration. A configuration error, not
+/// a metrics outage: the gate is Inconclusive (its policy applies after its deadline) and the
+/// Rollout reports `Ready=False`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Misconfigured {
+    /// The gate's name.
+    pub gate: String,
+    /// What is wrong, naming the field.
+    pub message: String,
+    /// The gate's previous verdict (its Inconclusive streak).
+    pub previous: Option<GateVerdict>,
+}
+
+/// The action an Inconclusive verdict calls for under `policy`: Wait until it has lasted
+/// `policy.after`, then Pause, Abort or Continue (Proceed).
+pub fn policy_action(
+    policy: &InconclusivePolicy,
+    verdict: &GateVerdict,
+    now: Timestamp,
+) -> GateAction {
+    let since = verdict.inconclusive_since.as_ref().map_or(now, |t| t.0);
+    let after: Duration = policy.after.parse().unwrap_or(Duration::from_secs(300));
+    if now.duration_since(since).unsigned_abs() < after {
+        return GateAction::Wait;
+    }
+    match policy.action {
+        InconclusiveAction::Pause => GateAction::Pause,
+        InconclusiveAction::Abort => GateAction::Abort,
+        InconclusiveAction::Continue => GateAction::Proceed,
+    }
+}
+
+/// The Inconclusive verdict of a misconfigured gate, carrying its streak from `previous`.
+fn misconfigured_verdict(
+    gate: &str,
+    message: &str,
+    previous: Option<&GateVerdict>,
+    now: Timestamp,
+) -> GateVerdict {
+    let at = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now);
+    GateVerdict {
+        gate: gate.to_owned(),
+        verdict: Verdict::Inconclusive,
+        reason: VerdictReason::QueryError,
+        message: Some(
+            format!("configuration error: {message}")
+                .chars()
+                .take(1024)
+                .collect(),
+        ),
+        value: None,
+        baseline: None,
+        threshold: None,
+        samples: None,
+        min_samples: None,
+        consecutive_failures: previous.map_or(0, |p| p.consecutive_failures),
+        inconclusive_since: Some(
+            previous
+                .and_then(|p| p.inconclusive_since.clone())
+                .unwrap_or(at.clone()),
+        ),
+        evaluated_at: at,
+    }
 }
 
 /// What the analysis produced for the state machine.
@@ -48,8 +117,10 @@ pub struct Findings {
     pub gates: Vec<(GateVerdict, GateAction)>,
     /// Applied share in percent (`None`: no data).
     pub applied_share: Option<f64>,
-    /// Why the metrics source did not answer, or why a gate could not be evaluated.
+    /// Why the metrics source did not answer.
     pub error: Option<String>,
+    /// Configuration problems of the gates (each `gate <name>: ...`), empty when none.
+    pub problems: Vec<String>,
 }
 
 fn current_kind(spec: &RolloutSpec, status: &RolloutStatus) -> Option<StepKind> {
@@ -168,7 +239,12 @@ pub fn plan(
         let mut resolved = match g.resolve(template) {
             Ok(r) => r,
             Err(e) => {
-                problems.push(format!("spec.gates {}: {e}", gate.name));
+                problems.push(Misconfigured {
+                    gate: gate.name.clone(),
+                    message: format!("spec.gates {}: {e}", gate.name),
+                    previous: previous(&gate.name),
+                });
+                judged.push(gate.name.clone());
                 continue;
             }
         };
@@ -217,6 +293,7 @@ pub fn plan(
         judged,
         share_index,
         problems,
+        inconclusive: spec.inconclusive.clone(),
     }
 }
 
@@ -224,8 +301,11 @@ pub fn plan(
 /// actions, the applied share (percent), and the first reason the source failed.
 pub fn findings(plan: &Plan, outcomes: &[CheckOutcome], now: Timestamp) -> Findings {
     let mut out = Findings::default();
-    if let Some(p) = plan.problems.first() {
-        out.error = Some(p.clone());
+    for p in &plan.problems {
+        let v = misconfigured_verdict(&p.gate, &p.message, p.previous.as_ref(), now);
+        let act = policy_action(&plan.inconclusive, &v, now);
+        out.problems.push(p.message.clone());
+        out.gates.push((v, act));
     }
     for (i, (check, outcome)) in plan.checks.iter().zip(outcomes).enumerate() {
         if let Some(Observation::Failed { message, .. }) = &outcome.observation {
@@ -242,9 +322,14 @@ pub fn findings(plan: &Plan, outcomes: &[CheckOutcome], now: Timestamp) -> Findi
                 out.gates.push((v.clone(), action(&check.gate, v, now)));
             }
             Ok(_) => {}
-            Err(e) => {
-                out.error.get_or_insert_with(|| e.to_string());
+            // A check that cannot be planned is a configuration problem, never an outage.
+            Err(e) if plan.judged.contains(&check.gate.name) => {
+                let msg = format!("spec.gates {}: {e}", check.gate.name);
+                let v = misconfigured_verdict(&check.gate.name, &msg, check.previous.as_ref(), now);
+                out.gates.push((v.clone(), action(&check.gate, &v, now)));
+                out.problems.push(msg);
             }
+            Err(e) => out.problems.push(e.to_string()),
         }
     }
     out
@@ -569,11 +654,11 @@ mod tests {
                 0,
             ),
             (
-                "missing template is a problem, not a check",
+                "missing template is a problem, not a check (judged: Inconclusive)",
                 serde_json::json!([{"name": "t", "templateRef": "absent"}]),
                 progressing,
                 1,
-                0,
+                1,
                 SHARE_CHECK,
                 1,
             ),
@@ -692,5 +777,36 @@ mod tests {
         assert_eq!(f.applied_share, None, "no data is not a share of 0");
         assert_eq!(f.error.as_deref(), Some("connection refused"));
         assert_eq!(f.gates[0].1, GateAction::Wait);
+    }
+
+    #[test]
+    fn a_misconfigured_gate_is_inconclusive_and_its_policy_applies_never_an_outage() {
+        let s = spec(serde_json::json!([{"name": "t", "templateRef": "absent"}]));
+        let status = RolloutStatus {
+            phase: RolloutPhase::Progressing,
+            current_step_index: Some(0),
+            ..Default::default()
+        };
+        let p = plan(&s, &status, ("shop", "checkout"), "c1", &HashMap::new());
+        let f = findings(&p, &[], t(0));
+        assert_eq!(f.error, None, "not a metrics outage");
+        assert_eq!(f.problems.len(), 1);
+        assert!(
+            f.problems[0].starts_with("spec.gates t: "),
+            "{:?}",
+            f.problems
+        );
+        let (v, act) = f.gates.iter().find(|(v, _)| v.gate == "t").unwrap();
+        assert_eq!(v.verdict, Verdict::Inconclusive);
+        assert_eq!(*act, GateAction::Wait, "within the policy's 30s");
+        // The streak carries over from the status: 30 s later the policy (Abort here) applies.
+        let later = RolloutStatus {
+            gates: vec![v.clone()],
+            ..status
+        };
+        let p = plan(&s, &later, ("shop", "checkout"), "c1", &HashMap::new());
+        let f = findings(&p, &[], t(30_000));
+        let (_, act) = f.gates.iter().find(|(v, _)| v.gate == "t").unwrap();
+        assert_eq!(*act, GateAction::Abort);
     }
 }

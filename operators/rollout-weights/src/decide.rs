@@ -9,7 +9,10 @@
 //! do I/O or read the clock.
 
 use k8s_openapi::jiff::Timestamp;
-use sluice_api::v1alpha1::{RolloutPhase, RolloutSpec, RolloutStatus, rollout::reasons};
+use sluice_api::v1alpha1::{
+    RolloutPhase, RolloutSpec, RolloutStatus,
+    rollout::{conditions, reasons},
+};
 use sluice_runtime::{conditions as cond, events::Severity};
 
 pub use crate::step::{Action, Decision, Observations, Requeue};
@@ -28,7 +31,24 @@ pub fn decide(
     now: Timestamp,
 ) -> Decision {
     let problems = validity::problems(spec, allow_free_form_promql);
-    let checked = decide_validity(&problems, status, obs.generation, now);
+    // A Ready=False for a misconfigured gate is this module's, not the validity check's: seen
+    // as "valid" by it, so fixing or keeping it never reads as the spec being accepted again.
+    let masked = status.cloned().map(|mut s| {
+        if let Some(c) = s
+            .conditions
+            .iter_mut()
+            .find(|c| c.type_ == conditions::READY && c.reason == reasons::GATE_MISCONFIGURED)
+        {
+            c.status = "True".into();
+            c.reason = reasons::VALID.into();
+            c.message = "spec is valid".into();
+        }
+        s
+    });
+    let mut checked = decide_validity(&problems, masked.as_ref(), obs.generation, now);
+    if problems.is_empty() {
+        gate_configuration(&mut checked, status, obs, now);
+    }
     if checked.status.phase == RolloutPhase::Invalid && !obs.deleting {
         // Never started: an invalid spec is waited on.
         return checked;
@@ -43,6 +63,50 @@ pub fn decide(
     actions.append(&mut next.actions);
     next.actions = actions;
     next
+}
+
+/// A valid spec whose gates cannot be evaluated as configured (a missing GateTemplate, a
+/// variable the Rollout cannot supply, refused inline PromQL) is not Ready: `Ready=False`,
+/// reason `GateMisconfigured`, naming the gate and field. Learned only when an analysis runs;
+/// between analyses the last finding stands. The gates themselves are Inconclusive, so their
+/// policy applies after its deadline.
+fn gate_configuration(
+    checked: &mut Decision,
+    status: Option<&RolloutStatus>,
+    obs: &Observations,
+    now: Timestamp,
+) {
+    let before = status
+        .and_then(|s| cond::find(&s.conditions, conditions::READY))
+        .filter(|c| c.reason == reasons::GATE_MISCONFIGURED)
+        .cloned();
+    match (&obs.config_problems, before) {
+        (Some(found), before) if !found.is_empty() => {
+            let message = found.join("; ");
+            let c = cond::new(
+                conditions::READY,
+                cond::Status::False,
+                reasons::GATE_MISCONFIGURED,
+                message.clone(),
+                obs.generation,
+                now,
+            );
+            cond::set(&mut checked.status.conditions, c);
+            if before.is_none() {
+                checked.actions.push(Action::Event {
+                    severity: Severity::Warning,
+                    reason: reasons::GATE_MISCONFIGURED,
+                    action: VALIDATE,
+                    note: message,
+                });
+            }
+        }
+        // Not analysed this time: the last finding stands.
+        (None, Some(before)) => {
+            cond::set(&mut checked.status.conditions, before);
+        }
+        _ => {}
+    }
 }
 
 /// The validity part of [`decide`], given the spec's problems (empty when valid).
@@ -473,5 +537,41 @@ mod tests {
         let held = decide(&bad, Some(&aborted), &o, false, t(60));
         let back = decide(&good, Some(&held.status), &o, false, t(90));
         assert_eq!(back.status.phase, RolloutPhase::Aborted);
+    }
+
+    #[test]
+    fn a_misconfigured_gate_makes_the_rollout_not_ready_until_an_analysis_finds_it_fixed() {
+        let s = spec(serde_json::json!({}));
+        let st = started(RolloutPhase::Progressing, 0, 1);
+        let ready = |d: &Decision| {
+            let c = cond::find(&d.status.conditions, conditions::READY).unwrap();
+            (c.status.clone(), c.reason.clone())
+        };
+        let mut o = observed(1, false);
+        o.config_problems = Some(vec![
+            "spec.gates t: GateTemplate absent not found".to_owned(),
+        ]);
+        let d = decide(&s, Some(&st), &o, false, t(60));
+        assert_eq!(
+            ready(&d),
+            ("False".to_owned(), reasons::GATE_MISCONFIGURED.to_owned())
+        );
+        assert_eq!(
+            d.status.phase,
+            RolloutPhase::Progressing,
+            "not an invalid spec"
+        );
+        // Between analyses the finding stands.
+        o.config_problems = None;
+        let d = decide(&s, Some(&d.status), &o, false, t(61));
+        assert_eq!(ready(&d).1, reasons::GATE_MISCONFIGURED);
+        assert!(
+            !d.actions.iter().any(|a| matches!(a, Action::Event { .. })),
+            "no Event while nothing changes"
+        );
+        // An analysis without problems: Ready again.
+        o.config_problems = Some(vec![]);
+        let d = decide(&s, Some(&d.status), &o, false, t(90));
+        assert_eq!(ready(&d), ("True".to_owned(), reasons::VALID.to_owned()));
     }
 }

@@ -577,6 +577,7 @@ pub async fn reconcile(
             obs.gates = found.gates;
             obs.applied_share = found.applied_share;
             obs.analysis_error = found.error;
+            obs.config_problems = Some(found.problems);
         }
     } else if analysing {
         obs.analysis_error = Some("no metrics source is configured (--prometheus-url)".into());

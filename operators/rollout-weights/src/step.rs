@@ -56,6 +56,9 @@ pub struct Observations {
     pub applied_share: Option<f64>,
     /// The Rollout is being deleted (hand back the route).
     pub deleting: bool,
+    /// Configuration problems of the gates found by this tick's analysis, each naming the gate
+    /// and field (`None`: no analysis ran, so nothing was learned either way).
+    pub config_problems: Option<Vec<String>>,
     /// Why the metrics source could not answer this tick (`None`: it answered or was not asked).
     pub analysis_error: Option<String>,
 }

@@ -720,6 +720,9 @@ pub mod reasons {
     pub const INVALID_SPEC: &str = "InvalidSpec";
     /// The spec is valid.
     pub const VALID: &str = "Valid";
+    /// A gate cannot be evaluated as configured (a missing GateTemplate, a variable the Rollout
+    /// cannot supply, refused inline PromQL); the message names the gate and field.
+    pub const GATE_MISCONFIGURED: &str = "GateMisconfigured";
     /// The route cannot hold the extra rules (16 rules, 128 matches).
     pub const ROUTE_FULL: &str = "RouteFull";
     /// The installed HTTPRoute CRD would prune a field a step needs.
