@@ -402,37 +402,86 @@ pub async fn preflight(
         .await
 }
 
-/// Deletes the objects (already gone counts as deleted); returns how many.
+/// Argo CD's per-resource sync options annotation.
+pub const SYNC_OPTIONS_ANNOTATION: &str = "argocd.argoproj.io/sync-options";
+
+/// Whether Argo CD's sync options on an object forbid deleting it (`Prune=false` or
+/// `Delete=false`, comma-separated as Argo CD reads them).
+pub fn protected(sync_options: Option<&str>) -> bool {
+    sync_options.is_some_and(|o| {
+        o.split(',')
+            .map(str::trim)
+            .any(|x| x == "Prune=false" || x == "Delete=false")
+    })
+}
+
+/// Deletes the objects (already gone counts as deleted), each with a UID precondition (the
+/// object read, not one recreated since), never one Argo CD's sync options protect
+/// (`Prune=false`, `Delete=false`); returns how many were deleted.
 pub async fn prune_objects(
     kinds: &Kinds,
     client: &Client,
     destination: &str,
     objects: &[ObjectKey],
 ) -> Result<usize, ApplyError> {
-    stream::iter(objects.iter().map(Ok))
-        .try_for_each_concurrent(CONCURRENCY, |o| async move {
-            let version = if o.version.is_empty() {
-                "v1"
-            } else {
-                &o.version
-            };
-            let gvk = GroupVersionKind::gvk(&o.group, version, &o.kind);
-            let shown = o.display();
-            let ns = (!o.namespace.is_empty()).then_some(o.namespace.as_str());
-            let api = kinds.api(client, destination, &gvk, ns, &shown).await?;
-            match api.delete(&o.name, &DeleteParams::default()).await {
-                Ok(_) => Ok(()),
-                Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-                Err(source) => Err(ApplyError::Write {
-                    verb: "delete",
-                    object: shown,
-                    destination: destination.to_owned(),
-                    source,
-                }),
-            }
-        })
+    let work: Vec<_> = objects
+        .iter()
+        .map(|o| prune_one(kinds, client, destination, o))
+        .collect();
+    let deleted: Vec<bool> = stream::iter(work)
+        .buffer_unordered(CONCURRENCY)
+        .try_collect()
         .await?;
-    Ok(objects.len())
+    Ok(deleted.into_iter().filter(|d| *d).count())
+}
+
+async fn prune_one(
+    kinds: &Kinds,
+    client: &Client,
+    destination: &str,
+    o: &ObjectKey,
+) -> Result<bool, ApplyError> {
+    let version = if o.version.is_empty() {
+        "v1"
+    } else {
+        &o.version
+    };
+    let gvk = GroupVersionKind::gvk(&o.group, version, &o.kind);
+    let shown = o.display();
+    let ns = (!o.namespace.is_empty()).then_some(o.namespace.as_str());
+    let api = kinds.api(client, destination, &gvk, ns, &shown).await?;
+    let err = |verb: &'static str, source| ApplyError::Write {
+        verb,
+        object: shown.clone(),
+        destination: destination.to_owned(),
+        source,
+    };
+    let Some(live) = api.get_opt(&o.name).await.map_err(|e| err("read", e))? else {
+        return Ok(false);
+    };
+    if protected(
+        live.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SYNC_OPTIONS_ANNOTATION))
+            .map(String::as_str),
+    ) {
+        tracing::info!(object = %shown, destination, "not pruned: Argo CD's sync options protect it (Prune=false or Delete=false)");
+        return Ok(false);
+    }
+    let params = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: live.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&o.name, &params).await {
+        Ok(_) => Ok(true),
+        // Gone, or replaced by a new object since it was read: not the object to prune.
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+        Err(source) => Err(err("delete", source)),
+    }
 }
 
 /// The managedFields list without `manager`'s entries, or `None` when it has none.
@@ -552,6 +601,20 @@ mod tests {
             Some(vec![])
         );
         assert_eq!(without_manager(&Value::Null, "sluice-revert"), None);
+    }
+
+    #[test]
+    fn argo_cds_sync_options_protect_from_prune() {
+        let table = [
+            (None, false),
+            (Some("Prune=false"), true),
+            (Some("ServerSideApply=true, Delete=false"), true),
+            (Some("Prune=true"), false),
+            (Some("Replace=true"), false),
+        ];
+        for (options, want) in table {
+            assert_eq!(protected(options), want, "{options:?}");
+        }
     }
 
     #[test]

@@ -25,7 +25,7 @@ use sluice_runtime::{
     events::Severity,
 };
 
-use crate::validity;
+use crate::{binding, validity};
 
 /// How often a pinned BundlePin looks at its Applications without being woken: a safety net.
 /// A change to a target Application wakes its pins at once (see [`crate::controller`]).
@@ -155,6 +155,17 @@ pub struct AppView {
     pub destination_namespace: Option<String>,
     /// Resources Argo CD tracks for the Application.
     pub tracked: Vec<ObjectKey>,
+    /// The OCI `repoURL` of its single source.
+    pub repo_url: Option<String>,
+    /// Whether it has several sources (`spec.sources` with more than one).
+    pub multi_source: bool,
+    /// Revisions Argo CD deployed for it (`status.history[].revision`).
+    pub history: Vec<String>,
+    /// `destination.name` and `destination.server` as written.
+    pub destination_name_server: (String, String),
+    /// Its AppProject's `spec.destinations`; `None` when the AppProject could not be read (not
+    /// checked then).
+    pub project_destinations: Option<Vec<binding::ProjectDestination>>,
 }
 
 impl AppView {
@@ -193,6 +204,19 @@ pub struct Observations {
     /// The other BundlePins of this namespace that are not over (a second pin on one of this
     /// pin's Applications is refused unless it supersedes that one).
     pub other_pins: Vec<OtherPin>,
+    /// The kinds the platform allows (the operator's `--allowed-kinds`): an upper bound on
+    /// `spec.allowedKinds`; `None`: the default list.
+    pub platform_kinds: Option<Vec<GroupKind>>,
+}
+
+/// The kinds this pin may apply and prune: `spec.allowedKinds` (or the default list) within
+/// the platform's.
+pub fn allowed_kinds(spec: &BundlePinSpec, platform: Option<&[GroupKind]>) -> Vec<GroupKind> {
+    let mut kinds = spec.effective_allowed_kinds();
+    if let Some(platform) = platform {
+        kinds.retain(|k| platform.contains(k));
+    }
+    kinds
 }
 
 /// Another live BundlePin, as far as a pin needs to know it.
@@ -881,6 +905,22 @@ fn verifying(
                     app.state = ApplicationPinState::Refused;
                     app.message = Some(m);
                 }
+                for (reason, m) in binding_problems(spec, obs, summary, v, &who) {
+                    refusals.push((reason, m.clone()));
+                    app.state = ApplicationPinState::Refused;
+                    app.message = Some(m);
+                }
+                if spec.allow_any_revision && !v.history.contains(&summary.digest) {
+                    d.actions.push(event(
+                        Severity::Warning,
+                        reasons::ANY_REVISION_ALLOWED,
+                        VERIFY,
+                        format!(
+                            "{who}: pinning {}, a digest Argo CD never deployed for it (spec.allowAnyRevision)",
+                            summary.digest
+                        ),
+                    ));
+                }
             }
         }
         apps.push(app);
@@ -954,6 +994,101 @@ fn verifying(
     d.requeue = Requeue::After(Duration::ZERO);
 }
 
+/// Why a verified bundle may not be pinned to this Application: not its repository, a
+/// digest it never ran, several sources, namespaces it may not write, too large a prune.
+fn binding_problems(
+    spec: &BundlePinSpec,
+    obs: &Observations,
+    summary: &BundleSummary,
+    v: &AppView,
+    who: &str,
+) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    if v.multi_source {
+        out.push((
+            reasons::NOT_SINGLE_SOURCE,
+            format!("{who} has several sources; a pin replaces one bundle and would prune the others' objects — pin it per source or revert in Git"),
+        ));
+        return out;
+    }
+    let repo = v.repo_url.as_deref().unwrap_or_default();
+    if binding::normalise_repository(repo) != binding::normalise_repository(&spec.bundle.repository)
+    {
+        out.push((
+            reasons::REPOSITORY_MISMATCH,
+            format!(
+                "{who} syncs {repo}, not {}: a pin applies a bundle of the Application's own repository only",
+                spec.bundle.repository
+            ),
+        ));
+    }
+    if !spec.allow_any_revision && !v.history.contains(&summary.digest) {
+        out.push((
+            reasons::REVISION_NOT_DEPLOYED,
+            format!(
+                "Argo CD never deployed {} for {who} (not in status.history); pin a revision it ran, or set spec.allowAnyRevision (audited)",
+                summary.digest
+            ),
+        ));
+    }
+    let dest_ns = v.destination_namespace.clone().unwrap_or_default();
+    let mut namespaces: Vec<String> = summary
+        .objects
+        .iter()
+        .map(|o| {
+            if o.namespace.is_empty() {
+                dest_ns.clone()
+            } else {
+                o.namespace.clone()
+            }
+        })
+        .collect();
+    namespaces.sort();
+    namespaces.dedup();
+    for ns in namespaces {
+        let known = ns == dest_ns || v.tracked.iter().any(|t| t.namespace == ns);
+        let (name, server) = &v.destination_name_server;
+        let permitted = v
+            .project_destinations
+            .as_ref()
+            .is_none_or(|d| binding::destination_matched(d, name, server, &ns));
+        if !known || !permitted {
+            out.push((
+                reasons::NAMESPACE_NOT_ALLOWED,
+                format!(
+                    "the bundle writes namespace {ns:?}, which {}",
+                    if known {
+                        format!("{who}'s AppProject does not permit")
+                    } else {
+                        format!("is neither {who}'s destination namespace nor one Argo CD tracks objects in for it")
+                    }
+                ),
+            ));
+        }
+    }
+    let allowed = allowed_kinds(spec, obs.platform_kinds.as_deref());
+    let tracked = v
+        .tracked
+        .iter()
+        .filter(|t| {
+            allowed
+                .iter()
+                .any(|a| a.group == t.group && a.kind == t.kind)
+        })
+        .count();
+    let prune = to_prune(&allowed, summary, v, &dest_ns).len();
+    if spec.max_prune_percent < 100 && prune * 100 > spec.max_prune_percent as usize * tracked {
+        out.push((
+            reasons::PRUNE_TOO_LARGE,
+            format!(
+                "the pin would delete {prune} of the {tracked} objects Argo CD tracks for {who}, more than spec.maxPrunePercent ({}%): likely the wrong bundle; raise it if this is meant",
+                spec.max_prune_percent
+            ),
+        ));
+    }
+    out
+}
+
 /// Tracked objects of allowed kinds the bundle lacks.
 fn to_prune(
     allowed: &[GroupKind],
@@ -1020,7 +1155,7 @@ fn pinning(
             return;
         }
     };
-    let allowed = spec.effective_allowed_kinds();
+    let allowed = allowed_kinds(spec, obs.platform_kinds.as_deref());
     let mut waiting = false;
     let mut actions = Vec::new();
     let mut apps = d.status.applications.clone();
@@ -1660,6 +1795,11 @@ mod tests {
                             ..key("Deployment", "checkout")
                         },
                     ],
+                    repo_url: Some("oci://registry.local:5000/mesh/config".into()),
+                    multi_source: false,
+                    history: vec![GOOD.into(), BAD.into()],
+                    destination_name_server: ("c1".into(), String::new()),
+                    project_destinations: None,
                 },
                 applied: 0,
                 pruned: vec![],
@@ -1681,6 +1821,7 @@ mod tests {
                 }],
                 git_configured: true,
                 other_pins: vec![],
+                platform_kinds: None,
             }
         }
 
@@ -2339,6 +2480,112 @@ mod tests {
             a.original_sync_policy_saved = false;
         });
         assert!(is_over(Some(&untouched)));
+    }
+
+    #[test]
+    fn a_pin_is_tied_to_its_application() {
+        type Edit = fn(&mut AppView, &mut Value);
+        let rows: [(&str, Edit, Option<&str>); 9] = [
+            ("its own repository, a revision it ran", |_, _| {}, None),
+            (
+                "another repository's signed bundle (a typo in --bundle)",
+                |v, _| v.repo_url = Some("oci://registry.local:5000/security/policies".into()),
+                Some(reasons::REPOSITORY_MISMATCH),
+            ),
+            (
+                "a digest Argo CD never deployed for it",
+                |v, _| v.history = vec![BAD.into()],
+                Some(reasons::REVISION_NOT_DEPLOYED),
+            ),
+            (
+                "allowAnyRevision, audited",
+                |v, spec| {
+                    v.history = vec![BAD.into()];
+                    spec["allowAnyRevision"] = json!(true);
+                },
+                None,
+            ),
+            (
+                "several sources",
+                |v, _| v.multi_source = true,
+                Some(reasons::NOT_SINGLE_SOURCE),
+            ),
+            (
+                "a namespace the Application neither targets nor tracks",
+                |v, _| {
+                    v.destination_namespace = Some("payments".into());
+                    v.tracked.retain(|t| t.kind == "Deployment");
+                    v.tracked
+                        .iter_mut()
+                        .for_each(|t| t.namespace = "payments".into());
+                },
+                Some(reasons::NAMESPACE_NOT_ALLOWED),
+            ),
+            (
+                "a namespace its AppProject does not permit",
+                |v, _| {
+                    v.project_destinations = Some(vec![binding::ProjectDestination {
+                        server: String::new(),
+                        name: "c1".into(),
+                        namespace: "payments".into(),
+                    }])
+                },
+                Some(reasons::NAMESPACE_NOT_ALLOWED),
+            ),
+            (
+                "a prune of most of what it tracks",
+                |v, _| {
+                    v.tracked
+                        .extend(["a", "b", "c"].map(|n| key("HTTPRoute", &format!("extra-{n}"))))
+                },
+                Some(reasons::PRUNE_TOO_LARGE),
+            ),
+            (
+                "the same prune, allowed",
+                |v, spec| {
+                    v.tracked
+                        .extend(["a", "b", "c"].map(|n| key("HTTPRoute", &format!("extra-{n}"))));
+                    spec["maxPrunePercent"] = json!(100);
+                },
+                None,
+            ),
+        ];
+        for (name, edit, refused) in rows {
+            let mut world = World::new();
+            let mut spec_json = json!({});
+            edit(&mut world.app, &mut spec_json);
+            let d = decide(&spec(spec_json.clone()), None, &world.obs(verified()), t(0));
+            assert!(effects(&d).is_empty(), "{name}: nothing touched");
+            match refused {
+                Some(reason) => {
+                    assert_eq!(d.status.phase, BundlePinPhase::Refused, "{name}");
+                    let c = cond::find(&d.status.conditions, conditions::VERIFIED).unwrap();
+                    assert_eq!(c.reason, reason, "{name}: {}", c.message);
+                }
+                None => assert_eq!(d.status.phase, BundlePinPhase::Pinning, "{name}"),
+            }
+            if spec_json.get("allowAnyRevision").is_some() {
+                assert!(
+                    reasons_of(&d).contains(&reasons::ANY_REVISION_ALLOWED),
+                    "{name}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_platform_kinds_bound_what_a_pin_prunes() {
+        let platform = vec![GroupKind {
+            group: "networking.istio.io".into(),
+            kind: "VirtualService".into(),
+        }];
+        let kinds = allowed_kinds(&spec(json!({})), Some(&platform));
+        assert_eq!(
+            kinds, platform,
+            "the default list narrowed to the platform's"
+        );
+        let world = World::new();
+        assert!(to_prune(&kinds, &summary(), &world.app, "shop").is_empty());
     }
 
     /// Runs the pin until automation is suspended (not yet applied); returns the status.

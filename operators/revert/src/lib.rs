@@ -1,6 +1,6 @@
 //! The revert operator: pinning Argo CD Applications to a signed bundle (`BundlePin`).
 //!
-//! `decide` holds the pure logic (the state machine), `reconcile` the I/O, `validity` the checks
+//! `decide` holds the pure logic (the state machine), `reconcile` the I/O, `binding` what ties a pin to its Application, `validity` the checks
 //! CEL cannot express, `clusters` revert's own identity per destination cluster, `controller` the controller loop
 //! with its Application watch, `apply` the
 //! writes to a destination, `restore` what an exact restore removes and compares, `tracking` Argo CD's resource tracking on written objects, `metrics` the `sluice_revert_*` metrics, `scenario` the
@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod apply;
+pub mod binding;
 pub mod clusters;
 pub mod controller;
 pub mod decide;

@@ -32,6 +32,15 @@ struct Cli {
         value_delimiter = ','
     )]
     insecure_registries: Vec<String>,
+    /// The kinds any pin may apply and prune, as `Kind.group` (`Kind` for the core group),
+    /// comma-separated: an upper bound on every BundlePin's `spec.allowedKinds`. Default: the
+    /// mesh kinds of `DEFAULT_ALLOWED_KINDS`.
+    #[arg(
+        long = "allowed-kinds",
+        env = "SLUICE_REVERT_ALLOWED_KINDS",
+        value_delimiter = ','
+    )]
+    allowed_kinds: Vec<String>,
     /// Clone URL of the intent repository; git reverts are off without it.
     #[arg(long, env = "SLUICE_REVERT_GIT_URL")]
     git_url: Option<String>,
@@ -120,6 +129,18 @@ fn settings(cli: &Cli, namespace: &str) -> anyhow::Result<Settings> {
         },
         git,
         forge,
+        allowed_kinds: (!cli.allowed_kinds.is_empty()).then(|| {
+            cli.allowed_kinds
+                .iter()
+                .map(|k| {
+                    let (kind, group) = k.trim().split_once('.').unwrap_or((k.trim(), ""));
+                    sluice_api::v1alpha1::bundle_pin::GroupKind {
+                        group: group.to_owned(),
+                        kind: kind.to_owned(),
+                    }
+                })
+                .collect()
+        }),
     })
 }
 

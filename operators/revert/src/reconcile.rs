@@ -63,6 +63,8 @@ pub struct Settings {
     pub git: Option<GitConfig>,
     /// The forge, when pull requests are enabled.
     pub forge: Option<sluice_gitops::ForgeConfig>,
+    /// The kinds any pin may apply (`--allowed-kinds`); `None`: the default mesh kinds.
+    pub allowed_kinds: Option<Vec<sluice_api::v1alpha1::bundle_pin::GroupKind>>,
 }
 
 /// What every reconcile shares.
@@ -82,6 +84,7 @@ pub struct Context {
     kinds: Kinds,
     git: Option<GitConfig>,
     forge: Option<ForgeClient>,
+    platform_kinds: Option<Vec<sluice_api::v1alpha1::bundle_pin::GroupKind>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -115,6 +118,7 @@ impl Context {
             kinds: Kinds::default(),
             git: settings.git,
             forge,
+            platform_kinds: settings.allowed_kinds,
         })
     }
 }
@@ -289,8 +293,29 @@ impl Context {
                 }
             },
         };
-        let allowed: Vec<sluice_bundle::GroupKind> = spec
-            .effective_allowed_kinds()
+        let platform = self
+            .platform_kinds
+            .clone()
+            .unwrap_or_else(BundlePinSpec::default_allowed_kinds);
+        let beyond: Vec<String> = spec
+            .allowed_kinds
+            .iter()
+            .filter(|k| !platform.contains(k))
+            .map(|k| format!("{}.{}", k.kind, k.group))
+            .collect();
+        if !beyond.is_empty() {
+            return (
+                Verification::Refused {
+                    reason: reasons::DISALLOWED_KIND,
+                    message: format!(
+                        "spec.allowedKinds lists {} which the platform does not allow (revert's --allowed-kinds); a pin can only narrow the platform's kinds",
+                        beyond.join(", ")
+                    ),
+                },
+                None,
+            );
+        }
+        let allowed: Vec<sluice_bundle::GroupKind> = decide::allowed_kinds(spec, Some(&platform))
             .into_iter()
             .map(|g| sluice_bundle::GroupKind {
                 group: g.group,
@@ -407,7 +432,26 @@ impl Context {
             _ => None,
         };
         let destination = app.spec.destination.clone().unwrap_or_default();
+        let history: Vec<String> = status
+            .extra
+            .get("history")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|h| h.get("revision").and_then(Value::as_str))
+            .map(str::to_owned)
+            .collect();
+        let project = app.spec.project.clone().unwrap_or_else(|| "default".into());
+        let project_destinations = self.project_destinations(namespace, &project).await;
         Ok(Some(AppView {
+            repo_url: app.sources().first().map(|s| s.repo_url.clone()),
+            multi_source: app.spec.sources.as_ref().is_some_and(|s| s.len() > 1),
+            history,
+            destination_name_server: (
+                destination.name.clone().unwrap_or_default(),
+                destination.server.clone().unwrap_or_default(),
+            ),
+            project_destinations,
             oci_sourced: app.is_oci_sourced(),
             application_set,
             sync_policy: app
@@ -464,6 +508,51 @@ impl Context {
                 c,
             )
         })
+    }
+
+    /// The destinations of AppProject `namespace/name`; `None` when it cannot be read (absent,
+    /// or revert may not read it): the namespace check then covers the Application's own
+    /// namespaces only (logged).
+    async fn project_destinations(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Vec<crate::binding::ProjectDestination>> {
+        let ar = kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("argoproj.io", "v1alpha1", "AppProject"),
+            "appprojects",
+        );
+        let api: Api<kube::core::DynamicObject> =
+            Api::namespaced_with(self.client.clone(), namespace, &ar);
+        let project = match api.get_opt(name).await {
+            Ok(p) => p?,
+            Err(e) => {
+                tracing::warn!(error = %e, project = name, "cannot read the AppProject; its destinations are not checked");
+                return None;
+            }
+        };
+        Some(
+            project
+                .data
+                .pointer("/spec/destinations")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|d| {
+                    let f = |k: &str| {
+                        d.get(k)
+                            .and_then(Value::as_str)
+                            .unwrap_or_default()
+                            .to_owned()
+                    };
+                    crate::binding::ProjectDestination {
+                        server: f("server"),
+                        name: f("name"),
+                        namespace: f("namespace"),
+                    }
+                })
+                .collect(),
+        )
     }
 
     /// Argo CD's tracking settings, from `argocd-cm` beside the pin (Argo CD's namespace);
@@ -928,6 +1017,7 @@ pub async fn reconcile(
         applications,
         git_configured: ctx.git.is_some(),
         other_pins,
+        platform_kinds: ctx.platform_kinds.clone(),
     };
     let now = (ctx.clock)();
     let mut decision = decide::decide(&spec, status, &obs, now);

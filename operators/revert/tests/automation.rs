@@ -44,9 +44,22 @@ async fn given_bad_change(w: &World) -> String {
     let (bad, _) = w
         .bundle(&[route("checkout", 90)], "2222222", Some(&w.signer))
         .await;
-    w.application(APP, &bad.digest, json!({})).await;
+    w.application(APP, &good.digest, json!({})).await;
     w.argo(APP);
     let apps = w.apps();
+    eventually(BUDGET, "Argo CD synced the good revision", || {
+        let apps = apps.clone();
+        let good = good.digest.clone();
+        async move { apps.get(APP).await.ok()?.is_synced_at(&good).then_some(()) }
+    })
+    .await;
+    apps.patch(
+        APP,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"source": {"targetRevision": bad.digest}}})),
+    )
+    .await
+    .unwrap();
     eventually(BUDGET, "Argo CD synced the bad change", || {
         let apps = apps.clone();
         let bad = bad.digest.clone();

@@ -102,9 +102,28 @@ async fn given_bad_change(w: &World) -> (Pushed, Pushed, String) {
             Some(&w.signer),
         )
         .await;
-    w.application(APP, &bad.digest, json!({})).await;
+    // Argo CD ran the good revision before the bad one (a pin goes back to a revision the
+    // Application ran).
+    w.application(APP, &good.digest, json!({})).await;
     w.argo(APP);
     let apps = w.apps();
+    let good_digest = good.digest.clone();
+    eventually(BUDGET, "Argo CD synced the good revision", || {
+        let apps = apps.clone();
+        let good_digest = good_digest.clone();
+        async move {
+            let a = apps.get(APP).await.ok()?;
+            a.is_synced_at(&good_digest).then_some(())
+        }
+    })
+    .await;
+    apps.patch(
+        APP,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"source": {"targetRevision": bad.digest}}})),
+    )
+    .await
+    .unwrap();
     let bad_digest = bad.digest.clone();
     eventually(BUDGET, "Argo CD synced the bad change", || {
         let apps = apps.clone();
@@ -540,10 +559,11 @@ async fn a_restart_mid_apply_finishes_the_pin_with_one_revert_branch_and_one_pul
         .collect();
     let (big, _) = w.bundle(&many, "5555555", Some(&w.signer)).await;
     w.start_revert();
+    // Argo CD never ran this bundle: allowed explicitly (audited).
     w.create_pin(
         "pin-3",
         &big.digest,
-        json!({"gitRevert": {"commit": bad_commit}}),
+        json!({"gitRevert": {"commit": bad_commit}, "allowAnyRevision": true}),
     )
     .await;
     // Kill revert once some, not all, objects are applied.

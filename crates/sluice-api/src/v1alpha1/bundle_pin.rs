@@ -110,6 +110,21 @@ pub struct BundlePinSpec {
     #[serde(default = "default_pin_deadline_seconds")]
     #[schemars(range(min = 10, max = 3600))]
     pub pin_deadline_seconds: u32,
+    /// Pin a digest Argo CD never deployed for the Application (not in its `status.history`).
+    /// Default false: a pin goes back to a revision the Application actually ran. Audited
+    /// (Warning Event `AnyRevisionAllowed`) when used.
+    #[serde(default)]
+    pub allow_any_revision: bool,
+    /// The largest share (percent) of the objects of allowed kinds Argo CD tracks for an
+    /// Application that the pin may delete; a larger prune is refused (`PruneTooLarge`), as a
+    /// sign of the wrong bundle. Default 50, 0..100 (100: no limit).
+    #[serde(default = "default_max_prune_percent")]
+    #[schemars(range(max = 100))]
+    pub max_prune_percent: u32,
+}
+
+fn default_max_prune_percent() -> u32 {
+    50
 }
 
 fn default_pin_deadline_seconds() -> u32 {
@@ -180,6 +195,11 @@ impl BundlePinSpec {
         if !self.allowed_kinds.is_empty() {
             return self.allowed_kinds.clone();
         }
+        Self::default_allowed_kinds()
+    }
+
+    /// [`DEFAULT_ALLOWED_KINDS`] as group-kinds.
+    pub fn default_allowed_kinds() -> Vec<GroupKind> {
         DEFAULT_ALLOWED_KINDS
             .iter()
             .map(|(g, k)| GroupKind {
@@ -504,6 +524,19 @@ pub mod reasons {
     pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
     /// The bundle holds more objects than a pin records (2048).
     pub const TOO_MANY_OBJECTS: &str = "TooManyObjects";
+    /// The bundle's repository is not the Application's OCI `source.repoURL`.
+    pub const REPOSITORY_MISMATCH: &str = "RepositoryMismatch";
+    /// Argo CD never deployed the digest for the Application (not in its history).
+    pub const REVISION_NOT_DEPLOYED: &str = "RevisionNotDeployed";
+    /// A digest Argo CD never deployed was pinned with `spec.allowAnyRevision` (audited).
+    pub const ANY_REVISION_ALLOWED: &str = "AnyRevisionAllowed";
+    /// The Application has several sources; a pin replaces one bundle only.
+    pub const NOT_SINGLE_SOURCE: &str = "NotSingleSource";
+    /// A bundle object's namespace is outside the Application's destination namespace, the
+    /// namespaces of what Argo CD tracks for it, or its AppProject's destinations.
+    pub const NAMESPACE_NOT_ALLOWED: &str = "NamespaceNotAllowed";
+    /// The pin would delete more than `spec.maxPrunePercent` of the tracked objects.
+    pub const PRUNE_TOO_LARGE: &str = "PruneTooLarge";
     /// Released while pinned objects' ownership could not be dropped (destination unreachable);
     /// sync policies were restored first.
     pub const OWNERSHIP_NOT_DROPPED: &str = "OwnershipNotDropped";

@@ -458,6 +458,7 @@ impl World {
                         token: FORGE_TOKEN.into(),
                         timeout: Some(Duration::from_secs(5)),
                     }),
+                    allowed_kinds: None,
                 },
                 metrics::register(&mut Default::default()),
             )
@@ -679,11 +680,26 @@ impl FakeArgo {
             .iter()
             .map(|o| json!({"group": "gateway.networking.k8s.io", "version": "v1", "kind": "HTTPRoute", "namespace": SHOP, "name": o.name, "status": if synced {"Synced"} else {"OutOfSync"}}))
             .collect();
-        let patch = json!({"status": {
+        let mut patch = json!({"status": {
             "sync": {"status": if synced {"Synced"} else {"OutOfSync"}, "revision": revision},
             "health": {"status": "Healthy"},
             "resources": resources,
         }});
+        // Argo CD records every revision it deployed in status.history.
+        let mut history = status
+            .extra
+            .get("history")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let last = history
+            .last()
+            .and_then(|h| h.get("revision"))
+            .and_then(Value::as_str);
+        if synced && last != Some(revision.as_str()) {
+            history.push(json!({"id": history.len(), "revision": revision, "deployedAt": "2026-01-01T00:00:00Z", "source": {"repoURL": source.repo_url, "targetRevision": revision, "path": "."}}));
+            patch["status"]["history"] = Value::Array(history);
+        }
         let _ = apps.patch(&self.name, &pp, &Patch::Merge(patch)).await;
     }
 }
