@@ -150,6 +150,14 @@ pub enum Action {
     NudgeApplicationSet,
     /// Create a BundlePin (already existing is fine: names are deterministic).
     CreatePin(PinPlan),
+    /// Set a BundlePin's `spec.release` (with the reason): revert gives every Application it
+    /// holds its sync policy back, so Argo CD can sync the decision set back.
+    ReleasePin {
+        /// The pin's name.
+        name: String,
+        /// Why, recorded in the pin's `spec.releaseReason`.
+        reason: String,
+    },
 }
 
 /// When to look at the object again.
@@ -716,21 +724,38 @@ fn step(cx: &mut Ctx<'_>) -> Requeue {
 
     // 5. A halt: pins first, then decisions back; nothing else moves until both are done.
     let new_revision = cx.next.current_revision.as_deref() != Some(spec.revision.as_str());
+    let mut halt_requeue = Requeue::AwaitChange;
     if let Some(h) = &cx.next.halt {
         let pinned = h.pinned_at.is_some() || cx.next.previous_revision.is_none();
         let r = finish_halt(cx);
         if !new_revision || (!pinned && spec.supersede_halted) {
             return r;
         }
+        halt_requeue = r;
     }
 
-    // 6. A new revision.
+    // 6. A new revision. While an unfinished halt holds it (no supersede), the halt's own
+    // requeue (its pin wait) is kept: waiting only for a change would lose the fallback.
     if new_revision && let Some(r) = start_change(cx) {
-        return r;
+        return match &cx.next.halt {
+            Some(h) if h.pinned_at.is_none() => sooner(r, halt_requeue),
+            _ => r,
+        };
     }
 
     // 7. Move the change on.
     progress(cx)
+}
+
+/// The earlier of two requeues (waiting for a change is the latest).
+fn sooner(a: Requeue, b: Requeue) -> Requeue {
+    match (a, b) {
+        (Requeue::After(x), Requeue::After(y)) => Requeue::After(x.min(y)),
+        (Requeue::After(x), Requeue::AwaitChange) | (Requeue::AwaitChange, Requeue::After(x)) => {
+            Requeue::After(x)
+        }
+        (Requeue::AwaitChange, Requeue::AwaitChange) => Requeue::AwaitChange,
+    }
 }
 
 /// Keeps `status.waves` in spec order, carrying each wave's state by name.
@@ -1179,7 +1204,16 @@ pub fn pin_plans(spec: &WaveGateSpec, status: &WaveGateStatus, obs: &Observation
                 return None;
             }
             Some(PinPlan {
-                name: pins::pin_name(&obs.namespace, &obs.name, revision, c),
+                name: pins::pin_name(
+                    &obs.namespace,
+                    &obs.name,
+                    pins::HaltKey {
+                        revision,
+                        previous,
+                        halted_at: h.halted_at.0.as_second(),
+                    },
+                    c,
+                ),
                 cluster: c.clone(),
                 applications,
                 digest: previous.clone(),
@@ -1292,22 +1326,44 @@ fn finish_halt(cx: &mut Ctx<'_>) -> Requeue {
     if !pending.is_empty() && waited < cx.obs.pin_wait {
         return Requeue::After(Duration::from_millis(250));
     }
-    let mut caveats: Vec<String> = plans
-        .iter()
-        .filter_map(|p| match phase(&p.name) {
-            Some(ph @ (BundlePinPhase::Refused | BundlePinPhase::Failed)) => Some(format!(
-                "revert reports {} {ph:?}: Argo CD reverts {} from the decision",
+    // A pin not in force (still pinning, or Failed while it may hold suspended Applications)
+    // is released: revert then gives each Application its recorded sync policy back, so Argo CD
+    // itself syncs the decision set back. Assuming Argo CD acts while revert keeps automation
+    // suspended would leave the cluster on the halted revision.
+    let mut caveats: Vec<String> = Vec::new();
+    let mut release: Vec<String> = Vec::new();
+    for p in &plans {
+        match phase(&p.name) {
+            Some(BundlePinPhase::Refused) => caveats.push(format!(
+                "revert refused {} (nothing suspended): Argo CD reverts {} from the decision",
                 p.name, p.cluster
             )),
-            _ => None,
-        })
-        .collect();
+            Some(BundlePinPhase::Failed) => {
+                caveats.push(format!(
+                    "revert reports {} Failed: released, so Argo CD reverts {} from the decision",
+                    p.name, p.cluster
+                ));
+                release.push(p.name.clone());
+            }
+            _ => {}
+        }
+    }
     if !pending.is_empty() {
         caveats.push(format!(
-            "{} not in force after {}s: decisions set back without waiting longer",
+            "{} not in force after {}s: released, decisions set back without waiting longer",
             pending.join(", "),
             cx.obs.pin_wait.as_secs()
         ));
+        release.extend(pending.iter().map(|n| (*n).to_owned()));
+    }
+    for name in release {
+        cx.actions.push(Action::ReleasePin {
+            name,
+            reason: format!(
+                "WaveGate {}/{}: not in force within the halt's pin wait; decisions set back to {previous}, Argo CD syncs them",
+                cx.obs.namespace, cx.obs.name
+            ),
+        });
     }
     decisions::set_revision(&mut cx.next.decisions, &h.reverted_clusters, &previous);
     for ws in cx.next.waves.iter_mut() {
@@ -2196,6 +2252,93 @@ mod tests {
         assert!(d.status.decisions.is_empty());
         assert_eq!(events(&d), vec![reasons::INVALID_SPEC]);
         assert_eq!(d.requeue, Requeue::AwaitChange);
+    }
+
+    fn releases(d: &Decision) -> Vec<&str> {
+        d.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::ReleasePin { name, .. } => Some(name.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_pin_not_in_force_is_released_when_the_decisions_go_back() {
+        let s = spec();
+        let mut o = obs(&["c1"]);
+        o.gates = Some(vec![verdict("mesh-error-ratio", Verdict::Fail, 15)]);
+        let halted = run(&s, Some(&soaking()), &o, 15);
+        let name = pins_of(&halted)[0].name.clone();
+        let mut o = obs(&["c1"]);
+        o.existing_pins.insert(name.clone());
+        // Still pinning when the wait is over: released, so revert gives automation back and
+        // Argo CD can sync the decision set back.
+        o.pin_phases.insert(name.clone(), BundlePinPhase::Pinning);
+        let late = run(&s, Some(&halted.status), &o, 15 + 31);
+        assert_eq!(releases(&late), vec![name.as_str()]);
+        assert_eq!(
+            revisions(&late),
+            on(&[("c1", "a"), ("c2", "a"), ("c3", "a")])
+        );
+        // Failed (it may hold suspended Applications): released at once.
+        o.pin_phases.insert(name.clone(), BundlePinPhase::Failed);
+        let failed = run(&s, Some(&halted.status), &o, 16);
+        assert_eq!(releases(&failed), vec![name.as_str()]);
+        // Refused (nothing suspended) or Pinned: nothing to release.
+        for ph in [BundlePinPhase::Refused, BundlePinPhase::Pinned] {
+            o.pin_phases.insert(name.clone(), ph);
+            assert!(
+                releases(&run(&s, Some(&halted.status), &o, 16)).is_empty(),
+                "{ph:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_new_revision_during_a_pending_halt_keeps_the_halts_timer() {
+        let s = spec();
+        let mut o = obs(&["c1"]);
+        o.gates = Some(vec![verdict("mesh-error-ratio", Verdict::Fail, 15)]);
+        let halted = run(&s, Some(&soaking()), &o, 15);
+        let name = pins_of(&halted)[0].name.clone();
+        let mut o = obs(&["c1"]);
+        o.existing_pins.insert(name.clone());
+        o.pin_phases.insert(name, BundlePinPhase::Pinning);
+        // A forward fix is pushed while revert is still pinning (no supersedeHalted).
+        let s2 = spec_with(serde_json::json!({"revision": rev('c')}));
+        let d = run(&s2, Some(&halted.status), &o, 16);
+        assert!(
+            matches!(d.requeue, Requeue::After(_)),
+            "the pin wait must still fire: {:?}",
+            d.requeue
+        );
+        let later = run(&s2, Some(&d.status), &o, 15 + 31);
+        assert_eq!(
+            revisions(&later),
+            on(&[("c1", "a"), ("c2", "a"), ("c3", "a")]),
+            "the fallback sets the decisions back"
+        );
+    }
+
+    #[test]
+    fn the_same_revision_halting_again_gets_new_pins() {
+        let s = spec();
+        let mut o = obs(&["c1"]);
+        o.gates = Some(vec![verdict("mesh-error-ratio", Verdict::Fail, 15)]);
+        let first = run(&s, Some(&soaking()), &o, 15);
+        // The same change, halting again later (rolled out again after a supersede).
+        let d0 = run(&s, None, &obs(&[]), 3600);
+        let again = run(&s, Some(&d0.status), &obs(&["c1"]), 3610).status;
+        let mut o = obs(&["c1"]);
+        o.gates = Some(vec![verdict("mesh-error-ratio", Verdict::Fail, 3615)]);
+        let second = run(&s, Some(&again), &o, 3615);
+        assert_ne!(
+            pins_of(&first)[0].name,
+            pins_of(&second)[0].name,
+            "an old (maybe Released) pin is never taken for this halt's"
+        );
     }
 }
 

@@ -61,7 +61,13 @@ async fn main() -> ExitCode {
             pin_wait: std::time::Duration::from_secs(cli.pin_wait_seconds),
             ..reconcile::Context::new(rt.client.clone(), rt.recorder.clone())
         });
-        rt.run(api, ctx, reconcile::reconcile).await?;
+        // A WaveGate is reconciled when one of its BundlePins changes (revert pinned it, it
+        // failed, it was released): a halt waiting on its pins never waits for a timer alone.
+        let pins: kube::Api<sluice_api::v1alpha1::BundlePin> = rt.namespaced_api();
+        rt.run_with(api, ctx, reconcile::reconcile, move |c| {
+            c.owns(pins.clone(), kube::runtime::watcher::Config::default())
+        })
+        .await?;
         Ok::<(), Box<dyn std::error::Error>>(())
     }
     .await;

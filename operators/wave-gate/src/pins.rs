@@ -60,13 +60,27 @@ fn dns_part(s: &str, max: usize) -> String {
     out
 }
 
-/// The pin name for `cluster` when the change to `revision` halted on WaveGate
-/// `namespace/name`: readable prefixes plus a hash of all four, so the same halt always gives
-/// the same name and different halts (another revision, another WaveGate) never collide. At
-/// most 63 characters, a valid DNS label.
-pub fn pin_name(namespace: &str, name: &str, revision: &str, cluster: &str) -> String {
+/// Which halt a pin belongs to: the halted revision, the revision it pins back to and when the
+/// halt happened (whole seconds, as the status keeps it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HaltKey<'a> {
+    /// The revision that halted.
+    pub revision: &'a str,
+    /// The revision the pins restore.
+    pub previous: &'a str,
+    /// When it halted, seconds since the epoch.
+    pub halted_at: i64,
+}
+
+/// The pin name for `cluster` of a halt of WaveGate `namespace/name`: readable prefixes plus a
+/// hash of the WaveGate, the halt (halted and previous revision, halt time) and the cluster, so
+/// the same halt always gives the same name (a restarted operator finds its pins) and another
+/// halt — the same revision rolled out again after an earlier halt — never reuses an old pin.
+/// At most 63 characters, a valid DNS label.
+pub fn pin_name(namespace: &str, name: &str, halt: HaltKey<'_>, cluster: &str) -> String {
     let mut h = Sha256::new();
-    for part in [namespace, name, revision, cluster] {
+    let at = halt.halted_at.to_string();
+    for part in [namespace, name, halt.revision, halt.previous, &at, cluster] {
         h.update(part.as_bytes());
         h.update([0]);
     }
@@ -86,38 +100,40 @@ pub fn pin_name(namespace: &str, name: &str, revision: &str, cluster: &str) -> S
 /// Most Applications one pin targets (the BundlePin CRD's bound).
 pub const MAX_TARGETS: usize = 64;
 
-/// The BundlePin object for `plan`, in the WaveGate's namespace.
+/// The BundlePin object for `plan`, in the WaveGate's namespace, owned by the WaveGate (uid
+/// `owner_uid`): deleting the WaveGate deletes its pins (revert's finalizer first gives every
+/// Application its sync policy back).
 pub fn bundle_pin(
     spec: &WaveGateSpec,
     namespace: &str,
     wave_gate: &str,
+    owner_uid: Option<&str>,
     plan: &PinPlan,
 ) -> BundlePin {
-    let mut pin = BundlePin::new(
-        &plan.name,
-        BundlePinSpec {
-            targets: plan
-                .applications
-                .iter()
-                .take(MAX_TARGETS)
-                .map(|a| ApplicationTarget {
-                    name: a.name.clone(),
-                    namespace: Some(a.namespace.clone()),
-                })
-                .collect(),
-            bundle: BundleRef {
-                repository: spec.repository.clone(),
-                digest: plan.digest.clone(),
-            },
-            public_keys_secret_ref: spec.pin.public_keys_secret_ref.clone(),
-            allowed_kinds: Vec::new(),
-            release_policy: ReleasePolicy::OnMatchingContent,
-            release: false,
-            release_reason: None,
-            reason: plan.reason.chars().take(1024).collect(),
-            git_revert: None,
+    let targets: Vec<ApplicationTarget> = plan
+        .applications
+        .iter()
+        .take(MAX_TARGETS)
+        .map(|a| ApplicationTarget {
+            name: a.name.clone(),
+            namespace: Some(a.namespace.clone()),
+        })
+        .collect();
+    // Built from its wire form so every field this pin does not set takes the kind's own
+    // default (a halt's pin hands over nothing, keeps the CRD's deadline and prune bound).
+    let spec: BundlePinSpec = serde_json::from_value(serde_json::json!({
+        "targets": targets,
+        "bundle": BundleRef {
+            repository: spec.repository.clone(),
+            digest: plan.digest.clone(),
         },
-    );
+        "publicKeysSecretRef": spec.pin.public_keys_secret_ref,
+        "releasePolicy": ReleasePolicy::OnMatchingContent,
+        "reason": plan.reason.chars().take(1024).collect::<String>(),
+        "pinDeadlineSeconds": 300,
+    }))
+    .expect("a BundlePin spec built from its own types");
+    let mut pin = BundlePin::new(&plan.name, spec);
     pin.metadata = ObjectMeta {
         name: Some(plan.name.clone()),
         namespace: Some(namespace.to_owned()),
@@ -132,6 +148,18 @@ pub fn bundle_pin(
             ),
             (CLUSTER_ANNOTATION.to_owned(), plan.cluster.clone()),
         ])),
+        owner_references: owner_uid.map(|uid| {
+            vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                    api_version: "sluice.dev/v1alpha1".into(),
+                    kind: "WaveGate".into(),
+                    name: wave_gate.to_owned(),
+                    uid: uid.to_owned(),
+                    controller: Some(true),
+                    block_owner_deletion: Some(false),
+                },
+            ]
+        }),
         ..ObjectMeta::default()
     };
     pin
@@ -145,14 +173,35 @@ mod tests {
     fn names_are_deterministic_bounded_and_distinct() {
         let rev = format!("sha256:{}", "b".repeat(64));
         let other = format!("sha256:{}", "c".repeat(64));
-        let a = pin_name("argocd", "eu-west", &rev, "eu-west-1");
-        assert_eq!(a, pin_name("argocd", "eu-west", &rev, "eu-west-1"));
+        let prev = format!("sha256:{}", "a".repeat(64));
+        let halt = |revision, halted_at| HaltKey {
+            revision,
+            previous: &prev,
+            halted_at,
+        };
+        let a = pin_name("argocd", "eu-west", halt(&rev, 100), "eu-west-1");
+        assert_eq!(
+            a,
+            pin_name("argocd", "eu-west", halt(&rev, 100), "eu-west-1")
+        );
         assert!(a.starts_with("wg-eu-west-eu-west-1-"), "{a}");
         let cases = [
-            pin_name("argocd", "eu-west", &other, "eu-west-1"),
-            pin_name("argocd", "eu-west", &rev, "eu-west-2"),
-            pin_name("argocd", "us-east", &rev, "eu-west-1"),
-            pin_name("other", "eu-west", &rev, "eu-west-1"),
+            pin_name("argocd", "eu-west", halt(&other, 100), "eu-west-1"),
+            pin_name("argocd", "eu-west", halt(&rev, 100), "eu-west-2"),
+            pin_name("argocd", "us-east", halt(&rev, 100), "eu-west-1"),
+            pin_name("other", "eu-west", halt(&rev, 100), "eu-west-1"),
+            // The same revision halting again later (B-11): a new pin, never the old one.
+            pin_name("argocd", "eu-west", halt(&rev, 200), "eu-west-1"),
+            pin_name(
+                "argocd",
+                "eu-west",
+                HaltKey {
+                    revision: &rev,
+                    previous: &other,
+                    halted_at: 100,
+                },
+                "eu-west-1",
+            ),
         ];
         for c in &cases {
             assert_ne!(&a, c);
@@ -160,7 +209,7 @@ mod tests {
         let long = pin_name(
             "ns",
             &"x".repeat(253),
-            &rev,
+            halt(&rev, 100),
             "Cluster_With.Odd/Chars-and-a-very-long-name-indeed",
         );
         assert!(long.len() <= 63, "{long}");

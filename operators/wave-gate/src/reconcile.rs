@@ -152,8 +152,9 @@ fn is_status(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
 }
 
-/// The Applications of `set`: those it owns, by their destination cluster name.
-fn applications(set: &str, apps: Vec<Application>) -> Vec<AppView> {
+/// The Applications of `set`: those it owns, by their destination cluster (its name, or its
+/// server mapped by `spec.clusterServers`).
+fn applications(spec: &WaveGateSpec, set: &str, apps: Vec<Application>) -> Vec<AppView> {
     apps.into_iter()
         .filter(|a| {
             a.metadata
@@ -163,7 +164,16 @@ fn applications(set: &str, apps: Vec<Application>) -> Vec<AppView> {
                 .any(|o| o.kind == "ApplicationSet" && o.name == set)
         })
         .filter_map(|a| {
-            let cluster = a.spec.destination.as_ref()?.name.clone()?;
+            let d = a.spec.destination.as_ref()?;
+            let cluster = spec.cluster_of_destination(d.name.as_deref(), d.server.as_deref());
+            if cluster.is_none() {
+                tracing::warn!(
+                    application = a.metadata.name.as_deref().unwrap_or_default(),
+                    server = d.server.as_deref().unwrap_or_default(),
+                    "Application's destination matches no cluster of the WaveGate; list its server in spec.clusterServers"
+                );
+            }
+            let cluster = cluster?;
             let sync = a.status.as_ref().and_then(|s| s.sync.as_ref());
             Some(AppView {
                 name: a.metadata.name.clone().unwrap_or_default(),
@@ -394,7 +404,7 @@ pub async fn reconcile(
                 .list(&ListParams::default())
                 .await
                 .map_err(read("Applications"))?;
-            obs.applications = applications(&spec.application_set_ref.name, listed.items);
+            obs.applications = applications(spec, &spec.application_set_ref.name, listed.items);
         }
         let current = status.cloned().unwrap_or_default();
         if current.halt.is_some() {
@@ -496,7 +506,7 @@ pub async fn reconcile(
                 }
             }
             Action::CreatePin(plan) => {
-                let pin = pins::bundle_pin(spec, &ns, &name, plan);
+                let pin = pins::bundle_pin(spec, &ns, &name, obj.metadata.uid.as_deref(), plan);
                 let pins: Api<BundlePin> = Api::namespaced(ctx.client.clone(), &ns);
                 match pins.create(&FIELD_MANAGER.post_params(), &pin).await {
                     Ok(_) => {
@@ -506,6 +516,32 @@ pub async fn reconcile(
                     Err(source) => {
                         return Err(ReconcileError::Act {
                             what: format!("creating BundlePin {}", plan.name),
+                            namespace: ns.clone(),
+                            name: name.clone(),
+                            source,
+                        });
+                    }
+                }
+            }
+            Action::ReleasePin { name: pin, reason } => {
+                let pins: Api<BundlePin> = Api::namespaced(ctx.client.clone(), &ns);
+                let patch = serde_json::json!({"spec": {"release": true, "releaseReason": reason}});
+                match pins
+                    .patch(
+                        pin,
+                        &PatchParams {
+                            field_manager: Some(FIELD_MANAGER.as_str().to_owned()),
+                            ..PatchParams::default()
+                        },
+                        &Patch::Merge(&patch),
+                    )
+                    .await
+                {
+                    Ok(_) => tracing::info!(pin = %pin, "BundlePin released"),
+                    Err(e) if is_status(&e, 404) => {}
+                    Err(source) => {
+                        return Err(ReconcileError::Act {
+                            what: format!("releasing BundlePin {pin}"),
                             namespace: ns.clone(),
                             name: name.clone(),
                             source,

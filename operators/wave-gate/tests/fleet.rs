@@ -505,6 +505,7 @@ impl Fleet {
                     registry: RegistryOptions::default(),
                     git: None,
                     forge: None,
+                    ..Settings::default()
                 },
                 sluice_revert::metrics::register(&mut Default::default()),
             )

@@ -142,6 +142,50 @@ pub struct WaveGateSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub wait_releases: Vec<WaitRelease>,
+    /// The API server URL of clusters whose Applications the ApplicationSet addresses by
+    /// `destination.server` instead of `destination.name`: an Application is matched to the
+    /// cluster whose server equals its destination (`https://kubernetes.default.svc` is
+    /// `in-cluster` unless listed). At most 1024.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1024))]
+    pub cluster_servers: Vec<ClusterServer>,
+}
+
+/// A cluster's name (as in `spec.waves[].clusters`) and its API server URL (as in an
+/// Application's `destination.server`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterServer {
+    /// Argo CD cluster name.
+    #[schemars(length(min = 1, max = 253))]
+    pub cluster: String,
+    /// Its API server URL, exactly as Applications name it.
+    #[schemars(length(min = 1, max = 2048))]
+    pub server: String,
+}
+
+/// The server URL of Argo CD's own cluster, named `in-cluster`.
+pub const IN_CLUSTER_SERVER: &str = "https://kubernetes.default.svc";
+
+impl WaveGateSpec {
+    /// The cluster an Application addresses: its `destination.name`, else the cluster whose
+    /// server (`spec.clusterServers`, or `in-cluster` for Argo CD's own) is its
+    /// `destination.server`.
+    pub fn cluster_of_destination(
+        &self,
+        name: Option<&str>,
+        server: Option<&str>,
+    ) -> Option<String> {
+        if let Some(n) = name.filter(|n| !n.is_empty()) {
+            return Some(n.to_owned());
+        }
+        let server = server?.trim_end_matches('/');
+        self.cluster_servers
+            .iter()
+            .find(|c| c.server.trim_end_matches('/') == server)
+            .map(|c| c.cluster.clone())
+            .or_else(|| (server == IN_CLUSTER_SERVER).then(|| "in-cluster".to_owned()))
+    }
 }
 
 fn default_soak() -> DurationString {
@@ -683,5 +727,37 @@ mod tests {
         assert_eq!(obj.len(), 3);
         assert!(obj.values().all(serde_json::Value::is_string));
         assert!(obj.contains_key("clusterName"));
+    }
+
+    #[test]
+    fn applications_by_server_are_matched_to_their_cluster() {
+        let mut s = spec();
+        s.cluster_servers = vec![ClusterServer {
+            cluster: "east-1".into(),
+            server: "https://east-1.example:6443".into(),
+        }];
+        let table = [
+            (
+                Some("west-2"),
+                Some("https://east-1.example:6443"),
+                Some("west-2"),
+            ),
+            (None, Some("https://east-1.example:6443/"), Some("east-1")),
+            (
+                Some(""),
+                Some("https://east-1.example:6443"),
+                Some("east-1"),
+            ),
+            (None, Some(IN_CLUSTER_SERVER), Some("in-cluster")),
+            (None, Some("https://unknown:6443"), None),
+            (None, None, None),
+        ];
+        for (name, server, want) in table {
+            assert_eq!(
+                s.cluster_of_destination(name, server).as_deref(),
+                want,
+                "{name:?} {server:?}"
+            );
+        }
     }
 }
