@@ -827,6 +827,28 @@ fn start_change(cx: &mut Ctx<'_>) -> Option<Requeue> {
             cx.next.previous_revision.clone()
         }
     });
+    // Superseding a change mid-way: clusters of waves admitted but not yet passed would stay on
+    // the superseded revision unjudged (the new change judges only its own active wave), so they
+    // go back to the previous revision; waves that passed keep it (it was judged there).
+    if in_progress
+        && !halted
+        && let Some(prev) = previous.as_deref()
+    {
+        let back: Vec<String> = spec
+            .waves
+            .iter()
+            .zip(&cx.next.waves)
+            .filter(|(_, ws)| admitted(ws.state) && !done(ws.state))
+            .flat_map(|(w, _)| w.clusters.iter().cloned())
+            .collect();
+        if !back.is_empty() {
+            decisions::set_revision(&mut cx.next.decisions, &back, prev);
+            cx.history_note(&format!(
+                "superseded mid-wave: {} set back to {prev} until the new change reaches them",
+                back.join(", ")
+            ));
+        }
+    }
     cx.next.previous_revision = previous;
     cx.next.current_revision = Some(spec.revision.clone());
     cx.next.halt = None;
@@ -2093,6 +2115,39 @@ mod tests {
         let h = &d.status.history;
         assert_eq!(h[h.len() - 2].outcome, Some(ChangeOutcome::Superseded));
         assert_eq!(h[h.len() - 1].revision, rev('c'));
+    }
+
+    #[test]
+    fn superseding_in_a_later_wave_sets_its_unjudged_clusters_back() {
+        let s = spec();
+        // Wave 0 passes, wave 1 is admitted on b.
+        let passed = run(
+            &s,
+            Some(&soaking()),
+            &{
+                let mut o = obs(&["c1"]);
+                o.gates = all_gates(Verdict::Pass, 25);
+                o
+            },
+            25,
+        );
+        assert!(
+            passed.status.waves[1].state != WaveState::Pending,
+            "wave 1 admitted: {:?}",
+            passed.status.waves
+        );
+        assert_eq!(
+            revisions(&passed),
+            on(&[("c1", "b"), ("c2", "b"), ("c3", "b")])
+        );
+        // Superseded by c while wave 1 soaks unjudged by c.
+        let s2 = spec_with(serde_json::json!({"revision": rev('c')}));
+        let d = run(&s2, Some(&passed.status), &obs(&["c1", "c2", "c3"]), 26);
+        assert_eq!(
+            revisions(&d),
+            on(&[("c1", "c"), ("c2", "a"), ("c3", "a")]),
+            "wave 1 never stays on the superseded revision ungated"
+        );
     }
 
     #[test]
