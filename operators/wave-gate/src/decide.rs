@@ -671,6 +671,9 @@ fn step(cx: &mut Ctx<'_>) -> Requeue {
             Ok(r) => {
                 cx.next.decisions = decisions::complete(spec, &[], &r);
                 cx.next.current_revision = Some(r.clone());
+                if r == spec.revision {
+                    cx.next.source_commit = spec.source_commit.clone();
+                }
                 cx.next.waves.clear();
                 cx.next.history.push(ChangeRecord {
                     revision: r.clone(),
@@ -807,6 +810,33 @@ fn start_change(cx: &mut Ctx<'_>) -> Option<Requeue> {
         }
         return Some(Requeue::AwaitChange);
     }
+    // Drift is read by spec.sourceCommit: the same commit as the previous revision's reads
+    // the old commit's drift (about 0) and would converge at once.
+    if spec.drift_gate.exporter == DriftExporter::Platform
+        && spec.source_commit.is_some()
+        && spec.source_commit == cx.next.source_commit
+    {
+        let note = format!(
+            "spec.revision {} waits: spec.sourceCommit {} is the commit of the previous revision {}; set the new bundle's commit (its org.opencontainers.image.revision)",
+            spec.revision,
+            spec.source_commit.as_deref().unwrap_or_default(),
+            cx.next.current_revision.as_deref().unwrap_or("?")
+        );
+        if cx.condition(
+            types::PROGRESSING,
+            Status::False,
+            reasons::SOURCE_COMMIT_UNCHANGED,
+            note.clone(),
+        ) {
+            cx.event(
+                Severity::Warning,
+                reasons::SOURCE_COMMIT_UNCHANGED,
+                actions::CHANGE,
+                note,
+            );
+        }
+        return Some(Requeue::AwaitChange);
+    }
     let in_progress = !cx.next.waves.is_empty() && active_wave(&cx.next).is_some();
     let complete = !halted && !in_progress;
     if halted || in_progress {
@@ -851,6 +881,7 @@ fn start_change(cx: &mut Ctx<'_>) -> Option<Requeue> {
     }
     cx.next.previous_revision = previous;
     cx.next.current_revision = Some(spec.revision.clone());
+    cx.next.source_commit = spec.source_commit.clone();
     cx.next.halt = None;
     cond::remove(&mut cx.next.conditions, types::HALTED);
     cx.next.waves = spec
@@ -2069,8 +2100,9 @@ mod tests {
             .collect();
         let pinned = run(&s, Some(&halted.status), &o, 16).status;
         for (supersede, want_admitted) in [(false, false), (true, true)] {
-            let s2 =
-                spec_with(serde_json::json!({"revision": rev('c'), "supersedeHalted": supersede}));
+            let s2 = spec_with(
+                serde_json::json!({"revision": rev('c'), "sourceCommit": "cde5678", "supersedeHalted": supersede}),
+            );
             let d = run(&s2, Some(&pinned), &o, 30);
             if want_admitted {
                 assert_eq!(d.status.halt, None);
@@ -2096,7 +2128,7 @@ mod tests {
 
     #[test]
     fn a_new_revision_during_a_soak_starts_again_from_wave_zero() {
-        let s2 = spec_with(serde_json::json!({"revision": rev('c')}));
+        let s2 = spec_with(serde_json::json!({"revision": rev('c'), "sourceCommit": "cde5678"}));
         let d = run(&s2, Some(&soaking()), &obs(&["c1"]), 15);
         assert_eq!(d.status.current_revision, Some(rev('c')));
         assert_eq!(
@@ -2141,13 +2173,42 @@ mod tests {
             on(&[("c1", "b"), ("c2", "b"), ("c3", "b")])
         );
         // Superseded by c while wave 1 soaks unjudged by c.
-        let s2 = spec_with(serde_json::json!({"revision": rev('c')}));
+        let s2 = spec_with(serde_json::json!({"revision": rev('c'), "sourceCommit": "cde5678"}));
         let d = run(&s2, Some(&passed.status), &obs(&["c1", "c2", "c3"]), 26);
         assert_eq!(
             revisions(&d),
             on(&[("c1", "c"), ("c2", "a"), ("c3", "a")]),
             "wave 1 never stays on the superseded revision ungated"
         );
+    }
+
+    #[test]
+    fn a_new_revision_with_the_previous_commit_is_refused() {
+        // A completed change to b at commit abc1234.
+        let s = spec();
+        let done = run(
+            &s,
+            Some(&soaking()),
+            &{
+                let mut o = obs(&["c1"]);
+                o.gates = all_gates(Verdict::Pass, 25);
+                o
+            },
+            25,
+        );
+        assert_eq!(done.status.source_commit.as_deref(), Some("abc1234"));
+        // Git bumps the revision but forgets sourceCommit: drift would read abc1234's (~0).
+        let forgot = spec_with(serde_json::json!({"revision": rev('c')}));
+        let d = run(&forgot, Some(&done.status), &obs(&["c1", "c2", "c3"]), 30);
+        assert_eq!(d.status.current_revision, Some(rev('b')), "not started");
+        let c = cond::find(&d.status.conditions, types::PROGRESSING).unwrap();
+        assert_eq!(c.reason, reasons::SOURCE_COMMIT_UNCHANGED, "{}", c.message);
+        assert!(events(&d).contains(&reasons::SOURCE_COMMIT_UNCHANGED));
+        // With the new commit it starts.
+        let fixed = spec_with(serde_json::json!({"revision": rev('c'), "sourceCommit": "cde5678"}));
+        let d = run(&fixed, Some(&d.status), &obs(&["c1", "c2", "c3"]), 31);
+        assert_eq!(d.status.current_revision, Some(rev('c')));
+        assert_eq!(d.status.source_commit.as_deref(), Some("cde5678"));
     }
 
     #[test]
@@ -2362,7 +2423,7 @@ mod tests {
         o.existing_pins.insert(name.clone());
         o.pin_phases.insert(name, BundlePinPhase::Pinning);
         // A forward fix is pushed while revert is still pinning (no supersedeHalted).
-        let s2 = spec_with(serde_json::json!({"revision": rev('c')}));
+        let s2 = spec_with(serde_json::json!({"revision": rev('c'), "sourceCommit": "cde5678"}));
         let d = run(&s2, Some(&halted.status), &o, 16);
         assert!(
             matches!(d.requeue, Requeue::After(_)),

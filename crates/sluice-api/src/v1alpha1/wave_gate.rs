@@ -558,6 +558,12 @@ pub struct WaveGateStatus {
     /// The revision before it (what a breach pins back to).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_revision: Option<String>,
+    /// The `spec.sourceCommit` the current revision's change started with: drift is read for
+    /// it, and a new revision with the same commit is refused (a forgotten sourceCommit would
+    /// read drift for the old commit, about 0, and converge at once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub source_commit: Option<String>,
     /// Every cluster of the site with its admitted revision and wave. Published only complete:
     /// an absent or empty list makes Argo CD delete the site's Applications.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -637,6 +643,8 @@ pub mod reasons {
     pub const PINNED_BACK: &str = "PinnedBack";
     /// A new revision waits because a halted change is not superseded.
     pub const BLOCKED_BY_HALT: &str = "BlockedByHalt";
+    /// A new revision waits because `spec.sourceCommit` is the previous revision's.
+    pub const SOURCE_COMMIT_UNCHANGED: &str = "SourceCommitUnchanged";
     /// A halted change was superseded.
     pub const SUPERSEDED: &str = "Superseded";
     /// An emergency change admitted every wave.
