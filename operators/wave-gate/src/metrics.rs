@@ -27,6 +27,8 @@ use sluice_api::v1alpha1::{
 /// The metric the global metrics view carries between sites: 1 for every wave a site passed
 /// (or admitted by an emergency) at a revision. Cross-site waits query it by this name.
 pub const WAVE_PASSED_METRIC: &str = "sluice_wavegate_wave_passed";
+/// Completed revisions whose passed waves stay exported for other sites' waits.
+pub const COMPLETED_REVISIONS_EXPORTED: usize = 8;
 
 /// Labels keyed by site.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -285,6 +287,24 @@ impl WaveGateMetrics {
                 }
             }
         }
+        // Revisions this site completed stay exported as passed in every wave (the last
+        // [`COMPLETED_REVISIONS_EXPORTED`]): a site that lags behind may still be waiting for
+        // one after this site moved on to a newer revision.
+        for h in next
+            .history
+            .iter()
+            .rev()
+            .filter(|h| h.outcome == Some(sluice_api::v1alpha1::wave_gate::ChangeOutcome::Complete))
+            .take(COMPLETED_REVISIONS_EXPORTED)
+        {
+            for w in &spec.waves {
+                now_passed.insert(ProgressLabels {
+                    site: site.clone(),
+                    revision: h.revision.clone(),
+                    wave: w.name.clone(),
+                });
+            }
+        }
         let mut exported = self.exported.lock().unwrap_or_else(|e| e.into_inner());
         let old = exported.entry(site).or_default();
         for l in old.difference(&now_passed) {
@@ -365,5 +385,30 @@ mod tests {
         let mut out = String::new();
         encode(&mut out, &r).unwrap();
         assert!(!out.contains("wave=\"canary\"} 1"), "{out}");
+        // A revision this site completed stays passed while it runs a newer one: a lagging
+        // site waiting for it is never left waiting for ever (B-14).
+        let mut later = next.clone();
+        later
+            .history
+            .push(sluice_api::v1alpha1::wave_gate::ChangeRecord {
+                revision: spec.revision.clone(),
+                previous_revision: None,
+                started_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    Timestamp::UNIX_EPOCH,
+                ),
+                finished_at: None,
+                outcome: Some(sluice_api::v1alpha1::wave_gate::ChangeOutcome::Complete),
+                reason: None,
+            });
+        m.record(&spec, Some(&next), &later, Timestamp::UNIX_EPOCH);
+        let mut out = String::new();
+        encode(&mut out, &r).unwrap();
+        assert!(
+            out.contains(&format!(
+                "{WAVE_PASSED_METRIC}{{site=\"eu\",revision=\"{}\",wave=\"canary\"}} 1",
+                spec.revision
+            )),
+            "{out}"
+        );
     }
 }
