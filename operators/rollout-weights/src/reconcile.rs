@@ -474,6 +474,55 @@ async fn hand_back(api: &Api<HttpRoute>, route_name: &str, me: &str) -> Result<(
     }
 }
 
+/// Aborts on the route the weights were written to (`old`: that route's Services) and hands
+/// it back: the canary it was written for gets weight 0 and the cohort and mirror rules go,
+/// then the ownership annotation and this manager's entry. Nothing to do on a route that is
+/// gone or not ours; an abort that no longer applies (its managed rule is gone) still lets the
+/// hand-back happen.
+async fn release(
+    api: &Api<HttpRoute>,
+    route_name: &str,
+    old: &Target,
+    crd: CrdSupport,
+    key: &str,
+) -> Result<(), ReconcileError> {
+    let Some(route) = api
+        .get_opt(route_name)
+        .await
+        .map_err(read_err(format!("HTTPRoute {route_name}"), key))?
+    else {
+        return Ok(());
+    };
+    let ours = route
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ROUTE_OWNER_ANNOTATION))
+        == Some(&old.owner);
+    if !ours {
+        return Ok(());
+    }
+    let read = route.metadata.resource_version.clone();
+    match write_route(
+        api,
+        route_name,
+        read.as_deref(),
+        old,
+        &Desired::abort(),
+        crd,
+        key,
+    )
+    .await
+    {
+        Ok(_) => {}
+        Err(ReconcileError::Edit { source, .. }) => {
+            tracing::warn!(error = %source, route = route_name, "the abort before release does not apply; handing the route back as it is");
+        }
+        Err(e) => return Err(e),
+    }
+    hand_back(api, route_name, &old.owner).await
+}
+
 /// Whole milliseconds of `d`, saturating.
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -688,6 +737,29 @@ pub async fn reconcile(
             }
             Action::HandBack => {
                 hand_back(&routes, &obj.spec.route_ref.name, &target.owner).await?;
+            }
+            Action::Release {
+                route,
+                rule_name,
+                stable,
+                canary,
+            } => {
+                let old = Target {
+                    owner: target.owner.clone(),
+                    stable: stable
+                        .clone()
+                        .unwrap_or_else(|| obj.spec.stable_service.name.clone()),
+                    canary: canary
+                        .clone()
+                        .unwrap_or_else(|| obj.spec.canary_service.name.clone()),
+                    canary_port: None,
+                    rule_name: rule_name.clone(),
+                    zero_other_backends: false,
+                };
+                release(&routes, route, &old, crd, &key).await?;
+                ctx.metrics.route_write("Released");
+                // Released: the next reconcile takes the new target from Pending.
+                status.owned_route = None;
             }
             Action::Event { .. } => {}
         }

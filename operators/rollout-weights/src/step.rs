@@ -81,6 +81,19 @@ pub enum Action {
     WriteRoute(Desired),
     /// Remove the ownership annotation from the route.
     HandBack,
+    /// The route, stable or canary Service changed under a running rollout: abort on the
+    /// route the weights were written to (with the Services they were written for), then hand
+    /// that route back. The reconcile forgets `status.ownedRoute` once both succeeded.
+    Release {
+        /// The route the weights were written to.
+        route: String,
+        /// Its managed rule's name, if named.
+        rule_name: Option<String>,
+        /// The stable Service written for (`None`: the spec's, from before this was recorded).
+        stable: Option<String>,
+        /// The canary Service written for (`None`: the spec's).
+        canary: Option<String>,
+    },
 }
 
 /// The outcome of [`step`].
@@ -275,6 +288,8 @@ impl Machine<'_> {
             .get_or_insert_with(OwnedRouteStatus::default);
         owned.name = self.spec.route_ref.name.clone();
         owned.rule_name = self.spec.route_ref.rule_name.clone();
+        owned.stable_service = Some(self.spec.stable_service.name.clone());
+        owned.canary_service = Some(self.spec.canary_service.name.clone());
         owned.written_weight = Some(d.weight);
         owned.cohort_rule_name = d
             .cohort
@@ -733,8 +748,82 @@ impl Machine<'_> {
         false
     }
 
+    /// Whether the route or a Service changed under a running rollout; if so, releases the
+    /// route the weights were written to and starts over from Pending.
+    fn target_changed(&mut self) -> bool {
+        let spec = self.spec;
+        let Some(owned) = self.next.owned_route.clone() else {
+            return false;
+        };
+        let differs = |was: &Option<String>, now: &str| was.as_deref().is_some_and(|w| w != now);
+        // An empty name is a status that never recorded one: nothing to compare.
+        let moved = (!owned.name.is_empty()
+            && (owned.name != spec.route_ref.name || owned.rule_name != spec.route_ref.rule_name))
+            || differs(&owned.stable_service, &spec.stable_service.name)
+            || differs(&owned.canary_service, &spec.canary_service.name);
+        let pinned = self
+            .next
+            .abort
+            .as_ref()
+            .is_some_and(|a| a.reason == AbortReason::PinnedByBundlePin);
+        if !moved || pinned {
+            return false;
+        }
+        let note = format!(
+            "the rollout's target changed (HTTPRoute {} with {} / {} -> HTTPRoute {} with {} / {}): the canary is aborted on HTTPRoute {} and it is handed back; the rollout starts over",
+            owned.name,
+            owned.stable_service.as_deref().unwrap_or("?"),
+            owned.canary_service.as_deref().unwrap_or("?"),
+            spec.route_ref.name,
+            spec.stable_service.name,
+            spec.canary_service.name,
+            owned.name
+        );
+        self.actions.push(Action::Release {
+            route: owned.name.clone(),
+            rule_name: owned.rule_name.clone(),
+            stable: owned.stable_service.clone(),
+            canary: owned.canary_service.clone(),
+        });
+        self.event(
+            Severity::Warning,
+            reasons::TARGET_CHANGED,
+            event_actions::OWN,
+            note.clone(),
+        );
+        if self.obs.deleting {
+            return true;
+        }
+        self.finish_step(StepOutcome::Restarted);
+        self.next.phase = RolloutPhase::Pending;
+        self.next.current_step_index = None;
+        self.next.current_step_started_at = None;
+        self.next.desired_weight = Some(0);
+        self.next.cohort_active = false;
+        self.next.mirror_active = false;
+        self.next.gates.clear();
+        self.next.applied_share = None;
+        self.next.applied_share_observed_at = None;
+        self.next.cohort_share = None;
+        self.next.promoted_at = None;
+        self.next.canary_version = None;
+        self.next.abort = None;
+        self.next.abort_detect_to_revert_ms = None;
+        self.condition(
+            conditions::PROGRESSING,
+            Status::True,
+            reasons::TARGET_CHANGED,
+            note,
+        );
+        self.wake(Duration::from_millis(200));
+        true
+    }
+
     fn run(&mut self) {
         let spec = self.spec;
+        if self.target_changed() {
+            return;
+        }
         let route = match &self.obs.route {
             RouteObs::Unknown => return,
             RouteObs::Missing => {
@@ -2010,6 +2099,7 @@ mod tests {
             .filter_map(|a| match a {
                 Action::WriteRoute(w) => Some(format!("write {}", w.weight)),
                 Action::HandBack => Some("hand back".into()),
+                Action::Release { route, .. } => Some(format!("release {route}")),
                 Action::Event { .. } => None,
             })
             .collect()
@@ -2425,6 +2515,109 @@ mod tests {
             let d = step(&s, st.clone(), &obs, t(900));
             assert_eq!(d.status.current_step_index, want_index, "{name}");
             assert_ne!(d.status.phase, Aborted, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_new_route_or_service_releases_the_old_route_before_starting_over() {
+        use RolloutPhase::*;
+        let s = held_spec(
+            serde_json::json!({"untilPromoted": true}),
+            serde_json::json!({}),
+        );
+        let with =
+            |patch: serde_json::Value| held_spec(serde_json::json!({"untilPromoted": true}), patch);
+        let mut st = live(&s, 2, Progressing, true);
+        if let Some(o) = st.owned_route.as_mut() {
+            o.name = "checkout".into();
+            o.stable_service = Some("v1".into());
+            o.canary_service = Some("v2".into());
+        }
+        let mut unrecorded = st.clone();
+        if let Some(o) = unrecorded.owned_route.as_mut() {
+            o.stable_service = None;
+            o.canary_service = None;
+        }
+        type Row = (
+            &'static str,
+            RolloutSpec,
+            RolloutStatus,
+            bool,
+            Vec<&'static str>,
+            RolloutPhase,
+        );
+        let table: Vec<Row> = vec![
+            (
+                "unchanged",
+                s.clone(),
+                st.clone(),
+                false,
+                vec![],
+                Progressing,
+            ),
+            (
+                "new canary Service",
+                with(serde_json::json!({"canaryService": {"name": "v3"}})),
+                st.clone(),
+                false,
+                vec!["release checkout"],
+                Pending,
+            ),
+            (
+                "new stable Service",
+                with(serde_json::json!({"stableService": {"name": "v0"}})),
+                st.clone(),
+                false,
+                vec!["release checkout"],
+                Pending,
+            ),
+            (
+                "new route",
+                with(serde_json::json!({"routeRef": {"name": "checkout-b"}})),
+                st.clone(),
+                false,
+                vec!["release checkout"],
+                Pending,
+            ),
+            (
+                "deleted after the edit: only the old route is released",
+                with(serde_json::json!({"routeRef": {"name": "checkout-b"}})),
+                st.clone(),
+                true,
+                vec!["release checkout"],
+                Progressing,
+            ),
+            (
+                "status from before the Services were recorded",
+                with(serde_json::json!({"canaryService": {"name": "v3"}})),
+                unrecorded,
+                false,
+                vec![],
+                Progressing,
+            ),
+        ];
+        for (name, spec, st, deleting, want, phase) in table {
+            let obs = Observations {
+                route: live_route(&s, &st),
+                deleting,
+                ..Default::default()
+            };
+            let d = step(&spec, st, &obs, t(60));
+            let got = kinds(&d);
+            let got: Vec<&str> = got
+                .iter()
+                .map(String::as_str)
+                .filter(|k| k.starts_with("release") || want.is_empty() && k.starts_with("hand"))
+                .collect();
+            assert_eq!(got, want, "{name}");
+            assert_eq!(d.status.phase, phase, "{name}");
+            if phase == Pending {
+                assert!(
+                    writes(&d).is_empty(),
+                    "{name}: nothing written to the new route yet"
+                );
+                assert!(d.status.abort.is_none(), "{name}");
+            }
         }
     }
 }

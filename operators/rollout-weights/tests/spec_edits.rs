@@ -2,7 +2,8 @@
 //! pod template changes) sets the canary weight to 0 at once — seen through the watch on the
 //! canary workload, not at the next analysis — and the rollout starts over from step 0 once the
 //! new version is ready; a rollout restart of the same version (`restartedAt`, as an Istio
-//! revision upgrade does) is not a new version.
+//! revision upgrade does) is not a new version. A new canary Service aborts the old canary on
+//! the route (weight 0, never left live beside the new one) before the rollout starts over.
 
 mod common;
 
@@ -166,5 +167,63 @@ async fn a_new_canary_version_restarts_the_rollout_from_zero() {
         "seen through the workload watch: {to_zero:?}"
     );
     poller.abort();
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_canary_service_aborts_the_old_canary_before_starting_over() {
+    let budget = Duration::from_secs(60);
+    let Some(g) = given(scenario("canary-promote", 4000.0)).await else {
+        return;
+    };
+    g.emu.load_yaml(&deployment("checkout-v2-15")).unwrap();
+    let prom = g.prometheus.as_ref().unwrap().url().to_owned();
+    let ctl = Controller::start(&g.client, &prom);
+
+    // Given v2.14 at 5%.
+    let steps = json!([{"setWeight": {"weight": 5, "duration": "600s"}}, {"promote": {}}]);
+    rollouts(&g.client)
+        .create(&PostParams::default(), &rollout(steps, json!({})))
+        .await
+        .unwrap();
+    rollout_until(&g.client, "5% confirmed", budget, |r| {
+        r.status.as_ref().is_some_and(|s| {
+            s.history
+                .last()
+                .is_some_and(|h| h.share_confirmed_at.is_some())
+        })
+    })
+    .await;
+
+    // When the Rollout is edited to canary v2.15 instead.
+    rollouts(&g.client)
+        .patch(
+            "checkout",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"canaryService": {"name": "checkout-v2-15"},
+                                          "canaryWorkload": {"name": "checkout-v2-15"}}})),
+        )
+        .await
+        .unwrap();
+
+    // Then v2.14 goes to 0 (not left live beside the new canary) and v2.15 starts at 5%.
+    let both = eventually("v2.14 at 0, v2.15 at 5", budget, async || {
+        let r = routes(&g.client)
+            .get("checkout")
+            .await
+            .map_err(|e| e.to_string())?;
+        let rule = r.rule_by_name("main").ok_or("no managed rule")?;
+        let w = |n: &str| rule.backend(n).map(|b| b.effective_weight());
+        let got = (w(STABLE), w(CANARY), w("checkout-v2-15"));
+        (got == (Some(95), Some(0), Some(5)))
+            .then_some(got)
+            .ok_or(format!("{got:?}"))
+    })
+    .await;
+    println!("after the edit: stable, v2.14, v2.15 = {both:?}");
+    assert!(
+        !events(&g.client, reasons::TARGET_CHANGED).await.is_empty(),
+        "a Warning Event says the target changed"
+    );
     ctl.stop().await;
 }

@@ -575,6 +575,15 @@ pub struct OwnedRouteStatus {
     /// Name of the mirror rule the operator added, while present.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mirror_rule_name: Option<String>,
+    /// The stable Service the weights were written for. A different `spec.stableService`
+    /// mid-rollout aborts on this route and hands it back before starting over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stable_service: Option<String>,
+    /// The canary Service the weights were written for. A different `spec.canaryService`
+    /// mid-rollout aborts on this route (this canary at 0) and hands it back before starting
+    /// over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary_service: Option<String>,
 }
 
 /// How a step ended.
@@ -759,6 +768,10 @@ pub mod reasons {
     pub const ABORTED_MANUALLY: &str = "AbortedManually";
     /// A new canary version (pod template) appeared: canary weight 0, restart from step 0.
     pub const CANARY_VERSION_CHANGED: &str = "CanaryVersionChanged";
+    /// `spec.routeRef`, `spec.stableService` or `spec.canaryService` changed mid-rollout: the
+    /// canary was aborted on the route it was written to, that route handed back, and the
+    /// rollout starts over on the new one.
+    pub const TARGET_CHANGED: &str = "TargetChanged";
     /// `spec.steps` changed mid-rollout: the plan restarted at the step matching the weight.
     pub const STEPS_CHANGED: &str = "StepsChanged";
     /// The canary Service does not exist: the canary is held at weight 0 (its share of

@@ -128,7 +128,8 @@ pub fn rollout(steps: Value, patch: Value) -> Rollout {
     .expect("fixture Rollout deserializes")
 }
 
-fn deployment(name: &str) -> String {
+/// A Deployment and its Service `name` in the shop namespace, as YAML.
+pub fn deployment(name: &str) -> String {
     format!(
         "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\n  namespace: {NS}\nspec:\n  replicas: 1\n  selector:\n    matchLabels: {{app: {name}}}\n  template:\n    metadata:\n      labels: {{app: {name}}}\n    spec:\n      containers:\n      - name: app\n        image: example/{name}\n---\napiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {NS}\nspec:\n  selector: {{app: {name}}}\n  ports:\n  - port: 80\n"
     )
