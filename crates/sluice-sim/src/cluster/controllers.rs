@@ -393,6 +393,11 @@ where
 
 async fn reconcile_kubelet(pod: Arc<Pod>, ctx: Arc<Ctx>) -> Result<Action, ClusterError> {
     let uid = pod.uid().unwrap_or_default();
+    if ctx.config.binds_and_finalizes
+        && let Some(action) = bind_or_finalize(&pod, &ctx).await?
+    {
+        return Ok(action);
+    }
     if is_terminating(&pod) || is_ready(&pod) {
         ctx.first_seen.lock().expect("first_seen lock").remove(&uid);
         return Ok(Action::await_change());
@@ -446,6 +451,57 @@ async fn reconcile_kubelet(pod: Arc<Pod>, ctx: Arc<Ctx>) -> Result<Action, Clust
     patch_pod_status(&api, &ns, &name, patch).await?;
     ctx.first_seen.lock().expect("first_seen lock").remove(&uid);
     Ok(Action::await_change())
+}
+
+/// The kubelet's part on a real API server, where no scheduler runs and deletion is graceful: an
+/// unscheduled pod is bound to the next node (the `binding` subresource, as kube-scheduler does);
+/// a terminating pod bound to a node is removed once "its containers stopped" (deleted with grace
+/// period 0, as the kubelet confirms). `None` when the pod needs neither.
+async fn bind_or_finalize(pod: &Pod, ctx: &Ctx) -> Result<Option<Action>, ClusterError> {
+    let ns = pod.namespace().unwrap_or_default();
+    let name = pod.name_any();
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+    if is_terminating(pod) {
+        if node.is_some() {
+            let dp = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: pod.uid().map(|uid| kube::api::Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&name, &dp).await {
+                Ok(_) => {}
+                Err(e) if is_status(&e, |s| s.is_not_found() || s.code == 409) => {}
+                Err(e) => return Err(api_err(format!("finalizing Pod {ns}/{name}"))(e)),
+            }
+        }
+        return Ok(Some(Action::await_change()));
+    }
+    if node.is_none() {
+        let Some(target) = ctx.next_node() else {
+            return Ok(Some(Action::await_change()));
+        };
+        let binding = json!({
+            "apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": name, "namespace": ns},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": target},
+        });
+        match api
+            .create_subresource::<_, Value>("binding", &name, &PostParams::default(), &binding)
+            .await
+        {
+            Ok(_) => {}
+            // Already bound (a second event of the same pod) or gone.
+            Err(e) if is_status(&e, |s| s.is_not_found() || s.code == 409) => {}
+            Err(e) => return Err(api_err(format!("binding Pod {ns}/{name} to {target}"))(e)),
+        }
+        // The bound pod comes back through the watch.
+        return Ok(Some(Action::await_change()));
+    }
+    Ok(None)
 }
 
 async fn patch_pod_status(
@@ -560,16 +616,16 @@ impl<'a> PodCreator<'a> {
         let injected = match &decision {
             Decision::Inject(rev) => {
                 injection::inject(&mut pod, rev);
-                Some(rev.clone())
+                true
             }
-            Decision::Skip(_) => None,
+            Decision::Skip(_) => false,
         };
         let name = pod.name_any();
         let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
         match api.create(&PostParams::default(), &pod).await {
             Ok(created) => {
-                if let Some(rev) = &injected {
-                    self.ctx.svid.issue_by(rev);
+                if injected {
+                    self.ctx.svid.issue();
                 }
                 self.ctx
                     .owned

@@ -11,6 +11,10 @@
 //! [`ClusterConfig::readiness_delay`]; deleting a workload deletes its pods (the garbage
 //! collector's background propagation). Never deletes or changes objects other than the pods of
 //! simulated workloads, pod status (the kubelet's part) and workload and PDB status.
+//!
+//! On a real API server with kube-controller-manager ([`ClusterConfig::on_real_control_plane`])
+//! only the kubelet part runs, with binding and the end of graceful deletion: the real
+//! controllers own Deployments, ReplicaSets, PDB status and garbage collection.
 
 pub mod controllers;
 pub mod injection;
@@ -39,6 +43,11 @@ pub struct ClusterConfig {
     pub workloads: bool,
     /// Run the disruption controller (PDB status). Default true.
     pub disruption: bool,
+    /// With `kubelet`: bind unscheduled pods to [`ClusterConfig::nodes`] through the binding
+    /// subresource, and remove terminating pods bound to a node (delete with grace period 0), as
+    /// kube-scheduler and the kubelet do. Needed on a real API server, where the real workload
+    /// controllers create unscheduled pods and deletion is graceful. Default false.
+    pub binds_and_finalizes: bool,
 }
 
 impl ClusterConfig {
@@ -51,6 +60,21 @@ impl ClusterConfig {
             kubelet: true,
             workloads: true,
             disruption: true,
+            binds_and_finalizes: false,
+        }
+    }
+
+    /// For a real API server with kube-controller-manager running the workload, disruption and
+    /// garbage-collector controllers (`sluice_testkit::control_plane`): the simulator plays only
+    /// the scheduler's binding and the kubelet (readiness after the delay, pod IPs, the end of
+    /// graceful deletions); the real controllers create the pods and compute workload and PDB
+    /// status.
+    pub fn on_real_control_plane(name: impl Into<String>) -> Self {
+        Self {
+            workloads: false,
+            disruption: false,
+            binds_and_finalizes: true,
+            ..Self::new(name)
         }
     }
 }

@@ -1,0 +1,210 @@
+//! The simulator on a real kube-apiserver with kube-controller-manager
+//! (`sluice_testkit::control_plane`), playing only the scheduler's binding and the kubelet
+//! (`ClusterConfig::on_real_control_plane`): the real Deployment and ReplicaSet controllers create
+//! the pods, the simulated kubelet binds them and makes them Ready, the real disruption controller
+//! computes PodDisruptionBudget status, the real Eviction API refuses and grants evictions by it,
+//! the kubelet ends the graceful deletion and the ReplicaSet replaces the pod; deleting the
+//! Deployment lets the real garbage collector remove the rest.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::Client;
+use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use sluice_sim::ClusterConfig;
+use sluice_sim::cluster::{ClusterTasks, SvidCounter};
+use sluice_testkit::control_plane::{self, ControlPlane, Options};
+
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let start = Instant::now();
+    loop {
+        match check().await {
+            Ok(v) => {
+                println!("{what}: {:.1?}", start.elapsed());
+                return v;
+            }
+            Err(last) if start.elapsed() > Duration::from_secs(60) => {
+                panic!("not within 60 s: {what}; last seen: {last}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+async fn running_ready(pods: &Api<Pod>) -> Result<Vec<Pod>, String> {
+    let list = pods
+        .list(&ListParams::default().labels("app=web"))
+        .await
+        .map_err(|e| e.to_string())?;
+    let ready: Vec<Pod> = list
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            p.status.as_ref().is_some_and(|s| {
+                s.phase.as_deref() == Some("Running")
+                    && s.conditions
+                        .iter()
+                        .flatten()
+                        .any(|c| c.type_ == "Ready" && c.status == "True")
+            })
+        })
+        .collect();
+    Ok(ready)
+}
+
+async fn pdb_allowed(pdbs: &Api<PodDisruptionBudget>, want: i32) -> Result<(), String> {
+    let pdb = pdbs.get("web").await.map_err(|e| e.to_string())?;
+    let status = pdb.status.unwrap_or_default();
+    (status.disruptions_allowed == Some(want) && status.current_healthy == Some(2))
+        .then_some(())
+        .ok_or(format!("{status:?}"))
+}
+
+#[tokio::test]
+async fn real_controllers_and_evictions_with_the_simulated_kubelet() {
+    if control_plane::require().is_none() {
+        return;
+    }
+    let started = Instant::now();
+    let cp = ControlPlane::start_with(Options {
+        controller_manager: true,
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    println!("control plane ready: {:.1?}", started.elapsed());
+    // A refused eviction is a 429, which kube-rs would otherwise retry for minutes.
+    let mut config = cp.config();
+    config.default_retry = false;
+    let client = Client::try_from(config).unwrap();
+    let mut config = ClusterConfig::on_real_control_plane("c1");
+    config.readiness_delay = Duration::from_millis(300);
+    let tasks = ClusterTasks::start(client.clone(), config, SvidCounter::new());
+    let ns = cp.namespace("sim").await.unwrap();
+
+    // Given a Deployment of two and a PodDisruptionBudget that wants both.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    deployments
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "web"},
+                "spec": {
+                    "replicas": 2,
+                    "selector": {"matchLabels": {"app": "web"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "web"}},
+                        "spec": {"containers": [{"name": "web", "image": "web:1"}]}
+                    }
+                }
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
+    pdbs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "web"},
+            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}}
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+
+    // Then the real controllers create the pods, the simulated kubelet binds them and makes them
+    // Ready, and the real Deployment controller reports them available.
+    let ready = eventually("two pods bound, Running and Ready", || async {
+        let ready = running_ready(&pods).await?;
+        (ready.len() == 2)
+            .then_some(ready.clone())
+            .ok_or(format!("{} ready", ready.len()))
+    })
+    .await;
+    assert!(
+        ready
+            .iter()
+            .all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()),
+        "bound to a node"
+    );
+    eventually("the Deployment available", || async {
+        let d = deployments.get("web").await.map_err(|e| e.to_string())?;
+        let available = d.status.and_then(|s| s.available_replicas);
+        (available == Some(2))
+            .then_some(())
+            .ok_or(format!("{available:?}"))
+    })
+    .await;
+    eventually("the real disruption controller allows none", || {
+        pdb_allowed(&pdbs, 0)
+    })
+    .await;
+
+    // When a pod is evicted while the budget allows none: refused by the real Eviction API.
+    let victim = ready[0].metadata.name.clone().unwrap();
+    let err = pods
+        .evict(&victim, &EvictParams::default())
+        .await
+        .unwrap_err();
+    let kube::Error::Api(status) = err else {
+        panic!("expected a 429, got {err}");
+    };
+    assert_eq!(status.code, 429, "{status:?}");
+    assert_eq!(
+        status.message,
+        "Cannot evict pod as it would violate the pod's disruption budget."
+    );
+
+    // When the budget allows one: the eviction is granted, the kubelet ends the graceful
+    // deletion, and the ReplicaSet replaces the pod.
+    pdbs.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"minAvailable": 1}})),
+    )
+    .await
+    .unwrap();
+    eventually("the budget allows one", || pdb_allowed(&pdbs, 1)).await;
+    pods.evict(&victim, &EvictParams::default()).await.unwrap();
+    eventually("the evicted pod gone and replaced", || async {
+        let gone = pods
+            .get_opt(&victim)
+            .await
+            .map_err(|e| e.to_string())?
+            .is_none();
+        let ready = running_ready(&pods).await?;
+        (gone && ready.len() == 2)
+            .then_some(())
+            .ok_or(format!("gone {gone}, {} ready", ready.len()))
+    })
+    .await;
+
+    // When the Deployment is deleted: the real garbage collector removes its ReplicaSet and
+    // pods, and the kubelet ends each pod's graceful deletion.
+    deployments
+        .delete("web", &DeleteParams::background())
+        .await
+        .unwrap();
+    eventually("every pod gone", || async {
+        let left = pods
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .len();
+        (left == 0).then_some(()).ok_or(format!("{left} left"))
+    })
+    .await;
+    drop(tasks);
+}
