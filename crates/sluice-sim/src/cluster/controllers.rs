@@ -616,16 +616,16 @@ impl<'a> PodCreator<'a> {
         let injected = match &decision {
             Decision::Inject(rev) => {
                 injection::inject(&mut pod, rev);
-                true
+                Some(rev.clone())
             }
-            Decision::Skip(_) => false,
+            Decision::Skip(_) => None,
         };
         let name = pod.name_any();
         let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
         match api.create(&PostParams::default(), &pod).await {
             Ok(created) => {
-                if injected {
-                    self.ctx.svid.issue();
+                if let Some(rev) = &injected {
+                    self.ctx.svid.issue_by(rev);
                 }
                 self.ctx
                     .owned
