@@ -16,8 +16,8 @@ use serde_json::Value;
 use sluice_api::v1alpha1::{
     BundlePinPhase, BundlePinSpec, BundlePinStatus,
     bundle_pin::{
-        ApplicationPinState, BundleRef, GroupKind, PinnedApplication, PinnedObject, ReleasePolicy,
-        conditions, reasons,
+        ApplicationPinState, BundleRef, GroupKind, PinHistoryEntry, PinnedApplication,
+        PinnedObject, ReleasePolicy, conditions, reasons,
     },
 };
 use sluice_runtime::{
@@ -39,6 +39,11 @@ pub const RETRY: Duration = Duration::from_secs(10);
 pub const BRANCH_PREFIX: &str = "sluice/revert";
 /// Most objects a pin records (and so pins).
 pub const MAX_OBJECTS: usize = 2048;
+/// Entries a pin's status history keeps (the oldest go first).
+pub const MAX_HISTORY: usize = 32;
+/// How long after a pin's creation a missing signature is retried rather than refused, by
+/// default: a replicated or eventually consistent registry may answer 404 just after the push.
+pub const SIGNATURE_GRACE: Duration = Duration::from_secs(120);
 /// Re-suspensions (automation turned back on by someone else while pinned) within
 /// [`FIGHT_WINDOW`] after which revert stops suspending again and reports `Fighting`.
 pub const MAX_RESUSPENSIONS: u32 = 5;
@@ -207,6 +212,13 @@ pub struct Observations {
     /// The kinds the platform allows (the operator's `--allowed-kinds`): an upper bound on
     /// `spec.allowedKinds`; `None`: the default list.
     pub platform_kinds: Option<Vec<GroupKind>>,
+    /// When the pin was created.
+    pub created_at: Option<Timestamp>,
+    /// Who or what created it (its owner, else the field manager that wrote its spec first).
+    pub created_by: Option<String>,
+    /// How long after creation a missing signature is retried ([`SIGNATURE_GRACE`] unless the
+    /// operator says otherwise).
+    pub signature_grace: Duration,
 }
 
 /// The kinds this pin may apply and prune: `spec.allowedKinds` (or the default list) within
@@ -582,8 +594,40 @@ pub fn decide(
         return validity;
     }
     let mut d = validity;
+    let before = d.status.phase;
+    if d.status.created_by.is_none() {
+        d.status.created_by = obs.created_by.clone();
+    }
     step(spec, obs, now, &mut d);
+    if d.status.phase != before {
+        record(&mut d, now);
+    }
     d
+}
+
+/// Appends the phase just entered to the status history (bounded), with the reason and
+/// message of the condition that decided it.
+fn record(d: &mut Decision, now: Timestamp) {
+    let phase = d.status.phase;
+    let by_type = match phase {
+        BundlePinPhase::Pinned | BundlePinPhase::Failed => conditions::PINNED,
+        BundlePinPhase::Released => conditions::RELEASED,
+        _ => conditions::VERIFIED,
+    };
+    let c = cond::find(&d.status.conditions, by_type)
+        .or_else(|| cond::find(&d.status.conditions, conditions::READY));
+    let message = c.map(|c| c.message.chars().take(1024).collect::<String>());
+    d.status.history.push(PinHistoryEntry {
+        at: Time(now),
+        phase,
+        reason: c.map(|c| c.reason.clone()).unwrap_or_default(),
+        from_digest: d.status.from_digest.clone(),
+        to_digest: d.status.to_digest.clone(),
+        created_by: d.status.created_by.clone(),
+        message,
+    });
+    let excess = d.status.history.len().saturating_sub(MAX_HISTORY);
+    d.status.history.drain(..excess);
 }
 
 fn event(severity: Severity, reason: &'static str, action: &'static str, note: String) -> Action {
@@ -764,6 +808,28 @@ fn verifying(
     let summary = match &obs.verification {
         None => {
             d.requeue = Requeue::After(SHORT);
+            return;
+        }
+        Some(Verification::Refused { reason, message })
+            if *reason == reasons::UNSIGNED
+                && obs.created_at.is_some_and(|c| {
+                    now.as_second() - c.as_second() < obs.signature_grace.as_secs() as i64
+                }) =>
+        {
+            condition(
+                d,
+                conditions::VERIFIED,
+                Status::Unknown,
+                reasons::SIGNATURE_PENDING,
+                format!(
+                    "no signature found yet, retried for {} s after the pin's creation before it is refused: {message}",
+                    obs.signature_grace.as_secs()
+                ),
+                gen_,
+                now,
+                VERIFY,
+            );
+            d.requeue = Requeue::After(RETRY);
             return;
         }
         Some(Verification::Refused { reason, message }) => {
@@ -1822,6 +1888,9 @@ mod tests {
                 git_configured: true,
                 other_pins: vec![],
                 platform_kinds: None,
+                created_at: None,
+                created_by: Some("kubectl-client-side-apply".into()),
+                signature_grace: SIGNATURE_GRACE,
             }
         }
 
@@ -2586,6 +2655,80 @@ mod tests {
         );
         let world = World::new();
         assert!(to_prune(&kinds, &summary(), &world.app, "shop").is_empty());
+    }
+
+    #[test]
+    fn the_status_keeps_who_pinned_what_from_where_to_where_and_how_it_ended() {
+        let pin_spec = spec(json!({"releasePolicy": "Explicit"}));
+        let mut world = World::new();
+        let pinned = pin(&pin_spec, &mut world, None);
+        let released = spec(
+            json!({"releasePolicy": "Explicit", "release": true, "releaseReason": "fixed forward"}),
+        );
+        let d = decide(&released, Some(&pinned), &world.obs(None), t(500));
+        let h = &d.status.history;
+        let phases: Vec<BundlePinPhase> = h.iter().map(|e| e.phase).collect();
+        assert_eq!(
+            phases,
+            vec![
+                BundlePinPhase::Pinning,
+                BundlePinPhase::Pinned,
+                BundlePinPhase::Released
+            ]
+        );
+        let reasons: Vec<&str> = h.iter().map(|e| e.reason.as_str()).collect();
+        assert_eq!(
+            reasons,
+            vec![
+                reasons::SIGNATURE_VERIFIED,
+                reasons::ALL_PINNED,
+                reasons::RELEASED_EXPLICITLY
+            ]
+        );
+        for e in h {
+            assert_eq!(e.from_digest.as_deref(), Some(BAD));
+            assert_eq!(e.to_digest.as_deref(), Some(GOOD));
+            assert_eq!(e.created_by.as_deref(), Some("kubectl-client-side-apply"));
+        }
+        assert!(h[2].message.as_deref().unwrap().contains("fixed forward"));
+        // Bounded: the oldest go first.
+        let mut d = Decision {
+            actions: vec![],
+            status: d.status.clone(),
+            requeue: Requeue::AwaitChange,
+        };
+        for i in 0..40 {
+            record(&mut d, t(1000 + i));
+        }
+        assert_eq!(d.status.history.len(), MAX_HISTORY);
+        assert_eq!(d.status.history.last().unwrap().at, Time(t(1039)));
+    }
+
+    #[test]
+    fn a_missing_signature_just_after_creation_is_retried_then_refused() {
+        let unsigned = Some(Verification::Refused {
+            reason: reasons::UNSIGNED,
+            message: "no signature for the digest (404)".into(),
+        });
+        let world = World::new();
+        let mut obs = world.obs(unsigned);
+        obs.created_at = Some(t(0));
+        let d = decide(&spec(json!({})), None, &obs, t(30));
+        assert_eq!(d.status.phase, BundlePinPhase::Verifying);
+        let c = cond::find(&d.status.conditions, conditions::VERIFIED).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("Unknown", reasons::SIGNATURE_PENDING)
+        );
+        assert_eq!(d.requeue, Requeue::After(RETRY));
+        let d = decide(&spec(json!({})), Some(&d.status), &obs, t(121));
+        assert_eq!(d.status.phase, BundlePinPhase::Refused);
+        assert_eq!(
+            cond::find(&d.status.conditions, conditions::VERIFIED)
+                .unwrap()
+                .reason,
+            reasons::UNSIGNED
+        );
     }
 
     /// Runs the pin until automation is suspended (not yet applied); returns the status.

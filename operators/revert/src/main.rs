@@ -41,6 +41,14 @@ struct Cli {
         value_delimiter = ','
     )]
     allowed_kinds: Vec<String>,
+    /// Seconds after a pin's creation during which a missing signature is retried rather than
+    /// refused (a replicated registry may answer 404 just after the push).
+    #[arg(
+        long = "signature-grace-seconds",
+        env = "SLUICE_REVERT_SIGNATURE_GRACE_SECONDS",
+        default_value_t = 120
+    )]
+    signature_grace_seconds: u64,
     /// Clone URL of the intent repository; git reverts are off without it.
     #[arg(long, env = "SLUICE_REVERT_GIT_URL")]
     git_url: Option<String>,
@@ -129,6 +137,7 @@ fn settings(cli: &Cli, namespace: &str) -> anyhow::Result<Settings> {
         },
         git,
         forge,
+        signature_grace: Some(std::time::Duration::from_secs(cli.signature_grace_seconds)),
         allowed_kinds: (!cli.allowed_kinds.is_empty()).then(|| {
             cli.allowed_kinds
                 .iter()

@@ -51,8 +51,8 @@ pub struct ResultLabels {
 pub struct RevertMetrics {
     /// `sluice_revert_pins{phase}`: BundlePins by phase (as last reconciled).
     pub pins: Family<PhaseLabels, Gauge>,
-    /// `sluice_revert_oldest_pin_age_seconds`: age of the oldest pin still in force (Pinning
-    /// or Pinned), 0 when none.
+    /// `sluice_revert_oldest_pin_age_seconds`: age of the oldest pin still in force (Pinning,
+    /// Pinned, or Failed while holding a suspended Application), 0 when none.
     pub oldest_pin_age_seconds: Gauge<f64, AtomicU64>,
     /// `sluice_revert_pin_duration_seconds`: BundlePin created → every object applied.
     pub pin_duration_seconds: Histogram,
@@ -75,13 +75,23 @@ pub struct RevertMetrics {
 #[derive(Debug, Clone)]
 struct Entry {
     phase: BundlePinPhase,
+    holding: bool,
     since: Option<i64>,
     seen: i64,
 }
 
-/// How long an active pin's entry survives without a reconcile (pins in force are polled every
-/// few seconds; a deleted one stops being reconciled).
-const FORGET_AFTER_SECONDS: i64 = 120;
+/// How long an active pin's entry survives without a reconcile: longer than the runtime's
+/// longest back-off (300 s) between two attempts of a pin whose effects keep failing, so a pin
+/// stuck in Pinning stays counted (a deleted pin is forgotten at once).
+const FORGET_AFTER_SECONDS: i64 = 900;
+
+impl Entry {
+    /// Still in force: Pinning, Pinned, or Failed while holding a suspended Application.
+    fn in_force(&self) -> bool {
+        matches!(self.phase, BundlePinPhase::Pinning | BundlePinPhase::Pinned)
+            || (self.phase == BundlePinPhase::Failed && self.holding)
+    }
+}
 
 /// Registers revert's metrics in `registry`.
 pub fn register(registry: &mut Registry) -> RevertMetrics {
@@ -102,7 +112,7 @@ pub fn register(registry: &mut Registry) -> RevertMetrics {
     sub.register("pins", "BundlePins by phase", m.pins.clone());
     sub.register(
         "oldest_pin_age_seconds",
-        "Age in seconds of the oldest BundlePin still in force (Pinning or Pinned); 0 when none",
+        "Age in seconds of the oldest BundlePin still in force (Pinning, Pinned, or Failed while holding a suspended Application); 0 when none",
         m.oldest_pin_age_seconds.clone(),
     );
     sub.register(
@@ -169,11 +179,25 @@ impl RevertMetrics {
     /// Records a pin's phase after a reconcile; `created` is its creation time (seconds), `now`
     /// the clock (seconds). Recomputes the phase gauges and the oldest pin age.
     pub fn observe(&self, key: &str, phase: BundlePinPhase, created: Option<i64>, now: i64) {
+        self.observe_holding(key, phase, false, created, now);
+    }
+
+    /// [`RevertMetrics::observe`], saying whether the pin still holds an Application suspended
+    /// (a Failed pin that does is still in force: the 2-hour page covers it).
+    pub fn observe_holding(
+        &self,
+        key: &str,
+        phase: BundlePinPhase,
+        holding: bool,
+        created: Option<i64>,
+        now: i64,
+    ) {
         let mut active = self.active.lock().expect("metrics lock");
         active.insert(
             key.to_owned(),
             Entry {
                 phase,
+                holding,
                 since: created,
                 seen: now,
             },
@@ -192,10 +216,7 @@ impl RevertMetrics {
     /// Drops pins in force that stopped being reconciled, then sets the phase gauges and the
     /// oldest pin age from what remains.
     fn publish(&self, active: &mut BTreeMap<String, Entry>, now: i64) {
-        active.retain(|_, e| {
-            !matches!(e.phase, BundlePinPhase::Pinning | BundlePinPhase::Pinned)
-                || now - e.seen <= FORGET_AFTER_SECONDS
-        });
+        active.retain(|_, e| !e.in_force() || now - e.seen <= FORGET_AFTER_SECONDS);
         for p in PHASES {
             let n = active.values().filter(|e| e.phase == p).count();
             self.pins
@@ -206,7 +227,7 @@ impl RevertMetrics {
         }
         let oldest = active
             .values()
-            .filter(|e| matches!(e.phase, BundlePinPhase::Pinning | BundlePinPhase::Pinned))
+            .filter(|e| e.in_force())
             .filter_map(|e| e.since)
             .min()
             .map_or(0, |since| (now - since).max(0));
@@ -260,6 +281,26 @@ mod tests {
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }
+    }
+
+    #[test]
+    fn the_page_covers_stuck_pinning_and_failed_pins_still_holding() {
+        let mut registry = Registry::default();
+        let m = register(&mut registry);
+        // A pin stuck in Pinning, retried at the longest back-off, beside a healthy one.
+        m.observe("stuck", BundlePinPhase::Pinning, Some(0), 10);
+        m.observe("fresh", BundlePinPhase::Pinned, Some(7000), 7000);
+        for now in (310..7300).step_by(300) {
+            m.observe("stuck", BundlePinPhase::Pinning, Some(0), now);
+        }
+        m.observe("fresh", BundlePinPhase::Pinned, Some(7000), 7300);
+        assert!(m.oldest_pin_age() >= 7200.0, "{}", m.oldest_pin_age());
+        // A Failed pin holding a suspended Application counts; one holding nothing does not.
+        let m = register(&mut Registry::default());
+        m.observe_holding("failed", BundlePinPhase::Failed, true, Some(0), 7300);
+        assert_eq!(m.oldest_pin_age(), 7300.0);
+        m.observe_holding("failed", BundlePinPhase::Failed, false, Some(0), 7301);
+        assert_eq!(m.oldest_pin_age(), 0.0);
     }
 
     #[test]

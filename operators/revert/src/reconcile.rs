@@ -65,6 +65,9 @@ pub struct Settings {
     pub forge: Option<sluice_gitops::ForgeConfig>,
     /// The kinds any pin may apply (`--allowed-kinds`); `None`: the default mesh kinds.
     pub allowed_kinds: Option<Vec<sluice_api::v1alpha1::bundle_pin::GroupKind>>,
+    /// How long after a pin's creation a missing signature is retried
+    /// (`--signature-grace-seconds`); `None`: [`decide::SIGNATURE_GRACE`].
+    pub signature_grace: Option<std::time::Duration>,
 }
 
 /// What every reconcile shares.
@@ -85,6 +88,7 @@ pub struct Context {
     git: Option<GitConfig>,
     forge: Option<ForgeClient>,
     platform_kinds: Option<Vec<sluice_api::v1alpha1::bundle_pin::GroupKind>>,
+    signature_grace: std::time::Duration,
 }
 
 impl std::fmt::Debug for Context {
@@ -119,6 +123,7 @@ impl Context {
             git: settings.git,
             forge,
             platform_kinds: settings.allowed_kinds,
+            signature_grace: settings.signature_grace.unwrap_or(decide::SIGNATURE_GRACE),
         })
     }
 }
@@ -908,6 +913,21 @@ async fn set_finalizer(
     }
 }
 
+/// Who or what created a pin: its controlling owner (`WaveGate/<name>`), else the field
+/// manager that wrote its spec first (by managedFields time).
+pub fn created_by(pin: &BundlePin) -> Option<String> {
+    if let Some(owner) = pin.owner_references().first() {
+        return Some(format!("{}/{}", owner.kind, owner.name));
+    }
+    pin.metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| m.subresource.as_deref().is_none_or(str::is_empty))
+        .min_by_key(|m| m.time.as_ref().map(|t| t.0))
+        .and_then(|m| m.manager.clone())
+}
+
 /// The other BundlePins of the namespace that are not over.
 async fn other_pins(
     api: &Api<BundlePin>,
@@ -1018,6 +1038,9 @@ pub async fn reconcile(
         git_configured: ctx.git.is_some(),
         other_pins,
         platform_kinds: ctx.platform_kinds.clone(),
+        created_at: obj.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        created_by: created_by(&obj),
+        signature_grace: ctx.signature_grace,
     };
     let now = (ctx.clock)();
     let mut decision = decide::decide(&spec, status, &obs, now);
@@ -1068,6 +1091,18 @@ pub async fn reconcile(
                     .await;
             }
             tracing::warn!(error = %message, "effect failed; retrying with back-off");
+            // A pin whose effects keep failing is still in force: it stays on the page.
+            let current = obj.status.as_ref();
+            ctx.metrics.observe_holding(
+                &format!("{ns}/{name}"),
+                current.map(|s| s.phase).unwrap_or_default(),
+                current.is_some_and(|s| !decide::is_over(Some(s))),
+                obj.metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| t.0.as_second()),
+                now.as_second(),
+            );
             return Err(err);
         }
     }
@@ -1076,6 +1111,21 @@ pub async fn reconcile(
     if obj.status.as_ref() != Some(&decision.status) {
         write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &decision.status).await?;
         tracing::info!(phase = ?decision.status.phase, "status written");
+    }
+    let seen = status.map_or(0, |s| s.history.len());
+    if decision.status.history.len() != seen
+        && let Some(entry) = decision.status.history.last()
+    {
+        tracing::info!(
+            audit = true,
+            phase = ?entry.phase,
+            reason = %entry.reason,
+            from_digest = entry.from_digest.as_deref().unwrap_or_default(),
+            to_digest = entry.to_digest.as_deref().unwrap_or_default(),
+            created_by = entry.created_by.as_deref().unwrap_or_default(),
+            "{}",
+            entry.message.as_deref().unwrap_or_default()
+        );
     }
     // A Failed pin that still holds Applications keeps its finalizer: deleting it then gives
     // them back.
@@ -1161,9 +1211,10 @@ pub async fn reconcile(
             _ => {}
         }
     }
-    ctx.metrics.observe(
+    ctx.metrics.observe_holding(
         &format!("{ns}/{name}"),
         phase,
+        !decide::is_over(Some(&decision.status)),
         obj.metadata
             .creation_timestamp
             .as_ref()

@@ -366,6 +366,32 @@ pub struct PinnedObject {
     pub name: String,
 }
 
+/// One phase change of a pin, kept in its status.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PinHistoryEntry {
+    /// When.
+    pub at: Time,
+    /// The phase entered.
+    pub phase: BundlePinPhase,
+    /// The reason of the condition that decided it (CamelCase).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    /// Digest the targets ran before the pin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_digest: Option<String>,
+    /// Digest pinned to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_digest: Option<String>,
+    /// Who or what created the pin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_by: Option<String>,
+    /// What happened, at most 1024 characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub message: Option<String>,
+}
+
 /// The Git revert pushed for the pin.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -434,6 +460,16 @@ pub struct BundlePinStatus {
     /// The Git revert, once pushed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub git_revert: Option<GitRevertStatus>,
+    /// Who or what created the pin: its owner (`WaveGate/<name>`) or else the field manager
+    /// that wrote its spec first (`kubectl-client-side-apply`, `kubectl-sluice`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_by: Option<String>,
+    /// The pin's audit trail, oldest first: one entry per phase change (from/to digests, who
+    /// created it, the outcome). Kept in the object, unlike Events (which expire); at most 32,
+    /// the oldest dropped first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub history: Vec<PinHistoryEntry>,
     /// Conditions (Ready, Verified, Pinned, Released), one per type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
@@ -522,6 +558,9 @@ pub mod reasons {
     /// The pin did not restore every object within `spec.pinDeadlineSeconds`; every suspended
     /// Application got its sync policy back.
     pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+    /// No signature was found for the digest yet; within a grace period after the pin's creation
+    /// (a replicated registry may answer 404 just after a push) this is retried, not refused.
+    pub const SIGNATURE_PENDING: &str = "SignaturePending";
     /// The bundle holds more objects than a pin records (2048).
     pub const TOO_MANY_OBJECTS: &str = "TooManyObjects";
     /// The bundle's repository is not the Application's OCI `source.repoURL`.

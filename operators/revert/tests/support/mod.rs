@@ -459,6 +459,8 @@ impl World {
                         timeout: Some(Duration::from_secs(5)),
                     }),
                     allowed_kinds: None,
+                    // Refusals of unsigned bundles within the tests' budgets.
+                    signature_grace: Some(Duration::from_secs(1)),
                 },
                 metrics::register(&mut Default::default()),
             )
