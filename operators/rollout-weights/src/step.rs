@@ -1023,7 +1023,26 @@ impl Machine<'_> {
                 let deadline = dur(&spec.hand_back_deadline, Duration::from_secs(86_400));
                 let waited = since(self.next.promoted_at.as_ref(), self.now);
                 if waited >= deadline {
-                    self.condition(conditions::HAND_BACK_OVERDUE, Status::True, reasons::HAND_BACK_OVERDUE, format!("promoted {}s ago; the Git change making the canary stable should delete this Rollout", waited.as_secs()));
+                    let already = cond::find(&self.next.conditions, conditions::HAND_BACK_OVERDUE)
+                        .is_some_and(|c| c.status == "True");
+                    let note = format!(
+                        "promoted {}s ago; the Git change making the canary stable should delete this Rollout",
+                        waited.as_secs()
+                    );
+                    self.condition(
+                        conditions::HAND_BACK_OVERDUE,
+                        Status::True,
+                        reasons::HAND_BACK_OVERDUE,
+                        note.clone(),
+                    );
+                    if !already {
+                        self.event(
+                            Severity::Warning,
+                            reasons::HAND_BACK_OVERDUE,
+                            event_actions::PROMOTE,
+                            note,
+                        );
+                    }
                 } else {
                     self.wake(deadline - waited);
                 }
@@ -2619,5 +2638,31 @@ mod tests {
                 assert!(d.status.abort.is_none(), "{name}");
             }
         }
+    }
+
+    #[test]
+    fn an_overdue_hand_back_emits_one_event() {
+        let s = spec();
+        let st = RolloutStatus {
+            phase: RolloutPhase::Promoted,
+            promoted_at: Some(Time(t(0))),
+            ..Default::default()
+        };
+        let obs = Observations {
+            route: route(100, false),
+            ..Default::default()
+        };
+        let overdue = |d: &Decision| {
+            d.actions
+                .iter()
+                .filter(|a| matches!(a, Action::Event { reason, .. } if *reason == reasons::HAND_BACK_OVERDUE))
+                .count()
+        };
+        let d = step(&s, st.clone(), &obs, t(3_600));
+        assert_eq!(overdue(&d), 0, "within the deadline");
+        let d = step(&s, st, &obs, t(86_400));
+        assert_eq!(overdue(&d), 1, "a Warning Event when it becomes overdue");
+        let d = step(&s, d.status, &obs, t(90_000));
+        assert_eq!(overdue(&d), 0, "once");
     }
 }
