@@ -261,16 +261,9 @@ fn bundle_pin_health() {
         name: "mesh-config".into(),
         namespace: "argocd".into(),
         state: ApplicationPinState::Pinned,
-        original_sync_policy: None,
         original_sync_policy_saved: true,
-        destination: None,
-        from_digest: None,
-        sync_terminated: false,
         applied_objects: 3,
-        pruned_objects: 0,
-        pinned_at: None,
-        released_at: None,
-        message: None,
+        ..PinnedApplication::default()
     };
     let with = |phase: BundlePinPhase, f: &dyn Fn(&mut BundlePinStatus)| {
         let mut s = BundlePinStatus {
