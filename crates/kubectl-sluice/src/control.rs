@@ -208,6 +208,17 @@ pub struct PinRequest {
     pub reason: String,
     /// The pin's name; default `pin-<first application>-<12 hex of the digest>`.
     pub name: Option<String>,
+    /// The commit of the bad change in the intent repository: revert pushes its revert branch
+    /// (and opens the pull request when a forge is configured) when set.
+    pub revert_commit: Option<String>,
+    /// Base branch of the revert (default: the operator's, `main`).
+    pub base_branch: Option<String>,
+    /// Open a pull request for the revert (when a forge is configured).
+    pub pull_request: bool,
+    /// The live pin this one takes over from (`spec.supersedes`).
+    pub supersedes: Option<String>,
+    /// Pin a digest Argo CD never deployed for the Application (audited).
+    pub allow_any_revision: bool,
 }
 
 /// The BundlePin object for `request` in `namespace`, or what is wrong with the request.
@@ -253,7 +264,7 @@ pub fn bundle_pin(request: &PinRequest, namespace: &str) -> Result<Value, String
     } else {
         format!("oci://{repository}")
     };
-    Ok(json!({
+    let mut pin = json!({
         "apiVersion": "sluice.dev/v1alpha1",
         "kind": "BundlePin",
         "metadata": {"name": name, "namespace": namespace},
@@ -263,7 +274,31 @@ pub fn bundle_pin(request: &PinRequest, namespace: &str) -> Result<Value, String
             "publicKeysSecretRef": {"name": request.keys_secret},
             "reason": request.reason,
         }
-    }))
+    });
+    if let Some(commit) = &request.revert_commit {
+        if commit.len() < 7
+            || commit.len() > 64
+            || !commit
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            return Err(format!(
+                "--revert-commit {commit:?} is not a commit sha (7..64 lowercase hex)"
+            ));
+        }
+        let mut git = json!({"commit": commit, "pullRequest": request.pull_request});
+        if let Some(base) = &request.base_branch {
+            git["baseBranch"] = json!(base);
+        }
+        pin["spec"]["gitRevert"] = git;
+    }
+    if let Some(previous) = &request.supersedes {
+        pin["spec"]["supersedes"] = json!(previous);
+    }
+    if request.allow_any_revision {
+        pin["spec"]["allowAnyRevision"] = json!(true);
+    }
+    Ok(pin)
 }
 
 #[cfg(test)]
@@ -539,6 +574,11 @@ mod tests {
             keys_secret: "cosign".into(),
             reason: reason.into(),
             name: None,
+            revert_commit: None,
+            base_branch: None,
+            pull_request: true,
+            supersedes: None,
+            allow_any_revision: false,
         };
         let ok = bundle_pin(
             &request(
@@ -581,5 +621,28 @@ mod tests {
             let err = bundle_pin(&req, "argocd").unwrap_err();
             assert!(err.contains(fragment), "{err:?} lacks {fragment:?}");
         }
+        // The revert reaches Git, a hand-over, an audited revision Argo CD never ran.
+        let mut full = request(
+            &format!("oci://r/m@sha256:{hex}"),
+            &["a"],
+            "5xx after change 42",
+        );
+        full.revert_commit = Some("abcdef1".into());
+        full.base_branch = Some("release".into());
+        full.supersedes = Some("pin-a-1".into());
+        full.allow_any_revision = true;
+        let pin = bundle_pin(&full, "argocd").unwrap();
+        assert_eq!(
+            pin["spec"]["gitRevert"],
+            json!({"commit": "abcdef1", "pullRequest": true, "baseBranch": "release"})
+        );
+        assert_eq!(pin["spec"]["supersedes"], "pin-a-1");
+        assert_eq!(pin["spec"]["allowAnyRevision"], true);
+        full.revert_commit = Some("main".into());
+        assert!(
+            bundle_pin(&full, "argocd")
+                .unwrap_err()
+                .contains("--revert-commit")
+        );
     }
 }

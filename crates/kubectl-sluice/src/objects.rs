@@ -91,6 +91,22 @@ pub struct PinArgs {
     /// The BundlePin's name (default: pin-<application>-<digest prefix>).
     #[arg(long)]
     pub name: Option<String>,
+    /// The commit of the bad change in the intent repository: revert pushes a revert branch for
+    /// it (and opens a pull request when the operator has a forge configured).
+    #[arg(long, value_name = "SHA")]
+    pub revert_commit: Option<String>,
+    /// Base branch of the revert (default: main).
+    #[arg(long, value_name = "BRANCH", requires = "revert_commit")]
+    pub base_branch: Option<String>,
+    /// Push the revert branch but open no pull request.
+    #[arg(long, requires = "revert_commit")]
+    pub no_pull_request: bool,
+    /// Take over from this live BundlePin (an explicit hand-over of its Applications).
+    #[arg(long, value_name = "PIN")]
+    pub supersedes: Option<String>,
+    /// Pin a digest Argo CD never deployed for the Application (audited by revert).
+    #[arg(long)]
+    pub allow_any_revision: bool,
     #[command(flatten)]
     pub cluster: ClusterArgs,
 }
@@ -222,6 +238,11 @@ pub async fn pin(args: PinArgs) -> Result<(), CliError> {
             keys_secret: args.keys,
             reason: args.reason,
             name: args.name,
+            revert_commit: args.revert_commit,
+            base_branch: args.base_branch,
+            pull_request: !args.no_pull_request,
+            supersedes: args.supersedes,
+            allow_any_revision: args.allow_any_revision,
         })
         .await?;
     println!("BundlePin {name} created: follow it with 'kubectl sluice status pin/{name} --watch'");
