@@ -4,17 +4,20 @@
 //! the pods, the simulated kubelet binds them and makes them Ready, the real disruption controller
 //! computes PodDisruptionBudget status, the real Eviction API refuses and grants evictions by it,
 //! the kubelet ends the graceful deletion and the ReplicaSet replaces the pod; deleting the
-//! Deployment lets the real garbage collector remove the rest.
+//! Deployment lets the real garbage collector remove the rest. And Istio's injector is a real
+//! mutating admission webhook the API server calls when the ReplicaSet controller creates pods.
 
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Client;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use sluice_sim::ClusterConfig;
+use sluice_sim::cluster::webhook::InjectorWebhook;
 use sluice_sim::cluster::{ClusterTasks, SvidCounter};
 use sluice_testkit::control_plane::{self, ControlPlane, Options};
 
@@ -206,5 +209,98 @@ async fn real_controllers_and_evictions_with_the_simulated_kubelet() {
         (left == 0).then_some(()).ok_or(format!("{left} left"))
     })
     .await;
+    drop(tasks);
+}
+
+#[tokio::test]
+async fn the_injector_is_a_real_mutating_webhook() {
+    if control_plane::require().is_none() {
+        return;
+    }
+    let cp = ControlPlane::start_with(Options {
+        controller_manager: true,
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    let client = cp.client().await.unwrap();
+    let mut config = ClusterConfig::on_real_control_plane("c1");
+    config.readiness_delay = Duration::from_millis(300);
+    let svid = SvidCounter::new();
+    let tasks = ClusterTasks::start(client.clone(), config, svid.clone());
+    let webhook = InjectorWebhook::start(client.clone(), cp.ca(), svid.clone())
+        .await
+        .unwrap();
+    assert!(webhook.url().starts_with("https://127.0.0.1:"));
+
+    // Given revision 1-27's injector and a namespace on it.
+    let mwcs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    mwcs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "istio-sidecar-injector-1-27", "labels": {"istio.io/rev": "1-27"}}
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let ns = cp.namespace("meshed").await.unwrap();
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            &ns,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"istio.io/rev": "1-27"}}})),
+        )
+        .await
+        .unwrap();
+
+    // When the real ReplicaSet controller creates a Deployment's pods.
+    Api::<Deployment>::namespaced(client.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "web"},
+                "spec": {
+                    "replicas": 2,
+                    "selector": {"matchLabels": {"app": "web"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "web"}},
+                        "spec": {"containers": [{"name": "web", "image": "web:1"}]}
+                    }
+                }
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+
+    // Then the API server has the webhook inject them at admission, each counting one SVID.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let ready = eventually("two injected pods Ready", || async {
+        let ready = running_ready(&pods).await?;
+        (ready.len() == 2)
+            .then_some(ready.clone())
+            .ok_or(format!("{} ready", ready.len()))
+    })
+    .await;
+    for pod in &ready {
+        let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(
+            sluice_sim::cluster::injection::injected_revision(&annotations).as_deref(),
+            Some("1-27"),
+            "{annotations:?}"
+        );
+        let containers: Vec<&str> = pod
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(containers, ["web", "istio-proxy"]);
+    }
+    assert_eq!(svid.get(), 2);
+    drop(webhook);
     drop(tasks);
 }

@@ -22,6 +22,7 @@ pub mod pdb;
 pub mod pods;
 pub mod rolling;
 pub mod svid;
+pub mod webhook;
 
 pub use controllers::ClusterTasks;
 pub use svid::SvidCounter;
