@@ -788,7 +788,19 @@ impl Context {
                                 result: category.into(),
                             })
                             .inc();
-                        tracing::warn!(error = %message, "git revert failed; retried on the next poll");
+                        // A conflict or a commit not on the base branch stays so: recorded, never
+                        // tried again (each try is a full clone).
+                        let permanent = matches!(category, "RevertConflict" | "CommitNotOnBase");
+                        let message = if permanent {
+                            status.git_revert = Some(GitRevertStatus {
+                                failure: Some(message.chars().take(1024).collect()),
+                                ..GitRevertStatus::default()
+                            });
+                            format!("{message}; not tried again: revert the change in Git by hand")
+                        } else {
+                            message
+                        };
+                        tracing::warn!(error = %message, permanent, "git revert failed");
                         cond::set(
                             &mut status.conditions,
                             cond::new(

@@ -294,3 +294,46 @@ async fn a_pinned_pin_whose_key_was_rotated_out_releases_and_a_second_pin_is_ref
         "ownership dropped without the bundle"
     );
 }
+
+#[tokio::test]
+async fn a_revert_that_conflicts_in_git_is_reported_once_and_not_tried_again() {
+    let Some(mut w) = World::start().await else {
+        return;
+    };
+    let good = given_bad_change(&w).await;
+    // In Git: the bad change, then a later change of the same lines, so its revert conflicts.
+    w.git
+        .commit_files(&[("mesh/checkout.yaml", &route("checkout", 10))], "good")
+        .unwrap();
+    let bad_commit = w
+        .git
+        .commit_files(&[("mesh/checkout.yaml", &route("checkout", 90))], "bad")
+        .unwrap();
+    w.git
+        .commit_files(&[("mesh/checkout.yaml", &route("checkout", 70))], "later")
+        .unwrap();
+    w.start_revert();
+    w.create_pin(
+        "pin-g",
+        &good,
+        json!({"gitRevert": {"commit": bad_commit, "pullRequest": false}}),
+    )
+    .await;
+    let p = until(&w, "pin-g", "the git revert recorded", |p| {
+        p.status.as_ref().is_some_and(|s| s.git_revert.is_some())
+    })
+    .await;
+    let git = p.status.as_ref().unwrap().git_revert.clone().unwrap();
+    assert!(git.branch.is_none(), "{git:?}");
+    assert!(git.failure.is_some(), "{git:?}");
+    let c = find(&p.status.unwrap().conditions, conditions::GIT_REVERT)
+        .unwrap()
+        .clone();
+    assert_eq!(c.reason, reasons::GIT_REVERT_FAILED);
+    assert!(c.message.contains("by hand"), "{}", c.message);
+    assert_eq!(
+        phase(&w.pins().get("pin-g").await.unwrap()),
+        BundlePinPhase::Pinned
+    );
+    assert_eq!(w.git.branches().unwrap(), vec!["main".to_owned()]);
+}

@@ -408,6 +408,12 @@ pub struct GitRevertStatus {
     /// When the branch was pushed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pushed_at: Option<Time>,
+    /// Why no revert could be made for good (the revert conflicts with later changes, or the
+    /// commit is not on the base branch): it is not tried again; revert the change by hand.
+    /// At most 1024 characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub failure: Option<String>,
 }
 
 /// Observed state of a BundlePin.
