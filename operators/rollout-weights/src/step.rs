@@ -1139,6 +1139,18 @@ impl Machine<'_> {
                 reasons::PAUSED,
                 "spec.paused is true",
             );
+            // A weight step whose share is not yet confirmed starts its deadline over when
+            // resumed: a pause never turns into an AppliedShareNotConfirmed abort on resume.
+            let unconfirmed = spec.steps.get(index).and_then(|s| s.kind())
+                == Some(StepKind::SetWeight)
+                && self
+                    .next
+                    .history
+                    .last()
+                    .is_some_and(|h| h.share_confirmed_at.is_none());
+            if unconfirmed {
+                self.next.current_step_started_at = Some(Time(self.now));
+            }
             self.write(desired_at(spec, index));
             return;
         }
@@ -2664,5 +2676,33 @@ mod tests {
         assert_eq!(overdue(&d), 1, "a Warning Event when it becomes overdue");
         let d = step(&s, d.status, &obs, t(90_000));
         assert_eq!(overdue(&d), 0, "once");
+    }
+
+    #[test]
+    fn resuming_an_unconfirmed_step_never_aborts_for_the_time_spent_paused() {
+        let s = held_spec(
+            serde_json::json!({"untilPromoted": true}),
+            serde_json::json!({"paused": true}),
+        );
+        let resumed = held_spec(
+            serde_json::json!({"untilPromoted": true}),
+            serde_json::json!({}),
+        );
+        let st = live(&s, 2, RolloutPhase::Progressing, false);
+        let obs = Observations {
+            route: live_route(&s, &st),
+            applied_share: Some(0.5),
+            ..Default::default()
+        };
+        // Paused for an hour, past the 10-minute share deadline, the share still climbing.
+        let d = step(&s, st, &obs, t(3_600));
+        assert_eq!(d.status.phase, RolloutPhase::Paused);
+        let d = step(&resumed, d.status, &obs, t(3_601));
+        assert_ne!(
+            d.status.phase,
+            RolloutPhase::Aborted,
+            "{:?}",
+            d.status.abort
+        );
     }
 }
