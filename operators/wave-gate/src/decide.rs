@@ -108,6 +108,48 @@ pub struct Observations {
     /// How long a halt waits for revert to put its pins in force before the decisions go back
     /// anyway (revert down or slow must not keep the canary on the halted revision).
     pub pin_wait: Duration,
+    /// Argo CD's `argocd-cmd-params-cm` data in the ApplicationSet's namespace (`None`: not
+    /// found or not readable; the defaults apply): the controller-level sync policy.
+    pub controller_params: Option<BTreeMap<String, String>>,
+    /// Names of the decision resources the ApplicationSet's clusterDecisionResource generators
+    /// read.
+    pub decision_resources: Vec<String>,
+}
+
+/// `argocd-cmd-params-cm` key of the ApplicationSet controller's `--policy`.
+pub const CONTROLLER_POLICY_KEY: &str = "applicationsetcontroller.policy";
+/// `argocd-cmd-params-cm` key of `--enable-policy-override`.
+pub const POLICY_OVERRIDE_KEY: &str = "applicationsetcontroller.enable.policy.override";
+
+/// Why the ApplicationSet controller's own policy makes the ApplicationSet unsafe: with
+/// `--policy` set and `--enable-policy-override` not true, Argo CD applies the controller's
+/// policy instead of the ApplicationSet's `applicationsSync`; `sync` and `create-delete` delete
+/// an Application whose cluster leaves the decisions.
+pub fn controller_policy_problem(params: Option<&BTreeMap<String, String>>) -> Option<String> {
+    let params = params?;
+    let policy = params.get(CONTROLLER_POLICY_KEY).map(|p| p.trim())?;
+    if policy.is_empty() || matches!(policy, "create-update" | "create-only") {
+        return None;
+    }
+    let override_on = params
+        .get(POLICY_OVERRIDE_KEY)
+        .is_some_and(|v| v.trim() == "true");
+    (!override_on).then(|| {
+        format!(
+            "the ApplicationSet controller runs with {CONTROLLER_POLICY_KEY}={policy} and {POLICY_OVERRIDE_KEY} not true (argocd-cmd-params-cm), so Argo CD ignores applicationsSync: create-update and would delete Applications; set the controller policy to create-update or enable the override"
+        )
+    })
+}
+
+/// Why the ApplicationSet does not read this WaveGate: its clusterDecisionResource generators
+/// name other resources (a generator selecting by labels names none and is not judged).
+pub fn binding_problem(names: &[String], wave_gate: &str) -> Option<String> {
+    (!names.is_empty() && !names.iter().any(|n| n == wave_gate)).then(|| {
+        format!(
+            "its clusterDecisionResource generator reads {} , not this WaveGate {wave_gate}; the WaveGate's decisions would gate nothing",
+            names.join(", ")
+        )
+    })
 }
 
 /// Default of [`Observations::pin_wait`].
@@ -128,6 +170,8 @@ impl Default for Observations {
             existing_pins: BTreeSet::new(),
             pin_phases: BTreeMap::new(),
             pin_wait: DEFAULT_PIN_WAIT,
+            controller_params: None,
+            decision_resources: Vec::new(),
         }
     }
 }
@@ -630,6 +674,30 @@ fn step(cx: &mut Ctx<'_>) -> Requeue {
                     .join("; ")
             ),
         ),
+    };
+    // The controller-level policy and the generator binding, beyond the ApplicationSet's spec.
+    let (safe, reason, message) = match (
+        safe,
+        controller_policy_problem(cx.obs.controller_params.as_ref()),
+        binding_problem(&cx.obs.decision_resources, &cx.obs.name),
+    ) {
+        (true, Some(p), _) => (
+            false,
+            reasons::APPLICATIONS_SYNC_UNSAFE,
+            format!(
+                "ApplicationSet {}: {p}; the WaveGate publishes nothing until it is fixed",
+                spec.application_set_ref.name
+            ),
+        ),
+        (true, None, Some(b)) => (
+            false,
+            reasons::NOT_THIS_WAVE_GATE,
+            format!(
+                "ApplicationSet {}: {b}; the WaveGate publishes nothing until it is fixed",
+                spec.application_set_ref.name
+            ),
+        ),
+        other => (other.0, reason, message),
     };
     let status = if safe { Status::True } else { Status::False };
     if cx.condition(types::APPLICATION_SET_SAFE, status, reason, message.clone()) {
@@ -2209,6 +2277,78 @@ mod tests {
         let d = run(&fixed, Some(&d.status), &obs(&["c1", "c2", "c3"]), 31);
         assert_eq!(d.status.current_revision, Some(rev('c')));
         assert_eq!(d.status.source_commit.as_deref(), Some("cde5678"));
+    }
+
+    #[test]
+    fn the_controller_policy_and_the_generator_binding_are_checked() {
+        let params = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let table = [
+            (None, false),
+            (Some(params(&[])), false),
+            (Some(params(&[(CONTROLLER_POLICY_KEY, "sync")])), true),
+            (
+                Some(params(&[(CONTROLLER_POLICY_KEY, "create-delete")])),
+                true,
+            ),
+            (
+                Some(params(&[(CONTROLLER_POLICY_KEY, "create-update")])),
+                false,
+            ),
+            (
+                Some(params(&[(CONTROLLER_POLICY_KEY, "create-only")])),
+                false,
+            ),
+            (
+                Some(params(&[
+                    (CONTROLLER_POLICY_KEY, "sync"),
+                    (POLICY_OVERRIDE_KEY, "true"),
+                ])),
+                false,
+            ),
+            (
+                Some(params(&[
+                    (CONTROLLER_POLICY_KEY, "sync"),
+                    (POLICY_OVERRIDE_KEY, "false"),
+                ])),
+                true,
+            ),
+        ];
+        for (p, unsafe_) in table {
+            assert_eq!(
+                controller_policy_problem(p.as_ref()).is_some(),
+                unsafe_,
+                "{p:?}"
+            );
+        }
+        assert!(
+            binding_problem(&[], "eu").is_none(),
+            "a label selector is not judged"
+        );
+        assert!(binding_problem(&["eu".into()], "eu").is_none());
+        assert!(binding_problem(&["us".into()], "eu").is_some());
+
+        // The WaveGate publishes nothing while the controller's policy would delete.
+        let s = spec();
+        let mut o = obs(&[]);
+        o.controller_params = Some(params(&[(CONTROLLER_POLICY_KEY, "sync")]));
+        let d = run(&s, None, &o, 0);
+        assert!(d.status.decisions.is_empty(), "nothing published");
+        let c = cond::find(&d.status.conditions, types::APPLICATION_SET_SAFE).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", reasons::APPLICATIONS_SYNC_UNSAFE)
+        );
+        let mut o = obs(&[]);
+        o.decision_resources = vec!["other".into()];
+        o.name = "eu".into();
+        let d = run(&s, None, &o, 0);
+        let c = cond::find(&d.status.conditions, types::APPLICATION_SET_SAFE).unwrap();
+        assert_eq!(c.reason, reasons::NOT_THIS_WAVE_GATE, "{}", c.message);
     }
 
     #[test]

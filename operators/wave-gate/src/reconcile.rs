@@ -148,6 +148,9 @@ impl Categorized for ReconcileError {
     }
 }
 
+/// Argo CD's command-parameters ConfigMap (the ApplicationSet controller's flags).
+pub const ARGOCD_CMD_PARAMS: &str = "argocd-cmd-params-cm";
+
 fn is_status(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
 }
@@ -396,7 +399,25 @@ pub async fn reconcile(
             .map_err(read("the ApplicationSet"))?
         {
             None => ApplicationSetView::Missing,
-            Some(s) => ApplicationSetView::Found(s.wave_gate_safety()),
+            Some(s) => {
+                obs.decision_resources = s
+                    .decision_resource_names()
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect();
+                ApplicationSetView::Found(s.wave_gate_safety())
+            }
+        };
+        // The controller-level policy (--policy, --enable-policy-override) from Argo CD's
+        // parameters ConfigMap; unreadable counts as absent (Argo CD's defaults).
+        let params: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(ctx.client.clone(), &set_ns);
+        obs.controller_params = match params.get_opt(ARGOCD_CMD_PARAMS).await {
+            Ok(cm) => cm.and_then(|c| c.data),
+            Err(e) => {
+                tracing::debug!(error = %e, "reading {ARGOCD_CMD_PARAMS}; taken as absent");
+                None
+            }
         };
         if obs.application_set != ApplicationSetView::Missing {
             let apps: Api<Application> = Api::namespaced(ctx.client.clone(), &set_ns);

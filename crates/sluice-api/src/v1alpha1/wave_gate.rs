@@ -614,6 +614,8 @@ pub mod reasons {
     /// The ApplicationSet has no `ignoreApplicationDifferences` entry without a name covering
     /// `/spec/syncPolicy`, so revert would refuse every pin of a halt.
     pub const SYNC_POLICY_NOT_IGNORED: &str = "SyncPolicyNotIgnored";
+    /// The ApplicationSet's clusterDecisionResource generator reads another resource.
+    pub const NOT_THIS_WAVE_GATE: &str = "NotThisWaveGate";
     /// The ApplicationSet was not found.
     pub const APPLICATION_SET_NOT_FOUND: &str = "ApplicationSetNotFound";
     /// The ApplicationSet is safe.

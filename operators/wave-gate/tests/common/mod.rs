@@ -206,7 +206,8 @@ impl World {
                 "metadata": {"name": name, "namespace": NS},
                 "spec": {
                     "goTemplate": true,
-                    "generators": [{"clusterDecisionResource": {"configMapRef": "sluice-wavegates", "name": name, "requeueAfterSeconds": 30}}],
+                    // It reads the site's WaveGate (named by the site, the set `mesh-<site>`).
+                    "generators": [{"clusterDecisionResource": {"configMapRef": "sluice-wavegates", "name": name.strip_prefix("mesh-").unwrap_or(name), "requeueAfterSeconds": 30}}],
                     "template": {
                         "metadata": {"name": "mesh-{{.clusterName}}"},
                         "spec": {"project": "mesh", "source": {"repoURL": "oci://registry.local:5000/mesh/config", "targetRevision": "{{.revision}}", "path": "."}, "destination": {"name": "{{.clusterName}}", "namespace": "istio-config"}}
