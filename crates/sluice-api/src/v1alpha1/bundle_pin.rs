@@ -582,9 +582,6 @@ pub mod reasons {
     pub const NAMESPACE_NOT_ALLOWED: &str = "NamespaceNotAllowed";
     /// The pin would delete more than `spec.maxPrunePercent` of the tracked objects.
     pub const PRUNE_TOO_LARGE: &str = "PruneTooLarge";
-    /// Released while pinned objects' ownership could not be dropped (destination unreachable);
-    /// sync policies were restored first.
-    pub const OWNERSHIP_NOT_DROPPED: &str = "OwnershipNotDropped";
 }
 
 #[cfg(test)]
