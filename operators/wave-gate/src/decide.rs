@@ -114,6 +114,9 @@ pub struct Observations {
     /// Names of the decision resources the ApplicationSet's clusterDecisionResource generators
     /// read.
     pub decision_resources: Vec<String>,
+    /// Applications the ApplicationSet owns whose destination matches no cluster of the
+    /// WaveGate (at most 16 names kept).
+    pub unmatched_applications: Vec<String>,
 }
 
 /// `argocd-cmd-params-cm` key of the ApplicationSet controller's `--policy`.
@@ -172,6 +175,7 @@ impl Default for Observations {
             pin_wait: DEFAULT_PIN_WAIT,
             controller_params: None,
             decision_resources: Vec::new(),
+            unmatched_applications: Vec::new(),
         }
     }
 }
@@ -462,6 +466,16 @@ pub fn adoption_revision(spec: &WaveGateSpec, obs: &Observations) -> Result<Stri
         .filter(|a| clusters.contains(a.cluster.as_str()))
         .collect();
     if apps.is_empty() {
+        // Applications that exist but are not observed for the site's clusters (a destination
+        // the WaveGate cannot match) are not "no Applications": publishing spec.revision for
+        // every cluster would skip every wave.
+        if !obs.unmatched_applications.is_empty() {
+            return Err(format!(
+                "no Application is observed for the site's clusters, but the ApplicationSet owns Applications whose destination matches none ({}); list their servers in spec.clusterServers or set spec.previousRevision to the revision the site runs",
+                obs.unmatched_applications.join(", ")
+            ));
+        }
+        // A site with no Applications at all is new: it starts at spec.revision.
         return Ok(spec.revision.clone());
     }
     let revisions: BTreeSet<Option<&str>> = apps
@@ -1771,9 +1785,19 @@ mod tests {
             (
                 "no apps yet",
                 serde_json::json!({}),
-                none,
+                none.clone(),
                 on(&[("c1", "b"), ("c2", "b"), ("c3", "b")]),
                 WaveGatePhase::Complete,
+            ),
+            (
+                "apps exist but none observed for the site's clusters",
+                serde_json::json!({}),
+                Observations {
+                    unmatched_applications: vec!["argocd/mesh-by-server".into()],
+                    ..none
+                },
+                vec![],
+                WaveGatePhase::Pending,
             ),
         ];
         for (name, patch, o, want, phase) in cases {

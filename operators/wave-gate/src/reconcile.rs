@@ -190,6 +190,36 @@ fn applications(spec: &WaveGateSpec, set: &str, apps: Vec<Application>) -> Vec<A
         .collect()
 }
 
+/// Applications `set` owns whose destination matches no cluster of the WaveGate
+/// (`namespace/name`, at most 16).
+fn unmatched(spec: &WaveGateSpec, set: &str, apps: &[Application]) -> Vec<String> {
+    apps.iter()
+        .filter(|a| {
+            a.metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.kind == "ApplicationSet" && o.name == set)
+        })
+        .filter(|a| {
+            let d = a.spec.destination.as_ref();
+            spec.cluster_of_destination(
+                d.and_then(|d| d.name.as_deref()),
+                d.and_then(|d| d.server.as_deref()),
+            )
+            .is_none_or(|c| spec.wave_of_cluster(&c).is_none())
+        })
+        .take(16)
+        .map(|a| {
+            format!(
+                "{}/{}",
+                a.metadata.namespace.as_deref().unwrap_or_default(),
+                a.metadata.name.as_deref().unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
 fn owner(ns: &str, name: &str) -> String {
     format!("WaveGate {ns}/{name}")
 }
@@ -425,6 +455,8 @@ pub async fn reconcile(
                 .list(&ListParams::default())
                 .await
                 .map_err(read("Applications"))?;
+            obs.unmatched_applications =
+                unmatched(spec, &spec.application_set_ref.name, &listed.items);
             obs.applications = applications(spec, &spec.application_set_ref.name, listed.items);
         }
         let current = status.cloned().unwrap_or_default();
