@@ -1324,7 +1324,7 @@ pub fn pin_plans(spec: &WaveGateSpec, status: &WaveGateStatus, obs: &Observation
     let revision = status.current_revision.as_deref().unwrap_or(&spec.revision);
     h.reverted_clusters
         .iter()
-        .filter_map(|c| {
+        .flat_map(|c| {
             let mut applications: Vec<AppRef> = obs
                 .applications
                 .iter()
@@ -1335,31 +1335,41 @@ pub fn pin_plans(spec: &WaveGateSpec, status: &WaveGateStatus, obs: &Observation
                 })
                 .collect();
             applications.sort();
-            if applications.is_empty() {
-                return None;
-            }
-            Some(PinPlan {
-                name: pins::pin_name(
-                    &obs.namespace,
-                    &obs.name,
-                    pins::HaltKey {
-                        revision,
-                        previous,
-                        halted_at: h.halted_at.0.as_second(),
-                    },
-                    c,
-                ),
-                cluster: c.clone(),
-                applications,
-                digest: previous.clone(),
-                reason: format!(
-                    "WaveGate {}/{} halted {revision} in wave {}: {}",
-                    obs.namespace,
-                    obs.name,
-                    h.wave,
-                    h.message.as_deref().unwrap_or_default()
-                ),
-            })
+            // A pin targets at most MAX_TARGETS Applications: a cluster with more gets several
+            // pins (none is left out); the first keeps the cluster's plain name.
+            applications
+                .chunks(pins::MAX_TARGETS)
+                .enumerate()
+                .map(|(i, chunk)| {
+                    let key = if i == 0 {
+                        c.clone()
+                    } else {
+                        format!("{c}/{i}")
+                    };
+                    PinPlan {
+                        name: pins::pin_name(
+                            &obs.namespace,
+                            &obs.name,
+                            pins::HaltKey {
+                                revision,
+                                previous,
+                                halted_at: h.halted_at.0.as_second(),
+                            },
+                            &key,
+                        ),
+                        cluster: c.clone(),
+                        applications: chunk.to_vec(),
+                        digest: previous.clone(),
+                        reason: format!(
+                            "WaveGate {}/{} halted {revision} in wave {}: {}",
+                            obs.namespace,
+                            obs.name,
+                            h.wave,
+                            h.message.as_deref().unwrap_or_default()
+                        ),
+                    }
+                })
+                .collect::<Vec<_>>()
         })
         .collect()
 }
@@ -2373,6 +2383,32 @@ mod tests {
         let d = run(&s, None, &o, 0);
         let c = cond::find(&d.status.conditions, types::APPLICATION_SET_SAFE).unwrap();
         assert_eq!(c.reason, reasons::NOT_THIS_WAVE_GATE, "{}", c.message);
+    }
+
+    #[test]
+    fn a_cluster_with_more_applications_than_a_pin_holds_gets_several_pins() {
+        let s = spec();
+        let mut o = obs(&["c1"]);
+        let template = o
+            .applications
+            .iter()
+            .find(|a| a.cluster == "c1")
+            .unwrap()
+            .clone();
+        o.applications.retain(|a| a.cluster != "c1");
+        for i in 0..(pins::MAX_TARGETS + 6) {
+            let mut a = template.clone();
+            a.name = format!("mesh-c1-{i:03}");
+            o.applications.push(a);
+        }
+        o.gates = Some(vec![verdict("mesh-error-ratio", Verdict::Fail, 15)]);
+        let halted = run(&s, Some(&soaking()), &o, 15);
+        let plans = pins_of(&halted);
+        assert_eq!(plans.len(), 2, "no Application left out");
+        assert_eq!(plans[0].applications.len(), pins::MAX_TARGETS);
+        assert_eq!(plans[1].applications.len(), 6);
+        assert_ne!(plans[0].name, plans[1].name);
+        assert!(plans.iter().all(|p| p.cluster == "c1"));
     }
 
     #[test]
