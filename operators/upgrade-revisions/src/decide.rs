@@ -838,6 +838,47 @@ impl Tick<'_> {
             self.update_counts(&self.spec.to_revision.clone());
             return;
         }
+        // A wave that started (its namespaces relabelled or moving) may not leave the spec:
+        // nothing would finish or roll back its namespaces. The upgrade holds until it is back
+        // or the upgrade is aborted (which retags them).
+        let removed: Vec<String> = self
+            .next
+            .waves
+            .iter()
+            .filter(|w| w.state != UpgradeWaveState::Pending)
+            .filter(|w| !self.spec.waves.iter().any(|s| s.name == w.name))
+            .filter(|w| {
+                self.next.namespaces.iter().any(|n| {
+                    n.wave == w.name
+                        && matches!(n.state, NamespaceState::Restarting | NamespaceState::Moved)
+                })
+            })
+            .map(|w| w.name.clone())
+            .collect();
+        if !removed.is_empty() {
+            let msg = format!(
+                "wave(s) {} started but were removed from spec.waves: their namespaces would be left half-moved; put them back, or set spec.abort to retag them",
+                removed.join(", ")
+            );
+            let known = cond::find(&self.next.conditions, conditions::PROGRESSING)
+                .is_some_and(|c| c.reason == reasons::STARTED_WAVE_REMOVED && c.message == msg);
+            if !known {
+                self.event(
+                    Severity::Warning,
+                    reasons::STARTED_WAVE_REMOVED,
+                    WAVE,
+                    msg.clone(),
+                );
+            }
+            self.condition(
+                conditions::PROGRESSING,
+                Status::False,
+                reasons::STARTED_WAVE_REMOVED,
+                msg,
+            );
+            self.update_counts(&self.spec.to_revision.clone());
+            return;
+        }
         if self.next.waves.len() != self.spec.waves.len()
             || self
                 .next
@@ -3448,6 +3489,68 @@ mod upgrade_tests {
             t(1000),
         );
         assert!(!event_reasons(&again).contains(&reasons::ARGO_CD_MANAGES_NAMESPACE_LABELS));
+    }
+
+    #[test]
+    fn removing_a_started_wave_holds_the_upgrade() {
+        let mut model = Model::new();
+        // Wave low-risk started and its namespace is moving.
+        let d0 = decide(
+            &spec(),
+            None,
+            &observe(&model, None, GateAction::Proceed),
+            t(0),
+        );
+        model.apply(&d0.actions);
+        let d1 = decide(
+            &spec(),
+            Some(&d0.status),
+            &observe(&model, Some(&d0.status), GateAction::Proceed),
+            t(1000),
+        );
+        model.apply(&d1.actions);
+        let mut edited = spec();
+        edited.waves.remove(0);
+        let d = decide(
+            &edited,
+            Some(&d1.status),
+            &observe(&model, Some(&d1.status), GateAction::Proceed),
+            t(2000),
+        );
+        let c = cond::find(&d.status.conditions, conditions::PROGRESSING).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", reasons::STARTED_WAVE_REMOVED),
+            "{}",
+            c.message
+        );
+        assert!(
+            !d.actions
+                .iter()
+                .any(|a| matches!(a, Action::Relabel { .. } | Action::Evict { .. })),
+            "nothing moves: {:?}",
+            d.actions
+        );
+        assert!(
+            d.status.waves.iter().any(|w| w.name == "low-risk"),
+            "its state is kept"
+        );
+        // Aborting retags it back.
+        let mut aborted = edited.clone();
+        aborted.abort = true;
+        let d = decide(
+            &aborted,
+            Some(&d.status),
+            &observe(&model, Some(&d.status), GateAction::Proceed),
+            t(3000),
+        );
+        assert!(
+            d.actions
+                .iter()
+                .any(|a| matches!(a, Action::Relabel { to, .. } if to == "stable")),
+            "{:?}",
+            d.actions
+        );
     }
 
     #[test]

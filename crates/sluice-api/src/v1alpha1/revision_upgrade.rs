@@ -691,6 +691,8 @@ pub mod reasons {
     pub const AT_AVAILABILITY_FLOOR: &str = "AtAvailabilityFloor";
     /// An earlier RevisionUpgrade of the cluster is in progress; this one waits.
     pub const WAITING_FOR_UPGRADE: &str = "WaitingForUpgrade";
+    /// A wave that started was removed from the spec; the upgrade holds.
+    pub const STARTED_WAVE_REMOVED: &str = "StartedWaveRemoved";
 }
 
 #[cfg(test)]
