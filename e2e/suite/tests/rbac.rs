@@ -904,7 +904,18 @@ async fn revert_refuses_an_unsigned_bundle_and_pins_a_signed_one_with_its_target
                 "destination": {"name": DESTINATION, "namespace": SHOP},
                 "syncPolicy": {"automated": {"prune": true, "selfHeal": true}},
             },
-            "status": {"sync": {"status": "Synced", "revision": bad}, "health": {"status": "Healthy"}},
+            // Argo CD deployed the good bundle, then the bad one: a pin goes back to a revision
+            // this Application ran (revert refuses any other unless the pin allows it).
+            "status": {
+                "sync": {"status": "Synced", "revision": bad},
+                "health": {"status": "Healthy"},
+                "history": [
+                    {"id": 0, "revision": good, "deployedAt": "2026-12-01T10:00:00Z",
+                     "source": {"repoURL": format!("oci://{repo}"), "targetRevision": good, "path": "."}},
+                    {"id": 1, "revision": bad, "deployedAt": "2026-12-01T11:00:00Z",
+                     "source": {"repoURL": format!("oci://{repo}"), "targetRevision": bad, "path": "."}},
+                ],
+            },
         }),
     )
     .await;
@@ -913,7 +924,12 @@ async fn revert_refuses_an_unsigned_bundle_and_pins_a_signed_one_with_its_target
         &mgmt,
         &p.rendered,
         Operator::Revert,
-        &[("SLUICE_REVERT_INSECURE_REGISTRIES", registry.host())],
+        &[
+            ("SLUICE_REVERT_INSECURE_REGISTRIES", registry.host()),
+            // A missing signature is retried for this long after the pin's creation (the
+            // default 120 s covers a replicated registry); the scenario's budget is 45 s.
+            ("SLUICE_REVERT_SIGNATURE_GRACE_SECONDS", "3".into()),
+        ],
         &logs,
     )
     .expect("emulated");
