@@ -507,7 +507,9 @@ async fn wave_gate_adopts_and_publishes_decisions() {
 // ---------------------------------------------------------------------------------------------
 // upgrade-revisions
 
-/// The `edge` namespace on revision tag `stable` (1-27) with two meshed pods, the revision-tag
+/// The `edge` namespace on revision tag `stable` (1-27) with two meshed pods of a Deployment
+/// without a PodDisruptionBudget whose `maxUnavailable: 1` lets upgrade-revisions evict one pod
+/// at a time (with `maxUnavailable: 0` it would restart the Deployment instead), the revision-tag
 /// webhooks, and the world injecting pods and reporting xDS telemetry; returns once both pods
 /// run 1-27.
 async fn edge_fleet(t: &Target, prom: &Prometheus) -> World {
@@ -532,7 +534,7 @@ async fn edge_fleet(t: &Target, prom: &Prometheus) -> World {
     .await
     .unwrap();
     t.load_yaml(
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: gw\n  namespace: edge\nspec:\n  replicas: 2\n  selector:\n    matchLabels: {app: gw}\n  strategy:\n    type: RollingUpdate\n    rollingUpdate: {maxSurge: 1, maxUnavailable: 0}\n  template:\n    metadata:\n      labels: {app: gw}\n    spec:\n      containers:\n      - name: app\n        image: gw:1\n",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: gw\n  namespace: edge\nspec:\n  replicas: 2\n  selector:\n    matchLabels: {app: gw}\n  strategy:\n    type: RollingUpdate\n    rollingUpdate: {maxSurge: 1, maxUnavailable: 1}\n  template:\n    metadata:\n      labels: {app: gw}\n    spec:\n      containers:\n      - name: app\n        image: gw:1\n",
     )
     .await
     .unwrap();
