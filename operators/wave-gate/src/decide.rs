@@ -198,14 +198,6 @@ pub enum Action {
     NudgeApplicationSet,
     /// Create a BundlePin (already existing is fine: names are deterministic).
     CreatePin(PinPlan),
-    /// Set a BundlePin's `spec.release` (with the reason): revert gives every Application it
-    /// holds its sync policy back, so Argo CD can sync the decision set back.
-    ReleasePin {
-        /// The pin's name.
-        name: String,
-        /// Why, recorded in the pin's `spec.releaseReason`.
-        reason: String,
-    },
 }
 
 /// When to look at the object again.
@@ -1360,6 +1352,8 @@ pub fn pin_plans(spec: &WaveGateSpec, status: &WaveGateStatus, obs: &Observation
                         cluster: c.clone(),
                         applications: chunk.to_vec(),
                         digest: previous.clone(),
+                        // The CRD's bounds: 10..3600 s.
+                        deadline_seconds: obs.pin_wait.as_secs().clamp(10, 3600) as u32,
                         reason: format!(
                             "WaveGate {}/{} halted {revision} in wave {}: {}",
                             obs.namespace,
@@ -1471,44 +1465,26 @@ fn finish_halt(cx: &mut Ctx<'_>) -> Requeue {
     if !pending.is_empty() && waited < cx.obs.pin_wait {
         return Requeue::After(Duration::from_millis(250));
     }
-    // A pin not in force (still pinning, or Failed while it may hold suspended Applications)
-    // is released: revert then gives each Application its recorded sync policy back, so Argo CD
-    // itself syncs the decision set back. Assuming Argo CD acts while revert keeps automation
-    // suspended would leave the cluster on the halted revision.
-    let mut caveats: Vec<String> = Vec::new();
-    let mut release: Vec<String> = Vec::new();
-    for p in &plans {
-        match phase(&p.name) {
-            Some(BundlePinPhase::Refused) => caveats.push(format!(
-                "revert refused {} (nothing suspended): Argo CD reverts {} from the decision",
+    // A pin not in force by the pin wait reaches its own deadline (`pinDeadlineSeconds`, set to
+    // the pin wait) at the same moment: revert then gives each Application its recorded sync
+    // policy back, so Argo CD itself syncs the decision set back. (Assuming Argo CD acts while
+    // revert keeps automation suspended would leave the cluster on the halted revision.)
+    let mut caveats: Vec<String> = plans
+        .iter()
+        .filter_map(|p| match phase(&p.name) {
+            Some(ph @ (BundlePinPhase::Refused | BundlePinPhase::Failed)) => Some(format!(
+                "revert reports {} {ph:?} (automation given back): Argo CD reverts {} from the decision",
                 p.name, p.cluster
             )),
-            Some(BundlePinPhase::Failed) => {
-                caveats.push(format!(
-                    "revert reports {} Failed: released, so Argo CD reverts {} from the decision",
-                    p.name, p.cluster
-                ));
-                release.push(p.name.clone());
-            }
-            _ => {}
-        }
-    }
+            _ => None,
+        })
+        .collect();
     if !pending.is_empty() {
         caveats.push(format!(
-            "{} not in force after {}s: released, decisions set back without waiting longer",
+            "{} not in force after {}s: at their deadline revert gives automation back, and the decisions are set back without waiting longer",
             pending.join(", "),
             cx.obs.pin_wait.as_secs()
         ));
-        release.extend(pending.iter().map(|n| (*n).to_owned()));
-    }
-    for name in release {
-        cx.actions.push(Action::ReleasePin {
-            name,
-            reason: format!(
-                "WaveGate {}/{}: not in force within the halt's pin wait; decisions set back to {previous}, Argo CD syncs them",
-                cx.obs.namespace, cx.obs.name
-            ),
-        });
     }
     decisions::set_revision(&mut cx.next.decisions, &h.reverted_clusters, &previous);
     for ws in cx.next.waves.iter_mut() {
@@ -2570,46 +2546,28 @@ mod tests {
         assert_eq!(d.requeue, Requeue::AwaitChange);
     }
 
-    fn releases(d: &Decision) -> Vec<&str> {
-        d.actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::ReleasePin { name, .. } => Some(name.as_str()),
-                _ => None,
-            })
-            .collect()
-    }
-
     #[test]
-    fn a_pin_not_in_force_is_released_when_the_decisions_go_back() {
+    fn a_halts_pins_give_automation_back_when_the_decisions_go_back() {
         let s = spec();
         let mut o = obs(&["c1"]);
         o.gates = Some(vec![verdict("mesh-error-ratio", Verdict::Fail, 15)]);
         let halted = run(&s, Some(&soaking()), &o, 15);
+        // The pin's deadline is the halt's pin wait: a pin still pinning when the decisions go
+        // back has revert restore its Applications' sync policy at that moment.
+        assert_eq!(pins_of(&halted)[0].deadline_seconds, 30);
         let name = pins_of(&halted)[0].name.clone();
         let mut o = obs(&["c1"]);
         o.existing_pins.insert(name.clone());
-        // Still pinning when the wait is over: released, so revert gives automation back and
-        // Argo CD can sync the decision set back.
-        o.pin_phases.insert(name.clone(), BundlePinPhase::Pinning);
+        o.pin_phases.insert(name, BundlePinPhase::Pinning);
         let late = run(&s, Some(&halted.status), &o, 15 + 31);
-        assert_eq!(releases(&late), vec![name.as_str()]);
         assert_eq!(
             revisions(&late),
             on(&[("c1", "a"), ("c2", "a"), ("c3", "a")])
         );
-        // Failed (it may hold suspended Applications): released at once.
-        o.pin_phases.insert(name.clone(), BundlePinPhase::Failed);
-        let failed = run(&s, Some(&halted.status), &o, 16);
-        assert_eq!(releases(&failed), vec![name.as_str()]);
-        // Refused (nothing suspended) or Pinned: nothing to release.
-        for ph in [BundlePinPhase::Refused, BundlePinPhase::Pinned] {
-            o.pin_phases.insert(name.clone(), ph);
-            assert!(
-                releases(&run(&s, Some(&halted.status), &o, 16)).is_empty(),
-                "{ph:?}"
-            );
-        }
+        let note = &cond::find(&late.status.conditions, types::HALTED)
+            .unwrap()
+            .message;
+        assert!(note.contains("revert gives automation back"), "{note}");
     }
 
     #[test]

@@ -43,6 +43,10 @@ pub struct PinPlan {
     pub digest: String,
     /// Why (audit).
     pub reason: String,
+    /// The pin's deadline (`spec.pinDeadlineSeconds`): the halt's pin wait, so a pin not in
+    /// force when the decisions go back has revert give its Applications their sync policy
+    /// back at that moment, and Argo CD syncs the set-back decision itself.
+    pub deadline_seconds: u32,
 }
 
 fn dns_part(s: &str, max: usize) -> String {
@@ -130,7 +134,7 @@ pub fn bundle_pin(
         "publicKeysSecretRef": spec.pin.public_keys_secret_ref,
         "releasePolicy": ReleasePolicy::OnMatchingContent,
         "reason": plan.reason.chars().take(1024).collect::<String>(),
-        "pinDeadlineSeconds": 300,
+        "pinDeadlineSeconds": plan.deadline_seconds,
     }))
     .expect("a BundlePin spec built from its own types");
     let mut pin = BundlePin::new(&plan.name, spec);

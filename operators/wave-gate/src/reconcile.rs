@@ -576,32 +576,6 @@ pub async fn reconcile(
                     }
                 }
             }
-            Action::ReleasePin { name: pin, reason } => {
-                let pins: Api<BundlePin> = Api::namespaced(ctx.client.clone(), &ns);
-                let patch = serde_json::json!({"spec": {"release": true, "releaseReason": reason}});
-                match pins
-                    .patch(
-                        pin,
-                        &PatchParams {
-                            field_manager: Some(FIELD_MANAGER.as_str().to_owned()),
-                            ..PatchParams::default()
-                        },
-                        &Patch::Merge(&patch),
-                    )
-                    .await
-                {
-                    Ok(_) => tracing::info!(pin = %pin, "BundlePin released"),
-                    Err(e) if is_status(&e, 404) => {}
-                    Err(source) => {
-                        return Err(ReconcileError::Act {
-                            what: format!("releasing BundlePin {pin}"),
-                            namespace: ns.clone(),
-                            name: name.clone(),
-                            source,
-                        });
-                    }
-                }
-            }
         }
     }
     Ok(match decision.requeue {
