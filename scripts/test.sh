@@ -3,8 +3,8 @@
 #
 #   bash scripts/test.sh
 #
-# Runs every suite (Rust unit, integration and doc tests of the whole workspace, then the Helm
-# chart checks), keeps going after a failing suite so one run shows every failure, prints a
+# Runs every suite (Rust unit, integration and doc tests of the whole workspace, the end-to-end
+# scenarios on a real kube-apiserver, then the Helm chart checks), keeps going after a failing suite so one run shows every failure, prints a
 # summary, and exits non-zero if any suite failed. Benchmarks are never run here.
 #
 # Needs the tools of scripts/install-tools.sh (prometheus, docker-registry, git, helm, kubectl,
@@ -17,7 +17,7 @@
 #
 # Environment:
 #   SLUICE_REQUIRE_ALL   1 (default): a missing prerequisite fails; 0: it is skipped and counted
-#   SLUICE_TEST_ONLY     run only these suites (space-separated: cargo chart)
+#   SLUICE_TEST_ONLY     run only these suites (space-separated: cargo e2e-real chart)
 #   SLUICE_TEST_TIMEOUT  seconds the cargo suite may take before it is stopped (default 4200)
 #   CARGO_TARGET_DIR     honoured as usual
 set -uo pipefail
@@ -28,7 +28,7 @@ export PATH="$ROOT/.tools/bin:$PATH"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 export SLUICE_REQUIRE_ALL="${SLUICE_REQUIRE_ALL:-1}"
-ONLY="${SLUICE_TEST_ONLY:-cargo chart}"
+ONLY="${SLUICE_TEST_ONLY:-cargo e2e-real chart}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 # Each skipped test appends one line here (sluice_testkit::prereq); tests that need a component
@@ -64,17 +64,22 @@ run_suite() {
 
 run_suite cargo timeout --signal=TERM --kill-after=30 "$CARGO_TIMEOUT" \
   cargo test --workspace --locked --no-fail-fast
+# The end-to-end scenarios again, each on its own real kube-apiserver (built by
+# scripts/install-control-plane.sh) instead of the emulator: the real server enforces the chart's
+# RBAC and admission policies.
+run_suite e2e-real env SLUICE_E2E_CONTROL_PLANE=real timeout --signal=TERM --kill-after=30 900 \
+  cargo test --locked -p sluice-e2e --test rbac
 run_suite chart bash scripts/chart-check.sh
 
 passed=0
 failed=0
 printf '\n=== test.sh: summary\n'
 for i in "${!names[@]}"; do
-  printf '  %-8s %-22s %5ss\n' "${names[$i]}" "${results[$i]}" "${durations[$i]}"
+  printf '  %-9s %-22s %5ss\n' "${names[$i]}" "${results[$i]}" "${durations[$i]}"
   if [ "${results[$i]}" = "passed" ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 done
 if [ "${#names[@]}" -eq 0 ]; then
-  echo "test.sh: SLUICE_TEST_ONLY='$ONLY' names no suite (known: cargo chart)" >&2
+  echo "test.sh: SLUICE_TEST_ONLY='$ONLY' names no suite (known: cargo e2e-real chart)" >&2
   exit 2
 fi
 printf 'suites: %d passed, %d failed\n' "$passed" "$failed"
