@@ -370,13 +370,21 @@ mod tests {
         );
     }
 
+    /// Whether the binary is here; otherwise the test fails under CI and is skipped and counted.
+    fn binary_or_skip() -> bool {
+        let found = binary().map_err(|e| {
+            crate::prereq::Missing::new(e.to_string(), crate::prereq::INSTALL_TOOLS)
+        });
+        crate::prereq::or_skip(found).is_some()
+    }
+
     fn process_alive(pid: u32) -> bool {
         Path::new(&format!("/proc/{pid}")).exists()
     }
 
     #[tokio::test]
     async fn registry_starts_serves_and_stops_cleanly() {
-        if crate::prereq::or_skip(binary().map_err(|e| crate::prereq::Missing::new(e.to_string(), crate::prereq::INSTALL_TOOLS))).is_none() {
+        if !binary_or_skip() {
             return;
         }
         let registry = Registry::start().await.expect("registry starts");
@@ -446,7 +454,7 @@ mod tests {
 
     #[tokio::test]
     async fn registry_is_stopped_when_a_test_panics() {
-        if crate::prereq::or_skip(binary().map_err(|e| crate::prereq::Missing::new(e.to_string(), crate::prereq::INSTALL_TOOLS))).is_none() {
+        if !binary_or_skip() {
             return;
         }
         let (tx, rx) = std::sync::mpsc::channel();
