@@ -372,9 +372,8 @@ mod tests {
 
     /// Whether the binary is here; otherwise the test fails under CI and is skipped and counted.
     fn binary_or_skip() -> bool {
-        let found = binary().map_err(|e| {
-            crate::prereq::Missing::new(e.to_string(), crate::prereq::INSTALL_TOOLS)
-        });
+        let found = binary()
+            .map_err(|e| crate::prereq::Missing::new(e.to_string(), crate::prereq::INSTALL_TOOLS));
         crate::prereq::or_skip(found).is_some()
     }
 
