@@ -89,6 +89,12 @@ pub enum TemplateError {
         /// The second variable.
         second: String,
     },
+    /// With its variables given values, the template is not PromQL.
+    #[error("template is not valid PromQL once its variables have values: {message}")]
+    InvalidPromql {
+        /// The PromQL parser's message.
+        message: String,
+    },
 }
 
 impl TemplateError {
@@ -102,6 +108,7 @@ impl TemplateError {
             TemplateError::WrongQuotes { .. } => "WrongQuotes",
             TemplateError::Malformed { .. } => "MalformedTemplate",
             TemplateError::ConflictingKey { .. } => "ConflictingKey",
+            TemplateError::InvalidPromql { .. } => "InvalidPromQL",
         }
     }
 }
@@ -432,6 +439,38 @@ impl Template {
     }
 }
 
+/// The value every variable is given when [`check_syntax`] renders a template.
+const PLACEHOLDER: &str = "placeholder";
+
+/// Checks, without any I/O, that `source` is PromQL once its variables have values: every
+/// `{{variable}}` is given a placeholder (a string value inside its string literal, the window
+/// `2m`, the grouping labels the engine derives) exactly as the engine renders it, and the result
+/// is parsed by a PromQL parser. Variable placement errors come back as they would at rendering;
+/// a syntax error as [`TemplateError::InvalidPromql`] with the parser's message. Every variable
+/// name is accepted here: which ones an object can supply is the validation's question.
+pub fn check_syntax(source: &str) -> Result<(), TemplateError> {
+    let allowed: BTreeSet<String> = sluice_api::v1alpha1::gate::template_variables(source)
+        .into_iter()
+        .collect();
+    let template = Template::parse(source, &allowed)?;
+    let tuple: Vec<String> = template
+        .keys()
+        .values()
+        .map(|_| PLACEHOLDER.to_owned())
+        .collect();
+    let constants: BTreeMap<String, String> = template
+        .constant_variables()
+        .into_iter()
+        .map(|name| (name, PLACEHOLDER.to_owned()))
+        .collect();
+    let rendered = template.render(&[tuple].into(), &constants, Duration::from_secs(120))?;
+    promql_parser::parser::parse(&rendered)
+        .map(|_| ())
+        .map_err(|message| TemplateError::InvalidPromql {
+            message: message.trim().to_owned(),
+        })
+}
+
 fn flush(text: &mut String, segments: &mut Vec<Segment>) {
     if !text.is_empty() {
         segments.push(Segment::Text(std::mem::take(text)));
@@ -529,6 +568,41 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn syntax_is_checked_with_variables_given_values() {
+        let good = [
+            r#"sum by ({{by}}) (rate(istio_requests_total{destination_service_name="{{canaryService}}", response_code=~"5.."}[{{window}}]))"#,
+            r#"sum(rate(x{a=~"{{namespace}}-.*", b!="{{route}}"}[{{window}}])) / sum(rate(x[5m]))"#,
+            "# a comment with \"quotes\" and {{by}}\nsum(up)",
+            r#"histogram_quantile(0.99, sum by (le, {{by}}) (rate(b_bucket{s="{{canaryService}}"}[{{window}}])))"#,
+        ];
+        for q in good {
+            assert_eq!(check_syntax(q), Ok(()), "{q}");
+        }
+        let bad = [
+            (
+                r#"sum(rate(x{a="{{canaryService}}"}[{{window}}])"#,
+                "unclosed left parenthesis",
+            ),
+            (r#"rate(x{a="{{canaryService}}"})"#, "expected type matrix"),
+            ("sum(up) +", "invalid promql query"),
+        ];
+        for (q, want) in bad {
+            let err = check_syntax(q).expect_err(q).to_string();
+            assert!(
+                err.starts_with("template is not valid PromQL once its variables have values: "),
+                "{q}: {err}"
+            );
+            assert!(err.contains(want), "{q}: {err}");
+            assert_eq!(check_syntax(q).unwrap_err().category(), "InvalidPromQL");
+        }
+        // Placement errors are reported before the syntax.
+        assert!(matches!(
+            check_syntax("sum(x{a={{route}}})"),
+            Err(TemplateError::OutsideString { .. })
+        ));
     }
 
     #[test]

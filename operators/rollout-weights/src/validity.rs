@@ -3,17 +3,41 @@
 //! run them) and turns its field errors into condition-message lines, each naming its field
 //! (`spec.analysisInterval: ...`).
 //!
+//! An inline PromQL gate is also parsed: its `{{variables}}` are given placeholders and the
+//! query is checked by a PromQL parser (`sluice_analysis::template::check_syntax`), so a query
+//! Prometheus would refuse is a spec problem naming `spec.gates[i].promql`, not a metrics outage.
+//!
 //! Pure; never reads the cluster.
 
-use sluice_api::v1alpha1::RolloutSpec;
+use sluice_api::v1alpha1::{RolloutSpec, gate::template_variables};
 
 /// The spec's problems, each `path: what is wrong`; empty when it is valid.
 /// `allow_free_form_promql` is the platform's policy for free-form PromQL gates.
 pub fn problems(spec: &RolloutSpec, allow_free_form_promql: bool) -> Vec<String> {
-    spec.validate(allow_free_form_promql)
-        .iter()
-        .map(ToString::to_string)
-        .collect()
+    let errors = spec.validate(allow_free_form_promql);
+    let mut out: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    for (i, gate) in spec.gates.iter().enumerate() {
+        let path = format!("spec.gates[{i}].promql");
+        if let Some(q) = &gate.definition.promql
+            && !errors.iter().any(|e| e.path == path)
+            && let Some(problem) = promql_problem(q)
+        {
+            out.push(format!("{path}: {problem}"));
+        }
+    }
+    out
+}
+
+/// What is wrong with a gate's PromQL once its variables have values, if anything. Unknown
+/// variables are the validation's finding (it names the allowed ones), so only placement and
+/// syntax are reported here.
+pub fn promql_problem(promql: &str) -> Option<String> {
+    if promql.trim().is_empty() || template_variables(promql).iter().any(String::is_empty) {
+        return None;
+    }
+    sluice_analysis::template::check_syntax(promql)
+        .err()
+        .map(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -32,6 +56,32 @@ mod tests {
             base[k] = v.clone();
         }
         serde_json::from_value(base).expect("fixture deserializes")
+    }
+
+    #[test]
+    fn an_unparseable_inline_query_names_its_gate_and_the_parsers_reason() {
+        let gate = |q: &str| {
+            serde_json::json!({"gates": [
+                {"name": "ok", "builtin": "ErrorRatioVsStable"},
+                {"name": "mine", "promql": q, "comparison": {"absolute": {"op": "LessThan", "value": 1.0}}},
+            ]})
+        };
+        let good = r#"sum(rate(errors_total{service="{{canaryService}}"}[{{window}}]))"#;
+        assert_eq!(problems(&spec(gate(good)), true), Vec::<String>::new());
+        let bad = r#"sum(rate(errors_total{service="{{canaryService}}"}[{{window}}])"#;
+        let got = problems(&spec(gate(bad)), true);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(
+            got[0].starts_with(
+                "spec.gates[1].promql: template is not valid PromQL once its variables have values: "
+            ),
+            "{got:?}"
+        );
+        assert!(got[0].contains("unclosed left parenthesis"), "{got:?}");
+        // Refused for policy (free-form off): that one problem, not a second about syntax.
+        let got = problems(&spec(gate(bad)), false);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(got[0].contains("free-form PromQL is disabled"), "{got:?}");
     }
 
     #[test]
