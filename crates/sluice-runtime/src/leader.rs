@@ -49,6 +49,13 @@ pub struct Leadership {
 )]
 pub struct NotLeader;
 
+impl crate::error::Categorized for NotLeader {
+    fn category(&self) -> crate::error::Category {
+        // Another replica leads (or may): the same kind of lost race as a 409.
+        crate::error::Category::Conflict
+    }
+}
+
 impl Leadership {
     /// A leadership that always holds (leader election disabled, tests).
     pub fn always() -> Self {

@@ -62,13 +62,27 @@ impl Categorized for BootError {
     }
 }
 
-/// Per-object exponential back-off for failed reconciles: `base × 2^(failures-1)`, capped.
-/// A success resets the object's count.
+/// Per-object exponential back-off for failed reconciles: `base × 2^(failures-1)`, capped, and
+/// jittered (see [`jitter`]) so objects that failed together (an API outage) do not retry in
+/// lock-step. A success resets the object's count; counts of objects that stopped failing
+/// without a success (deleted while failing) are forgotten after twice the cap.
 #[derive(Debug)]
 pub struct Backoff {
     base: Duration,
     max: Duration,
-    failures: Mutex<HashMap<String, u32>>,
+    failures: Mutex<HashMap<String, (u32, Instant)>>,
+}
+
+/// A random delay in `[d/2, d]` ("equal jitter"): retries spread out, yet never sooner than half
+/// the back-off.
+pub fn jitter(d: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    // A fresh RandomState is randomly keyed: enough randomness for spreading retries.
+    let r = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    let half = d / 2;
+    half + half.mul_f64((r >> 11) as f64 / (1u64 << 53) as f64)
 }
 
 impl Backoff {
@@ -81,18 +95,32 @@ impl Backoff {
         }
     }
 
-    /// Pure delay after `failures` consecutive failures (≥ 1).
+    /// Pure delay after `failures` consecutive failures (≥ 1), before jitter.
     pub fn delay(&self, failures: u32) -> Duration {
         let exp = failures.saturating_sub(1).min(20);
         self.base.saturating_mul(1u32 << exp).min(self.max)
     }
 
-    /// Records a failure of `key` and returns the delay before its retry.
+    /// Records a failure of `key` and returns the (jittered) delay before its retry.
     pub fn fail(&self, key: &str) -> Duration {
+        let now = Instant::now();
         let mut map = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        let n = map.entry(key.to_owned()).or_insert(0);
+        // An object whose last failure is older than twice the cap was retried long ago and did
+        // not fail again: it succeeded elsewhere or is gone.
+        let stale = self.max.saturating_mul(2);
+        map.retain(|_, (_, at)| now.saturating_duration_since(*at) <= stale);
+        let (n, at) = map.entry(key.to_owned()).or_insert((0, now));
         *n = n.saturating_add(1);
-        self.delay(*n)
+        *at = now;
+        jitter(self.delay(*n))
+    }
+
+    /// How many objects have a failure count (a bounded map, for tests and metrics).
+    pub fn tracked(&self) -> usize {
+        self.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
     }
 
     /// Forgets the failures of `key`.
@@ -355,8 +383,11 @@ pub struct Runtime {
     pub name: &'static str,
     /// The parsed flags.
     pub args: RuntimeArgs,
-    /// The Kubernetes client.
+    /// The Kubernetes client for requests (reads and writes; connect and read timeouts, see
+    /// [`crate::client::for_requests`]). Never watch with it: use [`Runtime::watch_client`].
     pub client: Client,
+    /// The Kubernetes client for watches and reflectors (no read timeout).
+    pub watch_client: Client,
     /// The operator's Event recorder.
     pub recorder: EventRecorder,
     /// Metrics registry; operators may register more metrics before [`Runtime::run`].
@@ -365,6 +396,15 @@ pub struct Runtime {
     pub metrics: Metrics,
     /// Health flags.
     pub health: Health,
+    /// The leader election, once started by [`Runtime::leadership`] or [`Runtime::run`].
+    election: Option<Election>,
+}
+
+/// A started leader election: its view, its stop token and its task (none when disabled).
+struct Election {
+    leadership: Leadership,
+    stop: CancellationToken,
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Debug for Runtime {
@@ -404,18 +444,49 @@ impl Runtime {
     pub async fn init(name: &'static str, args: RuntimeArgs) -> Result<Self, BootError> {
         crate::telemetry::init(args.log_format, &args.log_level)?;
         args.lease_settings(name)?;
-        let client = crate::client::client(&args).await?;
+        let clients = crate::client::clients(&args).await?;
         let mut registry = Registry::default();
         let metrics = Metrics::register(&mut registry);
         Ok(Self {
             name,
-            recorder: EventRecorder::new(client.clone(), name),
+            recorder: EventRecorder::new(clients.requests.clone(), name),
             args,
-            client,
+            client: clients.requests,
+            watch_client: clients.watches,
             registry,
             metrics,
             health: Health::default(),
+            election: None,
         })
+    }
+
+    /// This replica's leadership, starting the leader election if it has not started yet. Put it
+    /// in the operator's context: every side effect calls [`Leadership::ensure`] right before it,
+    /// and background tasks stop at [`Leadership::lost`].
+    pub fn leadership(&mut self) -> Result<Leadership, BootError> {
+        if let Some(e) = &self.election {
+            return Ok(e.leadership.clone());
+        }
+        let stop = CancellationToken::new();
+        let election = if self.args.leader_election_disabled {
+            tracing::warn!("leader election disabled: run a single replica only");
+            Election {
+                leadership: Leadership::always(),
+                stop,
+                task: None,
+            }
+        } else {
+            let settings = self.args.lease_settings(self.name)?;
+            let (leadership, task) = leader::spawn(self.client.clone(), settings, stop.clone());
+            Election {
+                leadership,
+                stop,
+                task: Some(task),
+            }
+        };
+        let leadership = election.leadership.clone();
+        self.election = Some(election);
+        Ok(leadership)
     }
 
     /// Serves metrics and health, runs leader election, and reconciles `api`'s kind with
@@ -440,7 +511,7 @@ impl Runtime {
 
     /// [`Runtime::run`], with `extend` applied to each new controller (see [`drive_with`]).
     pub async fn run_with<K, Ctx, F, Fut, E, X>(
-        self,
+        mut self,
         api: Api<K>,
         ctx: Arc<Ctx>,
         reconcile: F,
@@ -454,7 +525,12 @@ impl Runtime {
         E: std::error::Error + Categorized + Send + Sync + 'static,
         X: Fn(Controller<K>) -> Controller<K>,
     {
-        let settings = self.args.lease_settings(self.name)?;
+        self.leadership()?;
+        let Election {
+            leadership,
+            stop: lease_stop,
+            task: lease_task,
+        } = self.election.take().expect("started just above");
         let server_stop = CancellationToken::new();
         let server = Server::bind(
             self.args.metrics_addr,
@@ -465,14 +541,6 @@ impl Runtime {
         tracing::info!(operator = self.name, addr = ?server.local_addr(), "serving /metrics, /healthz, /readyz");
         let server_task = server.spawn(server_stop.clone());
 
-        let lease_stop = CancellationToken::new();
-        let (leadership, lease_task) = if self.args.leader_election_disabled {
-            tracing::warn!("leader election disabled: run a single replica only");
-            (Leadership::always(), None)
-        } else {
-            let (l, t) = leader::spawn(self.client.clone(), settings, lease_stop.clone());
-            (l, Some(t))
-        };
         let health_task = {
             let health = self.health.clone();
             let mut l = leadership.clone();
@@ -534,14 +602,15 @@ impl Runtime {
         Ok(())
     }
 
-    /// An `Api` for a namespaced kind honouring `--namespace` (all namespaces when empty).
+    /// An `Api` to watch a namespaced kind, honouring `--namespace` (all namespaces when empty).
+    /// It uses the watch client: for requests, build the `Api` on [`Runtime::client`].
     pub fn namespaced_api<K>(&self) -> Api<K>
     where
         K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
     {
         match self.args.namespace_scope() {
-            Some(ns) => Api::namespaced(self.client.clone(), ns),
-            None => Api::all(self.client.clone()),
+            Some(ns) => Api::namespaced(self.watch_client.clone(), ns),
+            None => Api::all(self.watch_client.clone()),
         }
     }
 }
@@ -568,14 +637,42 @@ mod tests {
                 "failures {failures}"
             );
         }
-        assert_eq!(b.fail("ns/a"), Duration::from_millis(100));
-        assert_eq!(b.fail("ns/a"), Duration::from_millis(200));
-        assert_eq!(
-            b.fail("ns/b"),
-            Duration::from_millis(100),
+        let within = |d: Duration, ms: u64| {
+            d >= Duration::from_millis(ms / 2) && d <= Duration::from_millis(ms)
+        };
+        assert!(within(b.fail("ns/a"), 100));
+        assert!(within(b.fail("ns/a"), 200));
+        assert!(
+            within(b.fail("ns/b"), 100),
             "objects back off independently"
         );
         b.succeed("ns/a");
-        assert_eq!(b.fail("ns/a"), Duration::from_millis(100));
+        assert!(within(b.fail("ns/a"), 100));
+    }
+
+    #[test]
+    fn retries_of_objects_that_failed_together_spread_out() {
+        let b = Backoff::new(Duration::from_secs(1), Duration::from_secs(300));
+        let delays: std::collections::BTreeSet<Duration> =
+            (0..100).map(|i| b.fail(&format!("ns/r{i}"))).collect();
+        assert!(
+            delays.len() > 90,
+            "100 objects failing at once retry at {} distinct times",
+            delays.len()
+        );
+        assert!(
+            delays
+                .iter()
+                .all(|d| *d >= Duration::from_millis(500) && *d <= Duration::from_secs(1))
+        );
+    }
+
+    #[test]
+    fn failure_counts_of_objects_gone_while_failing_are_forgotten() {
+        let b = Backoff::new(Duration::from_millis(1), Duration::from_millis(5));
+        b.fail("ns/deleted-while-failing");
+        std::thread::sleep(Duration::from_millis(20));
+        b.fail("ns/other");
+        assert_eq!(b.tracked(), 1, "the deleted object's count was pruned");
     }
 }

@@ -276,7 +276,7 @@ where
     let mut attempt = 1;
     while let Some(delay) = policy.delay_before(attempt) {
         if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
+            tokio::time::sleep(crate::operator::jitter(delay)).await;
         }
         let current = api.get(name).await.map_err(api_err)?;
         if current.meta().resource_version.is_none() {

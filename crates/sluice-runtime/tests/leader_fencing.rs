@@ -11,9 +11,12 @@ use std::sync::{
 };
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube_emulator::{ADMIN_TOKEN, Emulator};
+use sluice_runtime::Action;
 use sluice_runtime::config::LeaseSettings;
 use sluice_runtime::leader::{self, Leadership};
+use sluice_runtime::operator::{Hooks, drive};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
@@ -98,10 +101,8 @@ fn client_via(url: &str) -> kube::Client {
     let mut c = kube::Config::new(url.parse().unwrap());
     c.default_namespace = "default".into();
     c.auth_info.token = Some(ADMIN_TOKEN.to_string().into());
-    // The operators' request clients bound a request like this; the Lease loop bounds its own.
-    c.connect_timeout = Some(Duration::from_secs(5));
-    c.read_timeout = Some(Duration::from_secs(30));
-    kube::Client::try_from(c).unwrap()
+    // The operators' request clients (the Lease loop bounds its own rounds besides).
+    kube::Client::try_from(sluice_runtime::client::for_requests(c)).unwrap()
 }
 
 async fn wait_leading(l: &mut Leadership, budget: Duration) {
@@ -195,6 +196,214 @@ async fn a_frozen_leader_stops_acting_before_the_standby_takes_over() {
     stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(3), b_task).await;
     a_task.abort();
+    emu.shutdown().await;
+}
+
+/// Records, on the API server's side, when each write of one writer landed: a watch on the
+/// writer's ConfigMaps, the arrival of each ADDED event timestamped (an event arrives after its
+/// write was committed, so the recorded time is never earlier than the write).
+fn record_writes(client: kube::Client, writer: &str) -> Arc<Mutex<Vec<(String, Instant)>>> {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    let writes: Arc<Mutex<Vec<(String, Instant)>>> = Arc::default();
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, "default");
+    let cfg = watcher::Config::default().labels(&format!("writer={writer}"));
+    let out = writes.clone();
+    tokio::spawn(async move {
+        let mut stream = watcher(api, cfg).boxed();
+        while let Some(event) = stream.next().await {
+            if let Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)) = event {
+                let name = cm.metadata.name.unwrap_or_default();
+                out.lock().unwrap().push((name, Instant::now()));
+            }
+        }
+    });
+    writes
+}
+
+fn marker(name: String, writer: &str) -> ConfigMap {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": "default", "labels": {"writer": writer}},
+    }))
+    .unwrap()
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ActError {
+    #[error(transparent)]
+    NotLeader(#[from] sluice_runtime::leader::NotLeader),
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+}
+
+impl sluice_runtime::Categorized for ActError {
+    fn category(&self) -> sluice_runtime::Category {
+        sluice_runtime::Category::ApiUnavailable
+    }
+}
+
+struct Workload {
+    client: kube::Client,
+    leadership: Leadership,
+    seq: std::sync::atomic::AtomicU64,
+}
+
+/// A reconcile that keeps acting on a workload cluster, as revert's applies do: one write every
+/// 20 ms, each after `ensure()`, until the controller cancels it.
+async fn keep_applying(_trigger: Arc<ConfigMap>, w: Arc<Workload>) -> Result<Action, ActError> {
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(w.client.clone(), "default");
+    loop {
+        w.leadership.ensure()?;
+        let n = w.seq.fetch_add(1, Ordering::SeqCst);
+        api.create(&Default::default(), &marker(format!("apply-{n}"), "a"))
+            .await?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A background schedule, as upgrade-revisions' eviction pacer: it acts every 20 ms after
+/// `ensure()` and ends when leadership is lost.
+fn spawn_schedule(client: kube::Client, leadership: Leadership, prefix: &'static str) {
+    tokio::spawn(async move {
+        let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, "default");
+        let mut lost = std::pin::pin!({
+            let mut l = leadership.clone();
+            async move { l.lost().await }
+        });
+        for n in 0.. {
+            tokio::select! {
+                _ = &mut lost => return,
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+            if leadership.ensure().is_err() {
+                return;
+            }
+            let _ = api
+                .create(&Default::default(), &marker(format!("{prefix}-{n}"), "a"))
+                .await;
+        }
+    });
+}
+
+/// The frozen leader runs a controller whose reconcile keeps applying to a workload cluster (a
+/// second API server it reaches directly, as revert reaches its destinations) and a background
+/// schedule writing to the workload cluster and to the management cluster. Both API servers
+/// record when each of its writes landed: none landed after the standby took over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_leader_writes_nothing_anywhere_after_the_standby_takes_over() {
+    let emu = Emulator::start().await;
+    let workload = Emulator::start().await;
+    let upstream: SocketAddr = format!("127.0.0.1:{}", emu.port()).parse().unwrap();
+    let proxy = FreezingProxy::start(upstream).await;
+    let to_management = client_via(&format!("http://{}", proxy.addr));
+    let workload_writes = record_writes(workload.client(), "a");
+    let management_writes = record_writes(emu.client(), "a");
+
+    let stop = CancellationToken::new();
+    let (mut a, a_task) = leader::spawn(to_management.clone(), settings("a"), stop.clone());
+    wait_leading(&mut a, Duration::from_secs(10)).await;
+    let (mut b, b_task) = leader::spawn(emu.client(), settings("b"), stop.clone());
+
+    // a's controller (watching through the proxy) reconciles the trigger by applying forever.
+    let cms: kube::Api<ConfigMap> = kube::Api::namespaced(emu.client(), "default");
+    cms.create(&Default::default(), &marker("trigger".into(), "trigger"))
+        .await
+        .unwrap();
+    let ctx = Arc::new(Workload {
+        client: workload.client(),
+        leadership: a.clone(),
+        seq: Default::default(),
+    });
+    let (hooks, _registry) = Hooks::standalone();
+    let controller_stop = CancellationToken::new();
+    let controller = tokio::spawn(drive(
+        kube::Api::<ConfigMap>::namespaced(to_management.clone(), "default"),
+        kube::runtime::watcher::Config::default().labels("writer=trigger"),
+        ctx,
+        keep_applying,
+        a.clone(),
+        controller_stop.clone(),
+        hooks,
+    ));
+    spawn_schedule(workload.client(), a.clone(), "evict");
+    spawn_schedule(to_management.clone(), a.clone(), "mgmt");
+    // Until every kind of write has landed at least once.
+    let ready = Instant::now();
+    loop {
+        let w = workload_writes.lock().unwrap().clone();
+        let m = management_writes.lock().unwrap().len();
+        if w.iter().any(|(n, _)| n.starts_with("apply-"))
+            && w.iter().any(|(n, _)| n.starts_with("evict-"))
+            && m > 0
+        {
+            break;
+        }
+        assert!(
+            ready.elapsed() < Duration::from_secs(10),
+            "a's writes did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!b.is_leader());
+
+    let frozen_at = Instant::now();
+    proxy.freeze();
+    let mut a_watch = a.clone();
+    tokio::time::timeout(Duration::from_secs(6), a_watch.lost())
+        .await
+        .expect("the frozen leader steps down within the renew deadline");
+    let a_lost = Instant::now();
+    wait_leading(&mut b, Duration::from_secs(10)).await;
+    let b_leads = Instant::now();
+    // Anything still in flight has had time to land.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let w = workload_writes.lock().unwrap().clone();
+    let m = management_writes.lock().unwrap().clone();
+    let last = |prefix: &str, ws: &[(String, Instant)]| {
+        ws.iter()
+            .filter(|(n, _)| n.starts_with(prefix))
+            .map(|(_, t)| *t)
+            .max()
+            .unwrap_or_else(|| panic!("no {prefix} write recorded"))
+    };
+    let last_apply = last("apply-", &w);
+    let last_evict = last("evict-", &w);
+    let last_mgmt = last("mgmt-", &m);
+    for (what, t) in [
+        ("remote apply (reconcile)", last_apply),
+        ("workload write (background schedule)", last_evict),
+        ("management-cluster write", last_mgmt),
+    ] {
+        assert!(
+            t < b_leads,
+            "the deposed leader's {what} landed {:?} after the standby took over",
+            t - b_leads
+        );
+        assert!(
+            t <= a_lost + Duration::from_millis(200),
+            "the deposed leader's {what} landed {:?} after it stepped down",
+            t - a_lost
+        );
+    }
+    println!(
+        "frozen leader stepped down {:?} after the freeze; standby took over {:?} after it; last \
+         workload apply {:?}, last background workload write {:?}, last management write {:?} \
+         before the takeover ({} workload writes in all)",
+        a_lost - frozen_at,
+        b_leads - frozen_at,
+        b_leads - last_apply,
+        b_leads - last_evict,
+        b_leads - last_mgmt,
+        w.len()
+    );
+
+    controller_stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(3), controller).await;
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(3), b_task).await;
+    a_task.abort();
+    workload.shutdown().await;
     emu.shutdown().await;
 }
 
