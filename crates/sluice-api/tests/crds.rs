@@ -337,3 +337,57 @@ fn required_cross_field_rules_are_present() {
         assert!(all.contains(needle), "missing rule or pattern: {needle}");
     }
 }
+
+/// kube-apiserver warns about any `format` it does not know on every write of a CRD
+/// (`cel_real_api_server` checks the real server sends no warning); integer fields carry only
+/// `int32` or `int64`, and an unsigned field keeps its range as `minimum`/`maximum`.
+#[test]
+fn integer_formats_are_ones_kube_apiserver_knows() {
+    let mut found = Vec::new();
+    for (kind, crd) in crd_values() {
+        walk(&kind, schema_of(&crd), &mut |path, s| {
+            if s["type"] != "integer" {
+                return;
+            }
+            match s["format"].as_str() {
+                None | Some("int32") | Some("int64") => {}
+                Some(other) => found.push(format!("{path}: format {other}")),
+            }
+            if s["format"] == "int32" {
+                let max = s["maximum"].as_f64().unwrap_or(f64::INFINITY);
+                if max > f64::from(i32::MAX) {
+                    found.push(format!("{path}: int32 without a maximum that fits"));
+                }
+            }
+        });
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+#[test]
+fn unsigned_fields_keep_their_range() {
+    let mut schema: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps =
+        serde_json::from_value(serde_json::json!({
+            "type": "object",
+            "properties": {
+                "port": {"type": "integer", "format": "uint16", "minimum": 1.0},
+                "count": {"type": "integer", "format": "uint32", "minimum": 0.0, "maximum": 100.0},
+                "samples": {"type": "array", "items": {"type": "integer", "format": "uint64"}},
+                "byName": {"type": "object", "additionalProperties": {"type": "integer", "format": "uint32"}},
+                "ratio": {"type": "number", "format": "double"}
+            }
+        }))
+        .unwrap();
+    crds::kubernetes_integer_formats(&mut schema);
+    assert_eq!(
+        serde_json::to_value(&schema).unwrap()["properties"],
+        serde_json::json!({
+            "port": {"type": "integer", "format": "int32", "minimum": 1.0, "maximum": 65535.0},
+            "count": {"type": "integer", "format": "int64", "minimum": 0.0, "maximum": 100.0},
+            "samples": {"type": "array", "items": {"type": "integer", "format": "int64", "minimum": 0.0}},
+            "byName": {"type": "object", "additionalProperties":
+                {"type": "integer", "format": "int64", "minimum": 0.0, "maximum": 4294967295.0}},
+            "ratio": {"type": "number", "format": "double"}
+        })
+    );
+}
