@@ -246,7 +246,11 @@ impl Clusters {
         if !cluster.token.is_empty() {
             config.auth_info.token = Some(cluster.token.clone().into());
         }
-        config.read_timeout = Some(std::time::Duration::from_secs(30));
+        // Requests only (never a watch): connect and read timeouts, the read timeout counted
+        // from when the request was sent.
+        config.connect_timeout = Some(std::time::Duration::from_secs(5));
+        config.read_timeout = Some(std::time::Duration::from_secs(15));
+        config.reset_reader_on_write = true;
         let client = Client::try_from(config).map_err(|e| {
             ArgoCdError::kube(
                 format!("building a client for cluster {}", cluster.info.name),

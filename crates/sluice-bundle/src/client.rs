@@ -210,6 +210,29 @@ impl VerifiedBundle {
     pub fn objects(&self) -> &[BundleObject] {
         self.artifact.manifests.objects()
     }
+
+    /// An estimate of the memory this bundle holds: its blobs, its files and its parsed objects
+    /// (what a byte-bounded cache of verified bundles counts).
+    pub fn memory_bytes(&self) -> u64 {
+        let a = &self.artifact;
+        let blobs = (a.manifest_bytes.len() + a.config.len() + a.layer.len()) as u64;
+        let files: u64 = a
+            .manifests
+            .files()
+            .iter()
+            .map(|f| (f.path.len() + f.contents.len()) as u64)
+            .sum();
+        let objects: u64 = a
+            .manifests
+            .objects()
+            .iter()
+            .map(|o| {
+                crate::cache::json_bytes(&o.value)
+                    + (o.api_version.len() + o.name.len() + o.source.len()) as u64
+            })
+            .sum();
+        blobs + files + objects
+    }
 }
 
 /// What `inspect` reports.

@@ -52,6 +52,7 @@
 
 pub mod archive;
 pub mod artifact;
+pub mod cache;
 pub mod client;
 pub mod error;
 pub mod keys;
@@ -59,6 +60,7 @@ pub mod manifests;
 pub mod signature;
 
 pub use artifact::{Artifact, Metadata, read_layout, render, write_layout};
+pub use cache::ByteLru;
 pub use client::{
     BundleClient, BundleRef, Inspection, Pushed, RegistryOptions, Signed, VerifiedBundle,
     inspection,

@@ -200,7 +200,10 @@ pub fn client_for(identity: &Identity, namespace: &str) -> Result<Client, Cluste
         }
         config.root_cert = Some(pems);
     }
-    Client::try_from(config).map_err(|e| invalid(format!("cannot build a client: {e}")))
+    // Remote applies are requests: connect and read timeouts, so a hung workload API server
+    // fails the apply (retried) instead of stalling the pin and its reconcile slot.
+    Client::try_from(sluice_runtime::client::for_requests(config))
+        .map_err(|e| invalid(format!("cannot build a client: {e}")))
 }
 
 /// DER bodies of the PEM certificates in `pem`.

@@ -49,6 +49,14 @@ struct Cli {
         default_value_t = 120
     )]
     signature_grace_seconds: u64,
+    /// Most bytes the cache of verified bundles holds (unpacked and parsed, estimated); the
+    /// least recently used bundle is evicted first and verified again when a pin needs it.
+    #[arg(
+        long = "verified-cache-bytes",
+        env = "SLUICE_REVERT_VERIFIED_CACHE_BYTES",
+        default_value_t = reconcile::DEFAULT_VERIFIED_CACHE_BYTES
+    )]
+    verified_cache_bytes: u64,
     /// Clone URL of the intent repository; git reverts are off without it.
     #[arg(long, env = "SLUICE_REVERT_GIT_URL")]
     git_url: Option<String>,
@@ -138,6 +146,7 @@ fn settings(cli: &Cli, namespace: &str) -> anyhow::Result<Settings> {
         git,
         forge,
         signature_grace: Some(std::time::Duration::from_secs(cli.signature_grace_seconds)),
+        verified_cache_bytes: Some(cli.verified_cache_bytes),
         allowed_kinds: (!cli.allowed_kinds.is_empty()).then(|| {
             cli.allowed_kinds
                 .iter()
@@ -182,10 +191,11 @@ async fn main() -> ExitCode {
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| "default".to_owned());
         let settings = settings(&cli, &own_namespace)?;
-        let ctx = Arc::new(
+        let mut ctx =
             reconcile::Context::new(rt.client.clone(), rt.recorder.clone(), settings, metrics)
-                .map_err(anyhow::Error::from)?,
-        );
+                .map_err(anyhow::Error::from)?;
+        ctx.leadership = rt.leadership().map_err(anyhow::Error::from)?;
+        let ctx = Arc::new(ctx);
         run(rt, ctx).await
     }
     .await;

@@ -9,7 +9,6 @@
 //! credentials (destinations are reached through [`crate::clusters`]).
 
 use std::{
-    collections::BTreeMap,
     sync::{Arc, Mutex},
     time::Instant,
 };
@@ -31,12 +30,13 @@ use sluice_api::{
         bundle_pin::{GitRevertStatus, conditions, reasons},
     },
 };
-use sluice_bundle::{BundleClient, BundleRef, PublicKey, RegistryOptions, VerifiedBundle};
+use sluice_bundle::{BundleClient, BundleRef, ByteLru, PublicKey, RegistryOptions, VerifiedBundle};
 use sluice_gitops::{ForgeClient, GitConfig, PullRequestRequest, RevertBranch};
 use sluice_runtime::{
     Categorized, Category,
     conditions::{self as cond, Status},
     events::{EventRecorder, Severity},
+    leader::{Leadership, NotLeader},
     write::{self, WriteError},
 };
 
@@ -68,7 +68,18 @@ pub struct Settings {
     /// How long after a pin's creation a missing signature is retried
     /// (`--signature-grace-seconds`); `None`: [`decide::SIGNATURE_GRACE`].
     pub signature_grace: Option<std::time::Duration>,
+    /// Most bytes the cache of verified bundles holds (`--verified-cache-bytes`); `None`:
+    /// [`DEFAULT_VERIFIED_CACHE_BYTES`]. The least recently used bundle is evicted first and
+    /// pulled and verified again when a pin needs it.
+    pub verified_cache_bytes: Option<u64>,
 }
+
+/// Default bound of the verified-bundle cache: 128 MiB, a quarter of revert's default memory
+/// limit (512 MiB), leaving room for the bundle being verified and applied.
+pub const DEFAULT_VERIFIED_CACHE_BYTES: u64 = 128 << 20;
+
+/// Bound of the cache of revision content digests (small entries).
+const CONTENTS_CACHE_BYTES: u64 = 1 << 20;
 
 /// What every reconcile shares.
 pub struct Context {
@@ -80,9 +91,12 @@ pub struct Context {
     pub clock: fn() -> Timestamp,
     /// revert's metrics.
     pub metrics: RevertMetrics,
+    /// Whether this replica leads: checked right before every effect (Application patches,
+    /// remote applies and prunes, git pushes).
+    pub leadership: Leadership,
     bundles: BundleClient,
-    verified: Mutex<BTreeMap<String, Arc<VerifiedBundle>>>,
-    contents: Mutex<BTreeMap<String, String>>,
+    verified: Mutex<ByteLru<VerifiedBundle>>,
+    contents: Mutex<ByteLru<String>>,
     clusters: Clusters,
     kinds: Kinds,
     git: Option<GitConfig>,
@@ -117,8 +131,13 @@ impl Context {
             clock: Timestamp::now,
             metrics,
             bundles: BundleClient::new(settings.registry),
-            verified: Mutex::new(BTreeMap::new()),
-            contents: Mutex::new(BTreeMap::new()),
+            leadership: Leadership::always(),
+            verified: Mutex::new(ByteLru::new(
+                settings
+                    .verified_cache_bytes
+                    .unwrap_or(DEFAULT_VERIFIED_CACHE_BYTES),
+            )),
+            contents: Mutex::new(ByteLru::new(CONTENTS_CACHE_BYTES)),
             kinds: Kinds::default(),
             git: settings.git,
             forge,
@@ -131,6 +150,9 @@ impl Context {
 /// A reconcile that did not complete; retried with back-off.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
+    /// This replica no longer leads: the side effect was not taken.
+    #[error(transparent)]
+    NotLeader(#[from] NotLeader),
     /// The BundlePin came without a namespace (a watch or API bug).
     #[error("BundlePin {name} has no metadata.namespace; it cannot be written back")]
     NoNamespace {
@@ -182,6 +204,7 @@ impl Categorized for ReconcileError {
     fn category(&self) -> Category {
         match self {
             ReconcileError::NoNamespace { .. } => Category::Internal,
+            ReconcileError::NotLeader(e) => e.category(),
             ReconcileError::Status(e) => e.category(),
             ReconcileError::Read { source, .. } => kube_category(source),
             ReconcileError::Effect(_, c) => *c,
@@ -263,12 +286,7 @@ impl Context {
         let mut fingerprints: Vec<&str> = keys.iter().map(PublicKey::fingerprint).collect();
         fingerprints.sort_unstable();
         let cache_key = format!("{}|{}", spec.bundle.reference(), fingerprints.join(","));
-        let cached = self
-            .verified
-            .lock()
-            .expect("cache lock")
-            .get(&cache_key)
-            .cloned();
+        let cached = self.verified.lock().expect("cache lock").get(&cache_key);
         let bundle = match cached {
             Some(b) => b,
             None => match self
@@ -278,10 +296,14 @@ impl Context {
             {
                 Ok(b) => {
                     let b = Arc::new(b);
-                    self.verified
-                        .lock()
-                        .expect("cache lock")
-                        .insert(cache_key, b.clone());
+                    let bytes = b.memory_bytes();
+                    let mut cache = self.verified.lock().expect("cache lock");
+                    if !cache.insert(cache_key, b.clone(), bytes) {
+                        tracing::warn!(
+                            bytes,
+                            "a verified bundle larger than --verified-cache-bytes is not cached; it is pulled again when needed"
+                        );
+                    }
                     b
                 }
                 Err(e) => {
@@ -372,15 +394,17 @@ impl Context {
             .digest_ref()
             .ok()?;
         if let Some(c) = self.contents.lock().expect("cache lock").get(&reference) {
-            return Some(c.clone());
+            return Some(c.as_ref().clone());
         }
         match self.bundles.pull(&reference).await {
             Ok(artifact) => {
                 let c = artifact.content_digest().to_owned();
-                self.contents
-                    .lock()
-                    .expect("cache lock")
-                    .insert(reference, c.clone());
+                let bytes = (reference.len() + c.len() + 64) as u64;
+                self.contents.lock().expect("cache lock").insert(
+                    reference,
+                    Arc::new(c.clone()),
+                    bytes,
+                );
                 Some(c)
             }
             Err(e) => {
@@ -593,6 +617,11 @@ impl Context {
             })
         };
         let dest_err = |e: String, c: Category| ReconcileError::Effect(e, c);
+        if !matches!(action, Action::Event { .. } | Action::Audit { .. }) {
+            // Right before the side effect: a deposed leader neither patches, applies, prunes
+            // nor pushes (and a reconcile in flight is dropped, killing its git, on the loss).
+            self.leadership.ensure()?;
+        }
         match action {
             Action::Event { .. } | Action::Audit { .. } => {}
             Action::TerminateSync { app } => {

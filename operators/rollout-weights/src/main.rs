@@ -41,6 +41,8 @@ async fn main() -> ExitCode {
         let metrics = metrics::register(&mut rt.registry);
         let mut ctx = reconcile::Context::new(rt.client.clone(), rt.recorder.clone());
         ctx.allow_free_form_promql = cli.allow_free_form_promql;
+        ctx.signals = rt.metrics.objects();
+        ctx.leadership = rt.leadership()?;
         let ctx = ctx.with_analysis(&cli.prometheus_url, &cli.cluster, metrics)?;
         let watched = triggers::Watched {
             deployments: rt.namespaced_api(),

@@ -41,6 +41,8 @@ use sluice_api::{
 use sluice_runtime::{
     Categorized, Category,
     events::EventRecorder,
+    leader::{Leadership, NotLeader},
+    metrics::ObjectSignals,
     write::{self, RetryPolicy, Updated, WriteError},
 };
 
@@ -79,6 +81,11 @@ pub struct Context {
     pub analyzer: Option<Arc<Analyzer<PrometheusSource>>>,
     /// The operator's metrics.
     pub metrics: RolloutMetrics,
+    /// The platform's per-object series (`sluice_object_*`): which Rollout is aborted, stuck
+    /// or overdue. `main` shares the runtime's, which only the leader exports.
+    pub signals: ObjectSignals,
+    /// Whether this replica leads: checked right before every route write.
+    pub leadership: Leadership,
     crd: Mutex<Option<(Instant, CrdSupport)>>,
 }
 
@@ -102,6 +109,8 @@ impl Context {
             cluster: String::new(),
             analyzer: None,
             metrics: metrics::register(&mut Registry::default()),
+            signals: ObjectSignals::default(),
+            leadership: Leadership::always(),
             crd: Mutex::new(None),
         }
     }
@@ -211,6 +220,9 @@ pub enum ReconcileError {
         /// The resourceVersion the decision was made from.
         read: String,
     },
+    /// This replica no longer leads: the route write was not sent.
+    #[error(transparent)]
+    NotLeader(#[from] NotLeader),
     /// Adding or removing the finalizer failed.
     #[error("updating the finalizer of Rollout {rollout}: {source}")]
     Finalizer {
@@ -226,6 +238,7 @@ impl Categorized for ReconcileError {
     fn category(&self) -> Category {
         match self {
             ReconcileError::NoNamespace { .. } => Category::Internal,
+            ReconcileError::NotLeader(e) => e.category(),
             ReconcileError::Read { source, .. } => Category::of_kube(source),
             ReconcileError::Status(e)
             | ReconcileError::Route(e)
@@ -353,7 +366,9 @@ struct Written {
 /// Brings the route's owned parts to `desired`, only if the route is still at `read` (the
 /// resourceVersion the decision was made from): a route rewritten in between (by a BundlePin,
 /// by a person) is decided on again, never overwritten blindly.
+#[allow(clippy::too_many_arguments)]
 async fn write_route(
+    leadership: &Leadership,
     api: &Api<HttpRoute>,
     route_name: &str,
     read: Option<&str>,
@@ -365,6 +380,7 @@ async fn write_route(
     let mut edit_error = None;
     let mut foreign = false;
     let mut changed_since_read = false;
+    leadership.ensure()?;
     let result = write::update_with_retry(
         api,
         FIELD_MANAGER,
@@ -429,7 +445,13 @@ async fn write_route(
     }
 }
 
-async fn hand_back(api: &Api<HttpRoute>, route_name: &str, me: &str) -> Result<(), ReconcileError> {
+async fn hand_back(
+    leadership: &Leadership,
+    api: &Api<HttpRoute>,
+    route_name: &str,
+    me: &str,
+) -> Result<(), ReconcileError> {
+    leadership.ensure()?;
     let result = write::update_with_retry(
         api,
         FIELD_MANAGER,
@@ -480,6 +502,7 @@ async fn hand_back(api: &Api<HttpRoute>, route_name: &str, me: &str) -> Result<(
 /// gone or not ours; an abort that no longer applies (its managed rule is gone) still lets the
 /// hand-back happen.
 async fn release(
+    leadership: &Leadership,
     api: &Api<HttpRoute>,
     route_name: &str,
     old: &Target,
@@ -504,6 +527,7 @@ async fn release(
     }
     let read = route.metadata.resource_version.clone();
     match write_route(
+        leadership,
         api,
         route_name,
         read.as_deref(),
@@ -520,7 +544,7 @@ async fn release(
         }
         Err(e) => return Err(e),
     }
-    hand_back(api, route_name, &old.owner).await
+    hand_back(leadership, api, route_name, &old.owner).await
 }
 
 /// Whole milliseconds of `d`, saturating.
@@ -677,6 +701,7 @@ pub async fn reconcile(
                             .as_ref()
                             .and_then(|r| r.metadata.resource_version.clone());
                         write_route(
+                            &ctx.leadership,
                             &routes,
                             &obj.spec.route_ref.name,
                             read.as_deref(),
@@ -736,7 +761,13 @@ pub async fn reconcile(
                 }
             }
             Action::HandBack => {
-                hand_back(&routes, &obj.spec.route_ref.name, &target.owner).await?;
+                hand_back(
+                    &ctx.leadership,
+                    &routes,
+                    &obj.spec.route_ref.name,
+                    &target.owner,
+                )
+                .await?;
             }
             Action::Release {
                 route,
@@ -756,7 +787,7 @@ pub async fn reconcile(
                     rule_name: rule_name.clone(),
                     zero_other_backends: false,
                 };
-                release(&routes, route, &old, crd, &key).await?;
+                release(&ctx.leadership, &routes, route, &old, crd, &key).await?;
                 ctx.metrics.route_write("Released");
                 // Released: the next reconcile takes the new target from Pending.
                 status.owned_route = None;
@@ -817,12 +848,19 @@ pub async fn reconcile(
         // Every hand-back above succeeded (errors returned early): let the deletion finish.
         set_finalizer(&api, &name, &key, false).await?;
         ctx.metrics.phase(&key, None);
+        ctx.signals.remove(metrics::OBJECT_KIND, &ns, &name);
         if let Some(a) = &ctx.analyzer {
             a.forget(&key);
         }
         return Ok(ControllerAction::await_change());
     }
     ctx.metrics.phase(&key, Some(status.phase));
+    ctx.signals.set(
+        metrics::OBJECT_KIND,
+        &ns,
+        &name,
+        metrics::object_signal(&status),
+    );
 
     let mut requeue = match decision.requeue {
         Requeue::AwaitChange => None,

@@ -47,14 +47,14 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result: Result<(), Box<dyn std::error::Error>> = async {
         let mut rt = Runtime::init(OPERATOR, cli.runtime).await?;
-        let api = kube::Api::all(rt.client.clone());
+        let api = kube::Api::all(rt.watch_client.clone());
         let metrics = metrics::register(&mut rt.registry);
         // Evictions need a client that does not retry 429: a PodDisruptionBudget's refusal
         // must come back at once, so the tick moves on to other pods.
         let (mut config, _) = sluice_runtime::client::config(&rt.args).await?;
         config.default_retry = false;
-        let evict_client = kube::Client::try_from(config)?;
-        let (fleet, _watchers) = reconcile::FleetCache::start(&rt.client);
+        let evict_client = kube::Client::try_from(sluice_runtime::client::for_requests(config))?;
+        let (fleet, _watchers) = reconcile::FleetCache::start(&rt.watch_client);
         let source = reconcile::metrics_source(
             &cli.prometheus_url,
             &cli.cluster,
@@ -71,7 +71,8 @@ async fn main() -> ExitCode {
             metrics,
         );
         ctx.allow_free_form_promql = cli.allow_free_form_promql;
-        let _forgetting = ctx.forget_deleted();
+        ctx.leadership = rt.leadership()?;
+        let _forgetting = ctx.forget_deleted(&rt.watch_client);
         rt.run(api, Arc::new(ctx), reconcile::reconcile).await?;
         Ok(())
     }

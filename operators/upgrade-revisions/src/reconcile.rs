@@ -48,6 +48,7 @@ use sluice_api::v1alpha1::{
 use sluice_runtime::{
     Categorized, Category,
     events::EventRecorder,
+    leader::{Leadership, NotLeader},
     projection::Projection,
     write::{self, WriteError},
 };
@@ -507,6 +508,9 @@ pub struct Context {
     pub metrics_source: Option<Metrics>,
     /// The operator's metrics.
     pub metrics: UpgradeMetrics,
+    /// Whether this replica leads: checked right before every relabel, eviction and rollout
+    /// restart; the background schedules stop when it is lost.
+    pub leadership: Leadership,
     memory: Memories,
 }
 
@@ -541,6 +545,7 @@ impl Context {
             fleet: None,
             metrics_source: None,
             metrics: UpgradeMetrics::default(),
+            leadership: Leadership::always(),
             memory: Arc::new(Mutex::new(HashMap::new())),
         }
     }
@@ -567,8 +572,9 @@ impl Context {
     /// restarts stop and its metric series are removed; after a relist, so are those of
     /// upgrades deleted while the watch was down. (A deleted object is never reconciled, so
     /// the reconcile cannot do it.)
-    pub fn forget_deleted(&self) -> JoinHandle<()> {
-        let api: Api<PartialObjectMeta<RevisionUpgrade>> = Api::all(self.client.clone());
+    /// `watch_client` is the client for watches (no read timeout).
+    pub fn forget_deleted(&self, watch_client: &Client) -> JoinHandle<()> {
+        let api: Api<PartialObjectMeta<RevisionUpgrade>> = Api::all(watch_client.clone());
         let (memory, metrics) = (self.memory.clone(), self.metrics.clone());
         let mut listed: BTreeSet<String> = BTreeSet::new();
         let stream = watcher(api, watcher::Config::default())
@@ -656,6 +662,9 @@ pub enum ReconcileError {
         #[source]
         source: kube::Error,
     },
+    /// This replica no longer leads: the write was not sent.
+    #[error(transparent)]
+    NotLeader(#[from] NotLeader),
     /// Listing workloads failed.
     #[error("listing workloads in {namespace}: {source}; check the operator may list workloads")]
     Workloads {
@@ -671,6 +680,7 @@ impl Categorized for ReconcileError {
     fn category(&self) -> Category {
         match self {
             ReconcileError::Status(e) => e.category(),
+            ReconcileError::NotLeader(e) => e.category(),
             ReconcileError::Relabel { source, .. }
             | ReconcileError::RolloutRestart { source, .. }
             | ReconcileError::Workloads { source, .. } => Category::of_kube(source),
@@ -1189,7 +1199,7 @@ async fn act(
                 from,
                 to,
             } => {
-                if let Err(e) = relabel(&ctx.client, namespace, from, to).await {
+                if let Err(e) = relabel(&ctx.client, &ctx.leadership, namespace, from, to).await {
                     tracing::warn!(namespace, error = %e, "relabel failed; retried next tick");
                     first_error.get_or_insert(e);
                 }
@@ -1236,6 +1246,7 @@ async fn act(
             clock: ctx.clock,
             metrics: ctx.metrics.clone(),
             memory: ctx.memory.clone(),
+            leadership: ctx.leadership.clone(),
             epoch,
         };
         let handle = tokio::spawn(pacer.run(base, restarts));
@@ -1256,16 +1267,20 @@ struct Pacer {
     clock: fn() -> Timestamp,
     metrics: UpgradeMetrics,
     memory: Memories,
+    leadership: Leadership,
     epoch: u64,
 }
 
 impl Pacer {
+    /// Cancelled by a later tick (pause, over budget), or because this replica no longer leads.
     fn cancelled(&self) -> bool {
-        self.memory
-            .lock()
-            .expect("memory lock")
-            .get(&self.name)
-            .is_none_or(|m| m.epoch != self.epoch)
+        !self.leadership.is_leader()
+            || self
+                .memory
+                .lock()
+                .expect("memory lock")
+                .get(&self.name)
+                .is_none_or(|m| m.epoch != self.epoch)
     }
 
     /// Starts every restart at `base` plus its offset (at bounded concurrency, in order), and
@@ -1278,7 +1293,12 @@ impl Pacer {
                     Action::Evict { after, .. } | Action::RolloutRestart { after, .. } => *after,
                     _ => Duration::ZERO,
                 };
-                tokio::time::sleep_until(base + after).await;
+                // Leadership lost while waiting: the restart is recorded as cancelled at once.
+                let mut leadership = this.leadership.clone();
+                tokio::select! {
+                    _ = tokio::time::sleep_until(base + after) => {}
+                    _ = leadership.lost() => {}
+                }
                 this.start(action).await;
             })
             .buffer_unordered(EVICTION_CONCURRENCY)
@@ -1305,6 +1325,11 @@ impl Pacer {
             EvictOutcome::Cancelled
         } else {
             match &action {
+                Action::Evict { .. } | Action::RolloutRestart { .. }
+                    if self.leadership.ensure().is_err() =>
+                {
+                    EvictOutcome::Cancelled
+                }
                 Action::Evict { namespace, pod, .. } => {
                     let api: Api<Pod> = Api::namespaced(self.evict_client.clone(), namespace);
                     match api.evict(pod, &EvictParams::default()).await {
@@ -1390,6 +1415,7 @@ fn owned_params() -> PatchParams {
 /// Sets `istio.io/rev` from `from` to `to` only while it is still `from` (a JSON patch `test`).
 async fn relabel(
     client: &Client,
+    leadership: &Leadership,
     namespace: &str,
     from: &str,
     to: &str,
@@ -1400,6 +1426,7 @@ async fn relabel(
         {"op": "replace", "path": "/metadata/labels/istio.io~1rev", "value": to},
     ]))
     .expect("a well-formed JSON patch");
+    leadership.ensure()?;
     match api
         .patch(namespace, &owned_params(), &Patch::<()>::Json(patch))
         .await

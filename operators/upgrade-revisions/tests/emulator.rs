@@ -166,7 +166,7 @@ async fn a_deleted_upgrade_leaves_no_metric_series() {
     let mut ctx =
         reconcile::Context::new(client.clone(), EventRecorder::new(client.clone(), OPERATOR));
     ctx.metrics = sluice_upgrade_revisions::metrics::register(&mut registry);
-    let forgetting = ctx.forget_deleted();
+    let forgetting = ctx.forget_deleted(&ctx.client);
     let body = serde_json::json!({
         "apiVersion": "sluice.dev/v1alpha1",
         "kind": "RevisionUpgrade",

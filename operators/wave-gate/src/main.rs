@@ -54,7 +54,9 @@ async fn main() -> ExitCode {
         };
         let wave_metrics = metrics::register(&mut rt.registry);
         let api = rt.namespaced_api();
+        let leadership = rt.leadership()?;
         let ctx = Arc::new(reconcile::Context {
+            leadership,
             allow_free_form_promql: cli.allow_free_form_promql,
             engine,
             metrics: Some(wave_metrics),

@@ -28,6 +28,7 @@ use sluice_api::{
 use sluice_runtime::{
     Categorized, Category,
     events::EventRecorder,
+    leader::{Leadership, NotLeader},
     write::{self, WriteError},
 };
 
@@ -63,6 +64,9 @@ pub struct Context {
     /// How long a halt waits for revert to hold its pins before setting decisions back
     /// (`--pin-wait-seconds`).
     pub pin_wait: std::time::Duration,
+    /// Whether this replica leads: checked right before the ApplicationSet nudge and every
+    /// BundlePin creation.
+    pub leadership: Leadership,
 }
 
 impl std::fmt::Debug for Context {
@@ -82,6 +86,7 @@ impl Context {
             engine: None,
             metrics: None,
             pin_wait: crate::decide::DEFAULT_PIN_WAIT,
+            leadership: Leadership::always(),
         }
     }
 }
@@ -89,6 +94,9 @@ impl Context {
 /// A reconcile that did not complete; retried with back-off.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
+    /// This replica no longer leads: the write was not sent.
+    #[error(transparent)]
+    NotLeader(#[from] NotLeader),
     /// The WaveGate came without a namespace (a watch or API bug).
     #[error("WaveGate {name} has no metadata.namespace; it cannot be written back")]
     NoNamespace {
@@ -137,6 +145,7 @@ pub enum ReconcileError {
 impl Categorized for ReconcileError {
     fn category(&self) -> Category {
         match self {
+            ReconcileError::NotLeader(e) => e.category(),
             ReconcileError::NoNamespace { .. } | ReconcileError::Unpublishable { .. } => {
                 Category::Internal
             }
@@ -546,6 +555,7 @@ pub async fn reconcile(
                 let sets: Api<ApplicationSet> = Api::namespaced(ctx.client.clone(), &set_ns);
                 let patch =
                     serde_json::json!({"metadata": {"annotations": {REFRESH_ANNOTATION: "true"}}});
+                ctx.leadership.ensure()?;
                 if let Err(e) = sets
                     .patch(
                         &spec.application_set_ref.name,
@@ -561,6 +571,7 @@ pub async fn reconcile(
             Action::CreatePin(plan) => {
                 let pin = pins::bundle_pin(spec, &ns, &name, obj.metadata.uid.as_deref(), plan);
                 let pins: Api<BundlePin> = Api::namespaced(ctx.client.clone(), &ns);
+                ctx.leadership.ensure()?;
                 match pins.create(&FIELD_MANAGER.post_params(), &pin).await {
                     Ok(_) => {
                         tracing::info!(pin = %plan.name, cluster = %plan.cluster, digest = %plan.digest, "BundlePin created")

@@ -461,6 +461,7 @@ impl World {
                     allowed_kinds: None,
                     // Refusals of unsigned bundles within the tests' budgets.
                     signature_grace: Some(Duration::from_secs(1)),
+                    verified_cache_bytes: None,
                 },
                 metrics::register(&mut Default::default()),
             )
