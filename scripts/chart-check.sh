@@ -218,6 +218,22 @@ PYEOF
   promtool check rules "$dir/rules.yaml"
 }
 
+# revert.allowedKinds: the schema accepts exactly sluice-api's DEFAULT_ALLOWED_KINDS (all revert's
+# destination identity may write), and a value reaches revert's --allowed-kinds.
+revert_allowed_kinds() {
+  local kinds
+  kinds="$(sed -n '/^pub const DEFAULT_ALLOWED_KINDS/,/^];/p' crates/sluice-api/src/v1alpha1/bundle_pin.rs \
+    | sed -n 's/^ *("\([^"]*\)", "\([^"]*\)"),$/\2.\1/p' | sort)"
+  [ -n "$kinds" ] || { echo "no DEFAULT_ALLOWED_KINDS in crates/sluice-api/src/v1alpha1/bundle_pin.rs"; return 1; }
+  local schema
+  schema="$("$PY" -c 'import json,sys; print("\n".join(sorted(json.load(open(sys.argv[1]))["properties"]["revert"]["properties"]["allowedKinds"]["items"]["enum"])))' "$CHART/values.schema.json")" || return 1
+  [ "$kinds" = "$schema" ] || { echo "values.schema.json revert.allowedKinds enum differs from DEFAULT_ALLOWED_KINDS:"; diff <(echo "$kinds") <(echo "$schema"); return 1; }
+  helm template "$RELEASE" "$CHART" --namespace "$NAMESPACE" \
+    --set 'revert.allowedKinds={HTTPRoute.gateway.networking.k8s.io,DestinationRule.networking.istio.io}' \
+    | grep -q -- '"--allowed-kinds=HTTPRoute.gateway.networking.k8s.io,DestinationRule.networking.istio.io"' \
+    || { echo "revert.allowedKinds does not reach revert's --allowed-kinds"; return 1; }
+}
+
 # Workload-cluster mode renders only what a workload cluster runs: no Argo CD piece, no
 # wave-gate or revert operator, revert's target identity limited to sluice-api's
 # DEFAULT_ALLOWED_KINDS, and that identity allowed to change owned routes.
@@ -331,6 +347,7 @@ main() {
       --enabled rollout-weights,upgrade-revisions --release-namespace "$NAMESPACE" \
       --argocd-namespace "$ARGOCD_NAMESPACE" --rbac-table "$RBAC_TABLE_WORKLOAD" --route-owner-annotation "$ROUTE_OWNER_ANNOTATION"
     check "workload mode: only workload pieces, revert's target identity limited to DEFAULT_ALLOWED_KINDS" workload_mode
+    check "revert.allowedKinds: DEFAULT_ALLOWED_KINDS at most, rendered as --allowed-kinds" revert_allowed_kinds
     check "helm lint --strict (mode: workload)" helm lint --strict "$CHART" --namespace "$NAMESPACE" -f "$WORKLOAD_VALUES"
   else
     fail "helm template (mode: workload)" "$(cat "$OUT/render.err")"
@@ -413,6 +430,9 @@ main() {
     --set metrics.port=80
   expect_rejected "schema rejects a bad Secret name" "at '/revert/publicKeySecrets/0'" \
     --set 'revert.publicKeySecrets[0]=Not_A_Name'
+  expect_rejected "schema rejects an allowed kind revert's destination identity may not write" \
+    "at '/revert/allowedKinds/0': value must be one of" \
+    --set 'revert.allowedKinds={ClusterRole.rbac.authorization.k8s.io}'
   expect_rejected "chart refuses Kubernetes older than 1.33" "chart requires kubeVersion: >=1.33.0-0" \
     --kube-version 1.32.0
   expect_rejected "chart refuses a ServiceMonitor without metrics Services" \

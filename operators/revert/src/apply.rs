@@ -65,6 +65,19 @@ pub enum ApplyError {
         /// The API error.
         source: kube::Error,
     },
+    /// The kind is cluster-scoped in the destination: a pin writes and prunes only namespaced
+    /// objects, which an Application's destination and AppProject bound.
+    #[error(
+        "{object}: kind {gvk} is cluster-scoped in destination {destination}; a pin applies and prunes namespaced objects only (a cluster-scoped object is shared by every namespace and Application): remove it from the bundle or from the allowed kinds, and revert it in Git"
+    )]
+    ClusterScoped {
+        /// The object.
+        object: String,
+        /// group/version/kind.
+        gvk: String,
+        /// The destination.
+        destination: String,
+    },
     /// After the apply and the removals the object still differs from the bundle's (a field
     /// another manager owns, or a removal that did not hold).
     #[error(
@@ -97,6 +110,7 @@ impl ApplyError {
     pub fn category(&self) -> &'static str {
         match self {
             ApplyError::Discovery { .. } => "Discovery",
+            ApplyError::ClusterScoped { .. } => "ClusterScoped",
             ApplyError::NotRestored { .. } => "NotRestored",
             ApplyError::Write { source, .. } => match source {
                 kube::Error::Api(s) if s.code == 403 => "Forbidden",
@@ -159,9 +173,16 @@ impl Kinds {
         object: &str,
     ) -> Result<Api<DynamicObject>, ApplyError> {
         let (ar, namespaced) = self.resolve(client, destination, gvk, object).await?;
+        if !namespaced {
+            return Err(ApplyError::ClusterScoped {
+                object: object.to_owned(),
+                gvk: format!("{}/{}/{}", gvk.group, gvk.version, gvk.kind),
+                destination: destination.to_owned(),
+            });
+        }
         Ok(match namespace {
-            Some(ns) if namespaced => Api::namespaced_with(client.clone(), ns, &ar),
-            _ => Api::all_with(client.clone(), &ar),
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+            None => Api::all_with(client.clone(), &ar),
         })
     }
 }

@@ -160,6 +160,10 @@ pub struct AppView {
     pub destination_namespace: Option<String>,
     /// Resources Argo CD tracks for the Application.
     pub tracked: Vec<ObjectKey>,
+    /// Whether Argo CD reports the Application OutOfSync only by resources that require
+    /// pruning (every other resource Synced): what an Application whose policy does not prune
+    /// shows once a pin left the objects the bundle lacks.
+    pub out_of_sync_only_by_pruning: bool,
     /// The OCI `repoURL` of its single source.
     pub repo_url: Option<String>,
     /// Whether it has several sources (`spec.sources` with more than one).
@@ -229,6 +233,16 @@ pub fn allowed_kinds(spec: &BundlePinSpec, platform: Option<&[GroupKind]>) -> Ve
         kinds.retain(|k| platform.contains(k));
     }
     kinds
+}
+
+/// Whether a sync policy prunes: Argo CD's automated sync passes `automated.prune` as the sync's
+/// prune flag (`controller/appcontroller.go` `autoSync`), so an Application whose policy does not
+/// prune keeps what its source no longer holds; a pin does the same.
+pub fn policy_prunes(policy: Option<&Value>) -> bool {
+    policy
+        .and_then(|p| p.pointer("/automated/prune"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
 }
 
 /// Another live BundlePin, as far as a pin needs to know it.
@@ -1142,7 +1156,11 @@ fn binding_problems(
                 .any(|a| a.group == t.group && a.kind == t.kind)
         })
         .count();
-    let prune = to_prune(&allowed, summary, v, &dest_ns).len();
+    let prune = if policy_prunes(v.sync_policy.as_ref()) {
+        to_prune(&allowed, summary, v, &dest_ns).len()
+    } else {
+        0
+    };
     if spec.max_prune_percent < 100 && prune * 100 > spec.max_prune_percent as usize * tracked {
         out.push((
             reasons::PRUNE_TOO_LARGE,
@@ -1262,12 +1280,16 @@ fn pinning(
                     actions.push(Action::Preflight {
                         app: key,
                         destination,
-                        prune: to_prune(
-                            &allowed,
-                            &bundle,
-                            v,
-                            default_ns.as_deref().unwrap_or_default(),
-                        ),
+                        prune: if policy_prunes(app.original_sync_policy.as_ref()) {
+                            to_prune(
+                                &allowed,
+                                &bundle,
+                                v,
+                                default_ns.as_deref().unwrap_or_default(),
+                            )
+                        } else {
+                            Vec::new()
+                        },
                         default_namespace: default_ns,
                     });
                     app.preflight_passed = true;
@@ -1306,12 +1328,22 @@ fn pinning(
                     .destination_namespace
                     .clone()
                     .or(v.destination_namespace.clone());
-                let prune = to_prune(
+                // Only what Argo CD's own sync under the recorded policy would delete.
+                let lacking = to_prune(
                     &allowed,
                     &bundle,
                     v,
                     default_ns.as_deref().unwrap_or_default(),
                 );
+                let (prune, kept) = if policy_prunes(app.original_sync_policy.as_ref()) {
+                    (lacking, None)
+                } else {
+                    let kept = (!lacking.is_empty()).then(|| format!(
+                        "kept {} object(s) the bundle lacks: the Application's sync policy does not prune (automated.prune is not true), as Argo CD's sync would keep them",
+                        lacking.len()
+                    ));
+                    (Vec::new(), kept)
+                };
                 let Some(destination) = app.destination.clone().or(v.destination.clone()) else {
                     app.state = ApplicationPinState::Failed;
                     app.message = Some("the Application names no destination cluster".into());
@@ -1321,7 +1353,7 @@ fn pinning(
                 app.pruned_objects = prune.len() as u32;
                 app.pinned_at = Some(Time(now));
                 app.state = ApplicationPinState::Pinned;
-                app.message = None;
+                app.message = kept;
                 actions.push(Action::Apply {
                     app: key,
                     destination,
@@ -1539,7 +1571,14 @@ fn pinned(
             matched = false;
             continue;
         };
-        let synced = v.sync_status.as_deref() == Some("Synced");
+        // Argo CD reports Synced; or OutOfSync only by objects that need pruning while the
+        // recorded policy does not prune — Argo CD's auto-sync skips exactly that case ("need
+        // to prune extra resources only but automated prune is disabled"), so giving automation
+        // back changes nothing. Extraneous objects annotated
+        // `argocd.argoproj.io/compare-options: IgnoreExtraneous` never make Argo CD report
+        // OutOfSync (`controller/state.go`), so they already read Synced here.
+        let synced = v.sync_status.as_deref() == Some("Synced")
+            || (v.out_of_sync_only_by_pruning && !policy_prunes(app.original_sync_policy.as_ref()));
         let same = v.revision_content.as_deref() == Some(content.as_str());
         if !(synced && same) {
             matched = false;
@@ -1852,6 +1891,7 @@ mod tests {
                     revision_content: Some(BAD_CONTENT.into()),
                     destination: Some("c1".into()),
                     destination_namespace: Some("shop".into()),
+                    out_of_sync_only_by_pruning: false,
                     tracked: vec![
                         key("HTTPRoute", "checkout"),
                         key("HTTPRoute", "added-by-bad-change"),
@@ -2309,6 +2349,57 @@ mod tests {
                 assert!(effects(&d).is_empty(), "{}: {:?}", row.name, d.actions);
             }
         }
+    }
+
+    #[test]
+    fn an_application_whose_policy_does_not_prune_keeps_what_the_bundle_lacks_and_releases() {
+        let spec = spec(json!({}));
+        for (name, prunes) in [("prune: true", true), ("prune: false", false)] {
+            let mut world = World::new();
+            world.app.sync_policy = Some(json!({"automated": {"prune": prunes, "selfHeal": true}}));
+            let status = pin(&spec, &mut world, None);
+            if prunes {
+                assert_eq!(
+                    world.pruned,
+                    vec![key("HTTPRoute", "added-by-bad-change")],
+                    "{name}"
+                );
+                assert_eq!(status.pruned_objects, 1, "{name}");
+                continue;
+            }
+            // As Argo CD's sync under that policy: nothing deleted, and said so.
+            assert!(world.pruned.is_empty(), "{name}: {:?}", world.pruned);
+            assert_eq!(status.pruned_objects, 0, "{name}");
+            assert_eq!(
+                status.applications[0].message.as_deref(),
+                Some(
+                    "kept 1 object(s) the bundle lacks: the Application's sync policy does not prune (automated.prune is not true), as Argo CD's sync would keep them"
+                ),
+                "{name}"
+            );
+            // Git reverted: Argo CD targets the pinned content and reports OutOfSync only by
+            // the object that needs pruning, which its own auto-sync would skip too.
+            let mut w = world.clone();
+            w.app.revision = Some(FIX.into());
+            w.app.revision_content = Some(GOOD_CONTENT.into());
+            w.app.sync_status = Some("OutOfSync".into());
+            w.app.out_of_sync_only_by_pruning = true;
+            let d = decide(&spec, Some(&status), &w.obs(verified()), t(300));
+            assert_eq!(d.status.phase, BundlePinPhase::Released, "{name}");
+            // Something else OutOfSync: still pinned.
+            w.app.out_of_sync_only_by_pruning = false;
+            let d = decide(&spec, Some(&status), &w.obs(verified()), t(300));
+            assert_eq!(d.status.phase, BundlePinPhase::Pinned, "{name}");
+        }
+        // A policy that prunes releases only on Synced (Argo CD would prune, then report it).
+        let mut world = World::new();
+        let status = pin(&spec, &mut world, None);
+        world.app.revision = Some(FIX.into());
+        world.app.revision_content = Some(GOOD_CONTENT.into());
+        world.app.sync_status = Some("OutOfSync".into());
+        world.app.out_of_sync_only_by_pruning = true;
+        let d = decide(&spec, Some(&status), &world.obs(verified()), t(300));
+        assert_eq!(d.status.phase, BundlePinPhase::Pinned);
     }
 
     #[test]

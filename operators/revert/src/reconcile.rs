@@ -503,6 +503,16 @@ impl Context {
             revision_content,
             destination: destination.name.clone().or(destination.server.clone()),
             destination_namespace: destination.namespace.clone(),
+            out_of_sync_only_by_pruning: sync.status.as_deref() == Some("OutOfSync")
+                && status.resources.as_deref().is_some_and(|rs| {
+                    let prune = |r: &sluice_api::external::argocd::ResourceStatus| {
+                        r.extra.get("requiresPruning").and_then(Value::as_bool) == Some(true)
+                    };
+                    rs.iter().any(prune)
+                        && rs
+                            .iter()
+                            .all(|r| r.status.as_deref() == Some("Synced") || prune(r))
+                }),
             tracked: status
                 .resources
                 .unwrap_or_default()

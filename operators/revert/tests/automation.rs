@@ -337,3 +337,70 @@ async fn a_revert_that_conflicts_in_git_is_reported_once_and_not_tried_again() {
     );
     assert_eq!(w.git.branches().unwrap(), vec!["main".to_owned()]);
 }
+
+#[tokio::test]
+async fn a_bundle_holding_a_cluster_scoped_object_is_refused_naming_it_and_suspends_nothing() {
+    let Some(mut w) = World::start().await else {
+        return;
+    };
+    given_bad_change(&w).await;
+    // The platform lets pins hold Namespaces, but a Namespace is cluster-scoped: shared by every
+    // Application, outside any destination namespace.
+    let namespace = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: shop-extra\n".to_owned();
+    let (with_namespace, _) = w
+        .bundle(
+            &[route("checkout", 10), namespace],
+            "3333333",
+            Some(&w.signer),
+        )
+        .await;
+    let mut platform = sluice_api::v1alpha1::BundlePinSpec::default_allowed_kinds();
+    platform.push(sluice_api::v1alpha1::bundle_pin::GroupKind {
+        group: String::new(),
+        kind: "Namespace".into(),
+    });
+    w.platform_kinds = Some(platform);
+    w.start_revert();
+    w.create_pin(
+        "pin-a",
+        &with_namespace.digest,
+        json!({
+            "allowAnyRevision": true,
+            "pinDeadlineSeconds": 10,
+            "allowedKinds": [
+                {"group": "gateway.networking.k8s.io", "kind": "HTTPRoute"},
+                {"group": "", "kind": "Namespace"},
+            ],
+        }),
+    )
+    .await;
+    let p = until(&w, "pin-a", "Pinned=False PreflightFailed", |p| {
+        reason(p, conditions::PINNED).as_deref() == Some(reasons::PREFLIGHT_FAILED)
+    })
+    .await;
+    let message = find(&p.status.as_ref().unwrap().conditions, conditions::PINNED)
+        .unwrap()
+        .message
+        .clone();
+    assert!(
+        message.contains(
+            "Namespace shop-extra: kind /v1/Namespace is cluster-scoped in destination c1; a pin applies and prunes namespaced objects only"
+        ),
+        "{message}"
+    );
+    assert_eq!(policy(&w).await, original_policy(), "automation untouched");
+    assert_eq!(
+        w.canary_weight("checkout").await,
+        Some(90),
+        "nothing applied"
+    );
+    let p = until(&w, "pin-a", "Failed at its deadline", |p| {
+        phase(p) == BundlePinPhase::Failed
+    })
+    .await;
+    assert_eq!(
+        reason(&p, conditions::PINNED).as_deref(),
+        Some(reasons::DEADLINE_EXCEEDED)
+    );
+    assert_eq!(policy(&w).await, original_policy());
+}

@@ -104,6 +104,8 @@ pub struct World {
     pub controller: Option<tokio::task::JoinHandle<()>>,
     pub controller_stop: CancellationToken,
     pub forge: Forge,
+    /// revert's `--allowed-kinds` (`None`: the default mesh kinds).
+    pub platform_kinds: Option<Vec<sluice_api::v1alpha1::bundle_pin::GroupKind>>,
 }
 
 /// Token the forge stand-in accepts.
@@ -361,6 +363,7 @@ impl World {
             controller: None,
             controller_stop: CancellationToken::new(),
             forge,
+            platform_kinds: None,
         })
     }
 
@@ -458,7 +461,7 @@ impl World {
                         token: FORGE_TOKEN.into(),
                         timeout: Some(Duration::from_secs(5)),
                     }),
-                    allowed_kinds: None,
+                    allowed_kinds: self.platform_kinds.clone(),
                     // Refusals of unsigned bundles within the tests' budgets.
                     signature_grace: Some(Duration::from_secs(1)),
                     verified_cache_bytes: None,
