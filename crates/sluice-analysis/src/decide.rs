@@ -16,6 +16,7 @@
 use jiff::Timestamp;
 
 use crate::mann_whitney::UTest;
+use crate::sequential::{IntervalCounts, RateTest, SequentialState, rate_test, share_test};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use sluice_api::v1alpha1::gate::share_min_samples;
 use sluice_api::v1alpha1::{
@@ -328,6 +329,298 @@ pub fn decide(
         samples: j.samples,
         min_samples: j.min_samples,
         consecutive_failures: failures,
+        inconclusive_since,
+        evaluated_at: time(now),
+    }
+}
+
+/// Which sequential test judges a gate by default (see [`crate::sequential`]): the built-in
+/// canary gates compared with `StableNow` (errors, p99 latency as slow requests) and the applied
+/// share. Every other gate (custom templates, absolute thresholds, pre-change baselines) keeps
+/// the threshold rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SequentialKind {
+    /// ErrorRatioVsStable: 5xx counts, canary vs stable.
+    Errors,
+    /// LatencyP99VsStable: requests slower than the stable's p99 bucket bound, canary vs stable.
+    SlowRequests,
+    /// AppliedShare: canary of route requests since the step's first full interval.
+    Share,
+}
+
+/// The sequential test a gate uses by default, if any.
+pub fn sequential_kind(gate: &ResolvedGate) -> Option<SequentialKind> {
+    use sluice_api::v1alpha1::{BuiltinGate, GateQuery};
+    let stable_now = gate
+        .comparison
+        .relative
+        .as_ref()
+        .is_some_and(|r| r.baseline == BaselineSource::StableNow);
+    match gate.query {
+        GateQuery::Builtin(BuiltinGate::ErrorRatioVsStable) if stable_now => {
+            Some(SequentialKind::Errors)
+        }
+        GateQuery::Builtin(BuiltinGate::LatencyP99VsStable) if stable_now => {
+            Some(SequentialKind::SlowRequests)
+        }
+        GateQuery::Builtin(BuiltinGate::AppliedShare) if gate.comparison.share.is_some() => {
+            Some(SequentialKind::Share)
+        }
+        _ => None,
+    }
+}
+
+/// The bad-request test of a gate: its `factor`, its `minSamples`, a rate floor from its `slack`
+/// (errors only; default 0.5 percentage points) and `alpha`.
+pub fn rate_test_of(
+    gate: &ResolvedGate,
+    kind: SequentialKind,
+    alpha: f64,
+    max_intervals: usize,
+) -> RateTest {
+    let rel = gate.comparison.relative.as_ref();
+    let mut test = RateTest::new(
+        rel.map_or(1.5, |r| r.factor),
+        gate.min_samples,
+        alpha,
+        max_intervals,
+    );
+    if kind == SequentialKind::Errors
+        && let Some(slack) = rel.and_then(|r| r.slack)
+        && slack > 0.0
+    {
+        test.rate_floor = slack;
+    }
+    test
+}
+
+fn seconds(d: std::time::Duration) -> u64 {
+    d.as_secs().max(u64::from(d.subsec_millis() > 0))
+}
+
+/// The budget and reach of one bad-request test.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RateScope {
+    /// The test's `α` (see [`crate::sequential::per_test_alpha`]).
+    pub alpha: f64,
+    /// Most intervals looked back over.
+    pub max_intervals: usize,
+}
+
+/// The verdict of a bad-request test over the aligned intervals since the step began
+/// (`first` is the start of the first one, each `interval` long). Fail is immediate (the test
+/// has its own boundary; `consecutiveFailures` does not apply), Pass once the canary is shown
+/// healthy with at least `minSamples` requests, Inconclusive (TooFewSamples) while the evidence
+/// is still collecting: the step lengthens.
+#[allow(clippy::too_many_arguments)]
+pub fn decide_rate(
+    gate: &ResolvedGate,
+    kind: SequentialKind,
+    intervals: &[IntervalCounts],
+    first: Timestamp,
+    interval: std::time::Duration,
+    scope: RateScope,
+    previous: Option<&GateVerdict>,
+    now: Timestamp,
+) -> GateVerdict {
+    let test = rate_test_of(gate, kind, scope.alpha, scope.max_intervals);
+    let o = rate_test(intervals, &test);
+    let what = match kind {
+        SequentialKind::Errors => "5xx",
+        _ => "requests slower than the stable's p99 bucket",
+    };
+    let at = |i: usize| {
+        let offset = jiff::SignedDuration::try_from(interval * i as u32).unwrap_or_default();
+        first.checked_add(offset).unwrap_or(first)
+    };
+    let summary = format!(
+        "sequential test over {} intervals of {}s since {}: canary {} {what} of {} requests ({:.4}), stable {} of {} ({:.4}); statistic {:.2} (Fail at {:.2}, Pass at {:.2}; factor {}, floor {})",
+        o.intervals,
+        seconds(interval),
+        first,
+        o.canary.1.round(),
+        o.canary.0.round(),
+        o.canary_ratio(),
+        o.stable.1.round(),
+        o.stable.0.round(),
+        o.stable_ratio(),
+        o.statistic,
+        o.upper,
+        o.lower,
+        test.factor,
+        test.rate_floor,
+    );
+    let (verdict, reason, message) = if o.stable.0 <= 0.0 && o.intervals > 0 {
+        (
+            Verdict::Inconclusive,
+            VerdictReason::BaselineMissing,
+            format!("the stable served no requests since the step began; {summary}"),
+        )
+    } else {
+        match o.state {
+            SequentialState::Fail => {
+                let crossed = o.crossed_at.unwrap_or(0);
+                let rising = o.rising_since.unwrap_or(0);
+                let end = at(crossed + 1);
+                let delay = end.duration_since(at(rising)).as_secs();
+                (
+                    Verdict::Fail,
+                    VerdictReason::ThresholdBreached,
+                    format!(
+                        "canary worse than {} × stable: evidence crossed the Fail boundary with the interval ending {end}, rising since {} (detection delay {delay}s); {summary}",
+                        test.factor,
+                        at(rising)
+                    ),
+                )
+            }
+            SequentialState::Pass => (
+                Verdict::Pass,
+                VerdictReason::ThresholdMet,
+                format!("canary not worse than {} × stable; {summary}", test.factor),
+            ),
+            SequentialState::Collecting => {
+                let need = if o.canary.0 < test.min_samples as f64 {
+                    format!(
+                        "{} canary requests, {} required",
+                        o.canary.0.round(),
+                        test.min_samples
+                    )
+                } else {
+                    "not yet enough evidence either way".to_owned()
+                };
+                (
+                    Verdict::Inconclusive,
+                    VerdictReason::TooFewSamples,
+                    format!("collecting evidence, the step lengthens ({need}); {summary}"),
+                )
+            }
+        }
+    };
+    let canary_ratio = o.canary_ratio();
+    let stable_ratio = o.stable_ratio();
+    finish(
+        gate,
+        verdict,
+        reason,
+        message,
+        Numbers {
+            value: Some(canary_ratio).filter(|v| !v.is_nan()),
+            baseline: Some(stable_ratio).filter(|v| !v.is_nan()),
+            threshold: Some(stable_ratio.max(test.rate_floor) * test.factor)
+                .filter(|v| !v.is_nan()),
+            samples: Some(o.canary.0.round() as u64),
+            min_samples: Some(test.min_samples),
+        },
+        previous,
+        now,
+    )
+}
+
+/// The verdict of the share check on the route requests since the step's first full interval:
+/// Pass (WithinTolerance) on enough requests, Fail (OutsideTolerance) only on overwhelming
+/// evidence, Inconclusive (TooFewSamples) in between.
+pub fn decide_share(
+    gate: &ResolvedGate,
+    canary: f64,
+    total: f64,
+    owner: OwnerContext,
+    previous: Option<&GateVerdict>,
+    now: Timestamp,
+) -> GateVerdict {
+    let Some(target) = owner.share_target else {
+        return finish(
+            gate,
+            Verdict::Inconclusive,
+            VerdictReason::QueryError,
+            "share check without a target share from the owner".into(),
+            Numbers::default(),
+            previous,
+            now,
+        );
+    };
+    let tolerance = gate
+        .comparison
+        .share
+        .as_ref()
+        .and_then(|s| s.tolerance_percent)
+        .map_or(owner.share_tolerance, |p| f64::from(p) / 100.0);
+    let o = share_test(canary, total, target, tolerance, gate.min_samples);
+    let summary = format!(
+        "applied share {:.4} of {} route requests since the step began vs target {target:.4} ±{:.0}% (confirmed from {} requests, failed from {})",
+        o.share,
+        o.requests.round(),
+        tolerance * 100.0,
+        o.confirm_at,
+        o.fail_at
+    );
+    let (verdict, reason) = match o.state {
+        SequentialState::Pass => (Verdict::Pass, VerdictReason::WithinTolerance),
+        SequentialState::Fail => (Verdict::Fail, VerdictReason::OutsideTolerance),
+        SequentialState::Collecting if o.share.is_nan() => {
+            (Verdict::Inconclusive, VerdictReason::NoData)
+        }
+        SequentialState::Collecting => (Verdict::Inconclusive, VerdictReason::TooFewSamples),
+    };
+    let message = match o.state {
+        SequentialState::Collecting => {
+            format!("collecting requests, the step lengthens: {summary}")
+        }
+        _ => summary,
+    };
+    finish(
+        gate,
+        verdict,
+        reason,
+        message,
+        Numbers {
+            value: Some(o.share).filter(|v| !v.is_nan()),
+            baseline: None,
+            threshold: Some(target),
+            samples: Some(o.requests.round() as u64),
+            min_samples: Some(o.confirm_at),
+        },
+        previous,
+        now,
+    )
+}
+
+#[derive(Default)]
+struct Numbers {
+    value: Option<f64>,
+    baseline: Option<f64>,
+    threshold: Option<f64>,
+    samples: Option<u64>,
+    min_samples: Option<u64>,
+}
+
+fn finish(
+    gate: &ResolvedGate,
+    verdict: Verdict,
+    reason: VerdictReason,
+    message: String,
+    n: Numbers,
+    previous: Option<&GateVerdict>,
+    now: Timestamp,
+) -> GateVerdict {
+    let inconclusive_since = match verdict {
+        Verdict::Inconclusive => Some(
+            previous
+                .and_then(|p| p.inconclusive_since.clone())
+                .unwrap_or_else(|| time(now)),
+        ),
+        _ => None,
+    };
+    GateVerdict {
+        gate: gate.name.clone(),
+        verdict,
+        reason,
+        message: Some(truncate(message)),
+        value: n.value,
+        baseline: n.baseline,
+        threshold: n.threshold,
+        samples: n.samples,
+        min_samples: n.min_samples,
+        consecutive_failures: u32::from(verdict == Verdict::Fail),
         inconclusive_since,
         evaluated_at: time(now),
     }

@@ -47,6 +47,7 @@ pub mod builtin;
 pub mod decide;
 pub mod engine;
 pub mod mann_whitney;
+pub mod sequential;
 pub mod source;
 pub mod template;
 
