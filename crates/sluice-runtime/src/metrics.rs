@@ -1,10 +1,20 @@
 //! The operator's Prometheus metrics: reconciles, reconcile durations, errors by bounded
-//! category, and whether this replica leads.
+//! category, whether this replica leads, and the platform's one per-object scheme
+//! ([`ObjectSignals`]).
 //!
-//! Owns metric names, help texts and label sets. Must never label a series with an object's
-//! name, a message or anything else unbounded: `kind` and `category` come from fixed sets.
+//! Owns metric names, help texts and label sets. The fleet series never carry an object's name,
+//! a message or anything else unbounded: `kind` and `category` come from fixed sets. The
+//! per-object series (`sluice_object_*`) are the one exception, bounded by the number of objects:
+//! one state series, one progress timestamp and at most one series per passed deadline per
+//! object, removed when the object is deleted and all dropped when this replica stops leading
+//! (only the leader exports them). Their labels are `kind`, `object_namespace` and `object_name`,
+//! never a bare `namespace` or `name`, which a scrape's own target labels would overwrite.
 
-use std::time::Duration;
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -35,6 +45,177 @@ pub struct ErrorLabels {
     pub category: String,
 }
 
+/// Labels naming one object.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ObjectLabels {
+    /// The object's kind, e.g. `Rollout`.
+    pub kind: String,
+    /// The object's namespace (empty for a cluster-scoped kind).
+    pub object_namespace: String,
+    /// The object's name.
+    pub object_name: String,
+}
+
+/// Labels of an object's state series.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ObjectStateLabels {
+    /// The object's kind.
+    pub kind: String,
+    /// The object's namespace.
+    pub object_namespace: String,
+    /// The object's name.
+    pub object_name: String,
+    /// The phase in its status (a fixed set per kind).
+    pub phase: String,
+    /// Why it is in that phase: a CamelCase reason from a fixed set (e.g. the abort reason), or
+    /// empty.
+    pub reason: String,
+}
+
+/// Labels of an object's overdue series.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ObjectDeadlineLabels {
+    /// The object's kind.
+    pub kind: String,
+    /// The object's namespace.
+    pub object_namespace: String,
+    /// The object's name.
+    pub object_name: String,
+    /// The deadline it is past, from a fixed set per kind (e.g. `HandBack`).
+    pub deadline: String,
+}
+
+/// What an operator says about one object, decided from its status (pure, per kind).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ObjectSignal {
+    /// The phase in the object's status.
+    pub phase: String,
+    /// Why it is in that phase (bounded CamelCase), or empty.
+    pub reason: String,
+    /// When the object last made progress (entered its step, phase or state), Unix seconds.
+    pub progressed_at: Option<i64>,
+    /// The deadlines it is past (bounded names).
+    pub overdue: BTreeSet<String>,
+}
+
+/// The platform's per-object series, shared by every operator: `sluice_object_state` (1 with
+/// the object's phase and reason), `sluice_object_progressed_timestamp_seconds` and
+/// `sluice_object_overdue` (1 per deadline passed). Cheap to clone; clones share the series.
+#[derive(Debug, Clone, Default)]
+pub struct ObjectSignals {
+    state: Family<ObjectStateLabels, Gauge>,
+    progressed: Family<ObjectLabels, Gauge>,
+    overdue: Family<ObjectDeadlineLabels, Gauge>,
+    current: Arc<Mutex<HashMap<ObjectLabels, ObjectSignal>>>,
+}
+
+impl ObjectSignals {
+    fn register(&self, sub: &mut Registry) {
+        sub.register(
+            "object_state",
+            "1 per object with its phase and reason (kind, object_namespace, object_name); leader only",
+            self.state.clone(),
+        );
+        sub.register(
+            "object_progressed_timestamp_seconds",
+            "When the object last made progress (entered its step, phase or state), Unix seconds; leader only",
+            self.progressed.clone(),
+        );
+        sub.register(
+            "object_overdue",
+            "1 per object and deadline it is past (e.g. HandBack); leader only",
+            self.overdue.clone(),
+        );
+    }
+
+    /// Records `signal` for the object, replacing the series of its previous signal.
+    pub fn set(&self, kind: &str, namespace: &str, name: &str, signal: ObjectSignal) {
+        let key = ObjectLabels {
+            kind: kind.to_owned(),
+            object_namespace: namespace.to_owned(),
+            object_name: name.to_owned(),
+        };
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if current.get(&key) == Some(&signal) {
+            return;
+        }
+        if let Some(before) = current.remove(&key) {
+            self.drop_series(&key, &before);
+        }
+        self.state
+            .get_or_create(&state_labels(&key, &signal))
+            .set(1);
+        if let Some(at) = signal.progressed_at {
+            self.progressed.get_or_create(&key).set(at);
+        }
+        for deadline in &signal.overdue {
+            self.overdue
+                .get_or_create(&deadline_labels(&key, deadline))
+                .set(1);
+        }
+        current.insert(key, signal);
+    }
+
+    /// Removes every series of the object (it was deleted).
+    pub fn remove(&self, kind: &str, namespace: &str, name: &str) {
+        let key = ObjectLabels {
+            kind: kind.to_owned(),
+            object_namespace: namespace.to_owned(),
+            object_name: name.to_owned(),
+        };
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(before) = current.remove(&key) {
+            self.drop_series(&key, &before);
+        }
+    }
+
+    /// Removes every object's series (this replica stopped leading).
+    pub fn clear(&self) {
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        current.clear();
+        self.state.clear();
+        self.progressed.clear();
+        self.overdue.clear();
+    }
+
+    /// How many objects have series.
+    pub fn len(&self) -> usize {
+        self.current.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Whether no object has series.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn drop_series(&self, key: &ObjectLabels, before: &ObjectSignal) {
+        self.state.remove(&state_labels(key, before));
+        self.progressed.remove(key);
+        for deadline in &before.overdue {
+            self.overdue.remove(&deadline_labels(key, deadline));
+        }
+    }
+}
+
+fn state_labels(key: &ObjectLabels, signal: &ObjectSignal) -> ObjectStateLabels {
+    ObjectStateLabels {
+        kind: key.kind.clone(),
+        object_namespace: key.object_namespace.clone(),
+        object_name: key.object_name.clone(),
+        phase: signal.phase.clone(),
+        reason: signal.reason.clone(),
+    }
+}
+
+fn deadline_labels(key: &ObjectLabels, deadline: &str) -> ObjectDeadlineLabels {
+    ObjectDeadlineLabels {
+        kind: key.kind.clone(),
+        object_namespace: key.object_namespace.clone(),
+        object_name: key.object_name.clone(),
+        deadline: deadline.to_owned(),
+    }
+}
+
 /// Handles to the shared metrics; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Metrics {
@@ -42,6 +223,7 @@ pub struct Metrics {
     durations: Family<KindLabels, Histogram>,
     errors: Family<ErrorLabels, Counter>,
     leader: Gauge,
+    objects: ObjectSignals,
 }
 
 fn duration_histogram() -> Histogram {
@@ -57,8 +239,10 @@ impl Metrics {
             durations: Family::new_with_constructor(duration_histogram as fn() -> Histogram),
             errors: Family::default(),
             leader: Gauge::default(),
+            objects: ObjectSignals::default(),
         };
         let sub = registry.sub_registry_with_prefix("sluice");
+        m.objects.register(sub);
         sub.register(
             "reconciles",
             "Reconciles run, by kind",
@@ -101,9 +285,17 @@ impl Metrics {
         }
     }
 
-    /// Sets the leader gauge.
+    /// Sets the leader gauge; a replica that stops leading drops every per-object series.
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
+        if !leader {
+            self.objects.clear();
+        }
+    }
+
+    /// The per-object series (shared by clones).
+    pub fn objects(&self) -> ObjectSignals {
+        self.objects.clone()
     }
 }
 
@@ -143,5 +335,78 @@ mod tests {
         }
         m.set_leader(false);
         assert!(encode(&registry).contains("sluice_leader 0"));
+    }
+
+    fn signal(phase: &str, reason: &str, at: i64, overdue: &[&str]) -> ObjectSignal {
+        ObjectSignal {
+            phase: phase.into(),
+            reason: reason.into(),
+            progressed_at: Some(at),
+            overdue: overdue.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn one_state_series_per_object_replaced_on_change_and_removed_on_delete() {
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        m.set_leader(true);
+        let o = m.objects();
+        o.set(
+            "Rollout",
+            "shop",
+            "checkout",
+            signal("Progressing", "StepInProgress", 100, &[]),
+        );
+        o.set(
+            "Rollout",
+            "shop",
+            "cart",
+            signal("Promoted", "Promoted", 50, &["HandBack"]),
+        );
+        o.set(
+            "Rollout",
+            "shop",
+            "checkout",
+            signal("Aborted", "GateFailed", 160, &[]),
+        );
+        let text = encode(&registry);
+        let want = [
+            r#"sluice_object_state{kind="Rollout",object_namespace="shop",object_name="checkout",phase="Aborted",reason="GateFailed"} 1"#,
+            r#"sluice_object_progressed_timestamp_seconds{kind="Rollout",object_namespace="shop",object_name="checkout"} 160"#,
+            r#"sluice_object_overdue{kind="Rollout",object_namespace="shop",object_name="cart",deadline="HandBack"} 1"#,
+        ];
+        for w in want {
+            assert!(text.contains(w), "missing {w} in\n{text}");
+        }
+        assert!(
+            !text.contains("Progressing"),
+            "the old state stays:\n{text}"
+        );
+        assert_eq!(text.matches("sluice_object_state{").count(), 2, "{text}");
+
+        o.set(
+            "Rollout",
+            "shop",
+            "cart",
+            signal("Promoted", "Promoted", 50, &[]),
+        );
+        o.remove("Rollout", "shop", "checkout");
+        let text = encode(&registry);
+        assert!(
+            !text.contains("checkout"),
+            "a deleted object keeps series:\n{text}"
+        );
+        assert!(!text.contains("sluice_object_overdue{"), "{text}");
+        assert_eq!(o.len(), 1);
+
+        // Only the leader exports them.
+        m.set_leader(false);
+        let text = encode(&registry);
+        assert!(
+            !text.contains("cart"),
+            "a replica that stopped leading exports:\n{text}"
+        );
+        assert!(o.is_empty());
     }
 }

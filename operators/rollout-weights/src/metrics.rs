@@ -4,7 +4,9 @@
 //!
 //! Owns metric names (all `sluice_rollout_*` or `sluice_rollouts`), help texts and label sets.
 //! Must never label a series with an object's name, a gate's name, a message or anything else
-//! unbounded: labels come from fixed sets (phase, verdict, reason, result).
+//! unbounded: labels come from fixed sets (phase, verdict, reason, result). Which Rollout is in
+//! trouble is said by the platform's per-object series (`sluice_object_*` of
+//! `sluice_runtime::metrics::ObjectSignals`), whose Rollout signal [`object_signal`] decides.
 
 use std::{
     collections::HashMap,
@@ -22,7 +24,11 @@ use prometheus_client::{
     },
     registry::Registry,
 };
-use sluice_api::v1alpha1::{RolloutPhase, Verdict, VerdictReason};
+use sluice_api::v1alpha1::{
+    RolloutPhase, RolloutStatus, Verdict, VerdictReason,
+    rollout::{conditions, reasons},
+};
+use sluice_runtime::metrics::ObjectSignal;
 
 use crate::analysis::TickFigures;
 
@@ -271,9 +277,115 @@ impl RolloutMetrics {
     }
 }
 
+/// The `kind` label of a Rollout's per-object series.
+pub const OBJECT_KIND: &str = "Rollout";
+/// The deadline a Promoted Rollout is past when its hand-back is overdue.
+pub const DEADLINE_HAND_BACK: &str = "HandBack";
+
+/// What the per-object series say about a Rollout, from its status alone: its phase; the reason
+/// (the abort's reason when Aborted, `GateMisconfigured` or `InvalidSpec` while not Ready,
+/// otherwise the Progressing condition's reason, e.g. `Inconclusive` for a hold); when it last
+/// progressed (its step's start, its promotion or its abort decision); and `HandBack` when the
+/// hand-back is overdue. Every value comes from a fixed set.
+pub fn object_signal(status: &RolloutStatus) -> ObjectSignal {
+    let condition = |t: &str| status.conditions.iter().find(|c| c.type_ == t);
+    let not_ready = condition(conditions::READY).filter(|c| c.status == "False");
+    let reason = match (&status.abort, status.phase, not_ready) {
+        (Some(a), RolloutPhase::Aborted, _) => format!("{:?}", a.reason),
+        (_, _, Some(c)) => c.reason.clone(),
+        _ => condition(conditions::PROGRESSING)
+            .map(|c| c.reason.clone())
+            .unwrap_or_default(),
+    };
+    let progressed = match status.phase {
+        RolloutPhase::Aborted => status.abort.as_ref().map(|a| &a.decided_at),
+        RolloutPhase::Promoted => status.promoted_at.as_ref(),
+        _ => status.current_step_started_at.as_ref().or(status
+            .owned_route
+            .as_ref()
+            .and_then(|o| o.owned_since.as_ref())),
+    };
+    let overdue = condition(conditions::HAND_BACK_OVERDUE)
+        .filter(|c| c.status == "True" && c.reason == reasons::HAND_BACK_OVERDUE)
+        .map(|_| DEADLINE_HAND_BACK.to_owned())
+        .into_iter()
+        .collect();
+    ObjectSignal {
+        phase: phase_name(status.phase),
+        reason,
+        progressed_at: progressed.map(|t| t.0.as_second()),
+        overdue,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn status(v: serde_json::Value) -> RolloutStatus {
+        serde_json::from_value(v).expect("status fixture")
+    }
+
+    #[test]
+    fn a_rollouts_signal_names_its_phase_reason_progress_and_overdue_hand_back() {
+        let cond = |t: &str, s: &str, r: &str| {
+            serde_json::json!({"type": t, "status": s, "reason": r, "message": "m",
+                "lastTransitionTime": "2026-12-01T10:00:00Z"})
+        };
+        let table = [
+            (
+                serde_json::json!({"phase": "Progressing", "currentStepStartedAt": "2026-12-01T10:00:00Z",
+                    "conditions": [cond("Ready", "True", "Valid"), cond("Progressing", "True", "StepInProgress")]}),
+                ("Progressing", "StepInProgress", Some(1_796_119_200), vec![]),
+            ),
+            (
+                serde_json::json!({"phase": "Paused", "currentStepStartedAt": "2026-12-01T10:00:00Z",
+                    "conditions": [cond("Ready", "True", "Valid"), cond("Progressing", "False", "Inconclusive")]}),
+                ("Paused", "Inconclusive", Some(1_796_119_200), vec![]),
+            ),
+            (
+                serde_json::json!({"phase": "Progressing", "currentStepStartedAt": "2026-12-01T10:00:00Z",
+                    "conditions": [cond("Ready", "False", "GateMisconfigured"), cond("Progressing", "True", "StepInProgress")]}),
+                (
+                    "Progressing",
+                    "GateMisconfigured",
+                    Some(1_796_119_200),
+                    vec![],
+                ),
+            ),
+            (
+                serde_json::json!({"phase": "Aborted", "currentStepStartedAt": "2026-12-01T10:00:00Z",
+                    "abort": {"reason": "GateFailed", "stepIndex": 0, "decidedAt": "2026-12-01T10:01:00Z"},
+                    "conditions": [cond("Ready", "True", "Valid"), cond("Progressing", "False", "GateFailed")]}),
+                ("Aborted", "GateFailed", Some(1_796_119_260), vec![]),
+            ),
+            (
+                serde_json::json!({"phase": "Promoted", "promotedAt": "2026-12-01T11:00:00Z",
+                    "conditions": [cond("Ready", "True", "Valid"), cond("Progressing", "False", "Promoted"),
+                        cond("HandBackOverdue", "True", "HandBackOverdue")]}),
+                (
+                    "Promoted",
+                    "Promoted",
+                    Some(1_796_122_800),
+                    vec!["HandBack"],
+                ),
+            ),
+            (
+                serde_json::json!({"phase": "Promoted", "promotedAt": "2026-12-01T11:00:00Z",
+                    "conditions": [cond("HandBackOverdue", "False", "WithinDeadline")]}),
+                ("Promoted", "", Some(1_796_122_800), vec![]),
+            ),
+        ];
+        for (v, (phase, reason, at, overdue)) in table {
+            let got = object_signal(&status(v.clone()));
+            assert_eq!(got.phase, phase, "{v}");
+            assert_eq!(got.reason, reason, "{v}");
+            assert_eq!(got.progressed_at, at, "{v}");
+            let overdue: std::collections::BTreeSet<String> =
+                overdue.into_iter().map(String::from).collect();
+            assert_eq!(got.overdue, overdue, "{v}");
+        }
+    }
 
     #[test]
     fn every_metric_is_prefixed_and_phases_are_counted() {
