@@ -3,6 +3,7 @@
 //! sandbox and benchmarks. Owns task lifetimes only; never creates Kubernetes objects itself
 //! (tests and scenarios create workloads and routes).
 
+use crate::cluster::webhook::{InjectorWebhook, WebhookError};
 use crate::cluster::{ClusterConfig, ClusterTasks, SvidCounter};
 use crate::mesh::{MeshCluster, MeshTelemetry, Scenario};
 use std::collections::BTreeMap;
@@ -141,7 +142,11 @@ impl WorldBuilder {
             )),
             _ => None,
         };
-        Ok(World { clusters, mesh })
+        Ok(World {
+            clusters,
+            mesh,
+            injectors: Vec::new(),
+        })
     }
 }
 
@@ -150,6 +155,8 @@ impl WorldBuilder {
 pub struct World {
     clusters: BTreeMap<String, ClusterTasks>,
     mesh: Option<MeshTelemetry>,
+    /// Injector webhooks serving real API servers, stopped with the world.
+    injectors: Vec<InjectorWebhook>,
 }
 
 impl World {
@@ -161,6 +168,32 @@ impl World {
     /// The SVID issuance counter of a cluster with cluster behaviour.
     pub fn svid(&self, cluster: &str) -> Option<&SvidCounter> {
         self.clusters.get(cluster).map(ClusterTasks::svid)
+    }
+
+    /// Serves Istio's sidecar injector for `cluster` as a real mutating admission webhook
+    /// ([`InjectorWebhook`]), registered on the API server of `client` with a serving certificate
+    /// from `ca` (the CA that API server trusts), counting injected pods on the cluster's SVID
+    /// counter. For a cluster on a real API server ([`ClusterConfig::on_real_control_plane`]),
+    /// where the real ReplicaSet controller creates pods and the simulator does not inject. The
+    /// webhook stops with the world.
+    pub async fn serve_injector(
+        &mut self,
+        cluster: &str,
+        client: kube::Client,
+        ca: &sluice_testkit::control_plane::CertificateAuthority,
+    ) -> Result<(), WebhookError> {
+        let svid = self
+            .clusters
+            .get(cluster)
+            .map(|c| c.svid().clone())
+            .ok_or_else(|| {
+                WebhookError::Setup(format!(
+                    "no cluster {cluster:?} with cluster behaviour in this world"
+                ))
+            })?;
+        self.injectors
+            .push(InjectorWebhook::start(client, ca, svid).await?);
+        Ok(())
     }
 
     /// The mesh telemetry, when a scenario runs.

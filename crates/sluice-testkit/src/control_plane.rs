@@ -889,8 +889,9 @@ impl ControlPlane {
 
     /// Server-side applies every document of `yaml` (any kind the server serves; CRDs must be
     /// Established first, see [`ControlPlane::install_crds`]) as the administrator, field manager
-    /// `sluice-tests`, taking conflicting fields over. A namespaced object without a namespace
-    /// goes to `default`. Returns the objects as stored.
+    /// `test-fixtures` (not a `sluice-*` manager: those are the operators'), taking conflicting
+    /// fields over. A namespaced object without a namespace goes to `default`. Returns the
+    /// objects as stored.
     pub async fn apply_yaml(&self, yaml: &str) -> Result<Vec<DynamicObject>, ControlPlaneError> {
         let client = self.client().await?;
         let mut applied = Vec::new();
@@ -920,7 +921,7 @@ impl ControlPlane {
             let stored = api
                 .patch(
                     &name,
-                    &PatchParams::apply("sluice-tests").force(),
+                    &PatchParams::apply("test-fixtures").force(),
                     &Patch::Apply(&obj),
                 )
                 .await?;
@@ -967,7 +968,7 @@ impl ControlPlane {
             let name = crd.metadata.name.clone().unwrap_or_default();
             api.patch(
                 &name,
-                &PatchParams::apply("sluice-tests").force(),
+                &PatchParams::apply("test-fixtures").force(),
                 &Patch::Apply(&crd),
             )
             .await?;

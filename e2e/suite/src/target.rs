@@ -183,18 +183,13 @@ impl Target {
             .await
             .map_err(fail)?
             .clone();
-        // The namespace and service-account controllers (pods need their namespace's `default`
-        // ServiceAccount) and the garbage collector; the simulator still plays the workload
-        // and disruption controllers and the kubelet here.
+        // kube-controller-manager's workload, disruption, garbage-collector, namespace and
+        // service-account controllers (`control_plane::CONTROLLERS`): the simulator plays only
+        // the kubelet and Istio's injector here (`sluice_sim::ClusterConfig::on_real_control_plane`).
         let cp = ControlPlane::start_with(control_plane::Options {
             etcd: Some(etcd),
             controller_manager: true,
-            controllers: vec![
-                "serviceaccount-controller",
-                "serviceaccount-token-controller",
-                "namespace-controller",
-                "garbage-collector-controller",
-            ],
+            controllers: control_plane::CONTROLLERS.to_vec(),
         })
         .await
         .map_err(fail)?;
@@ -279,6 +274,14 @@ impl Target {
             Target::Emulated { emu, .. } => Some(emu.base_url()),
             Target::Real { cp, .. } => Some(cp.url()),
             Target::Cluster { .. } => None,
+        }
+    }
+
+    /// The real control plane, when this target is one.
+    pub fn control_plane(&self) -> Option<&ControlPlane> {
+        match self {
+            Target::Real { cp, .. } => Some(cp),
+            _ => None,
         }
     }
 

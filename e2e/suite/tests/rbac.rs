@@ -140,6 +140,32 @@ async fn denial_logged(op: &OperatorProcess) -> String {
     denied
 }
 
+/// The simulator's cluster behaviour for `t`: on the emulator, its own workload and disruption
+/// controllers and injection; on a real control plane only the kubelet (binding, pod IPs,
+/// readiness after `readiness_delay`, the end of graceful deletions), since kube-controller-manager
+/// runs the real Deployment, ReplicaSet and disruption controllers there.
+fn cluster_config(t: &Target, readiness_delay: Duration) -> ClusterConfig {
+    let mut config = if t.control_plane().is_some() {
+        ClusterConfig::on_real_control_plane(CLUSTER)
+    } else {
+        ClusterConfig::new(CLUSTER)
+    };
+    config.readiness_delay = readiness_delay;
+    config
+}
+
+/// On a real control plane, serves Istio's injector for the world's cluster as a real mutating
+/// admission webhook (the real ReplicaSet controller creates the pods there); nothing on the
+/// emulator, where the simulator's workload controllers inject.
+async fn serve_injector(t: &Target, world: &mut World) {
+    if let Some(cp) = t.control_plane() {
+        world
+            .serve_injector(CLUSTER, t.admin(), cp.ca())
+            .await
+            .expect("injector webhook registered");
+    }
+}
+
 /// Ends a scenario: the operator this process started (none on a real cluster, or one already
 /// stopped) must still be running; then it and the world stop before the target does, and the
 /// scenario's duration is printed.
@@ -241,17 +267,15 @@ async fn shop(t: &Target, prom: &Prometheus) -> Option<World> {
     for s in &mut scenario.services {
         s.requests_per_second = 4000.0;
     }
-    let mut config = ClusterConfig::new(CLUSTER);
-    config.readiness_delay = Duration::from_millis(300);
-    Some(
-        World::builder()
-            .cluster_with(config, t.admin())
-            .prometheus(prom.url())
-            .scenario(scenario)
-            .interval(Duration::from_secs(1))
-            .start()
-            .expect("world starts"),
-    )
+    let mut world = World::builder()
+        .cluster_with(cluster_config(t, Duration::from_millis(300)), t.admin())
+        .prometheus(prom.url())
+        .scenario(scenario)
+        .interval(Duration::from_secs(1))
+        .start()
+        .expect("world starts");
+    serve_injector(t, &mut world).await;
+    Some(world)
 }
 
 fn checkout_rollout() -> Value {
@@ -533,24 +557,26 @@ async fn edge_fleet(t: &Target, prom: &Prometheus) -> World {
     )
     .await
     .unwrap();
-    t.load_yaml(
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: gw\n  namespace: edge\nspec:\n  replicas: 2\n  selector:\n    matchLabels: {app: gw}\n  strategy:\n    type: RollingUpdate\n    rollingUpdate: {maxSurge: 1, maxUnavailable: 1}\n  template:\n    metadata:\n      labels: {app: gw}\n    spec:\n      containers:\n      - name: app\n        image: gw:1\n",
-    )
-    .await
-    .unwrap();
     let scenario = Scenario::from_yaml(&format!(
         "name: revision-upgrade\nclusters:\n  - name: {CLUSTER}\n    xds_pushes_per_second: 4\nservices: []\n"
     ))
     .unwrap();
-    let mut config = ClusterConfig::new(CLUSTER);
-    config.readiness_delay = Duration::from_millis(200);
-    let world = World::builder()
-        .cluster_with(config, t.admin())
+    let mut world = World::builder()
+        .cluster_with(cluster_config(t, Duration::from_millis(200)), t.admin())
         .prometheus(prom.url())
         .scenario(scenario)
         .interval(Duration::from_secs(1))
         .start()
         .unwrap();
+    // The injector serves before the Deployment exists: on a real control plane the ReplicaSet
+    // controller creates its pods at once, and a pod created before the webhook is registered
+    // stays uninjected.
+    serve_injector(t, &mut world).await;
+    t.load_yaml(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: gw\n  namespace: edge\nspec:\n  replicas: 2\n  selector:\n    matchLabels: {app: gw}\n  strategy:\n    type: RollingUpdate\n    rollingUpdate: {maxSurge: 1, maxUnavailable: 1}\n  template:\n    metadata:\n      labels: {app: gw}\n    spec:\n      containers:\n      - name: app\n        image: gw:1\n",
+    )
+    .await
+    .unwrap();
     let client = t.admin();
 
     eventually("both pods injected by 1-27", BUDGET, async || {
