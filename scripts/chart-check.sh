@@ -267,7 +267,7 @@ for rule in roles[0]["rules"]:
     if set(rule["verbs"]) - {"get", "list", "watch", "create", "patch", "delete"}:
         fail.append(f"revert's target identity has verbs {rule['verbs']}")
 sa = next((d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"].endswith("-revert-target")), None)
-vap = next((d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"), None)
+vap = next((d for d in docs if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"].endswith("-owned-routes")), None)
 if sa is None or vap is None:
     fail.append("workload mode renders revert's target ServiceAccount and the owned-route policy")
 else:

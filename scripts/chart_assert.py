@@ -214,26 +214,60 @@ def check_decision_configmap(docs: list[dict], enabled: list[str], argocd_ns: st
                 f"{where}: matchKey {data.get('matchKey')!r} is not a required key of the WaveGate's decisions")
 
 
+# The writes each operator's grant allows beyond its purpose, and the resources its admission
+# policy (templates/admission/operator-writes.yaml) must narrow: (group, resource).
+NARROWED = {
+    "upgrade-revisions": {("apps", "deployments"), ("apps", "statefulsets"), ("apps", "daemonsets"), ("", "namespaces")},
+    "wave-gate": {("argoproj.io", "applicationsets")},
+    "revert": {("argoproj.io", "applications")},
+    "rollout-weights": {("gateway.networking.k8s.io", "httproutes"), ("gateway.networking.k8s.io", "grpcroutes")},
+}
+
+
 def check_owned_route_policy(docs: list[dict], enabled: list[str], annotation: str | None, f: Failures) -> None:
-    """The owned-route policy names the annotation sluice-api writes and exactly sluice's route writers."""
+    """Every policy has a Deny binding and fails closed. The owned-route policy names the
+    annotation sluice-api writes and exactly sluice's route writers; the field-manager policy
+    exempts every sluice ServiceAccount; each enabled operator has a policy, matched to its own
+    ServiceAccount only, on every resource its grant is wider than its purpose."""
     policies = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
     bindings = {d["spec"]["policyName"]: d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"}
+    sas = {component(d): f"system:serviceaccount:{d['metadata']['namespace']}:{d['metadata']['name']}"
+           for d in docs if d["kind"] == "ServiceAccount"}
+    narrowed: dict[str, set] = defaultdict(set)
     for p in policies:
-        where = f"ValidatingAdmissionPolicy {p['metadata']['name']}"
-        b = bindings.get(p["metadata"]["name"])
+        name = p["metadata"]["name"]
+        where = f"ValidatingAdmissionPolicy {name}"
+        b = bindings.get(name)
         f.check(b is not None and b["spec"].get("validationActions") == ["Deny"], f"{where}: needs a Deny binding")
         f.check(p["spec"].get("failurePolicy") == "Fail", f"{where}: failurePolicy must be Fail")
         text = yaml.safe_dump(p["spec"])
-        if annotation:
-            f.check(f"'{annotation}'" in text, f"{where}: does not use the route owner annotation {annotation!r} from sluice-api")
-        sas = {component(d): f"system:serviceaccount:{d['metadata']['namespace']}:{d['metadata']['name']}"
-               for d in docs if d["kind"] == "ServiceAccount"}
-        for op in ("rollout-weights", "revert"):
-            if op in enabled:
-                f.check(f"'{sas.get(op)}'" in text, f"{where}: {op} ({sas.get(op)}) is not an allowed writer")
-        for op in ("wave-gate", "upgrade-revisions"):
-            if op in enabled:
-                f.check(f"'{sas.get(op)}'" not in text, f"{where}: {op} must not be an allowed route writer")
+        if name.endswith("-owned-routes"):
+            if annotation:
+                f.check(f"'{annotation}'" in text, f"{where}: does not use the route owner annotation {annotation!r} from sluice-api")
+            for op in ("rollout-weights", "revert"):
+                if op in enabled:
+                    f.check(f"'{sas.get(op)}'" in text, f"{where}: {op} ({sas.get(op)}) is not an allowed writer")
+            for op in ("wave-gate", "upgrade-revisions"):
+                if op in enabled:
+                    f.check(f"'{sas.get(op)}'" not in text, f"{where}: {op} must not be an allowed route writer")
+        elif name.endswith("-field-managers"):
+            for op in set(enabled) & {"rollout-weights", "revert", "upgrade-revisions"}:
+                f.check(f"'{sas.get(op)}'" in text, f"{where}: {op} ({sas.get(op)}) writes under its own sluice-* manager and must be exempt")
+        else:
+            op = component(p)
+            conds = [c["expression"] for c in p["spec"].get("matchConditions", [])]
+            f.check(op in enabled and conds[:1] == [f"request.userInfo.username == '{sas.get(op)}'"],
+                    f"{where}: its first matchCondition must select {op}'s ServiceAccount alone, has {conds[:1]}")
+            for rule in p["spec"]["matchConstraints"]["resourceRules"]:
+                for g in rule["apiGroups"]:
+                    for r in rule["resources"]:
+                        narrowed[op].add((g, r))
+            f.check(all(v.get("messageExpression") and v.get("reason") == "Forbidden" for v in p["spec"]["validations"]),
+                    f"{where}: every validation needs a messageExpression and reason Forbidden")
+    if any(d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"].endswith(("-rollout-weights-routes", "-revert-applications", "-wave-gate-applicationsets", "-upgrade-revisions-namespaces")) for d in docs):
+        for op in enabled:
+            missing = NARROWED[op] - narrowed.get(op, set())
+            f.check(not missing, f"{op}: no admission policy narrows its grant on {sorted(missing)}")
 
 
 def check_crd_names(docs: list[dict], g: dict[str, set[str]], f: Failures) -> None:

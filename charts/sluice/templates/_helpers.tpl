@@ -363,3 +363,26 @@ networking.istio.io: [virtualservices, destinationrules, serviceentries, sidecar
 security.istio.io: [authorizationpolicies, peerauthentications, requestauthentications]
 telemetry.istio.io: [telemetries]
 {{- end }}
+
+{{/*
+CEL: every field of `fields` under `path` (of object and oldObject) is present in both or in
+neither, and equal where present. Args: (dict "path" "spec" "fields" (list "replicas" ...)); an
+empty path means the object's top level.
+*/}}
+{{- define "sluice.admission.same" -}}
+{{- $path := .path -}}
+{{- $terms := list -}}
+{{- range $f := .fields -}}
+{{- $p := ternary $f (printf "%s.%s" $path $f) (eq $path "") -}}
+{{- $terms = append $terms (printf "(has(object.%s) == has(oldObject.%s) && (!has(object.%s) || object.%s == oldObject.%s))" $p $p $p $p $p) -}}
+{{- end -}}
+{{- join " && " $terms -}}
+{{- end }}
+
+{{/*
+CEL: the maps `new` and `old` (expressions) hold the same entries except for `key`, which may be
+added, changed or removed. Args: (dict "new" "variables.x" "old" "variables.y" "key" "k").
+*/}}
+{{- define "sluice.admission.mapExcept" -}}
+{{- printf "%s.all(k, k == '%s' || (k in %s && %s[k] == %s[k])) && %s.all(k, k == '%s' || k in %s)" .new .key .old .old .new .old .key .new -}}
+{{- end }}

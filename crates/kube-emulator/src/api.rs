@@ -553,7 +553,12 @@ impl State {
             kind: rt.kind.clone(),
             resource: rt.plural.clone(),
             subresource: subresource.into(),
-            namespace: ns.into(),
+            // kube-apiserver's request attributes carry a Namespace's own name as its namespace.
+            namespace: if ns.is_empty() && rt.group.is_empty() && rt.plural == "namespaces" {
+                name.into()
+            } else {
+                ns.into()
+            },
             name: name.into(),
             user: user.username.clone(),
             uid: user.uid.clone(),

@@ -1185,6 +1185,62 @@ spec:
         .unwrap();
 }
 
+/// kube-apiserver's admission attributes carry a Namespace's own name as `request.namespace`
+/// (checked on the real server by e2e/suite/tests/admission.rs, whose first draft of a message
+/// printed `<name>/<name>` there and `/<name>` on the emulator).
+#[tokio::test]
+async fn an_admission_policy_sees_a_namespace_as_its_own_namespace() {
+    let emu = Emulator::start().await;
+    emu.load_yaml(
+        r#"
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {name: frozen-namespaces}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+    - apiGroups: [""]
+      apiVersions: ["*"]
+      operations: [UPDATE]
+      resources: [namespaces]
+  validations:
+  - expression: "false"
+    messageExpression: "'namespace=' + request.namespace + ' name=' + request.name"
+    reason: Forbidden
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {name: frozen-namespaces}
+spec:
+  policyName: frozen-namespaces
+  validationActions: [Deny]
+"#,
+    )
+    .unwrap();
+    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(emu.client());
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "team-a"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let err = api_error(
+        api.patch(
+            "team-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert!(
+        err.message.ends_with("namespace=team-a name=team-a"),
+        "{}",
+        err.message
+    );
+}
+
 #[tokio::test]
 async fn a_selected_watch_sees_objects_leave_and_enter_its_selection() {
     let emu = Emulator::start().await;

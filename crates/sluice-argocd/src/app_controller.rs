@@ -92,6 +92,10 @@ struct Extra {
     resource: ApiResource,
     namespaced: bool,
     prune_disabled: bool,
+    /// `argocd.argoproj.io/compare-options: IgnoreExtraneous`: Argo CD still lists it as
+    /// OutOfSync and requiring pruning, but it does not make the Application OutOfSync
+    /// (`controller/state.go`); a sync with prune still deletes it.
+    ignore_extraneous: bool,
 }
 
 /// The outcome of one comparison.
@@ -109,7 +113,7 @@ struct Comparison {
 
 impl Comparison {
     fn in_sync(&self) -> bool {
-        self.synced.values().all(|s| *s) && self.extras.is_empty()
+        self.synced.values().all(|s| *s) && self.extras.iter().all(|e| e.ignore_extraneous)
     }
 }
 
@@ -361,12 +365,17 @@ impl AppCtx {
                     .annotations()
                     .get(SYNC_OPTIONS_ANNOTATION)
                     .is_some_and(|o| o.split(',').any(|x| x.trim() == "Prune=false"));
+                let ignore_extraneous = obj
+                    .annotations()
+                    .get(COMPARE_OPTIONS_ANNOTATION)
+                    .is_some_and(|o| o.split(',').any(|x| x.trim() == "IgnoreExtraneous"));
                 extras.push(Extra {
                     key,
                     version: ar.version.clone(),
                     resource: ar.clone(),
                     namespaced,
                     prune_disabled,
+                    ignore_extraneous,
                 });
             }
         }

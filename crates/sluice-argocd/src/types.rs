@@ -31,6 +31,8 @@ pub const APPSET_REFRESH_ANNOTATION: &str = "argocd.argoproj.io/application-set-
 pub const SYNC_WAVE_ANNOTATION: &str = "argocd.argoproj.io/sync-wave";
 /// Per-resource sync options annotation (`Prune=false`, ...).
 pub const SYNC_OPTIONS_ANNOTATION: &str = "argocd.argoproj.io/sync-options";
+/// Per-resource compare options annotation (`IgnoreExtraneous`, ...).
+pub const COMPARE_OPTIONS_ANNOTATION: &str = "argocd.argoproj.io/compare-options";
 /// Annotation asking for a refresh of one Application (`normal` or `hard`); removed once done.
 pub const APP_REFRESH_ANNOTATION: &str = "argocd.argoproj.io/refresh";
 

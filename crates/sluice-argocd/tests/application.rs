@@ -324,6 +324,68 @@ async fn prune_deletes_removed_objects_only_when_enabled() {
     site.stop().await;
 }
 
+/// Argo CD's `IgnoreExtraneous` (`controller/state.go`): an extraneous object carrying it is
+/// still listed OutOfSync and requiring pruning, but does not make the Application OutOfSync;
+/// one without it does.
+#[tokio::test]
+async fn ignore_extraneous_keeps_an_extra_object_from_making_the_application_out_of_sync() {
+    if !have_git() {
+        return;
+    }
+    let Some(site) = Site::start(&["east-1"], fast_options()).await else {
+        return;
+    };
+    let (repo, _) = repo_with(&[
+        ("mesh/a.yaml", &config_map("a", &[("k", "1")], None)),
+        ("mesh/b.yaml", &config_map("b", &[("k", "1")], None)),
+    ]);
+    site.create_app(app_at_path(
+        "extraneous",
+        &repo,
+        json!({"automated": {"prune": false}}),
+    ))
+    .await;
+    eventually("both objects applied", BUDGET, async || {
+        (cm(&site, "b").await.is_some() && cm(&site, "a").await.is_some()).then_some(())
+    })
+    .await;
+    repo.remove("mesh/b.yaml").unwrap();
+    let sha = repo.commit("remove b").unwrap();
+    repo.push().unwrap();
+    let requires_pruning = |a: &Value| {
+        a.pointer("/status/resources")
+            .and_then(Value::as_array)
+            .is_some_and(|rs| {
+                rs.iter().any(|r| {
+                    r["name"] == "b" && r["requiresPruning"] == true && r["status"] == "OutOfSync"
+                })
+            })
+    };
+    wait_app(&site, "extraneous", "OutOfSync by b", |a| {
+        str_at(a, "/status/sync/revision") == sha
+            && requires_pruning(a)
+            && str_at(a, "/status/sync/status") == "OutOfSync"
+    })
+    .await;
+    site.config_maps("east-1")
+        .patch(
+            "b",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"annotations": {
+                "argocd.argoproj.io/compare-options": "IgnoreExtraneous"
+            }}})),
+        )
+        .await
+        .unwrap();
+    let app = wait_app(&site, "extraneous", "Synced with b extraneous", |a| {
+        str_at(a, "/status/sync/status") == "Synced"
+    })
+    .await;
+    assert!(requires_pruning(&app), "b still listed: {app}");
+    assert!(cm(&site, "b").await.is_some(), "b is not deleted");
+    site.stop().await;
+}
+
 async fn applied_names(site: &Site, app: &str, revision: &str) -> Vec<String> {
     let app = wait_app(site, app, "a sync of the new revision", |a| {
         str_at(a, "/status/operationState/syncResult/revision") == revision

@@ -175,6 +175,29 @@ fn owned_route(ns: &str, canary: u32) -> Value {
     })
 }
 
+fn unowned_route(ns: &str, canary: u32) -> Value {
+    let mut route = owned_route(ns, canary);
+    route["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("annotations");
+    route
+}
+
+/// Adds the ownership annotation, as rollout-weights does when it takes a route.
+async fn claim(client: &Client, ns: &str) {
+    let api = routes(client, ns);
+    let mut route = serde_json::to_value(api.get("checkout").await.unwrap()).unwrap();
+    route["metadata"]["annotations"] = json!({OWNER: "checkout"});
+    api.replace(
+        "checkout",
+        &PostParams::default(),
+        &serde_json::from_value(route).unwrap(),
+    )
+    .await
+    .unwrap();
+}
+
 fn routes(client: &Client, ns: &str) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), ns, &route_resource())
 }
@@ -210,13 +233,20 @@ async fn the_owned_route_policy_is_enforced_as_the_emulator_enforces_it() {
     };
     let admin = cp.client().await.unwrap();
     let ns = cp.namespace("owned-route").await.unwrap();
+    // A route is created without the annotation (one created with it is denied) and
+    // rollout-weights, as its ServiceAccount and under the chart's RBAC, takes ownership.
     routes(&admin, &ns)
         .create(
             &PostParams::default(),
-            &serde_json::from_value(owned_route(&ns, 5)).unwrap(),
+            &serde_json::from_value(unowned_route(&ns, 5)).unwrap(),
         )
         .await
         .unwrap();
+    let operator = cp
+        .service_account_client(chart::NAMESPACE, "sluice-rollout-weights")
+        .await
+        .unwrap();
+    claim(&operator, &ns).await;
 
     // Someone else (here the administrator, which RBAC lets do anything) changes the owned
     // rules: denied by the policy. A new policy takes effect within a second or so.
@@ -272,11 +302,7 @@ async fn the_owned_route_policy_is_enforced_as_the_emulator_enforces_it() {
     .await
     .unwrap();
 
-    // rollout-weights, as its ServiceAccount and under the chart's RBAC, may change them.
-    let operator = cp
-        .service_account_client(chart::NAMESPACE, "sluice-rollout-weights")
-        .await
-        .unwrap();
+    // rollout-weights may change them.
     change_rules(&operator, &ns, 50).await.unwrap();
 
     // The emulator, given the same policy, route and request, answers the same.
@@ -296,10 +322,12 @@ async fn the_owned_route_policy_is_enforced_as_the_emulator_enforces_it() {
     routes(&emulated, &ns)
         .create(
             &PostParams::default(),
-            &serde_json::from_value(owned_route(&ns, 5)).unwrap(),
+            &serde_json::from_value(unowned_route(&ns, 5)).unwrap(),
         )
         .await
         .unwrap();
+    let token = emulator.service_account_token(chart::NAMESPACE, "sluice-rollout-weights");
+    claim(&emulator.client_with_token(&token), &ns).await;
     let Err(kube::Error::Api(emulated_denial)) = change_rules(&emulated, &ns, 50).await else {
         panic!("the emulator let a foreign change of owned rules through");
     };
