@@ -235,6 +235,7 @@ fn registry_options(args: &RegistryArgs) -> Result<RegistryOptions, Failure> {
         plain_http_hosts: args.plain_http.clone(),
         basic_auth,
         timeout: None,
+        allowed_registries: Vec::new(),
     })
 }
 

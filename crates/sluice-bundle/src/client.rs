@@ -6,6 +6,11 @@
 //! digests, the signature verdict) live in the pure modules; this one only fetches and stores.
 //! It must never verify by tag (every signature call requires a `@sha256:` reference), never
 //! write a bundle's tag before its blobs, and never log credentials.
+//!
+//! Reads (manifests, blobs, signatures) go through [`crate::fetch`]: only registries on
+//! [`RegistryOptions::allowed_registries`] (when set), bytes counted as they arrive, a deadline
+//! per request, redirects to other hosts without credentials, at most
+//! [`MAX_SIGNATURE_LAYERS`] signatures read per digest. Pushes use `oci-client`.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -13,7 +18,6 @@ use std::time::Duration;
 
 use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::errors::{OciDistributionError, OciErrorCode};
-use oci_client::manifest::OciDescriptor;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 use serde::Serialize;
@@ -27,6 +31,10 @@ use crate::signature::{self, SIMPLE_SIGNING_MEDIA_TYPE, SignatureLayer, Verified
 /// Largest config blob or signature payload read (1 MiB): they are a few hundred bytes.
 const MAX_SMALL_BLOB: u64 = 1024 * 1024;
 
+/// Most signatures read from one digest's signature tag: a key rotation leaves a few; a tag
+/// listing more is refused before any is downloaded.
+pub const MAX_SIGNATURE_LAYERS: usize = 32;
+
 /// How to reach registries.
 #[derive(Clone, Debug, Default)]
 pub struct RegistryOptions {
@@ -34,8 +42,12 @@ pub struct RegistryOptions {
     pub plain_http_hosts: Vec<String>,
     /// Basic credentials `(username, password)`; anonymous when `None`.
     pub basic_auth: Option<(String, String)>,
-    /// Per-request timeout; 30 s when `None`.
+    /// Longest silence while reading an answer; 30 s when `None`. A whole manifest request may
+    /// take twice that, a blob ten times.
     pub timeout: Option<Duration>,
+    /// Registries (`host` or `host:port`) bundles may be read from; empty: any. A reference to
+    /// another registry is refused before anything is sent to it.
+    pub allowed_registries: Vec<String>,
 }
 
 /// A parsed bundle reference.
@@ -301,6 +313,7 @@ pub fn inspection(artifact: &Artifact, reference: &str, signatures: Option<usize
 pub struct BundleClient {
     options: RegistryOptions,
     clients: Mutex<BTreeMap<String, Client>>,
+    fetcher: crate::fetch::Fetcher,
 }
 
 impl std::fmt::Debug for BundleClient {
@@ -312,21 +325,34 @@ impl std::fmt::Debug for BundleClient {
     }
 }
 
-fn oci_descriptor(d: &artifact::Descriptor) -> OciDescriptor {
-    OciDescriptor {
-        media_type: d.media_type.clone(),
-        digest: d.digest.clone(),
-        size: d.size as i64,
-        ..OciDescriptor::default()
-    }
-}
-
 impl BundleClient {
     /// A client with these options.
     pub fn new(options: RegistryOptions) -> Self {
+        let fetcher = crate::fetch::Fetcher::new(
+            options.plain_http_hosts.clone(),
+            options.basic_auth.clone(),
+            options.timeout.unwrap_or(Duration::from_secs(30)),
+        );
         Self {
             options,
             clients: Mutex::new(BTreeMap::new()),
+            fetcher,
+        }
+    }
+
+    fn read_timeout(&self) -> Duration {
+        self.options.timeout.unwrap_or(Duration::from_secs(30))
+    }
+
+    /// Refuses a registry that is not on the allowlist (when there is one).
+    pub fn check_allowed(&self, registry: &str) -> Result<()> {
+        if crate::fetch::registry_allowed(registry, &self.options.allowed_registries) {
+            Ok(())
+        } else {
+            Err(BundleError::RegistryNotAllowed {
+                registry: registry.to_owned(),
+                allowed: self.options.allowed_registries.join(", "),
+            })
         }
     }
 
@@ -470,37 +496,51 @@ impl BundleClient {
     }
 
     async fn pull_manifest(&self, reference: &Reference, registry: &str) -> Result<Vec<u8>> {
-        let client = self.client(registry);
-        let (bytes, _digest) = client
-            .pull_manifest_raw(reference, &self.auth(), &[MANIFEST_MEDIA_TYPE])
+        self.check_allowed(registry)?;
+        let name = reference
+            .digest()
+            .or(reference.tag())
+            .unwrap_or("latest")
+            .to_owned();
+        self.fetcher
+            .get(
+                registry,
+                reference.repository(),
+                "manifests",
+                &name,
+                Some(MANIFEST_MEDIA_TYPE),
+                reference.digest(),
+                crate::fetch::Limits {
+                    max_bytes: crate::fetch::MAX_MANIFEST_BYTES,
+                    deadline: self.read_timeout() * 2,
+                },
+                "pull a manifest",
+            )
             .await
-            .map_err(|e| self.map_err(e, registry, &reference.whole(), "pull a manifest"))?;
-        Ok(bytes.to_vec())
     }
 
+    /// Pulls a blob: at most its declared size is received, and it must hash to its digest.
     async fn pull_blob(
         &self,
         target: &BundleRef,
         descriptor: &artifact::Descriptor,
     ) -> Result<Vec<u8>> {
-        let client = self.client(&target.registry);
-        let mut out = Vec::with_capacity(descriptor.size as usize);
-        client
-            .pull_blob(
-                &target.with_digest(&descriptor.digest),
-                &oci_descriptor(descriptor),
-                &mut out,
+        self.check_allowed(&target.registry)?;
+        self.fetcher
+            .get(
+                &target.registry,
+                &target.repository,
+                "blobs",
+                &descriptor.digest,
+                None,
+                Some(&descriptor.digest),
+                crate::fetch::Limits {
+                    max_bytes: descriptor.size,
+                    deadline: self.read_timeout() * 10,
+                },
+                "pull a blob",
             )
             .await
-            .map_err(|e| {
-                self.map_err(
-                    e,
-                    &target.registry,
-                    &format!("{}@{}", target.repository_ref(), descriptor.digest),
-                    "pull a blob",
-                )
-            })?;
-        Ok(out)
     }
 
     /// Pushes a rendered bundle: blobs first, then the manifest by digest, then (if `target`
@@ -603,12 +643,23 @@ impl BundleClient {
                     format!("signature tag does not hold an OCI manifest: {e}"),
                 )
             })?;
-        let mut layers = Vec::new();
-        for descriptor in manifest
+        let signing: Vec<_> = manifest
             .layers
             .iter()
             .filter(|l| l.media_type == SIMPLE_SIGNING_MEDIA_TYPE)
-        {
+            .collect();
+        if signing.len() > MAX_SIGNATURE_LAYERS {
+            return Err(BundleError::not_a_bundle(
+                format!("{}:{tag}", target.repository_ref()),
+                format!(
+                    "the signature tag lists {} signatures, more than the {MAX_SIGNATURE_LAYERS} \
+                     read; prune old signatures from the tag",
+                    signing.len()
+                ),
+            ));
+        }
+        let mut layers = Vec::new();
+        for descriptor in signing {
             if descriptor.size > MAX_SMALL_BLOB {
                 return Err(BundleError::not_a_bundle(
                     format!("{}:{tag}", target.repository_ref()),

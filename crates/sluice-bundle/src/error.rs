@@ -130,6 +130,28 @@ pub enum BundleError {
         /// The registry's answer.
         reason: String,
     },
+    /// The registry is not one the platform lets bundles come from.
+    #[error(
+        "registry {registry} is not allowed: bundles may come only from {allowed}; push the bundle \
+         to an allowed registry or ask the platform to add this one to revert.allowedRegistries"
+    )]
+    RegistryNotAllowed {
+        /// `host[:port]` that was named.
+        registry: String,
+        /// The allowlist, comma-separated.
+        allowed: String,
+    },
+    /// The registry sent more bytes than the object may have (its declared size, or the cap).
+    #[error(
+        "{subject}: the registry sent more than {limit} bytes (declared or allowed); the download \
+         was stopped"
+    )]
+    TooLarge {
+        /// What was downloaded.
+        subject: String,
+        /// The limit in bytes.
+        limit: u64,
+    },
     /// Local file I/O failed.
     #[error("{action} {path}: {source}")]
     Io {
@@ -159,6 +181,8 @@ impl BundleError {
             BundleError::NotFound { .. } => "NotFound",
             BundleError::Registry { .. } => "Registry",
             BundleError::Io { .. } => "Io",
+            BundleError::RegistryNotAllowed { .. } => "RegistryNotAllowed",
+            BundleError::TooLarge { .. } => "TooLarge",
         }
     }
 

@@ -55,6 +55,7 @@ pub mod artifact;
 pub mod cache;
 pub mod client;
 pub mod error;
+pub mod fetch;
 pub mod keys;
 pub mod manifests;
 pub mod signature;

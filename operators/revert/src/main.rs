@@ -32,6 +32,14 @@ struct Cli {
         value_delimiter = ','
     )]
     insecure_registries: Vec<String>,
+    /// Registries (`host` or `host:port`) a BundlePin may name, comma-separated; empty: any. A
+    /// pin naming another registry is refused (InvalidSpec) before anything is sent to it.
+    #[arg(
+        long = "allowed-registry",
+        env = "SLUICE_REVERT_ALLOWED_REGISTRIES",
+        value_delimiter = ','
+    )]
+    allowed_registries: Vec<String>,
     /// The kinds any pin may apply and prune, as `Kind.group` (`Kind` for the core group),
     /// comma-separated: an upper bound on every BundlePin's `spec.allowedKinds`. Default: the
     /// mesh kinds of `DEFAULT_ALLOWED_KINDS`.
@@ -141,6 +149,12 @@ fn settings(cli: &Cli, namespace: &str) -> anyhow::Result<Settings> {
             .unwrap_or_else(|| namespace.to_owned()),
         registry: RegistryOptions {
             plain_http_hosts: cli.insecure_registries.clone(),
+            allowed_registries: cli
+                .allowed_registries
+                .iter()
+                .map(|r| r.trim().to_owned())
+                .filter(|r| !r.is_empty())
+                .collect(),
             ..RegistryOptions::default()
         },
         git,

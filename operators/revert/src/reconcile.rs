@@ -220,7 +220,8 @@ fn refusal_reason(category: &str) -> Option<&'static str> {
         "Unsigned" => reasons::UNSIGNED,
         "WrongKey" => reasons::WRONG_KEY,
         "Tampered" | "DigestMismatch" | "NotABundle" | "InvalidManifests" | "DigestRequired"
-        | "InvalidReference" => reasons::TAMPERED,
+        | "InvalidReference" | "TooLarge" => reasons::TAMPERED,
+        "RegistryNotAllowed" => reasons::INVALID_SPEC,
         _ => return None,
     })
 }
