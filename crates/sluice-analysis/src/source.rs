@@ -2,10 +2,12 @@
 //! queries on `/api/v1/query_range` only for the optional Mann–Whitney comparison), compatible
 //! with Thanos Query.
 //!
-//! Owns transport concerns only: a per-attempt timeout (also sent as the `timeout` parameter so
-//! the server gives up too), retries with exponential backoff on transient failures (transport
-//! errors, timeouts, HTTP 429 and 5xx), a limit on concurrent queries, and Thanos' optional
-//! `partial_response` and `dedup` parameters. It never interprets a result (no verdicts here) and
+//! Owns transport concerns only: a per-attempt timeout covering the whole answer, body included
+//! (also sent as the `timeout` parameter so the server gives up too), a deadline for the whole
+//! query, retries included, an answer size cap (bytes counted as they arrive), retries with
+//! jittered exponential backoff on transient failures (transport errors, timeouts, HTTP 429 and
+//! 5xx), a limit on concurrent requests (a slot is held only while a request is in flight, never
+//! across a retry's sleep), and Thanos' optional `partial_response` and `dedup` parameters. It never interprets a result (no verdicts here) and
 //! never retries a query the server rejected as invalid (HTTP 400/422).
 
 use std::collections::BTreeMap;
@@ -144,6 +146,10 @@ pub struct PrometheusConfig {
     pub partial_response: Option<bool>,
     /// Thanos `dedup` (merge replicas). Default: not sent.
     pub dedup: Option<bool>,
+    /// Deadline of one query, all attempts and back-off included. Default 30 s.
+    pub deadline: Duration,
+    /// Largest answer read, in bytes; a larger one is an error (never retried). Default 16 MiB.
+    pub max_response_bytes: u64,
 }
 
 impl PrometheusConfig {
@@ -157,8 +163,20 @@ impl PrometheusConfig {
             max_concurrency: 8,
             partial_response: None,
             dedup: None,
+            deadline: Duration::from_secs(30),
+            max_response_bytes: 16 << 20,
         }
     }
+}
+
+/// A random delay in `[d/2, d]`, so queries that failed together do not retry in lock-step.
+fn jitter(d: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let r = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    let half = d / 2;
+    half + half.mul_f64((r >> 11) as f64 / (1u64 << 53) as f64)
 }
 
 /// A [`MetricsSource`] over the Prometheus HTTP API.
@@ -374,8 +392,24 @@ impl PrometheusSource {
         params
     }
 
-    /// One HTTP attempt; the error says whether it may be retried.
+    /// One HTTP attempt, at most `timeout` long, answer included; the error says whether it may
+    /// be retried.
     async fn attempt(
+        &self,
+        endpoint: &str,
+        body: &str,
+    ) -> Result<(u16, String), (bool, SourceError)> {
+        let timed_out = || SourceError::Timeout {
+            url: endpoint.to_string(),
+            timeout: self.config.timeout,
+            attempts: 1,
+        };
+        tokio::time::timeout(self.config.timeout, self.attempt_unbounded(endpoint, body))
+            .await
+            .unwrap_or_else(|_| Err((true, timed_out())))
+    }
+
+    async fn attempt_unbounded(
         &self,
         endpoint: &str,
         body: &str,
@@ -405,38 +439,74 @@ impl PrometheusSource {
             .await
             .map_err(|e| (true, transport(e)))?;
         let status = response.status().as_u16();
-        let text = response.text().await.map_err(|e| (true, transport(e)))?;
-        Ok((status, text))
+        let max = self.config.max_response_bytes;
+        let mut response = response;
+        let mut bytes: Vec<u8> = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| (true, transport(e)))? {
+            if bytes.len() as u64 + chunk.len() as u64 > max {
+                return Err((
+                    false,
+                    SourceError::Decode {
+                        url: endpoint.to_string(),
+                        message: format!(
+                            "the answer is larger than {max} bytes; narrow the query (fewer \
+                             series) or raise the answer cap"
+                        ),
+                    },
+                ));
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
     }
 
-    /// Sends `params` to `endpoint` with the concurrency limit, retries and backoff, and parses
-    /// the answer with `parse`.
+    /// Sends `params` to `endpoint` with the concurrency limit, retries and backoff, within the
+    /// query deadline, and parses the answer with `parse`.
     async fn send<T>(
         &self,
         endpoint: &str,
         params: &[(&str, String)],
         parse: impl Fn(&str, u16, &str) -> Result<T, SourceError>,
     ) -> Result<T, SourceError> {
-        let _permit = self
-            .permits
-            .acquire()
-            .await
-            .map_err(|_| SourceError::Transport {
+        let deadline = self.config.deadline;
+        match tokio::time::timeout(deadline, self.send_unbounded(endpoint, params, parse)).await {
+            Ok(result) => result,
+            Err(_) => Err(SourceError::Timeout {
                 url: endpoint.to_string(),
+                timeout: deadline,
                 attempts: 0,
-                message: "the source was shut down".into(),
-            })?;
+            }),
+        }
+    }
+
+    async fn send_unbounded<T>(
+        &self,
+        endpoint: &str,
+        params: &[(&str, String)],
+        parse: impl Fn(&str, u16, &str) -> Result<T, SourceError>,
+    ) -> Result<T, SourceError> {
         let body = form_encode(params);
         let mut delay = self.config.backoff;
         let mut attempt = 0;
         loop {
             attempt += 1;
+            // A slot only while the request is in flight: released before any retry's sleep.
+            let permit = self
+                .permits
+                .acquire()
+                .await
+                .map_err(|_| SourceError::Transport {
+                    url: endpoint.to_string(),
+                    attempts: 0,
+                    message: "the source was shut down".into(),
+                })?;
             let outcome = match self.attempt(endpoint, &body).await {
                 Ok((status, text)) => {
                     parse(endpoint, status, &text).map_err(|e| (status == 429 || status >= 500, e))
                 }
                 Err(e) => Err(e),
             };
+            drop(permit);
             match outcome {
                 Ok(value) => return Ok(value),
                 Err((retryable, error)) => {
@@ -444,7 +514,7 @@ impl PrometheusSource {
                         return Err(with_attempts(error, attempt));
                     }
                     tracing::debug!(attempt, error = %error, "metrics query failed, retrying");
-                    tokio::time::sleep(delay).await;
+                    tokio::time::sleep(jitter(delay)).await;
                     delay = delay.saturating_mul(2);
                 }
             }
@@ -641,6 +711,173 @@ mod tests {
             assert!(results.iter().all(Result::is_ok));
             assert_eq!(max.load(Ordering::SeqCst), limit as u64, "limit {limit}");
         }
+    }
+
+    /// What the stub answers a request whose form body is given.
+    enum Stub {
+        /// Status and the whole body.
+        Answer(u16, Vec<u8>),
+        /// Headers promising a body, a few bytes of it, then nothing (the connection stays open).
+        NeverFinish,
+    }
+
+    /// A loopback Prometheus stub answering each request with `answer(form body)`.
+    async fn stub(answer: impl Fn(&str) -> Stub + Send + Sync + 'static) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let answer = Arc::new(answer);
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            while let Ok(Ok((mut socket, _))) =
+                tokio::time::timeout_at(deadline, listener.accept()).await
+            {
+                let answer = answer.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 8192];
+                    let form = loop {
+                        let Ok(n) = socket.read(&mut chunk).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                        let text = String::from_utf8_lossy(&buf).to_string();
+                        if let Some(end) = text.find("\r\n\r\n") {
+                            let length = text
+                                .lines()
+                                .find_map(|l| {
+                                    l.to_ascii_lowercase()
+                                        .strip_prefix("content-length:")
+                                        .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                                })
+                                .unwrap_or(0);
+                            if buf.len() >= end + 4 + length {
+                                break text[end + 4..].to_string();
+                            }
+                        }
+                    };
+                    match answer(&form) {
+                        Stub::Answer(status, body) => {
+                            let head = format!(
+                                "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                                body.len()
+                            );
+                            let _ = socket.write_all(head.as_bytes()).await;
+                            let _ = socket.write_all(&body).await;
+                        }
+                        Stub::NeverFinish => {
+                            let head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"status\":";
+                            let _ = socket.write_all(head.as_bytes()).await;
+                            tokio::time::sleep(Duration::from_secs(20)).await;
+                        }
+                    }
+                });
+            }
+        });
+        url
+    }
+
+    const EMPTY: &str = r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
+
+    #[tokio::test]
+    async fn a_body_that_never_finishes_ends_at_the_query_deadline() {
+        let url = stub(|_| Stub::NeverFinish).await;
+        let mut config = PrometheusConfig::new(url);
+        config.timeout = Duration::from_millis(300);
+        config.retries = 5;
+        config.backoff = Duration::from_millis(50);
+        config.deadline = Duration::from_millis(700);
+        let source = PrometheusSource::new(config);
+        let started = tokio::time::Instant::now();
+        let err = source
+            .query("up", Timestamp::from_second(1_800_000_000).unwrap())
+            .await
+            .unwrap_err();
+        let took = started.elapsed();
+        assert!(err.is_timeout(), "{err}");
+        assert!(
+            took < Duration::from_millis(1000),
+            "a query whose answer never finishes took {took:?}, past its 700ms deadline"
+        );
+        assert!(
+            source.requests_sent() >= 2,
+            "the first attempt was bounded too"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_oversized_answer_is_refused_and_not_retried() {
+        let url = stub(|_| {
+            let series = r#"{"metric":{"pod":"forged"},"value":[1,"1"]},"#.repeat(40_000);
+            Stub::Answer(
+                200,
+                format!(
+                    r#"{{"status":"success","data":{{"resultType":"vector","result":[{series}{{"metric":{{}},"value":[1,"1"]}}]}}}}"#
+                )
+                .into_bytes(),
+            )
+        })
+        .await;
+        let mut config = PrometheusConfig::new(url);
+        config.max_response_bytes = 1 << 20;
+        let source = PrometheusSource::new(config);
+        let err = source
+            .query("up", Timestamp::from_second(1_800_000_000).unwrap())
+            .await
+            .unwrap_err();
+        assert_eq!(err.category(), "decode", "{err}");
+        assert!(
+            err.to_string()
+                .contains("the answer is larger than 1048576 bytes"),
+            "{err}"
+        );
+        assert_eq!(source.requests_sent(), 1, "never retried");
+    }
+
+    #[tokio::test]
+    async fn a_retrying_query_does_not_hold_its_slot_while_it_sleeps() {
+        let url = stub(|form| {
+            if form.contains("failing") {
+                Stub::Answer(503, b"overloaded".to_vec())
+            } else {
+                Stub::Answer(200, EMPTY.as_bytes().to_vec())
+            }
+        })
+        .await;
+        let mut config = PrometheusConfig::new(url);
+        config.max_concurrency = 1;
+        config.retries = 1;
+        config.backoff = Duration::from_millis(1600);
+        let source = PrometheusSource::new(config);
+        let at = Timestamp::from_second(1_800_000_000).unwrap();
+        let failing = {
+            let source = source.clone();
+            tokio::spawn(async move { source.query("failing", at).await })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = tokio::time::Instant::now();
+        source.query("up", at).await.expect("answered");
+        let waited = started.elapsed();
+        assert!(
+            waited < Duration::from_millis(600),
+            "a query waited {waited:?} for the single slot while another query slept before its retry"
+        );
+        assert!(failing.await.unwrap().is_err());
+    }
+
+    #[test]
+    fn retry_delays_are_jittered_within_half_to_full() {
+        let d = Duration::from_millis(1000);
+        let delays: std::collections::BTreeSet<Duration> = (0..50).map(|_| jitter(d)).collect();
+        assert!(delays.len() > 40);
+        assert!(
+            delays
+                .iter()
+                .all(|j| *j >= Duration::from_millis(500) && *j <= d)
+        );
     }
 
     #[test]
