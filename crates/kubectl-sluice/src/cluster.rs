@@ -20,7 +20,6 @@ use serde_json::Value;
 use crate::control::{self, Control, PinRequest};
 use crate::error::CliError;
 use crate::kinds::{Kind, Target};
-use crate::tree;
 
 /// The field manager of the plugin's writes (visible in managedFields).
 pub const FIELD_MANAGER: &str = "kubectl-sluice";
@@ -201,12 +200,19 @@ impl Cluster {
         }
     }
 
-    /// Prints the status tree of `target` now and after every change, until the object is
-    /// deleted, `timeout` passes, or the process is interrupted.
-    pub async fn watch(&self, target: &Target, timeout: Option<Duration>) -> Result<(), CliError> {
+    /// Prints `target` as `render` makes it now and after every change (each print after the
+    /// first preceded by `separator`), until the object is deleted, `timeout` passes, or the
+    /// process is interrupted.
+    pub async fn watch(
+        &self,
+        target: &Target,
+        timeout: Option<Duration>,
+        render: &dyn Fn(&Value) -> Result<String, CliError>,
+        separator: &str,
+    ) -> Result<(), CliError> {
         // Fail clearly first when the object is missing or unreadable.
         let first = self.get(target.kind, &target.name).await?;
-        println!("{}", tree::status(target.kind, &first));
+        print!("{}", render(&first)?);
         let mut last = strip_volatile(&first);
         let config = watcher::Config::default().fields(&format!("metadata.name={}", target.name));
         let stream = watcher(self.api(target.kind), config).map_err(|e| CliError::Api {
@@ -230,7 +236,7 @@ impl Cluster {
                     let v = serde_json::to_value(obj).unwrap_or(Value::Null);
                     let stripped = strip_volatile(&v);
                     if stripped != last {
-                        println!("{}", tree::status(target.kind, &v));
+                        print!("{separator}{}", render(&v)?);
                         last = stripped;
                     }
                 }

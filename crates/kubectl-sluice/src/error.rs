@@ -22,7 +22,7 @@ pub enum CliError {
     },
     /// A kind that is not a sluice kind.
     #[error(
-        "'{kind}' is not a sluice kind: use rollout (ro), wavegate (wg), bundlepin (pin), revisionupgrade (ru) or gatetemplate (gt)"
+        "'{kind}' is not a sluice kind: use rollout (ro, srol), wavegate (wg, swg), bundlepin (pin, spin), revisionupgrade (ru, sru) or gatetemplate (gt, sgt)"
     )]
     UnknownKind {
         /// As typed.
@@ -100,6 +100,12 @@ pub enum CliError {
         /// What was wrong and what to do.
         message: String,
     },
+    /// Contexts that could not be read (the others were printed).
+    #[error("could not read context(s) {contexts}: see the reasons above")]
+    Unreachable {
+        /// The contexts, comma-separated.
+        contexts: String,
+    },
     /// Any other API error.
     #[error(
         "{action} failed: {source}; check that the cluster is reachable and the sluice CRDs are installed"
@@ -125,6 +131,7 @@ impl CliError {
             CliError::Invalid { .. } => "Invalid",
             CliError::Usage { .. } => "Usage",
             CliError::Api { .. } => "Api",
+            CliError::Unreachable { .. } => "Unreachable",
         }
     }
 
@@ -138,7 +145,9 @@ impl CliError {
             | CliError::Forbidden { .. }
             | CliError::NotApplicable { .. }
             | CliError::Invalid { .. } => EXIT_REFUSED,
-            CliError::Config { .. } | CliError::Api { .. } => crate::EXIT_FAILURE,
+            CliError::Config { .. } | CliError::Api { .. } | CliError::Unreachable { .. } => {
+                crate::EXIT_FAILURE
+            }
         }
     }
 

@@ -1,5 +1,6 @@
-//! The sluice kinds the plugin knows, their names on the command line (`rollout`, `ro`,
-//! `wavegates`, ...) and the `[KIND/]NAME` argument form.
+//! The sluice kinds the plugin knows, their names on the command line (kind, plural, the CRDs'
+//! short names `srol`/`srollout`, `swg`, `spin`, `sru`, `sgt`, and the plugin's own `ro`, `wg`,
+//! `pin`, `ru`, `gt`) and the `[KIND/]NAME` argument form.
 //!
 //! Owns naming only; never talks to a cluster.
 
@@ -20,7 +21,7 @@ pub enum Kind {
     BundlePin,
     /// `RevisionUpgrade` (cluster-scoped).
     RevisionUpgrade,
-    /// `GateTemplate` (namespaced).
+    /// `GateTemplate` (cluster-scoped).
     GateTemplate,
 }
 
@@ -58,7 +59,7 @@ impl Kind {
 
     /// Whether objects of this kind live in a namespace.
     pub fn namespaced(self) -> bool {
-        !matches!(self, Kind::RevisionUpgrade)
+        !matches!(self, Kind::RevisionUpgrade | Kind::GateTemplate)
     }
 
     /// The kube-rs resource description of the kind.
@@ -67,25 +68,45 @@ impl Kind {
         ApiResource::from_gvk_with_plural(&gvk, self.plural())
     }
 
-    /// Parses a kind as typed on the command line: kind, plural, short name, any case.
+    /// The CRD's short names (`kubectl get swg` works with them too).
+    pub fn short_names(self) -> &'static [&'static str] {
+        match self {
+            Kind::Rollout => &["srol", "srollout"],
+            Kind::WaveGate => &["swg"],
+            Kind::BundlePin => &["spin"],
+            Kind::RevisionUpgrade => &["sru"],
+            Kind::GateTemplate => &["sgt"],
+        }
+    }
+
+    /// The plugin's own shorter names (the CRDs' carry an `s` so they cannot collide with
+    /// other projects' kinds in `kubectl get`; the plugin only ever means sluice's).
+    pub fn aliases(self) -> &'static [&'static str] {
+        match self {
+            Kind::Rollout => &["ro"],
+            Kind::WaveGate => &["wg"],
+            Kind::BundlePin => &["pin", "pins", "bp"],
+            Kind::RevisionUpgrade => &["ru", "upgrade", "upgrades"],
+            Kind::GateTemplate => &["gt"],
+        }
+    }
+
+    /// Parses a kind as typed on the command line: kind, plural, the CRD's short names, the
+    /// plugin's aliases, any case, with or without `.sluice.dev`.
     pub fn parse(text: &str) -> Result<Kind, CliError> {
         let t = text.to_ascii_lowercase();
         let t = t.strip_suffix(".sluice.dev").unwrap_or(&t);
-        let kind = match t {
-            "rollout" | "rollouts" | "ro" | "srol" | "srollout" => Kind::Rollout,
-            "wavegate" | "wavegates" | "wg" => Kind::WaveGate,
-            "bundlepin" | "bundlepins" | "pin" | "pins" | "bp" => Kind::BundlePin,
-            "revisionupgrade" | "revisionupgrades" | "upgrade" | "upgrades" | "ru" => {
-                Kind::RevisionUpgrade
-            }
-            "gatetemplate" | "gatetemplates" | "gt" => Kind::GateTemplate,
-            _ => {
-                return Err(CliError::UnknownKind {
-                    kind: text.to_string(),
-                });
-            }
-        };
-        Ok(kind)
+        Kind::ALL
+            .into_iter()
+            .find(|k| {
+                t == k.name().to_ascii_lowercase()
+                    || t == k.plural()
+                    || k.short_names().contains(&t)
+                    || k.aliases().contains(&t)
+            })
+            .ok_or_else(|| CliError::UnknownKind {
+                kind: text.to_string(),
+            })
     }
 }
 
@@ -150,6 +171,11 @@ mod tests {
             ("ru", Kind::RevisionUpgrade),
             ("upgrade", Kind::RevisionUpgrade),
             ("gatetemplate", Kind::GateTemplate),
+            ("swg", Kind::WaveGate),
+            ("spin", Kind::BundlePin),
+            ("sru", Kind::RevisionUpgrade),
+            ("sgt", Kind::GateTemplate),
+            ("srol", Kind::Rollout),
         ];
         for (text, kind) in cases {
             assert_eq!(Kind::parse(text).unwrap(), kind, "{text}");
@@ -158,6 +184,50 @@ mod tests {
             Kind::parse("deployment").unwrap_err().category(),
             "UnknownKind"
         );
+    }
+
+    /// Every name the CRDs give a kind (kind, plural, singular, shortNames) parses to it, and
+    /// the plugin addresses it with the CRD's scope.
+    #[test]
+    fn every_crd_name_and_scope_is_the_plugins() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crds");
+        let mut seen = Vec::new();
+        for kind in Kind::ALL {
+            let path = dir.join(format!("{}.sluice.dev.yaml", kind.plural()));
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}: run crdgen", path.display()));
+            let crd: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+            let names = &crd["spec"]["names"];
+            let mut spellings = vec![
+                names["kind"].as_str().unwrap().to_string(),
+                names["plural"].as_str().unwrap().to_string(),
+                names["singular"].as_str().unwrap().to_string(),
+            ];
+            let short: Vec<String> = names["shortNames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|n| n.as_str().unwrap().to_string())
+                .collect();
+            assert_eq!(short, kind.short_names(), "{kind}: short names");
+            spellings.extend(short);
+            for text in spellings {
+                assert_eq!(Kind::parse(&text).unwrap(), kind, "{text}");
+                assert_eq!(
+                    Kind::parse(&text.to_uppercase()).unwrap(),
+                    kind,
+                    "{text} in capitals"
+                );
+            }
+            assert_eq!(
+                crd["spec"]["scope"] == "Namespaced",
+                kind.namespaced(),
+                "{kind}: scope"
+            );
+            assert_eq!(kind.api_resource().plural, kind.plural());
+            seen.push(kind);
+        }
+        assert_eq!(seen, Kind::ALL);
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! Owns argument parsing and dispatch to one module per command group; each group owns its own
 //! output: `bundle` (render, push, sign, verify, inspect, generate-key-pair) and the object
 //! commands (`get`, `status`, `promote`, `abort`, `pause`, `resume`, `retry`, `pin`, `unpin`,
-//! `upgrade`), which only ever write the control fields of the sluice object they are named.
+//! `upgrade`), which only ever write the control fields of the sluice object they are named;
+//! `waves`, the WaveGates of every kubeconfig context side by side; `completion`, shell
+//! completion scripts.
 //! It must never apply anything to a cluster on its own initiative, and never print key
 //! material, passwords or tokens.
 
@@ -13,11 +15,13 @@ mod control;
 mod error;
 mod kinds;
 mod objects;
+mod output;
 mod tree;
+mod waves;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::control::Control;
 
@@ -58,7 +62,25 @@ enum Command {
     /// RevisionUpgrade controls.
     #[command(subcommand)]
     Upgrade(objects::UpgradeCommand),
+    /// Every site's WaveGates side by side across kubeconfig contexts: a table of site × wave
+    /// with each wave's state and revision; an unreachable context is shown, not fatal.
+    Waves(waves::WavesArgs),
+    /// Print a shell completion script (bash, zsh, fish, powershell, elvish), e.g.
+    /// `source <(kubectl sluice completion bash)`.
+    Completion(CompletionArgs),
 }
+
+/// `completion SHELL`.
+#[derive(Debug, clap::Args)]
+struct CompletionArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    shell: clap_complete::Shell,
+}
+
+/// The name the completion scripts complete: the plugin's executable (kubectl finds it as
+/// `kubectl-sluice` on PATH).
+const COMPLETION_BIN_NAME: &str = "kubectl-sluice";
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -75,6 +97,11 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         let objects = match cli.command {
             Command::Bundle(args) => return bundle::run(args).await,
+            Command::Completion(args) => {
+                print!("{}", completion_script(args.shell));
+                Ok(())
+            }
+            Command::Waves(args) => waves::run(args).await,
             Command::Get(args) => objects::get(args).await,
             Command::Status(args) => objects::status(args).await,
             Command::Promote(args) => {
@@ -128,6 +155,25 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(code) => ExitCode::from(code),
+    }
+}
+
+/// The completion script for `shell`, completing the `kubectl-sluice` executable.
+fn completion_script(shell: clap_complete::Shell) -> String {
+    // The scripts name their functions after the command's display name too: give both the
+    // executable's name (the usage text's "kubectl sluice" has a space).
+    let mut command = Cli::command()
+        .bin_name(COMPLETION_BIN_NAME)
+        .display_name(COMPLETION_BIN_NAME);
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut command, COMPLETION_BIN_NAME, &mut script);
+    let script = String::from_utf8_lossy(&script).into_owned();
+    match shell {
+        // clap_complete's bash script spells a hyphenated name two ways: the words select
+        // `kubectl__sluice__subcmd__get` but the options are under
+        // `kubectl__subcmd__sluice__subcmd__get`, so no subcommand's options would complete.
+        clap_complete::Shell::Bash => script.replace("kubectl__subcmd__sluice", "kubectl__sluice"),
+        _ => script,
     }
 }
 

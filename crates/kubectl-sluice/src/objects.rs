@@ -9,24 +9,29 @@
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
+use serde_json::Value;
 
 use crate::cluster::{Cluster, ClusterArgs};
 use crate::control::{Control, PinRequest};
 use crate::error::CliError;
 use crate::kinds::{Kind, Target};
+use crate::output::{self, Format};
 use crate::tree;
 
 /// `get KIND [NAME]`.
 #[derive(Debug, Args)]
 pub struct GetArgs {
-    /// rollout (ro), wavegate (wg), bundlepin (pin), revisionupgrade (ru), gatetemplate (gt),
-    /// or `all`.
+    /// rollout (ro, srol), wavegate (wg, swg), bundlepin (pin, spin), revisionupgrade (ru,
+    /// sru), gatetemplate (gt, sgt), or `all`.
     pub kind: String,
     /// One object (default: all of the kind).
     pub name: Option<String>,
     /// List across all namespaces.
     #[arg(short = 'A', long)]
     pub all_namespaces: bool,
+    /// Print the objects as JSON or YAML (one object, or a `List`) instead of a table.
+    #[arg(short = 'o', long, value_enum, value_name = "FORMAT")]
+    pub output: Option<Format>,
     #[command(flatten)]
     pub cluster: ClusterArgs,
 }
@@ -44,6 +49,10 @@ pub struct StatusArgs {
     /// With --watch: stop after this many seconds.
     #[arg(long, value_name = "SECONDS", requires = "watch")]
     pub watch_timeout: Option<u64>,
+    /// Print the object as JSON or YAML instead of the tree (with --watch: once per change,
+    /// YAML documents separated by `---`).
+    #[arg(short = 'o', long, value_enum, value_name = "FORMAT")]
+    pub output: Option<Format>,
     #[command(flatten)]
     pub cluster: ClusterArgs,
 }
@@ -140,6 +149,21 @@ pub async fn get(args: GetArgs) -> Result<(), CliError> {
     } else {
         vec![Kind::parse(&args.kind)?]
     };
+    if let Some(format) = args.output {
+        let mut objects = Vec::new();
+        for kind in &kinds {
+            match &args.name {
+                Some(name) => objects.push(cluster.get(*kind, name).await?),
+                None => objects.extend(cluster.list(*kind, args.all_namespaces).await?),
+            }
+        }
+        let value = match (&args.name, objects.as_slice()) {
+            (Some(_), [one]) => output::clean(one),
+            _ => output::list(&objects),
+        };
+        print!("{}", output::render(format, &value)?);
+        return Ok(());
+    }
     let mut first = true;
     for kind in kinds {
         let objects = match &args.name {
@@ -194,13 +218,32 @@ pub async fn status(args: StatusArgs) -> Result<(), CliError> {
         }
     };
     let cluster = Cluster::connect(&args.cluster).await?;
+    let kind = target.kind;
+    let render = |obj: &Value| -> Result<String, CliError> {
+        match args.output {
+            None => Ok(tree::status(kind, obj)),
+            Some(format) => output::render(format, &output::clean(obj)),
+        }
+    };
     if args.watch {
+        // Trees are separated by a blank line, YAML documents by `---`, JSON values by nothing
+        // (a stream of JSON values, as `kubectl get -w -o json` prints).
+        let separator = match args.output {
+            None => "\n",
+            Some(Format::Yaml) => "---\n",
+            Some(Format::Json) => "",
+        };
         cluster
-            .watch(&target, args.watch_timeout.map(Duration::from_secs))
+            .watch(
+                &target,
+                args.watch_timeout.map(Duration::from_secs),
+                &render,
+                separator,
+            )
             .await
     } else {
         let obj = cluster.get(target.kind, &target.name).await?;
-        print!("{}", tree::status(target.kind, &obj));
+        print!("{}", render(&obj)?);
         Ok(())
     }
 }

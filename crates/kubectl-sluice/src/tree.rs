@@ -514,18 +514,14 @@ pub fn revision_upgrade(v: &Value) -> String {
 /// The status tree of a GateTemplate (it has no status: its definition).
 pub fn gate_template(v: &Value) -> String {
     let mut t = Tree::new(format!(
-        "GateTemplate {}/{}",
-        s(v, "/metadata/namespace").unwrap_or("?"),
+        "GateTemplate {}",
         s(v, "/metadata/name").unwrap_or("?")
     ));
     if let Some(d) = s(v, "/spec/description") {
         t.node("", false, d);
     }
-    let def = v
-        .pointer("/spec/definition")
-        .cloned()
-        .unwrap_or(Value::Null);
-    let what = match (s(&def, "/builtin"), s(&def, "/promql")) {
+    // The definition's fields sit in spec itself (sluice-api flattens GateDefinition).
+    let what = match (s(v, "/spec/builtin"), s(v, "/spec/promql")) {
         (Some(b), _) => format!("builtin {b}"),
         (None, Some(q)) => format!("promql {q}"),
         _ => "no definition".to_string(),
@@ -618,9 +614,9 @@ pub fn get_row(kind: Kind, v: &Value, all_namespaces: bool) -> Vec<String> {
             n(v, "/status/proxies/old").map(num).unwrap_or_else(dash),
         ]),
         Kind::GateTemplate => row.push(
-            s(v, "/spec/definition/builtin")
+            s(v, "/spec/builtin")
                 .map(str::to_string)
-                .or_else(|| s(v, "/spec/definition/promql").map(|_| "promql".to_string()))
+                .or_else(|| s(v, "/spec/promql").map(|_| "promql".to_string()))
                 .unwrap_or_else(dash),
         ),
     }
@@ -811,6 +807,20 @@ mod tests {
             ),
             "{text}"
         );
+        // A GateTemplate's definition is flattened into its spec (as the CRD has it).
+        let builtin =
+            json!({"metadata": {"name": "errors"}, "spec": {"builtin": "MeshErrorRatio"}});
+        assert_eq!(
+            get_row(Kind::GateTemplate, &builtin, false),
+            vec!["errors", "MeshErrorRatio"]
+        );
+        let promql = json!({"metadata": {"name": "p99"}, "spec": {"promql": "sum(x)", "description": "p99 latency"}});
+        assert_eq!(
+            get_row(Kind::GateTemplate, &promql, false),
+            vec!["p99", "promql"]
+        );
+        let text = gate_template(&promql);
+        assert!(text.contains("promql sum(x)"), "{text}");
         assert_eq!(
             get_row(
                 Kind::RevisionUpgrade,
