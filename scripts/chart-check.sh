@@ -230,22 +230,40 @@ revert_allowed_kinds() {
   [ "$kinds" = "$schema" ] || { echo "values.schema.json revert.allowedKinds enum differs from DEFAULT_ALLOWED_KINDS:"; diff <(echo "$kinds") <(echo "$schema"); return 1; }
   helm template "$RELEASE" "$CHART" --namespace "$NAMESPACE" \
     --set 'revert.allowedKinds={HTTPRoute.gateway.networking.k8s.io,DestinationRule.networking.istio.io}' \
-    | grep -q -- '"--allowed-kinds=HTTPRoute.gateway.networking.k8s.io,DestinationRule.networking.istio.io"' \
+    | grep -- '"--allowed-kinds=HTTPRoute.gateway.networking.k8s.io,DestinationRule.networking.istio.io"' >/dev/null \
     || { echo "revert.allowedKinds does not reach revert's --allowed-kinds"; return 1; }
+}
+
+# revert reads AppProjects by name when revert.appProjects lists them, and only those.
+revert_app_projects() {
+  helm template "$RELEASE" "$CHART" --namespace "$NAMESPACE" --set 'revert.appProjects={default,shop}' \
+    --show-only templates/revert/rbac.yaml >"$OUT/app-projects.yaml" || return 1
+  "$PY" - "$OUT/app-projects.yaml" <<'PYEOF'
+import sys, yaml
+role = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "Role")
+rules = [r for r in role["rules"] if "appprojects" in r["resources"]]
+if len(rules) != 1 or rules[0].get("resourceNames") != ["default", "shop"] or rules[0]["verbs"] != ["get"]:
+    sys.exit(f"revert's AppProject rule is {rules}, expected get of resourceNames [default, shop]")
+PYEOF
 }
 
 # Workload-cluster mode renders only what a workload cluster runs: no Argo CD piece, no
 # wave-gate or revert operator, revert's target identity limited to sluice-api's
 # DEFAULT_ALLOWED_KINDS, and that identity allowed to change owned routes.
+# workload_mode [RENDER [ENVOYFILTERS(true|false) [NAMESPACES(comma-separated)]]]: EnvoyFilter only
+# when opted in; a RoleBinding per listed namespace instead of the ClusterRoleBinding; never a
+# legacy token Secret unless asked for.
 workload_mode() {
+  local render="${1:-workload}" envoy="${2:-false}" bind_ns="${3:-}"
   local kinds
   kinds="$(sed -n '/^pub const DEFAULT_ALLOWED_KINDS/,/^];/p' crates/sluice-api/src/v1alpha1/bundle_pin.rs \
     | sed -n 's/^ *("\([^"]*\)", "\([^"]*\)"),$/\1 \2/p')"
   [ -n "$kinds" ] || { echo "no DEFAULT_ALLOWED_KINDS in crates/sluice-api/src/v1alpha1/bundle_pin.rs"; return 1; }
-  "$PY" - "$OUT/workload.yaml" "$ARGOCD_NAMESPACE" "$kinds" <<'PYEOF'
+  "$PY" - "$OUT/$render.yaml" "$ARGOCD_NAMESPACE" "$kinds" "$envoy" "$bind_ns" <<'PYEOF'
 import sys, yaml
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
 argocd_ns, kinds = sys.argv[2], [l.split() for l in sys.argv[3].splitlines() if l.strip()]
+envoy, bind_ns = sys.argv[4] == "true", [n for n in sys.argv[5].split(",") if n]
 fail = []
 for d in docs:
     if d["metadata"].get("namespace") == argocd_ns:
@@ -260,9 +278,18 @@ granted = {(g, r) for rule in roles[0]["rules"] for g in rule["apiGroups"] for r
 def plural(kind):
     k = kind.lower()
     return k[:-1] + "ies" if k.endswith("y") else k + "s"
-want = {(g, plural(k)) for g, k in kinds}
+want = {(g, plural(k)) for g, k in kinds if envoy or k != "EnvoyFilter"}
 if granted != want:
-    fail.append(f"revert's target identity grants {sorted(granted - want)} beyond and lacks {sorted(want - granted)} of DEFAULT_ALLOWED_KINDS")
+    fail.append(f"revert's target identity grants {sorted(granted - want)} beyond and lacks {sorted(want - granted)} of DEFAULT_ALLOWED_KINDS (EnvoyFilter {'opted in' if envoy else 'off'})")
+name = roles[0]["metadata"]["name"]
+crbs = [d for d in docs if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == name]
+rbs = sorted(d["metadata"]["namespace"] for d in docs if d["kind"] == "RoleBinding" and d["roleRef"]["name"] == name)
+if bind_ns and (crbs or rbs != sorted(bind_ns)):
+    fail.append(f"revertTarget.namespaces={bind_ns}: expected RoleBindings there and no ClusterRoleBinding, found RoleBindings in {rbs} and {len(crbs)} ClusterRoleBinding(s)")
+if not bind_ns and (len(crbs) != 1 or rbs):
+    fail.append(f"revert's target identity: expected one ClusterRoleBinding, found {len(crbs)} and RoleBindings in {rbs}")
+if any(d["kind"] == "Secret" and d.get("type") == "kubernetes.io/service-account-token" for d in docs):
+    fail.append("a legacy service-account token Secret is rendered without revertTarget.tokenSecret")
 for rule in roles[0]["rules"]:
     if set(rule["verbs"]) - {"get", "list", "watch", "create", "patch", "delete"}:
         fail.append(f"revert's target identity has verbs {rule['verbs']}")
@@ -346,12 +373,24 @@ main() {
     check "manifests and RBAC table (mode: workload)" "$PY" scripts/chart_assert.py "$OUT/workload.yaml" \
       --enabled rollout-weights,upgrade-revisions --release-namespace "$NAMESPACE" \
       --argocd-namespace "$ARGOCD_NAMESPACE" --rbac-table "$RBAC_TABLE_WORKLOAD" --route-owner-annotation "$ROUTE_OWNER_ANNOTATION"
-    check "workload mode: only workload pieces, revert's target identity limited to DEFAULT_ALLOWED_KINDS" workload_mode
+    check "workload mode: only workload pieces, revert's target identity limited to DEFAULT_ALLOWED_KINDS but EnvoyFilter, cluster-wide, no legacy token" workload_mode
     check "revert.allowedKinds: DEFAULT_ALLOWED_KINDS at most, rendered as --allowed-kinds" revert_allowed_kinds
     check "helm lint --strict (mode: workload)" helm lint --strict "$CHART" --namespace "$NAMESPACE" -f "$WORKLOAD_VALUES"
   else
     fail "helm template (mode: workload)" "$(cat "$OUT/render.err")"
   fi
+  if render workload-narrow -f "$WORKLOAD_VALUES" --set revertTarget.envoyFilters=true \
+    --set 'revertTarget.namespaces={shop,payments}' 2>"$OUT/render.err"; then
+    pass "helm template (mode: workload, revert's target identity in two namespaces, EnvoyFilter opted in)"
+    check "kubernetes-validate --strict (revert's target identity per namespace)" validate workload-narrow
+    check "revert's target identity: RoleBindings in the listed namespaces only, EnvoyFilter when opted in" \
+      workload_mode workload-narrow true shop,payments
+  else
+    fail "helm template (revert's target identity per namespace)" "$(cat "$OUT/render.err")"
+  fi
+  check "revert.appProjects narrows revert's AppProject read to those names" revert_app_projects
+  expect_rejected "schema rejects a bad revertTarget namespace" "at '/revertTarget/namespaces/0'" \
+    -f "$WORKLOAD_VALUES" --set 'revertTarget.namespaces={Not_A_Namespace}'
   expect_rejected "chart refuses workload mode with wave-gate or revert enabled" \
     "mode: workload installs only what a workload cluster runs" --set mode=workload
 
