@@ -85,6 +85,45 @@ const SVID_ISSUANCE_RATE: &str = r#"label_replace(sum by ({{by}}) (rate(citadel_
 or
 label_replace(sum by ({{by}}) (increase(citadel_server_csr_count{cluster="{{cluster}}"}[{{window}}])), "sluice_part", "csrs", "", "")"#;
 
+/// The per-interval histogram buckets of the canary or stable Service, one part per bucket
+/// (`le_<bound>`): what the sequential test of LatencyP99VsStable counts slow requests from.
+const LATENCY_BUCKETS: &str = r#"label_replace(sum by (le, {{by}}) (increase(istio_request_duration_milliseconds_bucket{reporter="source", cluster="{{cluster}}", destination_service_namespace="{{namespace}}", destination_service_name="{{service}}"}[{{window}}])), "sluice_part", "le_$1", "le", "(.+)")"#;
+
+/// Prefix of the bucket parts of [`latency_buckets_for`].
+pub const BUCKET_PART_PREFIX: &str = "le_";
+
+/// The bucket query of LatencyP99VsStable's sequential test, with the cluster label renamed.
+pub fn latency_buckets_for(cluster_label: &str) -> String {
+    let from = format!("{TEMPLATE_CLUSTER_LABEL}=\"{{{{cluster}}}}\"");
+    LATENCY_BUCKETS.replace(&from, &format!("{cluster_label}=\"{{{{cluster}}}}\""))
+}
+
+/// The cumulative buckets `(upper bound, count)` of one role, summed over its bindings, by
+/// increasing bound.
+pub fn buckets(parts: &[Parts]) -> Vec<(f64, f64)> {
+    let mut by_bound: BTreeMap<String, f64> = BTreeMap::new();
+    for p in parts {
+        for (name, v) in p {
+            if let Some(le) = name.strip_prefix(BUCKET_PART_PREFIX) {
+                *by_bound.entry(le.to_owned()).or_insert(0.0) += v;
+            }
+        }
+    }
+    let mut out: Vec<(f64, f64)> = by_bound
+        .into_iter()
+        .filter_map(|(le, n)| {
+            let bound = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse::<f64>().ok()?
+            };
+            Some((bound, n))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.total_cmp(&b.0));
+    out
+}
+
 /// The PromQL template of a built-in gate, with `cluster` as the cluster label.
 pub fn template(gate: BuiltinGate) -> &'static str {
     match gate {
@@ -308,6 +347,31 @@ mod tests {
                 "{gate} must batch on keys only"
             );
         }
+    }
+
+    #[test]
+    fn the_bucket_query_parses_and_batches_on_the_service_keys() {
+        let allowed: BTreeSet<String> = sluice_api::v1alpha1::gate::KNOWN_VARIABLES
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let t = Template::parse(&latency_buckets_for("k8s_cluster"), &allowed).unwrap();
+        assert_eq!(
+            t.key_labels(),
+            [
+                "destination_service_name",
+                "destination_service_namespace",
+                "k8s_cluster"
+            ]
+        );
+        let parts = vec![
+            parts(&[("le_100", 8.0), ("le_+Inf", 10.0), ("le_25.5", 3.0)]),
+            parts(&[("le_100", 2.0), ("le_+Inf", 2.0)]),
+        ];
+        assert_eq!(
+            buckets(&parts),
+            vec![(25.5, 3.0), (100.0, 10.0), (f64::INFINITY, 12.0)]
+        );
     }
 
     #[test]

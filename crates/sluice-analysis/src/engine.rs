@@ -21,8 +21,11 @@ use sluice_api::v1alpha1::{
 };
 
 use crate::builtin::{self, PART_LABEL, Parts, Reading, VALUE_PART};
-use crate::decide::{self, BaselineReading, DistributionTest, Observation, OwnerContext};
+use crate::decide::{
+    self, BaselineReading, DistributionTest, Observation, OwnerContext, RateScope, SequentialKind,
+};
 use crate::mann_whitney::{Worse, mann_whitney_u};
+use crate::sequential::{self as seq, IntervalCounts};
 use crate::source::{MetricsSource, RangeValues, SeriesValue, SourceError};
 use crate::template::{Template, TemplateError};
 
@@ -42,6 +45,10 @@ pub struct EngineOptions {
     /// Optional Mann–Whitney comparison of canary and stable per-interval samples for relative
     /// gates against `StableNow`. Default off (`None`).
     pub mann_whitney: Option<MannWhitneyOptions>,
+    /// How far back a sequential test reaches (checks with a [`SequentialScope`]): counts older
+    /// than this are dropped, which bounds the range query and how long a healthy history can
+    /// weigh against a later fault. Default 1h.
+    pub sequential_lookback: Duration,
 }
 
 impl Default for EngineOptions {
@@ -51,6 +58,7 @@ impl Default for EngineOptions {
             cluster_label: "cluster".into(),
             share_tolerance: 0.2,
             mann_whitney: None,
+            sequential_lookback: Duration::from_secs(3600),
         }
     }
 }
@@ -104,6 +112,23 @@ pub struct GateCheck {
     pub captured_baseline: Option<CapturedBaseline>,
     /// The verdict in the owner's status from the previous evaluation.
     pub previous: Option<GateVerdict>,
+    /// For the built-in canary gates (see [`decide::sequential_kind`]): judge them by the
+    /// sequential test on the counts accumulated since `since`. `None`: the threshold rule on the
+    /// gate's window.
+    pub sequential: Option<SequentialScope>,
+}
+
+/// Where a sequential test accumulates its counts: from the aligned intervals (each `interval`
+/// long, on the grid of multiples of `interval` since the Unix epoch) that end after `since`
+/// (for the share: that lie entirely after it), up to the last one ended at the tick.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SequentialScope {
+    /// Start of the accumulation: the step's start.
+    pub since: Timestamp,
+    /// The aligned interval: the owner's analysis interval.
+    pub interval: Duration,
+    /// The test's false-abort rate (see [`crate::sequential::per_test_alpha`]).
+    pub alpha: f64,
 }
 
 impl GateCheck {
@@ -119,6 +144,7 @@ impl GateCheck {
             share_target: None,
             captured_baseline: None,
             previous: None,
+            sequential: None,
         }
     }
 }
@@ -519,6 +545,81 @@ fn interval_values(
         .collect()
 }
 
+/// The aligned points of a sequential check: every `step` ms from `first` to `end` (Unix ms).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Span {
+    first: i64,
+    end: i64,
+    step: i64,
+}
+
+/// The sequential test a check is judged by, if any: a scope set by the owner and a built-in
+/// canary gate.
+fn sequential_of(check: &GateCheck) -> Option<(SequentialKind, SequentialScope)> {
+    let scope = check.sequential?;
+    if scope.interval.is_zero() {
+        return None;
+    }
+    decide::sequential_kind(&check.gate).map(|k| (k, scope))
+}
+
+/// The points of a check: intervals ending after `since` (for the share, lying entirely after
+/// it, so a previous step's weight never counts), at most `lookback` back, up to the last one
+/// ended at `now`. `None` when none has ended yet.
+fn span(
+    kind: SequentialKind,
+    scope: SequentialScope,
+    lookback: Duration,
+    now: Timestamp,
+) -> Option<Span> {
+    let step = i64::try_from(scope.interval.as_millis()).ok()?.max(1);
+    let end = now.as_millisecond().div_euclid(step) * step;
+    let since = scope.since.as_millisecond();
+    let mut first = match kind {
+        SequentialKind::Share => (since + step - 1).div_euclid(step) * step + step,
+        _ => since.div_euclid(step) * step + step,
+    };
+    let back = i64::try_from(lookback.as_millis()).unwrap_or(i64::MAX) / step;
+    first = first.max(end - (back.max(1) - 1) * step);
+    (first <= end).then_some(Span { first, end, step })
+}
+
+/// The counts of one interval from the canary's and the stable's parts.
+fn counts(kind: SequentialKind, canary: &[Parts], stable: &[Parts]) -> IntervalCounts {
+    let sum = |parts: &[Parts], name: &str| -> f64 {
+        parts
+            .iter()
+            .filter_map(|p| p.get(name))
+            .filter(|v| v.is_finite())
+            .sum()
+    };
+    match kind {
+        SequentialKind::Errors | SequentialKind::Share => IntervalCounts {
+            canary_requests: sum(canary, "requests"),
+            canary_bad: sum(canary, "errors"),
+            stable_requests: sum(stable, "requests"),
+            stable_bad: sum(stable, "errors"),
+        },
+        SequentialKind::SlowRequests => {
+            let (c, s) = (builtin::buckets(canary), builtin::buckets(stable));
+            match seq::p99_bound(&s) {
+                // Without stable requests there is no bound to count against.
+                None => IntervalCounts::default(),
+                Some(bound) => {
+                    let (canary_bad, canary_requests) = seq::above(&c, bound);
+                    let (stable_bad, stable_requests) = seq::above(&s, bound);
+                    IntervalCounts {
+                        canary_requests,
+                        canary_bad,
+                        stable_requests,
+                        stable_bad,
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The gate engine over a metrics source.
 #[derive(Debug)]
 pub struct Engine<S> {
@@ -597,22 +698,41 @@ impl<S: MetricsSource> Engine<S> {
         (answers, failed)
     }
 
-    /// One analysis tick at `now`: one query per group, then a verdict per check.
+    /// One analysis tick at `now`: one query per group, then a verdict per check. Checks judged
+    /// by a sequential test (a [`SequentialScope`] on a built-in canary gate) are read from one
+    /// range query per group over their aligned intervals instead.
     pub async fn tick(&self, checks: &[GateCheck], now: Timestamp) -> TickReport {
         let started = Instant::now();
-        let plan = plan(checks, &self.options, false);
+        let mut instant_at = Vec::new();
+        let mut sequential = Vec::new();
+        for (i, c) in checks.iter().enumerate() {
+            match sequential_of(c) {
+                Some((kind, scope)) => sequential.push((i, kind, scope)),
+                None => instant_at.push(i),
+            }
+        }
+        let instant: Vec<GateCheck> = instant_at.iter().map(|&i| checks[i].clone()).collect();
+        let plan = plan(&instant, &self.options, false);
         let query_started = Instant::now();
-        let ((answers, mut failed_queries), (distributions, range_queries, range_failed)) = futures::join!(
+        let (
+            (answers, mut failed_queries),
+            (distributions, range_queries, range_failed),
+            (sequential_outcomes, sequential_queries, sequential_failed),
+        ) = futures::join!(
             self.run(&plan, now),
-            self.compare_distributions(checks, &plan, now)
+            self.compare_distributions(&instant, &plan, now),
+            self.run_sequential(checks, &sequential, now)
         );
-        failed_queries += range_failed;
+        failed_queries += range_failed + sequential_failed;
         let query_time = query_started.elapsed();
-        let outcomes = checks
+        let mut outcomes: Vec<Option<CheckOutcome>> = vec![None; checks.len()];
+        for (((&at, check), planned), distribution) in instant_at
             .iter()
+            .zip(&instant)
             .zip(plan.checks.iter())
             .zip(distributions)
-            .map(|((check, planned), distribution)| match planned {
+        {
+            outcomes[at] = Some(match planned {
                 Err(e) => CheckOutcome {
                     observation: None,
                     verdict: Err(e.clone()),
@@ -641,15 +761,253 @@ impl<S: MetricsSource> Engine<S> {
                         verdict: Ok(verdict),
                     }
                 }
-            })
-            .collect();
+            });
+        }
+        for ((at, _, _), outcome) in sequential.iter().zip(sequential_outcomes) {
+            outcomes[*at] = Some(outcome);
+        }
         TickReport {
-            outcomes,
-            queries: plan.groups.len() + range_queries,
+            outcomes: outcomes.into_iter().flatten().collect(),
+            queries: plan.groups.len() + range_queries + sequential_queries,
             failed_queries,
             elapsed: started.elapsed(),
             query_time,
         }
+    }
+
+    /// The sequential checks of a tick: one range query per group (template, interval, shared
+    /// variables) from the earliest interval any of its checks needs to the last interval ended
+    /// at `now`, with the interval as both the `increase` window and the step, so every request
+    /// is counted in exactly one aligned interval. Returns one outcome per entry of `which`, the
+    /// queries sent and how many failed.
+    async fn run_sequential(
+        &self,
+        checks: &[GateCheck],
+        which: &[(usize, SequentialKind, SequentialScope)],
+        now: Timestamp,
+    ) -> (Vec<CheckOutcome>, usize, usize) {
+        if which.is_empty() {
+            return (Vec::new(), 0, 0);
+        }
+        let per_interval: Vec<GateCheck> = which
+            .iter()
+            .map(|&(i, kind, scope)| {
+                let mut c = checks[i].clone();
+                c.gate.window = scope.interval;
+                if kind == SequentialKind::SlowRequests {
+                    c.gate.query = GateQuery::PromQl(builtin::latency_buckets_for(
+                        &self.options.cluster_label,
+                    ));
+                    c.gate.template = Some(BuiltinGate::LatencyP99VsStable.to_string());
+                }
+                c
+            })
+            .collect();
+        let plan = plan(&per_interval, &self.options, false);
+        let spans: Vec<Option<Span>> = which
+            .iter()
+            .map(|&(_, kind, scope)| span(kind, scope, self.options.sequential_lookback, now))
+            .collect();
+        let mut group_span: Vec<Option<Span>> = vec![None; plan.groups.len()];
+        for (planned, span) in plan.checks.iter().zip(&spans) {
+            let (Ok(p), Some(span)) = (planned, span) else {
+                continue;
+            };
+            for (g, _) in p.subject.iter().chain(&p.baseline) {
+                let merged = group_span[*g].map_or(*span, |s: Span| Span {
+                    first: s.first.min(span.first),
+                    ..s
+                });
+                group_span[*g] = Some(merged);
+            }
+        }
+        let queries = match plan.queries() {
+            Ok(q) => q,
+            Err(_) => vec![String::new(); plan.groups.len()],
+        };
+        let sent: Vec<usize> = (0..plan.groups.len())
+            .filter(|&g| group_span[g].is_some())
+            .collect();
+        let results = futures::future::join_all(sent.iter().map(|&g| {
+            let s = group_span[g].expect("filtered");
+            let at = |ms: i64| Timestamp::from_millisecond(ms).unwrap_or(now);
+            self.source.query_range(
+                &queries[g],
+                at(s.first),
+                at(s.end),
+                Duration::from_millis(s.step as u64),
+            )
+        }))
+        .await;
+        let mut failed = 0;
+        let mut answers: Vec<Option<Result<RangeAnswer, Arc<SourceError>>>> =
+            (0..plan.groups.len()).map(|_| None).collect();
+        for (&g, result) in sent.iter().zip(results) {
+            answers[g] = Some(match result {
+                Ok(series) => Ok(split_range(&series, &plan.groups[g].template.key_labels())),
+                Err(e) => {
+                    failed += 1;
+                    tracing::warn!(category = e.category(), error = %e, "sequential gate query failed");
+                    Err(Arc::new(e))
+                }
+            });
+        }
+        let outcomes = which
+            .iter()
+            .zip(&per_interval)
+            .zip(plan.checks.iter().zip(&spans))
+            .map(|((&(i, kind, scope), per), (planned, span))| {
+                let check = &checks[i];
+                let p = match planned {
+                    Err(e) => {
+                        return CheckOutcome {
+                            observation: None,
+                            verdict: Err(e.clone()),
+                        };
+                    }
+                    Ok(p) => p,
+                };
+                let owner = OwnerContext {
+                    share_target: check.share_target,
+                    share_tolerance: self.options.share_tolerance,
+                };
+                let max_intervals = (self.options.sequential_lookback.as_millis()
+                    / scope.interval.as_millis().max(1))
+                .max(1) as usize;
+                let judge = |intervals: &[IntervalCounts], first: Timestamp| match kind {
+                    SequentialKind::Share => {
+                        let (c, t) = intervals.iter().fold((0.0, 0.0), |(c, t), i| {
+                            (
+                                c + i.canary_requests,
+                                t + i.canary_requests + i.stable_requests,
+                            )
+                        });
+                        let v = decide::decide_share(
+                            &check.gate,
+                            c,
+                            t,
+                            owner,
+                            check.previous.as_ref(),
+                            now,
+                        );
+                        let observation = Observation::Measured {
+                            value: (t > 0.0).then(|| c / t),
+                            samples: Some(t),
+                            baseline: None,
+                            distribution: None,
+                        };
+                        (observation, v)
+                    }
+                    _ => {
+                        let v = decide::decide_rate(
+                            &check.gate,
+                            kind,
+                            intervals,
+                            first,
+                            scope.interval,
+                            RateScope {
+                                alpha: scope.alpha,
+                                max_intervals,
+                            },
+                            check.previous.as_ref(),
+                            now,
+                        );
+                        let observation = Observation::Measured {
+                            value: v.value,
+                            samples: v.samples.map(|s| s as f64),
+                            baseline: Some(BaselineReading {
+                                value: v.baseline,
+                                samples: Some(intervals.iter().map(|i| i.stable_requests).sum()),
+                            }),
+                            distribution: None,
+                        };
+                        (observation, v)
+                    }
+                };
+                let Some(span) = span else {
+                    // No interval has ended since the accumulation began.
+                    let (observation, verdict) = judge(&[], scope.since);
+                    return CheckOutcome {
+                        observation: Some(observation),
+                        verdict: Ok(verdict),
+                    };
+                };
+                let read =
+                    |slots: &[Slot]| -> Result<Vec<BTreeMap<i64, Vec<Parts>>>, Arc<SourceError>> {
+                        slots
+                            .iter()
+                            .map(|(g, tuple)| match &answers[*g] {
+                                Some(Ok(a)) => Ok(a
+                                    .range(span.first..=span.end)
+                                    .filter_map(|(t, m)| {
+                                        m.get(tuple).map(|p| (*t, vec![p.clone()]))
+                                    })
+                                    .collect()),
+                                Some(Err(e)) => Err(e.clone()),
+                                None => Ok(BTreeMap::new()),
+                            })
+                            .collect()
+                    };
+                let (subject, baseline) = match (read(&p.subject), read(&p.baseline)) {
+                    (Ok(s), Ok(b)) => (s, b),
+                    (Err(e), _) | (_, Err(e)) => {
+                        let observation = failure(&e);
+                        let verdict = decide::decide(
+                            &check.gate,
+                            &observation,
+                            check.previous.as_ref(),
+                            owner,
+                            now,
+                        );
+                        return CheckOutcome {
+                            observation: Some(observation),
+                            verdict: Ok(verdict),
+                        };
+                    }
+                };
+                let at_time = |side: &[BTreeMap<i64, Vec<Parts>>], t: i64| -> Vec<Parts> {
+                    side.iter()
+                        .filter_map(|m| m.get(&t))
+                        .flatten()
+                        .cloned()
+                        .collect()
+                };
+                let seen = subject.iter().chain(&baseline).any(|m| !m.is_empty());
+                if !seen {
+                    let observation = Observation::Measured {
+                        value: None,
+                        samples: None,
+                        baseline: None,
+                        distribution: None,
+                    };
+                    let verdict = decide::decide(
+                        &per.gate,
+                        &observation,
+                        check.previous.as_ref(),
+                        owner,
+                        now,
+                    );
+                    return CheckOutcome {
+                        observation: Some(observation),
+                        verdict: Ok(verdict),
+                    };
+                }
+                let mut intervals = Vec::new();
+                let mut t = span.first;
+                while t <= span.end {
+                    let (c, s) = (at_time(&subject, t), at_time(&baseline, t));
+                    intervals.push(counts(kind, &c, &s));
+                    t += span.step;
+                }
+                let first = Timestamp::from_millisecond(span.first - span.step).unwrap_or(now);
+                let (observation, verdict) = judge(&intervals, first);
+                CheckOutcome {
+                    observation: Some(observation),
+                    verdict: Ok(verdict),
+                }
+            })
+            .collect();
+        (outcomes, sent.len(), failed)
     }
 
     /// The optional Mann–Whitney comparison: for every planned relative gate against
@@ -767,7 +1125,7 @@ impl<S: MetricsSource> Engine<S> {
 
 #[cfg(test)]
 mod tests {
-    use sluice_api::v1alpha1::{Comparison, ComparisonOp, Gate, GateDefinition};
+    use sluice_api::v1alpha1::{Comparison, ComparisonOp, Gate, GateDefinition, Verdict};
 
     use super::*;
 
@@ -893,6 +1251,154 @@ mod tests {
             err.to_string().contains("Rollout shop/r0") && err.to_string().contains("namespace"),
             "{err}"
         );
+    }
+
+    /// A source answering range queries with fixed per-interval counts per Service (the canary
+    /// `svc<i>-canary` serves `canary` requests with `errors` 5xx, the stable 100× the requests
+    /// with 1% 5xx), recording every range query.
+    struct Counts {
+        canary: f64,
+        errors: f64,
+        calls: std::sync::Mutex<Vec<(String, Timestamp, Timestamp, Duration)>>,
+    }
+
+    impl MetricsSource for Counts {
+        async fn query(&self, _: &str, _: Timestamp) -> Result<Vec<SeriesValue>, SourceError> {
+            Ok(Vec::new())
+        }
+        async fn query_range(
+            &self,
+            q: &str,
+            start: Timestamp,
+            end: Timestamp,
+            step: Duration,
+        ) -> Result<Vec<RangeValues>, SourceError> {
+            self.calls
+                .lock()
+                .unwrap()
+                .push((q.to_owned(), start, end, step));
+            let step_ms = step.as_millis() as i64;
+            let points = |v: f64| {
+                let mut out = Vec::new();
+                let mut t = start.as_millisecond();
+                while t <= end.as_millisecond() {
+                    out.push((t, v));
+                    t += step_ms;
+                }
+                out
+            };
+            let mut series = Vec::new();
+            for i in 0..3 {
+                for (svc, requests, errors) in [
+                    (format!("svc{i}-canary"), self.canary, self.errors),
+                    (format!("svc{i}-stable"), self.canary * 100.0, self.canary),
+                ] {
+                    for (part, v) in [("requests", requests), ("errors", errors)] {
+                        series.push(RangeValues {
+                            labels: vars(&[
+                                ("cluster", &format!("c{}", i % 3)),
+                                ("destination_service_namespace", "shop"),
+                                ("destination_service_name", &svc),
+                                ("sluice_part", part),
+                            ]),
+                            points: points(v),
+                        });
+                    }
+                }
+            }
+            Ok(series)
+        }
+    }
+
+    fn ts(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    #[tokio::test]
+    async fn sequential_checks_count_aligned_intervals_since_the_step_in_one_range_query() {
+        let interval = Duration::from_secs(30);
+        // The step began at +10 s; the tick is at +615 s: the intervals ending at +30 .. +600.
+        let sequential = |mut c: GateCheck| {
+            c.sequential = Some(SequentialScope {
+                since: ts(10),
+                interval,
+                alpha: 0.0005,
+            });
+            c
+        };
+        let cases = [
+            // (canary requests and 5xx per interval, verdict)
+            ("healthy", 600.0, 6.0, Verdict::Pass),
+            ("3x stable", 600.0, 18.0, Verdict::Fail),
+            // B6: stable has 1% here, but one canary 5xx in 20 intervals is never a Fail.
+            ("one canary 5xx", 600.0, 0.05, Verdict::Pass),
+        ];
+        for (name, canary, errors, want) in cases {
+            let engine = Engine::new(
+                Counts {
+                    canary,
+                    errors,
+                    calls: Default::default(),
+                },
+                EngineOptions::default(),
+            )
+            .unwrap();
+            let checks: Vec<GateCheck> = (0..3)
+                .map(|i| sequential(service_check(i, BuiltinGate::ErrorRatioVsStable)))
+                .collect();
+            let report = engine.tick(&checks, ts(615)).await;
+            assert_eq!(report.queries, 1, "{name}: one query for three Rollouts");
+            let calls = engine.source().calls.lock().unwrap().clone();
+            assert_eq!(calls.len(), 1);
+            let (q, start, end, step) = &calls[0];
+            assert!(q.contains("[30s]"), "{name}: per-interval increase: {q}");
+            assert_eq!(*step, interval);
+            // Aligned on the 30 s grid (the epoch offset 1_800_000_000 is a multiple of 30).
+            assert_eq!((*start, *end), (ts(30), ts(600)), "{name}");
+            for o in &report.outcomes {
+                let v = o.verdict.as_ref().unwrap();
+                assert_eq!(v.verdict, want, "{name}: {:?}", v.message);
+                let m = v.message.as_ref().unwrap();
+                let said = if want == Verdict::Fail {
+                    "(detection delay 60s)"
+                } else {
+                    "over 20 intervals of 30s"
+                };
+                assert!(m.contains(said), "{name}: {m}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn without_a_scope_or_for_custom_templates_the_threshold_rule_applies() {
+        let engine = Engine::new(
+            Counts {
+                canary: 600.0,
+                errors: 6.0,
+                calls: Default::default(),
+            },
+            EngineOptions::default(),
+        )
+        .unwrap();
+        let plain = service_check(0, BuiltinGate::ErrorRatioVsStable);
+        let mut absolute = service_check(1, BuiltinGate::ErrorRatioVsStable);
+        absolute.gate.comparison = Comparison::absolute(ComparisonOp::LessOrEqual, 0.05);
+        absolute.sequential = Some(SequentialScope {
+            since: ts(0),
+            interval: Duration::from_secs(30),
+            alpha: 0.001,
+        });
+        let report = engine.tick(&[plain, absolute], ts(615)).await;
+        assert!(engine.source().calls.lock().unwrap().is_empty());
+        assert_eq!(report.outcomes.len(), 2);
+        for o in &report.outcomes {
+            // The instant query answers nothing here: the threshold rule says NoData.
+            assert_eq!(
+                o.verdict.as_ref().unwrap().reason,
+                VerdictReason::NoData,
+                "{o:?}"
+            );
+        }
     }
 
     #[test]

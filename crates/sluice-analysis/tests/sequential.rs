@@ -200,6 +200,7 @@ struct Row {
     median_delay_s: Option<f64>,
     p90_delay_s: Option<f64>,
     faulty_held: f64,
+    aborted_before_fault: f64,
     escaped: f64,
 }
 
@@ -219,14 +220,15 @@ fn row(rule: Rule, rps: f64, healthy_runs: usize, faulty_runs: usize) -> Row {
         }
     }
     let mut delays = Vec::new();
-    let (mut held, mut escaped) = (0, 0);
+    let (mut held, mut before, mut escaped) = (0, 0, 0);
     for _ in 0..faulty_runs {
         match rollout(rule, &mut rng, rps, Some(FAULT_FACTOR)) {
             End::Aborted(i) if i > FAULT_AFTER_INTERVALS => {
                 delays.push(((i - FAULT_AFTER_INTERVALS) as u64 * INTERVAL_S) as f64)
             }
-            // Aborted before the fault: a false abort, not a detection (counted as missed).
-            End::Aborted(_) | End::Promoted => escaped += 1,
+            // Aborted before the fault: a false abort, not a detection.
+            End::Aborted(_) => before += 1,
+            End::Promoted => escaped += 1,
             End::Stalled => held += 1,
         }
     }
@@ -239,6 +241,7 @@ fn row(rule: Rule, rps: f64, healthy_runs: usize, faulty_runs: usize) -> Row {
         median_delay_s: quantile(&delays, 0.5),
         p90_delay_s: quantile(&delays, 0.9),
         faulty_held: held as f64 / faulty_runs as f64,
+        aborted_before_fault: before as f64 / faulty_runs as f64,
         escaped: escaped as f64 / faulty_runs as f64,
     }
 }
@@ -267,12 +270,12 @@ fn trade_off_table_of_the_default_error_gate() {
         "\nDefault error gate, 30 s interval, steps 1/5/25/50% of >= 5 m, stable 5xx 1%, {healthy_runs} healthy and {faulty_runs} faulty rollouts per row"
     );
     println!(
-        "| requests/s | rule | false aborts (healthy rollouts) | healthy rollouts held (a step not passed in 60 m) | 2.3x canary: detection delay, median | p90 | held undetected (60 m) | promoted undetected |"
+        "| requests/s | rule | false aborts (healthy rollouts) | healthy rollouts held (a step not passed in 60 m) | 2.3x canary: detection delay, median | p90 | held undetected (60 m) | aborted before the fault | promoted undetected |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {} | {:.2}% | {:.1}% | {} | {} | {:.1}% | {:.1}% |",
+            "| {} | {} | {:.2}% | {:.1}% | {} | {} | {:.1}% | {:.1}% | {:.1}% |",
             r.rps,
             match r.rule {
                 Rule::Old => "old: 2 m window ≤ 1.5× stable, 2 consecutive",
@@ -283,6 +286,7 @@ fn trade_off_table_of_the_default_error_gate() {
             show(r.median_delay_s),
             show(r.p90_delay_s),
             r.faulty_held * 100.0,
+            r.aborted_before_fault * 100.0,
             r.escaped * 100.0
         );
     }
