@@ -662,7 +662,7 @@ fn step(cx: &mut Ctx<'_>) -> Requeue {
         ApplicationSetView::Found(p) if p.is_empty() => (
             true,
             reasons::APPLICATION_SET_OK,
-            "applicationsSync is create-update, preserveResourcesOnDeletion is true and ignoreApplicationDifferences covers /spec/syncPolicy of every Application".into(),
+            "applicationsSync is create-update, preserveResourcesOnDeletion is true, ignoreApplicationDifferences covers /spec/syncPolicy of every Application and the template takes each Application's revision and cluster from its decision".into(),
         ),
         ApplicationSetView::Found(p) => (
             false,
@@ -670,6 +670,9 @@ fn step(cx: &mut Ctx<'_>) -> Requeue {
                 UnsafeApplicationSet::ApplicationsSync(_) => reasons::APPLICATIONS_SYNC_UNSAFE,
                 UnsafeApplicationSet::ResourcesNotPreserved => reasons::RESOURCES_NOT_PRESERVED,
                 UnsafeApplicationSet::SyncPolicyNotIgnored => reasons::SYNC_POLICY_NOT_IGNORED,
+                UnsafeApplicationSet::TemplateNotFromDecisions(_) => {
+                    reasons::TEMPLATE_NOT_FROM_DECISIONS
+                }
             },
             format!(
                 "ApplicationSet {}: {}; the WaveGate publishes nothing until it is fixed",
@@ -1824,6 +1827,12 @@ mod tests {
             (
                 ApplicationSetView::Found(vec![UnsafeApplicationSet::SyncPolicyNotIgnored]),
                 reasons::SYNC_POLICY_NOT_IGNORED,
+            ),
+            (
+                ApplicationSetView::Found(vec![UnsafeApplicationSet::TemplateNotFromDecisions(
+                    "spec.strategy is RollingSync".into(),
+                )]),
+                reasons::TEMPLATE_NOT_FROM_DECISIONS,
             ),
         ];
         for (view, reason) in cases {

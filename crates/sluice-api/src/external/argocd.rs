@@ -529,6 +529,11 @@ pub enum UnsafeApplicationSet {
     /// the controller would undo revert's suspension of a generated Application's automated
     /// sync and revert refuses every pin (`ApplicationSetWouldRevert`).
     SyncPolicyNotIgnored,
+    /// The Applications the ApplicationSet renders do not follow the WaveGate's decisions: the
+    /// template's `targetRevision` or destination does not read the decision's parameters, a
+    /// `templatePatch` may change them, or a RollingSync strategy syncs the Applications itself
+    /// (what is wrong, for the message).
+    TemplateNotFromDecisions(String),
 }
 
 impl std::fmt::Display for UnsafeApplicationSet {
@@ -549,8 +554,41 @@ impl std::fmt::Display for UnsafeApplicationSet {
                 f,
                 "spec.ignoreApplicationDifferences has no entry without a name covering /spec/syncPolicy; add {{jsonPointers: [\"/spec/syncPolicy\"]}} (no name) so revert can suspend a generated Application's automated sync when a halt pins it back (it refuses the pin otherwise: ApplicationSetWouldRevert)"
             ),
+            UnsafeApplicationSet::TemplateNotFromDecisions(what) => f.write_str(what),
         }
     }
+}
+
+/// Whether a template string is exactly one action reading one of `params`: `{{.revision}}`
+/// (Go templates, `{{- .revision -}}` too) or `{{revision}}` (Argo CD's fasttemplate, whose tag
+/// is trimmed of spaces).
+fn template_reads_only(s: &str, params: &[&str], go: bool) -> bool {
+    let Some(inner) = s
+        .trim()
+        .strip_prefix("{{")
+        .and_then(|r| r.strip_suffix("}}"))
+    else {
+        return false;
+    };
+    if inner.contains("{{") || inner.contains("}}") {
+        return false;
+    }
+    let inner = if go {
+        inner
+            .trim()
+            .trim_start_matches('-')
+            .trim_end_matches('-')
+            .trim()
+    } else {
+        inner.trim()
+    };
+    params.iter().any(|p| {
+        if go {
+            inner.strip_prefix('.') == Some(p)
+        } else {
+            inner == *p
+        }
+    })
 }
 
 impl ApplicationSet {
@@ -570,6 +608,98 @@ impl ApplicationSet {
         }
         if !self.ignores_sync_policy_of_all() {
             out.push(UnsafeApplicationSet::SyncPolicyNotIgnored);
+        }
+        out.extend(
+            self.template_problems()
+                .into_iter()
+                .map(UnsafeApplicationSet::TemplateNotFromDecisions),
+        );
+        out
+    }
+
+    /// Whether the Applications this ApplicationSet renders follow the decisions: the
+    /// template's (a clusterDecisionResource generator's own `template` wins field by field, as
+    /// Argo CD merges it) `source.targetRevision` (every `sources[]` entry) is the decision's
+    /// `revision` parameter alone, its destination is the decision's cluster (`destination.name`
+    /// from `name` or `clusterName`, or `destination.server` from `server`, the parameters
+    /// Argo CD's duck-type generator sets, `applicationset/generators/duck_type.go`), no
+    /// `templatePatch` touches either, and the strategy is not RollingSync (which forces
+    /// automated sync off and syncs the Applications step by step itself,
+    /// `Progressive-Syncs.md`). One message per problem.
+    pub fn template_problems(&self) -> Vec<String> {
+        let go = self.spec.go_template == Some(true);
+        let generator_template = self
+            .spec
+            .generators
+            .iter()
+            .flatten()
+            .filter_map(|g| g.cluster_decision_resource.as_ref())
+            .find_map(|c| c.extra.get("template"));
+        let field = |pointer: &str| -> Option<&Value> {
+            generator_template
+                .and_then(|t| t.pointer(pointer))
+                .filter(|v| !v.is_null() && v.as_str() != Some(""))
+                .or_else(|| self.spec.template.as_ref().and_then(|t| t.pointer(pointer)))
+                .filter(|v| !v.is_null() && v.as_str() != Some(""))
+        };
+        let reads = |v: Option<&Value>, params: &[&str]| -> bool {
+            v.and_then(Value::as_str)
+                .is_some_and(|s| template_reads_only(s, params, go))
+        };
+        let mut out = Vec::new();
+        let sources: Vec<String> = match field("/spec/sources").and_then(Value::as_array) {
+            Some(list) => (0..list.len())
+                .map(|i| format!("/spec/sources/{i}/targetRevision"))
+                .collect(),
+            None => vec!["/spec/source/targetRevision".to_owned()],
+        };
+        let revision = if go { "{{.revision}}" } else { "{{revision}}" };
+        for pointer in sources {
+            let v = field(&pointer);
+            if !reads(v, &["revision"]) {
+                out.push(format!(
+                    "the template's {} is {}, not the decision's revision ({revision}): the Applications would not follow the waves",
+                    pointer.trim_start_matches('/').replace('/', "."),
+                    v.map_or("unset".to_owned(), ToString::to_string)
+                ));
+            }
+        }
+        let name = field("/spec/destination/name");
+        let server = field("/spec/destination/server");
+        let by_name = reads(name, &["name", "clusterName"]);
+        let by_server = name.is_none() && reads(server, &["server"]);
+        if !(by_name || by_server) {
+            let cluster = if go {
+                "{{.clusterName}}"
+            } else {
+                "{{clusterName}}"
+            };
+            out.push(format!(
+                "the template's destination ({}) is not the decision's cluster (destination.name {cluster}): an Application could land on a cluster the decision does not name",
+                serde_json::json!({"name": name, "server": server})
+            ));
+        }
+        if let Some(patch) = self.spec.extra.get("templatePatch") {
+            let text = patch
+                .as_str()
+                .map_or_else(|| patch.to_string(), str::to_owned);
+            if text.contains("targetRevision") || text.contains("destination") {
+                out.push(
+                    "spec.templatePatch sets targetRevision or destination, which the WaveGate cannot check; move them to the template".into(),
+                );
+            }
+        }
+        if self
+            .spec
+            .extra
+            .get("strategy")
+            .and_then(|s| s.get("type"))
+            .and_then(Value::as_str)
+            == Some("RollingSync")
+        {
+            out.push(
+                "spec.strategy is RollingSync, which turns automated sync off on every generated Application and syncs them step by step itself, competing with the waves; remove the strategy (AllAtOnce)".into(),
+            );
         }
         out
     }
@@ -662,7 +792,7 @@ mod tests {
                 "syncPolicy": {"applicationsSync": "create-update", "preserveResourcesOnDeletion": true},
                 "ignoreApplicationDifferences": [{"jsonPointers": ["/spec/syncPolicy"]}],
                 "template": {"metadata": {"name": "mesh-{{.clusterName}}"}, "spec": {"project": "mesh", "source": {"repoURL": "oci://r/m", "targetRevision": "{{.revision}}", "path": "."}, "destination": {"name": "{{.clusterName}}"}}},
-                "strategy": {"type": "RollingSync"}
+                "strategy": {"type": "AllAtOnce"}
             },
             "status": {"conditions": [{"type": "ResourcesUpToDate", "status": "True"}]}
         })
@@ -705,6 +835,129 @@ mod tests {
         want.as_object_mut().unwrap().remove("operation");
         assert_eq!(serde_json::to_value(&a).unwrap(), want);
         assert!(!a.spec.sync_policy.unwrap().is_automated());
+    }
+
+    #[test]
+    fn the_safety_check_covers_the_template_the_application_set_renders() {
+        // (what changes, problems expected, words of the message)
+        type Change = Box<dyn Fn(&mut Value)>;
+        let cases: Vec<(&str, Change, usize, &str)> = vec![
+            ("as rendered from the decisions", Box::new(|_| {}), 0, ""),
+            (
+                "Go template with trim markers",
+                Box::new(|d| {
+                    d["spec"]["template"]["spec"]["source"]["targetRevision"] =
+                        json!("{{- .revision -}}")
+                }),
+                0,
+                "",
+            ),
+            (
+                "a fixed revision",
+                Box::new(|d| {
+                    d["spec"]["template"]["spec"]["source"]["targetRevision"] = json!("sha256:aaaa")
+                }),
+                1,
+                "spec.source.targetRevision is \"sha256:aaaa\", not the decision's revision ({{.revision}})",
+            ),
+            (
+                "another parameter",
+                Box::new(|d| {
+                    d["spec"]["template"]["spec"]["source"]["targetRevision"] =
+                        json!("{{.values.rev}}")
+                }),
+                1,
+                "not the decision's revision",
+            ),
+            (
+                "a default that hides a missing revision",
+                Box::new(|d| {
+                    d["spec"]["template"]["spec"]["source"]["targetRevision"] =
+                        json!("{{.revision | default \"main\"}}")
+                }),
+                1,
+                "not the decision's revision",
+            ),
+            (
+                "the generator's own template overrides it",
+                Box::new(|d| {
+                    d["spec"]["generators"][0]["clusterDecisionResource"]["template"] =
+                        json!({"metadata": {}, "spec": {"source": {"targetRevision": "main"}}})
+                }),
+                1,
+                "spec.source.targetRevision is \"main\"",
+            ),
+            (
+                "a fixed destination",
+                Box::new(|d| {
+                    d["spec"]["template"]["spec"]["destination"] = json!({"name": "eu-1"})
+                }),
+                1,
+                "is not the decision's cluster",
+            ),
+            (
+                "destination by the decision's server",
+                Box::new(|d| {
+                    d["spec"]["template"]["spec"]["destination"] = json!({"server": "{{.server}}"})
+                }),
+                0,
+                "",
+            ),
+            (
+                "fasttemplate syntax without goTemplate",
+                Box::new(|d| {
+                    d["spec"]["goTemplate"] = json!(false);
+                    d["spec"]["template"]["spec"]["source"]["targetRevision"] =
+                        json!("{{ revision }}");
+                    d["spec"]["template"]["spec"]["destination"] = json!({"name": "{{name}}"});
+                }),
+                0,
+                "",
+            ),
+            (
+                "Go syntax without goTemplate renders literally",
+                Box::new(|d| d["spec"]["goTemplate"] = json!(false)),
+                2,
+                "({{revision}})",
+            ),
+            (
+                "templatePatch over the revision",
+                Box::new(|d| {
+                    d["spec"]["templatePatch"] =
+                        json!("spec:\n  source:\n    targetRevision: main\n")
+                }),
+                1,
+                "spec.templatePatch sets targetRevision or destination",
+            ),
+            (
+                "RollingSync",
+                Box::new(|d| {
+                    d["spec"]["strategy"] =
+                        json!({"type": "RollingSync", "rollingSync": {"steps": []}})
+                }),
+                1,
+                "spec.strategy is RollingSync",
+            ),
+        ];
+        for (name, change, problems, words) in cases {
+            let mut doc = app_set();
+            change(&mut doc);
+            let s: ApplicationSet = serde_json::from_value(doc).unwrap();
+            let found = s.wave_gate_safety();
+            assert_eq!(found.len(), problems, "{name}: {found:?}");
+            for p in &found {
+                assert!(
+                    matches!(p, UnsafeApplicationSet::TemplateNotFromDecisions(_)),
+                    "{name}"
+                );
+            }
+            if problems > 0 {
+                assert!(
+                    found.iter().any(|p| p.to_string().contains(words)),
+                    "{name}: {found:?}"
+                );
+            }
+        }
     }
 
     #[test]

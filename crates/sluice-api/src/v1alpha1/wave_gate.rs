@@ -616,6 +616,9 @@ pub mod reasons {
     pub const SYNC_POLICY_NOT_IGNORED: &str = "SyncPolicyNotIgnored";
     /// The ApplicationSet's clusterDecisionResource generator reads another resource.
     pub const NOT_THIS_WAVE_GATE: &str = "NotThisWaveGate";
+    /// The Applications the ApplicationSet renders would not follow the decisions (template
+    /// revision or destination, templatePatch, RollingSync).
+    pub const TEMPLATE_NOT_FROM_DECISIONS: &str = "TemplateNotFromDecisions";
     /// The ApplicationSet was not found.
     pub const APPLICATION_SET_NOT_FOUND: &str = "ApplicationSetNotFound";
     /// The ApplicationSet is safe.
