@@ -13,13 +13,20 @@ pub struct Entry {
     pub server: String,
     /// Bearer token of the user.
     pub token: String,
+    /// A file holding the CA certificate (PEM) the server's TLS certificate is checked against;
+    /// `None` for plain HTTP.
+    pub certificate_authority: Option<String>,
 }
 
 /// Renders a kubeconfig with one context per entry; `current` becomes the current context.
 pub fn render(entries: &[Entry], current: &str) -> String {
     let clusters: Vec<Value> = entries
         .iter()
-        .map(|e| json!({"name": e.name, "cluster": {"server": e.server}}))
+        .map(|e| match &e.certificate_authority {
+            None => json!({"name": e.name, "cluster": {"server": e.server}}),
+            Some(ca) => json!({"name": e.name,
+                "cluster": {"server": e.server, "certificate-authority": ca}}),
+        })
         .collect();
     let users: Vec<Value> = entries
         .iter()
@@ -52,6 +59,7 @@ mod tests {
             name: name.into(),
             server: format!("http://127.0.0.1:{port}"),
             token: format!("token-{name}"),
+            certificate_authority: None,
         }
     }
 
@@ -86,5 +94,22 @@ mod tests {
             .as_ref()
             .and_then(|c| c.server.clone());
         assert_eq!(server.as_deref(), Some("http://127.0.0.1:17405"));
+    }
+
+    #[test]
+    fn a_tls_server_carries_its_ca_file() {
+        let mut tls = entry("east-1", 6443);
+        tls.server = "https://127.0.0.1:6443".into();
+        tls.certificate_authority = Some("/tmp/sandbox/east-1.ca.crt".into());
+        let kc: kube::config::Kubeconfig =
+            serde_yaml::from_str(&render(&[entry("east-mgmt", 17400), tls], "east-1")).unwrap();
+        let ca = |i: usize| {
+            kc.clusters[i]
+                .cluster
+                .as_ref()
+                .and_then(|c| c.certificate_authority.clone())
+        };
+        assert_eq!(ca(0), None);
+        assert_eq!(ca(1).as_deref(), Some("/tmp/sandbox/east-1.ca.crt"));
     }
 }

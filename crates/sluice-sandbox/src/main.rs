@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use sluice_sandbox::sandbox::ControlPlaneKind;
 use sluice_sandbox::scenarios::{self, Outcome};
 use sluice_sandbox::{Options, Sandbox, topology};
 use tokio::signal::unix::{SignalKind, signal};
@@ -19,6 +20,17 @@ enum Operators {
     On,
     /// Do not run them (clusters, Prometheus, registry, git and the mesh only).
     Off,
+}
+
+/// What serves each cluster's Kubernetes API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ControlPlane {
+    /// The embedded API emulator (fast; the simulator plays the workload controllers).
+    Emulator,
+    /// A real kube-apiserver per cluster on one shared etcd (`bash
+    /// scripts/install-control-plane.sh` builds them); workload clusters run the real
+    /// kube-controller-manager, the simulator plays the kubelet and Istio's injector webhook.
+    Real,
 }
 
 /// The sluice sandbox: two sites (east, west), each a management cluster running a simulated
@@ -61,6 +73,10 @@ struct Cli {
     /// Mesh telemetry interval in milliseconds.
     #[arg(long, default_value_t = 1000, value_name = "MS")]
     telemetry_interval_ms: u64,
+    /// What serves each cluster's API. With `real`, the API servers take free ports (printed at
+    /// start) instead of --base-port's.
+    #[arg(long, value_enum, default_value_t = ControlPlane::Emulator)]
+    control_plane: ControlPlane,
 }
 
 async fn shutdown_signal() -> &'static str {
@@ -132,6 +148,10 @@ async fn main() -> ExitCode {
     options.base_port = cli.base_port;
     options.operators = cli.operators == Operators::On;
     options.telemetry_interval = Duration::from_millis(cli.telemetry_interval_ms.max(100));
+    options.control_plane = match cli.control_plane {
+        ControlPlane::Emulator => ControlPlaneKind::Emulator,
+        ControlPlane::Real => ControlPlaneKind::Real,
+    };
 
     let fail_start = |category: &str, message: String| {
         eprintln!("sluice-sandbox: {message}");

@@ -1,7 +1,8 @@
 //! The running sandbox: two sites, each a management cluster (our CRDs, Argo CD's and Gateway
 //! API's, the `argocd` namespace and the duck ConfigMap) running the site's simulated Argo CD
 //! with a cluster Secret per workload cluster, and two workload clusters (Gateway API and our
-//! CRDs, the checkout service and its route), all API emulators on fixed loopback ports; one real
+//! CRDs, the checkout service and its route), all API emulators on fixed loopback ports (or, with
+//! [`ControlPlaneKind::Real`], each a real kube-apiserver of its own on one shared etcd); one real
 //! Prometheus fed by a mesh simulator per workload cluster; the OCI registry; a git intent
 //! repository; the operator binaries where the chart would put them; one kubeconfig with a
 //! context per cluster; narration of what happens. Owns start order and stop order: [`stop`]
@@ -20,6 +21,7 @@ use kube::{Api, Client};
 use kube_emulator::{Emulator, EmulatorError};
 use sluice_argocd::{ArgoCd, ArgoCdOptions};
 use sluice_sim::{ClusterConfig, Scenario, World};
+use sluice_testkit::control_plane::{self, ControlPlane, Etcd};
 use sluice_testkit::git::{GitError, GitRepo};
 use sluice_testkit::prometheus::{Prometheus, PrometheusError};
 use sluice_testkit::registry::{Registry, RegistryError};
@@ -73,6 +75,21 @@ pub struct Options {
     pub operators: bool,
     /// Mesh telemetry interval.
     pub telemetry_interval: Duration,
+    /// What serves each cluster's Kubernetes API.
+    pub control_plane: ControlPlaneKind,
+}
+
+/// What serves each cluster's Kubernetes API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ControlPlaneKind {
+    /// The embedded API emulator (fast; the simulator plays the workload controllers).
+    #[default]
+    Emulator,
+    /// A real kube-apiserver v1.37 per cluster (`bash scripts/install-control-plane.sh`), all on
+    /// one etcd under prefixes of their own; workload clusters also run kube-controller-manager
+    /// (the real Deployment, ReplicaSet and disruption controllers), the simulator plays the
+    /// kubelet and Istio's injector as a real mutating webhook.
+    Real,
 }
 
 impl Options {
@@ -87,6 +104,7 @@ impl Options {
             base_port: topology::DEFAULT_BASE_PORT,
             operators: true,
             telemetry_interval: Duration::from_secs(1),
+            control_plane: ControlPlaneKind::Emulator,
         }
     }
 }
@@ -114,6 +132,14 @@ pub enum SandboxError {
         cluster: String,
         /// Cause.
         source: EmulatorError,
+    },
+    /// A cluster's real control plane could not start or refused its baseline.
+    #[error("cluster {cluster}: the real control plane: {reason}")]
+    ControlPlane {
+        /// Cluster name.
+        cluster: String,
+        /// Cause.
+        reason: String,
     },
     /// Prometheus did not start.
     #[error("starting Prometheus failed: {0}")]
@@ -166,6 +192,7 @@ impl SandboxError {
             SandboxError::Prerequisite(_) => "prerequisite",
             SandboxError::FileMissing { .. } => "file_missing",
             SandboxError::Emulator { .. } => "emulator",
+            SandboxError::ControlPlane { .. } => "control_plane",
             SandboxError::Prometheus(_) => "prometheus",
             SandboxError::Registry(_) => "registry",
             SandboxError::Git(_) => "git",
@@ -179,15 +206,128 @@ impl SandboxError {
     }
 }
 
-/// One emulated cluster.
+/// One cluster.
 #[derive(Debug)]
 pub struct Cluster {
     /// Name, site, role.
     pub spec: ClusterSpec,
-    /// The API emulator.
-    pub emulator: Emulator,
+    /// What serves its API.
+    pub api: ClusterApi,
     /// An administrator kubeconfig for this cluster alone (what the operators use).
     pub kubeconfig: PathBuf,
+}
+
+/// What serves one cluster's Kubernetes API.
+pub enum ClusterApi {
+    /// The API emulator.
+    Emulator(Emulator),
+    /// A real kube-apiserver (with kube-controller-manager in workload clusters).
+    Real {
+        /// The control plane.
+        cp: Box<ControlPlane>,
+        /// Its administrator client.
+        admin: Client,
+    },
+}
+
+/// The ServiceAccount whose token the combined kubeconfig carries on a real control plane
+/// (namespace, name); bound to cluster-admin, as the emulator's administrator token is.
+pub const REAL_ADMIN_IDENTITY: (&str, &str) = ("kube-system", "sluice-sandbox-admin");
+
+impl std::fmt::Debug for ClusterApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClusterApi::Emulator(emu) => write!(f, "Emulator({})", emu.base_url()),
+            ClusterApi::Real { cp, .. } => write!(f, "Real({})", cp.url()),
+        }
+    }
+}
+
+impl ClusterApi {
+    /// An administrator client.
+    pub fn client(&self) -> Client {
+        match self {
+            ClusterApi::Emulator(emu) => emu.client(),
+            ClusterApi::Real { admin, .. } => admin.clone(),
+        }
+    }
+
+    /// The API server's URL.
+    pub fn base_url(&self) -> String {
+        match self {
+            ClusterApi::Emulator(emu) => emu.base_url(),
+            ClusterApi::Real { cp, .. } => cp.url(),
+        }
+    }
+
+    /// The CA certificate (PEM) clients must trust; `None` for the emulator's plain HTTP.
+    pub fn ca_pem(&self) -> Option<String> {
+        match self {
+            ClusterApi::Emulator(_) => None,
+            ClusterApi::Real { cp, .. } => Some(cp.ca().cert_pem().to_owned()),
+        }
+    }
+
+    /// A bearer token of the ServiceAccount `namespace/name`. On a real control plane the
+    /// ServiceAccount (and its namespace) is created when missing and bound to cluster-admin:
+    /// the sandbox's identities act as the emulator's do, which enforces no RBAC (the e2e suite
+    /// checks the chart's RBAC on the real server).
+    pub async fn service_account_token(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<String, String> {
+        match self {
+            ClusterApi::Emulator(emu) => Ok(emu.service_account_token(namespace, name)),
+            ClusterApi::Real { cp, .. } => {
+                cp.apply_yaml(&format!(
+                    "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {namespace}\n---\n\
+                     apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\n\
+                     metadata:\n  name: sluice-sandbox:{namespace}:{name}\n\
+                     roleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: cluster-admin\n\
+                     subjects:\n- kind: ServiceAccount\n  namespace: {namespace}\n  name: {name}\n"
+                ))
+                .await
+                .map_err(|e| e.to_string())?;
+                cp.service_account_token(namespace, name)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// Creates or updates the objects of `yaml` as the administrator; CRDs among them are
+    /// Established before this returns.
+    pub async fn load_yaml(&self, yaml: &str) -> Result<(), String> {
+        match self {
+            ClusterApi::Emulator(emu) => emu.load_yaml(yaml).map(|_| ()).map_err(|e| e.to_string()),
+            ClusterApi::Real { cp, .. } => if yaml.contains("kind: CustomResourceDefinition") {
+                cp.install_crds(yaml).await.map(|_| ())
+            } else {
+                cp.apply_yaml(yaml).await.map(|_| ())
+            }
+            .map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Writes an administrator kubeconfig for this cluster alone.
+    pub fn write_kubeconfig(&self, path: &Path) -> Result<(), String> {
+        match self {
+            ClusterApi::Emulator(emu) => emu.write_kubeconfig(path).map_err(|e| e.to_string()),
+            ClusterApi::Real { cp, .. } => cp.write_kubeconfig(path).map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Stops it (a real control plane's processes end and its directory goes).
+    pub async fn shutdown(self) {
+        match self {
+            ClusterApi::Emulator(emu) => emu.shutdown().await,
+            ClusterApi::Real { cp, admin } => {
+                drop(admin);
+                drop(cp);
+            }
+        }
+    }
 }
 
 /// The running sandbox.
@@ -265,10 +405,11 @@ pub fn manifests(options: &Options, role: Role) -> Result<Vec<PathBuf>, SandboxE
 }
 
 /// revert's identity Secret for one workload cluster (label `sluice.dev/revert-cluster: "true"`,
-/// keys `name`, `server`, `token`).
-pub fn revert_identity(cluster: &str, server: &str, token: &str) -> Secret {
+/// keys `name`, `server`, `token`, and `ca.crt` when the server speaks TLS).
+pub fn revert_identity(cluster: &str, server: &str, token: &str, ca: Option<&str>) -> Secret {
     let data = [("name", cluster), ("server", server), ("token", token)]
         .into_iter()
+        .chain(ca.map(|ca| ("ca.crt", ca)))
         .map(|(k, v)| {
             (
                 k.to_string(),
@@ -357,11 +498,58 @@ async fn start_cluster(
     Ok(emulator)
 }
 
+/// Starts one cluster on a real kube-apiserver (sharing `etcd`): the CRDs of `files`, the common
+/// objects and, in management clusters, the role's objects. A workload cluster also runs
+/// kube-controller-manager; its objects come once its injector serves ([`Sandbox::start_worlds`]),
+/// since a pod created before the webhook is registered stays uninjected.
+async fn start_real_cluster(
+    spec: ClusterSpec,
+    etcd: Arc<Etcd>,
+    files: Vec<PathBuf>,
+) -> Result<ClusterApi, SandboxError> {
+    let fail = |reason: String| SandboxError::ControlPlane {
+        cluster: spec.name.clone(),
+        reason,
+    };
+    let cp = ControlPlane::start_with(control_plane::Options {
+        etcd: Some(etcd),
+        controller_manager: spec.role == Role::Workload,
+        controllers: control_plane::CONTROLLERS.to_vec(),
+    })
+    .await
+    .map_err(|e| fail(e.to_string()))?;
+    for f in &files {
+        let yaml = std::fs::read_to_string(f).map_err(|e| fail(format!("{}: {e}", f.display())))?;
+        cp.install_crds(&yaml)
+            .await
+            .map_err(|e| fail(format!("{}: {e}", f.display())))?;
+    }
+    cp.apply_yaml(&baseline::common())
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    if spec.role == Role::Management {
+        cp.apply_yaml(&baseline::management())
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+    }
+    let admin = cp.client().await.map_err(|e| fail(e.to_string()))?;
+    Ok(ClusterApi::Real {
+        cp: Box::new(cp),
+        admin,
+    })
+}
+
 impl Sandbox {
     /// Starts everything and narrates progress on stdout; returns once the sandbox is ready.
     pub async fn start(options: Options) -> Result<Self, SandboxError> {
         let narrator = Narrator::start();
         prerequisites::ensure()?;
+        if options.control_plane == ControlPlaneKind::Real {
+            control_plane::binaries().map_err(|missing| SandboxError::ControlPlane {
+                cluster: "every cluster".into(),
+                reason: missing.to_string(),
+            })?;
+        }
         // Build (or find) the operator binaries before anything runs: a build takes minutes.
         let build = if options.operators {
             let exe = std::env::current_exe().map_err(io("finding the sandbox executable"))?;
@@ -388,7 +576,24 @@ impl Sandbox {
         ));
 
         // Clusters start in parallel (loading CRDs is the slow part); Prometheus and the
-        // registry start meanwhile.
+        // registry start meanwhile. Real API servers share one etcd, each under its own prefix.
+        let etcd = match options.control_plane {
+            ControlPlaneKind::Emulator => None,
+            ControlPlaneKind::Real => {
+                let etcd = Etcd::start()
+                    .await
+                    .map_err(|e| SandboxError::ControlPlane {
+                        cluster: "etcd".into(),
+                        reason: e.to_string(),
+                    })?;
+                narrator.say(format!(
+                    "control plane: real kube-apiserver {} per cluster, etcd {}",
+                    control_plane::KUBERNETES_VERSION,
+                    etcd.url()
+                ));
+                Some(Arc::new(etcd))
+            }
+        };
         let mut tasks = Vec::new();
         for spec in &specs {
             let files = manifests(&options, spec.role)?;
@@ -401,9 +606,15 @@ impl Sandbox {
                 port = 0;
             }
             let spec = spec.clone();
+            let etcd = etcd.clone();
             tasks.push(tokio::spawn(async move {
                 let begun = Instant::now();
-                let result = start_cluster(spec, port, files).await;
+                let result = match etcd {
+                    None => start_cluster(spec, port, files)
+                        .await
+                        .map(ClusterApi::Emulator),
+                    Some(etcd) => start_real_cluster(spec, etcd, files).await,
+                };
                 (begun.elapsed(), result)
             }));
         }
@@ -424,18 +635,34 @@ impl Sandbox {
         }
         let mut clusters = Vec::new();
         let mut entries = Vec::new();
-        for (spec, (emulator, took)) in specs.into_iter().zip(emulators) {
+        for (spec, (api, took)) in specs.into_iter().zip(emulators) {
             let path = dir.path().join(format!("{}.kubeconfig", spec.name));
-            emulator
-                .write_kubeconfig(&path)
-                .map_err(|source| SandboxError::Emulator {
-                    cluster: spec.name.clone(),
-                    source,
-                })?;
+            let fail = |reason: String| SandboxError::ControlPlane {
+                cluster: spec.name.clone(),
+                reason,
+            };
+            api.write_kubeconfig(&path)
+                .map_err(|e| fail(format!("writing {}: {e}", path.display())))?;
+            let token = match &api {
+                ClusterApi::Emulator(_) => kube_emulator::ADMIN_TOKEN.to_string(),
+                ClusterApi::Real { .. } => api
+                    .service_account_token(REAL_ADMIN_IDENTITY.0, REAL_ADMIN_IDENTITY.1)
+                    .await
+                    .map_err(fail)?,
+            };
+            let certificate_authority = match api.ca_pem() {
+                None => None,
+                Some(pem) => {
+                    let ca = dir.path().join(format!("{}.ca.crt", spec.name));
+                    std::fs::write(&ca, pem).map_err(io(format!("writing {}", ca.display())))?;
+                    Some(ca.display().to_string())
+                }
+            };
             entries.push(Entry {
                 name: spec.name.clone(),
-                server: emulator.base_url(),
-                token: kube_emulator::ADMIN_TOKEN.to_string(),
+                server: api.base_url(),
+                token,
+                certificate_authority,
             });
             let runs = operators::ALL
                 .iter()
@@ -447,7 +674,7 @@ impl Sandbox {
                 "{}: {} cluster at {} ({}; CRDs loaded in {:.1} s)",
                 spec.name,
                 spec.role,
-                emulator.base_url(),
+                api.base_url(),
                 if options.operators {
                     runs
                 } else {
@@ -457,7 +684,7 @@ impl Sandbox {
             ));
             clusters.push(Cluster {
                 spec,
-                emulator,
+                api,
                 kubeconfig: path,
             });
         }
@@ -489,7 +716,7 @@ impl Sandbox {
         sandbox.write_key_files()?;
         sandbox.start_argocd().await?;
         sandbox.install_revert_trust().await?;
-        sandbox.start_worlds(&options)?;
+        sandbox.start_worlds(&options).await?;
         if let Some(build) = build {
             sandbox.start_operators(&options, &build)?;
         }
@@ -561,7 +788,7 @@ impl Sandbox {
                 reason,
             };
             let secrets: Api<Secret> =
-                Api::namespaced(mgmt.emulator.client(), operators::ARGOCD_NAMESPACE);
+                Api::namespaced(mgmt.api.client(), operators::ARGOCD_NAMESPACE);
             let mut targets = Vec::new();
             for w in self
                 .clusters
@@ -569,20 +796,18 @@ impl Sandbox {
                 .filter(|c| c.spec.role == Role::Workload && c.spec.site == mgmt.spec.site)
             {
                 let token = w
-                    .emulator
-                    .service_account_token(ARGOCD_IDENTITY.0, ARGOCD_IDENTITY.1);
+                    .api
+                    .service_account_token(ARGOCD_IDENTITY.0, ARGOCD_IDENTITY.1)
+                    .await
+                    .map_err(&fail)?;
                 let labels = [
                     ("sluice.dev/site".to_string(), w.spec.site.clone()),
                     ("sluice.dev/cluster".to_string(), w.spec.name.clone()),
                 ]
                 .into_iter()
                 .collect();
-                let secret = sluice_argocd::cluster_secret(
-                    &w.spec.name,
-                    &w.emulator.base_url(),
-                    &token,
-                    &labels,
-                );
+                let secret =
+                    sluice_argocd::cluster_secret(&w.spec.name, &w.api.base_url(), &token, &labels);
                 secrets
                     .create(&PostParams::default(), &secret)
                     .await
@@ -595,7 +820,7 @@ impl Sandbox {
                 targets.push(w.spec.name.clone());
             }
             let argocd = ArgoCd::start(
-                mgmt.emulator.client(),
+                mgmt.api.client(),
                 ArgoCdOptions {
                     namespace: operators::ARGOCD_NAMESPACE.to_string(),
                     resync: Duration::from_secs(1),
@@ -633,8 +858,7 @@ impl Sandbox {
                     reason: format!("{what} for revert: {e}"),
                 }
             };
-            let keys: Api<Secret> =
-                Api::namespaced(mgmt.emulator.client(), operators::ARGOCD_NAMESPACE);
+            let keys: Api<Secret> = Api::namespaced(mgmt.api.client(), operators::ARGOCD_NAMESPACE);
             keys.create(
                 &PostParams::default(),
                 &public_keys_secret(self.signing_key.public_key().pem()),
@@ -642,7 +866,7 @@ impl Sandbox {
             .await
             .map_err(fail(format!("creating Secret {PUBLIC_KEYS_SECRET}")))?;
             let identities: Api<Secret> =
-                Api::namespaced(mgmt.emulator.client(), operators::REVERT_IDENTITY_NAMESPACE);
+                Api::namespaced(mgmt.api.client(), operators::REVERT_IDENTITY_NAMESPACE);
             let mut targets = Vec::new();
             for w in self
                 .clusters
@@ -650,12 +874,18 @@ impl Sandbox {
                 .filter(|c| c.spec.role == Role::Workload && c.spec.site == mgmt.spec.site)
             {
                 let token = w
-                    .emulator
-                    .service_account_token(REVERT_IDENTITY.0, REVERT_IDENTITY.1);
+                    .api
+                    .service_account_token(REVERT_IDENTITY.0, REVERT_IDENTITY.1)
+                    .await
+                    .map_err(|reason| SandboxError::ArgoCd {
+                        cluster: name.clone(),
+                        reason: format!("revert's identity in {}: {reason}", w.spec.name),
+                    })?;
+                let ca = w.api.ca_pem();
                 identities
                     .create(
                         &PostParams::default(),
-                        &revert_identity(&w.spec.name, &w.emulator.base_url(), &token),
+                        &revert_identity(&w.spec.name, &w.api.base_url(), &token, ca.as_deref()),
                     )
                     .await
                     .map_err(fail(format!("creating the identity of {}", w.spec.name)))?;
@@ -671,7 +901,11 @@ impl Sandbox {
         Ok(())
     }
 
-    fn start_worlds(&mut self, options: &Options) -> Result<(), SandboxError> {
+    /// Starts the mesh simulator of each workload cluster. On a real control plane it plays
+    /// only the kubelet and serves Istio's injector as a real webhook, and the cluster's
+    /// workload objects (namespaces, revision tags, checkout's Deployments) are applied once the
+    /// injector serves, so the real ReplicaSet controller's pods are injected.
+    async fn start_worlds(&mut self, options: &Options) -> Result<(), SandboxError> {
         for c in self
             .clusters
             .iter()
@@ -683,13 +917,27 @@ impl Sandbox {
                 reason,
             };
             let scenario = mesh_scenario(options, &name).map_err(fail)?;
-            let world = World::builder()
-                .cluster_with(ClusterConfig::new(name.clone()), c.emulator.client())
+            let config = match &c.api {
+                ClusterApi::Emulator(_) => ClusterConfig::new(name.clone()),
+                ClusterApi::Real { .. } => ClusterConfig::on_real_control_plane(name.clone()),
+            };
+            let mut world = World::builder()
+                .cluster_with(config, c.api.client())
                 .prometheus(self.prometheus.url())
                 .scenario(scenario)
                 .interval(options.telemetry_interval)
                 .start()
                 .map_err(|e| fail(e.to_string()))?;
+            if let ClusterApi::Real { cp, admin } = &c.api {
+                world
+                    .serve_injector(&name, admin.clone(), cp.ca())
+                    .await
+                    .map_err(|e| fail(e.to_string()))?;
+                c.api
+                    .load_yaml(&baseline::workload())
+                    .await
+                    .map_err(|e| fail(format!("loading the workload baseline: {e}")))?;
+            }
             self.worlds.push((name, world));
         }
         self.narrator.say(format!(
@@ -756,8 +1004,7 @@ impl Sandbox {
                 Role::Workload => narrate::WORKLOAD_KINDS,
             };
             for kind in kinds {
-                self.narrator
-                    .watch(&c.spec.name, c.emulator.client(), *kind);
+                self.narrator.watch(&c.spec.name, c.api.client(), *kind);
             }
             if c.spec.role == Role::Workload {
                 let prometheus = self.prometheus.clone();
@@ -817,7 +1064,7 @@ impl Sandbox {
 
     /// An administrator client of a cluster.
     pub fn client(&self, name: &str) -> Option<Client> {
-        self.cluster(name).map(|c| c.emulator.client())
+        self.cluster(name).map(|c| c.api.client())
     }
 
     /// Prometheus.
@@ -924,7 +1171,7 @@ impl Sandbox {
             world.stop();
         }
         for c in clusters {
-            c.emulator.shutdown().await;
+            c.api.shutdown().await;
         }
         drop(prometheus);
         drop(registry);
@@ -947,13 +1194,16 @@ mod tests {
 
     #[test]
     fn revert_identities_are_labelled_for_revert_and_never_as_argo_cd_clusters() {
-        let s = revert_identity("east-1", "http://127.0.0.1:17401", "tok");
+        let s = revert_identity("east-1", "http://127.0.0.1:17401", "tok", None);
         let labels = s.metadata.labels.clone().unwrap();
         assert_eq!(labels["sluice.dev/revert-cluster"], "true");
         assert!(!labels.contains_key("argocd.argoproj.io/secret-type"));
         assert_eq!(text(&s, "name"), "east-1");
         assert_eq!(text(&s, "server"), "http://127.0.0.1:17401");
         assert_eq!(text(&s, "token"), "tok");
+        assert!(!s.data.as_ref().unwrap().contains_key("ca.crt"));
+        let tls = revert_identity("east-1", "https://127.0.0.1:6443", "tok", Some("PEM"));
+        assert_eq!(text(&tls, "ca.crt"), "PEM");
     }
 
     #[test]

@@ -542,6 +542,18 @@ async fn wait_etcd(procs: &mut Supervised, port: u16, log: &Path) -> Result<(), 
 
 // --- control plane --------------------------------------------------------------------------
 
+/// The documents of a multi-document YAML text, parsed before any request is sent (the YAML
+/// parser is not `Send`, so holding it across an await would keep the futures of
+/// [`ControlPlane::apply_yaml`] and [`ControlPlane::install_crds`] off spawned tasks).
+fn yaml_documents(yaml: &str) -> Result<Vec<serde_json::Value>, ControlPlaneError> {
+    serde_yaml::Deserializer::from_str(yaml)
+        .map(|doc| {
+            serde_json::Value::deserialize(doc)
+                .map_err(|e| ControlPlaneError::Manifest(e.to_string()))
+        })
+        .collect()
+}
+
 /// How to start a [`ControlPlane`].
 #[derive(Clone, Debug, Default)]
 pub struct Options {
@@ -893,11 +905,10 @@ impl ControlPlane {
     /// fields over. A namespaced object without a namespace goes to `default`. Returns the
     /// objects as stored.
     pub async fn apply_yaml(&self, yaml: &str) -> Result<Vec<DynamicObject>, ControlPlaneError> {
+        let docs = yaml_documents(yaml)?;
         let client = self.client().await?;
         let mut applied = Vec::new();
-        for doc in serde_yaml::Deserializer::from_str(yaml) {
-            let value = serde_json::Value::deserialize(doc)
-                .map_err(|e| ControlPlaneError::Manifest(e.to_string()))?;
+        for value in docs {
             if !value.is_object() {
                 continue;
             }
@@ -955,11 +966,10 @@ impl ControlPlane {
     /// real API server refuses a CRD whose rules do not compile or exceed its CEL cost estimate:
     /// that is the error returned, with the server's message.
     pub async fn install_crds(&self, yaml: &str) -> Result<Vec<String>, ControlPlaneError> {
+        let docs = yaml_documents(yaml)?;
         let api: Api<CustomResourceDefinition> = Api::all(self.client().await?);
         let mut names = Vec::new();
-        for doc in serde_yaml::Deserializer::from_str(yaml) {
-            let value = serde_json::Value::deserialize(doc)
-                .map_err(|e| ControlPlaneError::Manifest(e.to_string()))?;
+        for value in docs {
             if value.is_null() {
                 continue;
             }

@@ -436,8 +436,9 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
     sandbox
         .cluster(CLUSTER)
         .ok_or_else(|| ScenarioError::Missing(format!("cluster {CLUSTER}")))?
-        .emulator
+        .api
         .load_yaml(DESTINATION_RULE_CRD)
+        .await
         .map_err(|e| {
             ScenarioError::Missing(format!("the DestinationRule CRD in {CLUSTER} ({e})"))
         })?;
