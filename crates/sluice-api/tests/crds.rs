@@ -106,17 +106,15 @@ fn every_kind_has_names_columns_category_and_status() {
             .map(Vec::len)
             .unwrap_or(0);
         assert!(cols >= 2, "{kind}: printer columns missing");
-        // GateTemplate is a definition with no observed state; every other kind has status.
-        if kind != "GateTemplate" {
-            assert!(
-                version["subresources"]["status"].is_object(),
-                "{kind}: status subresource missing"
-            );
-            assert!(
-                schema_of(&crd)["properties"]["status"].is_object(),
-                "{kind}: status schema missing"
-            );
-        }
+        // Every kind has observed state (a GateTemplate's is its Ready condition).
+        assert!(
+            version["subresources"]["status"].is_object(),
+            "{kind}: status subresource missing"
+        );
+        assert!(
+            schema_of(&crd)["properties"]["status"].is_object(),
+            "{kind}: status schema missing"
+        );
     }
 }
 

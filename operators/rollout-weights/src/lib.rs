@@ -3,7 +3,7 @@
 //! Pure logic: `decide` (validity, then the state machine), `step` (the state machine),
 //! `route_edit` (route editing), `observe` (route and workload readings), `analysis` (gate
 //! checks and the analysis schedule; its batcher shares one engine). I/O: `reconcile`.
-//! `metrics` registers every metric. Never writes a route it does not own, and never writes
+//! `metrics` registers every metric. `template_status` writes every GateTemplate's `Ready`. Never writes a route it does not own, and never writes
 //! outside its field manager.
 #![forbid(unsafe_code)]
 
@@ -14,6 +14,7 @@ pub mod observe;
 pub mod reconcile;
 pub mod route_edit;
 pub mod step;
+pub mod template_status;
 pub mod triggers;
 pub mod validity;
 

@@ -7,7 +7,7 @@ use std::{process::ExitCode, sync::Arc};
 
 use clap::Parser;
 use kube::runtime::watcher;
-use sluice_rollout_weights::{OPERATOR, metrics, reconcile, triggers};
+use sluice_rollout_weights::{OPERATOR, metrics, reconcile, template_status, triggers};
 use sluice_runtime::{Runtime, RuntimeArgs};
 
 /// Sole writer of canary weights on a Gateway API HTTPRoute for the life of a Rollout.
@@ -51,6 +51,12 @@ async fn main() -> ExitCode {
             routes: rt.namespaced_api(),
         };
         let extend = triggers::with_triggers(watched, watcher::Config::default());
+        // Every GateTemplate's Ready condition, written while this replica leads.
+        tokio::spawn(template_status::run(
+            rt.watch_client.clone(),
+            rt.client.clone(),
+            ctx.leadership.clone(),
+        ));
         rt.run_with(api, Arc::new(ctx), reconcile::reconcile, extend)
             .await?;
         Ok(())

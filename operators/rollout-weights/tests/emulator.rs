@@ -185,3 +185,99 @@ async fn invalid_rollout_is_named_then_ready_once_fixed() {
         .unwrap();
     emu.shutdown().await;
 }
+
+/// A GateTemplate whose PromQL does not parse is `Ready=False` naming `spec.promql`, written by
+/// rollout-weights' field manager; once fixed it is `Ready=True` at the new generation.
+#[tokio::test]
+async fn a_gate_template_gets_ready_from_validation() {
+    use sluice_api::v1alpha1::GateTemplate;
+    let emu = kube_emulator::Emulator::start().await;
+    emu.load_manifest_file(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../crds/gatetemplates.sluice.dev.yaml"),
+    )
+    .expect("GateTemplate CRD installs");
+    let client = emu.client();
+    let api: Api<GateTemplate> = Api::all(client.clone());
+    let controller = tokio::spawn(sluice_rollout_weights::template_status::run(
+        client.clone(),
+        client.clone(),
+        Leadership::always(),
+    ));
+    let template = |q: &str| -> GateTemplate {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "sluice.dev/v1alpha1",
+            "kind": "GateTemplate",
+            "metadata": {"name": "errors"},
+            "spec": {"promql": q, "comparison": {"absolute": {"op": "LessThan", "value": 0.01}}},
+        }))
+        .unwrap()
+    };
+    api.create(
+        &PostParams::default(),
+        &template(r#"sum(rate(x{service="{{canaryService}}"}[{{window}}])"#),
+    )
+    .await
+    .expect("the API server accepts it");
+
+    let ready = |t: &GateTemplate| {
+        t.status
+            .as_ref()
+            .and_then(|s| find(&s.conditions, "Ready"))
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let seen = loop {
+        let t = api.get("errors").await.unwrap();
+        if ready(&t).is_some() {
+            break t;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no status: {t:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (status, reason, message) = ready(&seen).unwrap();
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "InvalidSpec"));
+    assert!(
+        message.contains("spec.promql: template is not valid PromQL"),
+        "{message}"
+    );
+    assert_eq!(
+        seen.status.as_ref().unwrap().observed_generation,
+        seen.metadata.generation
+    );
+    let managers: Vec<_> = seen
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    assert!(managers.iter().any(|m| m == OPERATOR), "{managers:?}");
+
+    api.patch(
+        "errors",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"promql": r#"sum(rate(x{service="{{canaryService}}"}[{{window}}]))"#}})),
+    )
+    .await
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let t = api.get("errors").await.unwrap();
+        if ready(&t).is_some_and(|r| r.0 == "True") {
+            assert_eq!(ready(&t).unwrap().1, "Valid");
+            assert_eq!(
+                t.status.as_ref().unwrap().observed_generation,
+                t.metadata.generation
+            );
+            assert_ne!(t.metadata.generation, seen.metadata.generation);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never Ready: {:?}",
+            t.status
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    controller.abort();
+}

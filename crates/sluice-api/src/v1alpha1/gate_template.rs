@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -25,6 +26,7 @@ use super::gate::GateDefinition;
     plural = "gatetemplates",
     shortname = "sgt",
     category = "sluice",
+    status = "GateTemplateStatus",
     doc = "A shared, cluster-scoped gate definition (PromQL template or built-in gate, comparison, window, minimum samples) referenced by name from sluice gates.",
     printcolumn(name = "Builtin", type_ = "string", json_path = ".spec.builtin"),
     printcolumn(name = "Window", type_ = "string", json_path = ".spec.window"),
@@ -54,4 +56,20 @@ pub struct GateTemplateSpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "super::common::variables_schema")]
     pub variables: BTreeMap<String, String>,
+}
+
+/// Observed state of a GateTemplate, written by rollout-weights (its field manager): whether the
+/// template is usable, checked as the operators would use it, before any gate references it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GateTemplateStatus {
+    /// The metadata.generation the conditions reflect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Conditions, one per type. `Ready`: True (reason `Valid`) when the fields, the variables
+    /// and the PromQL (parsed with every `{{variable}}` given a placeholder) are valid; False
+    /// (reason `InvalidSpec`) with each problem as `field: what is wrong`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
 }

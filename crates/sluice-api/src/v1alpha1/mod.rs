@@ -19,7 +19,7 @@ pub use gate::{
     Gate, GateDefinition, GateQuery, GateResolveError, GateVerdict, InconclusiveAction,
     InconclusivePolicy, RelativeComparison, ResolvedGate, ShareComparison, Verdict, VerdictReason,
 };
-pub use gate_template::{GateTemplate, GateTemplateSpec};
+pub use gate_template::{GateTemplate, GateTemplateSpec, GateTemplateStatus};
 pub use revision_upgrade::{
     RevisionUpgrade, RevisionUpgradePhase, RevisionUpgradeSpec, RevisionUpgradeStatus,
 };
