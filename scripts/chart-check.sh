@@ -234,6 +234,50 @@ revert_allowed_kinds() {
     || { echo "revert.allowedKinds does not reach revert's --allowed-kinds"; return 1; }
 }
 
+# network_policies RENDER: one NetworkPolicy per operator Deployment, selecting exactly its pods;
+# ingress only to the metrics port the container serves on; egress only to the API server
+# addresses, DNS, the metrics view (not revert) and revert's own peers (revert only).
+network_policies() {
+  "$PY" - "$OUT/$1.yaml" <<'PYEOF'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+comp = lambda d: d["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+deps = {comp(d): d for d in docs if d["kind"] == "Deployment"}
+pols = {comp(d): d for d in docs if d["kind"] == "NetworkPolicy"}
+fail = []
+if sorted(pols) != sorted(deps):
+    fail.append(f"NetworkPolicies for {sorted(pols)}, Deployments for {sorted(deps)}")
+for op, p in pols.items():
+    d = deps.get(op)
+    if d is None:
+        continue
+    where = f"NetworkPolicy {p['metadata']['name']}"
+    if p["spec"]["podSelector"]["matchLabels"] != d["spec"]["selector"]["matchLabels"]:
+        fail.append(f"{where}: selects {p['spec']['podSelector']} not the Deployment's pods")
+    if sorted(p["spec"]["policyTypes"]) != ["Egress", "Ingress"]:
+        fail.append(f"{where}: policyTypes {p['spec']['policyTypes']}")
+    c = d["spec"]["template"]["spec"]["containers"][0]
+    served = [x["containerPort"] for x in c.get("ports", [])]
+    ports = [pt["port"] for r in p["spec"]["ingress"] for pt in r.get("ports", [])]
+    if len(served) != 1 or ports != served or any("ports" not in r for r in p["spec"]["ingress"]):
+        fail.append(f"{where}: ingress ports {ports}, the pod serves {served}: ingress must be the metrics port only")
+    if any("from" not in r for r in p["spec"]["ingress"]):
+        fail.append(f"{where}: ingress from anywhere although metricsFrom is set")
+    egress = p["spec"]["egress"]
+    cidrs = sorted(t["ipBlock"]["cidr"] for r in egress for t in r.get("to", []) if "ipBlock" in t)
+    want = ["10.0.0.10/32", "10.0.0.11/32"] + (["192.0.2.0/24"] if op == "revert" else [])
+    if cidrs != sorted(want):
+        fail.append(f"{where}: egress to {cidrs}, expected {sorted(want)}")
+    if any("to" not in r or "ports" not in r for r in egress):
+        fail.append(f"{where}: an egress rule without to or ports opens everything")
+    prom = any(pt.get("port") == 9090 for r in egress for pt in r.get("ports", []))
+    if prom == (op == "revert"):
+        fail.append(f"{where}: metrics-view egress {'present' if prom else 'missing'}")
+if fail:
+    sys.exit("\n".join(fail))
+PYEOF
+}
+
 # revert reads AppProjects by name when revert.appProjects lists them, and only those.
 revert_app_projects() {
   helm template "$RELEASE" "$CHART" --namespace "$NAMESPACE" --set 'revert.appProjects={default,shop}' \
@@ -438,6 +482,28 @@ main() {
   else
     pass "default values pass no --prometheus-url or --cluster"
   fi
+
+  # NetworkPolicies: none by default; when enabled one per operator, ingress only to the metrics
+  # port, egress only to the API server, DNS, the metrics view (gates) and revert's own peers.
+  if grep -q '^kind: NetworkPolicy$' "$OUT/default.yaml"; then
+    fail "default values render no NetworkPolicy" "$(grep -n -A3 '^kind: NetworkPolicy$' "$OUT/default.yaml")"
+  else
+    pass "default values render no NetworkPolicy"
+  fi
+  if render netpol --set networkPolicy.enabled=true \
+    --set-json 'networkPolicy.apiServer=[{"cidr":"10.0.0.10/32","port":6443},{"cidr":"10.0.0.11/32","port":6443}]' \
+    --set-json 'networkPolicy.metricsFrom=[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}]' \
+    --set-json 'networkPolicy.metricsSource=[{"to":[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}],"ports":[{"protocol":"TCP","port":9090}]}]' \
+    --set-json 'networkPolicy.revertEgress=[{"to":[{"ipBlock":{"cidr":"192.0.2.0/24"}}],"ports":[{"protocol":"TCP","port":443}]}]' \
+    2>"$OUT/render.err"; then
+    pass "helm template (NetworkPolicies enabled)"
+    check "kubernetes-validate --strict (NetworkPolicies enabled)" validate netpol
+    check "NetworkPolicies: metrics port in, API server, DNS, metrics view and revert's peers out" network_policies netpol
+  else
+    fail "helm template (NetworkPolicies enabled)" "$(cat "$OUT/render.err")"
+  fi
+  expect_rejected "chart refuses NetworkPolicies without the API server's addresses" \
+    "networkPolicy.enabled needs networkPolicy.apiServer" --set networkPolicy.enabled=true
 
   # Monitoring: ServiceMonitor, PrometheusRule and dashboards rendered and validated; alert rules
   # unit-tested with promtool when it is installed.
