@@ -11,7 +11,6 @@ use std::collections::BTreeSet;
 use std::io::Read;
 
 use flate2::Compression;
-use flate2::read::GzDecoder;
 
 use crate::error::{BundleError, Result};
 use crate::manifests::{ManifestFile, is_manifest_name, validate_path};
@@ -76,8 +75,12 @@ pub fn pack(files: &[ManifestFile]) -> Vec<u8> {
 /// Unpacks a bundle layer into its manifest files (sorted by path). Directory entries are
 /// implied by paths and dropped; files that are not manifests (by extension) are dropped too,
 /// as Argo CD's directory source ignores them; links, devices and unsafe paths are refused.
+///
+/// The layer must be exactly one gzip member: Go's reader (Argo CD's) reads every member of a
+/// multi-member stream, so bytes after the first member would be files Argo CD applies and
+/// this check never saw.
 pub fn unpack(layer: &[u8], location: &str) -> Result<Vec<ManifestFile>> {
-    let limited = GzDecoder::new(layer).take(MAX_UNPACKED_BYTES + 1);
+    let limited = flate2::bufread::GzDecoder::new(layer).take(MAX_UNPACKED_BYTES + 1);
     let mut archive = tar::Archive::new(limited);
     let mut files = Vec::new();
     let mut total: u64 = 0;
@@ -143,6 +146,23 @@ pub fn unpack(layer: &[u8], location: &str) -> Result<Vec<ManifestFile>> {
         })?;
         files.push(ManifestFile { path, contents });
     }
+    // The rest of the first member (the tar end-of-archive blocks), then nothing at all.
+    let mut decoder = archive.into_inner().into_inner();
+    std::io::copy(
+        &mut (&mut decoder).take(MAX_UNPACKED_BYTES),
+        &mut std::io::sink(),
+    )
+    .map_err(|e| BundleError::invalid(location, format!("layer archive is corrupt: {e}")))?;
+    if !decoder.get_ref().is_empty() {
+        return Err(BundleError::invalid(
+            location,
+            format!(
+                "{} bytes follow the layer's gzip stream (a second gzip member or trailing \
+                 data, which Argo CD would read and this check would not); rebuild the bundle",
+                decoder.get_ref().len()
+            ),
+        ));
+    }
     files.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(files)
 }
@@ -150,6 +170,31 @@ pub fn unpack(layer: &[u8], location: &str) -> Result<Vec<ManifestFile>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flate2::read::GzDecoder;
+
+    #[test]
+    fn a_second_gzip_member_or_trailing_bytes_are_refused() {
+        let layer = pack(&files());
+        assert!(unpack(&layer, "l").is_ok());
+        // A second member holding another manifest: Go's multistream reader would see it.
+        let mut two = layer.clone();
+        two.extend(pack(&[ManifestFile {
+            path: "hidden.yaml".into(),
+            contents: b"kind: EnvoyFilter\n".to_vec(),
+        }]));
+        let err = unpack(&two, "l").unwrap_err().to_string();
+        assert!(
+            err.contains("follow the layer's gzip stream (a second gzip member"),
+            "{err}"
+        );
+        let mut trailing = layer;
+        trailing.extend_from_slice(b"junk");
+        let err = unpack(&trailing, "l").unwrap_err().to_string();
+        assert!(
+            err.contains("4 bytes follow the layer's gzip stream"),
+            "{err}"
+        );
+    }
 
     fn files() -> Vec<ManifestFile> {
         vec![

@@ -144,6 +144,18 @@ pub struct Artifact {
 }
 
 impl Artifact {
+    /// The descriptor of the content layer: the one whose digest is the layer this artifact
+    /// holds (not merely the first layer the manifest lists).
+    pub fn content_layer(&self) -> &Descriptor {
+        let digest = sha256_digest(&self.layer);
+        self.manifest
+            .layers
+            .iter()
+            .find(|l| l.digest == digest)
+            .or(self.manifest.layers.first())
+            .expect("a parsed bundle manifest lists its content layer")
+    }
+
     /// The content digest (see `manifests`).
     pub fn content_digest(&self) -> &str {
         self.manifests.content_digest()
@@ -355,7 +367,7 @@ pub fn write_layout(dir: &Path, artifact: &Artifact, tag: Option<&str>) -> Resul
         &artifact.config,
     )?;
     write(
-        &blob_path(dir, &artifact.manifest.layers[0].digest),
+        &blob_path(dir, &artifact.content_layer().digest),
         &artifact.layer,
     )?;
     write(

@@ -281,7 +281,7 @@ pub struct Inspection {
 /// Builds the inspection of an artifact (pure).
 pub fn inspection(artifact: &Artifact, reference: &str, signatures: Option<usize>) -> Inspection {
     let annotations = artifact.manifest.annotations.clone();
-    let layer = &artifact.manifest.layers[0];
+    let layer = artifact.content_layer();
     Inspection {
         reference: reference.to_string(),
         manifest_digest: artifact.manifest_digest.clone(),
@@ -558,12 +558,8 @@ impl BundleClient {
         }
         self.push_blob(&target, &artifact.config, &artifact.manifest.config.digest)
             .await?;
-        self.push_blob(
-            &target,
-            &artifact.layer,
-            &artifact.manifest.layers[0].digest,
-        )
-        .await?;
+        self.push_blob(&target, &artifact.layer, &artifact.content_layer().digest)
+            .await?;
         self.push_manifest(
             &target.with_digest(&artifact.manifest_digest),
             &artifact.manifest_bytes,
@@ -846,6 +842,33 @@ mod tests {
             by_tag.digest_ref().unwrap_err().category(),
             "DigestRequired"
         );
+    }
+
+    #[test]
+    fn inspection_reports_the_content_layer_even_when_it_is_not_first() {
+        let dir = std::env::temp_dir().join(format!("sluice-l16-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("cm.yaml"),
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a, namespace: b}\n",
+        )
+        .unwrap();
+        let (manifests, _) =
+            crate::Manifests::read_dir(&dir, &crate::ReadOptions::default()).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let a = artifact::render(&manifests, &artifact::Metadata::default()).unwrap();
+        // An extra non-content layer listed first (Argo CD ignores it).
+        let mut manifest: serde_json::Value = serde_json::from_slice(&a.manifest_bytes).unwrap();
+        let content = manifest["layers"][0].clone();
+        let mut extra = content.clone();
+        extra["mediaType"] = "application/vnd.example.readme".into();
+        extra["digest"] = format!("sha256:{}", "0".repeat(64)).into();
+        manifest["layers"] = serde_json::json!([extra, content]);
+        let bytes = serde_json::to_vec(&manifest).unwrap();
+        let b = artifact::from_parts(bytes, a.config.clone(), a.layer.clone(), None, "t").unwrap();
+        let seen = inspection(&b, "t", None);
+        assert_eq!(seen.layer_digest, a.content_layer().digest);
+        assert_ne!(seen.layer_digest, b.manifest.layers[0].digest);
     }
 
     #[test]

@@ -445,6 +445,15 @@ fn yaml_to_json(value: serde_yaml::Value, source: &str) -> Result<serde_json::Va
                         format!("mapping key {key:?} is not a string; quote it"),
                     ));
                 };
+                if key == "<<" {
+                    // Argo CD's YAML reader applies merge keys; this one would keep `<<` as a
+                    // field: the objects checked here would not be the objects applied.
+                    return Err(BundleError::invalid(
+                        source,
+                        "YAML merge keys (<<) are not allowed in manifests; write the merged \
+                         fields out",
+                    ));
+                }
                 out.insert(key, yaml_to_json(item, source)?);
             }
             serde_json::Value::Object(out)
@@ -623,6 +632,11 @@ mod tests {
                 "must be a Kubernetes object",
             ),
             ("broken yaml", "apiVersion: v1\nkind: [\n", "not valid YAML"),
+            (
+                "merge key",
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\nbase: &b {x: \"1\"}\ndata:\n  <<: *b\n",
+                "YAML merge keys (<<) are not allowed in manifests",
+            ),
             (
                 "non-string key",
                 "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\ndata: {1: x}\n",
