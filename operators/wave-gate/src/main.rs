@@ -27,6 +27,11 @@ struct Cli {
     /// The label that scopes a series to one cluster in the metrics view.
     #[arg(long, env = "SLUICE_CLUSTER_LABEL", default_value = "cluster")]
     cluster_label: String,
+    /// Scrape `job` label of wave-gate's own metrics at every site: a cross-site wait trusts
+    /// only `sluice_wavegate_wave_passed` series of this job (another scraped workload exposing
+    /// the same series under its own job is ignored). Empty: any job.
+    #[arg(long, env = "SLUICE_WAVE_PASSED_JOB", default_value = reconcile::DEFAULT_WAVE_PASSED_JOB)]
+    wave_passed_job: String,
     /// After a halt, how long to wait for revert to hold the BundlePins (automation suspended,
     /// previous bundle applied) before setting the halted clusters' decisions back anyway.
     #[arg(long, env = "SLUICE_PIN_WAIT_SECONDS", default_value_t = 30)]
@@ -57,6 +62,7 @@ async fn main() -> ExitCode {
         let leadership = rt.leadership()?;
         let ctx = Arc::new(reconcile::Context {
             leadership,
+            wave_passed_job: cli.wave_passed_job,
             allow_free_form_promql: cli.allow_free_form_promql,
             engine,
             metrics: Some(wave_metrics),

@@ -67,6 +67,10 @@ pub struct Context {
     /// Whether this replica leads: checked right before the ApplicationSet nudge and every
     /// BundlePin creation.
     pub leadership: Leadership,
+    /// The scrape `job` of wave-gate's own metrics (`--wave-passed-job`): a cross-site wait
+    /// trusts only `sluice_wavegate_wave_passed` series of that job, not the same series exposed
+    /// by any other scraped workload. Empty: not pinned.
+    pub wave_passed_job: String,
 }
 
 impl std::fmt::Debug for Context {
@@ -87,6 +91,7 @@ impl Context {
             metrics: None,
             pin_wait: crate::decide::DEFAULT_PIN_WAIT,
             leadership: Leadership::always(),
+            wave_passed_job: DEFAULT_WAVE_PASSED_JOB.to_owned(),
         }
     }
 }
@@ -351,17 +356,35 @@ async fn evaluate_gates(
     Ok(out)
 }
 
-/// Other sites' progress at `revision`: `(site, wave)` pairs reported passed.
+/// Default of `--wave-passed-job`: the chart's ServiceMonitor names each operator's scrape job
+/// after its component label.
+pub const DEFAULT_WAVE_PASSED_JOB: &str = "wave-gate";
+
+/// The query of other sites' progress at `revision`, trusting only series of scrape job `job`
+/// (when set).
+pub fn passed_elsewhere_query(revision: &str, job: &str) -> String {
+    use sluice_analysis::template::escape_string;
+    let job = if job.is_empty() {
+        String::new()
+    } else {
+        format!(", job=\"{}\"", escape_string(job))
+    };
+    format!(
+        "max by (site, wave) (last_over_time({WAVE_PASSED_METRIC}{{revision=\"{}\"{job}}}[5m])) > 0",
+        escape_string(revision)
+    )
+}
+
+/// Other sites' progress at `revision`: `(site, wave)` pairs reported passed by series of scrape
+/// job `job`.
 async fn passed_elsewhere(
     engine: &Engine<PrometheusSource>,
     revision: &str,
+    job: &str,
     now: Timestamp,
 ) -> BTreeSet<(String, String)> {
     use sluice_analysis::MetricsSource;
-    let q = format!(
-        "max by (site, wave) (last_over_time({WAVE_PASSED_METRIC}{{revision=\"{}\"}}[5m])) > 0",
-        sluice_analysis::template::escape_string(revision)
-    );
+    let q = passed_elsewhere_query(revision, job);
     match engine.source().query(&q, now).await {
         Ok(series) => series
             .into_iter()
@@ -498,7 +521,9 @@ pub async fn reconcile(
                     if matches!(state, WaveState::Pending | WaveState::Waiting)
                         && !spec.waves[i].wait_for.is_empty()
                     {
-                        obs.passed_elsewhere = passed_elsewhere(engine, &spec.revision, now).await;
+                        obs.passed_elsewhere =
+                            passed_elsewhere(engine, &spec.revision, &ctx.wave_passed_job, now)
+                                .await;
                     }
                 }
             }
@@ -513,7 +538,8 @@ pub async fn reconcile(
             && let Some(engine) = &ctx.engine
             && !spec.waves[0].wait_for.is_empty()
         {
-            obs.passed_elsewhere = passed_elsewhere(engine, &spec.revision, now).await;
+            obs.passed_elsewhere =
+                passed_elsewhere(engine, &spec.revision, &ctx.wave_passed_job, now).await;
         }
     }
 
@@ -593,4 +619,20 @@ pub async fn reconcile(
         Requeue::AwaitChange => ControllerAction::await_change(),
         Requeue::After(d) => ControllerAction::requeue(d.max(std::time::Duration::from_millis(50))),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cross_site_waits_trust_only_wave_gates_scrape_job() {
+        let q = passed_elsewhere_query("sha256:ab", "wave-gate");
+        assert_eq!(
+            q,
+            "max by (site, wave) (last_over_time(sluice_wavegate_wave_passed{revision=\"sha256:ab\", job=\"wave-gate\"}[5m])) > 0"
+        );
+        assert!(!passed_elsewhere_query("sha256:ab", "").contains("job="));
+        assert!(passed_elsewhere_query("r", "a\"b").contains(r#"job="a\"b""#));
+    }
 }

@@ -532,7 +532,10 @@ async fn global_view(
                 let Some((labels, value)) = rest.rsplit_once("} ") else {
                     continue;
                 };
-                let mut s = Series::new(metrics::WAVE_PASSED_METRIC);
+                // The scrape adds the job label (the chart's ServiceMonitor names it after the
+                // component); a cross-site wait trusts only that job's series.
+                let mut s = Series::new(metrics::WAVE_PASSED_METRIC)
+                    .label("job", reconcile::DEFAULT_WAVE_PASSED_JOB);
                 for pair in labels.split(',') {
                     if let Some((k, v)) = pair.split_once('=') {
                         s = s.label(k, v.trim_matches('"'));
