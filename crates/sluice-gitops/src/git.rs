@@ -89,6 +89,10 @@ impl RevertBranch {
                 "--quiet",
                 "--no-tags",
                 "--single-branch",
+                // Commits and trees only; the blobs the revert touches are fetched on demand, so
+                // a large intent repository does not fill the pod's small /tmp. A server without
+                // partial clone support ignores the filter (a full clone, as before).
+                "--filter=blob:none",
                 "--branch",
                 &self.base,
                 &config.url,
