@@ -166,7 +166,8 @@ def check_rbac(docs: list[dict], enabled: list[str], release_ns: str, argocd_ns:
                 base = res.split("/")[0]
                 allowed = (
                     base == OWN_KIND[op]
-                    or (op == "wave-gate" and base == "bundlepins" and verb == "create")
+                    # wave-gate creates a halt's pins and deletes them once revert released them.
+                    or (op == "wave-gate" and res == "bundlepins" and verb in ("create", "delete"))
                     # rollout-weights is the one writer of every GateTemplate's Ready condition.
                     or (op == "rollout-weights" and res == "gatetemplates/status" and verb == "patch")
                 )

@@ -105,6 +105,9 @@ pub struct Observations {
     pub existing_pins: BTreeSet<String>,
     /// Phase revert reports for each existing BundlePin (absent: no status yet).
     pub pin_phases: BTreeMap<String, BundlePinPhase>,
+    /// BundlePins this WaveGate created (its annotation names it) that revert reports Released:
+    /// deleted once no halt still needs them.
+    pub released_pins: BTreeSet<String>,
     /// How long a halt waits for revert to put its pins in force before the decisions go back
     /// anyway (revert down or slow must not keep the canary on the halted revision).
     pub pin_wait: Duration,
@@ -171,6 +174,7 @@ impl Default for Observations {
             gates: None,
             passed_elsewhere: BTreeSet::new(),
             existing_pins: BTreeSet::new(),
+            released_pins: BTreeSet::new(),
             pin_phases: BTreeMap::new(),
             pin_wait: DEFAULT_PIN_WAIT,
             controller_params: None,
@@ -198,6 +202,8 @@ pub enum Action {
     NudgeApplicationSet,
     /// Create a BundlePin (already existing is fine: names are deterministic).
     CreatePin(PinPlan),
+    /// Delete a BundlePin this WaveGate created that revert released (already gone is fine).
+    DeletePin(String),
 }
 
 /// When to look at the object again.
@@ -576,6 +582,13 @@ pub fn decide(
     };
     cx.next.observed_generation = obs.generation;
     let requeue = step(&mut cx);
+    // Released pins this WaveGate created go, once no halt may still create or count them (a
+    // halt's pins are created and judged only until it pinned back): revert gave their
+    // Applications back, and a Released pin holds nothing.
+    if cx.next.halt.as_ref().is_none_or(|h| h.pinned_at.is_some()) {
+        cx.actions
+            .extend(obs.released_pins.iter().cloned().map(Action::DeletePin));
+    }
     cx.next.phase = phase(&cx.next);
     let active = active_wave(&cx.next);
     let shown = match (&cx.next.halt, active) {
@@ -2059,6 +2072,52 @@ mod tests {
         );
         assert!(!events(&d).contains(&reasons::SOAKING), "no new soak");
         assert!(!d.actions.contains(&Action::NudgeApplicationSet));
+    }
+
+    #[test]
+    fn released_pins_of_this_wave_gate_are_deleted_once_the_halt_no_longer_needs_them() {
+        let s = spec();
+        let mut o = obs(&["c1"]);
+        o.gates = Some(vec![verdict("mesh-error-ratio", Verdict::Fail, 15)]);
+        let halted = run(&s, Some(&soaking()), &o, 15);
+        let name = pins_of(&halted)[0].name.clone();
+        let deleted = |d: &Decision| -> Vec<String> {
+            d.actions
+                .iter()
+                .filter_map(|a| match a {
+                    Action::DeletePin(n) => Some(n.clone()),
+                    _ => None,
+                })
+                .collect()
+        };
+        // A pin released (spec.release by hand) before the halt pinned back is still counted
+        // by the halt: kept.
+        let mut o = obs(&["c1"]);
+        o.existing_pins.insert(name.clone());
+        o.pin_phases.insert(name.clone(), BundlePinPhase::Released);
+        o.released_pins.insert(name.clone());
+        let mut before = halted.status.clone();
+        before.halt.as_mut().unwrap().pinned_at = None;
+        let d = run(&s, Some(&before), &o, 16);
+        assert!(
+            d.status.halt.as_ref().unwrap().pinned_at.is_some(),
+            "a Released pin lets the decisions go back"
+        );
+        // Pinned back: the released pin goes, now and on every later reconcile it still exists.
+        assert_eq!(deleted(&d), vec![name.clone()]);
+        let later = run(&s, Some(&d.status), &o, 100);
+        assert_eq!(deleted(&later), vec![name.clone()]);
+        assert_eq!(later.status, d.status);
+        // Still in force (Pinned): kept.
+        let mut held = o.clone();
+        held.released_pins.clear();
+        held.pin_phases.insert(name.clone(), BundlePinPhase::Pinned);
+        assert!(deleted(&run(&s, Some(&d.status), &held, 100)).is_empty());
+        // While the halt still creates and counts its pins: never deleted.
+        let mut creating = obs(&["c1"]);
+        creating.released_pins.insert(name.clone());
+        let d = run(&s, Some(&halted.status), &creating, 16);
+        assert!(deleted(&d).is_empty(), "{:?}", d.actions);
     }
 
     #[test]

@@ -492,17 +492,30 @@ pub async fn reconcile(
             obs.applications = applications(spec, &spec.application_set_ref.name, listed.items);
         }
         let current = status.cloned().unwrap_or_default();
+        // wave-gate's own pins (label-selected on the server): a halt's, and the released ones
+        // to delete.
+        let pins: Api<BundlePin> = Api::namespaced(ctx.client.clone(), &ns);
+        let listed = pins
+            .list(&ListParams::default().labels(&format!(
+                "{}={}",
+                pins::MANAGED_BY_LABEL,
+                crate::OPERATOR
+            )))
+            .await
+            .map_err(read("BundlePins"))?
+            .items;
+        let this_gate = format!("{ns}/{name}");
+        obs.released_pins = listed
+            .iter()
+            .filter(|p| {
+                p.annotations().get(pins::WAVE_GATE_ANNOTATION) == Some(&this_gate)
+                    && p.metadata.deletion_timestamp.is_none()
+                    && p.status.as_ref().map(|s| s.phase)
+                        == Some(sluice_api::v1alpha1::BundlePinPhase::Released)
+            })
+            .map(|p| p.name_any())
+            .collect();
         if current.halt.is_some() {
-            let pins: Api<BundlePin> = Api::namespaced(ctx.client.clone(), &ns);
-            let listed = pins
-                .list(&ListParams::default().labels(&format!(
-                    "{}={}",
-                    pins::MANAGED_BY_LABEL,
-                    crate::OPERATOR
-                )))
-                .await
-                .map_err(read("BundlePins"))?
-                .items;
             obs.existing_pins = listed.iter().map(|p| p.name_any()).collect();
             obs.pin_phases = listed
                 .iter()
@@ -592,6 +605,22 @@ pub async fn reconcile(
                 {
                     // A missed nudge only delays Argo CD until its own requeue; never fatal.
                     tracing::warn!(error = %e, "nudging the ApplicationSet to refresh failed");
+                }
+            }
+            Action::DeletePin(pin) => {
+                let pins: Api<BundlePin> = Api::namespaced(ctx.client.clone(), &ns);
+                ctx.leadership.ensure()?;
+                match pins.delete(pin, &Default::default()).await {
+                    Ok(_) => tracing::info!(pin = %pin, "released BundlePin deleted"),
+                    Err(e) if is_status(&e, 404) => {}
+                    Err(source) => {
+                        return Err(ReconcileError::Act {
+                            what: format!("deleting released BundlePin {pin}"),
+                            namespace: ns.clone(),
+                            name: name.clone(),
+                            source,
+                        });
+                    }
                 }
             }
             Action::CreatePin(plan) => {
