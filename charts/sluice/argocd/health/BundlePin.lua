@@ -30,7 +30,9 @@ elseif phase == "Refused" or phase == "Failed" then
   local why = condition("Verified")
   if why == nil or why.status ~= "False" then why = condition("Pinned") end
   if why == nil or why.status ~= "False" then why = condition("Ready") end
-  hs.message = string.lower(phase) .. ": " .. ((why and why.message) or "see the conditions")
+  -- Argo CD runs this without Lua's string library (no string.lower).
+  local word = ({ Refused = "refused", Failed = "failed" })[phase]
+  hs.message = word .. ": " .. ((why and why.message) or "see the conditions")
 else
   hs.status = "Progressing"
   hs.message = phase

@@ -33,7 +33,9 @@ elseif phase == "Aborted" or phase == "Invalid" then
   hs.status = "Degraded"
   local ready = condition("Ready")
   local detail = (ready and ready.status == "False" and ready.message) or proxies()
-  hs.message = string.lower(phase) .. ": " .. detail
+  -- Argo CD runs this without Lua's string library (no string.lower).
+  local word = ({ Aborted = "aborted", Invalid = "invalid" })[phase]
+  hs.message = word .. ": " .. detail
 else
   hs.status = "Progressing"
   hs.message = phase

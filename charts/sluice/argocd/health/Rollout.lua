@@ -21,7 +21,11 @@ local function traffic()
   if st.currentStepIndex ~= nil then table.insert(parts, "step " .. st.currentStepIndex) end
   if st.desiredWeight ~= nil then table.insert(parts, "desired weight " .. st.desiredWeight .. "%") end
   if st.appliedShare ~= nil then
-    table.insert(parts, string.format("applied share %.1f%%", st.appliedShare * 100))
+    -- One decimal without string.format or math.floor: Argo CD runs this without Lua's
+    -- string and math libraries.
+    local tenths = st.appliedShare * 1000 + 0.5
+    tenths = tenths - tenths % 1
+    table.insert(parts, "applied share " .. (tenths / 10) .. "%")
   end
   return table.concat(parts, ", ")
 end
