@@ -63,6 +63,9 @@ fn applicationsets() -> ApiResource {
 fn httproutes() -> ApiResource {
     ar("gateway.networking.k8s.io", "v1", "HTTPRoute", "httproutes")
 }
+fn grpcroutes() -> ApiResource {
+    ar("gateway.networking.k8s.io", "v1", "GRPCRoute", "grpcroutes")
+}
 
 /// Who writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -579,6 +582,23 @@ fn table() -> Vec<Case> {
             write: Write::Apply("team-a", json!({"spec": {"hostnames": ["other.example"]}})),
             expect: Expect::Allowed,
         },
+        Case {
+            what: "someone else creates a GRPCRoute carrying the ownership annotation",
+            who: Who::Admin,
+            resource: grpcroutes,
+            namespace: "{ns}",
+            name: "grpc",
+            write: Write::Create(json!({
+                "apiVersion": "gateway.networking.k8s.io/v1",
+                "kind": "GRPCRoute",
+                "metadata": {"name": "grpc", "annotations": {OWNER: "{ns}/checkout"}},
+                "spec": {"parentRefs": [{"name": "gw", "namespace": "istio-system"}],
+                         "rules": [{"backendRefs": [{"name": "shop-v1", "port": 80}]}]}
+            })),
+            expect: Expect::Denied(
+                "GRPCRoute {ns}/grpc may not be created with annotation sluice.dev/owned-by-rollout",
+            ),
+        },
         // Hand-back last: the route is free again.
         Case {
             what: "hand back (annotation removed)",
@@ -793,6 +813,13 @@ async fn run_table(target: &Target, ns: &str) -> Vec<String> {
     wrong
 }
 
+/// The scenario CRDs and the released GRPCRoute CRD.
+fn crds(upstream: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut crds = sluice_e2e::target::crd_files(&repo_root(), upstream);
+    crds.push(upstream.join("gateway-api-v1.6.1/gateway.networking.k8s.io_grpcroutes.yaml"));
+    crds
+}
+
 fn rendered() -> Option<Vec<Value>> {
     match chart::render(&repo_root(), chart::Mode::Management) {
         Ok(d) => Some(d),
@@ -813,7 +840,7 @@ async fn each_operator_writes_only_what_it_owns_on_the_emulator() {
     let (Some(upstream), Some(rendered)) = (sluice_e2e::upstream(), rendered()) else {
         return;
     };
-    let crds = sluice_e2e::target::crd_files(&repo_root(), &upstream);
+    let crds = crds(&upstream);
     let ns = "admission-table";
     let target = Target::emulated(&crds, &rendered, &[ARGOCD, ns])
         .await
@@ -832,7 +859,7 @@ async fn each_operator_writes_only_what_it_owns_on_a_real_api_server() {
     let (Some(upstream), Some(rendered)) = (sluice_e2e::upstream(), rendered()) else {
         return;
     };
-    let crds = sluice_e2e::target::crd_files(&repo_root(), &upstream);
+    let crds = crds(&upstream);
     let ns = "admission-table";
     let Some(target) = Target::real(&crds, &rendered, &[ARGOCD, ns]).await.unwrap() else {
         return;
@@ -864,6 +891,11 @@ async fn each_operator_writes_only_what_it_owns_on_a_real_api_server() {
     .await;
     let wrong = run_table(&target, ns).await;
     let schema = builtin_fields_match_the_server(&admin).await;
+    // A namespace holding an owned route can still be deleted: the policy lets the namespace
+    // controller delete the route once the namespace is terminating.
+    if wrong.is_empty() {
+        namespace_with_an_owned_route_goes_away(&target).await;
+    }
     target.stop().await;
     assert!(
         wrong.is_empty(),
@@ -946,4 +978,68 @@ async fn builtin_fields_match_the_server(admin: &Client) -> Vec<String> {
         }
     }
     wrong
+}
+
+/// Creates a namespace with a route rollout-weights owns, deletes the namespace and waits for it
+/// to be gone (the real namespace controller deletes its content first).
+async fn namespace_with_an_owned_route_goes_away(target: &Target) {
+    let admin = target.admin();
+    let ns = "admission-doomed";
+    Api::<DynamicObject>::all_with(admin.clone(), &namespaces())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let routes: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, &httproutes());
+    routes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(route("checkout", None)).unwrap(),
+        )
+        .await
+        .unwrap();
+    let operator = target
+        .service_account_client(chart::NAMESPACE, &chart::service_account("rollout-weights"))
+        .unwrap();
+    let claim = Case {
+        what: "claim",
+        who: RW,
+        resource: httproutes,
+        namespace: ns,
+        name: "checkout",
+        write: Write::Replace(vec![(
+            "/metadata/annotations",
+            json!({OWNER: "doomed/checkout"}),
+        )]),
+        expect: Expect::Allowed,
+    };
+    run(&claim, operator, ns).await.unwrap();
+    let delete = Case {
+        who: Who::Admin,
+        write: Write::Delete,
+        ..claim
+    };
+    assert!(
+        run(&delete, admin.clone(), ns).await.is_err(),
+        "an owned route is not deleted by others"
+    );
+    Api::<DynamicObject>::all_with(admin.clone(), &namespaces())
+        .delete(ns, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the namespace holding an owned route is deleted",
+        Duration::from_secs(60),
+        async || match Api::<DynamicObject>::all_with(admin.clone(), &namespaces())
+            .get_opt(ns)
+            .await
+        {
+            Ok(None) => Ok(()),
+            Ok(Some(n)) => Err(format!("still there: {:?}", n.data.get("status"))),
+            Err(e) => Err(e.to_string()),
+        },
+    )
+    .await;
 }
