@@ -62,6 +62,9 @@ pub fn decide(
     let mut actions = checked.actions;
     actions.append(&mut next.actions);
     next.actions = actions;
+    if let Some(b) = &obs.baselines {
+        next.status.captured_baselines = b.clone();
+    }
     next
 }
 

@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod analysis;
+pub mod baseline;
 pub mod decide;
 pub mod metrics;
 pub mod observe;

@@ -79,6 +79,8 @@ pub struct Context {
     pub cluster: String,
     /// The shared gate analysis (`None`: no metrics source; no weight step is ever judged).
     pub analyzer: Option<Arc<Analyzer<PrometheusSource>>>,
+    /// Captures pre-change baselines (`None`: no metrics source); same source as `analyzer`.
+    pub baselines: Option<Arc<Engine<PrometheusSource>>>,
     /// The operator's metrics.
     pub metrics: RolloutMetrics,
     /// The platform's per-object series (`sluice_object_*`): which Rollout is aborted, stuck
@@ -108,6 +110,7 @@ impl Context {
             allow_free_form_promql: false,
             cluster: String::new(),
             analyzer: None,
+            baselines: None,
             metrics: metrics::register(&mut Registry::default()),
             signals: ObjectSignals::default(),
             leadership: Leadership::always(),
@@ -126,9 +129,13 @@ impl Context {
         let mut config = PrometheusConfig::new(prometheus_url);
         config.timeout = Duration::from_secs(5);
         let engine = Engine::new(
-            PrometheusSource::new(config),
+            PrometheusSource::new(config.clone()),
             engine_options(self.allow_free_form_promql),
         )?;
+        self.baselines = Some(Arc::new(Engine::new(
+            PrometheusSource::new(config),
+            engine_options(self.allow_free_form_promql),
+        )?));
         let observer = metrics.clone();
         self.analyzer = Some(Arc::new(Analyzer::new(
             engine,
@@ -318,6 +325,42 @@ async fn canary_workload(
         }
         None => (false, None),
     })
+}
+
+/// The pre-change baselines of `checks` for the current change: those kept in status for it,
+/// and the missing ones captured now over the window ending at the change's start (one query per
+/// template). Returns the baselines to keep and a problem per gate whose baseline could not be
+/// captured (that gate stays Inconclusive, so its policy applies, and the Rollout is not Ready).
+async fn pre_change_baselines(
+    ctx: &Context,
+    status: &RolloutStatus,
+    checks: &mut [sluice_analysis::GateCheck],
+) -> (Vec<sluice_api::v1alpha1::CapturedBaseline>, Vec<String>) {
+    let Some(start) = crate::baseline::change_start(status) else {
+        return (status.captured_baselines.clone(), Vec::new());
+    };
+    let (mut kept, missing) = crate::baseline::attach(checks, &status.captured_baselines, start);
+    let mut problems = Vec::new();
+    let Some(engine) = ctx.baselines.as_ref().filter(|_| !missing.is_empty()) else {
+        return (kept, problems);
+    };
+    let wanted: Vec<_> = missing.iter().map(|&i| checks[i].clone()).collect();
+    let captured = engine
+        .capture_baselines(&wanted, start, (ctx.clock)())
+        .await;
+    for (&i, result) in missing.iter().zip(captured) {
+        match result {
+            Ok(b) => {
+                checks[i].captured_baseline = Some(b.clone());
+                kept.push(b);
+            }
+            Err(e) => problems.push(format!(
+                "spec.gates {}: comparison.relative.baseline PreChangeWindow: no baseline captured before the change began ({e})",
+                checks[i].gate.name
+            )),
+        }
+    }
+    (kept, problems)
 }
 
 /// Whether the canary Service exists in the Rollout's namespace.
@@ -638,9 +681,14 @@ pub async fn reconcile(
         let last = analyzer.last(&key).max(analysis::last_analysis(&current));
         if analysis::due(last, (ctx.clock)(), interval) {
             let templates = templates(&ctx, &obj, &key).await?;
-            let plan = analysis::plan(&obj.spec, &current, (&ns, &name), &ctx.cluster, &templates);
+            let mut plan =
+                analysis::plan(&obj.spec, &current, (&ns, &name), &ctx.cluster, &templates);
+            let (baselines, baseline_problems) =
+                pre_change_baselines(&ctx, &current, &mut plan.checks).await;
             let outcomes = analyzer.evaluate(&key, plan.checks.clone()).await;
-            let found = analysis::findings(&plan, &outcomes, (ctx.clock)());
+            let mut found = analysis::findings(&plan, &outcomes, (ctx.clock)());
+            found.problems.extend(baseline_problems);
+            obs.baselines = Some(baselines);
             if let Some(s) = found.applied_share {
                 ctx.metrics.share(s);
             }

@@ -61,6 +61,9 @@ pub struct Observations {
     pub config_problems: Option<Vec<String>>,
     /// Why the metrics source could not answer this tick (`None`: it answered or was not asked).
     pub analysis_error: Option<String>,
+    /// The pre-change baselines this tick's analysis judged against, to keep in
+    /// `status.capturedBaselines` (`None`: no analysis ran; the status keeps its own).
+    pub baselines: Option<Vec<sluice_api::v1alpha1::CapturedBaseline>>,
 }
 
 /// An effect the reconcile carries out.
