@@ -85,18 +85,31 @@ const SVID_ISSUANCE_RATE: &str = r#"label_replace(sum by ({{by}}) (rate(citadel_
 or
 label_replace(sum by ({{by}}) (increase(citadel_server_csr_count{cluster="{{cluster}}"}[{{window}}])), "sluice_part", "csrs", "", "")"#;
 
-/// The per-interval histogram buckets of the canary or stable Service, one part per bucket
-/// (`le_<bound>`): what the sequential test of LatencyP99VsStable counts slow requests from.
-const LATENCY_BUCKETS: &str = r#"label_replace(sum by (le, {{by}}) (increase(istio_request_duration_milliseconds_bucket{reporter="source", cluster="{{cluster}}", destination_service_namespace="{{namespace}}", destination_service_name="{{service}}"}[{{window}}])), "sluice_part", "le_$1", "le", "(.+)")"#;
+/// The request and 5xx counters of the canary or stable Service, read at aligned instants by the
+/// sequential tests of ErrorRatioVsStable and AppliedShare: the counts of an interval are the
+/// difference of two consecutive readings, so every request falls in exactly one interval.
+const REQUEST_COUNTERS: &str = r#"label_replace(sum by ({{by}}) (istio_requests_total{reporter="source", cluster="{{cluster}}", destination_service_namespace="{{namespace}}", destination_service_name="{{service}}"}), "sluice_part", "requests", "", "")
+or
+label_replace(sum by ({{by}}) (istio_requests_total{reporter="source", cluster="{{cluster}}", destination_service_namespace="{{namespace}}", destination_service_name="{{service}}", response_code=~"5.."}), "sluice_part", "errors", "", "")"#;
 
-/// Prefix of the bucket parts of [`latency_buckets_for`].
-pub const BUCKET_PART_PREFIX: &str = "le_";
+/// The duration histogram's cumulative bucket counters, one part per bound (`le_<bound>`): what
+/// the sequential test of LatencyP99VsStable counts slow requests from.
+const BUCKET_COUNTERS: &str = r#"label_replace(sum by (le, {{by}}) (istio_request_duration_milliseconds_bucket{reporter="source", cluster="{{cluster}}", destination_service_namespace="{{namespace}}", destination_service_name="{{service}}"}), "sluice_part", "le_$1", "le", "(.+)")"#;
 
-/// The bucket query of LatencyP99VsStable's sequential test, with the cluster label renamed.
-pub fn latency_buckets_for(cluster_label: &str) -> String {
+/// The counter query of a sequential test (`buckets`: the latency histogram; otherwise requests
+/// and 5xx), with the cluster label renamed.
+pub fn counters_for(buckets: bool, cluster_label: &str) -> String {
     let from = format!("{TEMPLATE_CLUSTER_LABEL}=\"{{{{cluster}}}}\"");
-    LATENCY_BUCKETS.replace(&from, &format!("{cluster_label}=\"{{{{cluster}}}}\""))
+    let template = if buckets {
+        BUCKET_COUNTERS
+    } else {
+        REQUEST_COUNTERS
+    };
+    template.replace(&from, &format!("{cluster_label}=\"{{{{cluster}}}}\""))
 }
+
+/// Prefix of the bucket parts of [`counters_for`].
+pub const BUCKET_PART_PREFIX: &str = "le_";
 
 /// The cumulative buckets `(upper bound, count)` of one role, summed over its bindings, by
 /// increasing bound.
@@ -350,20 +363,23 @@ mod tests {
     }
 
     #[test]
-    fn the_bucket_query_parses_and_batches_on_the_service_keys() {
+    fn the_counter_queries_parse_and_batch_on_the_service_keys() {
         let allowed: BTreeSet<String> = sluice_api::v1alpha1::gate::KNOWN_VARIABLES
             .iter()
             .map(|s| s.to_string())
             .collect();
-        let t = Template::parse(&latency_buckets_for("k8s_cluster"), &allowed).unwrap();
-        assert_eq!(
-            t.key_labels(),
-            [
-                "destination_service_name",
-                "destination_service_namespace",
-                "k8s_cluster"
-            ]
-        );
+        for buckets in [false, true] {
+            let t = Template::parse(&counters_for(buckets, "k8s_cluster"), &allowed).unwrap();
+            assert_eq!(
+                t.key_labels(),
+                [
+                    "destination_service_name",
+                    "destination_service_namespace",
+                    "k8s_cluster"
+                ]
+            );
+            assert!(t.constant_variables().is_empty());
+        }
         let parts = vec![
             parts(&[("le_100", 8.0), ("le_+Inf", 10.0), ("le_25.5", 3.0)]),
             parts(&[("le_100", 2.0), ("le_+Inf", 2.0)]),
@@ -389,6 +405,14 @@ mod tests {
                 doc.contains(template(gate)),
                 "GATES.md lacks the PromQL of {gate}"
             );
+        }
+    }
+
+    #[test]
+    fn gates_md_documents_the_counter_queries() {
+        let doc = include_str!("../GATES.md");
+        for buckets in [false, true] {
+            assert!(doc.contains(&counters_for(buckets, "cluster")));
         }
     }
 

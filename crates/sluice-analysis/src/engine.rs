@@ -792,14 +792,18 @@ impl<S: MetricsSource> Engine<S> {
         let per_interval: Vec<GateCheck> = which
             .iter()
             .map(|&(i, kind, scope)| {
+                // The counters at the aligned instants, canary and stable (the share's planning
+                // marks the stable as a baseline like a relative gate's): the errors and the share
+                // of one Rollout share a query.
                 let mut c = checks[i].clone();
                 c.gate.window = scope.interval;
-                if kind == SequentialKind::SlowRequests {
-                    c.gate.query = GateQuery::PromQl(builtin::latency_buckets_for(
-                        &self.options.cluster_label,
-                    ));
-                    c.gate.template = Some(BuiltinGate::LatencyP99VsStable.to_string());
-                }
+                c.gate.query = GateQuery::PromQl(builtin::counters_for(
+                    kind == SequentialKind::SlowRequests,
+                    &self.options.cluster_label,
+                ));
+                c.gate.template = Some(format!("builtin counters of {}", c.gate.name));
+                c.gate.comparison =
+                    sluice_api::v1alpha1::Comparison::relative(BaselineSource::StableNow, 1.0);
                 c
             })
             .collect();
@@ -831,9 +835,10 @@ impl<S: MetricsSource> Engine<S> {
         let results = futures::future::join_all(sent.iter().map(|&g| {
             let s = group_span[g].expect("filtered");
             let at = |ms: i64| Timestamp::from_millisecond(ms).unwrap_or(now);
+            // One reading before the first interval: its counts are the difference.
             self.source.query_range(
                 &queries[g],
-                at(s.first),
+                at(s.first - s.step),
                 at(s.end),
                 Duration::from_millis(s.step as u64),
             )
@@ -938,7 +943,7 @@ impl<S: MetricsSource> Engine<S> {
                             .iter()
                             .map(|(g, tuple)| match &answers[*g] {
                                 Some(Ok(a)) => Ok(a
-                                    .range(span.first..=span.end)
+                                    .range(span.first - span.step..=span.end)
                                     .filter_map(|(t, m)| {
                                         m.get(tuple).map(|p| (*t, vec![p.clone()]))
                                     })
@@ -965,11 +970,23 @@ impl<S: MetricsSource> Engine<S> {
                         };
                     }
                 };
+                // The counts of the interval ending at `t`: per binding, the increase of each part
+                // since the reading one interval before (a counter reset counts 0; a series
+                // that appears counts from 0).
                 let at_time = |side: &[BTreeMap<i64, Vec<Parts>>], t: i64| -> Vec<Parts> {
                     side.iter()
-                        .filter_map(|m| m.get(&t))
-                        .flatten()
-                        .cloned()
+                        .filter_map(|m| {
+                            let cur = m.get(&t)?.first()?;
+                            let prev = m.get(&(t - span.step)).and_then(|p| p.first());
+                            Some(
+                                cur.iter()
+                                    .map(|(name, v)| {
+                                        let before = prev.and_then(|p| p.get(name)).copied();
+                                        (name.clone(), (v - before.unwrap_or(0.0)).max(0.0))
+                                    })
+                                    .collect::<Parts>(),
+                            )
+                        })
                         .collect()
                 };
                 let seen = subject.iter().chain(&baseline).any(|m| !m.is_empty());
@@ -1253,7 +1270,7 @@ mod tests {
         );
     }
 
-    /// A source answering range queries with fixed per-interval counts per Service (the canary
+    /// A source answering range queries with counters growing by fixed per-interval counts per Service (the canary
     /// `svc<i>-canary` serves `canary` requests with `errors` 5xx, the stable 100× the requests
     /// with 1% 5xx), recording every range query.
     struct Counts {
@@ -1282,7 +1299,8 @@ mod tests {
                 let mut out = Vec::new();
                 let mut t = start.as_millisecond();
                 while t <= end.as_millisecond() {
-                    out.push((t, v));
+                    // Counters: `v` per interval since the epoch.
+                    out.push((t, v * (t / step_ms) as f64));
                     t += step_ms;
                 }
                 out
@@ -1351,10 +1369,14 @@ mod tests {
             let calls = engine.source().calls.lock().unwrap().clone();
             assert_eq!(calls.len(), 1);
             let (q, start, end, step) = &calls[0];
-            assert!(q.contains("[30s]"), "{name}: per-interval increase: {q}");
+            assert!(
+                !q.contains("increase"),
+                "{name}: counters, read at instants: {q}"
+            );
             assert_eq!(*step, interval);
-            // Aligned on the 30 s grid (the epoch offset 1_800_000_000 is a multiple of 30).
-            assert_eq!((*start, *end), (ts(30), ts(600)), "{name}");
+            // Aligned on the 30 s grid (the epoch offset 1_800_000_000 is a multiple of 30), from
+            // the reading before the first interval that ends in the step.
+            assert_eq!((*start, *end), (ts(0), ts(600)), "{name}");
             for o in &report.outcomes {
                 let v = o.verdict.as_ref().unwrap();
                 assert_eq!(v.verdict, want, "{name}: {:?}", v.message);
