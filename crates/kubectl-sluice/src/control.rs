@@ -139,8 +139,23 @@ pub fn decide(control: &Control, kind: Kind, obj: &Value) -> Result<Value, Strin
             if phase == "Aborted" {
                 return Err("is aborted: use 'kubectl sluice retry' to start it again".into());
             }
-            if !bool_at(obj, "/spec/paused") && phase != "Paused" {
-                return Err("is not paused".into());
+            if !bool_at(obj, "/spec/paused") {
+                if phase != "Paused" {
+                    return Err("is not paused".into());
+                }
+                // Paused without spec.paused: a pause step or an Inconclusive hold, which
+                // clearing spec.paused would not release.
+                let held_by = obj
+                    .pointer("/status/conditions")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .find(|c| str_at(c, "/type") == Some("Progressing"))
+                    .and_then(|c| str_at(c, "/reason"));
+                return Err(match held_by {
+                    Some("Inconclusive") => "is held by a gate that stayed Inconclusive (its policy is Pause), not by spec.paused: 'kubectl sluice promote' releases the hold once you have checked the gate's metrics".into(),
+                    _ => "is at a pause step, not paused by spec.paused: 'kubectl sluice promote' moves on to the next step".into(),
+                });
             }
             json!({"paused": false})
         }
@@ -452,6 +467,29 @@ mod tests {
                 json!({"paused": true}),
                 json!({"phase": "Paused"}),
                 Ok(json!({"paused": false})),
+            ),
+            (
+                "resume a rollout held by an Inconclusive gate",
+                Resume,
+                Kind::Rollout,
+                json!({}),
+                json!({"phase": "Paused", "conditions": [
+                    {"type": "Ready", "status": "True", "reason": "Valid"},
+                    {"type": "Progressing", "status": "True", "reason": "Inconclusive"}]}),
+                Err(
+                    "is held by a gate that stayed Inconclusive (its policy is Pause), not by spec.paused: 'kubectl sluice promote' releases the hold",
+                ),
+            ),
+            (
+                "resume a rollout at a pause step",
+                Resume,
+                Kind::Rollout,
+                json!({}),
+                json!({"phase": "Paused", "conditions": [
+                    {"type": "Progressing", "status": "True", "reason": "Paused"}]}),
+                Err(
+                    "is at a pause step, not paused by spec.paused: 'kubectl sluice promote' moves on",
+                ),
             ),
             (
                 "resume running rollout",
