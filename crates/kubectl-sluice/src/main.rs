@@ -11,6 +11,7 @@
 
 mod bundle;
 mod cluster;
+mod complete;
 mod control;
 mod error;
 mod kinds;
@@ -68,6 +69,13 @@ enum Command {
     /// Print a shell completion script (bash, zsh, fish, powershell, elvish), e.g.
     /// `source <(kubectl sluice completion bash)`.
     Completion(CompletionArgs),
+    /// Completion candidates for kubectl's plugin completion (`kubectl_complete-sluice`).
+    #[command(name = "__complete", hide = true)]
+    Complete {
+        /// The words after `kubectl sluice`, the last one being typed.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 /// `completion SHELL`.
@@ -102,6 +110,10 @@ fn main() -> ExitCode {
                 Ok(())
             }
             Command::Waves(args) => waves::run(args).await,
+            Command::Complete { args } => {
+                print!("{}", complete::candidates(&Cli::command(), &args));
+                Ok(())
+            }
             Command::Get(args) => objects::get(args).await,
             Command::Status(args) => objects::status(args).await,
             Command::Promote(args) => {

@@ -229,3 +229,53 @@ async fn completion_scripts_complete_the_plugins_commands() {
         );
     }
 }
+
+/// `kubectl sluice <TAB>`: kubectl (1.26+) asks the plugin's completion executable
+/// `kubectl_complete-sluice`, here the documented one-line shim over `kubectl-sluice
+/// __complete`, and passes on its candidates.
+#[tokio::test]
+async fn kubectl_completes_the_plugin_through_its_completion_executable() {
+    let Some(kubectl) = sluice_testkit::prereq::require_binary("kubectl") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(
+        env!("CARGO_BIN_EXE_kubectl-sluice"),
+        dir.path().join("kubectl-sluice"),
+    )
+    .unwrap();
+    let shim = dir.path().join("kubectl_complete-sluice");
+    std::fs::write(&shim, "#!/bin/sh\nexec kubectl-sluice __complete \"$@\"\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        dir.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    // (words after `kubectl sluice`, the candidates)
+    let cases: [(&[&str], &[&str]); 4] = [
+        (&["wa"], &["waves"]),
+        (&["get", "-o", ""], &["json", "yaml"]),
+        (&["get", "wave"], &["wavegates"]),
+        (&["waves", "--req"], &["--request-timeout"]),
+    ];
+    for (words, want) in cases {
+        let out = std::process::Command::new(&kubectl)
+            .arg("__complete")
+            .arg("sluice")
+            .args(words)
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.pop(), Some(":4"), "directive for {words:?}: {text}");
+        assert_eq!(
+            lines,
+            want,
+            "kubectl __complete sluice {words:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
