@@ -954,7 +954,16 @@ impl Machine<'_> {
             }
         }
         if pinned {
-            return;
+            // The pin wins while revert holds the route. Once it released it (its field
+            // ownership is gone), an explicit retry starts the rollout again from here.
+            let released = route.last_writer.as_deref() != Some(REVERT_FIELD_MANAGER);
+            if !(released && !spec.abort && spec.retry > self.next.retries_handled) {
+                return;
+            }
+            if let Some(o) = self.next.owned_route.as_mut() {
+                // The route as the pin left it is the starting point, not a foreign edit.
+                o.last_written_resource_version = route.resource_version.clone();
+            }
         }
         // A restore stays reported (RouteOwned=True, ForeignEditRestored) until ownership
         // changes; otherwise the route is simply owned.
@@ -985,6 +994,13 @@ impl Machine<'_> {
             // The canary-ready deadline of the retry counts from the retry.
             self.next.current_step_started_at = Some(Time(self.now));
             self.next.canary_version = None;
+            // Nothing measured in the aborted attempt carries over into the new one.
+            self.next.gates.clear();
+            self.next.applied_share = None;
+            self.next.applied_share_observed_at = None;
+            self.next.cohort_share = None;
+            self.next.promoted_at = None;
+            self.next.captured_baselines.clear();
             self.event(
                 Severity::Normal,
                 reasons::STEP_IN_PROGRESS,
@@ -2137,6 +2153,72 @@ mod tests {
                 Action::Event { .. } => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn a_retry_starts_clean_and_works_after_a_released_pin() {
+        use RolloutPhase::*;
+        let s = held_spec(
+            serde_json::json!({"untilPromoted": true}),
+            serde_json::json!({"retry": 1}),
+        );
+        let mut st = live(&s, 2, Aborted, true);
+        st.abort = Some(AbortStatus {
+            reason: AbortReason::PinnedByBundlePin,
+            message: None,
+            gate: None,
+            step_index: Some(2),
+            first_failed_at: None,
+            decided_at: Time(t(0)),
+            route_reverted_at: None,
+            revert_verified_at: None,
+        });
+        st.cohort_share = Some(4.0);
+        st.applied_share = Some(1.1);
+        st.gates = vec![verdict("error-ratio", Verdict::Pass, 30)];
+        if let Some(o) = st.owned_route.as_mut() {
+            o.last_written_resource_version = Some("1".into());
+        }
+        let route = |writer: &str| {
+            let RouteObs::Present(mut r) = live_route(&s, &st) else {
+                unreachable!()
+            };
+            r.resource_version = Some("7".into());
+            r.canary_weight = 0;
+            r.last_writer = Some(writer.into());
+            RouteObs::Present(r)
+        };
+        // While revert holds the route, the pin wins and the retry waits.
+        let obs = Observations {
+            route: route(REVERT_FIELD_MANAGER),
+            ..Default::default()
+        };
+        let d = step(&s, st.clone(), &obs, t(600));
+        assert_eq!(d.status.phase, Aborted);
+        assert_eq!(d.status.retries_handled, 0);
+        // Released (Argo CD wrote the rules last): the retry starts over, clean.
+        let obs = Observations {
+            route: route("argocd-controller"),
+            canary_ready: Some(true),
+            ..Default::default()
+        };
+        let d = step(&s, st, &obs, t(600));
+        assert_ne!(d.status.phase, Aborted, "{:?}", d.status.abort);
+        assert_eq!(d.status.retries_handled, 1);
+        assert!(d.status.abort.is_none());
+        assert_eq!(d.status.cohort_share, None);
+        assert!(
+            d.status.gates.iter().all(|g| g.evaluated_at.0 >= t(600)),
+            "{:?}",
+            d.status.gates
+        );
+        assert_eq!(
+            d.status
+                .owned_route
+                .as_ref()
+                .and_then(|o| o.last_written_resource_version.as_deref()),
+            Some("7")
+        );
     }
 
     #[test]
