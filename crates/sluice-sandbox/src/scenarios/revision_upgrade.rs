@@ -10,7 +10,9 @@
 //! `budget_utilisation` (restarts per second while a wave was Restarting ÷ the headroom: the
 //! budget's rate less the background issuance counted before the upgrade), `time_ratio`
 //! (restart time ÷ (proxies ÷ headroom)), `issuance_window_wait_ms` (the wait for Prometheus to
-//! hold one issuance window of the operator, [`ISSUANCE_WINDOW`], before the upgrade).
+//! hold one issuance window of the operator, [`ISSUANCE_WINDOW`], before the upgrade),
+//! `surge_restarted_deployments` (fleet Deployments restarted by surge rather than evicted; the
+//! fleet rolls with 25% maxUnavailable, so any is a failure).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -62,10 +64,13 @@ pub type FleetNamespace = (&'static str, &'static str, &'static [(&'static str, 
 
 /// The namespaces the scenario adds. The baseline's `shop` namespace (tag `stable`, no tier)
 /// joins the last wave.
+/// Every Deployment rolls with Kubernetes' default strategy (maxSurge and maxUnavailable 25%),
+/// and has at least 4 replicas so that 25% allows one unavailable pod: upgrade-revisions then
+/// evicts (at most that many at once), as in a real fleet, rather than surge-restarting.
 pub const FLEET: [FleetNamespace; 3] = [
-    ("edge", "low", &[("gw", 2)]),
-    ("orders", "tier-2", &[("cart", 3), ("search", 3)]),
-    ("payments", "tier-1", &[("ledger", 4), ("api", 4)]),
+    ("edge", "low", &[("gw", 4)]),
+    ("orders", "tier-2", &[("cart", 4), ("search", 4)]),
+    ("payments", "tier-1", &[("ledger", 4), ("api", 8)]),
 ];
 
 /// The registry entry.
@@ -244,7 +249,7 @@ fn deployment(ns: &str, name: &str, replicas: i32) -> Result<Deployment, Scenari
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": {"app": name}},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}},
             "template": {
                 "metadata": {"labels": {"app": name}},
                 "spec": {"containers": [{"name": "app", "image": format!("registry.invalid/{name}:1")}]}
@@ -492,7 +497,35 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
             .iter()
             .any(|c| c.type_ == conditions::OLD_REVISION_RETIRABLE && c.status == "True")
     });
-    let (pass, summary) = judge(before, after, retirable, ratio, seconds);
+    // How the fleet's Deployments were moved: restarted by surge (the pod template's
+    // restartedAt) or evicted (none of them should need a surge with 25% maxUnavailable).
+    let mut surged = 0u64;
+    for (ns, _, _) in FLEET {
+        let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+        let list = api
+            .list(&ListParams::default())
+            .await
+            .map_err(api_error(format!("listing Deployments in {ns}")))?;
+        surged += list
+            .items
+            .iter()
+            .filter(|d| {
+                d.spec
+                    .template
+                    .metadata
+                    .as_ref()
+                    .and_then(|m| m.annotations.as_ref())
+                    .is_some_and(|a| a.contains_key("kubectl.kubernetes.io/restartedAt"))
+            })
+            .count() as u64;
+    }
+    let (mut pass, mut summary) = judge(before, after, retirable, ratio, seconds);
+    if surged > 0 {
+        pass = false;
+        summary = format!(
+            "{summary}; but {surged} Deployment(s) were restarted by surge, though 25% maxUnavailable of at least 4 replicas lets upgrade-revisions evict"
+        );
+    }
     let (utilisation, time_ratio) = pace_figures(before, restart, headroom).unzip();
     sandbox.say(format!(
         "revision-upgrade: peak issuance {ratio:.3} of the budget ({at}); restarting took {:.1} s of {seconds:.1} s",
@@ -517,6 +550,7 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
             .unwrap_or(Value::Null),
     );
     figures.insert("proxies".into(), Value::from(before));
+    figures.insert("surge_restarted_deployments".into(), Value::from(surged));
     figures.insert(
         "issuance_window_wait_ms".into(),
         Value::from(u64::try_from(window_wait.as_millis()).unwrap_or(u64::MAX)),
