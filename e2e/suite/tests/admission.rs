@@ -1043,3 +1043,124 @@ async fn namespace_with_an_owned_route_goes_away(target: &Target) {
     )
     .await;
 }
+
+/// After a pin, Argo CD syncs Git over a route revert applied: its update takes fields from
+/// revert's `sluice-revert` managedFields entry, which shrinks but keeps its time; the
+/// field-manager policy lets that through (it denies only new or re-stamped sluice-* entries).
+async fn argo_cd_takes_fields_from_sluice_revert(target: &Target) -> Result<(), String> {
+    let ns = "admission-resync";
+    let admin = target.admin();
+    let routes: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, &httproutes());
+    let revert = target
+        .service_account_client(chart::NAMESPACE, "sluice-revert-target")
+        .ok_or("no token for revert's target identity")?;
+    let mut body = route("reverted", None);
+    body["metadata"]["namespace"] = json!(ns);
+    Api::<DynamicObject>::namespaced_with(revert, ns, &httproutes())
+        .patch(
+            "reverted",
+            &PatchParams::apply("sluice-revert").force(),
+            &Patch::Apply(body),
+        )
+        .await
+        .map_err(|e| format!("revert's apply: {e}"))?;
+    let argo = json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": "reverted", "namespace": ns},
+        "spec": {"hostnames": ["git.example"]}
+    });
+    routes
+        .patch(
+            "reverted",
+            &PatchParams::apply("argocd-controller").force(),
+            &Patch::Apply(argo),
+        )
+        .await
+        .map_err(|e| format!("Argo CD's sync over revert's fields was denied: {e}"))?;
+    let after = routes.get("reverted").await.map_err(|e| e.to_string())?;
+    let managers: Vec<String> = after
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|e| e.manager)
+        .collect();
+    if !managers.iter().any(|m| m == "sluice-revert") {
+        return Err(format!(
+            "sluice-revert's entry is gone ({managers:?}): the case did not exercise a shrinking entry"
+        ));
+    }
+    Ok(())
+}
+
+fn rendered_workload() -> Option<Vec<Value>> {
+    match chart::render(&repo_root(), chart::Mode::Workload) {
+        Ok(d) => Some(d),
+        Err(e) if e.category() == "helm_missing" => {
+            sluice_testkit::prereq::Missing::new(
+                e.to_string(),
+                sluice_testkit::prereq::INSTALL_TOOLS,
+            )
+            .skip();
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[tokio::test]
+async fn argo_cd_may_sync_over_revert_fields_on_the_emulator() {
+    let (Some(upstream), Some(rendered)) = (sluice_e2e::upstream(), rendered_workload()) else {
+        return;
+    };
+    let target = Target::emulated(&crds(&upstream), &rendered, &["admission-resync"])
+        .await
+        .unwrap();
+    let result = argo_cd_takes_fields_from_sluice_revert(&target).await;
+    target.stop().await;
+    result.unwrap();
+}
+
+#[tokio::test]
+async fn argo_cd_may_sync_over_revert_fields_on_a_real_api_server() {
+    let (Some(upstream), Some(rendered)) = (sluice_e2e::upstream(), rendered_workload()) else {
+        return;
+    };
+    let Some(target) = Target::real(&crds(&upstream), &rendered, &["admission-resync"])
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    // The field-manager policy is active once it denies a foreign sluice-* manager.
+    let admin = target.admin();
+    eventually(
+        "the field-manager policy is active",
+        POLICY_ACTIVE_BUDGET,
+        async || {
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(admin.clone(), "admission-resync", &httproutes());
+            let mut probe = route("probe", None);
+            probe["metadata"]["namespace"] = json!("admission-resync");
+            match api
+                .patch(
+                    "probe",
+                    &PatchParams::apply("sluice-probe").force(),
+                    &Patch::Apply(probe),
+                )
+                .await
+            {
+                Err(kube::Error::Api(s)) if s.code == 403 => Ok(()),
+                Ok(_) => {
+                    let _ = api.delete("probe", &DeleteParams::default()).await;
+                    Err("accepted".into())
+                }
+                Err(e) => Err(e.to_string()),
+            }
+        },
+    )
+    .await;
+    let result = argo_cd_takes_fields_from_sluice_revert(&target).await;
+    target.stop().await;
+    result.unwrap();
+}
