@@ -99,7 +99,12 @@ fn the_release_manifest_names_every_platform_with_its_archives_sha256() {
         platforms.len(),
         "each platform has its own archive"
     );
-    assert!(!out.contains('@'), "every placeholder is filled:\n{out}");
+    for placeholder in ["@VERSION@", "@HOMEPAGE@", "@PLATFORMS@"] {
+        assert!(
+            !out.contains(placeholder),
+            "{placeholder} is filled:\n{out}"
+        );
+    }
 
     // Refusals: an archive missing, a version krew rejects, plain http.
     std::fs::remove_file(dist.join("kubectl-sluice_v0.2.0_darwin_arm64.tar.gz")).unwrap();
