@@ -31,7 +31,8 @@
 #
 # Thanos (github.com/thanos-io/thanos, cmd/thanos: sidecar, query) is built the same way into a
 # cache directory of its own, thanos-<version>: its go.mod's replace directives all name published
-# modules at versions, so the wrapper copies them verbatim. It needs Go 1.26.10 (GOTOOLCHAIN, as
+# modules at versions, so the wrapper copies them verbatim; it is built with the release's tags
+# (THANOS_TAGS). It needs Go 1.26.10 (GOTOOLCHAIN, as
 # above). Cold (empty Go build cache, its modules not yet downloaded, 2 cores shared with a cargo
 # build): 512 s, 8.5 minutes (user 357 s). SLUICE_SKIP_THANOS=1 builds the control plane alone.
 set -euo pipefail
@@ -42,13 +43,18 @@ BIN_DIR="$ROOT/.tools/bin"
 K8S_VERSION="v1.37.2"
 ETCD_VERSION="v3.7.0"   # build/dependencies.yaml of Kubernetes v1.37.2: etcd 3.7.0
 THANOS_VERSION="v0.42.5"
+# The build tags of Thanos's release build (.promu.yml, build.tags.all). slicelabels is not
+# optional: Thanos converts Prometheus label sets to its protobuf labels without copying, which
+# holds only for the slice implementation; without the tag the sidecar panics on its first
+# Store API answer (`makeslice: len out of range`). The script checks the module's .promu.yml.
+THANOS_TAGS="netgo,slicelabels"
 K8S_COMPONENTS=(kube-apiserver kube-controller-manager kubectl)
 BINARIES=("${K8S_COMPONENTS[@]}" etcd)
 
 CACHE_ROOT="${SLUICE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/sluice}"
 CACHE_DIR="$CACHE_ROOT/control-plane-$K8S_VERSION-etcd-$ETCD_VERSION"
 STAMP="$CACHE_DIR/bin/.complete"
-THANOS_CACHE_DIR="$CACHE_ROOT/thanos-$THANOS_VERSION"
+THANOS_CACHE_DIR="$CACHE_ROOT/thanos-$THANOS_VERSION-${THANOS_TAGS//,/-}"
 
 log() { printf 'install-control-plane: %s\n' "$*"; }
 die() { printf 'install-control-plane: error: %s\n' "$*" >&2; exit 1; }
@@ -203,6 +209,10 @@ build_thanos() {
   if printf '%s\n' "$replaces" | grep -Eq '=> *\.{1,2}/'; then
     die "github.com/thanos-io/thanos@$THANOS_VERSION replaces a module by a directory of its own tree; a wrapper module cannot reproduce that"
   fi
+  local tags
+  tags="$(awk '/^  tags:/ { t = 1; next } t && /^    all:/ { a = 1; next } a && /^      - / { printf "%s%s", sep, $2; sep = "," ; next } a { exit }' "$src/.promu.yml" 2>/dev/null)"
+  [ "$tags" = "$THANOS_TAGS" ] \
+    || die "github.com/thanos-io/thanos@$THANOS_VERSION builds with tags '$tags' (.promu.yml), this script with '$THANOS_TAGS': update THANOS_TAGS"
   mkdir -p "$work/thanos"
   {
     echo "module sluice.invalid/thanos"
@@ -221,7 +231,7 @@ build_thanos() {
   (cd "$work/thanos" && go mod tidy) || die "go mod tidy of the Thanos wrapper module failed (see above)"
   local v="${THANOS_VERSION#v}" pkg=github.com/prometheus/common/version
   log "building thanos $THANOS_VERSION"
-  (cd "$work/thanos" && CGO_ENABLED=0 go build -trimpath \
+  (cd "$work/thanos" && CGO_ENABLED=0 go build -trimpath -tags "$THANOS_TAGS" \
     -ldflags "-s -w -X $pkg.Version=$v -X $pkg.Branch=release-$v -X $pkg.BuildUser=install-control-plane" \
     -o "$work/out-thanos/thanos" github.com/thanos-io/thanos/cmd/thanos) \
     || die "go build of thanos failed (see above)"
@@ -229,7 +239,7 @@ build_thanos() {
 
 install_thanos() {
   if [ -x "$THANOS_CACHE_DIR/bin/thanos" ] && [ -f "$THANOS_CACHE_DIR/bin/.complete" ]; then
-    log "cached: $THANOS_CACHE_DIR (thanos $THANOS_VERSION); nothing to build"
+    log "cached: $THANOS_CACHE_DIR (thanos $THANOS_VERSION, tags $THANOS_TAGS); nothing to build"
   else
     local work started=$SECONDS
     work="$(mktemp -d "${TMPDIR:-/tmp}/sluice-thanos.XXXXXX")"
@@ -240,7 +250,7 @@ install_thanos() {
     mkdir -p "$THANOS_CACHE_DIR"
     rm -rf "$THANOS_CACHE_DIR/bin.new"
     mv "$work/out-thanos" "$THANOS_CACHE_DIR/bin.new"
-    printf 'thanos %s\n' "$THANOS_VERSION" >"$THANOS_CACHE_DIR/bin.new/.complete"
+    printf 'thanos %s tags %s\n' "$THANOS_VERSION" "$THANOS_TAGS" >"$THANOS_CACHE_DIR/bin.new/.complete"
     rm -rf "$THANOS_CACHE_DIR/bin"
     mv "$THANOS_CACHE_DIR/bin.new" "$THANOS_CACHE_DIR/bin"
     log "built thanos in $((SECONDS - started)) s into $THANOS_CACHE_DIR/bin"

@@ -142,7 +142,11 @@ pub struct PrometheusConfig {
     pub backoff: Duration,
     /// Most queries in flight at once. Default 8.
     pub max_concurrency: usize,
-    /// Thanos `partial_response` (answer even when a store is down). Default: not sent.
+    /// Thanos `partial_response` (answer even when a store is down). Default: `false`, sent on
+    /// every query: Thanos Query's own default answers from the stores left when one is down
+    /// (HTTP 200 with a warning), and a gate judging a fleet on the clusters that still answer
+    /// could pass; with `false` such a query fails and the gate gets no value. Prometheus
+    /// ignores the parameter. `None` sends nothing.
     pub partial_response: Option<bool>,
     /// Thanos `dedup` (merge replicas). Default: not sent.
     pub dedup: Option<bool>,
@@ -161,7 +165,7 @@ impl PrometheusConfig {
             retries: 2,
             backoff: Duration::from_millis(200),
             max_concurrency: 8,
-            partial_response: None,
+            partial_response: Some(false),
             dedup: None,
             deadline: Duration::from_secs(30),
             max_response_bytes: 16 << 20,
@@ -625,21 +629,18 @@ mod tests {
     }
 
     #[test]
-    fn thanos_parameters_are_sent_only_when_set() {
+    fn partial_responses_are_refused_by_default_and_dedup_sent_only_when_set() {
         let mut config = PrometheusConfig::new("http://127.0.0.1:1");
         let at = Timestamp::from_millisecond(1_500).unwrap();
-        let plain = PrometheusSource::new(config.clone()).params("up", at);
-        assert!(
-            plain
-                .iter()
-                .all(|(k, _)| *k != "partial_response" && *k != "dedup")
-        );
-        assert!(plain.contains(&("time", "1.500".into())));
-        config.partial_response = Some(false);
+        let default = PrometheusSource::new(config.clone()).params("up", at);
+        assert!(default.contains(&("partial_response", "false".into())));
+        assert!(default.iter().all(|(k, _)| *k != "dedup"));
+        assert!(default.contains(&("time", "1.500".into())));
+        config.partial_response = None;
         config.dedup = Some(true);
-        let thanos = PrometheusSource::new(config).params("up", at);
-        assert!(thanos.contains(&("partial_response", "false".into())));
-        assert!(thanos.contains(&("dedup", "true".into())));
+        let other = PrometheusSource::new(config).params("up", at);
+        assert!(other.iter().all(|(k, _)| *k != "partial_response"));
+        assert!(other.contains(&("dedup", "true".into())));
     }
 
     /// A loopback HTTP server answering every request with an empty vector after `delay`,

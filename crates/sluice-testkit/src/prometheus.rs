@@ -158,9 +158,16 @@ fn find_binary(
 
 /// The configuration file: no scrape targets (tests remote-write everything) and the
 /// out-of-order window that lets tests write older samples.
-fn config_yaml() -> String {
+fn config_yaml(external_labels: &[(&str, &str)]) -> String {
+    let mut labels = String::new();
+    if !external_labels.is_empty() {
+        labels.push_str("  external_labels:\n");
+        for (k, v) in external_labels {
+            labels.push_str(&format!("    {k}: {}\n", serde_json::Value::from(*v)));
+        }
+    }
     format!(
-        "global:\n  scrape_interval: 15s\n  evaluation_interval: 15s\nstorage:\n  tsdb:\n    \
+        "global:\n  scrape_interval: 15s\n  evaluation_interval: 15s\n{labels}storage:\n  tsdb:\n    \
          out_of_order_time_window: {OUT_OF_ORDER_WINDOW}\nscrape_configs: []\n"
     )
 }
@@ -238,10 +245,18 @@ impl Prometheus {
 
     /// Starts Prometheus on 127.0.0.1 and a free port and waits until `/-/ready` answers 200.
     pub async fn start() -> Result<Self, PrometheusError> {
+        Self::start_with_external_labels(&[]).await
+    }
+
+    /// [`Prometheus::start`] with `global.external_labels` (e.g. `cluster` and `site`), which a
+    /// Thanos sidecar requires and Thanos Query adds to every series of this Prometheus.
+    pub async fn start_with_external_labels(
+        labels: &[(&str, &str)],
+    ) -> Result<Self, PrometheusError> {
         let binary = binary()?;
         let mut last = None;
         for _ in 0..START_ATTEMPTS {
-            match Self::start_once(&binary).await {
+            match Self::start_once(&binary, labels).await {
                 Ok(prometheus) => return Ok(prometheus),
                 Err(err @ PrometheusError::NotReady { .. }) => last = Some(err),
                 Err(err) => return Err(err),
@@ -250,12 +265,12 @@ impl Prometheus {
         Err(last.unwrap_or(PrometheusError::BinaryMissing))
     }
 
-    async fn start_once(binary: &Path) -> Result<Self, PrometheusError> {
+    async fn start_once(binary: &Path, labels: &[(&str, &str)]) -> Result<Self, PrometheusError> {
         let dir = tempfile::Builder::new()
             .prefix("sluice-prometheus-")
             .tempdir()?;
         let config = dir.path().join("prometheus.yml");
-        std::fs::write(&config, config_yaml())?;
+        std::fs::write(&config, config_yaml(labels))?;
         let log_path = dir.path().join("prometheus.log");
         let log = File::create(&log_path)?;
         let port = free_port()?;
@@ -547,7 +562,7 @@ mod tests {
 
     #[test]
     fn config_sets_the_out_of_order_window() {
-        assert!(config_yaml().contains("out_of_order_time_window: 30d"));
+        assert!(config_yaml(&[]).contains("out_of_order_time_window: 30d"));
     }
 
     #[test]

@@ -1,0 +1,203 @@
+//! Real Thanos on loopback for tests: a sidecar beside a [`Prometheus`] (its Store API over gRPC)
+//! and Thanos Query over sidecars, each endpoint given with `--endpoint-strict`, as production
+//! runs it: a strict endpoint that goes down stays in the query set, so a query that asks for no
+//! partial response fails instead of answering from the stores left (without it, Query drops an
+//! unreachable store within seconds and answers from the rest).
+//!
+//! The binary is built by `bash scripts/install-control-plane.sh` (Thanos from its Go module).
+//! Every process is killed and reaped on `Drop`; nothing listens beyond 127.0.0.1.
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::prereq::{self, Missing};
+use crate::prometheus::Prometheus;
+
+/// The command that builds the binary.
+pub const INSTALL: &str = "bash scripts/install-control-plane.sh";
+/// The Thanos release the install script builds.
+pub const VERSION: &str = "v0.42.5";
+/// How long a component may take to report ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Errors of the Thanos fixture.
+#[derive(Debug, thiserror::Error)]
+pub enum ThanosError {
+    /// The binary is not installed.
+    #[error(transparent)]
+    Missing(#[from] Missing),
+    /// Preparing the directory or starting the process failed.
+    #[error("starting thanos {component} failed: {source}")]
+    Io {
+        /// sidecar or query.
+        component: &'static str,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The process exited or never answered `/-/ready`.
+    #[error("thanos {component} did not become ready: {reason}; last log lines:\n{log_tail}")]
+    NotReady {
+        /// sidecar or query.
+        component: &'static str,
+        /// Why.
+        reason: String,
+        /// The end of its log.
+        log_tail: String,
+    },
+}
+
+impl ThanosError {
+    /// Bounded category.
+    pub fn category(&self) -> &'static str {
+        match self {
+            ThanosError::Missing(_) => "missing",
+            ThanosError::Io { .. } => "io",
+            ThanosError::NotReady { .. } => "not_ready",
+        }
+    }
+}
+
+/// Finds `thanos` in `.tools/bin` or on `PATH`.
+pub fn binary() -> Result<PathBuf, Missing> {
+    prereq::binary_with("thanos", INSTALL)
+}
+
+/// One Thanos process; killed and reaped when dropped.
+#[derive(Debug)]
+pub struct ThanosProcess {
+    child: Child,
+    dir: tempfile::TempDir,
+    http: String,
+    grpc: String,
+}
+
+impl Drop for ThanosProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl ThanosProcess {
+    /// Base URL of its HTTP server (Query serves the Prometheus query API there).
+    pub fn url(&self) -> &str {
+        &self.http
+    }
+
+    /// `127.0.0.1:PORT` of its gRPC server (the Store API of a sidecar).
+    pub fn grpc_address(&self) -> &str {
+        &self.grpc
+    }
+
+    /// Its working directory (logs).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Stops it now (a store going down).
+    pub fn stop(self) {
+        drop(self);
+    }
+
+    async fn start(component: &'static str, args: Vec<String>) -> Result<Self, ThanosError> {
+        let binary = binary()?;
+        let io = |source| ThanosError::Io { component, source };
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("sluice-thanos-{component}-"))
+            .tempdir()
+            .map_err(io)?;
+        let log_path = dir.path().join(format!("{component}.log"));
+        let log = File::create(&log_path).map_err(io)?;
+        let http_port = free_port().map_err(io)?;
+        let grpc_port = free_port().map_err(io)?;
+        let child = Command::new(&binary)
+            .arg(component)
+            .arg(format!("--http-address=127.0.0.1:{http_port}"))
+            .arg(format!("--grpc-address=127.0.0.1:{grpc_port}"))
+            .args(&args)
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(io)?)
+            .stderr(log)
+            .spawn()
+            .map_err(io)?;
+        let mut process = Self {
+            child,
+            dir,
+            http: format!("http://127.0.0.1:{http_port}"),
+            grpc: format!("127.0.0.1:{grpc_port}"),
+        };
+        process.wait_ready(component, &log_path).await?;
+        Ok(process)
+    }
+
+    async fn wait_ready(
+        &mut self,
+        component: &'static str,
+        log_path: &Path,
+    ) -> Result<(), ThanosError> {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(2))
+            .build()
+            .expect("building a plain HTTP client cannot fail");
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let not_ready = |reason: String| ThanosError::NotReady {
+            component,
+            reason,
+            log_tail: tail(log_path, 20),
+        };
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(not_ready(format!("exited with {status}")));
+            }
+            if let Ok(r) = http.get(format!("{}/-/ready", self.http)).send().await
+                && r.status().is_success()
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(not_ready(format!(
+                    "/-/ready not 200 within {READY_TIMEOUT:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// A Thanos sidecar beside `prometheus` (which must have external labels), serving its data over
+/// the Store API.
+pub async fn sidecar(prometheus: &Prometheus) -> Result<ThanosProcess, ThanosError> {
+    ThanosProcess::start(
+        "sidecar",
+        vec![
+            format!("--prometheus.url={}", prometheus.url()),
+            format!("--tsdb.path={}", prometheus.dir().join("data").display()),
+        ],
+    )
+    .await
+}
+
+/// Thanos Query over `stores` (gRPC addresses), each with `--endpoint-strict`; ready once it
+/// serves (a strict endpoint that is down keeps failing queries that want no partial response).
+pub async fn query(stores: &[&str]) -> Result<ThanosProcess, ThanosError> {
+    let args: Vec<String> = stores
+        .iter()
+        .map(|s| format!("--endpoint-strict={s}"))
+        .collect();
+    ThanosProcess::start("query", args).await
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
