@@ -8,6 +8,6 @@ pub mod operator_binary;
 pub mod prereq;
 pub mod prometheus;
 pub mod rbac;
-pub mod thanos;
 pub mod registry;
 pub mod remote_write;
+pub mod thanos;
