@@ -404,3 +404,70 @@ async fn issuance_sums_every_istiod_replica_through_their_restarts() {
     restarts.abort();
     h.shutdown().await;
 }
+
+/// A leader deposed mid-wave (its Lease lost) starts no eviction afterwards: the restarts it had
+/// scheduled in the background are cancelled, not carried out over the next seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_leader_starts_no_scheduled_eviction() {
+    let fleet = vec![common::NsSpec {
+        name: "payments",
+        tier: None,
+        // Ten workloads that each tolerate one unavailable pod: a grant schedules ten
+        // evictions, spread by the peak rate over the next seconds.
+        deployments: vec![
+            ("a", 2),
+            ("b", 2),
+            ("c", 2),
+            ("d", 2),
+            ("e", 2),
+            ("f", 2),
+            ("g", 2),
+            ("h", 2),
+            ("i", 2),
+            ("j", 2),
+        ],
+    }];
+    let Some(mut h) = Harness::given(&fleet).await else {
+        return;
+    };
+    let pods = pods_of(&fleet);
+    let lease = h.start_operator_leading().await;
+    h.when_upgrade(json!({
+        "waves": [{"name": "all", "namespaceSelector": {}, "soak": "1s"}],
+        "issuanceBudget": {"rate": 3, "depth": 8, "peakPerSecond": 3},
+    }))
+    .await;
+    // The first eviction of a grant started: the rest of the grant is scheduled behind it.
+    let first = Instant::now();
+    while h.metrics.restarts(common::NAME, "evict", "started") == 0 {
+        assert!(
+            first.elapsed() < Duration::from_secs(30),
+            "no eviction started"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    // When the replica loses its Lease mid-wave.
+    lease.send_replace(false);
+    let deposed = Instant::now();
+    // An eviction already sent when the Lease went may still be answered.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let at_loss = h.metrics.restarts(common::NAME, "evict", "started");
+
+    // Then, for longer than the longest schedule (5 s), it starts no further eviction.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let later = h.metrics.restarts(common::NAME, "evict", "started");
+    println!(
+        "deposed after {at_loss} of {pods} evictions; {} started in the {:?} after",
+        later - at_loss,
+        deposed.elapsed()
+    );
+    assert_eq!(
+        later,
+        at_loss,
+        "the deposed leader kept evicting: {} evictions after it lost the Lease",
+        later - at_loss
+    );
+    assert!(at_loss < pods, "work was left for the next leader");
+    h.shutdown().await;
+}

@@ -343,6 +343,19 @@ impl Harness {
 
     /// Starts (or restarts) the operator in-process with fresh memory.
     pub async fn start_operator(&mut self) {
+        self.start_operator_with(Leadership::always()).await;
+    }
+
+    /// Starts the operator leading while the returned sender says `true`; sending `false`
+    /// deposes it (as a lost Lease would).
+    pub async fn start_operator_leading(&mut self) -> tokio::sync::watch::Sender<bool> {
+        let (tx, rx) = tokio::sync::watch::channel(true);
+        self.start_operator_with(Leadership::from_receiver(rx))
+            .await;
+        tx
+    }
+
+    async fn start_operator_with(&mut self, leadership: Leadership) {
         let mut registry = prometheus_client::registry::Registry::default();
         self.metrics = metrics::register(&mut registry);
         let mut config = self.emu.client_config();
@@ -352,14 +365,16 @@ impl Harness {
         let source =
             reconcile::metrics_source(self.prometheus.url(), CLUSTER, self.issuance_window, false)
                 .unwrap();
-        let ctx = Arc::new(reconcile::Context::full(
+        let mut ctx = reconcile::Context::full(
             self.client.clone(),
             evict_client,
             EventRecorder::new(self.client.clone(), OPERATOR),
             fleet,
             Some(source),
             self.metrics.clone(),
-        ));
+        );
+        ctx.leadership = leadership.clone();
+        let ctx = Arc::new(ctx);
         let (hooks, _registry) = Hooks::standalone();
         let shutdown = CancellationToken::new();
         let controller = tokio::spawn(drive(
@@ -367,7 +382,7 @@ impl Harness {
             watcher::Config::default(),
             ctx,
             reconcile::reconcile,
-            Leadership::always(),
+            leadership,
             shutdown.clone(),
             hooks,
         ));
