@@ -12,6 +12,7 @@ pub mod baseline;
 pub mod decide;
 pub mod metrics;
 pub mod observe;
+pub mod orphans;
 pub mod reconcile;
 pub mod route_edit;
 pub mod step;

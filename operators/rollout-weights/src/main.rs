@@ -7,7 +7,7 @@ use std::{process::ExitCode, sync::Arc};
 
 use clap::Parser;
 use kube::runtime::watcher;
-use sluice_rollout_weights::{OPERATOR, metrics, reconcile, template_status, triggers};
+use sluice_rollout_weights::{OPERATOR, metrics, orphans, reconcile, template_status, triggers};
 use sluice_runtime::{Runtime, RuntimeArgs};
 
 /// Sole writer of canary weights on a Gateway API HTTPRoute for the life of a Rollout.
@@ -56,6 +56,13 @@ async fn main() -> ExitCode {
             rt.watch_client.clone(),
             rt.client.clone(),
             ctx.leadership.clone(),
+        ));
+        // Routes whose ownership annotation names a Rollout that is gone: reported and freed.
+        tokio::spawn(orphans::run(
+            rt.namespaced_api(),
+            rt.client.clone(),
+            ctx.leadership.clone(),
+            rt.recorder.clone(),
         ));
         rt.run_with(api, Arc::new(ctx), reconcile::reconcile, extend)
             .await?;

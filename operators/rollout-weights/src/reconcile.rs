@@ -488,7 +488,7 @@ async fn write_route(
     }
 }
 
-async fn hand_back(
+pub(crate) async fn hand_back(
     leadership: &Leadership,
     api: &Api<HttpRoute>,
     route_name: &str,

@@ -281,3 +281,129 @@ async fn a_gate_template_gets_ready_from_validation() {
     }
     controller.abort();
 }
+
+/// An HTTPRoute whose ownership annotation names a Rollout that does not exist is reported (a
+/// Warning Event on the route) and freed (the annotation removed); a route owned by an existing
+/// Rollout keeps its annotation.
+#[tokio::test]
+async fn an_orphaned_route_ownership_is_reported_and_removed() {
+    use k8s_openapi::api::core::v1::Namespace;
+    use sluice_api::{external::http_route::HttpRoute, v1alpha1::rollout::ROUTE_OWNER_ANNOTATION};
+    let Some(crd) = sluice_testkit::prereq::or_skip(sluice_testkit::prereq::httproute_crd()) else {
+        return;
+    };
+    let emu = kube_emulator::Emulator::start().await;
+    emu.load_manifest_file(crd_file())
+        .expect("Rollout CRD installs");
+    emu.load_manifest_file(crd).expect("HTTPRoute CRD installs");
+    let client = emu.client();
+    let _ = Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": "shop"}})).unwrap(),
+        )
+        .await;
+    let routes: Api<HttpRoute> = Api::namespaced(client.clone(), "shop");
+    let route = |name: &str, owner: &str| -> HttpRoute {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "HTTPRoute",
+            "metadata": {"name": name, "namespace": "shop",
+                "annotations": {ROUTE_OWNER_ANNOTATION: owner, "team": "payments"}},
+            "spec": {"rules": [{"backendRefs": [{"name": "v1", "port": 80, "weight": 100}]}]},
+        }))
+        .unwrap()
+    };
+    // A Rollout that exists owns "kept"; "orphan" names one that is gone.
+    let owner: Rollout = serde_json::from_value(serde_json::json!({
+        "apiVersion": "sluice.dev/v1alpha1",
+        "kind": "Rollout",
+        "metadata": {"name": "cart", "namespace": "shop"},
+        "spec": {
+            "routeRef": {"name": "kept"},
+            "stableService": {"name": "v1"},
+            "canaryService": {"name": "v2"},
+            "canaryWorkload": {"name": "v2"},
+            "steps": [{"setWeight": {"weight": 5}}],
+        },
+    }))
+    .unwrap();
+    Api::<Rollout>::namespaced(client.clone(), "shop")
+        .create(&PostParams::default(), &owner)
+        .await
+        .unwrap();
+    routes
+        .create(&PostParams::default(), &route("kept", "shop/cart"))
+        .await
+        .unwrap();
+    let created = routes
+        .create(&PostParams::default(), &route("orphan", "shop/checkout"))
+        .await
+        .unwrap();
+
+    let controller = tokio::spawn(sluice_rollout_weights::orphans::run(
+        routes.clone(),
+        client.clone(),
+        Leadership::always(),
+        EventRecorder::new(client.clone(), OPERATOR),
+    ));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = routes.get("orphan").await.unwrap();
+        let a = r.metadata.annotations.clone().unwrap_or_default();
+        if !a.contains_key(ROUTE_OWNER_ANNOTATION) {
+            assert_eq!(a.get("team").map(String::as_str), Some("payments"));
+            assert_eq!(r.spec, created.spec, "rules untouched");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "annotation kept: {a:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let events: Api<Event> = Api::namespaced(client.clone(), "shop");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let found = events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some(sluice_rollout_weights::orphans::ORPHANED_OWNERSHIP)
+            });
+        if let Some(e) = found {
+            assert_eq!(e.type_.as_deref(), Some("Warning"));
+            assert_eq!(
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()),
+                Some("orphan")
+            );
+            assert!(
+                e.note
+                    .as_deref()
+                    .unwrap_or_default()
+                    .contains("Rollout shop/checkout does not exist"),
+                "{:?}",
+                e.note
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no OrphanedOwnership Event"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let kept = routes.get("kept").await.unwrap();
+    assert_eq!(
+        kept.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ROUTE_OWNER_ANNOTATION))
+            .map(String::as_str),
+        Some("shop/cart")
+    );
+    controller.abort();
+}

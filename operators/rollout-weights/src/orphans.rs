@@ -1,0 +1,141 @@
+//! Orphaned route ownership: an HTTPRoute whose `sluice.dev/owned-by-rollout` annotation names a
+//! Rollout that no longer exists (its finalizer was removed by hand, or it was deleted while this
+//! operator was down and its hand-back never ran) would keep the owned-route admission policy
+//! denying every Git change to it. This controller reports it (a Warning Event on the route,
+//! reason `OrphanedOwnership`, and a log line) and removes the annotation under this operator's
+//! field manager, as a hand-back would. It never touches the route's rules: Argo CD's self-heal
+//! applies Git to them once the route is free again.
+//!
+//! Pure: [`owner_of`]. I/O: [`run`], writing only while this replica leads.
+
+use std::{sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use kube::{
+    Api, Client, ResourceExt,
+    runtime::{Controller, controller::Action, watcher},
+};
+use sluice_api::{
+    external::http_route::HttpRoute,
+    v1alpha1::{Rollout, rollout::ROUTE_OWNER_ANNOTATION},
+};
+use sluice_runtime::{
+    events::{EventRecorder, Severity},
+    leader::Leadership,
+};
+
+use crate::reconcile::{ReconcileError, hand_back};
+
+/// Event reason of a removed orphaned ownership.
+pub const ORPHANED_OWNERSHIP: &str = "OrphanedOwnership";
+
+/// How often a standby replica looks again (it writes nothing until it leads).
+const STANDBY_RECHECK: Duration = Duration::from_secs(30);
+
+/// The Rollout (`namespace`, `name`) a route's ownership annotation names, if it names one.
+pub fn owner_of(route: &HttpRoute) -> Option<(String, String)> {
+    let value = route.annotations().get(ROUTE_OWNER_ANNOTATION)?;
+    let (ns, name) = value.split_once('/')?;
+    (!ns.is_empty() && !name.is_empty()).then(|| (ns.to_owned(), name.to_owned()))
+}
+
+struct Ctx {
+    client: Client,
+    leadership: Leadership,
+    recorder: EventRecorder,
+}
+
+async fn reconcile(route: Arc<HttpRoute>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
+    let Some((ns, name)) = owner_of(&route) else {
+        return Ok(Action::await_change());
+    };
+    if !ctx.leadership.is_leader() {
+        return Ok(Action::requeue(STANDBY_RECHECK));
+    }
+    let rollouts: Api<Rollout> = Api::namespaced(ctx.client.clone(), &ns);
+    let key = format!("{ns}/{name}");
+    let exists = rollouts
+        .get_opt(&name)
+        .await
+        .map_err(|source| ReconcileError::Read {
+            what: "the Rollout its route's ownership annotation names".into(),
+            rollout: key.clone(),
+            source,
+        })?
+        .is_some();
+    if exists {
+        return Ok(Action::await_change());
+    }
+    let route_ns = route.namespace().unwrap_or_default();
+    let routes: Api<HttpRoute> = Api::namespaced(ctx.client.clone(), &route_ns);
+    hand_back(&ctx.leadership, &routes, &route.name_any(), &key).await?;
+    let note = format!(
+        "HTTPRoute {route_ns}/{} carried {ROUTE_OWNER_ANNOTATION}={key}, but Rollout {key} does not exist: the ownership annotation was removed so Git can change the route again",
+        route.name_any()
+    );
+    tracing::warn!(route = %route.name_any(), namespace = %route_ns, rollout = %key, "{note}");
+    ctx.recorder
+        .publish(
+            route.as_ref(),
+            Severity::Warning,
+            ORPHANED_OWNERSHIP,
+            "HandBack",
+            &note,
+        )
+        .await;
+    Ok(Action::await_change())
+}
+
+fn error_policy(_: Arc<HttpRoute>, err: &ReconcileError, _: Arc<Ctx>) -> Action {
+    tracing::warn!(error = %err, "orphaned route ownership not removed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// Runs the orphaned-ownership controller over `routes` (watched with its client) until the
+/// watch ends; reads Rollouts and writes routes with `client`, only while `leadership` holds.
+pub async fn run(
+    routes: Api<HttpRoute>,
+    client: Client,
+    leadership: Leadership,
+    recorder: EventRecorder,
+) {
+    let ctx = Arc::new(Ctx {
+        client,
+        leadership,
+        recorder,
+    });
+    Controller::new(routes, watcher::Config::default())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| async {})
+        .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_owner_is_read_from_the_annotation() {
+        let route = |v: Option<&str>| {
+            let mut r: HttpRoute = serde_json::from_value(serde_json::json!({
+                "apiVersion": "gateway.networking.k8s.io/v1",
+                "kind": "HTTPRoute",
+                "metadata": {"name": "checkout", "namespace": "shop"},
+                "spec": {},
+            }))
+            .unwrap();
+            if let Some(v) = v {
+                r.annotations_mut()
+                    .insert(ROUTE_OWNER_ANNOTATION.into(), v.into());
+            }
+            r
+        };
+        assert_eq!(
+            owner_of(&route(Some("shop/checkout"))),
+            Some(("shop".into(), "checkout".into()))
+        );
+        assert_eq!(owner_of(&route(None)), None);
+        assert_eq!(owner_of(&route(Some("checkout"))), None);
+        assert_eq!(owner_of(&route(Some("/checkout"))), None);
+    }
+}
