@@ -21,7 +21,9 @@
 #   checksum database), each file then checked against the sha256 pinned below:
 #     Gateway API v1.6.1 standard channel (config/crd/standard/: HTTPRoute, GRPCRoute),
 #     Gateway API v1.2.1 standard channel (an older schema that prunes fields newer steps need),
-#     Argo CD v3.5.1 (manifests/crds/: Application, ApplicationSet, AppProject).
+#     Argo CD v3.5.1 (manifests/crds/: Application, ApplicationSet, AppProject),
+#     Istio v1.28.0 (istio.io/api kubernetes/customresourcedefinitions.gen.yaml: every Istio
+#     CRD, DestinationRule among them).
 #   Go is required for this (and for the control plane): without `go` the script stops at once.
 #
 # Everything but the Debian packages lands in .tools/ at the repo root (gitignored):
@@ -48,6 +50,7 @@ CRD_SETS=(
   "gateway-api-v1.6.1 sigs.k8s.io/gateway-api@v1.6.1 config/crd/standard"
   "gateway-api-v1.2.1 sigs.k8s.io/gateway-api@v1.2.1 config/crd/standard"
   "argo-cd-v3.5.1 github.com/argoproj/argo-cd/v3@v3.5.1 manifests/crds"
+  "istio-v1.28.0 istio.io/api@v1.28.0 kubernetes"
 )
 CRD_FILES=(
   "gateway-api-v1.6.1 gateway.networking.k8s.io_httproutes.yaml a424a0d6c953b162e71d1d97bb7e75012d8f1ac264e7274f2763d1b96ab39852"
@@ -57,6 +60,7 @@ CRD_FILES=(
   "argo-cd-v3.5.1 application-crd.yaml 5dde0e229249b6b707beb98674c1deae3949d5c319a6c45b9f5a80c99618e40c"
   "argo-cd-v3.5.1 applicationset-crd.yaml 7d282054f41ca2b71a22bab04a8caf0000e07e53a62432e6ea292dae5ab4f07d"
   "argo-cd-v3.5.1 appproject-crd.yaml ab225266944322750136f1198d93786e4a79a0e43c8d149abfba44da30a3eac8"
+  "istio-v1.28.0 customresourcedefinitions.gen.yaml 9b6971fdad8a2d9148d88e051407376f4a806f13d195493290ad960d329d4244"
 )
 # Services the Debian packages may register; the tests run the binaries themselves.
 SERVICES=(prometheus docker-registry prometheus-node-exporter)

@@ -228,6 +228,9 @@ pub enum Upstream {
     GatewayApiOld,
     /// Argo CD v3.5.1 (`manifests/crds/`): Application, ApplicationSet, AppProject.
     ArgoCd,
+    /// Istio v1.28.0 (`istio.io/api` `kubernetes/customresourcedefinitions.gen.yaml`): every
+    /// Istio CRD in one file.
+    Istio,
 }
 
 impl Upstream {
@@ -237,6 +240,7 @@ impl Upstream {
             Upstream::GatewayApi => "gateway-api-v1.6.1",
             Upstream::GatewayApiOld => "gateway-api-v1.2.1",
             Upstream::ArgoCd => "argo-cd-v3.5.1",
+            Upstream::Istio => "istio-v1.28.0",
         }
     }
 }
@@ -247,12 +251,14 @@ pub fn upstream_root() -> PathBuf {
 }
 
 /// The root of the upstream CRDs once every set is there: `<root>/gateway-api-v1.6.1/...`,
-/// `<root>/gateway-api-v1.2.1/...`, `<root>/argo-cd-v3.5.1/...` (see [`Upstream::dir_name`]).
+/// `<root>/gateway-api-v1.2.1/...`, `<root>/argo-cd-v3.5.1/...`, `<root>/istio-v1.28.0/...` (see
+/// [`Upstream::dir_name`]).
 pub fn upstream_crds() -> Result<PathBuf, Missing> {
     for set in [
         Upstream::GatewayApi,
         Upstream::GatewayApiOld,
         Upstream::ArgoCd,
+        Upstream::Istio,
     ] {
         upstream_dir(set)?;
     }
@@ -324,6 +330,37 @@ pub fn applicationset_crd() -> Result<PathBuf, Missing> {
 /// The released AppProject CRD (Argo CD v3.5.1).
 pub fn appproject_crd() -> Result<PathBuf, Missing> {
     upstream_file(Upstream::ArgoCd, "appproject-crd.yaml")
+}
+
+/// Istio's released CRDs (v1.28.0), every one in one multi-document file.
+pub fn istio_crds() -> Result<PathBuf, Missing> {
+    upstream_file(Upstream::Istio, "customresourcedefinitions.gen.yaml")
+}
+
+/// The released DestinationRule CRD (Istio v1.28.0) as YAML: its document of [`istio_crds`].
+pub fn destination_rule_crd() -> Result<String, Missing> {
+    istio_crd("destinationrules.networking.istio.io")
+}
+
+/// One CRD of Istio's released file by its name (`<plural>.<group>`), as YAML.
+pub fn istio_crd(name: &str) -> Result<String, Missing> {
+    let path = istio_crds()?;
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        Missing::new(
+            format!("{} (unreadable: {e})", path.display()),
+            INSTALL_TOOLS,
+        )
+    })?;
+    let wanted = format!("\n  name: {name}\n");
+    text.split("\n---\n")
+        .find(|doc| doc.contains("kind: CustomResourceDefinition") && doc.contains(&wanted))
+        .map(|doc| format!("{}\n", doc.trim()))
+        .ok_or_else(|| {
+            Missing::new(
+                format!("the CRD {name} in {}", path.display()),
+                INSTALL_TOOLS,
+            )
+        })
 }
 
 /// Reports a test that needs a component of [`UNAVAILABLE`] as not run (printed and recorded in

@@ -7,11 +7,10 @@
 //! Synced so the pin releases. A field someone else set is not wiped: the pin says which field
 //! keeps the object from equalling the bundle and is not declared Pinned.
 //!
-//! The workload cluster serves a reduced DestinationRule CRD ([`DESTINATION_RULE_CRD`]): Istio's
-//! released CRDs are not among the tools this repository installs. It keeps what matters here:
-//! `spec.trafficPolicy` is a structure (its fields merge one by one under server-side apply, as
-//! in Istio's generated schema), and `spec.subsets` a list without `x-kubernetes-list-type`
-//! (atomic), as Istio's CRDs declare every list.
+//! The workload cluster serves Istio's released DestinationRule CRD (v1.28.0, fetched by
+//! `scripts/install-tools.sh`, read through `sluice_testkit::prereq::destination_rule_crd`):
+//! `spec.trafficPolicy` is a structure whose fields merge one by one under server-side apply,
+//! and `spec.subsets` a list without `x-kubernetes-list-type` (atomic).
 
 mod support;
 
@@ -35,61 +34,10 @@ use support::*;
 
 const BUDGET: Duration = Duration::from_secs(45);
 
-/// A DestinationRule CRD reduced to the fields this test writes (see the module docs).
-const DESTINATION_RULE_CRD: &str = r#"apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: destinationrules.networking.istio.io
-spec:
-  group: networking.istio.io
-  names: {kind: DestinationRule, listKind: DestinationRuleList, plural: destinationrules, singular: destinationrule, shortNames: [dr]}
-  scope: Namespaced
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    subresources: {status: {}}
-    schema:
-      openAPIV3Schema:
-        type: object
-        properties:
-          spec:
-            type: object
-            properties:
-              host: {type: string}
-              exportTo: {type: array, items: {type: string}}
-              subsets:
-                type: array
-                items:
-                  type: object
-                  properties:
-                    name: {type: string}
-                    labels: {type: object, additionalProperties: {type: string}}
-              trafficPolicy:
-                type: object
-                properties:
-                  loadBalancer:
-                    type: object
-                    properties:
-                      simple: {type: string}
-                  connectionPool:
-                    type: object
-                    properties:
-                      tcp:
-                        type: object
-                        properties:
-                          maxConnections: {type: integer, format: int32}
-                      http:
-                        type: object
-                        properties:
-                          http1MaxPendingRequests: {type: integer, format: int32}
-                  outlierDetection:
-                    type: object
-                    x-kubernetes-preserve-unknown-fields: true
-          status:
-            type: object
-            x-kubernetes-preserve-unknown-fields: true
-"#;
+/// Istio's released DestinationRule CRD (see the module docs).
+fn destination_rule_crd() -> Option<String> {
+    sluice_testkit::prereq::or_skip(sluice_testkit::prereq::destination_rule_crd())
+}
 
 fn destination_rules(w: &World) -> Api<DynamicObject> {
     Api::namespaced_with(
@@ -191,10 +139,9 @@ async fn bad_fields(w: &World) -> (Option<Value>, Option<Value>) {
 async fn given_the_bad_change_synced(
     server_side: bool,
 ) -> Option<(World, sluice_argocd::ArgoCd, String)> {
+    let crd = destination_rule_crd()?;
     let w = World::start().await?;
-    w.workload
-        .load_yaml(DESTINATION_RULE_CRD)
-        .expect("DestinationRule CRD");
+    w.workload.load_yaml(&crd).expect("DestinationRule CRD");
     let argocd = sluice_argocd::ArgoCd::start(
         w.mgmt_client.clone(),
         sluice_argocd::ArgoCdOptions {
@@ -364,12 +311,13 @@ async fn a_field_another_manager_set_keeps_the_pin_from_being_declared_and_is_na
 #[tokio::test]
 async fn an_object_the_bad_change_deleted_comes_back_tracked_so_argo_cd_agrees_and_the_pin_releases()
  {
+    let Some(crd) = destination_rule_crd() else {
+        return;
+    };
     let Some(mut w) = World::start().await else {
         return;
     };
-    w.workload
-        .load_yaml(DESTINATION_RULE_CRD)
-        .expect("DestinationRule CRD");
+    w.workload.load_yaml(&crd).expect("DestinationRule CRD");
     let argocd = sluice_argocd::ArgoCd::start(
         w.mgmt_client.clone(),
         sluice_argocd::ArgoCdOptions {

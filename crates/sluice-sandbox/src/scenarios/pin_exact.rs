@@ -3,8 +3,9 @@
 //! fields (only the manager that applied a field removes it by omitting it); revert removes the
 //! fields Argo CD's manager owns that the pinned bundle lacks and compares each object with the
 //! bundle before it declares the pin. In order:
-//! 1. `east-1` gets a DestinationRule CRD (see [`DESTINATION_RULE_CRD`]), as an Istio install
-//!    would provide.
+//! 1. `east-1` gets Istio's released DestinationRule CRD (v1.28.0, fetched by
+//!    `scripts/install-tools.sh`, read through `sluice_testkit::prereq::destination_rule_crd`), as
+//!    an Istio install provides it.
 //! 2. The good checkout configuration (the route, all traffic to v2.13, and a DestinationRule
 //!    with a round-robin load balancer) is published as a signed bundle; an Argo CD Application
 //!    in `east-mgmt` with automated sync, prune and self-heal applies it to `east-1`.
@@ -58,63 +59,6 @@ pub const DEBUG_ANNOTATION: &str = "shop.example/debug-headers";
 pub const HOLD: Duration = Duration::from_secs(4);
 /// How often objects and the pin are read while waiting.
 const POLL: Duration = Duration::from_millis(20);
-
-/// A DestinationRule CRD reduced to the fields this scenario writes: Istio's released CRDs are
-/// not among the tools the repository installs. It keeps what matters: `spec.trafficPolicy` is
-/// a structure whose fields merge one by one under server-side apply (as in Istio's generated
-/// schema) and `spec.subsets` a list without `x-kubernetes-list-type` (atomic), as Istio's CRDs
-/// declare every list.
-pub const DESTINATION_RULE_CRD: &str = r#"apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: destinationrules.networking.istio.io
-spec:
-  group: networking.istio.io
-  names: {kind: DestinationRule, listKind: DestinationRuleList, plural: destinationrules, singular: destinationrule, shortNames: [dr]}
-  scope: Namespaced
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    subresources: {status: {}}
-    schema:
-      openAPIV3Schema:
-        type: object
-        properties:
-          spec:
-            type: object
-            properties:
-              host: {type: string}
-              exportTo: {type: array, items: {type: string}}
-              subsets:
-                type: array
-                items:
-                  type: object
-                  properties:
-                    name: {type: string}
-                    labels: {type: object, additionalProperties: {type: string}}
-              trafficPolicy:
-                type: object
-                properties:
-                  loadBalancer:
-                    type: object
-                    properties:
-                      simple: {type: string}
-                  connectionPool:
-                    type: object
-                    properties:
-                      tcp:
-                        type: object
-                        properties:
-                          maxConnections: {type: integer, format: int32}
-                      http:
-                        type: object
-                        properties:
-                          http1MaxPendingRequests: {type: integer, format: int32}
-          status:
-            type: object
-            x-kubernetes-preserve-unknown-fields: true
-"#;
 
 /// The registry entry.
 pub const SCENARIO: ScenarioDef = ScenarioDef {
@@ -433,11 +377,13 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
     let rule_file = format!("{CONFIG_DIR}/destinationrule-{ROUTE}.yaml");
 
     // 1. The DestinationRule kind, as an Istio install provides it.
+    let crd = sluice_testkit::prereq::destination_rule_crd()
+        .map_err(|e| ScenarioError::Missing(format!("Istio's DestinationRule CRD: {e}")))?;
     sandbox
         .cluster(CLUSTER)
         .ok_or_else(|| ScenarioError::Missing(format!("cluster {CLUSTER}")))?
         .api
-        .load_yaml(DESTINATION_RULE_CRD)
+        .load_yaml(&crd)
         .await
         .map_err(|e| {
             ScenarioError::Missing(format!("the DestinationRule CRD in {CLUSTER} ({e})"))
@@ -661,10 +607,21 @@ mod tests {
     }
 
     #[test]
-    fn the_crd_serves_the_kind_the_bundle_holds() {
-        let crd: Value = serde_yaml::from_str(DESTINATION_RULE_CRD).unwrap();
+    fn the_released_crd_serves_the_kind_the_bundle_holds() {
+        let Some(text) =
+            sluice_testkit::prereq::or_skip(sluice_testkit::prereq::destination_rule_crd())
+        else {
+            return;
+        };
+        let crd: Value = serde_yaml::from_str(&text).unwrap();
         assert_eq!(crd["spec"]["group"], "networking.istio.io");
         assert_eq!(crd["spec"]["names"]["kind"], "DestinationRule");
-        assert_eq!(crd["spec"]["versions"][0]["name"], "v1");
+        let versions = crd["spec"]["versions"].as_array().unwrap();
+        assert!(
+            versions
+                .iter()
+                .any(|v| v["name"] == "v1" && v["served"] == true),
+            "{versions:?}"
+        );
     }
 }
