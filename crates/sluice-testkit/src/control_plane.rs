@@ -132,12 +132,29 @@ pub struct Binaries {
     pub kubectl: PathBuf,
 }
 
-/// Finds the binaries in `.tools/bin` or on `PATH`; the error names the first one missing and
-/// the install script.
+/// Environment variable naming another kube-apiserver binary to test against (e.g. the chart's
+/// `kubeVersion` floor); the other binaries stay those of [`INSTALL`].
+pub const KUBE_APISERVER_ENV: &str = "SLUICE_KUBE_APISERVER";
+
+/// Finds the binaries in `.tools/bin` or on `PATH` (kube-apiserver: `$SLUICE_KUBE_APISERVER`
+/// first); the error names the first one missing and the install script.
 pub fn binaries() -> Result<Binaries, Missing> {
+    let kube_apiserver = match std::env::var_os(KUBE_APISERVER_ENV) {
+        Some(path) if Path::new(&path).is_file() => PathBuf::from(path),
+        Some(path) => {
+            return Err(Missing::new(
+                format!(
+                    "the kube-apiserver ${KUBE_APISERVER_ENV} names ({})",
+                    Path::new(&path).display()
+                ),
+                INSTALL,
+            ));
+        }
+        None => prereq::binary_with("kube-apiserver", INSTALL)?,
+    };
     Ok(Binaries {
         etcd: prereq::binary_with("etcd", INSTALL)?,
-        kube_apiserver: prereq::binary_with("kube-apiserver", INSTALL)?,
+        kube_apiserver,
         kube_controller_manager: prereq::binary_with("kube-controller-manager", INSTALL)?,
         kubectl: prereq::binary_with("kubectl", INSTALL)?,
     })
