@@ -17,6 +17,9 @@ use std::{
 use k8s_openapi::jiff::Timestamp;
 use sluice_analysis::{
     CheckOutcome, Engine, GateAction, GateCheck, MetricsSource, Observation, Vars, action,
+    decide::{SequentialKind, sequential_kind},
+    engine::SequentialScope,
+    sequential::{DEFAULT_FALSE_ABORT_RATE, per_test_alpha},
 };
 use sluice_api::v1alpha1::{
     BuiltinGate, Gate, GateQuery, GateTemplateSpec, GateVerdict, InconclusiveAction,
@@ -288,12 +291,54 @@ pub fn plan(
             checks.len().saturating_sub(1)
         }
     };
+    if !aborting && let Some(since) = status.current_step_started_at.as_ref() {
+        let weight_step = current_kind(spec, status) == Some(StepKind::SetWeight);
+        scope_sequential(spec, &mut checks, since.0, weight_step);
+    }
     Plan {
         checks,
         judged,
         share_index,
         problems,
         inconclusive: spec.inconclusive.clone(),
+    }
+}
+
+/// Gives the built-in canary gates (5xx, p99, applied share) their sequential test on the counts
+/// since the current step began, at the analysis interval (a gate's own `interval` wins). The
+/// rollout's false-abort budget for a healthy canary (1%) is spent over every step that can carry
+/// a live canary times the gates judged that way.
+fn scope_sequential(
+    spec: &RolloutSpec,
+    checks: &mut [GateCheck],
+    since: Timestamp,
+    weight_step: bool,
+) {
+    let interval: Duration = spec
+        .analysis_interval
+        .parse()
+        .unwrap_or(Duration::from_secs(30));
+    let gates = checks
+        .iter()
+        .filter(|c| sequential_kind(&c.gate).is_some())
+        .count();
+    let steps = spec
+        .steps
+        .iter()
+        .filter(|s| s.kind() != Some(StepKind::Promote))
+        .count();
+    let alpha = per_test_alpha(DEFAULT_FALSE_ABORT_RATE, steps.max(1) * gates.max(1));
+    for c in checks {
+        // The share is confirmed sequentially in weight steps only: elsewhere (a header-cohort
+        // step measuring its cohort) it stays the windowed reading, the cohort's latest share.
+        let measuring = sequential_kind(&c.gate) == Some(SequentialKind::Share) && !weight_step;
+        if sequential_kind(&c.gate).is_some() && !measuring {
+            c.sequential = Some(SequentialScope {
+                since,
+                interval: c.gate.interval.unwrap_or(interval),
+                alpha,
+            });
+        }
     }
 }
 
@@ -311,7 +356,18 @@ pub fn findings(plan: &Plan, outcomes: &[CheckOutcome], now: Timestamp) -> Findi
         if let Some(Observation::Failed { message, .. }) = &outcome.observation {
             out.error.get_or_insert_with(|| message.clone());
         }
+        // A sequential share is a reading only on enough route requests since the step began
+        // (its verdict's minimum): below it the step waits, neither confirming on noise nor
+        // aborting on it. Without a target (a header-cohort step measuring the cohort) any
+        // reading counts.
+        let enough = check.sequential.is_none()
+            || check.share_target.is_none_or(|t| t <= 0.0)
+            || match &outcome.verdict {
+                Ok(v) => v.samples.unwrap_or(0) >= v.min_samples.unwrap_or(u64::MAX),
+                Err(_) => false,
+            };
         if i == plan.share_index
+            && enough
             && let Some(Observation::Measured { value: Some(v), .. }) = &outcome.observation
             && v.is_finite()
         {
@@ -704,6 +760,101 @@ mod tests {
         assert!(p.checks.iter().all(|c| c.gate.inconclusive_action
             == sluice_api::v1alpha1::InconclusiveAction::Abort
             && c.gate.inconclusive_after == Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn the_canary_gates_are_judged_sequentially_from_the_step_start() {
+        let s = spec(serde_json::json!([]));
+        let status = RolloutStatus {
+            phase: RolloutPhase::Progressing,
+            current_step_index: Some(0),
+            desired_weight: Some(5),
+            current_step_started_at: Some(Time(t(7_000))),
+            ..Default::default()
+        };
+        let p = plan(&s, &status, ("shop", "checkout"), "c1", &HashMap::new());
+        assert_eq!(p.checks.len(), 3);
+        for c in &p.checks {
+            let scope = c
+                .sequential
+                .unwrap_or_else(|| panic!("{} has no sequential test", c.gate.name));
+            assert_eq!(scope.since, t(7_000), "{}", c.gate.name);
+            assert_eq!(scope.interval, Duration::from_secs(30), "{}", c.gate.name);
+            // 1% per rollout over 1 step × 3 gates, each test at most 2α.
+            assert!(
+                (scope.alpha - 0.01 / 6.0).abs() < 1e-12,
+                "{}: {}",
+                c.gate.name,
+                scope.alpha
+            );
+        }
+        // A custom threshold keeps its rule; an abort's share check is the instant reading.
+        let custom = spec(serde_json::json!([
+            {"name": "errors", "builtin": "ErrorRatioVsStable", "comparison": {"absolute": {"op": "LessOrEqual", "value": 0.01}}}
+        ]));
+        let p = plan(
+            &custom,
+            &status,
+            ("shop", "checkout"),
+            "c1",
+            &HashMap::new(),
+        );
+        let errors = p.checks.iter().find(|c| c.gate.name == "errors").unwrap();
+        assert_eq!(errors.sequential, None);
+        let aborted = RolloutStatus {
+            phase: RolloutPhase::Aborted,
+            ..status
+        };
+        let p = plan(&s, &aborted, ("shop", "checkout"), "c1", &HashMap::new());
+        assert!(p.checks.iter().all(|c| c.sequential.is_none()));
+    }
+
+    #[test]
+    fn a_sequential_share_is_read_only_on_enough_route_requests() {
+        let s = spec(serde_json::json!([]));
+        let status = RolloutStatus {
+            phase: RolloutPhase::Progressing,
+            current_step_index: Some(0),
+            desired_weight: Some(5),
+            current_step_started_at: Some(Time(t(0))),
+            ..Default::default()
+        };
+        let p = plan(&s, &status, ("shop", "checkout"), "c1", &HashMap::new());
+        let outcome = |samples: u64| CheckOutcome {
+            observation: Some(Observation::Measured {
+                value: Some(0.05),
+                samples: Some(samples as f64),
+                baseline: None,
+                distribution: None,
+            }),
+            verdict: Ok(GateVerdict {
+                gate: "applied-share".into(),
+                verdict: if samples >= 1_500 {
+                    Verdict::Pass
+                } else {
+                    Verdict::Inconclusive
+                },
+                reason: VerdictReason::TooFewSamples,
+                message: None,
+                value: Some(0.05),
+                baseline: None,
+                threshold: Some(0.05),
+                samples: Some(samples),
+                min_samples: Some(1_500),
+                consecutive_failures: 0,
+                inconclusive_since: None,
+                evaluated_at: Time(t(0)),
+            }),
+        };
+        for (samples, want) in [(40, None), (1_500, Some(5.0))] {
+            let outcomes: Vec<CheckOutcome> = p.checks.iter().map(|_| outcome(samples)).collect();
+            let f = findings(&p, &outcomes, t(0));
+            assert_eq!(
+                f.applied_share.map(|v| (v * 1e6).round() / 1e6),
+                want,
+                "{samples} route requests"
+            );
+        }
     }
 
     #[test]
