@@ -41,6 +41,11 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN_DIR="$ROOT/.tools/bin"
 
 K8S_VERSION="v1.37.2"
+# The chart's kubeVersion floor (charts/sluice/Chart.yaml: >=1.33.0-0): a kube-apiserver of that
+# minor is built too, so the CRD and admission-policy tests run on it as well
+# (SLUICE_KUBE_APISERVER; suite `floor` of scripts/test.sh). Cold: 435 s of CPU (920 s wall on 2
+# cores shared with two other builds); linked as .tools/bin/kube-apiserver-<version>.
+K8S_FLOOR_VERSION="v1.33.13"
 ETCD_VERSION="v3.7.0"   # build/dependencies.yaml of Kubernetes v1.37.2: etcd 3.7.0
 THANOS_VERSION="v0.42.5"
 # The build tags of Thanos's release build (.promu.yml, build.tags.all). slicelabels is not
@@ -260,9 +265,36 @@ install_thanos() {
   log "linked thanos into $BIN_DIR"
 }
 
+install_floor_apiserver() {
+  local dir="$CACHE_ROOT/kube-apiserver-$K8S_FLOOR_VERSION"
+  if [ -x "$dir/bin/kube-apiserver" ] && [ -f "$dir/bin/.complete" ]; then
+    log "cached: $dir (kube-apiserver $K8S_FLOOR_VERSION); nothing to build"
+  else
+    local work started=$SECONDS
+    work="$(mktemp -d "${TMPDIR:-/tmp}/sluice-floor.XXXXXX")"
+    # shellcheck disable=SC2064 # expanded now: $work is local here
+    trap "rm -rf '$work'" EXIT
+    mkdir -p "$work/out"
+    K8S_VERSION="$K8S_FLOOR_VERSION"
+    K8S_COMPONENTS=(kube-apiserver)
+    build_kubernetes "$work"
+    mkdir -p "$dir"
+    rm -rf "$dir/bin.new"
+    mv "$work/out" "$dir/bin.new"
+    printf 'kube-apiserver %s\n' "$K8S_FLOOR_VERSION" >"$dir/bin.new/.complete"
+    rm -rf "$dir/bin"
+    mv "$dir/bin.new" "$dir/bin"
+    log "built kube-apiserver $K8S_FLOOR_VERSION in $((SECONDS - started)) s into $dir/bin"
+  fi
+  mkdir -p "$BIN_DIR"
+  ln -sfn "$dir/bin/kube-apiserver" "$BIN_DIR/kube-apiserver-$K8S_FLOOR_VERSION"
+  log "linked kube-apiserver-$K8S_FLOOR_VERSION into $BIN_DIR"
+}
+
 main() {
+  # Each in a subshell: its toolchain choice, version globals and EXIT trap stay its own.
+  (install_floor_apiserver) || exit 1
   if [ "${SLUICE_SKIP_THANOS:-0}" != 1 ]; then
-    # In a subshell: its toolchain choice and EXIT trap stay its own.
     (install_thanos) || exit 1
   fi
   if cached; then
