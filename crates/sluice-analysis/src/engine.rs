@@ -455,7 +455,11 @@ fn observe(check: &GateCheck, plan: &CheckPlan, answers: &Answers) -> Observatio
         Ok(p) => p,
         Err(e) => return failure(&e),
     };
-    if matches!(gate.query, GateQuery::Builtin(BuiltinGate::AppliedShare)) && is_share(gate) {
+    // The applied share is canary ÷ (canary + stable) under a share or an absolute comparison
+    // alike ("the share fell to about 0" is `absolute: LessOrEqual 0.01`), never the count.
+    if matches!(gate.query, GateQuery::Builtin(BuiltinGate::AppliedShare))
+        && (is_share(gate) || gate.comparison.absolute.is_some())
+    {
         let r = builtin::applied_share(&subject, &baseline_parts);
         return Observation::Measured {
             value: r.value,
@@ -1420,6 +1424,54 @@ mod tests {
                 VerdictReason::NoData,
                 "{o:?}"
             );
+        }
+    }
+
+    /// Answers instant queries with the request counts of one canary and one stable Service.
+    struct Shares;
+
+    impl MetricsSource for Shares {
+        async fn query(&self, _: &str, _: Timestamp) -> Result<Vec<SeriesValue>, SourceError> {
+            Ok([("svc0-canary", 3.0), ("svc0-stable", 997.0)]
+                .into_iter()
+                .map(|(svc, v)| SeriesValue {
+                    labels: vars(&[
+                        ("cluster", "c0"),
+                        ("destination_service_namespace", "shop"),
+                        ("destination_service_name", svc),
+                        ("sluice_part", "requests"),
+                    ]),
+                    value: v,
+                })
+                .collect())
+        }
+        async fn query_range(
+            &self,
+            _: &str,
+            _: Timestamp,
+            _: Timestamp,
+            _: Duration,
+        ) -> Result<Vec<RangeValues>, SourceError> {
+            Ok(Vec::new())
+        }
+    }
+
+    #[tokio::test]
+    async fn an_absolute_comparison_on_the_applied_share_judges_the_share_not_the_count() {
+        // B19: "the share fell to about 0" (≤ 1%) passed only on zero canary requests, and
+        // "at least 4%" always passed on a count.
+        let engine = Engine::new(Shares, EngineOptions::default()).unwrap();
+        for (op, value, want) in [
+            (ComparisonOp::LessOrEqual, 0.01, Verdict::Pass),
+            (ComparisonOp::GreaterOrEqual, 0.04, Verdict::Inconclusive),
+        ] {
+            let mut c = service_check(0, BuiltinGate::AppliedShare);
+            c.gate.comparison = Comparison::absolute(op, value);
+            c.gate.consecutive_failures = 2;
+            let report = engine.tick(&[c], ts(615)).await;
+            let v = report.outcomes[0].verdict.as_ref().unwrap();
+            assert_eq!(v.verdict, want, "{op:?} {value}: {:?}", v.message);
+            assert_eq!(v.value, Some(0.003), "{op:?} {value}");
         }
     }
 
