@@ -75,12 +75,13 @@ async fn emulator() -> Emulator {
     emu
 }
 
-/// Creates route, ready canary Deployment and (when `rollouts`) Rollout number `i`.
+/// Creates route, ready canary Deployment, canary Service (without it the canary is held at
+/// weight 0) and (when `rollouts`) Rollout number `i`.
 async fn objects(emu: &Emulator, client: &Client, n: usize, rollouts: bool) {
     let mut yaml = String::new();
     for i in 0..n {
         yaml.push_str(&format!(
-            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: r{i}\n  namespace: {NS}\nspec:\n  parentRefs: [{{name: gw}}]\n  rules:\n  - name: main\n    backendRefs: [{{name: stable-{i}, port: 80, weight: 100}}]\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: canary-{i}\n  namespace: {NS}\nspec:\n  replicas: 1\n  selector: {{matchLabels: {{app: c{i}}}}}\n  template:\n    metadata: {{labels: {{app: c{i}}}}}\n    spec: {{containers: [{{name: a, image: x}}]}}\n---\n"
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: r{i}\n  namespace: {NS}\nspec:\n  parentRefs: [{{name: gw}}]\n  rules:\n  - name: main\n    backendRefs: [{{name: stable-{i}, port: 80, weight: 100}}]\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: canary-{i}\n  namespace: {NS}\nspec:\n  replicas: 1\n  selector: {{matchLabels: {{app: c{i}}}}}\n  template:\n    metadata: {{labels: {{app: c{i}}}}}\n    spec: {{containers: [{{name: a, image: x}}]}}\n---\napiVersion: v1\nkind: Service\nmetadata:\n  name: canary-{i}\n  namespace: {NS}\nspec:\n  selector: {{app: c{i}}}\n  ports: [{{port: 80}}]\n---\n"
         ));
     }
     emu.load_yaml(&yaml).expect("routes and deployments load");
