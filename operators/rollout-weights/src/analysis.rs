@@ -292,8 +292,7 @@ pub fn plan(
         }
     };
     if !aborting && let Some(since) = status.current_step_started_at.as_ref() {
-        let weight_step = current_kind(spec, status) == Some(StepKind::SetWeight);
-        scope_sequential(spec, &mut checks, since.0, weight_step);
+        scope_sequential(spec, &mut checks, since.0);
     }
     Plan {
         checks,
@@ -304,24 +303,22 @@ pub fn plan(
     }
 }
 
-/// Gives the built-in canary gates (5xx, p99, applied share) their sequential test on the counts
+/// Gives the built-in canary gates on the canary's health (5xx, p99) their sequential test on the counts
 /// since the current step began, at the analysis interval (a gate's own `interval` wins). The
 /// rollout's false-abort budget for a healthy canary (1%) is spent over every step that can carry
 /// a live canary times the gates judged that way.
-fn scope_sequential(
-    spec: &RolloutSpec,
-    checks: &mut [GateCheck],
-    since: Timestamp,
-    weight_step: bool,
-) {
+fn scope_sequential(spec: &RolloutSpec, checks: &mut [GateCheck], since: Timestamp) {
     let interval: Duration = spec
         .analysis_interval
         .parse()
         .unwrap_or(Duration::from_secs(30));
-    let gates = checks
-        .iter()
-        .filter(|c| sequential_kind(&c.gate).is_some())
-        .count();
+    let health = |c: &GateCheck| {
+        matches!(
+            sequential_kind(&c.gate),
+            Some(SequentialKind::Errors | SequentialKind::SlowRequests)
+        )
+    };
+    let gates = checks.iter().filter(|c| health(c)).count();
     let steps = spec
         .steps
         .iter()
@@ -329,10 +326,10 @@ fn scope_sequential(
         .count();
     let alpha = per_test_alpha(DEFAULT_FALSE_ABORT_RATE, steps.max(1) * gates.max(1));
     for c in checks {
-        // The share is confirmed sequentially in weight steps only: elsewhere (a header-cohort
-        // step measuring its cohort) it stays the windowed reading, the cohort's latest share.
-        let measuring = sequential_kind(&c.gate) == Some(SequentialKind::Share) && !weight_step;
-        if sequential_kind(&c.gate).is_some() && !measuring {
+        // The share stays the windowed reading: an average since the step began would include
+        // the seconds before the mesh applied the new weight and read low (the engine's
+        // sequential share needs its accumulation to start once the weight is in force).
+        if health(c) {
             c.sequential = Some(SequentialScope {
                 since,
                 interval: c.gate.interval.unwrap_or(interval),
@@ -774,20 +771,23 @@ mod tests {
         };
         let p = plan(&s, &status, ("shop", "checkout"), "c1", &HashMap::new());
         assert_eq!(p.checks.len(), 3);
-        for c in &p.checks {
+        for c in p.checks.iter().filter(|c| c.gate.name != "applied-share") {
             let scope = c
                 .sequential
                 .unwrap_or_else(|| panic!("{} has no sequential test", c.gate.name));
             assert_eq!(scope.since, t(7_000), "{}", c.gate.name);
             assert_eq!(scope.interval, Duration::from_secs(30), "{}", c.gate.name);
-            // 1% per rollout over 1 step × 3 gates, each test at most 2α.
+            // 1% per rollout over 1 step × 2 gates, each test at most 2α.
             assert!(
-                (scope.alpha - 0.01 / 6.0).abs() < 1e-12,
+                (scope.alpha - 0.01 / 4.0).abs() < 1e-12,
                 "{}: {}",
                 c.gate.name,
                 scope.alpha
             );
         }
+        // The share stays the windowed reading (see scope_sequential).
+        let share = p.checks.iter().find(|c| c.gate.name == "applied-share");
+        assert_eq!(share.unwrap().sequential, None);
         // A custom threshold keeps its rule; an abort's share check is the instant reading.
         let custom = spec(serde_json::json!([
             {"name": "errors", "builtin": "ErrorRatioVsStable", "comparison": {"absolute": {"op": "LessOrEqual", "value": 0.01}}}
@@ -807,54 +807,6 @@ mod tests {
         };
         let p = plan(&s, &aborted, ("shop", "checkout"), "c1", &HashMap::new());
         assert!(p.checks.iter().all(|c| c.sequential.is_none()));
-    }
-
-    #[test]
-    fn a_sequential_share_is_read_only_on_enough_route_requests() {
-        let s = spec(serde_json::json!([]));
-        let status = RolloutStatus {
-            phase: RolloutPhase::Progressing,
-            current_step_index: Some(0),
-            desired_weight: Some(5),
-            current_step_started_at: Some(Time(t(0))),
-            ..Default::default()
-        };
-        let p = plan(&s, &status, ("shop", "checkout"), "c1", &HashMap::new());
-        let outcome = |samples: u64| CheckOutcome {
-            observation: Some(Observation::Measured {
-                value: Some(0.05),
-                samples: Some(samples as f64),
-                baseline: None,
-                distribution: None,
-            }),
-            verdict: Ok(GateVerdict {
-                gate: "applied-share".into(),
-                verdict: if samples >= 1_500 {
-                    Verdict::Pass
-                } else {
-                    Verdict::Inconclusive
-                },
-                reason: VerdictReason::TooFewSamples,
-                message: None,
-                value: Some(0.05),
-                baseline: None,
-                threshold: Some(0.05),
-                samples: Some(samples),
-                min_samples: Some(1_500),
-                consecutive_failures: 0,
-                inconclusive_since: None,
-                evaluated_at: Time(t(0)),
-            }),
-        };
-        for (samples, want) in [(40, None), (1_500, Some(5.0))] {
-            let outcomes: Vec<CheckOutcome> = p.checks.iter().map(|_| outcome(samples)).collect();
-            let f = findings(&p, &outcomes, t(0));
-            assert_eq!(
-                f.applied_share.map(|v| (v * 1e6).round() / 1e6),
-                want,
-                "{samples} route requests"
-            );
-        }
     }
 
     #[test]
