@@ -164,6 +164,39 @@ pub fn drop_type_description(schema: &mut Schema) {
     schema.remove("description");
 }
 
+/// The most `matchLabels` entries and `matchExpressions` a bounded label selector may hold.
+pub const SELECTOR_MAX_REQUIREMENTS: u64 = 16;
+
+/// The most values one `matchExpressions` requirement of a bounded label selector may list.
+pub const SELECTOR_MAX_VALUES: u64 = 32;
+
+/// Schema transform for a k8s-openapi `LabelSelector` field: bounds `matchLabels` and
+/// `matchExpressions` to [`SELECTOR_MAX_REQUIREMENTS`] and each requirement's `values` to
+/// [`SELECTOR_MAX_VALUES`], so a selector cannot grow without limit in the object or in the
+/// operator's memory.
+pub fn bounded_label_selector(schema: &mut Schema) {
+    let props = schema
+        .get_mut("properties")
+        .and_then(serde_json::Value::as_object_mut)
+        .expect("a LabelSelector schema has properties");
+    props
+        .get_mut("matchLabels")
+        .and_then(serde_json::Value::as_object_mut)
+        .expect("a LabelSelector schema has matchLabels")
+        .insert("maxProperties".into(), SELECTOR_MAX_REQUIREMENTS.into());
+    let expressions = props
+        .get_mut("matchExpressions")
+        .and_then(serde_json::Value::as_object_mut)
+        .expect("a LabelSelector schema has matchExpressions");
+    expressions.insert("maxItems".into(), SELECTOR_MAX_REQUIREMENTS.into());
+    expressions
+        .get_mut("items")
+        .and_then(|i| i.pointer_mut("/properties/values"))
+        .and_then(serde_json::Value::as_object_mut)
+        .expect("a LabelSelectorRequirement schema has values")
+        .insert("maxItems".into(), SELECTOR_MAX_VALUES.into());
+}
+
 /// A reference to an object by name in the same namespace as the referring object.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -180,9 +213,13 @@ pub struct SecretKeysRef {
     /// Name of the Secret (same namespace as the referring object).
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
-    /// Keys of the Secret to read. Absent: every key of the Secret is used.
+    /// Keys of the Secret to read (each a Secret data key: at most 253 characters of
+    /// `-._a-zA-Z0-9`). At most 16. Absent: every key of the Secret is used.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 16))]
+    #[schemars(
+        length(max = 16),
+        inner(length(min = 1, max = 253), regex(pattern = r"^[-._a-zA-Z0-9]+$"))
+    )]
     pub keys: Vec<String>,
 }
 

@@ -253,7 +253,9 @@ pub struct NamespaceWave {
     )]
     pub name: String,
     /// Namespaces of this wave (among those labelled `istio.io/rev=<fromTag>` not taken by an
-    /// earlier wave). An empty selector matches every remaining namespace.
+    /// earlier wave). An empty selector matches every remaining namespace. At most 16
+    /// `matchLabels`, at most 16 `matchExpressions` of at most 32 values each.
+    #[schemars(transform = super::common::bounded_label_selector)]
     pub namespace_selector: LabelSelector,
     /// How long the wave soaks with gates green after its last restart. Default: 15m.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -266,7 +266,66 @@ pub fn rejections() -> Vec<Case> {
             set(upgrade(), "/toRevision", json!("1-27")),
             "fromRevision and toRevision must differ",
         ),
+        (
+            "secret key with a slash",
+            "bundlepins",
+            "BundlePin",
+            set(
+                bundle_pin(),
+                "/publicKeysSecretRef",
+                json!({"name": "cosign", "keys": ["cosign/pub"]}),
+            ),
+            "publicKeysSecretRef.keys[0]",
+        ),
+        (
+            "secret key too long",
+            "wavegates",
+            "WaveGate",
+            set(
+                wave_gate(),
+                "/pin",
+                json!({"publicKeysSecretRef": {"name": "cosign", "keys": ["k".repeat(254)]}}),
+            ),
+            "pin.publicKeysSecretRef.keys[0]",
+        ),
+        (
+            "selector with 17 labels",
+            "revisionupgrades",
+            "RevisionUpgrade",
+            with_selector(json!({"matchLabels": (0..17)
+                .map(|i| (format!("l{i}"), json!("v")))
+                .collect::<serde_json::Map<_, _>>()})),
+            "waves[0].namespaceSelector.matchLabels",
+        ),
+        (
+            "selector with 17 expressions",
+            "revisionupgrades",
+            "RevisionUpgrade",
+            with_selector(json!({"matchExpressions": (0..17)
+                .map(|i| json!({"key": format!("l{i}"), "operator": "Exists"}))
+                .collect::<Vec<_>>()})),
+            "waves[0].namespaceSelector.matchExpressions",
+        ),
+        (
+            "selector expression with 33 values",
+            "revisionupgrades",
+            "RevisionUpgrade",
+            with_selector(
+                json!({"matchExpressions": [{"key": "tier", "operator": "In",
+                "values": (0..33).map(|i| format!("v{i}")).collect::<Vec<_>>()}]}),
+            ),
+            "waves[0].namespaceSelector.matchExpressions[0].values",
+        ),
     ]
+}
+
+/// An upgrade whose single wave selects namespaces with `selector`.
+fn with_selector(selector: Value) -> Value {
+    set(
+        upgrade(),
+        "/waves",
+        json!([{"name": "w", "namespaceSelector": selector}]),
+    )
 }
 
 /// Bad issuance budgets of a RevisionUpgrade and the text each rejection must contain.
