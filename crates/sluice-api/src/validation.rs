@@ -742,6 +742,21 @@ impl BundlePinSpec {
                 &g.base_branch,
                 "the base branch",
             );
+            if g.base_branch.starts_with('-') {
+                errs.push(
+                    "spec.gitRevert.baseBranch",
+                    "must not start with '-' (git would read it as an option)",
+                );
+            } else if !g
+                .base_branch
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b".-_/".contains(&b))
+            {
+                errs.push(
+                    "spec.gitRevert.baseBranch",
+                    "must be a branch name of letters, digits, '.', '_', '/' and '-'",
+                );
+            }
         }
         errs.0
     }
@@ -1313,6 +1328,26 @@ mod tests {
                 set(bundle_pin(), "/gitRevert", json!({"commit": "HEAD"})),
                 "spec.gitRevert.commit",
                 "commit sha",
+            ),
+            (
+                "base branch read as an option",
+                set(
+                    bundle_pin(),
+                    "/gitRevert",
+                    json!({"commit": "abcdef0", "baseBranch": "--upload-pack=x"}),
+                ),
+                "spec.gitRevert.baseBranch",
+                "must not start with '-'",
+            ),
+            (
+                "base branch with a space",
+                set(
+                    bundle_pin(),
+                    "/gitRevert",
+                    json!({"commit": "abcdef0", "baseBranch": "release 1"}),
+                ),
+                "spec.gitRevert.baseBranch",
+                "letters, digits",
             ),
         ];
         for (name, value, path, needle) in cases {

@@ -229,9 +229,13 @@ pub struct GitRevertSpec {
     /// The commit to revert in the intent repository (hex sha, 7..64 characters).
     #[schemars(length(min = 7, max = 64), regex(pattern = r"^[a-f0-9]+$"))]
     pub commit: String,
-    /// Branch the revert is based on and the pull request targets. Default: main.
+    /// Branch the revert is based on and the pull request targets: letters, digits, `.`, `_`,
+    /// `/` and `-`, not starting with `-` (never read as a git option). Default: main.
     #[serde(default = "default_base_branch")]
-    #[schemars(length(min = 1, max = 255))]
+    #[schemars(
+        length(min = 1, max = 255),
+        regex(pattern = r"^[A-Za-z0-9._/][A-Za-z0-9._/-]*$")
+    )]
     pub base_branch: String,
     /// Open a pull request when the platform configures a forge. Default: true.
     #[serde(default = "default_true")]

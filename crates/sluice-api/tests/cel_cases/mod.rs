@@ -316,6 +316,17 @@ pub fn rejections() -> Vec<Case> {
             ),
             "waves[0].namespaceSelector.matchExpressions[0].values",
         ),
+        (
+            "base branch read as an option",
+            "bundlepins",
+            "BundlePin",
+            set(
+                bundle_pin(),
+                "/gitRevert",
+                json!({"commit": "abcdef0", "baseBranch": "--upload-pack=x"}),
+            ),
+            "gitRevert.baseBranch",
+        ),
     ]
 }
 
