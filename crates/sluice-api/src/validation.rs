@@ -628,13 +628,11 @@ impl WaveGateSpec {
             }
             (DriftExporter::None, None) => {}
         }
+        // An emergency naming another revision is not an error here: Argo CD keeps one an action
+        // wrote when Git moves spec.revision, and wave-gate ignores it. The CRD's transition rule
+        // refuses writing or changing one for another revision (it needs the old object).
         if let Some(e) = &self.emergency {
-            if e.revision != self.revision {
-                errs.push(
-                    "spec.emergency.revision",
-                    "must equal spec.revision: an emergency applies to one change",
-                );
-            }
+            errs.digest("spec.emergency.revision", &e.revision);
             errs.non_empty(
                 "spec.emergency.reason",
                 &e.reason,
@@ -1222,14 +1220,14 @@ mod tests {
                 "remove metric",
             ),
             (
-                "emergency other revision",
+                "emergency revision a tag",
                 set(
                     wave_gate(),
                     "/emergency",
-                    json!({"revision": digest('d'), "reason": "cve"}),
+                    json!({"revision": "v1.2.3", "reason": "cve"}),
                 ),
                 "spec.emergency.revision",
-                "must equal spec.revision",
+                "not a manifest digest",
             ),
             (
                 "emergency no reason",

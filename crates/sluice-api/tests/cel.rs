@@ -109,3 +109,58 @@ fn budget_and_release_rules() {
     let (_, errs) = check(&schema("bundlepins"), object("BundlePin", pin));
     assert!(errs.iter().any(|e| e.contains(needle)), "{errs:?}");
 }
+
+/// An emergency an Argo CD action wrote stays on the live object when Git moves
+/// `spec.revision` (ignoreDifferences): that update is accepted while the emergency is
+/// unchanged, and wave-gate ignores it; an emergency written or changed in the same update must
+/// still name the current revision.
+#[test]
+fn a_stale_emergency_may_stay_when_the_revision_moves() {
+    let s = schema("wavegates");
+    let emergency = json!({"revision": digest('a'), "reason": "CVE fix"});
+    let old = object(
+        "WaveGate",
+        set(wave_gate(), "/emergency", emergency.clone()),
+    );
+    let moved = |e: Option<Value>| {
+        let mut spec = set(wave_gate(), "/revision", json!(digest('b')));
+        if let Some(e) = e {
+            spec["emergency"] = e;
+        }
+        object("WaveGate", spec)
+    };
+    let update = |old: &Value, new: Value| {
+        s.validate(&new, Some(old))
+            .into_iter()
+            .map(|e| format!("{}: {}", e.path, e.body()))
+            .collect::<Vec<_>>()
+    };
+    let needle = "emergency.revision must equal spec.revision";
+
+    let errs = update(&old, moved(Some(emergency.clone())));
+    assert!(errs.is_empty(), "unchanged stale emergency: {errs:?}");
+
+    let errs = update(&old, moved(None));
+    assert!(errs.is_empty(), "emergency removed: {errs:?}");
+
+    let changed = json!({"revision": digest('a'), "reason": "another reason"});
+    let errs = update(&old, moved(Some(changed)));
+    assert!(
+        errs.iter().any(|e| e.contains(needle)),
+        "changed stale emergency: {errs:?}"
+    );
+
+    let without = object("WaveGate", wave_gate());
+    let errs = update(&without, moved(Some(emergency)));
+    assert!(
+        errs.iter().any(|e| e.contains(needle)),
+        "new emergency for the old revision: {errs:?}"
+    );
+
+    let current = json!({"revision": digest('b'), "reason": "CVE fix"});
+    let errs = update(&without, moved(Some(current)));
+    assert!(
+        errs.is_empty(),
+        "new emergency for the new revision: {errs:?}"
+    );
+}

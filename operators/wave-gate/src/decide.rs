@@ -2471,6 +2471,25 @@ mod tests {
     }
 
     #[test]
+    fn an_emergency_for_another_revision_is_ignored() {
+        // Argo CD keeps an action-written emergency across a Git sync that moves spec.revision:
+        // the stale emergency must not skip the waves of the new revision.
+        let s = spec_with(
+            serde_json::json!({"emergency": {"revision": rev('a'), "reason": "CVE fix"}}),
+        );
+        assert_eq!(s.revision, rev('b'));
+        let d = run(&s, None, &obs(&[]), 0);
+        assert_eq!(
+            revisions(&d),
+            on(&[("c1", "b"), ("c2", "a"), ("c3", "a")]),
+            "only the first wave moves; the spec is not refused"
+        );
+        assert_ne!(d.status.phase, WaveGatePhase::Complete);
+        assert!(!events(&d).contains(&reasons::EMERGENCY));
+        assert!(crate::validity::problems(&s, false).is_empty());
+    }
+
+    #[test]
     fn cross_site_waits_table() {
         let s = spec_with(serde_json::json!({"waves": [
             {"name": "canary", "clusters": ["c1"], "soak": "10s"},

@@ -60,7 +60,7 @@ pub const DUCK_RESOURCE: &str = "wavegates";
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {"rule": "!has(self.previousRevision) || self.previousRevision != self.revision", "message": "previousRevision must differ from revision", "fieldPath": ".previousRevision"},
-    {"rule": "!has(self.emergency) || self.emergency.revision == self.revision", "message": "emergency.revision must equal spec.revision (an emergency applies to one change)", "fieldPath": ".emergency.revision"}
+    {"rule": "!has(self.emergency) || self.emergency.revision == self.revision || (oldSelf.hasValue() && has(oldSelf.value().emergency) && oldSelf.value().emergency == self.emergency)", "optionalOldSelf": true, "message": "emergency.revision must equal spec.revision (an emergency applies to one change; one kept unchanged from an earlier revision is ignored)", "fieldPath": ".emergency.revision"}
 ]))]
 pub struct WaveGateSpec {
     /// Name of the site this WaveGate governs (e.g. `eu-west`); used in metrics and cross-site
@@ -131,6 +131,8 @@ pub struct WaveGateSpec {
     /// How pins created on a breach verify the previous bundle.
     pub pin: WavePinSpec,
     /// Emergency change: admit every wave at once for this revision (audited: Event, status).
+    /// Written with spec.revision; an emergency left unchanged when spec.revision moves (Argo CD
+    /// keeps it across a Git sync) stays allowed and is ignored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub emergency: Option<EmergencyChange>,
     /// When true, a new spec.revision replaces a halted change and starts again from the first
@@ -292,7 +294,8 @@ pub struct WaitRelease {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EmergencyChange {
-    /// The revision the emergency applies to; must equal spec.revision.
+    /// The revision the emergency applies to; must equal spec.revision when the emergency is
+    /// written or changed (an unchanged one from an earlier revision is ignored).
     #[schemars(length(min = 71, max = 71), regex(pattern = r"^sha256:[a-f0-9]{64}$"))]
     pub revision: String,
     /// Why waves are skipped (recorded in status and an Event). Required, at most 1024 characters.

@@ -327,6 +327,17 @@ pub fn rejections() -> Vec<Case> {
             ),
             "gitRevert.baseBranch",
         ),
+        (
+            "emergency for another revision",
+            "wavegates",
+            "WaveGate",
+            set(
+                wave_gate(),
+                "/emergency",
+                json!({"revision": digest('d'), "reason": "CVE fix"}),
+            ),
+            "emergency.revision must equal spec.revision",
+        ),
     ]
 }
 
