@@ -223,6 +223,9 @@ pub struct Observations {
     /// How long after creation a missing signature is retried ([`SIGNATURE_GRACE`] unless the
     /// operator says otherwise).
     pub signature_grace: Duration,
+    /// The one namespace revert may patch Applications in (its `--namespace`, where the chart
+    /// grants its Role); `None`: revert watches every namespace and refuses none.
+    pub application_namespace: Option<String>,
 }
 
 /// The kinds this pin may apply and prune: `spec.allowedKinds` (or the default list) within
@@ -600,7 +603,13 @@ pub fn decide(
     obs: &Observations,
     now: Timestamp,
 ) -> Decision {
-    let validity = decide_validity(&validity::problems(spec), status, obs, now);
+    let mut problems = validity::problems(spec);
+    problems.extend(validity::unreachable_targets(
+        spec,
+        &obs.pin.0,
+        obs.application_namespace.as_deref(),
+    ));
+    let validity = decide_validity(&problems, status, obs, now);
     if validity.status.phase == BundlePinPhase::Refused
         && cond::find(&validity.status.conditions, conditions::READY)
             .is_some_and(|c| c.status == "False")
@@ -1931,6 +1940,7 @@ mod tests {
                 created_at: None,
                 created_by: Some("kubectl-client-side-apply".into()),
                 signature_grace: SIGNATURE_GRACE,
+                application_namespace: Some("argocd".into()),
             }
         }
 
@@ -3193,6 +3203,55 @@ mod validity_tests {
 
     fn problem() -> Vec<String> {
         vec!["spec.bundle.digest: example problem".to_owned()]
+    }
+
+    #[test]
+    fn a_target_outside_the_application_namespace_is_refused() {
+        let spec: BundlePinSpec = serde_json::from_value(serde_json::json!({
+            "targets": [{"name": "mesh-c1"}, {"name": "mesh-c2", "namespace": "team-a"}],
+            "bundle": {"repository": "oci://registry.local:5000/mesh/config", "digest": format!("sha256:{}", "c".repeat(64))},
+            "publicKeysSecretRef": {"name": "cosign"},
+            "reason": "5xx after change 42",
+        }))
+        .unwrap();
+        let obs = Observations {
+            generation: Some(1),
+            pin: ("argocd".into(), "pin-1".into()),
+            application_namespace: Some("argocd".into()),
+            ..Observations::default()
+        };
+        let d = decide(&spec, None, &obs, t(0));
+        assert_eq!(d.status.phase, BundlePinPhase::Refused);
+        let ready = cond::find(&d.status.conditions, conditions::READY).unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", reasons::INVALID_SPEC)
+        );
+        assert!(
+            ready.message.contains(
+                "spec.targets[1].namespace: revert may patch Applications only in namespace argocd"
+            ),
+            "{}",
+            ready.message
+        );
+        assert!(
+            !ready.message.contains("spec.targets[0]"),
+            "{}",
+            ready.message
+        );
+        assert!(
+            d.actions.iter().all(|a| matches!(a, Action::Event { .. })),
+            "a refused pin touches nothing: {:?}",
+            d.actions
+        );
+
+        // Revert watching every namespace refuses none.
+        let everywhere = Observations {
+            application_namespace: None,
+            ..obs
+        };
+        let d = decide(&spec, None, &everywhere, t(0));
+        assert_ne!(d.status.phase, BundlePinPhase::Refused);
     }
 
     struct Row {

@@ -161,6 +161,7 @@ fn settings(cli: &Cli, namespace: &str) -> anyhow::Result<Settings> {
         forge,
         signature_grace: Some(std::time::Duration::from_secs(cli.signature_grace_seconds)),
         verified_cache_bytes: Some(cli.verified_cache_bytes),
+        application_namespace: cli.runtime.namespace_scope().map(str::to_owned),
         allowed_kinds: (!cli.allowed_kinds.is_empty()).then(|| {
             cli.allowed_kinds
                 .iter()

@@ -72,6 +72,10 @@ pub struct Settings {
     /// [`DEFAULT_VERIFIED_CACHE_BYTES`]. The least recently used bundle is evicted first and
     /// pulled and verified again when a pin needs it.
     pub verified_cache_bytes: Option<u64>,
+    /// The one namespace revert may patch Applications in (its `--namespace`, where the chart
+    /// grants its Role): a pin naming an Application elsewhere is refused (`InvalidSpec`)
+    /// instead of retrying forbidden requests. `None`: every namespace.
+    pub application_namespace: Option<String>,
 }
 
 /// Default bound of the verified-bundle cache: 128 MiB, a quarter of revert's default memory
@@ -103,6 +107,7 @@ pub struct Context {
     forge: Option<ForgeClient>,
     platform_kinds: Option<Vec<sluice_api::v1alpha1::bundle_pin::GroupKind>>,
     signature_grace: std::time::Duration,
+    application_namespace: Option<String>,
 }
 
 impl std::fmt::Debug for Context {
@@ -143,6 +148,7 @@ impl Context {
             forge,
             platform_kinds: settings.allowed_kinds,
             signature_grace: settings.signature_grace.unwrap_or(decide::SIGNATURE_GRACE),
+            application_namespace: settings.application_namespace,
         })
     }
 }
@@ -1069,7 +1075,21 @@ pub async fn reconcile(
     let mut applications = Vec::new();
     if !terminal {
         for t in decide::targets_to_observe(&spec, status, &ns) {
-            let view = ctx.observe_app(&t.namespace, &t.name, want_content).await?;
+            // An Application out of revert's reach is not read by a pin that has touched
+            // nothing yet (the request would be forbidden on every retry); decide refuses the
+            // pin for it.
+            let reachable = !matches!(
+                phase_before,
+                BundlePinPhase::Verifying | BundlePinPhase::Refused
+            ) || ctx
+                .application_namespace
+                .as_deref()
+                .is_none_or(|allowed| allowed == t.namespace);
+            let view = if reachable {
+                ctx.observe_app(&t.namespace, &t.name, want_content).await?
+            } else {
+                None
+            };
             applications.push(AppObservation {
                 namespace: t.namespace,
                 name: t.name,
@@ -1093,6 +1113,7 @@ pub async fn reconcile(
         created_at: obj.metadata.creation_timestamp.as_ref().map(|t| t.0),
         created_by: created_by(&obj),
         signature_grace: ctx.signature_grace,
+        application_namespace: ctx.application_namespace.clone(),
     };
     let now = (ctx.clock)();
     let mut decision = decide::decide(&spec, status, &obs, now);

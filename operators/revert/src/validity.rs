@@ -48,6 +48,33 @@ pub fn problems(spec: &BundlePinSpec) -> Vec<String> {
     out
 }
 
+/// The targets revert cannot reach, each `spec.targets[i].namespace: ...`: an Application
+/// outside `application_namespace` (revert's `--namespace`, the only namespace the chart grants
+/// its Role in), a target without a namespace being in `pin_namespace`. Refused up front rather
+/// than retried against a forbidden answer forever. `None`: every namespace is reachable.
+pub fn unreachable_targets(
+    spec: &BundlePinSpec,
+    pin_namespace: &str,
+    application_namespace: Option<&str>,
+) -> Vec<String> {
+    let Some(allowed) = application_namespace else {
+        return Vec::new();
+    };
+    spec.targets
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| {
+            let ns = t.namespace.as_deref().unwrap_or(pin_namespace);
+            (ns != allowed).then(|| {
+                format!(
+                    "spec.targets[{i}].namespace: revert may patch Applications only in namespace {allowed} (where its Role is granted); {ns}/{} is out of its reach. Pin Applications of {allowed} only",
+                    t.name
+                )
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -404,3 +404,43 @@ async fn a_bundle_holding_a_cluster_scoped_object_is_refused_naming_it_and_suspe
     );
     assert_eq!(policy(&w).await, original_policy());
 }
+
+/// An Application outside the namespace revert may patch Applications in (its `--namespace`,
+/// where the chart grants its Role) is refused before anything is read or touched, naming the
+/// target, instead of retrying forbidden requests forever.
+#[tokio::test]
+async fn a_target_outside_reverts_namespace_is_refused_and_nothing_is_touched() {
+    let Some(mut w) = World::start().await else {
+        return;
+    };
+    let good = given_bad_change(&w).await;
+    w.application_namespace = Some(ARGOCD.into());
+    w.start_revert();
+    w.create_pin(
+        "pin-elsewhere",
+        &good,
+        json!({"targets": [{"name": APP}, {"name": "mesh-team", "namespace": "team-a"}]}),
+    )
+    .await;
+    let p = until(&w, "pin-elsewhere", "Ready=False InvalidSpec", |p| {
+        reason(p, conditions::READY).as_deref() == Some(reasons::INVALID_SPEC)
+    })
+    .await;
+    assert_eq!(phase(&p), BundlePinPhase::Refused);
+    let message = &find(&p.status.as_ref().unwrap().conditions, conditions::READY)
+        .unwrap()
+        .message;
+    assert!(
+        message.contains(
+            "spec.targets[1].namespace: revert may patch Applications only in namespace argocd (where its Role is granted); team-a/mesh-team is out of its reach"
+        ),
+        "{message}"
+    );
+    assert!(!message.contains("spec.targets[0]"), "{message}");
+    assert_eq!(policy(&w).await, original_policy(), "automation untouched");
+    assert_eq!(
+        w.canary_weight("checkout").await,
+        Some(90),
+        "nothing applied"
+    );
+}

@@ -106,6 +106,9 @@ pub struct World {
     pub forge: Forge,
     /// revert's `--allowed-kinds` (`None`: the default mesh kinds).
     pub platform_kinds: Option<Vec<sluice_api::v1alpha1::bundle_pin::GroupKind>>,
+    /// revert's `--namespace` as the one namespace it patches Applications in (`None`: every
+    /// namespace).
+    pub application_namespace: Option<String>,
 }
 
 /// Token the forge stand-in accepts.
@@ -364,6 +367,7 @@ impl World {
             controller_stop: CancellationToken::new(),
             forge,
             platform_kinds: None,
+            application_namespace: None,
         })
     }
 
@@ -465,6 +469,7 @@ impl World {
                     // Refusals of unsigned bundles within the tests' budgets.
                     signature_grace: Some(Duration::from_secs(1)),
                     verified_cache_bytes: None,
+                    application_namespace: self.application_namespace.clone(),
                 },
                 metrics::register(&mut Default::default()),
             )
