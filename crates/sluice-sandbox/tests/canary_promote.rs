@@ -7,8 +7,9 @@ mod common;
 
 use std::time::Duration;
 
-/// The whole run (start, scenario, stop). On an idle machine it takes about a minute.
-const BUDGET: Duration = Duration::from_secs(118);
+/// The whole run (start, scenario, stop). Promotion alone took 91 s on a loaded 2-core machine:
+/// each step lasts until the sequential gates have enough evidence of a healthy canary.
+const BUDGET: Duration = Duration::from_secs(200);
 
 #[test]
 fn canary_promote_scenario_promotes_step_by_step_and_hands_back() {

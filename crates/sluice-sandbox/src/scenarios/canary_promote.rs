@@ -48,7 +48,9 @@ pub const SCENARIO: ScenarioDef = ScenarioDef {
                   pass when every weight step passed, the rollout is Promoted, the mesh reports \
                   ~100% v2.14 and deleting the Rollout hands the route back (promote_ms, \
                   handback_ms)",
-    budget: Duration::from_secs(100),
+    // Each weight step lasts until the sequential gates have enough evidence that the canary is
+    // healthy (about 15 s per step at the scenario's traffic), not a fixed 2 s.
+    budget: Duration::from_secs(180),
     run: start,
 };
 
