@@ -1,4 +1,4 @@
-//! End to end over the Kubernetes API emulator: the WaveGate CRD from `crds/` installed, the
+//! End to end over the Kubernetes API emulator: the WaveGate and BundlePin CRDs from `crds/` installed, the
 //! wave-gate controller running in-process; an invalid WaveGate gets `Ready=False`
 //! (`InvalidSpec`) naming the field and a Warning Event, and once fixed, `Ready=True` (and,
 //! with no ApplicationSet to govern, refused without publishing a decision).
@@ -57,6 +57,13 @@ async fn invalid_wave_gate_is_named_then_ready_once_fixed() {
     emu.load_manifest_file(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../crds/wavegates.sluice.dev.yaml"
+    ))
+    .expect("CRD installs");
+    // wave-gate lists its own BundlePins on every pass (a halt's, and released ones to delete):
+    // the chart installs that CRD beside the WaveGate one.
+    emu.load_manifest_file(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../crds/bundlepins.sluice.dev.yaml"
     ))
     .expect("CRD installs");
     let client = emu.client();
