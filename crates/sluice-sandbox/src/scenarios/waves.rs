@@ -38,15 +38,16 @@
 //! `failure_origin="mesh"`; it is lifted once the previous bundle is back.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::FutureExt;
 use futures::future::BoxFuture;
-use kube::Api;
+use futures::{FutureExt, StreamExt};
 use kube::api::{
     ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, ResourceExt};
 use serde_json::{Map, Value, json};
 use sluice_api::external::argocd::Application;
 use sluice_api::v1alpha1::bundle_pin::BundlePinPhase;
@@ -88,6 +89,9 @@ pub const REST_WAVE: &str = "rest";
 /// The metric each wave-gate exports per wave its site passed (its README's cross-site
 /// contract), carried into Prometheus by the global metrics view.
 pub const WAVE_PASSED_METRIC: &str = "sluice_wavegate_wave_passed";
+/// The scrape job wave-gate's own metrics carry at every site (the chart's ServiceMonitor names
+/// it after the component); wave-gate's `--wave-passed-job` default.
+pub const WAVE_GATE_JOB: &str = "wave-gate";
 /// The drift exporter's gauge (sluice's contract; the simulator plays the exporter).
 pub const DRIFT_METRIC: &str = "sluice_drift_proxies_behind";
 /// Share of the canary cluster's requests the mesh fails during the breach.
@@ -552,7 +556,9 @@ impl Platform<'_> {
                 continue;
             };
             for (labels, value) in parse_exposition(&text, WAVE_PASSED_METRIC) {
-                let mut s = Series::new(WAVE_PASSED_METRIC);
+                // The scrape's own target label: wave-gate trusts this series only from its
+                // job (`--wave-passed-job`, the chart's ServiceMonitor job by default).
+                let mut s = Series::new(WAVE_PASSED_METRIC).label("job", WAVE_GATE_JOB);
                 for (k, v) in labels {
                     s = s.label(k, v);
                 }
@@ -1108,6 +1114,61 @@ struct BreachSeen {
     pinned: Option<Duration>,
 }
 
+/// Every BundlePin of a namespace as a watch saw it: the names seen, and the version in which
+/// each was first seen Released. Stops watching when dropped.
+struct PinLog {
+    seen: Arc<Mutex<PinsSeen>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct PinsSeen {
+    names: Vec<String>,
+    released: BTreeMap<String, BundlePin>,
+}
+
+impl PinLog {
+    fn watch(pins: Api<BundlePin>) -> Self {
+        let seen = Arc::new(Mutex::new(PinsSeen::default()));
+        let log = seen.clone();
+        let task = tokio::spawn(async move {
+            let mut events = watcher(pins, watcher::Config::default())
+                .applied_objects()
+                .boxed();
+            while let Some(event) = events.next().await {
+                let Ok(pin) = event else { continue };
+                let name = pin.name_any();
+                let mut seen = log.lock().unwrap_or_else(|e| e.into_inner());
+                if !seen.names.contains(&name) {
+                    seen.names.push(name.clone());
+                }
+                if pin
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| s.phase == BundlePinPhase::Released)
+                {
+                    seen.released.entry(name).or_insert(pin);
+                }
+            }
+        });
+        Self { seen, task }
+    }
+
+    /// Every pin seen, as it was when Released, once each has been; `None` before.
+    fn all_released(&self) -> Option<Vec<BundlePin>> {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let all =
+            !seen.names.is_empty() && seen.names.iter().all(|n| seen.released.contains_key(n));
+        all.then(|| seen.released.values().cloned().collect())
+    }
+}
+
+impl Drop for PinLog {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 async fn breach(platform: &Platform<'_>) -> Result<Outcome, ScenarioError> {
     let sandbox = platform.sandbox;
     let sites = &platform.sites;
@@ -1154,10 +1215,13 @@ async fn breach(platform: &Platform<'_>) -> Result<Outcome, ScenarioError> {
         mesh_failure_flag: Some(ResponseFlag::UT),
         ..Default::default()
     });
+    let pins: Api<BundlePin> = Api::namespaced(client(sandbox, &mgmt)?, ARGOCD_NAMESPACE);
+    // wave-gate deletes the pins it created moments after revert releases them: only a watch
+    // started before the fault sees each one Released.
+    let pin_log = PinLog::watch(pins.clone());
     let fault = Instant::now();
 
     // Watch the verdict, the pin and the route in the canary cluster closely.
-    let pins: Api<BundlePin> = Api::namespaced(client(sandbox, &mgmt)?, ARGOCD_NAMESPACE);
     let mut seen = BreachSeen::default();
     let mut reverted_by = Vec::new();
     while seen.fail.is_none()
@@ -1239,19 +1303,8 @@ async fn breach(platform: &Platform<'_>) -> Result<Outcome, ScenarioError> {
     ));
     // revert releases the pin once Argo CD reports the previous revision again.
     let released = loop {
-        let list = pins
-            .list(&ListParams::default())
-            .await
-            .map_err(api_err("listing BundlePins".into(), &mgmt))?
-            .items;
-        if !list.is_empty()
-            && list.iter().all(|p| {
-                p.status
-                    .as_ref()
-                    .is_some_and(|s| s.phase == BundlePinPhase::Released)
-            })
-        {
-            break list;
+        if let Some(released) = pin_log.all_released() {
+            break released;
         }
         tokio::time::sleep(POLL).await;
     };
