@@ -441,7 +441,7 @@ main() {
   # Non-default values that change the shape of the render.
   if render variant --set rolloutWeights.watchNamespace=team-a --set-json 'revert.publicKeySecrets=[]' \
     --set metrics.service.enabled=false --set argocd.namespace=gitops --set image.digest="sha256:$(printf '%064d' 0)" \
-    --set-json 'upgradeRevisions.affinity={"nodeAffinity":{}}' \
+    --set image.requireDigest=true --set-json 'upgradeRevisions.affinity={"nodeAffinity":{}}' \
     --set 'ownedRoutePolicy.extraAllowedUsers[0]=system:serviceaccount:mesh:sluice-revert-target' 2>"$OUT/render.err"; then
     pass "helm template (namespaced rollout-weights, no key Secrets, other Argo CD namespace)"
     check "kubernetes-validate --strict (variant values)" validate variant
@@ -538,6 +538,9 @@ main() {
   expect_rejected "schema rejects an allowed kind revert's destination identity may not write" \
     "at '/revert/allowedKinds/0': value must be one of" \
     --set 'revert.allowedKinds={ClusterRole.rbac.authorization.k8s.io}'
+  expect_rejected "chart refuses an image by tag when image.requireDigest is set" \
+    "image.requireDigest is set but image.digest is empty: pin the operators' image by digest" \
+    --set image.requireDigest=true --set image.tag=1.0.0
   expect_rejected "chart refuses Kubernetes older than 1.33" "chart requires kubeVersion: >=1.33.0-0" \
     --kube-version 1.32.0
   expect_rejected "chart refuses a ServiceMonitor without metrics Services" \
