@@ -149,6 +149,80 @@ pub struct Hooks {
     pub backoff: Arc<Backoff>,
     /// Most reconciles running at once (`--max-concurrent-reconciles`); at least 1.
     pub max_concurrent_reconciles: u16,
+    /// What happens when a deposed controller does not stop in time.
+    pub step_down: StepDownWatchdog,
+}
+
+/// Exit status of an operator whose controller did not stop within the step-down limit after it
+/// lost leadership (`EX_SOFTWARE`): the kubelet restarts the container, and the restart is the
+/// stop.
+pub const STALLED_STEP_DOWN_EXIT: i32 = 70;
+
+/// Guards the step-down: once leadership is lost, every reconcile must have stopped within
+/// `limit`, the margin between the leader's own deadline and the earliest moment a standby may
+/// take the Lease. A reconcile stuck in blocking code never reaches the await at which it would
+/// be dropped; then `on_stall` runs, on its own OS thread so a blocked async runtime cannot
+/// delay it. In the operators it ends the process.
+#[derive(Clone)]
+pub struct StepDownWatchdog {
+    /// How long the controller has, from the loss of leadership, to stop every reconcile;
+    /// `None` arms no watchdog.
+    pub limit: Option<Duration>,
+    /// Called with `limit` when the controller has not stopped in time.
+    pub on_stall: Arc<dyn Fn(Duration) + Send + Sync>,
+}
+
+impl StepDownWatchdog {
+    /// No watchdog (tests, and a single replica without leader election).
+    pub fn off() -> Self {
+        Self {
+            limit: None,
+            on_stall: Arc::new(|_| {}),
+        }
+    }
+
+    /// Ends the process with [`STALLED_STEP_DOWN_EXIT`] when the controller has not stopped
+    /// within `limit` of the loss of leadership.
+    pub fn exit_process(limit: Duration) -> Self {
+        Self {
+            limit: Some(limit),
+            on_stall: Arc::new(|limit| {
+                tracing::error!(
+                    ?limit,
+                    exit_status = STALLED_STEP_DOWN_EXIT,
+                    "lost leadership, but a reconcile did not stop within the step-down limit \
+                     (it is blocked outside an await): exiting before a standby may take over"
+                );
+                std::process::exit(STALLED_STEP_DOWN_EXIT);
+            }),
+        }
+    }
+
+    /// Starts the watch for one step-down: the controller drops the sender of `stopped` once it
+    /// stopped, which disarms it.
+    fn arm(&self, stopped: std::sync::mpsc::Receiver<()>) {
+        let Some(limit) = self.limit else { return };
+        let on_stall = self.on_stall.clone();
+        let spawned = std::thread::Builder::new()
+            .name("step-down-watchdog".into())
+            .spawn(move || {
+                if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(limit)
+                {
+                    on_stall(limit);
+                }
+            });
+        if let Err(err) = spawned {
+            tracing::error!(error = %err, "could not start the step-down watchdog");
+        }
+    }
+}
+
+impl Debug for StepDownWatchdog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StepDownWatchdog")
+            .field("limit", &self.limit)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Hooks {
@@ -162,6 +236,7 @@ impl Hooks {
                 health: Health::default(),
                 backoff: Arc::new(Backoff::default()),
                 max_concurrent_reconciles: DEFAULT_MAX_CONCURRENT_RECONCILES,
+                step_down: StepDownWatchdog::off(),
             },
             registry,
         )
@@ -261,16 +336,20 @@ pub async fn drive_with<K, Ctx, F, Fut, E, X>(
         // Cancelled only when leadership is lost: in-flight reconciles are dropped at their next
         // await, before their next side effect. A shutdown (SIGTERM) lets them finish instead.
         let deposed = CancellationToken::new();
+        // Dropped once the controller stopped: disarms the step-down watchdog.
+        let (stopped_tx, stopped_rx) = std::sync::mpsc::channel::<()>();
         let stopper = {
             let stop = stop.clone();
             let deposed = deposed.clone();
             let shutdown = shutdown.clone();
             let mut leadership = leadership.clone();
+            let watchdog = hooks.step_down.clone();
             tokio::spawn(async move {
                 tokio::select! {
                     _ = shutdown.cancelled() => {},
                     _ = leadership.lost() => {
                         tracing::warn!("lost leadership: cancelling in-flight reconciles");
+                        watchdog.arm(stopped_rx);
                         deposed.cancel();
                     }
                 }
@@ -364,6 +443,7 @@ pub async fn drive_with<K, Ctx, F, Fut, E, X>(
                 }
             })
             .await;
+        drop(stopped_tx);
 
         stop.cancel();
         let _ = stopper.await;
@@ -489,6 +569,16 @@ impl Runtime {
         Ok(leadership)
     }
 
+    /// The step-down watchdog of this replica: with leader election, the controller must stop
+    /// within the renew margin (`--lease-renew-seconds`), the time between this replica's own
+    /// deadline and the earliest takeover by a standby, or the process exits.
+    fn step_down_watchdog(&self) -> StepDownWatchdog {
+        if self.args.leader_election_disabled {
+            return StepDownWatchdog::off();
+        }
+        StepDownWatchdog::exit_process(Duration::from_secs(self.args.lease_renew_seconds.max(1)))
+    }
+
     /// Serves metrics and health, runs leader election, and reconciles `api`'s kind with
     /// `reconcile` while leading, until SIGTERM/SIGINT. Shutdown order: stop reconciling, then
     /// release the Lease, then stop the server.
@@ -531,6 +621,7 @@ impl Runtime {
             stop: lease_stop,
             task: lease_task,
         } = self.election.take().expect("started just above");
+        let step_down = self.step_down_watchdog();
         let server_stop = CancellationToken::new();
         let server = Server::bind(
             self.args.metrics_addr,
@@ -572,6 +663,7 @@ impl Runtime {
             health: self.health.clone(),
             backoff: Arc::new(Backoff::default()),
             max_concurrent_reconciles: self.args.max_concurrent_reconciles,
+            step_down,
         };
         tracing::info!(
             max_concurrent_reconciles = hooks.max_concurrent_reconciles,
