@@ -16,6 +16,7 @@ use std::{
     time::Duration,
 };
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{
@@ -98,6 +99,35 @@ pub struct ObjectSignal {
     pub overdue: BTreeSet<String>,
 }
 
+impl ObjectSignal {
+    /// The signal of a kind whose status is a phase and Kubernetes conditions: `reason` when
+    /// given (e.g. a halt's reason), else the reason of a `Ready` condition that is `False`,
+    /// else the `Progressing` condition's reason, else empty; progress is the latest condition
+    /// transition (the object last changed state then). Condition reasons are CamelCase words
+    /// from each kind's fixed set.
+    pub fn from_conditions(phase: &str, conditions: &[Condition], reason: Option<String>) -> Self {
+        let find = |t: &str| conditions.iter().find(|c| c.type_ == t);
+        let reason = reason
+            .or_else(|| {
+                find("Ready")
+                    .filter(|c| c.status == "False")
+                    .map(|c| c.reason.clone())
+            })
+            .or_else(|| find("Progressing").map(|c| c.reason.clone()))
+            .unwrap_or_default();
+        let progressed_at = conditions
+            .iter()
+            .map(|c| c.last_transition_time.0.as_second())
+            .max();
+        ObjectSignal {
+            phase: phase.to_owned(),
+            reason,
+            progressed_at,
+            overdue: BTreeSet::new(),
+        }
+    }
+}
+
 /// The platform's per-object series, shared by every operator: `sluice_object_state` (1 with
 /// the object's phase and reason), `sluice_object_progressed_timestamp_seconds` and
 /// `sluice_object_overdue` (1 per deadline passed). Cheap to clone; clones share the series.
@@ -176,6 +206,33 @@ impl ObjectSignals {
         self.state.clear();
         self.progressed.clear();
         self.overdue.clear();
+    }
+
+    /// `(namespace, name)` of every object of `kind` that has series.
+    pub fn objects_of(&self, kind: &str) -> Vec<(String, String)> {
+        let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<(String, String)> = current
+            .keys()
+            .filter(|k| k.kind == kind)
+            .map(|k| (k.object_namespace.clone(), k.object_name.clone()))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Removes the series of every object of `kind` for which `exists(namespace, name)` says
+    /// no (the controller's cache no longer holds it: deleted, with or without a finalizer).
+    /// Returns how many objects were removed.
+    pub fn sweep(&self, kind: &str, exists: impl Fn(&str, &str) -> bool) -> usize {
+        let gone: Vec<(String, String)> = self
+            .objects_of(kind)
+            .into_iter()
+            .filter(|(ns, name)| !exists(ns, name))
+            .collect();
+        for (ns, name) in &gone {
+            self.remove(kind, ns, name);
+        }
+        gone.len()
     }
 
     /// How many objects have series.
@@ -408,5 +465,77 @@ mod tests {
             "a replica that stopped leading exports:\n{text}"
         );
         assert!(o.is_empty());
+    }
+
+    #[test]
+    fn objects_the_cache_no_longer_holds_are_swept_per_kind() {
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        let o = m.objects();
+        o.set(
+            "WaveGate",
+            "fleet",
+            "east",
+            signal("Halted", "GateFailed", 1, &[]),
+        );
+        o.set(
+            "WaveGate",
+            "fleet",
+            "west",
+            signal("Soaking", "Soaking", 2, &[]),
+        );
+        o.set(
+            "BundlePin",
+            "fleet",
+            "east",
+            signal("Pinned", "Pinned", 3, &[]),
+        );
+        let removed = o.sweep("WaveGate", |ns, name| ns == "fleet" && name == "west");
+        assert_eq!(removed, 1);
+        assert_eq!(
+            o.objects_of("WaveGate"),
+            vec![("fleet".into(), "west".into())]
+        );
+        let text = encode(&registry);
+        assert!(
+            !text.contains(r#"kind="WaveGate",object_namespace="fleet",object_name="east""#),
+            "a deleted WaveGate keeps series:\n{text}"
+        );
+        assert!(
+            text.contains(r#"kind="BundlePin",object_namespace="fleet",object_name="east""#),
+            "another kind's object of the same name was swept:\n{text}"
+        );
+    }
+
+    #[test]
+    fn a_signal_from_conditions_prefers_the_given_reason_then_not_ready_then_progressing() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let cond = |t: &str, status: &str, reason: &str, at: i64| Condition {
+            type_: t.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: "m".into(),
+            last_transition_time: Time(jiff::Timestamp::from_second(at).unwrap()),
+            observed_generation: None,
+        };
+        let conditions = [
+            cond("Ready", "True", "Valid", 100),
+            cond("Progressing", "True", "Soaking", 300),
+        ];
+        let s = ObjectSignal::from_conditions("Soaking", &conditions, None);
+        assert_eq!(
+            (s.phase.as_str(), s.reason.as_str(), s.progressed_at),
+            ("Soaking", "Soaking", Some(300))
+        );
+        let s = ObjectSignal::from_conditions("Halted", &conditions, Some("GateFailed".into()));
+        assert_eq!(s.reason, "GateFailed");
+        let refused = [cond("Ready", "False", "InvalidSpec", 50)];
+        let s = ObjectSignal::from_conditions("Refused", &refused, None);
+        assert_eq!(
+            (s.reason.as_str(), s.progressed_at),
+            ("InvalidSpec", Some(50))
+        );
+        let s = ObjectSignal::from_conditions("Pending", &[], None);
+        assert_eq!((s.reason.as_str(), s.progressed_at), ("", None));
     }
 }

@@ -210,6 +210,7 @@ async fn main() -> ExitCode {
             reconcile::Context::new(rt.client.clone(), rt.recorder.clone(), settings, metrics)
                 .map_err(anyhow::Error::from)?;
         ctx.leadership = rt.leadership().map_err(anyhow::Error::from)?;
+        ctx.signals = rt.metrics.objects();
         let ctx = Arc::new(ctx);
         run(rt, ctx).await
     }

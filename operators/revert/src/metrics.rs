@@ -240,9 +240,65 @@ impl RevertMetrics {
     }
 }
 
+/// The `kind` label of a BundlePin's per-object series.
+pub const OBJECT_KIND: &str = "BundlePin";
+
+/// What the per-object series (`sluice_object_*`, `sluice_runtime::metrics::ObjectSignals`)
+/// say about a BundlePin, from its status alone: its phase; the reason of a Ready condition that
+/// is False (why it was refused or failed), else its Progressing reason, else empty; and when it
+/// last progressed: its `pinnedAt` while Pinned (so `time() -` it is how long the pin has held
+/// its Applications), its `releasedAt` once Released, else the latest condition transition.
+pub fn object_signal(
+    status: &sluice_api::v1alpha1::BundlePinStatus,
+) -> sluice_runtime::metrics::ObjectSignal {
+    let mut signal = sluice_runtime::metrics::ObjectSignal::from_conditions(
+        &format!("{:?}", status.phase),
+        &status.conditions,
+        None,
+    );
+    let at = match status.phase {
+        BundlePinPhase::Pinned => status.pinned_at.as_ref(),
+        BundlePinPhase::Released => status.released_at.as_ref(),
+        _ => None,
+    };
+    if let Some(at) = at {
+        signal.progressed_at = Some(at.0.as_second());
+    }
+    signal
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pins_signal_dates_a_pinned_pin_from_its_pinned_at() {
+        let status: sluice_api::v1alpha1::BundlePinStatus =
+            serde_json::from_value(serde_json::json!({
+                "phase": "Pinned",
+                "pinnedAt": "2026-12-01T10:00:00Z",
+                "conditions": [{"type": "Ready", "status": "True", "reason": "Valid",
+                    "message": "m", "lastTransitionTime": "2026-12-01T10:20:00Z"}]
+            }))
+            .expect("status fixture");
+        let s = object_signal(&status);
+        assert_eq!((s.phase.as_str(), s.reason.as_str()), ("Pinned", ""));
+        assert_eq!(s.progressed_at, Some(1_796_119_200));
+
+        let refused: sluice_api::v1alpha1::BundlePinStatus =
+            serde_json::from_value(serde_json::json!({
+                "phase": "Refused",
+                "conditions": [{"type": "Ready", "status": "False", "reason": "Unsigned",
+                    "message": "m", "lastTransitionTime": "2026-12-01T10:20:00Z"}]
+            }))
+            .expect("status fixture");
+        let s = object_signal(&refused);
+        assert_eq!(
+            (s.phase.as_str(), s.reason.as_str()),
+            ("Refused", "Unsigned")
+        );
+        assert_eq!(s.progressed_at, Some(1_796_120_400));
+    }
 
     #[test]
     fn oldest_pin_age_counts_only_pins_in_force() {

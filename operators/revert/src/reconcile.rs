@@ -95,6 +95,9 @@ pub struct Context {
     pub clock: fn() -> Timestamp,
     /// revert's metrics.
     pub metrics: RevertMetrics,
+    /// The platform's per-object series (exported while this replica leads; a deleted
+    /// BundlePin's are removed by the runtime).
+    pub signals: sluice_runtime::metrics::ObjectSignals,
     /// Whether this replica leads: checked right before every effect (Application patches,
     /// remote applies and prunes, git pushes).
     pub leadership: Leadership,
@@ -135,6 +138,7 @@ impl Context {
             recorder,
             clock: Timestamp::now,
             metrics,
+            signals: sluice_runtime::metrics::ObjectSignals::default(),
             bundles: BundleClient::new(settings.registry),
             leadership: Leadership::always(),
             verified: Mutex::new(ByteLru::new(
@@ -1048,6 +1052,7 @@ pub async fn reconcile(
         }
         ctx.metrics
             .forget(&format!("{ns}/{name}"), (ctx.clock)().as_second());
+        ctx.signals.remove(crate::metrics::OBJECT_KIND, &ns, &name);
         return Ok(ControllerAction::await_change());
     }
     let spec = if deleting {
@@ -1185,6 +1190,12 @@ pub async fn reconcile(
         write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &decision.status).await?;
         tracing::info!(phase = ?decision.status.phase, "status written");
     }
+    ctx.signals.set(
+        crate::metrics::OBJECT_KIND,
+        &ns,
+        &name,
+        crate::metrics::object_signal(&decision.status),
+    );
     let seen = status.map_or(0, |s| s.history.len());
     if decision.status.history.len() != seen
         && let Some(entry) = decision.status.history.last()

@@ -353,9 +353,63 @@ impl UpgradeMetrics {
     }
 }
 
+/// The `kind` label of a RevisionUpgrade's per-object series (cluster-scoped: its
+/// `object_namespace` is empty).
+pub const OBJECT_KIND: &str = "RevisionUpgrade";
+
+/// What the per-object series (`sluice_object_*`, `sluice_runtime::metrics::ObjectSignals`)
+/// say about a RevisionUpgrade, from its status alone: its phase; the reason of a Ready
+/// condition that is False, else the Progressing condition's reason (why it is paused, soaking
+/// or rolling back); and when it last progressed (the latest of its conditions' transitions,
+/// its waves' starts, soaks and ends, its abort and its completion).
+pub fn object_signal(status: &RevisionUpgradeStatus) -> sluice_runtime::metrics::ObjectSignal {
+    let mut signal = sluice_runtime::metrics::ObjectSignal::from_conditions(
+        &format!("{:?}", status.phase),
+        &status.conditions,
+        None,
+    );
+    let moments = status
+        .waves
+        .iter()
+        .flat_map(|w| {
+            [
+                w.started_at.as_ref(),
+                w.soak_started_at.as_ref(),
+                w.finished_at.as_ref(),
+            ]
+        })
+        .chain([status.aborted_at.as_ref(), status.completed_at.as_ref()])
+        .flatten()
+        .map(|t| t.0.as_second());
+    signal.progressed_at = signal.progressed_at.into_iter().chain(moments).max();
+    signal
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_upgrades_signal_names_its_phase_reason_and_last_progress() {
+        let status: RevisionUpgradeStatus = serde_json::from_value(serde_json::json!({
+            "phase": "Paused",
+            "waves": [{"name": "first", "startedAt": "2026-12-01T10:00:00Z",
+                "soakStartedAt": "2026-12-01T10:03:00Z"}],
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "Valid", "message": "m",
+                    "lastTransitionTime": "2026-12-01T09:00:00Z"},
+                {"type": "Progressing", "status": "False", "reason": "PausedBySpec", "message": "m",
+                    "lastTransitionTime": "2026-12-01T10:01:00Z"}
+            ]
+        }))
+        .expect("status fixture");
+        let s = object_signal(&status);
+        assert_eq!(
+            (s.phase.as_str(), s.reason.as_str()),
+            ("Paused", "PausedBySpec")
+        );
+        assert_eq!(s.progressed_at, Some(1_796_119_380));
+    }
 
     fn status(phase: RevisionUpgradePhase, waves: &[&str]) -> RevisionUpgradeStatus {
         RevisionUpgradeStatus {

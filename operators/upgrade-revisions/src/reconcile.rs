@@ -508,6 +508,9 @@ pub struct Context {
     pub metrics_source: Option<Metrics>,
     /// The operator's metrics.
     pub metrics: UpgradeMetrics,
+    /// The platform's per-object series (exported while this replica leads; a deleted
+    /// RevisionUpgrade's are removed by the runtime).
+    pub signals: sluice_runtime::metrics::ObjectSignals,
     /// Whether this replica leads: checked right before every relabel, eviction and rollout
     /// restart; the background schedules stop when it is lost.
     pub leadership: Leadership,
@@ -545,6 +548,7 @@ impl Context {
             fleet: None,
             metrics_source: None,
             metrics: UpgradeMetrics::default(),
+            signals: sluice_runtime::metrics::ObjectSignals::default(),
             leadership: Leadership::always(),
             memory: Arc::new(Mutex::new(HashMap::new())),
         }
@@ -769,6 +773,12 @@ pub async fn reconcile(
         write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &decision.status).await?;
         tracing::debug!(phase = ?decision.status.phase, "status written");
     }
+    ctx.signals.set(
+        crate::metrics::OBJECT_KIND,
+        "",
+        &name,
+        crate::metrics::object_signal(&decision.status),
+    );
     let granted = decision
         .status
         .issuance_budget

@@ -66,6 +66,7 @@ async fn main() -> ExitCode {
             allow_free_form_promql: cli.allow_free_form_promql,
             engine,
             metrics: Some(wave_metrics),
+            signals: rt.metrics.objects(),
             pin_wait: std::time::Duration::from_secs(cli.pin_wait_seconds),
             ..reconcile::Context::new(rt.client.clone(), rt.recorder.clone())
         });

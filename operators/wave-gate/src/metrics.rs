@@ -317,9 +317,68 @@ impl WaveGateMetrics {
     }
 }
 
+/// The `kind` label of a WaveGate's per-object series.
+pub const OBJECT_KIND: &str = "WaveGate";
+
+/// What the per-object series (`sluice_object_*`, `sluice_runtime::metrics::ObjectSignals`)
+/// say about a WaveGate, from its status alone: its phase; the halt's reason when Halted, else
+/// the reason of a Ready condition that is False, else the Progressing condition's reason; and
+/// when it last progressed (the latest of its conditions' transitions, its waves' admissions and
+/// ends, and its halt).
+pub fn object_signal(status: &WaveGateStatus) -> sluice_runtime::metrics::ObjectSignal {
+    let halt = status
+        .halt
+        .as_ref()
+        .filter(|_| status.phase == WaveGatePhase::Halted)
+        .map(|h| format!("{:?}", h.reason));
+    let mut signal = sluice_runtime::metrics::ObjectSignal::from_conditions(
+        &format!("{:?}", status.phase),
+        &status.conditions,
+        halt,
+    );
+    let moments = status
+        .waves
+        .iter()
+        .flat_map(|w| [w.admitted_at.as_ref(), w.finished_at.as_ref()])
+        .chain([status.halt.as_ref().map(|h| &h.halted_at)])
+        .flatten()
+        .map(|t| t.0.as_second());
+    signal.progressed_at = signal.progressed_at.into_iter().chain(moments).max();
+    signal
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wave_gates_signal_names_its_phase_halt_reason_and_last_progress() {
+        let status: WaveGateStatus = serde_json::from_value(serde_json::json!({
+            "phase": "Halted",
+            "waves": [{"name": "canary", "state": "Failed", "admittedAt": "2026-12-01T10:00:00Z"}],
+            "halt": {"reason": "GateFailed", "wave": "canary", "haltedAt": "2026-12-01T10:05:00Z"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "Valid", "message": "m",
+                "lastTransitionTime": "2026-12-01T09:00:00Z"}]
+        }))
+        .expect("status fixture");
+        let s = object_signal(&status);
+        assert_eq!(s.phase, "Halted");
+        assert_eq!(s.reason, "GateFailed");
+        assert_eq!(s.progressed_at, Some(1_796_119_500));
+        assert!(s.overdue.is_empty());
+
+        let soaking: WaveGateStatus = serde_json::from_value(serde_json::json!({
+            "phase": "Soaking",
+            "conditions": [{"type": "Progressing", "status": "True", "reason": "Soaking",
+                "message": "m", "lastTransitionTime": "2026-12-01T10:00:00Z"}]
+        }))
+        .expect("status fixture");
+        let s = object_signal(&soaking);
+        assert_eq!(
+            (s.phase.as_str(), s.reason.as_str()),
+            ("Soaking", "Soaking")
+        );
+    }
     use prometheus_client::encoding::text::encode;
 
     #[test]

@@ -29,6 +29,7 @@ use sluice_runtime::{
     Categorized, Category,
     events::EventRecorder,
     leader::{Leadership, NotLeader},
+    metrics::ObjectSignals,
     write::{self, WriteError},
 };
 
@@ -61,6 +62,9 @@ pub struct Context {
     pub engine: Option<Arc<Engine<PrometheusSource>>>,
     /// The operator's metrics.
     pub metrics: Option<WaveGateMetrics>,
+    /// The platform's per-object series (exported while this replica leads; a deleted
+    /// WaveGate's are removed by the runtime).
+    pub signals: ObjectSignals,
     /// How long a halt waits for revert to hold its pins before setting decisions back
     /// (`--pin-wait-seconds`).
     pub pin_wait: std::time::Duration,
@@ -89,6 +93,7 @@ impl Context {
             allow_free_form_promql: false,
             engine: None,
             metrics: None,
+            signals: ObjectSignals::default(),
             pin_wait: crate::decide::DEFAULT_PIN_WAIT,
             leadership: Leadership::always(),
             wave_passed_job: DEFAULT_WAVE_PASSED_JOB.to_owned(),
@@ -573,6 +578,12 @@ pub async fn reconcile(
     if let Some(m) = &ctx.metrics {
         m.record(spec, status, &decision.status, now);
     }
+    ctx.signals.set(
+        crate::metrics::OBJECT_KIND,
+        &ns,
+        &name,
+        crate::metrics::object_signal(&decision.status),
+    );
     for action in &decision.actions {
         match action {
             Action::Event {
