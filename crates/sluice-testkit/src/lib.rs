@@ -9,5 +9,6 @@ pub mod prereq;
 pub mod prometheus;
 pub mod rbac;
 pub mod registry;
+pub mod registry_token;
 pub mod remote_write;
 pub mod thanos;
