@@ -9,6 +9,7 @@
 //! - [`builtin`]: the built-in gates on Istio's standard metrics (PromQL in `GATES.md`).
 //! - [`decide`](mod@decide): pure verdict and sustained-Inconclusive rules.
 //! - [`source`]: the Prometheus / Thanos Query HTTP provider.
+//! - [`args`]: the flags every operator takes to reach it (credentials, headers, CA, timeout).
 //! - [`engine`]: planning, batching and the tick.
 //! - [`mann_whitney`]: the optional canary-vs-stable U test over per-interval samples.
 //!
@@ -43,6 +44,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod args;
 pub mod builtin;
 pub mod decide;
 pub mod engine;
@@ -51,6 +53,7 @@ pub mod sequential;
 pub mod source;
 pub mod template;
 
+pub use args::MetricsSourceArgs;
 pub use decide::{
     BaselineReading, DistributionTest, GateAction, Observation, OwnerContext, action, decide,
 };
@@ -59,5 +62,6 @@ pub use engine::{
     TickReport, Vars,
 };
 pub use source::{
-    MetricsSource, PrometheusConfig, PrometheusSource, RangeValues, SeriesValue, SourceError,
+    BasicAuth, MetricsSource, PrometheusConfig, PrometheusSource, RangeValues, SeriesValue,
+    SourceError,
 };

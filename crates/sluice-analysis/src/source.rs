@@ -9,9 +9,18 @@
 //! 5xx), a limit on concurrent requests (a slot is held only while a request is in flight, never
 //! across a retry's sleep), and Thanos' optional `partial_response` and `dedup` parameters. It never interprets a result (no verdicts here) and
 //! never retries a query the server rejected as invalid (HTTP 400/422).
+//!
+//! Also owns reaching an authenticated provider (Thanos behind a proxy, Mimir, Grafana Cloud): a
+//! bearer token file or basic auth (username and password file), both files read again for
+//! every request so a rotated projected token or Secret is used without a restart; extra
+//! headers (`X-Scope-OrgID`); a CA file trusted in addition to the system roots. The flags every
+//! operator takes for them are [`crate::args::MetricsSourceArgs`]. An answer that carries
+//! warnings is an error ([`SourceError::Warned`]): a gate never judges on data its provider
+//! flags as possibly incomplete or wrong, and the warnings reach the verdict's message.
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -85,6 +94,27 @@ pub enum SourceError {
         /// What was wrong.
         message: String,
     },
+    /// The provider answered, but flagged the answer with warnings (a store or a replica did not
+    /// answer, a limit was hit): the data may be incomplete, so no gate judges on it.
+    #[error(
+        "query to {url} answered with warnings, so the answer may be incomplete and is not used: {}",
+        warnings.join("; ")
+    )]
+    Warned {
+        /// The query endpoint.
+        url: String,
+        /// The provider's `warnings`.
+        warnings: Vec<String>,
+    },
+    /// The source's own settings are unusable (a credentials or CA file cannot be read, a header
+    /// is malformed); nothing was sent.
+    #[error("the metrics source {url} cannot be used: {message}")]
+    Config {
+        /// The provider's base URL.
+        url: String,
+        /// What is wrong, naming the setting.
+        message: String,
+    },
 }
 
 impl SourceError {
@@ -95,6 +125,8 @@ impl SourceError {
             SourceError::Transport { .. } => "transport",
             SourceError::Rejected { .. } => "rejected",
             SourceError::Decode { .. } => "decode",
+            SourceError::Warned { .. } => "warnings",
+            SourceError::Config { .. } => "config",
         }
     }
 
@@ -154,6 +186,38 @@ pub struct PrometheusConfig {
     pub deadline: Duration,
     /// Largest answer read, in bytes; a larger one is an error (never retried). Default 16 MiB.
     pub max_response_bytes: u64,
+    /// File holding a bearer token sent as `Authorization: Bearer`, read again for every request
+    /// (a projected service account token or a Secret rotates in place). Default: none.
+    pub bearer_token_file: Option<PathBuf>,
+    /// HTTP basic auth (Grafana Cloud, an authenticating proxy). Default: none.
+    pub basic_auth: Option<BasicAuth>,
+    /// Extra headers sent with every request, e.g. `("X-Scope-OrgID", "tenant-a")` for Mimir or
+    /// Cortex. Default: none.
+    pub headers: Vec<(String, String)>,
+    /// PEM file of CA certificates trusted in addition to the system roots, for a provider
+    /// served with a private CA. Read when the source is built. Default: none.
+    pub ca_file: Option<PathBuf>,
+}
+
+/// HTTP basic auth of a [`PrometheusConfig`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct BasicAuth {
+    /// The username.
+    pub username: String,
+    /// File holding the password, read again for every request.
+    pub password_file: PathBuf,
+}
+
+impl From<&str> for PrometheusConfig {
+    fn from(url: &str) -> Self {
+        Self::new(url)
+    }
+}
+
+impl From<String> for PrometheusConfig {
+    fn from(url: String) -> Self {
+        Self::new(url)
+    }
 }
 
 impl PrometheusConfig {
@@ -169,8 +233,112 @@ impl PrometheusConfig {
             dedup: None,
             deadline: Duration::from_secs(30),
             max_response_bytes: 16 << 20,
+            bearer_token_file: None,
+            basic_auth: None,
+            headers: Vec::new(),
+            ca_file: None,
         }
     }
+
+    /// Checks everything the source will need before the first query: the HTTP client builds
+    /// (the CA file parses, the headers are valid) and the credentials files can be read. An
+    /// operator calls this at start so a wrong setting stops it with the reason.
+    pub fn check(&self) -> Result<(), SourceError> {
+        build_client(self).map_err(|message| self.config_error(message))?;
+        if let Some(path) = &self.bearer_token_file {
+            read_secret_blocking(path, "bearer token file").map_err(|m| self.config_error(m))?;
+        }
+        if let Some(auth) = &self.basic_auth {
+            read_secret_blocking(&auth.password_file, "password file")
+                .map_err(|m| self.config_error(m))?;
+        }
+        Ok(())
+    }
+
+    fn config_error(&self, message: String) -> SourceError {
+        SourceError::Config {
+            url: self.url.clone(),
+            message,
+        }
+    }
+}
+
+/// The HTTP client for `config`: the per-attempt timeout, the extra headers, the CA file.
+fn build_client(config: &PrometheusConfig) -> Result<reqwest::Client, String> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    for (name, value) in &config.headers {
+        let header = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("header name {name:?} is not a valid HTTP header name"))?;
+        if header == reqwest::header::AUTHORIZATION {
+            return Err(
+                "the Authorization header is set by the bearer token file or basic auth, not as \
+                 an extra header"
+                    .into(),
+            );
+        }
+        let mut value = reqwest::header::HeaderValue::from_str(value)
+            .map_err(|_| format!("the value of header {name} is not a valid HTTP header value"))?;
+        value.set_sensitive(true);
+        headers.append(header, value);
+    }
+    let mut builder = reqwest::Client::builder()
+        .timeout(config.timeout)
+        .default_headers(headers);
+    if let Some(path) = &config.ca_file {
+        let pem = std::fs::read(path)
+            .map_err(|e| format!("CA file {}: {e}; mount the CA there", path.display()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+            format!(
+                "CA file {}: not PEM certificates: {}",
+                path.display(),
+                error_chain(&e)
+            )
+        })?;
+        if certs.is_empty() {
+            return Err(format!(
+                "CA file {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+                path.display()
+            ));
+        }
+        builder = builder.tls_certs_merge(certs);
+    }
+    builder
+        .build()
+        .map_err(|e| format!("the HTTP client cannot be built: {}", error_chain(&e)))
+}
+
+/// Reads a credentials file (trailing newline dropped); an empty file is an error.
+fn read_secret_blocking(path: &Path, what: &str) -> Result<String, String> {
+    secret_text(path, what, std::fs::read_to_string(path))
+}
+
+async fn read_secret(path: &Path, what: &str) -> Result<String, String> {
+    secret_text(path, what, tokio::fs::read_to_string(path).await)
+}
+
+fn secret_text(path: &Path, what: &str, read: std::io::Result<String>) -> Result<String, String> {
+    let text =
+        read.map_err(|e| format!("{what} {}: {e}; mount the Secret there", path.display()))?;
+    let text = text.trim_end_matches(['\r', '\n']).to_string();
+    if text.is_empty() {
+        return Err(format!("{what} {} is empty", path.display()));
+    }
+    Ok(text)
+}
+
+/// An error and its causes, outermost first (reqwest's own message omits the TLS reason).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = cause.source();
+    }
+    out
 }
 
 /// A random delay in `[d/2, d]`, so queries that failed together do not retry in lock-step.
@@ -189,7 +357,8 @@ pub struct PrometheusSource {
     config: PrometheusConfig,
     endpoint: String,
     range_endpoint: String,
-    http: reqwest::Client,
+    /// The client, or why the settings could not make one (every query then fails with it).
+    http: Result<reqwest::Client, String>,
     permits: Arc<Semaphore>,
     sent: Arc<AtomicU64>,
 }
@@ -199,6 +368,8 @@ struct Answer {
     status: String,
     #[serde(default)]
     data: Option<Data>,
+    #[serde(default)]
+    warnings: Vec<String>,
     #[serde(default, rename = "errorType")]
     error_type: Option<String>,
     #[serde(default)]
@@ -234,33 +405,20 @@ fn parse_value(raw: &str) -> f64 {
     }
 }
 
-/// `application/x-www-form-urlencoded` body of the given pairs.
-fn form_encode(pairs: &[(&str, String)]) -> String {
-    let mut out = String::new();
-    for (i, (key, value)) in pairs.iter().enumerate() {
-        if i > 0 {
-            out.push('&');
-        }
-        for (j, raw) in [*key, value.as_str()].into_iter().enumerate() {
-            if j == 1 {
-                out.push('=');
-            }
-            for byte in raw.bytes() {
-                match byte {
-                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'*' | b'-' | b'.' | b'_' => {
-                        out.push(byte as char)
-                    }
-                    b' ' => out.push('+'),
-                    other => out.push_str(&format!("%{other:02X}")),
-                }
-            }
-        }
-    }
-    out
-}
-
 /// Parses a Prometheus API answer and checks its status.
 fn parse_data(url: &str, status: u16, body: &str) -> Result<Option<Data>, SourceError> {
+    if status == 401 || status == 403 {
+        return Err(SourceError::Rejected {
+            url: url.to_string(),
+            status,
+            error_type: "unauthorized".into(),
+            message: format!(
+                "{}; the provider refused the credentials: check the bearer token file, the basic \
+                 auth username and password file, and the tenant header",
+                truncate(body).trim()
+            ),
+        });
+    }
     let answer: Answer = serde_json::from_str(body).map_err(|e| {
         if (200..300).contains(&status) {
             SourceError::Decode {
@@ -282,6 +440,12 @@ fn parse_data(url: &str, status: u16, body: &str) -> Result<Option<Data>, Source
             status,
             error_type: answer.error_type.unwrap_or_else(|| "unknown".into()),
             message: answer.error.unwrap_or_default(),
+        });
+    }
+    if !answer.warnings.is_empty() {
+        return Err(SourceError::Warned {
+            url: url.to_string(),
+            warnings: answer.warnings.iter().map(|w| truncate(w)).collect(),
         });
     }
     Ok(answer.data)
@@ -336,11 +500,12 @@ fn truncate(body: &str) -> String {
 
 impl PrometheusSource {
     /// A source for `config`.
+    ///
+    /// Never fails: settings that cannot make a client (an unreadable CA file, a malformed
+    /// header) fail every query with [`SourceError::Config`]. Call
+    /// [`PrometheusConfig::check`] first to stop on them at start.
     pub fn new(config: PrometheusConfig) -> Self {
-        let http = reqwest::Client::builder()
-            .timeout(config.timeout)
-            .build()
-            .expect("building an HTTP client from static settings cannot fail");
+        let http = build_client(&config);
         let base = config.url.trim_end_matches('/');
         let endpoint = format!("{base}/api/v1/query");
         let range_endpoint = format!("{base}/api/v1/query_range");
@@ -401,23 +566,56 @@ impl PrometheusSource {
     async fn attempt(
         &self,
         endpoint: &str,
-        body: &str,
+        params: &[(&str, String)],
     ) -> Result<(u16, String), (bool, SourceError)> {
         let timed_out = || SourceError::Timeout {
             url: endpoint.to_string(),
             timeout: self.config.timeout,
             attempts: 1,
         };
-        tokio::time::timeout(self.config.timeout, self.attempt_unbounded(endpoint, body))
-            .await
-            .unwrap_or_else(|_| Err((true, timed_out())))
+        tokio::time::timeout(
+            self.config.timeout,
+            self.attempt_unbounded(endpoint, params),
+        )
+        .await
+        .unwrap_or_else(|_| Err((true, timed_out())))
+    }
+
+    /// The request for `params`, with the credentials as the files hold them now.
+    async fn request(
+        &self,
+        endpoint: &str,
+        params: &[(&str, String)],
+    ) -> Result<reqwest::RequestBuilder, SourceError> {
+        let http = self
+            .http
+            .as_ref()
+            .map_err(|message| self.config.config_error(message.clone()))?;
+        let mut request = http.post(endpoint).form(params);
+        if let Some(path) = &self.config.bearer_token_file {
+            let token = read_secret(path, "bearer token file")
+                .await
+                .map_err(|m| self.config.config_error(m))?;
+            request = request.bearer_auth(token);
+        }
+        if let Some(auth) = &self.config.basic_auth {
+            let password = read_secret(&auth.password_file, "password file")
+                .await
+                .map_err(|m| self.config.config_error(m))?;
+            request = request.basic_auth(&auth.username, Some(password));
+        }
+        Ok(request)
     }
 
     async fn attempt_unbounded(
         &self,
         endpoint: &str,
-        body: &str,
+        params: &[(&str, String)],
     ) -> Result<(u16, String), (bool, SourceError)> {
+        let request = self
+            .request(endpoint, params)
+            .await
+            .map_err(|e| (false, e))?;
         self.sent.fetch_add(1, Ordering::Relaxed);
         let transport = |e: reqwest::Error| {
             if e.is_timeout() {
@@ -430,18 +628,11 @@ impl PrometheusSource {
                 SourceError::Transport {
                     url: endpoint.to_string(),
                     attempts: 1,
-                    message: e.to_string(),
+                    message: transport_message(&e),
                 }
             }
         };
-        let response = self
-            .http
-            .post(endpoint)
-            .header("Content-Type", "application/x-www-form-urlencoded")
-            .body(body.to_string())
-            .send()
-            .await
-            .map_err(|e| (true, transport(e)))?;
+        let response = request.send().await.map_err(|e| (true, transport(e)))?;
         let status = response.status().as_u16();
         let max = self.config.max_response_bytes;
         let mut response = response;
@@ -489,7 +680,6 @@ impl PrometheusSource {
         params: &[(&str, String)],
         parse: impl Fn(&str, u16, &str) -> Result<T, SourceError>,
     ) -> Result<T, SourceError> {
-        let body = form_encode(params);
         let mut delay = self.config.backoff;
         let mut attempt = 0;
         loop {
@@ -504,7 +694,7 @@ impl PrometheusSource {
                     attempts: 0,
                     message: "the source was shut down".into(),
                 })?;
-            let outcome = match self.attempt(endpoint, &body).await {
+            let outcome = match self.attempt(endpoint, params).await {
                 Ok((status, text)) => {
                     parse(endpoint, status, &text).map_err(|e| (status == 429 || status >= 500, e))
                 }
@@ -523,6 +713,21 @@ impl PrometheusSource {
                 }
             }
         }
+    }
+}
+
+/// A transport error with its causes, and what to check when TLS verification refused the
+/// provider's certificate.
+fn transport_message(error: &reqwest::Error) -> String {
+    let chain = error_chain(error);
+    let lower = chain.to_ascii_lowercase();
+    if lower.contains("certificate") || lower.contains("unknownissuer") {
+        format!(
+            "{chain} (the provider's TLS certificate is not trusted: give the CA that signed it \
+             as the CA file, --prometheus-ca-file)"
+        )
+    } else {
+        chain
     }
 }
 
@@ -881,11 +1086,147 @@ mod tests {
         );
     }
 
-    #[test]
-    fn form_encoding() {
-        assert_eq!(
-            form_encode(&[("query", "a{b=\"c d\"}".into()), ("t", "1".into())]),
-            "query=a%7Bb%3D%22c+d%22%7D&t=1"
+    #[tokio::test]
+    async fn the_query_is_sent_form_encoded() {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let url = {
+            let seen = seen.clone();
+            stub(move |form| {
+                seen.lock().unwrap().push(form.to_string());
+                Stub::Answer(200, EMPTY.as_bytes().to_vec())
+            })
+            .await
+        };
+        let source = PrometheusSource::new(PrometheusConfig::new(url));
+        source
+            .query(
+                "a{b=\"c d\"} + 1",
+                Timestamp::from_second(1_800_000_000).unwrap(),
+            )
+            .await
+            .expect("answered");
+        let forms = seen.lock().unwrap().clone();
+        assert_eq!(forms.len(), 1);
+        assert!(
+            forms[0].starts_with(
+                "time=1800000000.000&query=a%7Bb%3D%22c+d%22%7D+%2B+1&timeout=10000ms"
+            ),
+            "{}",
+            forms[0]
         );
+        assert!(
+            forms[0].ends_with("&partial_response=false"),
+            "{}",
+            forms[0]
+        );
+    }
+
+    #[test]
+    fn an_answer_with_warnings_is_an_error_naming_them() {
+        let url = "http://p/api/v1/query";
+        let body = r#"{"status":"success","warnings":["store east-2 unavailable","no dedup"],"data":{"resultType":"vector","result":[{"metric":{},"value":[1,"0"]}]}}"#;
+        let err = parse_answer(url, 200, body).unwrap_err();
+        assert_eq!(err.category(), "warnings");
+        assert!(!err.is_timeout());
+        assert_eq!(
+            err.to_string(),
+            "query to http://p/api/v1/query answered with warnings, so the answer may be \
+             incomplete and is not used: store east-2 unavailable; no dedup"
+        );
+        let empty =
+            r#"{"status":"success","warnings":[],"data":{"resultType":"vector","result":[]}}"#;
+        assert_eq!(parse_answer(url, 200, empty).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn refused_credentials_say_what_to_check() {
+        for status in [401u16, 403] {
+            let err = parse_answer("http://p/api/v1/query", status, "Unauthorized\n").unwrap_err();
+            assert_eq!(err.category(), "rejected");
+            assert!(
+                err.to_string().starts_with(&format!(
+                    "query to http://p/api/v1/query was rejected with HTTP {status} (unauthorized): \
+                     Unauthorized; the provider refused the credentials"
+                )),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn unusable_settings_are_named_before_anything_is_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = PrometheusConfig::new("https://thanos.example:9090");
+        config.ca_file = Some(dir.path().join("missing-ca.pem"));
+        let err = config.check().unwrap_err();
+        assert_eq!(err.category(), "config");
+        assert!(err.to_string().contains("missing-ca.pem"), "{err}");
+
+        let not_pem = dir.path().join("ca.pem");
+        std::fs::write(&not_pem, "hello").unwrap();
+        config.ca_file = Some(not_pem);
+        let err = config.check().unwrap_err();
+        assert!(
+            err.to_string().contains("holds no PEM certificate"),
+            "{err}"
+        );
+
+        let mut config = PrometheusConfig::new("https://thanos.example:9090");
+        config.headers = vec![("X-Scope-OrgID".into(), "bad\nvalue".into())];
+        let err = config.check().unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("the value of header X-Scope-OrgID is not a valid HTTP header value"),
+            "{err}"
+        );
+        config.headers = vec![("Authorization".into(), "Bearer x".into())];
+        assert!(
+            config
+                .check()
+                .unwrap_err()
+                .to_string()
+                .contains("not as an extra header")
+        );
+
+        let mut config = PrometheusConfig::new("https://thanos.example:9090");
+        let token = dir.path().join("token");
+        config.bearer_token_file = Some(token.clone());
+        let err = config.check().unwrap_err();
+        assert!(
+            err.to_string().starts_with(&format!(
+                "the metrics source https://thanos.example:9090 cannot be used: bearer token file {}:",
+                token.display()
+            )),
+            "{err}"
+        );
+        std::fs::write(&token, "\n").unwrap();
+        assert!(
+            config
+                .check()
+                .unwrap_err()
+                .to_string()
+                .ends_with("is empty")
+        );
+        std::fs::write(&token, "abc\n").unwrap();
+        config.check().expect("a readable token is fine");
+    }
+
+    #[tokio::test]
+    async fn a_missing_token_file_fails_the_query_without_sending_it() {
+        let url = stub(|_| Stub::Answer(200, EMPTY.as_bytes().to_vec())).await;
+        let mut config = PrometheusConfig::new(url);
+        config.bearer_token_file = Some("/nonexistent/sluice/token".into());
+        let source = PrometheusSource::new(config);
+        let err = source
+            .query("up", Timestamp::from_second(1_800_000_000).unwrap())
+            .await
+            .unwrap_err();
+        assert_eq!(err.category(), "config", "{err}");
+        assert!(
+            err.to_string()
+                .contains("bearer token file /nonexistent/sluice/token: No such file"),
+            "{err}"
+        );
+        assert_eq!(source.requests_sent(), 0, "nothing sent, nothing retried");
     }
 }
