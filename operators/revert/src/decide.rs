@@ -476,6 +476,17 @@ fn deadline_left(
     ))
 }
 
+/// The longest one apply-and-prune of an Application may take, whatever the pin's deadline.
+pub const MAX_APPLY: Duration = Duration::from_secs(600);
+
+/// How long one apply-and-prune may take: until the pin's deadline, at most [`MAX_APPLY`], at
+/// least a second.
+pub fn apply_budget(spec: &BundlePinSpec, status: &BundlePinStatus, now: Timestamp) -> Duration {
+    deadline_left(spec, status, now)
+        .unwrap_or(MAX_APPLY)
+        .clamp(Duration::from_secs(1), MAX_APPLY)
+}
+
 /// Back-off before the next re-suspension after `n` of them: 1 s, doubling, at most
 /// [`MAX_RESUSPEND_BACKOFF`].
 pub fn resuspend_backoff(n: u32) -> Duration {
@@ -2915,6 +2926,35 @@ mod tests {
             is_over(Some(&d.status)),
             "holds nothing: the finalizer goes"
         );
+    }
+
+    #[test]
+    fn one_apply_may_take_only_the_time_left_before_the_deadline() {
+        let spec = spec(json!({"pinDeadlineSeconds": 60}));
+        let mut world = World::new();
+        let suspended = until_suspended(&spec, &mut world);
+        let verified = suspended.verified_at.as_ref().unwrap().0.as_second();
+        let at = |s: i64| Timestamp::from_second(verified + s).unwrap();
+        assert_eq!(
+            apply_budget(&spec, &suspended, at(20)),
+            Duration::from_secs(40)
+        );
+        assert_eq!(
+            apply_budget(&spec, &suspended, at(75)),
+            Duration::from_secs(1),
+            "past the deadline an apply still gets a second, never zero"
+        );
+        let long = spec_with_deadline(3600);
+        assert_eq!(apply_budget(&long, &suspended, at(0)), MAX_APPLY);
+        assert_eq!(
+            apply_budget(&spec, &BundlePinStatus::default(), at(0)),
+            MAX_APPLY,
+            "not verified: bounded by MAX_APPLY alone"
+        );
+    }
+
+    fn spec_with_deadline(seconds: u32) -> BundlePinSpec {
+        spec(json!({ "pinDeadlineSeconds": seconds }))
     }
 
     #[test]

@@ -716,28 +716,45 @@ impl Context {
                     .map_err(|e| dest_err(e.to_string(), Category::Config))?;
                 let started = Instant::now();
                 let tracking = self.tracking(pin).await;
-                let applied = apply::apply_objects(
-                    &self.kinds,
-                    &client,
-                    destination,
-                    bundle.objects(),
-                    default_namespace.as_deref(),
-                    FIELD_MANAGER.as_str(),
-                    Some(apply::Track {
-                        tracking: &tracking,
-                        app,
-                    }),
-                )
-                .await
-                .map_err(|e| match e {
-                    apply::ApplyError::NotRestored { .. } => {
-                        ReconcileError::NotRestored(e.to_string())
-                    }
-                    e => dest_err(e.to_string(), apply_category(&e)),
-                })?;
-                let pruned = apply::prune_objects(&self.kinds, &client, destination, prune)
+                // One bound around the whole apply and prune (each request has its own): the
+                // reconcile returns by the pin's deadline, so the next decision can give
+                // automation back on time however many objects are still in flight.
+                let budget = crate::decide::apply_budget(&pin.spec, status, now);
+                let work = async {
+                    let applied = apply::apply_objects(
+                        &self.kinds,
+                        &client,
+                        destination,
+                        bundle.objects(),
+                        default_namespace.as_deref(),
+                        FIELD_MANAGER.as_str(),
+                        Some(apply::Track {
+                            tracking: &tracking,
+                            app,
+                        }),
+                    )
                     .await
-                    .map_err(|e| dest_err(e.to_string(), apply_category(&e)))?;
+                    .map_err(|e| match e {
+                        apply::ApplyError::NotRestored { .. } => {
+                            ReconcileError::NotRestored(e.to_string())
+                        }
+                        e => dest_err(e.to_string(), apply_category(&e)),
+                    })?;
+                    let pruned = apply::prune_objects(&self.kinds, &client, destination, prune)
+                        .await
+                        .map_err(|e| dest_err(e.to_string(), apply_category(&e)))?;
+                    Ok::<_, ReconcileError>((applied, pruned))
+                };
+                let (applied, pruned) = tokio::time::timeout(budget, work).await.map_err(|_| {
+                    dest_err(
+                        format!(
+                            "applying and pruning the bundle in destination {destination} did not finish within {} s (the time left before spec.pinDeadlineSeconds, at most {} s); the writes in flight were abandoned, and at the deadline every suspended Application gets its automation back",
+                            budget.as_secs(),
+                            crate::decide::MAX_APPLY.as_secs()
+                        ),
+                        Category::ApiUnavailable,
+                    )
+                })??;
                 self.metrics.objects_applied.inc_by(applied.objects as u64);
                 self.metrics
                     .fields_removed

@@ -444,3 +444,109 @@ async fn a_target_outside_reverts_namespace_is_refused_and_nothing_is_touched() 
         "nothing applied"
     );
 }
+
+/// A plain-HTTP proxy to an API server that forwards reads and server-side dry-runs but holds
+/// every other write unanswered (a destination that hangs on writes).
+struct HoldingProxy {
+    url: String,
+    held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl HoldingProxy {
+    async fn start(upstream: String) -> Self {
+        use std::sync::{Arc, atomic::AtomicUsize, atomic::Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let upstream = upstream.trim_start_matches("http://").to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let held = Arc::new(AtomicUsize::new(0));
+        let counter = held.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                    continue;
+                };
+                let counter = counter.clone();
+                tokio::spawn(async move {
+                    let (mut from_client, mut to_client) = client.into_split();
+                    let (mut from_server, mut to_server) = server.into_split();
+                    tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+                    });
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match from_client.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        let chunk = &buf[..n];
+                        let line = chunk.split(|b| *b == b'\n').next().unwrap_or_default();
+                        let line = String::from_utf8_lossy(line);
+                        let write = ["PATCH ", "PUT ", "POST ", "DELETE "]
+                            .iter()
+                            .any(|m| line.starts_with(m));
+                        if write && !line.contains("dryRun=") {
+                            // Held: never forwarded, never answered, until the client gives up.
+                            counter.fetch_add(1, Ordering::SeqCst);
+                            let mut sink = vec![0u8; 64 * 1024];
+                            while matches!(from_client.read(&mut sink).await, Ok(n) if n > 0) {}
+                            return;
+                        }
+                        if to_server.write_all(chunk).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Self { url, held }
+    }
+
+    fn held(&self) -> usize {
+        self.held.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[tokio::test]
+async fn an_apply_that_hangs_ends_by_the_pin_deadline_and_gives_automation_back() {
+    let Some(mut w) = World::start().await else {
+        return;
+    };
+    let good = given_bad_change(&w).await;
+    // revert reaches the workload cluster through a proxy that answers its dry-runs (so the
+    // preflight passes and the Application is suspended) but never answers a real write.
+    let proxy = HoldingProxy::start(w.workload.base_url()).await;
+    let secrets = identity(&w).await;
+    let mut own = secrets.get("revert-c1").await.unwrap();
+    own.data.get_or_insert_default().insert(
+        "server".into(),
+        k8s_openapi::ByteString(proxy.url.clone().into_bytes()),
+    );
+    secrets
+        .replace("revert-c1", &Default::default(), &own)
+        .await
+        .unwrap();
+    w.start_revert();
+    w.create_pin("pin-a", &good, json!({"pinDeadlineSeconds": 10}))
+        .await;
+
+    let p = until(&w, "pin-a", "Failed DeadlineExceeded", |p| {
+        phase(p) == BundlePinPhase::Failed
+    })
+    .await;
+    let ended = jiff::Timestamp::now();
+    let verified = p.status.as_ref().unwrap().verified_at.as_ref().unwrap().0;
+    assert_eq!(
+        reason(&p, conditions::PINNED).as_deref(),
+        Some(reasons::DEADLINE_EXCEEDED)
+    );
+    assert!(proxy.held() > 0, "the apply reached the destination");
+    // One request alone may hang for the 15 s read timeout: the whole apply is bounded by the
+    // 10 s left before the deadline instead, so automation is back on time.
+    let took = ended.duration_since(verified).as_secs_f64();
+    assert!(
+        took < 14.0,
+        "automation came back {took:.1} s after verification; the deadline is 10 s"
+    );
+    assert_eq!(policy(&w).await, original_policy());
+}
