@@ -48,6 +48,9 @@ K8S_VERSION="v1.37.2"
 K8S_FLOOR_VERSION="v1.33.13"
 ETCD_VERSION="v3.7.0"   # build/dependencies.yaml of Kubernetes v1.37.2: etcd 3.7.0
 THANOS_VERSION="v0.42.5"
+# cosign (github.com/sigstore/cosign/v3, cmd/cosign): the interop tests of sluice-bundle sign with
+# the real CLI (key-based, the sigstore bundle format as referrer and the legacy .sig tag).
+COSIGN_VERSION="v3.1.3"
 # The build tags of Thanos's release build (.promu.yml, build.tags.all). slicelabels is not
 # optional: Thanos converts Prometheus label sets to its protobuf labels without copying, which
 # holds only for the slice implementation; without the tag the sidecar panics on its first
@@ -60,6 +63,7 @@ CACHE_ROOT="${SLUICE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/sluice}"
 CACHE_DIR="$CACHE_ROOT/control-plane-$K8S_VERSION-etcd-$ETCD_VERSION"
 STAMP="$CACHE_DIR/bin/.complete"
 THANOS_CACHE_DIR="$CACHE_ROOT/thanos-$THANOS_VERSION-${THANOS_TAGS//,/-}"
+COSIGN_CACHE_DIR="$CACHE_ROOT/cosign-$COSIGN_VERSION"
 
 log() { printf 'install-control-plane: %s\n' "$*"; }
 die() { printf 'install-control-plane: error: %s\n' "$*" >&2; exit 1; }
@@ -265,6 +269,39 @@ install_thanos() {
   log "linked thanos into $BIN_DIR"
 }
 
+# cosign's go.mod has no replace directives, so `go install module/cmd@version` builds it as
+# released; the version ldflags are those of its Makefile, so `cosign version` names the pin.
+install_cosign() {
+  if [ -x "$COSIGN_CACHE_DIR/bin/cosign" ] && [ -f "$COSIGN_CACHE_DIR/bin/.complete" ]; then
+    log "cached: $COSIGN_CACHE_DIR (cosign $COSIGN_VERSION); nothing to build"
+  else
+    command -v go >/dev/null 2>&1 \
+      || die "go not found: cosign is built from its Go module; install Go 1.26 or newer and put it on PATH"
+    local started=$SECONDS gomod pkg=sigs.k8s.io/release-utils/version
+    log "downloading github.com/sigstore/cosign/v3@$COSIGN_VERSION"
+    gomod="$(go mod download -json "github.com/sigstore/cosign/v3@$COSIGN_VERSION" 2>/dev/null | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
+    [ -n "$gomod" ] && [ -f "$gomod" ] || die "go mod download github.com/sigstore/cosign/v3@$COSIGN_VERSION gave no go.mod"
+    select_toolchain "$(awk '/^go [0-9]/ { print $2; exit }' "$gomod")"
+    if grep -q '^replace' "$gomod"; then
+      die "github.com/sigstore/cosign/v3@$COSIGN_VERSION has replace directives; go install cannot build it"
+    fi
+    rm -rf "$COSIGN_CACHE_DIR/bin.new"
+    mkdir -p "$COSIGN_CACHE_DIR/bin.new"
+    log "building cosign $COSIGN_VERSION"
+    CGO_ENABLED=0 GOBIN="$COSIGN_CACHE_DIR/bin.new" go install -trimpath \
+      -ldflags "-s -w -X $pkg.gitVersion=$COSIGN_VERSION -X $pkg.gitTreeState=clean" \
+      "github.com/sigstore/cosign/v3/cmd/cosign@$COSIGN_VERSION" \
+      || die "go install of cosign failed (see above)"
+    printf 'cosign %s\n' "$COSIGN_VERSION" >"$COSIGN_CACHE_DIR/bin.new/.complete"
+    rm -rf "$COSIGN_CACHE_DIR/bin"
+    mv "$COSIGN_CACHE_DIR/bin.new" "$COSIGN_CACHE_DIR/bin"
+    log "built cosign in $((SECONDS - started)) s into $COSIGN_CACHE_DIR/bin"
+  fi
+  mkdir -p "$BIN_DIR"
+  ln -sfn "$COSIGN_CACHE_DIR/bin/cosign" "$BIN_DIR/cosign"
+  log "linked cosign into $BIN_DIR"
+}
+
 install_floor_apiserver() {
   local dir="$CACHE_ROOT/kube-apiserver-$K8S_FLOOR_VERSION"
   if [ -x "$dir/bin/kube-apiserver" ] && [ -f "$dir/bin/.complete" ]; then
@@ -294,6 +331,9 @@ install_floor_apiserver() {
 main() {
   # Each in a subshell: its toolchain choice, version globals and EXIT trap stay its own.
   (install_floor_apiserver) || exit 1
+  if [ "${SLUICE_SKIP_COSIGN:-0}" != 1 ]; then
+    (install_cosign) || exit 1
+  fi
   if [ "${SLUICE_SKIP_THANOS:-0}" != 1 ]; then
     (install_thanos) || exit 1
   fi

@@ -26,7 +26,8 @@ use crate::artifact::{self, Artifact, MANIFEST_MEDIA_TYPE};
 use crate::error::{BundleError, Result};
 use crate::keys::{PublicKey, SigningKey};
 use crate::manifests::BundleObject;
-use crate::signature::{self, SIMPLE_SIGNING_MEDIA_TYPE, SignatureLayer, Verified};
+use crate::signature::{self, Policy, SIMPLE_SIGNING_MEDIA_TYPE, SignatureLayer, Verified};
+use crate::sigstore_bundle::{self as sb, StoredBundle};
 
 /// Largest config blob or signature payload read (1 MiB): they are a few hundred bytes.
 const MAX_SMALL_BLOB: u64 = 1024 * 1024;
@@ -747,12 +748,17 @@ impl BundleClient {
         self.pull_manifest(&target.with_digest(&digest), &target.registry)
             .await?;
         let (tag, layers, _) = self.signature_layers(&target, &digest).await?;
-        signature::judge(
+        let bundles = self.signature_bundles(&target, &digest).await?;
+        signature::verdict(
             &digest,
             &layers,
-            keys,
+            &bundles,
+            policy,
             &digest_ref,
-            &format!("{}:{tag}", target.repository_ref()),
+            &format!(
+                "tag {}:{tag} nor among its OCI referrers (sigstore bundles)",
+                target.repository_ref()
+            ),
         )
     }
 
@@ -763,8 +769,143 @@ impl BundleClient {
         reference: &str,
         keys: &[PublicKey],
     ) -> Result<VerifiedBundle> {
-        let verified = self.verify(reference, keys).await?;
+        self.verify_and_pull_with(reference, &Policy::keys(keys))
+            .await
+    }
+
+    /// [`BundleClient::verify_and_pull`] under a full [`Policy`] (keys, keyless identities,
+    /// repository binding).
+    pub async fn verify_and_pull_with(
+        &self,
+        reference: &str,
+        policy: &Policy,
+    ) -> Result<VerifiedBundle> {
+        let verified = self.verify_with(reference, policy).await?;
         let artifact = self.pull(reference).await?;
+    /// The sigstore bundles attached to `digest` as OCI referrers: listed by the referrers API
+    /// (`GET /v2/<repo>/referrers/<digest>`), or, where the registry has none (404), by the
+    /// referrers tag schema's index at tag `sha256-<hex>`. Only referrers whose `artifactType` is
+    /// a sigstore bundle are read (and not attestations of another predicate), at most
+    /// [`MAX_SIGNATURE_LAYERS`], each bundle at most 1 MiB, every read through the capped fetcher.
+    async fn signature_bundles(
+        &self,
+        target: &BundleRef,
+        digest: &str,
+    ) -> Result<Vec<StoredBundle>> {
+        self.check_allowed(&target.registry)?;
+        let limits = crate::fetch::Limits {
+            max_bytes: crate::fetch::MAX_MANIFEST_BYTES,
+            deadline: self.read_timeout() * 2,
+        };
+        let listed = self
+            .fetcher
+            .get(
+                &target.registry,
+                &target.repository,
+                "referrers",
+                digest,
+                Some(sb::IMAGE_INDEX_MEDIA_TYPE),
+                None,
+                limits,
+                "list the referrers of",
+            )
+            .await;
+        let index_bytes = match listed {
+            Ok(bytes) => bytes,
+            Err(BundleError::NotFound { .. }) => {
+                let tag = sb::referrers_tag(digest)?;
+                match self
+                    .fetcher
+                    .get(
+                        &target.registry,
+                        &target.repository,
+                        "manifests",
+                        &tag,
+                        Some(sb::IMAGE_INDEX_MEDIA_TYPE),
+                        None,
+                        limits,
+                        "read the referrers tag of",
+                    )
+                    .await
+                {
+                    Ok(bytes) => bytes,
+                    Err(BundleError::NotFound { .. }) => return Ok(Vec::new()),
+                    Err(other) => return Err(other),
+                }
+            }
+            Err(other) => return Err(other),
+        };
+        let where_ = format!("{}@{digest} (referrers)", target.repository_ref());
+        #[derive(serde::Deserialize)]
+        struct Index {
+            #[serde(default)]
+            manifests: Vec<artifact::Descriptor>,
+        }
+        let index: Index = serde_json::from_slice(&index_bytes).map_err(|e| {
+            BundleError::not_a_bundle(
+                where_.clone(),
+                format!("the referrers list is not an OCI image index: {e}"),
+            )
+        })?;
+        let candidates: Vec<_> = index
+            .manifests
+            .iter()
+            .filter(|d| {
+                d.artifact_type
+                    .as_deref()
+                    .is_some_and(sb::is_bundle_media_type)
+            })
+            .filter(|d| {
+                d.annotations
+                    .get(sb::PREDICATE_TYPE_ANNOTATION)
+                    .is_none_or(|p| p == sb::COSIGN_SIGN_PREDICATE_TYPE)
+            })
+            .collect();
+        if candidates.len() > MAX_SIGNATURE_LAYERS {
+            return Err(BundleError::not_a_bundle(
+                where_,
+                format!(
+                    "{} sigstore signature bundles are attached, more than the \
+                     {MAX_SIGNATURE_LAYERS} read; delete old signatures",
+                    candidates.len()
+                ),
+            ));
+        }
+        let mut bundles = Vec::new();
+        for descriptor in candidates {
+            let manifest_bytes = self
+                .pull_manifest(&target.with_digest(&descriptor.digest), &target.registry)
+                .await?;
+            let manifest: artifact::ImageManifest = serde_json::from_slice(&manifest_bytes)
+                .map_err(|e| {
+                    BundleError::not_a_bundle(
+                        format!("{}@{}", target.repository_ref(), descriptor.digest),
+                        format!("a signature referrer is not an OCI image manifest: {e}"),
+                    )
+                })?;
+            for layer in manifest
+                .layers
+                .iter()
+                .filter(|l| sb::is_bundle_media_type(&l.media_type))
+            {
+                if layer.size > MAX_SMALL_BLOB {
+                    return Err(BundleError::not_a_bundle(
+                        format!("{}@{}", target.repository_ref(), descriptor.digest),
+                        format!(
+                            "a signature bundle of {} bytes is not a cosign bundle",
+                            layer.size
+                        ),
+                    ));
+                }
+                bundles.push(StoredBundle {
+                    bytes: self.pull_blob(target, layer).await?,
+                    referrer: descriptor.digest.clone(),
+                });
+            }
+        }
+        Ok(bundles)
+    }
+
         Ok(VerifiedBundle { verified, artifact })
     }
 
@@ -779,7 +920,7 @@ impl BundleClient {
         Ok(inspection(
             &artifact,
             &target.to_string(),
-            Some(layers.len()),
+            Some(layers.len() + bundles.len()),
         ))
     }
 }
@@ -829,6 +970,14 @@ mod tests {
     }
 
     #[test]
+        self.verify_with(reference, &Policy::keys(keys)).await
+    }
+
+    /// Verifies the signatures of `reference`'s digest (a tag is refused) under `policy`: both
+    /// cosign's legacy `.sig` tag and the sigstore bundles among its OCI referrers are read, and
+    /// one signature by a signer the policy names suffices (see [`signature::verdict`]). The
+    /// bundle manifest must exist at that digest.
+    pub async fn verify_with(&self, reference: &str, policy: &Policy) -> Result<Verified> {
     fn argo_cd_oci_sources_map_to_references() {
         let d = format!("sha256:{}", "b".repeat(64));
         let by_digest = BundleRef::from_oci_source("oci://127.0.0.1:5000/mesh/config", &d).unwrap();
@@ -864,6 +1013,9 @@ mod tests {
         extra["mediaType"] = "application/vnd.example.readme".into();
         extra["digest"] = format!("sha256:{}", "0".repeat(64)).into();
         manifest["layers"] = serde_json::json!([extra, content]);
+        let bundles = self
+            .signature_bundles(&target, &artifact.manifest_digest)
+            .await?;
         let bytes = serde_json::to_vec(&manifest).unwrap();
         let b = artifact::from_parts(bytes, a.config.clone(), a.layer.clone(), None, "t").unwrap();
         let seen = inspection(&b, "t", None);

@@ -59,7 +59,7 @@ pub enum BundleError {
     },
     /// No cosign signature exists for the digest.
     #[error(
-        "{reference} is unsigned: no cosign signature at tag {signature_tag}; sign it with \
+        "{reference} is unsigned: no cosign signature at {signature_tag}; sign it with \
          `kubectl sluice bundle sign` (or cosign, see the crate docs) before pinning it"
     )]
     Unsigned {
@@ -91,6 +91,21 @@ pub enum BundleError {
         reference: String,
         /// The digest the signature payload actually names.
         signed_digest: String,
+    },
+    /// An authentic signature exists, but its signer is not one the policy names (a keyless
+    /// identity or issuer not listed, a certificate that does not chain to the trusted root, log
+    /// evidence that does not verify, a signature made for another repository).
+    #[error(
+        "{reference}: no signature by a signer the pin trusts [{signers}]: {reason}; sign with a \
+         trusted key or identity, or add this signer to the pin's policy if it is meant to be trusted"
+    )]
+    UntrustedSignature {
+        /// The digest reference that was checked.
+        reference: String,
+        /// Why each authentic signature was refused.
+        reason: String,
+        /// The signers the policy names.
+        signers: String,
     },
     /// A key file could not be read, decrypted or parsed.
     #[error("key {location}: {reason}")]
@@ -201,6 +216,7 @@ impl BundleError {
 
     pub(crate) fn not_a_bundle(reference: impl Into<String>, reason: impl Into<String>) -> Self {
         BundleError::NotABundle {
+            BundleError::UntrustedSignature { .. } => "UntrustedSignature",
             reference: reference.into(),
             reason: reason.into(),
         }

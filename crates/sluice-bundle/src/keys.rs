@@ -99,6 +99,14 @@ impl PublicKey {
             .verify_signature(Signature::Base64Encoded(signature_b64.as_bytes()), payload)
             .is_ok()
     }
+
+    /// Whether the raw signature bytes `signature` sign `message` with this key (DSSE and
+    /// sigstore bundles carry raw signatures, base64 in their JSON).
+    pub fn verifies_raw(&self, message: &[u8], signature: &[u8]) -> bool {
+        self.key
+            .verify_signature(Signature::Raw(signature), message)
+            .is_ok()
+    }
 }
 
 /// A private key that signs bundles.

@@ -57,9 +57,11 @@ pub mod client;
 pub mod error;
 pub mod fetch;
 pub mod keys;
+pub mod keyless;
 pub mod manifests;
 pub mod signature;
 
+pub mod sigstore_bundle;
 pub use artifact::{Artifact, Metadata, read_layout, render, write_layout};
 pub use cache::ByteLru;
 pub use client::{
@@ -69,4 +71,5 @@ pub use client::{
 pub use error::{BundleError, Result};
 pub use keys::{KeyPairPem, PublicKey, SigningKey, generate_key_pair};
 pub use manifests::{BundleObject, GroupKind, ManifestFile, Manifests, ReadOptions, Skipped};
-pub use signature::Verified;
+pub use keyless::{Identity, Keyless, Matcher, TrustedRoot};
+pub use signature::{Policy, Verified};

@@ -173,17 +173,62 @@ pub fn signature_descriptor(payload: &[u8], signature_b64: &str) -> Descriptor {
     }
 }
 
-/// A signature that passed: which key, and what the payload claims.
+/// A signature that passed: which key or identity, and what it claims.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Verified {
     /// The digest verified.
     pub digest: String,
-    /// Fingerprint of the key that verified it.
+    /// Who signed: the fingerprint of the key that verified it, or for a keyless signature
+    /// `keyless:<certificate identity> (<OIDC issuer>)`.
     pub key_fingerprint: String,
-    /// Index of that key in the list given.
+    /// Index of that key in the list given (0 for a keyless signature).
     pub key_index: usize,
-    /// The repository named in the payload.
+    /// The repository named in the payload (legacy format; the bundle format names none, then
+    /// empty).
     pub docker_reference: String,
+    /// Where the signature was found: [`FORMAT_LEGACY_TAG`] or [`FORMAT_SIGSTORE_BUNDLE`].
+    pub format: String,
+}
+
+/// [`Verified::format`] of a signature at the `sha256-<hex>.sig` tag.
+pub const FORMAT_LEGACY_TAG: &str = "legacy-tag";
+/// [`Verified::format`] of a sigstore bundle found among the digest's referrers.
+pub const FORMAT_SIGSTORE_BUNDLE: &str = "sigstore-bundle";
+
+/// Which signers a verification accepts (the pin's policy). A signature counts only when its
+/// signer is one this policy names: a key of [`Policy::keys`], or a certificate that chains to
+/// the trusted root and whose identity and issuer match one of the keyless identities.
+#[derive(Clone, Debug, Default)]
+pub struct Policy {
+    /// Public keys, any of which may sign.
+    pub keys: Vec<PublicKey>,
+    /// Keyless signers (trusted root and identities); `None`: keyless signatures are refused.
+    pub keyless: Option<crate::keyless::Keyless>,
+    /// When set, a legacy signature must name this repository (`registry/repository`) in its
+    /// payload's `docker-reference`: a signature made for another repository is refused.
+    pub repository: Option<String>,
+}
+
+impl Policy {
+    /// A policy of keys alone.
+    pub fn keys(keys: &[PublicKey]) -> Self {
+        Self {
+            keys: keys.to_vec(),
+            ..Self::default()
+        }
+    }
+
+    fn describe_signers(&self) -> String {
+        let mut signers: Vec<String> = self
+            .keys
+            .iter()
+            .map(|k| k.fingerprint().to_string())
+            .collect();
+        if let Some(keyless) = &self.keyless {
+            signers.extend(keyless.identities.iter().map(|i| format!("keyless {i}")));
+        }
+        signers.join(", ")
+    }
 }
 
 /// The verdict on `layers` (the signatures stored at `digest`'s cosign tag) for `digest`, given
@@ -227,6 +272,7 @@ pub fn judge(
                         key_fingerprint: key.fingerprint().to_string(),
                         key_index,
                         docker_reference: p.critical.identity.docker_reference,
+                        format: FORMAT_LEGACY_TAG.to_string(),
                     });
                 }
                 Some(p) => signed_other = Some(p.critical.image.docker_manifest_digest),
@@ -248,6 +294,115 @@ pub fn judge(
             .map(PublicKey::fingerprint)
             .collect::<Vec<_>>()
             .join(", "),
+    })
+}
+
+/// The verdict on every signature stored for `digest`: the legacy `layers` (its `.sig` tag) and
+/// the sigstore `bundles` among its referrers, under `policy`. `reference` names the digest in
+/// errors, `locations` where signatures were looked for.
+///
+/// Any one signature that verifies with a signer the policy names, names `digest` and (with
+/// [`Policy::repository`]) names the repository, passes. Otherwise the most telling refusal:
+/// a verified signature of another digest ([`BundleError::Tampered`]), then an authentic
+/// signature by a signer the policy does not name or with failing evidence
+/// ([`BundleError::UntrustedSignature`]), then signatures no key verifies
+/// ([`BundleError::WrongKey`]), then none at all ([`BundleError::Unsigned`]).
+pub fn verdict(
+    digest: &str,
+    layers: &[SignatureLayer],
+    bundles: &[crate::sigstore_bundle::StoredBundle],
+    policy: &Policy,
+    reference: &str,
+    locations: &str,
+) -> Result<Verified> {
+    use crate::sigstore_bundle::{self as sb, Outcome};
+    let mut tampered: Option<BundleError> = None;
+    let mut untrusted: Vec<String> = Vec::new();
+    let mut unverified = 0usize;
+    let mut ignored: Vec<String> = Vec::new();
+
+    for stored in bundles {
+        let outcome = match sb::decode(&stored.bytes) {
+            Err(why) => Outcome::Ignored(why),
+            Ok(decoded) => {
+                let material = &decoded.bundle.verification_material;
+                if material.certificate.is_some() || material.x509_certificate_chain.is_some() {
+                    match &policy.keyless {
+                        Some(keyless) => keyless.judge(&decoded, digest),
+                        None => Outcome::Untrusted(
+                            "a keyless (certificate) signature, but the pin names no keyless \
+                             identity (spec.keyless)"
+                                .into(),
+                        ),
+                    }
+                } else {
+                    sb::judge_key_based(&decoded, digest, &policy.keys)
+                }
+            }
+        };
+        match outcome {
+            Outcome::Verified { signer, key_index } => {
+                return Ok(Verified {
+                    digest: digest.to_string(),
+                    key_fingerprint: signer,
+                    key_index: key_index.unwrap_or(0),
+                    docker_reference: String::new(),
+                    format: FORMAT_SIGSTORE_BUNDLE.to_string(),
+                });
+            }
+            Outcome::SignsOther(other) => {
+                tampered.get_or_insert(BundleError::Tampered {
+                    reference: reference.to_string(),
+                    signed_digest: other,
+                });
+            }
+            Outcome::Untrusted(why) => untrusted.push(format!("bundle {}: {why}", stored.referrer)),
+            Outcome::NoKey => unverified += 1,
+            Outcome::Ignored(why) => ignored.push(format!("referrer {}: {why}", stored.referrer)),
+        }
+    }
+
+    if !layers.is_empty() {
+        match judge(digest, layers, &policy.keys, reference, locations) {
+            Ok(v) => match &policy.repository {
+                Some(repository) if &v.docker_reference != repository => untrusted.push(format!(
+                    "the legacy signature by {} was made for repository {:?}, not {repository:?} \
+                     (the pin requires its own repository: spec.requireSignedRepository)",
+                    v.key_fingerprint, v.docker_reference
+                )),
+                _ => return Ok(v),
+            },
+            Err(e @ BundleError::Tampered { .. }) => {
+                tampered.get_or_insert(e);
+            }
+            Err(_) => unverified += layers.len(),
+        }
+    }
+
+    if let Some(e) = tampered {
+        return Err(e);
+    }
+    if !untrusted.is_empty() {
+        return Err(BundleError::UntrustedSignature {
+            reference: reference.to_string(),
+            reason: untrusted.join("; "),
+            signers: policy.describe_signers(),
+        });
+    }
+    if unverified > 0 {
+        return Err(BundleError::WrongKey {
+            reference: reference.to_string(),
+            signatures: unverified,
+            keys: policy.describe_signers(),
+        });
+    }
+    let mut where_ = locations.to_string();
+    if !ignored.is_empty() {
+        where_.push_str(&format!(" (not image signatures: {})", ignored.join("; ")));
+    }
+    Err(BundleError::Unsigned {
+        reference: reference.to_string(),
+        signature_tag: where_,
     })
 }
 

@@ -204,6 +204,15 @@ pub fn binary_with(name: &str, install: &str) -> Result<PathBuf, Missing> {
     ))
 }
 
+/// The command that builds the `cosign` CLI (from its Go module, with the control plane).
+pub const INSTALL_COSIGN: &str = "bash scripts/install-control-plane.sh";
+
+/// The real `cosign` CLI (the signature interop tests sign with it), from `.tools/bin` or
+/// `PATH`; the error names [`INSTALL_COSIGN`].
+pub fn cosign() -> Result<PathBuf, Missing> {
+    binary_with("cosign", INSTALL_COSIGN)
+}
+
 /// [`binary`], skipping (or failing in strict mode) when it is missing.
 #[track_caller]
 pub fn require_binary(name: &str) -> Option<PathBuf> {

@@ -19,13 +19,23 @@ fn plural(kind: &str) -> String {
 }
 
 /// revert's role in a workload cluster as the chart's
-/// `templates/workload/revert-target-identity.yaml` renders it: the kinds a bundle may hold
-/// (`DEFAULT_ALLOWED_KINDS`, which `scripts/chart-check.sh` checks the chart against) with
-/// get, list, create, patch and delete, bound to [`REVERT_TARGET_NAME`] in
+/// `templates/workload/revert-target-identity.yaml` renders it by default: the kinds a bundle
+/// may hold (`DEFAULT_ALLOWED_KINDS`, which `scripts/chart-check.sh` checks the chart against)
+/// except EnvoyFilter, which the chart grants only with `revertTarget.envoyFilters`, with get,
+/// list, create, patch and delete, bound to [`REVERT_TARGET_NAME`] in
 /// [`REVERT_TARGET_NAMESPACE`]. Multi-document YAML.
 pub fn revert_target() -> String {
+    revert_target_with(false)
+}
+
+/// [`revert_target`] as the chart renders it with `revertTarget.envoyFilters` set to
+/// `envoy_filters`.
+pub fn revert_target_with(envoy_filters: bool) -> String {
     let mut by_group: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for (group, kind) in DEFAULT_ALLOWED_KINDS {
+        if *kind == "EnvoyFilter" && !envoy_filters {
+            continue;
+        }
         by_group.entry(group).or_default().push(plural(kind));
     }
     let rules: String = by_group
@@ -47,8 +57,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_default_role_leaves_envoy_filters_out_as_the_chart_does() {
+        assert!(!revert_target().contains("envoyfilters"));
+        assert!(
+            revert_target().replace(", ", ",").contains(
+                "\"virtualservices\",\"destinationrules\",\"serviceentries\",\"sidecars\"]"
+            )
+        );
+        assert!(revert_target_with(true).contains("envoyfilters"));
+    }
+
+    #[test]
     fn the_role_names_every_allowed_kind_by_its_resource_and_nothing_else() {
-        let yaml = revert_target();
+        let yaml = revert_target_with(true);
         for resource in [
             "\"httproutes\", \"grpcroutes\"",
             "\"virtualservices\",\"destinationrules\",\"serviceentries\",\"sidecars\",\"envoyfilters\"",

@@ -1,0 +1,521 @@
+//! Interop with the real `cosign` CLI (built from its Go module by
+//! `scripts/install-control-plane.sh`) against the local registry: bundles signed by cosign in its
+//! current default format (a sigstore bundle attached as an OCI referrer; Debian's
+//! `docker-registry` has no referrers API, so cosign writes the referrers tag `sha256-<hex>`) and
+//! in the legacy `.sig` tag verify; a tampered, copied or foreign-key signature is refused with
+//! a message that says so. Keyless bundles are judged against a trust root made here (a CA in
+//! Fulcio's role, a key in Rekor's), since nothing can reach a public sigstore instance.
+
+use std::path::Path;
+use std::process::Command;
+
+use base64::Engine;
+use sha2::{Digest, Sha256};
+use sluice_bundle::signature::{Policy, verdict};
+use sluice_bundle::sigstore_bundle::{
+    BUNDLE_MEDIA_TYPE, COSIGN_SIGN_PREDICATE_TYPE, INTOTO_PAYLOAD_TYPE, StoredBundle, pae,
+};
+use sluice_bundle::{
+    BundleClient, Identity, Keyless, Manifests, Matcher, Metadata, PublicKey, ReadOptions,
+    RegistryOptions, SigningKey, TrustedRoot, render,
+};
+use sluice_testkit::prereq;
+use sluice_testkit::registry::Registry;
+
+const PASSWORD: &str = "interop-password";
+
+fn route(weight: u32) -> String {
+    format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: checkout\n  namespace: shop\nspec:\n  rules:\n  - backendRefs:\n    - name: checkout-v2\n      port: 8080\n      weight: {weight}\n"
+    )
+}
+
+async fn push(client: &BundleClient, host: &str, weight: u32) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("route.yaml"), route(weight)).unwrap();
+    let (manifests, _) = Manifests::read_dir(dir.path(), &ReadOptions::default()).unwrap();
+    let artifact = render(&manifests, &Metadata::default()).unwrap();
+    client
+        .push(&artifact, &format!("{host}/mesh/cosign:w{weight}"))
+        .await
+        .unwrap()
+        .reference
+}
+
+fn cosign(bin: &Path, dir: &Path, args: &[&str]) -> String {
+    let out = Command::new(bin)
+        .args(args)
+        .current_dir(dir)
+        .env("COSIGN_PASSWORD", PASSWORD)
+        .env("COSIGN_YES", "true")
+        .env("HOME", dir)
+        .env("TUF_ROOT", dir.join("tuf"))
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "cosign {args:?} failed:\n{text}");
+    text
+}
+
+/// A key pair made by `cosign generate-key-pair` in `dir` (cosign.key, cosign.pub).
+fn cosign_key(bin: &Path, dir: &Path) -> PublicKey {
+    cosign(bin, dir, &["generate-key-pair"]);
+    PublicKey::from_file(&dir.join("cosign.pub")).unwrap()
+}
+
+#[tokio::test]
+async fn bundles_signed_by_real_cosign_verify_and_tampered_ones_do_not() {
+    let Some(bin) = prereq::or_skip(prereq::cosign()) else {
+        return;
+    };
+    let Some(registry) = Registry::start_or_skip().await else {
+        return;
+    };
+    let host = registry.host();
+    let client = BundleClient::new(RegistryOptions::default());
+    let work = tempfile::tempdir().unwrap();
+    let key = cosign_key(&bin, work.path());
+    let other_dir = tempfile::tempdir().unwrap();
+    let other = cosign_key(&bin, other_dir.path());
+
+    // cosign's default (v3): a sigstore bundle as a referrer; key-based, no transparency log.
+    let signed = push(&client, &host, 10).await;
+    cosign(
+        &bin,
+        work.path(),
+        &[
+            "sign",
+            "--key",
+            "cosign.key",
+            "--tlog-upload=false",
+            "--use-signing-config=false",
+            "--new-bundle-format=true",
+            "--allow-http-registry",
+            "--bundle",
+            "sig.json",
+            &signed,
+        ],
+    );
+    let verified = client
+        .verify(&signed, std::slice::from_ref(&key))
+        .await
+        .unwrap();
+    assert_eq!(verified.format, "sigstore-bundle");
+    assert_eq!(verified.key_fingerprint, key.fingerprint());
+    let pulled = client
+        .verify_and_pull(&signed, &[other.clone(), key.clone()])
+        .await
+        .unwrap();
+    assert_eq!(pulled.verified.key_index, 1);
+
+    // The other key: refused, naming the key tried.
+    let err = client
+        .verify(&signed, std::slice::from_ref(&other))
+        .await
+        .unwrap_err();
+    assert_eq!(err.category(), "WrongKey", "{err}");
+    assert!(
+        err.to_string().contains(&format!(
+            "verifies with the given public key(s) [{}]",
+            other.fingerprint()
+        )),
+        "{err}"
+    );
+
+    // An unsigned digest next to it reads as unsigned, naming both places looked at.
+    let unsigned = push(&client, &host, 20).await;
+    let err = client
+        .verify(&unsigned, std::slice::from_ref(&key))
+        .await
+        .unwrap_err();
+    assert_eq!(err.category(), "Unsigned", "{err}");
+    assert!(
+        err.to_string().contains("nor among its OCI referrers"),
+        "{err}"
+    );
+
+    // cosign's bundle bytes, judged for another digest (a copied signature): tampered.
+    let bundle_bytes = std::fs::read(work.path().join("sig.json")).unwrap();
+    let stored = |bytes: Vec<u8>| StoredBundle {
+        bytes,
+        referrer: "sha256:referrer".into(),
+    };
+    let unsigned_digest = unsigned.split('@').nth(1).unwrap();
+    let signed_digest = signed.split('@').nth(1).unwrap();
+    let err = verdict(
+        unsigned_digest,
+        &[],
+        &[stored(bundle_bytes.clone())],
+        &Policy::keys(std::slice::from_ref(&key)),
+        &unsigned,
+        "t",
+    )
+    .unwrap_err();
+    assert_eq!(err.category(), "Tampered", "{err}");
+    assert!(
+        err.to_string().contains(&format!("signs {signed_digest}")),
+        "{err}"
+    );
+
+    // cosign's bundle with its statement swapped for one naming the other digest: no key
+    // verifies it any more.
+    let mut altered: serde_json::Value = serde_json::from_slice(&bundle_bytes).unwrap();
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let payload = b64
+        .decode(altered["dsseEnvelope"]["payload"].as_str().unwrap())
+        .unwrap();
+    let swapped = String::from_utf8(payload).unwrap().replace(
+        signed_digest.trim_start_matches("sha256:"),
+        unsigned_digest.trim_start_matches("sha256:"),
+    );
+    altered["dsseEnvelope"]["payload"] = b64.encode(swapped).into();
+    let err = verdict(
+        unsigned_digest,
+        &[],
+        &[stored(serde_json::to_vec(&altered).unwrap())],
+        &Policy::keys(std::slice::from_ref(&key)),
+        &unsigned,
+        "t",
+    )
+    .unwrap_err();
+    assert_eq!(err.category(), "WrongKey", "{err}");
+    assert!(err.to_string().contains("payload was altered"), "{err}");
+
+    // The legacy `.sig` tag, signed by the same cosign.
+    let legacy = push(&client, &host, 30).await;
+    cosign(
+        &bin,
+        work.path(),
+        &[
+            "sign",
+            "--key",
+            "cosign.key",
+            "--tlog-upload=false",
+            "--use-signing-config=false",
+            "--new-bundle-format=false",
+            "--allow-http-registry",
+            &legacy,
+        ],
+    );
+    let verified = client
+        .verify(&legacy, std::slice::from_ref(&key))
+        .await
+        .unwrap();
+    assert_eq!(verified.format, "legacy-tag");
+
+    // L1: with the repository bound, a legacy signature made for another repository is refused.
+    let repository = legacy.split('@').next().unwrap().to_string();
+    let bound = Policy {
+        repository: Some(repository.clone()),
+        ..Policy::keys(std::slice::from_ref(&key))
+    };
+    client.verify_with(&legacy, &bound).await.unwrap();
+    let elsewhere = Policy {
+        repository: Some(format!("{host}/mesh/elsewhere")),
+        ..Policy::keys(std::slice::from_ref(&key))
+    };
+    let err = client.verify_with(&legacy, &elsewhere).await.unwrap_err();
+    assert_eq!(err.category(), "UntrustedSignature", "{err}");
+    assert!(
+        err.to_string()
+            .contains(&format!("was made for repository {repository:?}")),
+        "{err}"
+    );
+}
+
+// --- keyless against a synthetic trust root ---------------------------------------------------
+
+const D1: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+const ISSUER: &str = "https://token.actions.githubusercontent.com";
+const SUBJECT: &str = "https://github.com/acme/mesh/.github/workflows/sign.yml@refs/heads/main";
+
+fn der_of(pem: &str) -> Vec<u8> {
+    let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+    base64::engine::general_purpose::STANDARD
+        .decode(body)
+        .unwrap()
+}
+
+struct Sigstore {
+    ca_key: rcgen::KeyPair,
+    ca_params: rcgen::CertificateParams,
+    ca_der: Vec<u8>,
+    rekor: SigningKey,
+}
+
+impl Sigstore {
+    fn new() -> Self {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "test fulcio");
+        ca_params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+        ];
+        let ca_der = ca_params.self_signed(&ca_key).unwrap().der().to_vec();
+        Self {
+            ca_key,
+            ca_params,
+            ca_der,
+            rekor: SigningKey::generate().unwrap(),
+        }
+    }
+
+    fn rekor_der(&self) -> Vec<u8> {
+        der_of(self.rekor.public_key().pem())
+    }
+
+    fn trusted_root(&self) -> TrustedRoot {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let json = serde_json::json!({
+            "mediaType": "application/vnd.dev.sigstore.trustedroot+json;version=0.1",
+            "tlogs": [{
+                "baseUrl": "https://rekor.invalid",
+                "hashAlgorithm": "SHA2_256",
+                "publicKey": {"rawBytes": b64.encode(self.rekor_der()), "keyDetails": "PKIX_ECDSA_P256_SHA_256", "validFor": {"start": "2020-01-01T00:00:00Z"}},
+                "logId": {"keyId": b64.encode(Sha256::digest(self.rekor_der()))},
+            }],
+            "certificateAuthorities": [{
+                "subject": {"organization": "test", "commonName": "test fulcio"},
+                "uri": "https://fulcio.invalid",
+                "certChain": {"certificates": [{"rawBytes": b64.encode(&self.ca_der)}]},
+                "validFor": {"start": "2020-01-01T00:00:00Z"},
+            }],
+            "ctlogs": [],
+            "timestampAuthorities": [],
+        });
+        TrustedRoot::from_json(&serde_json::to_vec(&json).unwrap(), "test").unwrap()
+    }
+
+    /// A Fulcio-like certificate for `subject` from `issuer` and its key.
+    fn certificate(&self, subject: &str, issuer: &str) -> (Vec<u8>, SigningKey) {
+        let key = SigningKey::generate().unwrap();
+        let rc_key = rcgen::KeyPair::from_pem(&key.to_unencrypted_pem().unwrap()).unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.subject_alt_names = vec![rcgen::SanType::URI(subject.try_into().unwrap())];
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::CodeSigning];
+        params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+        let mut value = vec![0x0c, issuer.len() as u8];
+        value.extend_from_slice(issuer.as_bytes());
+        params.custom_extensions = vec![rcgen::CustomExtension::from_oid_content(
+            &[1, 3, 6, 1, 4, 1, 57264, 1, 8],
+            value,
+        )];
+        let now = time::OffsetDateTime::now_utc();
+        params.not_before = now - time::Duration::minutes(5);
+        params.not_after = now + time::Duration::minutes(5);
+        let issuer_ca = rcgen::Issuer::new(self.ca_params.clone(), &self.ca_key);
+        let cert = params.signed_by(&rc_key, &issuer_ca).unwrap();
+        (cert.der().to_vec(), key)
+    }
+
+    /// A keyless bundle for `digest`, logged with a SET at `integrated`.
+    fn bundle(&self, digest: &str, cert: &[u8], key: &SigningKey, integrated: i64) -> Vec<u8> {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let payload = serde_json::to_vec(&serde_json::json!({
+            "_type": "https://in-toto.io/Statement/v1",
+            "subject": [{"digest": {"sha256": digest.trim_start_matches("sha256:")}}],
+            "predicateType": COSIGN_SIGN_PREDICATE_TYPE,
+            "predicate": {},
+        }))
+        .unwrap();
+        let sig_b64 = key.sign(&pae(INTOTO_PAYLOAD_TYPE, &payload)).unwrap();
+        let body = serde_json::to_vec(&serde_json::json!({
+            "apiVersion": "0.0.1",
+            "kind": "dsse",
+            "spec": {
+                "envelopeHash": {"algorithm": "sha256", "value": "00"},
+                "payloadHash": {"algorithm": "sha256", "value": hex::encode(Sha256::digest(&payload))},
+                "signatures": [{"signature": sig_b64, "verifier": b64.encode(cert)}],
+            },
+        }))
+        .unwrap();
+        let body_b64 = b64.encode(&body);
+        let log_id = Sha256::digest(self.rekor_der());
+        let set_message = serde_json::to_vec(&serde_json::json!({
+            "body": body_b64,
+            "integratedTime": integrated,
+            "logID": hex::encode(log_id),
+            "logIndex": 7,
+        }))
+        .unwrap();
+        let set = self.rekor.sign(&set_message).unwrap();
+        serde_json::to_vec(&serde_json::json!({
+            "mediaType": BUNDLE_MEDIA_TYPE,
+            "verificationMaterial": {
+                "certificate": {"rawBytes": b64.encode(cert)},
+                "tlogEntries": [{
+                    "logIndex": "7",
+                    "logId": {"keyId": b64.encode(log_id)},
+                    "kindVersion": {"kind": "dsse", "version": "0.0.1"},
+                    "integratedTime": integrated.to_string(),
+                    "inclusionPromise": {"signedEntryTimestamp": set},
+                    "canonicalizedBody": body_b64,
+                }],
+            },
+            "dsseEnvelope": {
+                "payload": b64.encode(&payload),
+                "payloadType": INTOTO_PAYLOAD_TYPE,
+                "signatures": [{"sig": sig_b64, "keyid": ""}],
+            },
+        }))
+        .unwrap()
+    }
+}
+
+fn keyless_policy(root: TrustedRoot, subject: Matcher, issuer: Matcher) -> Policy {
+    Policy {
+        keyless: Some(Keyless {
+            trusted_root: root,
+            identities: vec![Identity { subject, issuer }],
+        }),
+        ..Policy::default()
+    }
+}
+
+fn judge(bytes: Vec<u8>, policy: &Policy) -> sluice_bundle::Result<sluice_bundle::Verified> {
+    verdict(
+        D1,
+        &[],
+        &[StoredBundle {
+            bytes,
+            referrer: "sha256:r".into(),
+        }],
+        policy,
+        "registry.example/mesh@d1",
+        "t",
+    )
+}
+
+#[test]
+fn keyless_bundles_verify_only_for_the_named_identity_under_the_trusted_root() {
+    let sigstore = Sigstore::new();
+    let now = jiff::Timestamp::now().as_second();
+    let (cert, key) = sigstore.certificate(SUBJECT, ISSUER);
+    let good = sigstore.bundle(D1, &cert, &key, now);
+    let exact = keyless_policy(
+        sigstore.trusted_root(),
+        Matcher::Exact(SUBJECT.into()),
+        Matcher::Exact(ISSUER.into()),
+    );
+    let verified = judge(good.clone(), &exact).unwrap();
+    assert_eq!(
+        verified.key_fingerprint,
+        format!("keyless:{SUBJECT} ({ISSUER})")
+    );
+    assert_eq!(verified.format, "sigstore-bundle");
+    let by_regex = keyless_policy(
+        sigstore.trusted_root(),
+        Matcher::regex(r"https://github\.com/acme/.+", "subjectRegExp").unwrap(),
+        Matcher::Exact(ISSUER.into()),
+    );
+    judge(good.clone(), &by_regex).unwrap();
+
+    // Another identity, another issuer, a regex that only matches a substring.
+    for (policy, want) in [
+        (
+            keyless_policy(
+                sigstore.trusted_root(),
+                Matcher::Exact(
+                    "https://github.com/acme/other/.github/workflows/x.yml@refs/heads/main".into(),
+                ),
+                Matcher::Exact(ISSUER.into()),
+            ),
+            "is not one the pin names",
+        ),
+        (
+            keyless_policy(
+                sigstore.trusted_root(),
+                Matcher::Exact(SUBJECT.into()),
+                Matcher::Exact("https://accounts.google.com".into()),
+            ),
+            &format!("from issuer {ISSUER:?} is not one the pin names") as &str,
+        ),
+        (
+            keyless_policy(
+                sigstore.trusted_root(),
+                Matcher::regex("acme", "subjectRegExp").unwrap(),
+                Matcher::Exact(ISSUER.into()),
+            ),
+            "is not one the pin names",
+        ),
+    ] {
+        let err = judge(good.clone(), &policy).unwrap_err();
+        assert_eq!(err.category(), "UntrustedSignature", "{err}");
+        assert!(err.to_string().contains(want), "{err}");
+    }
+
+    // No keyless policy at all: a certificate signature is not trusted.
+    let err = judge(good.clone(), &Policy::default()).unwrap_err();
+    assert!(
+        err.to_string().contains("names no keyless identity"),
+        "{err}"
+    );
+
+    // A certificate from a CA the root does not name.
+    let stranger = Sigstore::new();
+    let (foreign_cert, foreign_key) = stranger.certificate(SUBJECT, ISSUER);
+    let mut foreign = stranger.bundle(D1, &foreign_cert, &foreign_key, now);
+    // Logged by the trusted log (so only the chain is wrong).
+    foreign = resign_set(&sigstore, &foreign);
+    let err = judge(foreign, &exact).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("does not chain to a certificate authority"),
+        "{err}"
+    );
+
+    // The log's promise altered (another integration time), or made by another log.
+    let mut moved: serde_json::Value = serde_json::from_slice(&good).unwrap();
+    moved["verificationMaterial"]["tlogEntries"][0]["integratedTime"] =
+        (now + 1).to_string().into();
+    let err = judge(serde_json::to_vec(&moved).unwrap(), &exact).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("signed entry timestamp does not verify"),
+        "{err}"
+    );
+    let err = judge(stranger.bundle(D1, &cert, &key, now), &exact).unwrap_err();
+    assert!(
+        err.to_string().contains("not a log of the trusted root"),
+        "{err}"
+    );
+
+    // Logged long after the short-lived certificate expired.
+    let err = judge(sigstore.bundle(D1, &cert, &key, now + 3600), &exact).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("outside the certificate's validity"),
+        "{err}"
+    );
+
+    // A valid keyless signature of another digest.
+    let other_digest = format!("sha256:{}", "2".repeat(64));
+    let err = judge(sigstore.bundle(&other_digest, &cert, &key, now), &exact).unwrap_err();
+    assert_eq!(err.category(), "Tampered", "{err}");
+}
+
+/// `bundle` with its SET signed again by `by`'s log (log id and signature).
+fn resign_set(by: &Sigstore, bundle: &[u8]) -> Vec<u8> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut v: serde_json::Value = serde_json::from_slice(bundle).unwrap();
+    let entry = &mut v["verificationMaterial"]["tlogEntries"][0];
+    let log_id = Sha256::digest(by.rekor_der());
+    let message = serde_json::to_vec(&serde_json::json!({
+        "body": entry["canonicalizedBody"],
+        "integratedTime": entry["integratedTime"].as_str().unwrap().parse::<i64>().unwrap(),
+        "logID": hex::encode(log_id),
+        "logIndex": 7,
+    }))
+    .unwrap();
+    entry["logId"]["keyId"] = b64.encode(log_id).into();
+    entry["inclusionPromise"]["signedEntryTimestamp"] = by.rekor.sign(&message).unwrap().into();
+    serde_json::to_vec(&v).unwrap()
+}
