@@ -87,6 +87,10 @@ pub struct RuntimeArgs {
         value_parser = clap::value_parser!(u16).range(1..)
     )]
     pub max_concurrent_reconciles: u16,
+
+    /// Webhook notifications (`--notifications-secret`, `--notifications-cluster`).
+    #[command(flatten)]
+    pub notify: crate::notify::NotifyArgs,
 }
 
 /// Default of `--max-concurrent-reconciles`. Reconciles that are due together still share one

@@ -102,6 +102,30 @@ impl EventRecorder {
         }
     }
 
+    /// Publishes an Event about the object `reference` names (for work that outlives the
+    /// reconcile holding the object, e.g. a notification delivered in the background). Delivery
+    /// failures are logged, never returned.
+    pub async fn publish_ref(
+        &self,
+        reference: &ObjectReference,
+        severity: Severity,
+        reason: &str,
+        action: &str,
+        note: &str,
+    ) {
+        let event = build(severity, reason, action, note);
+        if let Err(err) = self.recorder.publish(&event, reference).await {
+            tracing::warn!(
+                error = %err,
+                reason,
+                kind = reference.kind.as_deref().unwrap_or_default(),
+                namespace = reference.namespace.as_deref().unwrap_or_default(),
+                name = reference.name.as_deref().unwrap_or_default(),
+                "could not publish Event; check the operator's RBAC for events.k8s.io/events"
+            );
+        }
+    }
+
     /// Publishes a Normal Event.
     pub async fn normal<K: Resource<DynamicType = ()>>(
         &self,

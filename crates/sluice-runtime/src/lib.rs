@@ -1,6 +1,7 @@
 //! What every sluice operator binary shares: configuration, the Kubernetes client, tracing,
 //! leader election, the metrics and health server, Events, condition helpers, fenced writes,
-//! projections of watches, bounded error categories and the bootstrap that wires them together.
+//! projections of watches, bounded error categories, webhook notifications and the bootstrap
+//! that wires them together.
 //!
 //! This crate only wires I/O; it never decides anything about a sluice kind.
 #![forbid(unsafe_code)]
@@ -12,6 +13,7 @@ pub mod error;
 pub mod events;
 pub mod leader;
 pub mod metrics;
+pub mod notify;
 pub mod operator;
 pub mod projection;
 pub mod server;

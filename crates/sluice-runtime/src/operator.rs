@@ -35,6 +35,7 @@ use crate::{
     events::EventRecorder,
     leader::{self, Leadership},
     metrics::Metrics,
+    notify::{Notifier, NotifierOptions, NotifyMetrics, RetryPolicy},
     server::{Health, Server, ServerError},
     telemetry::TelemetryError,
 };
@@ -494,6 +495,9 @@ pub struct Runtime {
     pub metrics: Metrics,
     /// Health flags.
     pub health: Health,
+    /// Webhook notifications (disabled without `--notifications-secret`); operators call
+    /// [`Notifier::notify`] after a status write that made a transition worth a notice.
+    pub notifier: Notifier,
     /// The leader election, once started by [`Runtime::leadership`] or [`Runtime::run`].
     election: Option<Election>,
 }
@@ -537,6 +541,42 @@ pub async fn termination_signal() {
     }
 }
 
+/// The notifier `args` ask for, its Secret watched (in the pod's namespace) for as long as the
+/// process runs; its metrics are registered either way.
+fn start_notifier(
+    name: &'static str,
+    args: &RuntimeArgs,
+    watch_client: &Client,
+    registry: &mut Registry,
+    recorder: &EventRecorder,
+) -> Result<Notifier, BootError> {
+    let metrics = NotifyMetrics::register(registry);
+    let secret = args.notify.notifications_secret.trim();
+    if secret.is_empty() {
+        return Ok(Notifier::disabled());
+    }
+    let namespace = std::env::var("POD_NAMESPACE")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .map_or_else(|| args.lease_settings(name).map(|l| l.namespace), Ok)?;
+    let notifier = Notifier::start(
+        NotifierOptions {
+            operator: name.to_owned(),
+            cluster: args.notify.notifications_cluster.trim().to_owned(),
+            retry: RetryPolicy::default(),
+        },
+        metrics,
+        Some(recorder.clone()),
+    );
+    tracing::info!(secret, %namespace, "notifications: targets from Secret");
+    tokio::spawn(notifier.clone().watch_secret(
+        Api::namespaced(watch_client.clone(), &namespace),
+        secret.to_owned(),
+        CancellationToken::new(),
+    ));
+    Ok(notifier)
+}
+
 impl Runtime {
     /// Installs tracing, validates the flags and builds the client.
     pub async fn init(name: &'static str, args: RuntimeArgs) -> Result<Self, BootError> {
@@ -545,9 +585,12 @@ impl Runtime {
         let clients = crate::client::clients(&args).await?;
         let mut registry = Registry::default();
         let metrics = Metrics::register(&mut registry);
+        let recorder = EventRecorder::new(clients.requests.clone(), name);
+        let notifier = start_notifier(name, &args, &clients.watches, &mut registry, &recorder)?;
         Ok(Self {
             name,
-            recorder: EventRecorder::new(clients.requests.clone(), name),
+            notifier,
+            recorder,
             args,
             client: clients.requests,
             watch_client: clients.watches,
