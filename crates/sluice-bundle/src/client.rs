@@ -678,110 +678,6 @@ impl BundleClient {
         Ok((tag, layers, manifest.layers))
     }
 
-    /// Signs the manifest digest of `reference` (which must carry `@sha256:...`) in cosign's tag
-    /// layout, appending to the signatures already there. Signing twice with the same key adds
-    /// nothing. The bundle must exist in the registry.
-    pub async fn sign(&self, reference: &str, key: &SigningKey) -> Result<Signed> {
-        let target = BundleRef::parse(reference)?;
-        let digest_ref = target.digest_ref()?;
-        let digest = target.digest.clone().unwrap_or_default();
-        // The bundle must exist: never sign a digest nobody can pull.
-        self.pull_manifest(&target.with_digest(&digest), &target.registry)
-            .await?;
-        let (tag, existing, mut descriptors) = self.signature_layers(&target, &digest).await?;
-        let signature_reference = format!("{}:{tag}", target.repository_ref());
-        let already = existing.iter().any(|layer| {
-            layer
-                .signature
-                .as_deref()
-                .is_some_and(|s| key.public_key().verifies(&layer.payload, s))
-                && serde_json::from_slice::<signature::Payload>(&layer.payload)
-                    .is_ok_and(|p| p.critical.image.docker_manifest_digest == digest)
-        });
-        if already {
-            return Ok(Signed {
-                reference: digest_ref,
-                signature_reference,
-                key_fingerprint: key.public_key().fingerprint().to_string(),
-                signatures: existing.len(),
-                added: false,
-            });
-        }
-        let payload = signature::payload(&target.repository_ref(), &digest);
-        let signature_b64 = key.sign(&payload)?;
-        let descriptor = signature::signature_descriptor(&payload, &signature_b64);
-        self.push_blob(&target, &payload, &descriptor.digest)
-            .await?;
-        descriptors.push(descriptor);
-        let count = descriptors
-            .iter()
-            .filter(|d| d.media_type == SIMPLE_SIGNING_MEDIA_TYPE)
-            .count();
-        let image = signature::signature_image(descriptors);
-        self.push_blob(
-            &target,
-            &image.config,
-            &artifact::sha256_digest(&image.config),
-        )
-        .await?;
-        self.push_manifest(
-            &target.with_tag(&tag),
-            &image.manifest_bytes,
-            &target.registry,
-        )
-        .await?;
-        Ok(Signed {
-            reference: digest_ref,
-            signature_reference,
-            key_fingerprint: key.public_key().fingerprint().to_string(),
-            signatures: count,
-            added: true,
-        })
-    }
-
-    /// Verifies the cosign signature of `reference`'s digest (a tag is refused) against `keys`
-    /// (any one suffices). The bundle manifest must exist at that digest.
-    pub async fn verify(&self, reference: &str, keys: &[PublicKey]) -> Result<Verified> {
-        let target = BundleRef::parse(reference)?;
-        let digest_ref = target.digest_ref()?;
-        let digest = target.digest.clone().unwrap_or_default();
-        self.pull_manifest(&target.with_digest(&digest), &target.registry)
-            .await?;
-        let (tag, layers, _) = self.signature_layers(&target, &digest).await?;
-        let bundles = self.signature_bundles(&target, &digest).await?;
-        signature::verdict(
-            &digest,
-            &layers,
-            &bundles,
-            policy,
-            &digest_ref,
-            &format!(
-                "tag {}:{tag} nor among its OCI referrers (sigstore bundles)",
-                target.repository_ref()
-            ),
-        )
-    }
-
-    /// Verifies the signature on `reference`'s digest, then pulls the bundle at that digest with
-    /// every digest checked: what an operator calls before applying anything.
-    pub async fn verify_and_pull(
-        &self,
-        reference: &str,
-        keys: &[PublicKey],
-    ) -> Result<VerifiedBundle> {
-        self.verify_and_pull_with(reference, &Policy::keys(keys))
-            .await
-    }
-
-    /// [`BundleClient::verify_and_pull`] under a full [`Policy`] (keys, keyless identities,
-    /// repository binding).
-    pub async fn verify_and_pull_with(
-        &self,
-        reference: &str,
-        policy: &Policy,
-    ) -> Result<VerifiedBundle> {
-        let verified = self.verify_with(reference, policy).await?;
-        let artifact = self.pull(reference).await?;
     /// The sigstore bundles attached to `digest` as OCI referrers: listed by the referrers API
     /// (`GET /v2/<repo>/referrers/<digest>`), or, where the registry has none (404), by the
     /// referrers tag schema's index at tag `sha256-<hex>`. Only referrers whose `artifactType` is
@@ -906,6 +802,118 @@ impl BundleClient {
         Ok(bundles)
     }
 
+    /// Signs the manifest digest of `reference` (which must carry `@sha256:...`) in cosign's tag
+    /// layout, appending to the signatures already there. Signing twice with the same key adds
+    /// nothing. The bundle must exist in the registry.
+    pub async fn sign(&self, reference: &str, key: &SigningKey) -> Result<Signed> {
+        let target = BundleRef::parse(reference)?;
+        let digest_ref = target.digest_ref()?;
+        let digest = target.digest.clone().unwrap_or_default();
+        // The bundle must exist: never sign a digest nobody can pull.
+        self.pull_manifest(&target.with_digest(&digest), &target.registry)
+            .await?;
+        let (tag, existing, mut descriptors) = self.signature_layers(&target, &digest).await?;
+        let signature_reference = format!("{}:{tag}", target.repository_ref());
+        let already = existing.iter().any(|layer| {
+            layer
+                .signature
+                .as_deref()
+                .is_some_and(|s| key.public_key().verifies(&layer.payload, s))
+                && serde_json::from_slice::<signature::Payload>(&layer.payload)
+                    .is_ok_and(|p| p.critical.image.docker_manifest_digest == digest)
+        });
+        if already {
+            return Ok(Signed {
+                reference: digest_ref,
+                signature_reference,
+                key_fingerprint: key.public_key().fingerprint().to_string(),
+                signatures: existing.len(),
+                added: false,
+            });
+        }
+        let payload = signature::payload(&target.repository_ref(), &digest);
+        let signature_b64 = key.sign(&payload)?;
+        let descriptor = signature::signature_descriptor(&payload, &signature_b64);
+        self.push_blob(&target, &payload, &descriptor.digest)
+            .await?;
+        descriptors.push(descriptor);
+        let count = descriptors
+            .iter()
+            .filter(|d| d.media_type == SIMPLE_SIGNING_MEDIA_TYPE)
+            .count();
+        let image = signature::signature_image(descriptors);
+        self.push_blob(
+            &target,
+            &image.config,
+            &artifact::sha256_digest(&image.config),
+        )
+        .await?;
+        self.push_manifest(
+            &target.with_tag(&tag),
+            &image.manifest_bytes,
+            &target.registry,
+        )
+        .await?;
+        Ok(Signed {
+            reference: digest_ref,
+            signature_reference,
+            key_fingerprint: key.public_key().fingerprint().to_string(),
+            signatures: count,
+            added: true,
+        })
+    }
+
+    /// Verifies the cosign signature of `reference`'s digest (a tag is refused) against `keys`
+    /// (any one suffices). The bundle manifest must exist at that digest.
+    pub async fn verify(&self, reference: &str, keys: &[PublicKey]) -> Result<Verified> {
+        self.verify_with(reference, &Policy::keys(keys)).await
+    }
+
+    /// Verifies the signatures of `reference`'s digest (a tag is refused) under `policy`: both
+    /// cosign's legacy `.sig` tag and the sigstore bundles among its OCI referrers are read, and
+    /// one signature by a signer the policy names suffices (see [`signature::verdict`]). The
+    /// bundle manifest must exist at that digest.
+    pub async fn verify_with(&self, reference: &str, policy: &Policy) -> Result<Verified> {
+        let target = BundleRef::parse(reference)?;
+        let digest_ref = target.digest_ref()?;
+        let digest = target.digest.clone().unwrap_or_default();
+        self.pull_manifest(&target.with_digest(&digest), &target.registry)
+            .await?;
+        let (tag, layers, _) = self.signature_layers(&target, &digest).await?;
+        let bundles = self.signature_bundles(&target, &digest).await?;
+        signature::verdict(
+            &digest,
+            &layers,
+            &bundles,
+            policy,
+            &digest_ref,
+            &format!(
+                "tag {}:{tag} nor among its OCI referrers (sigstore bundles)",
+                target.repository_ref()
+            ),
+        )
+    }
+
+    /// Verifies the signature on `reference`'s digest, then pulls the bundle at that digest with
+    /// every digest checked: what an operator calls before applying anything.
+    pub async fn verify_and_pull(
+        &self,
+        reference: &str,
+        keys: &[PublicKey],
+    ) -> Result<VerifiedBundle> {
+        self.verify_and_pull_with(reference, &Policy::keys(keys))
+            .await
+    }
+
+    /// [`BundleClient::verify_and_pull`] under a full [`Policy`] (keys, keyless identities,
+    /// repository binding).
+    pub async fn verify_and_pull_with(
+        &self,
+        reference: &str,
+        policy: &Policy,
+    ) -> Result<VerifiedBundle> {
+        let verified = self.verify_with(reference, policy).await?;
+        let artifact = self.pull(reference).await?;
         Ok(VerifiedBundle { verified, artifact })
     }
 
@@ -916,6 +924,9 @@ impl BundleClient {
         let artifact = self.pull(reference).await?;
         let (_, layers, _) = self
             .signature_layers(&target, &artifact.manifest_digest)
+            .await?;
+        let bundles = self
+            .signature_bundles(&target, &artifact.manifest_digest)
             .await?;
         Ok(inspection(
             &artifact,
@@ -970,14 +981,6 @@ mod tests {
     }
 
     #[test]
-        self.verify_with(reference, &Policy::keys(keys)).await
-    }
-
-    /// Verifies the signatures of `reference`'s digest (a tag is refused) under `policy`: both
-    /// cosign's legacy `.sig` tag and the sigstore bundles among its OCI referrers are read, and
-    /// one signature by a signer the policy names suffices (see [`signature::verdict`]). The
-    /// bundle manifest must exist at that digest.
-    pub async fn verify_with(&self, reference: &str, policy: &Policy) -> Result<Verified> {
     fn argo_cd_oci_sources_map_to_references() {
         let d = format!("sha256:{}", "b".repeat(64));
         let by_digest = BundleRef::from_oci_source("oci://127.0.0.1:5000/mesh/config", &d).unwrap();
@@ -1013,9 +1016,6 @@ mod tests {
         extra["mediaType"] = "application/vnd.example.readme".into();
         extra["digest"] = format!("sha256:{}", "0".repeat(64)).into();
         manifest["layers"] = serde_json::json!([extra, content]);
-        let bundles = self
-            .signature_bundles(&target, &artifact.manifest_digest)
-            .await?;
         let bytes = serde_json::to_vec(&manifest).unwrap();
         let b = artifact::from_parts(bytes, a.config.clone(), a.layer.clone(), None, "t").unwrap();
         let seen = inspection(&b, "t", None);

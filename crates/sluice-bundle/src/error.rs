@@ -191,6 +191,7 @@ impl BundleError {
             BundleError::Unsigned { .. } => "Unsigned",
             BundleError::WrongKey { .. } => "WrongKey",
             BundleError::Tampered { .. } => "Tampered",
+            BundleError::UntrustedSignature { .. } => "UntrustedSignature",
             BundleError::Key { .. } => "Key",
             BundleError::RegistryUnavailable { .. } => "RegistryUnavailable",
             BundleError::NotFound { .. } => "NotFound",
@@ -216,7 +217,6 @@ impl BundleError {
 
     pub(crate) fn not_a_bundle(reference: impl Into<String>, reason: impl Into<String>) -> Self {
         BundleError::NotABundle {
-            BundleError::UntrustedSignature { .. } => "UntrustedSignature",
             reference: reference.into(),
             reason: reason.into(),
         }

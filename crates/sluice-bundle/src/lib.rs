@@ -56,12 +56,12 @@ pub mod cache;
 pub mod client;
 pub mod error;
 pub mod fetch;
-pub mod keys;
 pub mod keyless;
+pub mod keys;
 pub mod manifests;
 pub mod signature;
-
 pub mod sigstore_bundle;
+
 pub use artifact::{Artifact, Metadata, read_layout, render, write_layout};
 pub use cache::ByteLru;
 pub use client::{
@@ -69,7 +69,7 @@ pub use client::{
     inspection,
 };
 pub use error::{BundleError, Result};
+pub use keyless::{Identity, Keyless, Matcher, TrustedRoot};
 pub use keys::{KeyPairPem, PublicKey, SigningKey, generate_key_pair};
 pub use manifests::{BundleObject, GroupKind, ManifestFile, Manifests, ReadOptions, Skipped};
-pub use keyless::{Identity, Keyless, Matcher, TrustedRoot};
 pub use signature::{Policy, Verified};
