@@ -3,11 +3,12 @@
 //!
 //! `decide` holds the pure state machine, `decisions` the complete-list invariant, `pins` the
 //! BundlePins of a halt, `gates` the gate checks of a wave, `metrics` the operator's metrics,
-//! `reconcile` the I/O, `validity` the checks CEL cannot express. Never publishes a status
+//! `cache` the watch caches of Applications and pins, `reconcile` the I/O, `validity` the checks CEL cannot express. Never publishes a status
 //! without the complete decisions list once published, and never writes an Argo CD object beyond
 //! a refresh nudge.
 #![forbid(unsafe_code)]
 
+pub mod cache;
 pub mod decide;
 pub mod decisions;
 pub mod gates;

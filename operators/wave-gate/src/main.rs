@@ -68,6 +68,7 @@ async fn main() -> ExitCode {
             metrics: Some(wave_metrics),
             signals: rt.metrics.objects(),
             pin_wait: std::time::Duration::from_secs(cli.pin_wait_seconds),
+            caches: Arc::new(sluice_wave_gate::cache::Caches::new(rt.watch_client.clone())),
             ..reconcile::Context::new(rt.client.clone(), rt.recorder.clone())
         });
         // A WaveGate is reconciled when one of its BundlePins changes (revert pinned it, it

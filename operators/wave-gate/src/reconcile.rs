@@ -14,7 +14,7 @@ use std::sync::Arc;
 use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, Client, ResourceExt,
-    api::{ListParams, Patch, PatchParams},
+    api::{Patch, PatchParams},
     runtime::controller::Action as ControllerAction,
 };
 use sluice_analysis::{Engine, GateAction, Observation, PrometheusSource, action as gate_action};
@@ -71,6 +71,9 @@ pub struct Context {
     /// Whether this replica leads: checked right before the ApplicationSet nudge and every
     /// BundlePin creation.
     pub leadership: Leadership,
+    /// The watch caches of Applications and of wave-gate's BundlePins a reconcile reads
+    /// (never a list per reconcile). Their watches should run on the watch client.
+    pub caches: Arc<crate::cache::Caches>,
     /// The scrape `job` of wave-gate's own metrics (`--wave-passed-job`): a cross-site wait
     /// trusts only `sluice_wavegate_wave_passed` series of that job, not the same series exposed
     /// by any other scraped workload. Empty: not pinned.
@@ -87,6 +90,7 @@ impl Context {
     /// A context reading the system clock, without a metrics source or metrics.
     pub fn new(client: Client, recorder: EventRecorder) -> Self {
         Self {
+            caches: Arc::new(crate::cache::Caches::new(client.clone())),
             client,
             recorder,
             clock: Timestamp::now,
@@ -116,6 +120,18 @@ pub enum ReconcileError {
     /// Writing the status failed.
     #[error("writing WaveGate status: {0}")]
     Status(#[from] WriteError),
+    /// A watch cache the decision reads from has not listed yet.
+    #[error("reading {what} for WaveGate {namespace}/{name}: {source}; retrying")]
+    Cache {
+        /// What was read.
+        what: &'static str,
+        /// WaveGate namespace.
+        namespace: String,
+        /// WaveGate name.
+        name: String,
+        /// Why the cache is not ready.
+        source: crate::cache::NotReady,
+    },
     /// Reading an object the decision needs failed.
     #[error("reading {what} for WaveGate {namespace}/{name}: {source}; retrying")]
     Read {
@@ -163,6 +179,9 @@ impl Categorized for ReconcileError {
             ReconcileError::Read { source, .. } | ReconcileError::Act { source, .. } => {
                 Category::of_kube(source)
             }
+            // A watch that cannot list: the API server is away, or the watch is forbidden (its
+            // error names which).
+            ReconcileError::Cache { .. } => Category::ApiUnavailable,
         }
     }
 }
@@ -176,8 +195,8 @@ fn is_status(e: &kube::Error, code: u16) -> bool {
 
 /// The Applications of `set`: those it owns, by their destination cluster (its name, or its
 /// server mapped by `spec.clusterServers`).
-fn applications(spec: &WaveGateSpec, set: &str, apps: Vec<Application>) -> Vec<AppView> {
-    apps.into_iter()
+fn applications(spec: &WaveGateSpec, set: &str, apps: &[Arc<Application>]) -> Vec<AppView> {
+    apps.iter()
         .filter(|a| {
             a.metadata
                 .owner_references
@@ -211,7 +230,7 @@ fn applications(spec: &WaveGateSpec, set: &str, apps: Vec<Application>) -> Vec<A
 
 /// Applications `set` owns whose destination matches no cluster of the WaveGate
 /// (`namespace/name`, at most 16).
-fn unmatched(spec: &WaveGateSpec, set: &str, apps: &[Application]) -> Vec<String> {
+fn unmatched(spec: &WaveGateSpec, set: &str, apps: &[Arc<Application>]) -> Vec<String> {
     apps.iter()
         .filter(|a| {
             a.metadata
@@ -444,6 +463,15 @@ pub async fn reconcile(
             source,
         }
     };
+    let cached = |what: &'static str| {
+        let (ns, name) = (ns.clone(), name.clone());
+        move |source| ReconcileError::Cache {
+            what,
+            namespace: ns,
+            name,
+            source,
+        }
+    };
 
     let mut obs = Observations {
         namespace: ns.clone(),
@@ -487,28 +515,18 @@ pub async fn reconcile(
             }
         };
         if obs.application_set != ApplicationSetView::Missing {
-            let apps: Api<Application> = Api::namespaced(ctx.client.clone(), &set_ns);
-            let listed = apps
-                .list(&ListParams::default())
+            let listed = ctx
+                .caches
+                .applications(&set_ns)
                 .await
-                .map_err(read("Applications"))?;
-            obs.unmatched_applications =
-                unmatched(spec, &spec.application_set_ref.name, &listed.items);
-            obs.applications = applications(spec, &spec.application_set_ref.name, listed.items);
+                .map_err(cached("Applications"))?;
+            obs.unmatched_applications = unmatched(spec, &spec.application_set_ref.name, &listed);
+            obs.applications = applications(spec, &spec.application_set_ref.name, &listed);
         }
         let current = status.cloned().unwrap_or_default();
         // wave-gate's own pins (label-selected on the server): a halt's, and the released ones
         // to delete.
-        let pins: Api<BundlePin> = Api::namespaced(ctx.client.clone(), &ns);
-        let listed = pins
-            .list(&ListParams::default().labels(&format!(
-                "{}={}",
-                pins::MANAGED_BY_LABEL,
-                crate::OPERATOR
-            )))
-            .await
-            .map_err(read("BundlePins"))?
-            .items;
+        let listed = ctx.caches.pins(&ns).await.map_err(cached("BundlePins"))?;
         let this_gate = format!("{ns}/{name}");
         obs.released_pins = listed
             .iter()
