@@ -14,11 +14,13 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use futures::{FutureExt, StreamExt};
 use kube::{
     Api, ResourceExt,
+    core::PartialObjectMeta,
     runtime::{
-        Controller,
-        reflector::{ObjectRef, Store},
+        Controller, WatchStreamExt,
+        reflector::{self, ObjectRef, Store},
         watcher,
     },
 };
@@ -76,21 +78,68 @@ pub fn pins_for(namespace: &str, name: &str, pins: &[Arc<BundlePin>]) -> Vec<Obj
         .collect()
 }
 
+/// The Applications that exist, by name only: a reflector of their metadata.
+pub type PresentApplications = Store<PartialObjectMeta<Application>>;
+
 /// Maps Application changes to the pins they wake, dropping changes that do not matter to a
 /// pin (same [`fingerprint`] as last seen).
+///
+/// The watch behind [`Controller::watches`] hands a deleted Application to the mapper like an
+/// updated one; without a finalizer it carries no `deletionTimestamp`. So the fingerprints are
+/// kept only for Applications `present` lists: one that is absent is forgotten when it is seen,
+/// and the others it no longer lists are pruned as soon as more are remembered than exist.
 #[derive(Debug, Default)]
 pub struct ApplicationTrigger {
     seen: Mutex<HashMap<(String, String), u64>>,
+    /// The Applications that exist (`None`: unknown, every Application is taken as present).
+    present: Option<PresentApplications>,
 }
 
 impl ApplicationTrigger {
+    /// A trigger that forgets Applications `present` no longer lists.
+    pub fn new(present: PresentApplications) -> Self {
+        Self {
+            seen: Mutex::default(),
+            present: Some(present),
+        }
+    }
+
+    /// The store of present Applications, once it has listed them (before: `None`).
+    fn present(&self) -> Option<&PresentApplications> {
+        self.present
+            .as_ref()
+            .filter(|s| matches!(s.wait_until_ready().now_or_never(), Some(Ok(()))))
+    }
+
+    /// Whether `namespace/name` is remembered (its fingerprint kept).
+    pub fn remembers(&self, namespace: &str, name: &str) -> bool {
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&(namespace.to_owned(), name.to_owned()))
+    }
+
+    /// How many Applications are remembered.
+    pub fn remembered(&self) -> usize {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     /// The pins `app`'s change wakes, given the pins known now.
     pub fn map(&self, app: &Application, pins: &[Arc<BundlePin>]) -> Vec<ObjectRef<BundlePin>> {
         let key = (app.namespace().unwrap_or_default(), app.name_any());
         let print = fingerprint(app);
-        let gone = app.metadata.deletion_timestamp.is_some();
+        let present = self.present();
+        let exists = |(ns, name): &(String, String)| {
+            present.is_none_or(|s| s.get(&ObjectRef::new(name).within(ns)).is_some())
+        };
+        let gone = app.metadata.deletion_timestamp.is_some() || !exists(&key);
         {
             let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(s) = present
+                && seen.len() > s.len()
+            {
+                seen.retain(|k, _| exists(k));
+            }
             if gone {
                 seen.remove(&key);
             } else if seen.insert(key.clone(), print) == Some(print) {
@@ -101,15 +150,49 @@ impl ApplicationTrigger {
     }
 }
 
+/// Starts a reflector of the Applications' metadata (names only kept) from `applications`;
+/// it runs as long as the process.
+pub fn present_applications(
+    applications: Api<Application>,
+    watcher_config: watcher::Config,
+) -> PresentApplications {
+    let (store, writer) = reflector::store();
+    // The same scope as `applications`, metadata only.
+    let metadata: Api<PartialObjectMeta<Application>> = match applications.namespace() {
+        Some(ns) => Api::namespaced(applications.clone().into_client(), ns),
+        None => Api::all(applications.clone().into_client()),
+    };
+    let stream = watcher::watcher(metadata, watcher_config)
+        .default_backoff()
+        .modify(|m| {
+            m.metadata.managed_fields = None;
+            m.metadata.annotations = None;
+            m.metadata.labels = None;
+            m.metadata.owner_references = None;
+        })
+        .reflect(writer)
+        .for_each(|event| {
+            if let Err(e) = event {
+                tracing::warn!(error = %e, "Application metadata watch failed; retrying with back-off");
+            }
+            std::future::ready(())
+        });
+    tokio::spawn(stream);
+    store
+}
+
 /// Adds the Application watch to a new BundlePin controller: a change that matters to a pin
 /// (same [`fingerprint`] as last seen: no) reconciles the live pins targeting the Application.
+/// Starts the metadata reflector ([`present_applications`]) its triggers forget deleted
+/// Applications by, once for every controller it extends.
 pub fn with_application_trigger(
     applications: Api<Application>,
     watcher_config: watcher::Config,
 ) -> impl Fn(Controller<BundlePin>) -> Controller<BundlePin> {
+    let present = present_applications(applications.clone(), watcher_config.clone());
     move |controller| {
         let pins: Store<BundlePin> = controller.store();
-        let trigger = ApplicationTrigger::default();
+        let trigger = ApplicationTrigger::new(present.clone());
         controller.watches(
             applications.clone(),
             watcher_config.clone(),
@@ -282,5 +365,83 @@ mod tests {
             let got = trigger.map(&changed, &pins);
             assert_eq!(!got.is_empty(), wakes, "{name}");
         }
+    }
+
+    fn present(name: &str) -> PartialObjectMeta<Application> {
+        use kube::core::PartialObjectMetaExt;
+        kube::api::ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("argocd".into()),
+            ..Default::default()
+        }
+        .into_request_partial()
+    }
+
+    #[test]
+    fn an_application_deleted_without_a_finalizer_is_forgotten() {
+        let pins = vec![pin("p", json!([{"name": "mesh-c1"}]), json!(null))];
+        let (store, mut writer) = reflector::store();
+        for e in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(present("mesh-c1")),
+            watcher::Event::InitApply(present("mesh-c2")),
+            watcher::Event::InitDone,
+        ] {
+            writer.apply_watcher_event(&e);
+        }
+        let trigger = ApplicationTrigger::new(store);
+        let (c1, c2) = (
+            app("argocd", "mesh-c1", json!({})),
+            app("argocd", "mesh-c2", json!({})),
+        );
+        trigger.map(&c1, &pins);
+        trigger.map(&c2, &pins);
+        assert_eq!(trigger.remembered(), 2);
+
+        // mesh-c1 is deleted (no finalizer, so no deletionTimestamp): the metadata watch drops
+        // it, and the controller's watch hands the deleted object to the mapper as it was.
+        writer.apply_watcher_event(&watcher::Event::Delete(present("mesh-c1")));
+        assert_eq!(
+            names(trigger.map(&c1, &pins)),
+            vec!["p"],
+            "its pins still wake"
+        );
+        assert!(!trigger.remembers("argocd", "mesh-c1"), "forgotten");
+
+        // The other order: the mapper sees the deletion first (remembered as an update), the
+        // metadata watch drops it after; the next event of any Application prunes it.
+        trigger.map(&c2, &pins);
+        let c3 = app("argocd", "mesh-c3", json!({}));
+        writer.apply_watcher_event(&watcher::Event::Apply(present("mesh-c3")));
+        trigger.map(&c3, &pins);
+        assert!(trigger.remembers("argocd", "mesh-c3"));
+        writer.apply_watcher_event(&watcher::Event::Delete(present("mesh-c3")));
+        trigger.map(&c2, &pins);
+        assert!(!trigger.remembers("argocd", "mesh-c3"), "pruned");
+        assert_eq!(trigger.remembered(), 1, "only mesh-c2 remains");
+
+        // A deletion missed while the watch was down: the relist no longer lists mesh-c2.
+        for e in [watcher::Event::Init, watcher::Event::InitDone] {
+            writer.apply_watcher_event(&e);
+        }
+        trigger.map(&app("argocd", "mesh-c4", json!({})), &pins);
+        assert_eq!(
+            trigger.remembered(),
+            0,
+            "nothing that is gone stays remembered"
+        );
+    }
+
+    #[test]
+    fn before_the_metadata_list_every_application_counts_as_present() {
+        let pins = vec![pin("p", json!([{"name": "mesh-c1"}]), json!(null))];
+        let (store, _writer) = reflector::store();
+        let trigger = ApplicationTrigger::new(store);
+        let c1 = app("argocd", "mesh-c1", json!({}));
+        assert_eq!(names(trigger.map(&c1, &pins)), vec!["p"]);
+        assert!(
+            trigger.map(&c1, &pins).is_empty(),
+            "an unchanged one is deduplicated"
+        );
     }
 }
