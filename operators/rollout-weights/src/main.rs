@@ -3,10 +3,11 @@
 //! holds the Lease.
 #![forbid(unsafe_code)]
 
-use std::{process::ExitCode, sync::Arc};
+use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use clap::Parser;
 use kube::runtime::watcher;
+use sluice_analysis::MetricsSourceArgs;
 use sluice_rollout_weights::{OPERATOR, metrics, orphans, reconcile, template_status, triggers};
 use sluice_runtime::{Runtime, RuntimeArgs};
 
@@ -30,12 +31,18 @@ struct Cli {
     /// Value of the `cluster` label that scopes this cluster's series.
     #[arg(long, env = "SLUICE_CLUSTER", default_value = "cluster-1")]
     cluster: String,
+    /// Credentials, headers, CA and timeout for the Prometheus URL.
+    #[command(flatten)]
+    prometheus: MetricsSourceArgs,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result: Result<(), Box<dyn std::error::Error>> = async {
+        let source = cli
+            .prometheus
+            .config(&cli.prometheus_url, Duration::from_secs(5))?;
         let mut rt = Runtime::init(OPERATOR, cli.runtime).await?;
         let api = rt.namespaced_api();
         let metrics = metrics::register(&mut rt.registry);
@@ -43,7 +50,7 @@ async fn main() -> ExitCode {
         ctx.allow_free_form_promql = cli.allow_free_form_promql;
         ctx.signals = rt.metrics.objects();
         ctx.leadership = rt.leadership()?;
-        let ctx = ctx.with_analysis(&cli.prometheus_url, &cli.cluster, metrics)?;
+        let ctx = ctx.with_analysis(source, &cli.cluster, metrics)?;
         let watched = triggers::Watched {
             deployments: rt.namespaced_api(),
             statefulsets: rt.namespaced_api(),

@@ -118,16 +118,16 @@ impl Context {
         }
     }
 
-    /// The same context judging weight steps with metrics from `prometheus_url` (Prometheus or
-    /// Thanos Query), series scoped by `cluster`, recording into `metrics`.
+    /// The same context judging weight steps with metrics from `prometheus` (a URL of Prometheus
+    /// or Thanos Query, or the settings `MetricsSourceArgs` made from the flags), series scoped by
+    /// `cluster`, recording into `metrics`.
     pub fn with_analysis(
         mut self,
-        prometheus_url: &str,
+        prometheus: impl Into<PrometheusConfig>,
         cluster: &str,
         metrics: RolloutMetrics,
     ) -> Result<Self, sluice_analysis::EngineError> {
-        let mut config = PrometheusConfig::new(prometheus_url);
-        config.timeout = Duration::from_secs(5);
+        let config = prometheus.into();
         let engine = Engine::new(
             PrometheusSource::new(config.clone()),
             engine_options(self.allow_free_form_promql),

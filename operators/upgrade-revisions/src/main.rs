@@ -5,6 +5,7 @@
 use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use clap::Parser;
+use sluice_analysis::MetricsSourceArgs;
 use sluice_runtime::{Runtime, RuntimeArgs};
 use sluice_upgrade_revisions::{OPERATOR, metrics, reconcile};
 
@@ -40,12 +41,18 @@ struct Cli {
         default_value = sluice_upgrade_revisions::issuance::DEFAULT_ISSUANCE_SERIES
     )]
     issuance_series: String,
+    /// Credentials, headers, CA and timeout for the Prometheus URL.
+    #[command(flatten)]
+    prometheus: MetricsSourceArgs,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result: Result<(), Box<dyn std::error::Error>> = async {
+        let prometheus = cli
+            .prometheus
+            .config(&cli.prometheus_url, Duration::from_secs(10))?;
         let mut rt = Runtime::init(OPERATOR, cli.runtime).await?;
         let api = kube::Api::all(rt.watch_client.clone());
         let metrics = metrics::register(&mut rt.registry);
@@ -56,7 +63,7 @@ async fn main() -> ExitCode {
         let evict_client = kube::Client::try_from(sluice_runtime::client::for_requests(config))?;
         let (fleet, _watchers) = reconcile::FleetCache::start(&rt.watch_client);
         let source = reconcile::metrics_source(
-            &cli.prometheus_url,
+            prometheus,
             &cli.cluster,
             Duration::from_secs(cli.issuance_window_seconds.max(1)),
             cli.allow_free_form_promql,

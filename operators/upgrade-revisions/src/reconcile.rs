@@ -611,14 +611,15 @@ impl Context {
     }
 }
 
-/// Builds the metrics source settings for `url` (Prometheus or Thanos Query).
+/// Builds the metrics source from `prometheus` (a URL of Prometheus or Thanos Query, or the
+/// settings `MetricsSourceArgs` made from the flags: credentials, headers, CA, timeout).
 pub fn metrics_source(
-    url: &str,
+    prometheus: impl Into<sluice_analysis::PrometheusConfig>,
     cluster: &str,
     issuance_window: Duration,
     allow_free_form_promql: bool,
 ) -> Result<Metrics, sluice_analysis::EngineError> {
-    let source = PrometheusSource::new(sluice_analysis::PrometheusConfig::new(url));
+    let source = PrometheusSource::new(prometheus.into());
     let engine = Engine::new(
         source,
         EngineOptions {
