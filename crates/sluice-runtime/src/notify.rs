@@ -117,6 +117,51 @@ pub struct Notice {
     pub figures: Map<String, Value>,
 }
 
+impl Notice {
+    /// A notice of `event` from phase `from` to `to`, with no reason, message or figures yet.
+    pub fn new(event: NoticeEvent, from: &str, to: &str) -> Self {
+        Self {
+            event,
+            from: from.to_owned(),
+            to: to.to_owned(),
+            reason: String::new(),
+            message: String::new(),
+            figures: Map::new(),
+        }
+    }
+
+    /// Adds figure `name` when `value` is known (not `None`, not null).
+    pub fn figure(&mut self, name: &str, value: impl Serialize) -> &mut Self {
+        if let Ok(v) = serde_json::to_value(value)
+            && !v.is_null()
+        {
+            self.figures.insert(name.to_owned(), v);
+        }
+        self
+    }
+
+    /// Adds the figures of a gate's verdict (a serialized `GateVerdict`): `gate`, `verdict`,
+    /// `observed` (its value), `baseline`, `threshold`, `samples`.
+    pub fn gate(&mut self, verdict: impl Serialize) -> &mut Self {
+        let Ok(Value::Object(v)) = serde_json::to_value(verdict) else {
+            return self;
+        };
+        for (from, to) in [
+            ("gate", "gate"),
+            ("verdict", "verdict"),
+            ("value", "observed"),
+            ("baseline", "baseline"),
+            ("threshold", "threshold"),
+            ("samples", "samples"),
+        ] {
+            if let Some(x) = v.get(from).filter(|x| !x.is_null()) {
+                self.figures.insert(to.to_owned(), x.clone());
+            }
+        }
+        self
+    }
+}
+
 /// Payload format of a target.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]

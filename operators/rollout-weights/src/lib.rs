@@ -11,6 +11,7 @@ pub mod analysis;
 pub mod baseline;
 pub mod decide;
 pub mod metrics;
+pub mod notice;
 pub mod observe;
 pub mod orphans;
 pub mod reconcile;

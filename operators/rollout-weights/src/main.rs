@@ -49,6 +49,7 @@ async fn main() -> ExitCode {
         let mut ctx = reconcile::Context::new(rt.client.clone(), rt.recorder.clone());
         ctx.allow_free_form_promql = cli.allow_free_form_promql;
         ctx.signals = rt.metrics.objects();
+        ctx.notifier = rt.notifier.clone();
         ctx.leadership = rt.leadership()?;
         let ctx = ctx.with_analysis(source, &cli.cluster, metrics)?;
         let watched = triggers::Watched {

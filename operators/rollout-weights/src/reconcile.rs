@@ -86,6 +86,8 @@ pub struct Context {
     /// The platform's per-object series (`sluice_object_*`): which Rollout is aborted, stuck
     /// or overdue. `main` shares the runtime's, which only the leader exports.
     pub signals: ObjectSignals,
+    /// Webhook notifications of aborts and promotions (`main` shares the runtime's).
+    pub notifier: sluice_runtime::notify::Notifier,
     /// Whether this replica leads: checked right before every route write.
     pub leadership: Leadership,
     crd: Mutex<Option<(Instant, CrdSupport)>>,
@@ -113,6 +115,7 @@ impl Context {
             baselines: None,
             metrics: metrics::register(&mut Registry::default()),
             signals: ObjectSignals::default(),
+            notifier: sluice_runtime::notify::Notifier::disabled(),
             leadership: Leadership::always(),
             crd: Mutex::new(None),
         }
@@ -721,6 +724,10 @@ pub async fn reconcile(
         stored = write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &status)
             .await
             .map_err(ReconcileError::Status)?;
+        // The transition is recorded: tell whoever asked (an abort, a promotion).
+        if let Some(n) = crate::notice::notice(obj.status.as_ref(), &status) {
+            ctx.notifier.notify(obj.as_ref(), n);
+        }
     }
 
     // 2. The route.
