@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::Client;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
 use serde_json::json;
 use sluice_sim::ClusterConfig;
 use sluice_sim::cluster::webhook::InjectorWebhook;
@@ -302,5 +303,145 @@ async fn the_injector_is_a_real_mutating_webhook() {
     }
     assert_eq!(svid.get(), 2);
     drop(webhook);
+    drop(tasks);
+}
+
+#[tokio::test]
+async fn simulated_nodes_are_ready_renew_their_leases_and_take_the_pods() {
+    if control_plane::require().is_none() {
+        return;
+    }
+    // The node lifecycle controller runs too: it taints a node whose Lease lapses or whose Ready
+    // condition is not True.
+    let mut controllers = control_plane::CONTROLLERS.to_vec();
+    controllers.push("node-lifecycle-controller");
+    let cp = ControlPlane::start_with(Options {
+        controller_manager: true,
+        controllers,
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    let client = cp.client().await.unwrap();
+    let mut config = ClusterConfig::on_real_control_plane("c1");
+    config.readiness_delay = Duration::from_millis(300);
+    config.lease_renew_interval = Duration::from_millis(500);
+    let names = config.nodes.clone();
+    let tasks = ClusterTasks::start(client.clone(), config, SvidCounter::new());
+    let ns = cp.namespace("nodes").await.unwrap();
+
+    // Then every simulated node is registered Ready with its InternalIP.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let ips = eventually("three Nodes Ready with an InternalIP", || async {
+        let list = nodes
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut ips = std::collections::BTreeMap::new();
+        for n in &list.items {
+            let status = n.status.clone().unwrap_or_default();
+            let ready = status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            let ip = status
+                .addresses
+                .iter()
+                .flatten()
+                .find(|a| a.type_ == "InternalIP")
+                .map(|a| a.address.clone());
+            if let (true, Some(ip)) = (ready, ip) {
+                ips.insert(n.name_any(), ip);
+            }
+        }
+        (ips.keys().cloned().collect::<Vec<_>>() == names)
+            .then_some(ips.clone())
+            .ok_or(format!("{ips:?}"))
+    })
+    .await;
+
+    // And each node's Lease is held by the node and renewed.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    let renew_time = |lease: &Lease| {
+        lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.renew_time.clone())
+            .map(|t| t.0)
+    };
+    let first = eventually("node-0's Lease", || async {
+        leases.get("node-0").await.map_err(|e| e.to_string())
+    })
+    .await;
+    let spec = first.spec.clone().unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some("node-0"));
+    assert_eq!(spec.lease_duration_seconds, Some(40));
+    let owner = &first.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("Node", "node-0")
+    );
+    let before = renew_time(&first).expect("a renew time");
+    eventually("node-0's Lease renewed", || async {
+        let now = leases.get("node-0").await.map_err(|e| e.to_string())?;
+        let t = renew_time(&now).ok_or("no renew time")?;
+        (t > before)
+            .then_some(())
+            .ok_or(format!("renewTime still {t}"))
+    })
+    .await;
+
+    // When a DaemonSet is created, the real DaemonSet controller places a pod per Node; the
+    // simulated kubelet binds each to the node it names, Running and Ready with that node's IP.
+    let daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        Api::namespaced(client.clone(), &ns);
+    daemonsets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "agent"},
+                "spec": {
+                    "selector": {"matchLabels": {"app": "web"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "web"}},
+                        "spec": {"containers": [{"name": "agent", "image": "agent:1"}]}
+                    }
+                }
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let ready = eventually("a Ready pod on each node", || async {
+        let ready = running_ready(&pods).await?;
+        (ready.len() == 3)
+            .then_some(ready.clone())
+            .ok_or(format!("{} ready", ready.len()))
+    })
+    .await;
+    let mut placed: Vec<(String, String)> = ready
+        .iter()
+        .map(|p| {
+            let node = p.spec.as_ref().unwrap().node_name.clone().unwrap();
+            let host = p.status.as_ref().unwrap().host_ip.clone().unwrap();
+            (node, host)
+        })
+        .collect();
+    placed.sort();
+    let want: Vec<(String, String)> = ips.into_iter().collect();
+    assert_eq!(
+        placed, want,
+        "one pod per node, each reporting its node's IP"
+    );
+
+    // And the node lifecycle controller, watching the renewed Leases, left every node
+    // untainted (a not-ready or unreachable node is tainted).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for n in nodes.list(&ListParams::default()).await.unwrap().items {
+        let taints = n.spec.clone().and_then(|s| s.taints).unwrap_or_default();
+        assert!(taints.is_empty(), "{} is tainted: {taints:?}", n.name_any());
+    }
     drop(tasks);
 }

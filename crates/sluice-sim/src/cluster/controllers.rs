@@ -78,6 +78,12 @@ impl ClusterTasks {
                     .for_each(|_| async {}),
             ));
         }
+        if config.node_objects {
+            handles.push(tokio::spawn(super::nodes::run(
+                client.clone(),
+                config.clone(),
+            )));
+        }
         if config.workloads {
             handles.push(tokio::spawn(
                 Controller::new(Api::<Deployment>::all(client.clone()), wc())
@@ -439,10 +445,18 @@ async fn reconcile_kubelet(pod: Arc<Pod>, ctx: Arc<Ctx>) -> Result<Action, Clust
         })
         .collect();
     let ip = pod_ip(&uid);
+    let host_ip = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .map_or_else(
+            || super::nodes::node_ip(0),
+            |n| super::nodes::ip_of(&ctx.config.nodes, n),
+        );
     let cond = |t: &str| json!({"type": t, "status": "True", "lastTransitionTime": now});
     let patch = json!({"status": {
         "phase": "Running",
-        "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "10.0.0.1",
+        "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": host_ip, "hostIPs": [{"ip": host_ip}],
         "startTime": now,
         "conditions": [cond("PodReadyToStartContainers"), cond("Initialized"), cond("Ready"),
                        cond("ContainersReady"), cond("PodScheduled")],
@@ -481,7 +495,9 @@ async fn bind_or_finalize(pod: &Pod, ctx: &Ctx) -> Result<Option<Action>, Cluste
         return Ok(Some(Action::await_change()));
     }
     if node.is_none() {
-        let Some(target) = ctx.next_node() else {
+        // A DaemonSet's pod names its node (required node affinity on `metadata.name`, as the
+        // real DaemonSet controller writes it); any other pod goes to the next node.
+        let Some(target) = required_node(pod).or_else(|| ctx.next_node()) else {
             return Ok(Some(Action::await_change()));
         };
         let binding = json!({
@@ -502,6 +518,28 @@ async fn bind_or_finalize(pod: &Pod, ctx: &Ctx) -> Result<Option<Action>, Cluste
         return Ok(Some(Action::await_change()));
     }
     Ok(None)
+}
+
+/// The node a pod must run on by its required node affinity's `metadata.name` field (how the
+/// DaemonSet controller places its pods), if it names exactly one.
+fn required_node(pod: &Pod) -> Option<String> {
+    let terms = &pod
+        .spec
+        .as_ref()?
+        .affinity
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()?
+        .node_selector_terms;
+    terms.iter().find_map(|t| {
+        t.match_fields.iter().flatten().find_map(|f| {
+            (f.key == "metadata.name" && f.operator == "In")
+                .then(|| f.values.as_ref().filter(|v| v.len() == 1)?.first().cloned())
+                .flatten()
+        })
+    })
 }
 
 async fn patch_pod_status(

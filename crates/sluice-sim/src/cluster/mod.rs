@@ -13,11 +13,13 @@
 //! simulated workloads, pod status (the kubelet's part) and workload and PDB status.
 //!
 //! On a real API server with kube-controller-manager ([`ClusterConfig::on_real_control_plane`])
-//! only the kubelet part runs, with binding and the end of graceful deletion: the real
+//! only the kubelet part runs, with binding, the nodes' Node objects and Leases ([`nodes`]) and
+//! the end of graceful deletion: the real
 //! controllers own Deployments, ReplicaSets, PDB status and garbage collection.
 
 pub mod controllers;
 pub mod injection;
+pub mod nodes;
 pub mod pdb;
 pub mod pods;
 pub mod rolling;
@@ -49,6 +51,14 @@ pub struct ClusterConfig {
     /// kube-scheduler and the kubelet do. Needed on a real API server, where the real workload
     /// controllers create unscheduled pods and deletion is graceful. Default false.
     pub binds_and_finalizes: bool,
+    /// Register a Node object (Ready, with an InternalIP) per entry of [`ClusterConfig::nodes`]
+    /// and renew its Lease in `kube-node-lease`, as each kubelet does ([`nodes`]). Needed on a
+    /// real API server: the real DaemonSet controller places pods only on Nodes, and the node
+    /// lifecycle controller taints a node whose Lease lapses. Default false.
+    pub node_objects: bool,
+    /// How often each node's Lease is renewed (the kubelet renews at a quarter of its 40 s
+    /// duration). Default 10 s.
+    pub lease_renew_interval: Duration,
 }
 
 impl ClusterConfig {
@@ -62,19 +72,22 @@ impl ClusterConfig {
             workloads: true,
             disruption: true,
             binds_and_finalizes: false,
+            node_objects: false,
+            lease_renew_interval: Duration::from_secs(10),
         }
     }
 
     /// For a real API server with kube-controller-manager running the workload, disruption and
     /// garbage-collector controllers (`sluice_testkit::control_plane`): the simulator plays only
-    /// the scheduler's binding and the kubelet (readiness after the delay, pod IPs, the end of
-    /// graceful deletions); the real controllers create the pods and compute workload and PDB
-    /// status.
+    /// the scheduler's binding and the kubelet (its Node and Lease, readiness after the delay, pod
+    /// IPs, the end of graceful deletions); the real controllers create the pods and compute
+    /// workload and PDB status.
     pub fn on_real_control_plane(name: impl Into<String>) -> Self {
         Self {
             workloads: false,
             disruption: false,
             binds_and_finalizes: true,
+            node_objects: true,
             ..Self::new(name)
         }
     }
