@@ -622,7 +622,7 @@ mod tests {
             err.to_string().contains("no certificate authority"),
             "{err}"
         );
-        let err = TrustedRoot::from_json(b"[]", "cm/trusted_root.json").unwrap_err();
+        let err = TrustedRoot::from_json(b"\"a string\"", "cm/trusted_root.json").unwrap_err();
         assert!(err.to_string().contains("not a trusted_root.json"), "{err}");
     }
 }
