@@ -292,7 +292,9 @@ pub fn plan(
         }
     };
     if !aborting && let Some(since) = status.current_step_started_at.as_ref() {
-        scope_sequential(spec, &mut checks, since.0);
+        let share_since = (current_kind(spec, status) == Some(StepKind::SetWeight))
+            .then(|| share_counted_from(spec, status, since.0));
+        scope_sequential(spec, &mut checks, since.0, share_since);
     }
     Plan {
         checks,
@@ -303,11 +305,53 @@ pub fn plan(
     }
 }
 
-/// Gives the built-in canary gates on the canary's health (5xx, p99) their sequential test on the counts
-/// since the current step began, at the analysis interval (a gate's own `interval` wins). The
-/// rollout's false-abort budget for a healthy canary (1%) is spent over every step that can carry
-/// a live canary times the gates judged that way.
-fn scope_sequential(spec: &RolloutSpec, checks: &mut [GateCheck], since: Timestamp) {
+/// Where a weight step starts counting requests toward its applied share: one analysis
+/// interval after the API server accepted the write of the step's weight
+/// (`status.ownedRoute.weightWrittenAt`), and never before the step began. The interval after
+/// the write absorbs the mesh applying it (an xDS push reaches the sidecars within seconds) and
+/// the counters' scrape lag (15 s by default), so the seconds before the weight is in force
+/// never read as a low share. Until the write is accepted nothing is counted
+/// ([`Timestamp::MAX`]): the share waits, neither confirming nor failing.
+pub fn share_counted_from(
+    spec: &RolloutSpec,
+    status: &RolloutStatus,
+    step_began: Timestamp,
+) -> Timestamp {
+    let interval: Duration = spec
+        .analysis_interval
+        .parse()
+        .unwrap_or(Duration::from_secs(30));
+    let written = status
+        .owned_route
+        .as_ref()
+        .filter(|o| o.written_weight.is_some() && o.written_weight == status.desired_weight)
+        .and_then(|o| o.weight_written_at.as_ref());
+    match written {
+        Some(at) => {
+            let settled =
+                at.0.checked_add(
+                    k8s_openapi::jiff::SignedDuration::try_from(interval).unwrap_or_default(),
+                )
+                .unwrap_or(Timestamp::MAX);
+            settled.max(step_began)
+        }
+        None => Timestamp::MAX,
+    }
+}
+
+/// Gives the built-in canary gates their sequential test at the analysis interval (a gate's own
+/// `interval` wins): the canary's health (5xx, p99) on the counts since the current step began,
+/// the applied share of a weight step on the counts since `share_since` (see
+/// [`share_counted_from`]; `None` outside weight steps, where the share stays the windowed
+/// reading: a header-cohort step measures its cohort's latest share). The rollout's false-abort
+/// budget for a healthy canary (1%) is spent over every step that can carry a live canary times
+/// the health gates; the share's failing side has its own bound (z = 4 on enough requests).
+fn scope_sequential(
+    spec: &RolloutSpec,
+    checks: &mut [GateCheck],
+    since: Timestamp,
+    share_since: Option<Timestamp>,
+) {
     let interval: Duration = spec
         .analysis_interval
         .parse()
@@ -326,10 +370,14 @@ fn scope_sequential(spec: &RolloutSpec, checks: &mut [GateCheck], since: Timesta
         .count();
     let alpha = per_test_alpha(DEFAULT_FALSE_ABORT_RATE, steps.max(1) * gates.max(1));
     for c in checks {
-        // The share stays the windowed reading: an average since the step began would include
-        // the seconds before the mesh applied the new weight and read low (the engine's
-        // sequential share needs its accumulation to start once the weight is in force).
-        if health(c) {
+        let from = if health(c) {
+            Some(since)
+        } else if sequential_kind(&c.gate) == Some(SequentialKind::Share) {
+            share_since
+        } else {
+            None
+        };
+        if let Some(since) = from {
             c.sequential = Some(SequentialScope {
                 since,
                 interval: c.gate.interval.unwrap_or(interval),
@@ -548,7 +596,7 @@ impl<S: MetricsSource + Send + Sync + 'static> Analyzer<S> {
 #[cfg(test)]
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-    use sluice_api::v1alpha1::rollout::StepRecord;
+    use sluice_api::v1alpha1::rollout::{OwnedRouteStatus, StepRecord};
 
     use super::*;
 
@@ -785,9 +833,35 @@ mod tests {
                 scope.alpha
             );
         }
-        // The share stays the windowed reading (see scope_sequential).
-        let share = p.checks.iter().find(|c| c.gate.name == "applied-share");
-        assert_eq!(share.unwrap().sequential, None);
+        // The weight's write not yet accepted: the share counts nothing yet.
+        let share = |p: &Plan| {
+            p.checks
+                .iter()
+                .find(|c| c.gate.name == "applied-share")
+                .unwrap()
+                .sequential
+                .map(|s| s.since)
+        };
+        assert_eq!(share(&p), Some(Timestamp::MAX));
+        // Accepted at 9 s: counted from one interval (30 s) later, never before the step.
+        let mut written = status.clone();
+        written.owned_route = Some(OwnedRouteStatus {
+            written_weight: Some(5),
+            weight_written_at: Some(Time(t(9_000))),
+            ..Default::default()
+        });
+        let p = plan(&s, &written, ("shop", "checkout"), "c1", &HashMap::new());
+        assert_eq!(share(&p), Some(t(39_000)));
+        // The write of a previous weight (or of another step's) is not this step's.
+        let mut stale = written.clone();
+        stale.owned_route.as_mut().unwrap().written_weight = Some(1);
+        let p = plan(&s, &stale, ("shop", "checkout"), "c1", &HashMap::new());
+        assert_eq!(share(&p), Some(Timestamp::MAX));
+        // A weight in force long before the step (a step that keeps the weight): the step's start.
+        let mut kept = written.clone();
+        kept.owned_route.as_mut().unwrap().weight_written_at = Some(Time(t(-600_000)));
+        let p = plan(&s, &kept, ("shop", "checkout"), "c1", &HashMap::new());
+        assert_eq!(share(&p), Some(t(7_000)));
         // A custom threshold keeps its rule; an abort's share check is the instant reading.
         let custom = spec(serde_json::json!([
             {"name": "errors", "builtin": "ErrorRatioVsStable", "comparison": {"absolute": {"op": "LessOrEqual", "value": 0.01}}}
@@ -807,6 +881,59 @@ mod tests {
         };
         let p = plan(&s, &aborted, ("shop", "checkout"), "c1", &HashMap::new());
         assert!(p.checks.iter().all(|c| c.sequential.is_none()));
+    }
+
+    #[test]
+    fn a_sequential_share_is_read_only_on_enough_route_requests() {
+        let s = spec(serde_json::json!([]));
+        let status = RolloutStatus {
+            phase: RolloutPhase::Progressing,
+            current_step_index: Some(0),
+            desired_weight: Some(5),
+            current_step_started_at: Some(Time(t(0))),
+            owned_route: Some(OwnedRouteStatus {
+                written_weight: Some(5),
+                weight_written_at: Some(Time(t(0))),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let p = plan(&s, &status, ("shop", "checkout"), "c1", &HashMap::new());
+        let outcome = |samples: u64| CheckOutcome {
+            observation: Some(Observation::Measured {
+                value: Some(0.05),
+                samples: Some(samples as f64),
+                baseline: None,
+                distribution: None,
+            }),
+            verdict: Ok(GateVerdict {
+                gate: "applied-share".into(),
+                verdict: if samples >= 1_500 {
+                    Verdict::Pass
+                } else {
+                    Verdict::Inconclusive
+                },
+                reason: VerdictReason::TooFewSamples,
+                message: None,
+                value: Some(0.05),
+                baseline: None,
+                threshold: Some(0.05),
+                samples: Some(samples),
+                min_samples: Some(1_500),
+                consecutive_failures: 0,
+                inconclusive_since: None,
+                evaluated_at: Time(t(0)),
+            }),
+        };
+        for (samples, want) in [(40, None), (1_500, Some(5.0))] {
+            let outcomes: Vec<CheckOutcome> = p.checks.iter().map(|_| outcome(samples)).collect();
+            let f = findings(&p, &outcomes, t(0));
+            assert_eq!(
+                f.applied_share.map(|v| (v * 1e6).round() / 1e6),
+                want,
+                "{samples} route requests"
+            );
+        }
     }
 
     #[test]

@@ -792,6 +792,10 @@ pub async fn reconcile(
                 let reverted_at = (ctx.clock)();
                 let owned = status.owned_route.get_or_insert_with(Default::default);
                 owned.last_written_resource_version = w.route.metadata.resource_version.clone();
+                // The weight is in force from here (cleared by the decision when it changed).
+                if owned.weight_written_at.is_none() {
+                    owned.weight_written_at = Some(Time(reverted_at));
+                }
                 if status.phase == RolloutPhase::Aborted
                     && *d == Desired::abort()
                     && let Some(a) = status.abort.as_mut()

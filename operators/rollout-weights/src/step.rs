@@ -293,6 +293,11 @@ impl Machine<'_> {
         owned.rule_name = self.spec.route_ref.rule_name.clone();
         owned.stable_service = Some(self.spec.stable_service.name.clone());
         owned.canary_service = Some(self.spec.canary_service.name.clone());
+        // A new weight is in force only once the API server accepts the write: the reconcile
+        // records that instant (the applied share counts from it).
+        if owned.written_weight != Some(d.weight) {
+            owned.weight_written_at = None;
+        }
         owned.written_weight = Some(d.weight);
         owned.cohort_rule_name = d
             .cohort

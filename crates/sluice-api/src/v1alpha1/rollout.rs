@@ -569,6 +569,12 @@ pub struct OwnedRouteStatus {
     /// Canary weight written by the last write, percent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub written_weight: Option<u32>,
+    /// When the API server accepted the route write that put `writtenWeight` in force (absent
+    /// until then). A weight step counts requests toward its applied share from one analysis
+    /// interval after this instant, so the seconds the mesh takes to apply the weight never read
+    /// as a low share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_written_at: Option<Time>,
     /// Name of the header-cohort rule the operator added, while present.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cohort_rule_name: Option<String>,
