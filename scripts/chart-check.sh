@@ -452,17 +452,50 @@ main() {
     fail "helm template (variant values)" "$(cat "$OUT/render.err")"
   fi
 
-  # The metrics source each gate-running operator reads, set in values, reaches its command line.
+  # The metrics source each gate-running operator reads, set in values, reaches its command line;
+  # upgrade-revisions takes rollout-weights' URL and cluster (the same cluster's view) by default.
+  # Its credentials, tenant header, CA and timeout reach all three, as files of a projected volume.
   if render metrics-source --set rolloutWeights.prometheusUrl=http://thanos-query.monitoring:10902 \
     --set rolloutWeights.cluster=east-1 --set waveGate.prometheusUrl=https://thanos-global.monitoring:9091/prefix \
+    --set metricsSource.timeoutSeconds=20 --set metricsSource.bearerToken.secretName=thanos-token \
+    --set metricsSource.headers.X-Scope-OrgID=tenant-a --set metricsSource.ca.secretName=thanos-ca \
     2>"$OUT/render.err"; then
     pass "helm template (metrics source values)"
+    check "kubernetes-validate --strict (metrics source values)" validate metrics-source
+    ms_args=()
+    for op in rollout-weights wave-gate upgrade-revisions; do
+      ms_args+=(--expect-arg "$op=--prometheus-timeout-seconds=20"
+        --expect-arg "$op=--prometheus-bearer-token-file=/etc/sluice/metrics-source/token"
+        --expect-arg "$op=--prometheus-header=X-Scope-OrgID=tenant-a"
+        --expect-arg "$op=--prometheus-ca-file=/etc/sluice/metrics-source/ca.crt")
+    done
     check "metrics source values reach the container args" "$PY" scripts/chart_assert.py "$OUT/metrics-source.yaml" \
       --enabled "$(IFS=,; echo "${OPERATORS[*]}")" --release-namespace "$NAMESPACE" \
       --argocd-namespace "$ARGOCD_NAMESPACE" --route-owner-annotation "$ROUTE_OWNER_ANNOTATION" \
       --expect-arg rollout-weights=--prometheus-url=http://thanos-query.monitoring:10902 \
       --expect-arg rollout-weights=--cluster=east-1 \
-      --expect-arg wave-gate=--prometheus-url=https://thanos-global.monitoring:9091/prefix
+      --expect-arg wave-gate=--prometheus-url=https://thanos-global.monitoring:9091/prefix \
+      --expect-arg upgrade-revisions=--prometheus-url=http://thanos-query.monitoring:10902 \
+      --expect-arg upgrade-revisions=--cluster=east-1 "${ms_args[@]}"
+    check "metrics source files are mounted in the three gate-running operators, not in revert" \
+      "$PY" - "$OUT/metrics-source.yaml" <<'PYEOF'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "Deployment"]
+for d in docs:
+    op = d["metadata"]["labels"]["app.kubernetes.io/component"]
+    spec = d["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in spec["containers"][0].get("volumeMounts", [])}
+    vols = {v["name"]: v for v in spec.get("volumes", [])}
+    if op == "revert":
+        assert "metrics-source" not in vols, f"{op} mounts the metrics source"
+        continue
+    assert mounts["metrics-source"]["mountPath"] == "/etc/sluice/metrics-source", op
+    assert mounts["metrics-source"].get("readOnly") is True, op
+    sources = vols["metrics-source"]["projected"]["sources"]
+    want = [{"secret": {"name": "thanos-token", "items": [{"key": "token", "path": "token"}]}},
+            {"secret": {"name": "thanos-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]
+    assert sources == want, f"{op}: {sources}"
+PYEOF
   else
     fail "helm template (metrics source values)" "$(cat "$OUT/render.err")"
   fi
@@ -550,6 +583,17 @@ main() {
     "at '/rolloutWeights/prometheusUrl'" --set rolloutWeights.prometheusUrl=thanos-query:9090
   expect_rejected "schema rejects a cluster label value with a space" "at '/rolloutWeights/cluster'" \
     --set 'rolloutWeights.cluster=east 1'
+  expect_rejected "schema rejects upgrade-revisions' metrics source that is not an http(s) URL" \
+    "at '/upgradeRevisions/prometheusUrl'" --set upgradeRevisions.prometheusUrl=thanos-query:9090
+  expect_rejected "chart refuses metrics source basic auth without its password Secret" \
+    "metricsSource.basicAuth needs both username and passwordSecretName" --set metricsSource.basicAuth.username=u
+  expect_rejected "chart refuses a metrics source bearer token together with basic auth" \
+    "set either basicAuth or a bearer token" --set metricsSource.basicAuth.username=u \
+    --set metricsSource.basicAuth.passwordSecretName=p --set metricsSource.bearerToken.secretName=t
+  expect_rejected "chart refuses an Authorization header among the metrics source headers" \
+    "metricsSource.headers must not set Authorization" --set metricsSource.headers.authorization=x
+  expect_rejected "schema rejects a metrics source header value with a line break" \
+    "at '/metricsSource/headers/X-Scope-OrgID'" --set-json 'metricsSource.headers={"X-Scope-OrgID":"a\nb"}'
   expect_rejected "chart refuses revert's identity Secrets in the Argo CD namespace" \
     "revert.clusterIdentities.namespace must not be argocd.namespace (argocd)" \
     --set revert.clusterIdentities.namespace=argocd

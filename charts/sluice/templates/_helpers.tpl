@@ -244,6 +244,13 @@ spec:
             {{- range .args }}
             - {{ . | quote }}
             {{- end }}
+            {{- if .metricsSource }}
+            {{- range (include "sluice.metricsSourceArgs" $root | splitList "\n") }}
+            {{- if . }}
+            - {{ . | quote }}
+            {{- end }}
+            {{- end }}
+            {{- end }}
             {{- range $v.extraArgs }}
             - {{ . | quote }}
             {{- end }}
@@ -291,10 +298,24 @@ spec:
           volumeMounts:
             - name: tmp
               mountPath: /tmp
+            {{- if and .metricsSource (include "sluice.metricsSourceFiles" $root) }}
+            - name: metrics-source
+              mountPath: {{ include "sluice.metricsSourceDir" $root }}
+              readOnly: true
+            {{- end }}
       volumes:
         - name: tmp
           emptyDir:
             sizeLimit: 64Mi
+        {{- if and .metricsSource (include "sluice.metricsSourceFiles" $root) }}
+        # The metrics source's credentials and CA as files; kubelet updates them in place when a
+        # Secret changes or the token rotates, and the operators read them for every query.
+        - name: metrics-source
+          projected:
+            defaultMode: 0440
+            sources:
+              {{- include "sluice.metricsSourceFiles" $root | trim | nindent 14 }}
+        {{- end }}
       {{- with $v.nodeSelector }}
       nodeSelector:
         {{- toYaml . | nindent 8 }}
@@ -335,6 +356,76 @@ spec:
   selector:
     matchLabels:
       {{- include "sluice.selectorLabels" . | nindent 6 }}
+{{- end }}
+{{- end }}
+
+{{/* Where the metrics source's files are mounted in the gate-running operators' pods. */}}
+{{- define "sluice.metricsSourceDir" -}}
+/etc/sluice/metrics-source
+{{- end }}
+
+{{/*
+The projected volume sources of the metrics source (values metricsSource): the bearer token
+(a Secret key, or the pod's own service account token for an audience), the basic auth password,
+the CA. Empty when none is set. Args: $ (the root context).
+*/}}
+{{- define "sluice.metricsSourceFiles" -}}
+{{- $m := .Values.metricsSource }}
+{{- with $m.bearerToken.secretName }}
+- secret:
+    name: {{ . }}
+    items:
+      - key: {{ $m.bearerToken.key }}
+        path: token
+{{- end }}
+{{- with $m.serviceAccountToken.audience }}
+- serviceAccountToken:
+    audience: {{ . | quote }}
+    expirationSeconds: {{ $m.serviceAccountToken.expirationSeconds }}
+    path: token
+{{- end }}
+{{- with $m.basicAuth.passwordSecretName }}
+- secret:
+    name: {{ . }}
+    items:
+      - key: {{ $m.basicAuth.passwordKey }}
+        path: password
+{{- end }}
+{{- with $m.ca.secretName }}
+- secret:
+    name: {{ . }}
+    items:
+      - key: {{ $m.ca.key }}
+        path: ca.crt
+{{- end }}
+{{- with $m.ca.configMapName }}
+- configMap:
+    name: {{ . }}
+    items:
+      - key: {{ $m.ca.key }}
+        path: ca.crt
+{{- end }}
+{{- end }}
+
+{{/* The metrics source flags (values metricsSource), one a line. Args: $ (the root context). */}}
+{{- define "sluice.metricsSourceArgs" -}}
+{{- $m := .Values.metricsSource }}
+{{- $dir := include "sluice.metricsSourceDir" . }}
+{{- if gt (int $m.timeoutSeconds) 0 }}
+{{ printf "--prometheus-timeout-seconds=%d" (int $m.timeoutSeconds) }}
+{{- end }}
+{{- if or $m.bearerToken.secretName $m.serviceAccountToken.audience }}
+{{ printf "--prometheus-bearer-token-file=%s/token" $dir }}
+{{- end }}
+{{- with $m.basicAuth.username }}
+{{ printf "--prometheus-username=%s" . }}
+{{ printf "--prometheus-password-file=%s/password" $dir }}
+{{- end }}
+{{- range $name, $value := $m.headers }}
+{{ printf "--prometheus-header=%s=%s" $name $value }}
+{{- end }}
+{{- if or $m.ca.secretName $m.ca.configMapName }}
+{{ printf "--prometheus-ca-file=%s/ca.crt" $dir }}
 {{- end }}
 {{- end }}
 
