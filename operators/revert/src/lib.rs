@@ -13,6 +13,7 @@ pub mod clusters;
 pub mod controller;
 pub mod decide;
 pub mod metrics;
+pub mod notice;
 pub mod reconcile;
 pub mod restore;
 pub mod scenario;

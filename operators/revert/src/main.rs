@@ -211,6 +211,7 @@ async fn main() -> ExitCode {
                 .map_err(anyhow::Error::from)?;
         ctx.leadership = rt.leadership().map_err(anyhow::Error::from)?;
         ctx.signals = rt.metrics.objects();
+        ctx.notifier = rt.notifier.clone();
         let ctx = Arc::new(ctx);
         run(rt, ctx).await
     }

@@ -98,6 +98,8 @@ pub struct Context {
     /// The platform's per-object series (exported while this replica leads; a deleted
     /// BundlePin's are removed by the runtime).
     pub signals: sluice_runtime::metrics::ObjectSignals,
+    /// Webhook notifications of pins and releases (`main` shares the runtime's).
+    pub notifier: sluice_runtime::notify::Notifier,
     /// Whether this replica leads: checked right before every effect (Application patches,
     /// remote applies and prunes, git pushes).
     pub leadership: Leadership,
@@ -139,6 +141,7 @@ impl Context {
             clock: Timestamp::now,
             metrics,
             signals: sluice_runtime::metrics::ObjectSignals::default(),
+            notifier: sluice_runtime::notify::Notifier::disabled(),
             bundles: BundleClient::new(settings.registry),
             leadership: Leadership::always(),
             verified: Mutex::new(ByteLru::new(
@@ -1206,6 +1209,9 @@ pub async fn reconcile(
     if obj.status.as_ref() != Some(&decision.status) {
         write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &decision.status).await?;
         tracing::info!(phase = ?decision.status.phase, "status written");
+        if let Some(n) = crate::notice::notice(obj.status.as_ref(), &decision.status) {
+            ctx.notifier.notify(obj.as_ref(), n);
+        }
     }
     ctx.signals.set(
         crate::metrics::OBJECT_KIND,

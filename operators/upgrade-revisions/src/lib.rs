@@ -12,6 +12,7 @@ pub mod decide;
 pub mod fleet;
 pub mod issuance;
 pub mod metrics;
+pub mod notice;
 pub mod pacing;
 pub mod reconcile;
 pub mod validity;

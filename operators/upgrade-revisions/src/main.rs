@@ -80,6 +80,7 @@ async fn main() -> ExitCode {
         ctx.allow_free_form_promql = cli.allow_free_form_promql;
         ctx.leadership = rt.leadership()?;
         ctx.signals = rt.metrics.objects();
+        ctx.notifier = rt.notifier.clone();
         let _forgetting = ctx.forget_deleted(&rt.watch_client);
         rt.run(api, Arc::new(ctx), reconcile::reconcile).await?;
         Ok(())

@@ -511,6 +511,8 @@ pub struct Context {
     /// The platform's per-object series (exported while this replica leads; a deleted
     /// RevisionUpgrade's are removed by the runtime).
     pub signals: sluice_runtime::metrics::ObjectSignals,
+    /// Webhook notifications of completion, abort and hold (`main` shares the runtime's).
+    pub notifier: sluice_runtime::notify::Notifier,
     /// Whether this replica leads: checked right before every relabel, eviction and rollout
     /// restart; the background schedules stop when it is lost.
     pub leadership: Leadership,
@@ -549,6 +551,7 @@ impl Context {
             metrics_source: None,
             metrics: UpgradeMetrics::default(),
             signals: sluice_runtime::metrics::ObjectSignals::default(),
+            notifier: sluice_runtime::notify::Notifier::disabled(),
             leadership: Leadership::always(),
             memory: Arc::new(Mutex::new(HashMap::new())),
         }
@@ -773,6 +776,9 @@ pub async fn reconcile(
     if obj.status.as_ref() != Some(&decision.status) {
         write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &decision.status).await?;
         tracing::debug!(phase = ?decision.status.phase, "status written");
+        if let Some(n) = crate::notice::notice(obj.status.as_ref(), &decision.status) {
+            ctx.notifier.notify(obj.as_ref(), n);
+        }
     }
     ctx.signals.set(
         crate::metrics::OBJECT_KIND,

@@ -13,6 +13,7 @@ pub mod decide;
 pub mod decisions;
 pub mod gates;
 pub mod metrics;
+pub mod notice;
 pub mod pins;
 pub mod reconcile;
 pub mod validity;

@@ -67,6 +67,7 @@ async fn main() -> ExitCode {
             engine,
             metrics: Some(wave_metrics),
             signals: rt.metrics.objects(),
+            notifier: rt.notifier.clone(),
             pin_wait: std::time::Duration::from_secs(cli.pin_wait_seconds),
             caches: Arc::new(sluice_wave_gate::cache::Caches::new(rt.watch_client.clone())),
             ..reconcile::Context::new(rt.client.clone(), rt.recorder.clone())

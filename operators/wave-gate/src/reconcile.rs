@@ -65,6 +65,8 @@ pub struct Context {
     /// The platform's per-object series (exported while this replica leads; a deleted
     /// WaveGate's are removed by the runtime).
     pub signals: ObjectSignals,
+    /// Webhook notifications of halts (`main` shares the runtime's).
+    pub notifier: sluice_runtime::notify::Notifier,
     /// How long a halt waits for revert to hold its pins before setting decisions back
     /// (`--pin-wait-seconds`).
     pub pin_wait: std::time::Duration,
@@ -98,6 +100,7 @@ impl Context {
             engine: None,
             metrics: None,
             signals: ObjectSignals::default(),
+            notifier: sluice_runtime::notify::Notifier::disabled(),
             pin_wait: crate::decide::DEFAULT_PIN_WAIT,
             leadership: Leadership::always(),
             wave_passed_job: DEFAULT_WAVE_PASSED_JOB.to_owned(),
@@ -591,6 +594,9 @@ pub async fn reconcile(
     if status != Some(&decision.status) {
         let body = status_body(status, &decision.status);
         write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &body).await?;
+        if let Some(n) = crate::notice::notice(status, &decision.status) {
+            ctx.notifier.notify(obj.as_ref(), n);
+        }
         tracing::info!(phase = ?decision.status.phase, wave = ?decision.status.current_wave, "status written");
     }
     if let Some(m) = &ctx.metrics {
