@@ -251,6 +251,12 @@ spec:
             {{- end }}
             {{- end }}
             {{- end }}
+            {{- with $root.Values.notifications.secretName }}
+            - --notifications-secret={{ . }}
+            {{- end }}
+            {{- with $root.Values.notifications.cluster }}
+            - {{ printf "--notifications-cluster=%s" . | quote }}
+            {{- end }}
             {{- range $v.extraArgs }}
             - {{ . | quote }}
             {{- end }}
