@@ -2,10 +2,10 @@
 //! controller while this replica holds the Lease.
 #![forbid(unsafe_code)]
 
-use std::{process::ExitCode, sync::Arc};
+use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use clap::Parser;
-use sluice_analysis::{Engine, EngineOptions, PrometheusConfig, PrometheusSource};
+use sluice_analysis::{Engine, EngineOptions, MetricsSourceArgs, PrometheusSource};
 use sluice_runtime::{Runtime, RuntimeArgs};
 use sluice_wave_gate::{OPERATOR, metrics, reconcile};
 
@@ -36,6 +36,9 @@ struct Cli {
     /// previous bundle applied) before setting the halted clusters' decisions back anyway.
     #[arg(long, env = "SLUICE_PIN_WAIT_SECONDS", default_value_t = 30)]
     pin_wait_seconds: u64,
+    /// Credentials, headers, CA and timeout for the Prometheus URL.
+    #[command(flatten)]
+    prometheus: MetricsSourceArgs,
 }
 
 #[tokio::main]
@@ -45,7 +48,7 @@ async fn main() -> ExitCode {
         let mut rt = Runtime::init(OPERATOR, cli.runtime).await?;
         let engine = match cli.prometheus_url {
             Some(url) => Some(Arc::new(Engine::new(
-                PrometheusSource::new(PrometheusConfig::new(url)),
+                PrometheusSource::new(cli.prometheus.config(url, Duration::from_secs(10))?),
                 EngineOptions {
                     allow_inline_promql_in_namespaced: cli.allow_free_form_promql,
                     cluster_label: cli.cluster_label,
