@@ -362,6 +362,98 @@ impl Prometheus {
         Ok(self.remote_write().write(series).await?)
     }
 
+    /// The query API of this Prometheus (what [`Prometheus::query`] and
+    /// [`Prometheus::query_range`] use).
+    pub fn query_api(&self) -> QueryApi {
+        QueryApi {
+            url: self.url.clone(),
+            http: self.http.clone(),
+            partial_response: None,
+        }
+    }
+
+    /// Instant query at `at_ms` (milliseconds since the epoch; now when `None`).
+    /// A scalar answer is returned as one sample without labels.
+    pub async fn query(
+        &self,
+        promql: &str,
+        at_ms: Option<i64>,
+    ) -> Result<Vec<VectorSample>, PrometheusError> {
+        self.query_api().query(promql, at_ms).await
+    }
+
+    /// Range query from `start_ms` to `end_ms` with resolution `step`.
+    pub async fn query_range(
+        &self,
+        promql: &str,
+        start_ms: i64,
+        end_ms: i64,
+        step: Duration,
+    ) -> Result<Vec<RangeSeries>, PrometheusError> {
+        self.query_api()
+            .query_range(promql, start_ms, end_ms, step)
+            .await
+    }
+
+    /// How many HTTP requests this Prometheus has served on `handler` (e.g. `/api/v1/query`),
+    /// read from its own `/metrics` (`prometheus_http_requests_total`, summed over status codes).
+    /// Lets a test count the queries a component sent without a proxy in between.
+    pub async fn http_requests(&self, handler: &str) -> Result<u64, PrometheusError> {
+        let fail = |reason: String| PrometheusError::Query {
+            query: format!("/metrics handler={handler}"),
+            reason,
+        };
+        let body = self
+            .http
+            .get(format!("{}/metrics", self.url))
+            .send()
+            .await
+            .map_err(|e| fail(format!("transport: {e}")))?
+            .text()
+            .await
+            .map_err(|e| fail(format!("reading body: {e}")))?;
+        Ok(count_requests(&body, handler))
+    }
+}
+
+/// The Prometheus HTTP query API at a URL: a Prometheus, or Thanos Query (which serves the same
+/// API over its stores and takes `partial_response`).
+#[derive(Clone, Debug)]
+pub struct QueryApi {
+    url: String,
+    http: reqwest::Client,
+    partial_response: Option<bool>,
+}
+
+impl QueryApi {
+    /// The query API at `url` (e.g. `http://127.0.0.1:9090`).
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .no_proxy()
+                .build()
+                .expect("building a plain HTTP client cannot fail"),
+            partial_response: None,
+        }
+    }
+
+    /// Thanos Query at `url`, asked for no partial response: a query fails while a store it
+    /// needs is down instead of answering from the stores left (Thanos Query's default is a
+    /// partial response).
+    pub fn thanos(url: impl Into<String>) -> Self {
+        Self {
+            partial_response: Some(false),
+            ..Self::new(url)
+        }
+    }
+
+    /// Base URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
     async fn api(
         &self,
         path: &str,
@@ -374,6 +466,9 @@ impl Prometheus {
         };
         let mut form: Vec<(&str, String)> = vec![("query", query.to_string())];
         form.extend(params.iter().cloned());
+        if let Some(p) = self.partial_response {
+            form.push(("partial_response", p.to_string()));
+        }
         let response = self
             .http
             .post(format!("{}{path}", self.url))
@@ -462,26 +557,6 @@ impl Prometheus {
                 reason: "expected a matrix".into(),
             }),
         }
-    }
-
-    /// How many HTTP requests this Prometheus has served on `handler` (e.g. `/api/v1/query`),
-    /// read from its own `/metrics` (`prometheus_http_requests_total`, summed over status codes).
-    /// Lets a test count the queries a component sent without a proxy in between.
-    pub async fn http_requests(&self, handler: &str) -> Result<u64, PrometheusError> {
-        let fail = |reason: String| PrometheusError::Query {
-            query: format!("/metrics handler={handler}"),
-            reason,
-        };
-        let body = self
-            .http
-            .get(format!("{}/metrics", self.url))
-            .send()
-            .await
-            .map_err(|e| fail(format!("transport: {e}")))?
-            .text()
-            .await
-            .map_err(|e| fail(format!("reading body: {e}")))?;
-        Ok(count_requests(&body, handler))
     }
 }
 

@@ -102,6 +102,84 @@ impl ThanosProcess {
         drop(self);
     }
 
+    /// The stores Thanos Query reports (`GET /api/v1/stores`): each store's name (its gRPC
+    /// address) and its last error, `None` while it answers.
+    pub async fn stores(&self) -> Result<Vec<(String, Option<String>)>, String> {
+        #[derive(serde::Deserialize)]
+        struct Status {
+            name: String,
+            #[serde(rename = "lastError")]
+            last_error: Option<serde_json::Value>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Answer {
+            data: std::collections::BTreeMap<String, Vec<Status>>,
+        }
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(2))
+            .build()
+            .map_err(|e| e.to_string())?;
+        let answer: Answer = http
+            .get(format!("{}/api/v1/stores", self.http))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(answer
+            .data
+            .into_values()
+            .flatten()
+            .map(|s| {
+                let error = s.last_error.filter(|e| !e.is_null()).map(|e| match e {
+                    serde_json::Value::String(s) => s,
+                    other => other.to_string(),
+                });
+                (s.name, error)
+            })
+            .collect())
+    }
+
+    /// Waits until Thanos Query reports every one of `stores` (gRPC addresses) answering.
+    pub async fn wait_for_stores(
+        &self,
+        stores: &[&str],
+        within: Duration,
+    ) -> Result<(), ThanosError> {
+        let deadline = Instant::now() + within;
+        loop {
+            let seen = self.stores().await;
+            let missing: Vec<String> = match &seen {
+                Ok(list) => stores
+                    .iter()
+                    .filter(|want| {
+                        !list
+                            .iter()
+                            .any(|(name, error)| name == *want && error.is_none())
+                    })
+                    .map(|s| s.to_string())
+                    .collect(),
+                Err(e) => vec![format!("(stores not readable: {e})")],
+            };
+            if missing.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(ThanosError::NotReady {
+                    component: "query",
+                    reason: format!(
+                        "stores {} not answering within {within:?} (seen: {seen:?})",
+                        missing.join(", ")
+                    ),
+                    log_tail: tail(&self.dir.path().join("query.log"), 20),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     async fn start(component: &'static str, args: Vec<String>) -> Result<Self, ThanosError> {
         let binary = binary()?;
         let io = |source| ThanosError::Io { component, source };
