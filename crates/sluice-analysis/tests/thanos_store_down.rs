@@ -54,7 +54,12 @@ async fn a_down_store_fails_the_query_instead_of_answering_from_the_rest() {
     let mut config = PrometheusConfig::new(query.url());
     config.retries = 0;
     config.deadline = Duration::from_secs(10);
-    let source = PrometheusSource::new(config);
+    let source = PrometheusSource::new(config.clone());
+    // A source set to allow partial responses (as Thanos Query's own default does): Thanos then
+    // answers from the stores left, with a warning naming the one that is down.
+    let mut allowing = config;
+    allowing.partial_response = Some(true);
+    let allowing = PrometheusSource::new(allowing);
 
     // Both stores answer: the sum covers both clusters.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -89,6 +94,20 @@ async fn a_down_store_fails_the_query_instead_of_answering_from_the_rest() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     assert!(failures > 0);
+
+    // Even where partial responses are allowed, an answer that carries Thanos' warning is not
+    // used: the error names the warning, which reaches the gate's verdict message.
+    let err = allowing
+        .query("sum(checkout_errors_total)", Timestamp::now())
+        .await
+        .expect_err("a partial answer (east-1 alone) must not be used");
+    println!("partial response allowed, a store down: {err}");
+    assert_eq!(err.category(), "warnings", "{err}");
+    assert!(
+        err.to_string()
+            .contains("answered with warnings, so the answer may be incomplete and is not used:"),
+        "{err}"
+    );
     drop(query);
     drop(sidecar_a);
 }
