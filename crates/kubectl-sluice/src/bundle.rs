@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 use sluice_bundle::{
-    BundleClient, BundleError, Manifests, Metadata, PublicKey, ReadOptions, RegistryOptions,
-    SigningKey,
+    BundleClient, BundleError, CaBundle, Manifests, Metadata, PublicKey, ReadOptions,
+    RegistryCredentials, RegistryOptions, SigningKey,
 };
 
 use crate::EXIT_FAILURE;
@@ -46,6 +46,29 @@ struct RegistryArgs {
     /// Environment variable holding the registry password.
     #[arg(long, value_name = "VAR", global = true)]
     registry_password_env: Option<String>,
+    /// Docker config with per-registry credentials (`auths`: `auth`, `username`/`password` or
+    /// `identitytoken`). Default: `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`,
+    /// when it exists. Credential helpers (`credsStore`, `credHelpers`) are not run.
+    #[arg(long, value_name = "FILE", global = true)]
+    registry_config: Option<PathBuf>,
+    /// PEM file of CA certificates trusted for registries' TLS, besides the system roots.
+    #[arg(long, value_name = "FILE", global = true)]
+    registry_ca: Option<PathBuf>,
+    /// Loopback registry `host:port` to reach over HTTPS (repeatable); other loopback
+    /// registries are plain HTTP.
+    #[arg(long = "tls-registry", value_name = "HOST:PORT", global = true)]
+    tls_registries: Vec<String>,
+}
+
+/// The Docker config read when `--registry-config` is not given: `$DOCKER_CONFIG/config.json`,
+/// else `$HOME/.docker/config.json`; `None` when neither variable is set.
+fn default_registry_config() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("DOCKER_CONFIG").filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(dir).join("config.json"));
+    }
+    std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(|home| PathBuf::from(home).join(".docker").join("config.json"))
 }
 
 #[derive(Debug, Subcommand)]
@@ -231,9 +254,25 @@ fn registry_options(args: &RegistryArgs) -> Result<RegistryOptions, Failure> {
         }
         _ => None,
     };
+    // An explicit --registry-config must exist; the default one is read when it does.
+    let credentials = match &args.registry_config {
+        Some(path) => RegistryCredentials::from_file(path)?,
+        None => match default_registry_config().filter(|p| p.is_file()) {
+            Some(path) => RegistryCredentials::from_file(&path)?,
+            None => RegistryCredentials::none(),
+        },
+    };
+    let ca_bundle = args
+        .registry_ca
+        .as_deref()
+        .map(CaBundle::from_file)
+        .transpose()?;
     Ok(RegistryOptions {
         plain_http_hosts: args.plain_http.clone(),
+        tls_hosts: args.tls_registries.clone(),
         basic_auth,
+        credentials,
+        ca_bundle,
         timeout: None,
         allowed_registries: Vec::new(),
     })

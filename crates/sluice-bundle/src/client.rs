@@ -1,8 +1,11 @@
 //! Registry I/O for bundles: push, pull, sign, verify, inspect.
 //!
 //! Owns every network call of the crate, through `oci-client`. Plain HTTP is used for loopback
-//! registries (127.0.0.0/8, `localhost`, `[::1]`) and for hosts listed in
-//! [`RegistryOptions::plain_http_hosts`]; everything else is HTTPS. The decisions (bundle layout,
+//! registries (127.0.0.0/8, `localhost`, `[::1]`) not listed in [`RegistryOptions::tls_hosts`]
+//! and for hosts listed in [`RegistryOptions::plain_http_hosts`]; everything else is HTTPS,
+//! trusting the system roots and [`RegistryOptions::ca_bundle`]. Credentials come per registry
+//! (or repository prefix) from [`RegistryOptions::credentials`] (a Docker config), for pushes
+//! and reads alike. The decisions (bundle layout,
 //! digests, the signature verdict) live in the pure modules; this one only fetches and stores.
 //! It must never verify by tag (every signature call requires a `@sha256:` reference), never
 //! write a bundle's tag before its blobs, and never log credentials.
@@ -39,10 +42,17 @@ pub const MAX_SIGNATURE_LAYERS: usize = 32;
 /// How to reach registries.
 #[derive(Clone, Debug, Default)]
 pub struct RegistryOptions {
-    /// Extra `host:port`s spoken to over plain HTTP (loopback always is).
+    /// Extra `host:port`s spoken to over plain HTTP (loopback is, unless in `tls_hosts`).
     pub plain_http_hosts: Vec<String>,
-    /// Basic credentials `(username, password)`; anonymous when `None`.
+    /// Loopback `host:port`s spoken to over HTTPS (a local registry serving TLS).
+    pub tls_hosts: Vec<String>,
+    /// Basic credentials `(username, password)` for every registry without an entry in
+    /// `credentials`; anonymous when `None`.
     pub basic_auth: Option<(String, String)>,
+    /// Credentials per registry (or repository prefix), from a Docker config.
+    pub credentials: crate::credentials::RegistryCredentials,
+    /// CA certificates trusted for registries' TLS besides the system roots.
+    pub ca_bundle: Option<crate::credentials::CaBundle>,
     /// Longest silence while reading an answer; 30 s when `None`. A whole manifest request may
     /// take twice that, a blob ten times.
     pub timeout: Option<Duration>,
@@ -165,6 +175,17 @@ impl std::fmt::Display for BundleRef {
         }
         Ok(())
     }
+}
+
+/// Whether `registry` is spoken to over plain HTTP: listed in `plain_http_hosts`, or a loopback
+/// address not listed in `tls_hosts`.
+pub(crate) fn plain_http(
+    registry: &str,
+    plain_http_hosts: &[String],
+    tls_hosts: &[String],
+) -> bool {
+    plain_http_hosts.iter().any(|h| h == registry)
+        || (is_loopback_host(registry) && !tls_hosts.iter().any(|h| h == registry))
 }
 
 /// Whether `host[:port]` is a loopback address.
@@ -322,6 +343,8 @@ impl std::fmt::Debug for BundleClient {
         f.debug_struct("BundleClient")
             .field("plain_http_hosts", &self.options.plain_http_hosts)
             .field("authenticated", &self.options.basic_auth.is_some())
+            .field("credentials", &self.options.credentials)
+            .field("ca_bundle", &self.options.ca_bundle)
             .finish()
     }
 }
@@ -329,11 +352,7 @@ impl std::fmt::Debug for BundleClient {
 impl BundleClient {
     /// A client with these options.
     pub fn new(options: RegistryOptions) -> Self {
-        let fetcher = crate::fetch::Fetcher::new(
-            options.plain_http_hosts.clone(),
-            options.basic_auth.clone(),
-            options.timeout.unwrap_or(Duration::from_secs(30)),
-        );
+        let fetcher = crate::fetch::Fetcher::new(&options);
         Self {
             options,
             clients: Mutex::new(BTreeMap::new()),
@@ -357,13 +376,23 @@ impl BundleClient {
         }
     }
 
-    fn client(&self, registry: &str) -> Client {
+    /// The push client for `registry` and the credential it authenticates with (oci-client
+    /// keeps one credential per registry per client).
+    fn client(&self, registry: &str, auth: &RegistryAuth) -> Client {
+        let who = match auth {
+            RegistryAuth::Basic(user, _) => format!("basic:{user}"),
+            RegistryAuth::Bearer(_) => "bearer".to_owned(),
+            RegistryAuth::Anonymous => "anonymous".to_owned(),
+        };
         let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
         clients
-            .entry(registry.to_string())
+            .entry(format!("{registry}|{who}"))
             .or_insert_with(|| {
-                let plain = is_loopback_host(registry)
-                    || self.options.plain_http_hosts.iter().any(|h| h == registry);
+                let plain = plain_http(
+                    registry,
+                    &self.options.plain_http_hosts,
+                    &self.options.tls_hosts,
+                );
                 let timeout = self.options.timeout.unwrap_or(Duration::from_secs(30));
                 Client::new(ClientConfig {
                     protocol: if plain {
@@ -374,16 +403,46 @@ impl BundleClient {
                     read_timeout: Some(timeout),
                     connect_timeout: Some(Duration::from_secs(5).min(timeout)),
                     platform_resolver: None,
+                    extra_root_certificates: self
+                        .options
+                        .ca_bundle
+                        .iter()
+                        .flat_map(|ca| ca.pem_blocks())
+                        .map(|pem| oci_client::client::Certificate {
+                            encoding: oci_client::client::CertificateEncoding::Pem,
+                            data: pem.as_bytes().to_vec(),
+                        })
+                        .collect(),
                     ..ClientConfig::default()
                 })
             })
             .clone()
     }
 
-    fn auth(&self) -> RegistryAuth {
-        match &self.options.basic_auth {
-            Some((user, password)) => RegistryAuth::Basic(user.clone(), password.clone()),
-            None => RegistryAuth::Anonymous,
+    /// The credential pushes to `repository` on `registry` use: its registry config entry,
+    /// else the client-wide basic credentials, else none.
+    fn auth(&self, registry: &str, repository: &str) -> Result<RegistryAuth> {
+        use crate::credentials::Credential;
+        match self
+            .options
+            .credentials
+            .for_repository(registry, repository)
+        {
+            Some(Credential::Basic { username, password }) => {
+                Ok(RegistryAuth::Basic(username.clone(), password.clone()))
+            }
+            Some(Credential::IdentityToken { .. }) => Err(BundleError::Unauthorized {
+                registry: registry.to_owned(),
+                reference: format!("{registry}/{repository}"),
+                action: "push".to_owned(),
+                reason: "its registry config entry holds an identitytoken, which is used for \
+                         reads only; push with a username and password (or access token)"
+                    .to_owned(),
+            }),
+            None => Ok(match &self.options.basic_auth {
+                Some((user, password)) => RegistryAuth::Basic(user.clone(), password.clone()),
+                None => RegistryAuth::Anonymous,
+            }),
         }
     }
 
@@ -405,6 +464,38 @@ impl BundleClient {
                 )
             })
         };
+        let unauthorized = match &err {
+            OciDistributionError::UnauthorizedError { .. }
+            | OciDistributionError::AuthenticationFailure(_)
+            | OciDistributionError::ServerError { code: 401, .. } => true,
+            OciDistributionError::RequestError(e) => {
+                e.status() == Some(reqwest::StatusCode::UNAUTHORIZED)
+            }
+            OciDistributionError::RegistryError { envelope, .. } => envelope
+                .errors
+                .iter()
+                .any(|e| matches!(e.code, OciErrorCode::Unauthorized)),
+            _ => false,
+        };
+        if unauthorized {
+            let repository = reference
+                .strip_prefix(registry)
+                .map(|r| r.trim_start_matches('/'))
+                .unwrap_or(reference);
+            let repository = repository.split(['@', ':']).next().unwrap_or(repository);
+            let tried = match self.auth(registry, repository) {
+                Ok(RegistryAuth::Basic(user, _)) => {
+                    format!("the registry refused the credentials of user {user:?}")
+                }
+                _ => "the registry wants credentials and none are configured for it".to_owned(),
+            };
+            return BundleError::Unauthorized {
+                registry: registry.to_owned(),
+                reference: reference.to_owned(),
+                action: action.to_owned(),
+                reason: tried,
+            };
+        }
         match err {
             OciDistributionError::RequestError(e)
                 if e.is_connect() || e.is_timeout() || e.is_request() =>
@@ -412,7 +503,7 @@ impl BundleClient {
                 BundleError::RegistryUnavailable {
                     registry: registry.to_string(),
                     action: action.to_string(),
-                    reason: e.to_string(),
+                    reason: crate::fetch::transport(&e),
                 }
             }
             OciDistributionError::ImageManifestNotFoundError(_) => BundleError::NotFound {
@@ -452,11 +543,10 @@ impl BundleClient {
     }
 
     async fn push_blob(&self, target: &BundleRef, data: &[u8], digest: &str) -> Result<()> {
-        let client = self.client(&target.registry);
+        let auth = self.auth(&target.registry, &target.repository)?;
+        let client = self.client(&target.registry, &auth);
         let reference = target.with_digest(digest);
-        client
-            .store_auth_if_needed(&target.registry, &self.auth())
-            .await;
+        client.store_auth_if_needed(&target.registry, &auth).await;
         let exists = client.blob_exists(&reference, digest).await.map_err(|e| {
             self.map_err(
                 e,
@@ -483,8 +573,9 @@ impl BundleClient {
         bytes: &[u8],
         registry: &str,
     ) -> Result<()> {
-        let client = self.client(registry);
-        client.store_auth_if_needed(registry, &self.auth()).await;
+        let auth = self.auth(registry, reference.repository())?;
+        let client = self.client(registry, &auth);
+        client.store_auth_if_needed(registry, &auth).await;
         client
             .push_manifest_raw(
                 reference,

@@ -145,6 +145,31 @@ pub enum BundleError {
         /// The registry's answer.
         reason: String,
     },
+    /// The registry refused the credentials configured for it (or wants some and none are
+    /// configured).
+    #[error(
+        "registry {registry} answered unauthorized (HTTP 401) while trying to {action} {reference}: \
+         {reason}; check the credentials for {registry} in the registry config (revert's \
+         revert.registry.credentialsSecret, or the plugin's --registry-config / ~/.docker/config.json)"
+    )]
+    Unauthorized {
+        /// `host[:port]`.
+        registry: String,
+        /// What was addressed.
+        reference: String,
+        /// What was being attempted.
+        action: String,
+        /// Which credential was tried and what the registry said (never the credential).
+        reason: String,
+    },
+    /// A registry config (Docker config JSON) or CA bundle is unusable.
+    #[error("registry config {source_name}: {reason}")]
+    Credentials {
+        /// Where it came from (a path, `Secret namespace/name`).
+        source_name: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// The registry is not one the platform lets bundles come from.
     #[error(
         "registry {registry} is not allowed: bundles may come only from {allowed}; push the bundle \
@@ -199,6 +224,8 @@ impl BundleError {
             BundleError::Io { .. } => "Io",
             BundleError::RegistryNotAllowed { .. } => "RegistryNotAllowed",
             BundleError::TooLarge { .. } => "TooLarge",
+            BundleError::Unauthorized { .. } => "Unauthorized",
+            BundleError::Credentials { .. } => "Credentials",
         }
     }
 

@@ -9,6 +9,13 @@
 //! down to plain HTTP. A token realm on another host than the registry receives no credential
 //! either. Error text from the registry never reaches a message (it would reach a pin's status):
 //! only the HTTP status and the registry's error codes do. Must never log credentials.
+//!
+//! Credentials come per registry (or repository prefix) from [`RegistryCredentials`]: basic
+//! credentials answer a `Basic` challenge, or are sent to a `Bearer` challenge's token realm
+//! (Docker's token flow: `GET realm?service=..&scope=repository:<name>:pull` with basic
+//! credentials, then the request again with the bearer token); an `identitytoken` is exchanged
+//! at the realm with an OAuth2 `refresh_token` grant. A CA bundle, when given, is trusted besides
+//! the system roots.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -18,6 +25,7 @@ use reqwest::header::{ACCEPT, AUTHORIZATION, LOCATION, WWW_AUTHENTICATE};
 use reqwest::{StatusCode, Url};
 use sha2::{Digest, Sha256};
 
+use crate::credentials::{Credential, RegistryCredentials};
 use crate::error::{BundleError, Result};
 
 /// Largest manifest read (4 MiB): a bundle's manifest is about a kilobyte.
@@ -45,6 +53,9 @@ pub(crate) struct Limits {
 pub(crate) struct Fetcher {
     http: reqwest::Client,
     plain_http_hosts: Vec<String>,
+    tls_hosts: Vec<String>,
+    credentials: RegistryCredentials,
+    /// Used for a registry without an entry in `credentials`.
     basic_auth: Option<(String, String)>,
     /// `registry|repository` → `Authorization` header value.
     tokens: Mutex<HashMap<String, String>>,
@@ -86,30 +97,46 @@ fn authority(url: &Url) -> String {
 }
 
 impl Fetcher {
-    pub(crate) fn new(
-        plain_http_hosts: Vec<String>,
-        basic_auth: Option<(String, String)>,
-        read_timeout: Duration,
-    ) -> Self {
-        let http = reqwest::Client::builder()
+    pub(crate) fn new(options: &crate::client::RegistryOptions) -> Self {
+        let read_timeout = options.timeout.unwrap_or(Duration::from_secs(30));
+        let mut builder = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(Duration::from_secs(5).min(read_timeout))
             .read_timeout(read_timeout)
-            .user_agent("sluice-bundle")
-            .build()
-            .unwrap_or_default();
+            .user_agent("sluice-bundle");
+        if let Some(ca) = &options.ca_bundle {
+            builder = builder.tls_certs_merge(ca.certificates());
+        }
+        // Building fails only without a TLS backend, which this crate always compiles in.
+        let http = builder.build().unwrap_or_default();
         Self {
             http,
-            plain_http_hosts,
-            basic_auth,
+            plain_http_hosts: options.plain_http_hosts.clone(),
+            tls_hosts: options.tls_hosts.clone(),
+            credentials: options.credentials.clone(),
+            basic_auth: options.basic_auth.clone(),
             tokens: Mutex::new(HashMap::new()),
         }
     }
 
+    /// The credential for `repository` on `registry`: its entry in the registry config, else
+    /// the client-wide basic credentials.
+    fn credential(&self, registry: &str, repository: &str) -> Option<Credential> {
+        self.credentials
+            .for_repository(registry, repository)
+            .cloned()
+            .or_else(|| {
+                self.basic_auth
+                    .as_ref()
+                    .map(|(username, password)| Credential::Basic {
+                        username: username.clone(),
+                        password: password.clone(),
+                    })
+            })
+    }
+
     fn scheme(&self, registry: &str) -> &'static str {
-        if crate::client::is_loopback_host(registry)
-            || self.plain_http_hosts.iter().any(|h| h == registry)
-        {
+        if crate::client::plain_http(registry, &self.plain_http_hosts, &self.tls_hosts) {
             "http"
         } else {
             "https"
@@ -209,10 +236,14 @@ impl Fetcher {
                 Answer::Challenge(_) => break,
             }
         }
-        Err(BundleError::Registry {
+        Err(BundleError::Unauthorized {
+            registry: registry.to_owned(),
             reference: subject.to_owned(),
             action: action.to_owned(),
-            reason: "HTTP 401: the registry refused the credentials".into(),
+            reason: match self.credential(registry, repository) {
+                Some(c) => format!("the registry refused {}", describe(&c)),
+                None => "the registry wants credentials and none are configured for it".into(),
+            },
         })
     }
 
@@ -345,22 +376,35 @@ impl Fetcher {
         challenge: &str,
         action: &str,
     ) -> Result<String> {
+        let reference = format!("{registry}/{repository}");
         let refused = |reason: String| BundleError::Registry {
-            reference: format!("{registry}/{repository}"),
+            reference: reference.clone(),
             action: action.to_owned(),
             reason,
         };
+        let unauthorized = |reason: String| BundleError::Unauthorized {
+            registry: registry.to_owned(),
+            reference: reference.clone(),
+            action: action.to_owned(),
+            reason,
+        };
+        let credential = self.credential(registry, repository);
         let (scheme, params) = challenge.split_once(' ').unwrap_or((challenge, ""));
         if scheme.eq_ignore_ascii_case("basic") {
-            return match &self.basic_auth {
-                Some((user, password)) => {
+            return match &credential {
+                Some(Credential::Basic { username, password }) => {
                     use base64::Engine;
                     let pair = base64::engine::general_purpose::STANDARD
-                        .encode(format!("{user}:{password}"));
+                        .encode(format!("{username}:{password}"));
                     Ok(format!("Basic {pair}"))
                 }
-                None => Err(refused(
-                    "HTTP 401: the registry wants credentials and none are configured".into(),
+                Some(Credential::IdentityToken { .. }) => Err(unauthorized(
+                    "the registry asks for basic credentials and its config entry holds an \
+                     identitytoken only"
+                        .into(),
+                )),
+                None => Err(unauthorized(
+                    "the registry wants credentials and none are configured for it".into(),
                 )),
             };
         }
@@ -379,33 +423,66 @@ impl Fetcher {
                 "the token realm is plain HTTP while the registry is HTTPS; refused".into(),
             ));
         }
-        let mut url = realm.clone();
-        {
-            let mut q = url.query_pairs_mut();
-            q.append_pair("scope", &format!("repository:{repository}:pull"));
-            if let Some(service) = params.get("service") {
-                q.append_pair("service", service);
-            }
-        }
-        let mut request = self.http.get(url);
+        let scope = format!("repository:{repository}:pull");
         // Credentials go to a realm on the registry's own host only.
         let own_host = authority(&realm).eq_ignore_ascii_case(registry)
             || realm.host_str() == Some(host_of(registry));
-        if own_host && let Some((user, password)) = &self.basic_auth {
-            request = request.basic_auth(user, Some(password));
-        }
+        let request = match (&credential, own_host) {
+            (Some(Credential::IdentityToken { token }), true) => {
+                // OAuth2 refresh-token grant, as Docker's token specification describes it.
+                let mut form = vec![
+                    ("grant_type", "refresh_token".to_owned()),
+                    ("refresh_token", token.clone()),
+                    ("scope", scope.clone()),
+                    ("client_id", "sluice".to_owned()),
+                ];
+                if let Some(service) = params.get("service") {
+                    form.push(("service", service.clone()));
+                }
+                self.http.post(realm.clone()).form(&form)
+            }
+            (credential, own_host) => {
+                let mut url = realm.clone();
+                {
+                    let mut q = url.query_pairs_mut();
+                    q.append_pair("scope", &scope);
+                    if let Some(service) = params.get("service") {
+                        q.append_pair("service", service);
+                    }
+                }
+                let mut request = self.http.get(url);
+                if own_host && let Some(Credential::Basic { username, password }) = credential {
+                    request = request.basic_auth(username, Some(password));
+                }
+                request
+            }
+        };
         let response = tokio::time::timeout(Duration::from_secs(30), request.send())
             .await
             .map_err(|_| refused("the token service did not answer within 30s".into()))?
             .map_err(|e| BundleError::RegistryUnavailable {
                 registry: registry.to_owned(),
                 action: action.to_owned(),
-                reason: transport(&e),
+                reason: format!("token service: {}", transport(&e)),
             })?;
-        if !response.status().is_success() {
+        let status = response.status();
+        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+            let tried = match (&credential, own_host) {
+                (Some(c), true) => describe(c),
+                (Some(_), false) => "no credentials (its token service is on another host, \
+                                     which is never sent any)"
+                    .to_owned(),
+                (None, _) => "no credentials (none are configured for it)".to_owned(),
+            };
+            return Err(unauthorized(format!(
+                "its token service answered HTTP {} to {tried}",
+                status.as_u16()
+            )));
+        }
+        if !status.is_success() {
             return Err(refused(format!(
                 "the token service answered HTTP {}",
-                response.status().as_u16()
+                status.as_u16()
             )));
         }
         let body = read_capped(response, MAX_TOKEN_BYTES, "token")
@@ -419,6 +496,16 @@ impl Fetcher {
             .and_then(serde_json::Value::as_str)
             .ok_or_else(|| refused("the token answer holds no token".into()))?;
         Ok(format!("Bearer {token}"))
+    }
+}
+
+/// Which credential was tried, for messages: never the secret itself.
+fn describe(credential: &Credential) -> String {
+    match credential {
+        Credential::Basic { username, .. } => {
+            format!("the credentials of user {username:?}")
+        }
+        Credential::IdentityToken { .. } => "the identity token".to_owned(),
     }
 }
 
@@ -453,7 +540,7 @@ async fn read_capped(
 }
 
 /// The transport error, without any URL (it may carry a token query).
-fn transport(e: &reqwest::Error) -> String {
+pub(crate) fn transport(e: &reqwest::Error) -> String {
     let kind = if e.is_timeout() {
         "timed out"
     } else if e.is_connect() {
@@ -469,7 +556,15 @@ fn transport(e: &reqwest::Error) -> String {
         detail = c.to_string();
         cause = c.source();
     }
-    if detail.is_empty() {
+    let tls = ["certificate", "UnknownIssuer", "tls", "TLS", "handshake"]
+        .iter()
+        .any(|w| detail.contains(w));
+    if tls {
+        format!(
+            "TLS: the registry's certificate is not trusted ({detail}); give the CA that signed \
+             it (revert.registry.caConfigMap, or the plugin's --registry-ca)"
+        )
+    } else if detail.is_empty() {
         kind.to_owned()
     } else {
         format!("{kind}: {detail}")

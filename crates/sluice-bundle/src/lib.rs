@@ -54,6 +54,7 @@ pub mod archive;
 pub mod artifact;
 pub mod cache;
 pub mod client;
+pub mod credentials;
 pub mod error;
 pub mod fetch;
 pub mod keyless;
@@ -68,6 +69,7 @@ pub use client::{
     BundleClient, BundleRef, Inspection, Pushed, RegistryOptions, Signed, VerifiedBundle,
     inspection,
 };
+pub use credentials::{CaBundle, Credential, RegistryCredentials};
 pub use error::{BundleError, Result};
 pub use keyless::{Identity, Keyless, Matcher, TrustedRoot};
 pub use keys::{KeyPairPem, PublicKey, SigningKey, generate_key_pair};

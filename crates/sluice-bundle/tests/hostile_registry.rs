@@ -428,3 +428,66 @@ async fn a_redirect_loop_ends_with_an_error() {
     );
     assert_eq!(server.seen().len(), sluice_bundle::fetch::MAX_REDIRECTS + 1);
 }
+
+#[tokio::test]
+async fn a_token_realm_on_another_host_gets_no_credentials() {
+    let artifact = bundle();
+    // The token service answers anyone; it must never see the registry's credentials.
+    let tokens = Server::start(Arc::new(|_: &Seen| {
+        ok(br#"{"token":"issued-token"}"#.to_vec())
+    }))
+    .await;
+    let realm = format!("http://localhost:{}/token", tokens.addr.port());
+    let registry = Server::start({
+        let layer = artifact.layer.clone();
+        let inner = bundle_handler(&artifact, move |_| ok(layer.clone()));
+        Arc::new(move |req: &Seen| {
+            if req.authorization.as_deref() == Some("Bearer issued-token") {
+                inner(req)
+            } else {
+                Reply::Full(
+                    401,
+                    vec![(
+                        "WWW-Authenticate".into(),
+                        format!("Bearer realm=\"{realm}\",service=\"registry\""),
+                    )],
+                    vec![],
+                )
+            }
+        })
+    })
+    .await;
+    let mut credentials = sluice_bundle::RegistryCredentials::none();
+    credentials.insert(
+        &registry.host(),
+        sluice_bundle::Credential::Basic {
+            username: "user".into(),
+            password: "secret".into(),
+        },
+    );
+    let reference = format!(
+        "{}/mesh/config@{}",
+        registry.host(),
+        artifact.manifest_digest
+    );
+    let pulled = client(RegistryOptions {
+        credentials,
+        ..RegistryOptions::default()
+    })
+    .pull(&reference)
+    .await
+    .expect("pulled with the token");
+    assert_eq!(pulled.content_digest(), artifact.content_digest());
+    let at_tokens = tokens.seen();
+    assert!(!at_tokens.is_empty(), "the token service was asked");
+    assert!(
+        at_tokens.iter().all(|s| s.authorization.is_none()),
+        "credentials leaked to a token realm on another host: {at_tokens:?}"
+    );
+    assert!(
+        registry.seen().iter().all(|s| s.authorization.is_none()
+            || s.authorization.as_deref() == Some("Bearer issued-token")),
+        "{:?}",
+        registry.seen()
+    );
+}
