@@ -1133,6 +1133,7 @@ impl<S: MetricsSource> Engine<S> {
                     .unwrap_or(jiff::SignedDuration::ZERO);
                 Ok(CapturedBaseline {
                     gate: check.gate.name.clone(),
+                    scope: None,
                     value,
                     samples: r.samples.map(|s| s.max(0.0).round() as u64),
                     window_start: Time(change_start.checked_sub(window).unwrap_or(change_start)),

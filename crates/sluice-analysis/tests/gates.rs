@@ -336,6 +336,7 @@ async fn query_error_provider_down_and_slow_provider_are_inconclusive() {
             ..GateDefinition::default()
         },
         variables: BTreeMap::new(),
+        locked: false,
     };
     let gate = Gate {
         name: "broken".into(),
@@ -849,6 +850,7 @@ async fn the_documented_gate_template_batches_by_version() {
             ..GateDefinition::default()
         },
         variables: BTreeMap::new(),
+        locked: false,
     };
     let gate = Gate {
         name: "errors".into(),

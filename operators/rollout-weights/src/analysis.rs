@@ -45,6 +45,10 @@ pub struct Plan {
     pub problems: Vec<Misconfigured>,
     /// The Rollout's Inconclusive policy, for the gates that could not be resolved.
     pub inconclusive: InconclusivePolicy,
+    /// Overrides a locked GateTemplate refuses, one message per gate naming the gate, the
+    /// template and the fields: the gate is judged as the template defines it, and the Rollout
+    /// is not Ready until the overrides are removed.
+    pub refused: Vec<String>,
 }
 
 /// A gate that cannot be evaluated as configured: a missing GateTemplate, a template variable
@@ -231,11 +235,22 @@ pub fn plan(
     } else {
         spec.effective_gates()
     };
+    let mut refused = Vec::new();
     for gate in gates {
         let template = gate.template_ref.as_ref().and_then(|t| templates.get(t));
+        let overrides = gate.locked_overrides(template);
+        if !overrides.is_empty() {
+            refused.push(format!(
+                "spec.gates {}: GateTemplate {} is locked: {} cannot be overridden (the template's values apply)",
+                gate.name,
+                gate.template_ref.as_deref().unwrap_or_default(),
+                overrides.join(", ")
+            ));
+        }
         let mut g = gate.clone();
+        // A locked template keeps its own policy (or the default): the Rollout's does not apply.
         if g.definition.inconclusive.is_none()
-            && template.is_none_or(|t| t.definition.inconclusive.is_none())
+            && template.is_none_or(|t| t.definition.inconclusive.is_none() && !t.locked)
         {
             g.definition.inconclusive = Some(spec.inconclusive.clone());
         }
@@ -302,6 +317,7 @@ pub fn plan(
         share_index,
         problems,
         inconclusive: spec.inconclusive.clone(),
+        refused,
     }
 }
 
@@ -391,6 +407,7 @@ fn scope_sequential(
 /// actions, the applied share (percent), and the first reason the source failed.
 pub fn findings(plan: &Plan, outcomes: &[CheckOutcome], now: Timestamp) -> Findings {
     let mut out = Findings::default();
+    out.problems.extend(plan.refused.iter().cloned());
     for p in &plan.problems {
         let v = misconfigured_verdict(&p.gate, &p.message, p.previous.as_ref(), now);
         let act = policy_action(&plan.inconclusive, &v, now);
@@ -881,6 +898,62 @@ mod tests {
         };
         let p = plan(&s, &aborted, ("shop", "checkout"), "c1", &HashMap::new());
         assert!(p.checks.iter().all(|c| c.sequential.is_none()));
+    }
+
+    #[test]
+    fn a_rollout_cannot_weaken_a_locked_gate_template() {
+        let template: GateTemplateSpec = serde_json::from_value(serde_json::json!({
+            "builtin": "ErrorRatioVsStable",
+            "comparison": {"absolute": {"op": "LessOrEqual", "value": 0.01}},
+            "window": "2m",
+            "locked": true,
+        }))
+        .unwrap();
+        let templates = HashMap::from([("platform-5xx".to_owned(), template.clone())]);
+        let s = spec(serde_json::json!([
+            {"name": "errors", "templateRef": "platform-5xx",
+             "comparison": {"absolute": {"op": "LessOrEqual", "value": 0.5}},
+             "window": "30m", "inconclusive": {"action": "Continue", "after": "1s"}}
+        ]));
+        let status = RolloutStatus {
+            phase: RolloutPhase::Progressing,
+            current_step_index: Some(0),
+            desired_weight: Some(5),
+            ..Default::default()
+        };
+        let p = plan(&s, &status, ("shop", "checkout"), "c1", &templates);
+        let errors = p.checks.iter().find(|c| c.gate.name == "errors").unwrap();
+        // Judged as the platform defined it: its threshold, its window, the default policy (not
+        // the gate's Continue, nor the Rollout's Abort after 30s).
+        assert_eq!(
+            errors.gate.comparison.absolute.as_ref().map(|a| a.value),
+            Some(0.01)
+        );
+        assert_eq!(errors.gate.window, Duration::from_secs(120));
+        assert_eq!(errors.gate.inconclusive_action, InconclusiveAction::Pause);
+        assert_eq!(errors.gate.inconclusive_after, Duration::from_secs(300));
+        assert!(p.judged.contains(&"errors".to_owned()));
+        assert_eq!(
+            p.refused,
+            vec![
+                "spec.gates errors: GateTemplate platform-5xx is locked: comparison, window, \
+                 inconclusive cannot be overridden (the template's values apply)"
+                    .to_owned()
+            ]
+        );
+        // The refusal reaches the Rollout's Ready condition through the findings.
+        let f = findings(&p, &[], t(0));
+        assert_eq!(f.problems, p.refused);
+        // Unlocked, the same overrides apply and nothing is refused.
+        let open = GateTemplateSpec {
+            locked: false,
+            ..template
+        };
+        let templates = HashMap::from([("platform-5xx".to_owned(), open)]);
+        let p = plan(&s, &status, ("shop", "checkout"), "c1", &templates);
+        let errors = p.checks.iter().find(|c| c.gate.name == "errors").unwrap();
+        assert_eq!(errors.gate.window, Duration::from_secs(1800));
+        assert!(p.refused.is_empty());
     }
 
     #[test]

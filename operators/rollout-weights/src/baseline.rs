@@ -96,6 +96,7 @@ mod tests {
     fn kept(gate: &str, end: i64) -> CapturedBaseline {
         CapturedBaseline {
             gate: gate.into(),
+            scope: None,
             value: 0.01,
             samples: Some(500),
             window_start: Time(t(end - 120)),

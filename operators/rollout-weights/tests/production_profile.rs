@@ -346,7 +346,10 @@ async fn at_20_requests_per_second_a_healthy_1_percent_step_is_held_with_its_rea
     assert_eq!(share.status, "True", "{}", share.message);
     let confirmed = status.history[0].share_confirmed_at.as_ref().unwrap();
     let took = confirmed.0.duration_since(status.history[0].started_at.0);
-    println!("20 requests/s: the 1% share confirmed after {} s", took.as_secs());
+    println!(
+        "20 requests/s: the 1% share confirmed after {} s",
+        took.as_secs()
+    );
     assert!(took.as_secs() <= 15 * 60, "{took:?}");
     let progressing = status
         .conditions

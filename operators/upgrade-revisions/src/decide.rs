@@ -20,7 +20,8 @@ use std::{
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use sluice_analysis::GateAction;
 use sluice_api::v1alpha1::{
-    GateVerdict, RevisionUpgradePhase, RevisionUpgradeSpec, RevisionUpgradeStatus,
+    CapturedBaseline, GateVerdict, RevisionUpgradePhase, RevisionUpgradeSpec,
+    RevisionUpgradeStatus,
     revision_upgrade::{
         IssuanceBudgetStatus, NamespaceProgress, NamespaceState, ProxyCounts, RelabelDetection,
         RestartMode, UpgradeWaveState, UpgradeWaveStatus, WorkloadReport, conditions, reasons,
@@ -123,6 +124,9 @@ pub struct GateReport {
     pub verdicts: Vec<GateVerdict>,
     /// What the verdicts ask for together: the most severe of the gates' actions.
     pub action: Option<GateAction>,
+    /// The pre-wave baselines the verdicts were judged against (window ending at the wave's
+    /// start), kept in `status.capturedBaselines`.
+    pub baselines: Vec<CapturedBaseline>,
 }
 
 /// Something the reconcile must do after the status is written.
@@ -931,6 +935,7 @@ impl Tick<'_> {
         // Gates judge the wave from its start; a Fail aborts at any point.
         if let Some(report) = self.obs.gates.as_ref().filter(|g| g.wave == wave_name) {
             self.next.waves[index].gates = report.verdicts.clone();
+            self.next.captured_baselines = report.baselines.clone();
             if report.action == Some(GateAction::Abort) {
                 let failed: Vec<String> = report
                     .verdicts
@@ -2347,6 +2352,7 @@ mod upgrade_tests {
             wave: wave.unwrap_or_default().to_owned(),
             verdicts: Vec::new(),
             action: Some(action),
+            baselines: Vec::new(),
         })
     }
 

@@ -41,9 +41,9 @@ use serde_json::json;
 use sluice_analysis::{Engine, EngineOptions, GateAction, GateCheck, PrometheusSource};
 use sluice_api::v1alpha1::GateQuery;
 use sluice_api::v1alpha1::{
-    GateTemplate, GateVerdict, RevisionUpgrade, RevisionUpgradeSpec, RevisionUpgradeStatus,
-    Verdict, VerdictReason,
-    revision_upgrade::{NamespaceState, UpgradeWaveState},
+    BaselineSource, CapturedBaseline, GateTemplate, GateVerdict, RevisionUpgrade,
+    RevisionUpgradeSpec, RevisionUpgradeStatus, Verdict, VerdictReason,
+    revision_upgrade::{NamespaceState, UpgradeWaveState, UpgradeWaveStatus},
 };
 use sluice_runtime::{
     Categorized, Category,
@@ -1078,15 +1078,12 @@ async fn gates(
             let mut check = GateCheck::new(owner, resolved.clone(), vars);
             check.owner_namespaced = false;
             check.previous = previous.clone();
-            check.captured_baseline = status
-                .captured_baselines
-                .iter()
-                .find(|b| b.gate == gate.name)
-                .cloned();
             checks.push(check);
             of_gate.push(names.len() - 1);
         }
     }
+    let (baselines, missing_baselines) =
+        pre_wave_baselines(m, status, wave, &mut checks, now).await;
     let report = m.engine.tick(&checks, now).await;
     let severity = |a: GateAction| match a {
         GateAction::Proceed => 0,
@@ -1103,7 +1100,9 @@ async fn gates(
         (Verdict::Pass, _) => 0,
     };
     let mut worst: Vec<Option<(GateVerdict, GateAction)>> = vec![None; names.len()];
-    for ((check, outcome), gate) in checks.iter().zip(report.outcomes).zip(&of_gate) {
+    for (i, ((check, outcome), gate)) in
+        checks.iter().zip(report.outcomes).zip(&of_gate).enumerate()
+    {
         let (mut verdict, a) = match outcome.verdict {
             Ok(v) => {
                 let a = sluice_analysis::action(&check.gate, &v, now);
@@ -1125,6 +1124,10 @@ async fn gates(
                 (v, a)
             }
         };
+        if let Some(why) = missing_baselines.get(&i) {
+            let m = verdict.message.take().unwrap_or_default();
+            verdict.message = Some(format!("{m}: {why}"));
+        }
         if check.vars.contains_key("namespace")
             && let Some(ns) = check.vars.get("namespace")
         {
@@ -1154,6 +1157,7 @@ async fn gates(
         wave: wave.name.clone(),
         verdicts,
         action: Some(action),
+        baselines,
     };
     ctx.memory
         .lock()
@@ -1162,6 +1166,72 @@ async fn gates(
         .or_default()
         .gates = Some((now, report.clone()));
     Some(report)
+}
+
+/// The pre-wave baselines of the `checks` compared with `baseline: PreChangeWindow`: each
+/// check's own reading (same gate, same namespace) over the window that ends when the wave
+/// started, before its first relabel and restart. Kept ones (status) are reused; missing ones are
+/// captured now (queried at the wave's start, so a later capture reads the same pre-wave data).
+/// Returns the baselines to keep and, per check left without one, why (the check then stays
+/// Inconclusive `BaselineMissing` under its gate's policy, and the capture is tried again at the
+/// next evaluation).
+async fn pre_wave_baselines(
+    m: &Metrics,
+    status: &RevisionUpgradeStatus,
+    wave: &UpgradeWaveStatus,
+    checks: &mut [GateCheck],
+    now: Timestamp,
+) -> (Vec<CapturedBaseline>, BTreeMap<usize, String>) {
+    let mut kept = Vec::new();
+    let mut why = BTreeMap::new();
+    let Some(start) = wave.started_at.as_ref().map(|t| t.0) else {
+        return (kept, why);
+    };
+    let mut missing = Vec::new();
+    for (i, check) in checks.iter_mut().enumerate() {
+        let pre_wave = check
+            .gate
+            .comparison
+            .relative
+            .as_ref()
+            .is_some_and(|r| r.baseline == BaselineSource::PreChangeWindow);
+        if !pre_wave {
+            continue;
+        }
+        let scope = check.vars.get("namespace").cloned();
+        match status
+            .captured_baselines
+            .iter()
+            .find(|b| b.gate == check.gate.name && b.scope == scope && b.window_end.0 == start)
+        {
+            Some(b) => {
+                check.captured_baseline = Some(b.clone());
+                kept.push(b.clone());
+            }
+            None => missing.push(i),
+        }
+    }
+    if missing.is_empty() {
+        return (kept, why);
+    }
+    let wanted: Vec<GateCheck> = missing.iter().map(|&i| checks[i].clone()).collect();
+    let captured = m.engine.capture_baselines(&wanted, start, now).await;
+    for (&i, result) in missing.iter().zip(captured) {
+        match result {
+            Ok(mut b) => {
+                b.scope = checks[i].vars.get("namespace").cloned();
+                checks[i].captured_baseline = Some(b.clone());
+                kept.push(b);
+            }
+            Err(e) => {
+                why.insert(
+                    i,
+                    format!("no baseline captured before the wave started ({e})"),
+                );
+            }
+        }
+    }
+    (kept, why)
 }
 
 /// A gate that could not be evaluated: Inconclusive with the reason in the message.

@@ -534,8 +534,33 @@ impl Gate {
         }
     }
 
+    /// The fields this gate sets beside `templateRef` that `template` refuses because it is
+    /// `locked` (empty when it is not locked, or the gate names no template), in the API's
+    /// spelling.
+    pub fn locked_overrides(&self, template: Option<&GateTemplateSpec>) -> Vec<&'static str> {
+        if self.template_ref.is_none() || !template.is_some_and(|t| t.locked) {
+            return Vec::new();
+        }
+        let d = &self.definition;
+        [
+            ("promql", d.promql.is_some()),
+            ("builtin", d.builtin.is_some()),
+            ("comparison", d.comparison.is_some()),
+            ("window", d.window.is_some()),
+            ("minSamples", d.min_samples.is_some()),
+            ("consecutiveFailures", d.consecutive_failures.is_some()),
+            ("inconclusive", d.inconclusive.is_some()),
+            ("interval", d.interval.is_some()),
+            ("variables", !self.variables.is_empty()),
+        ]
+        .into_iter()
+        .filter_map(|(field, set)| set.then_some(field))
+        .collect()
+    }
+
     /// Applies `template` (the GateTemplate named by `templateRef`, looked up by the caller) and
-    /// fills in defaults. Pure: the caller supplies the template.
+    /// fills in defaults; a `locked` template's fields apply as they are, whatever the gate sets.
+    /// Pure: the caller supplies the template.
     pub fn resolve(
         &self,
         template: Option<&GateTemplateSpec>,
@@ -550,7 +575,11 @@ impl Gate {
             (Some(_), Some(t)) => t.definition.clone(),
             (None, _) => GateDefinition::default(),
         };
-        let d = &self.definition;
+        // A locked template is the platform's gate: nothing the gate sets beside `templateRef`
+        // applies (see `locked_overrides`, which the owner reports).
+        let locked = template.is_some_and(|t| t.locked) && self.template_ref.is_some();
+        let none = GateDefinition::default();
+        let d = if locked { &none } else { &self.definition };
         let promql = if d.promql.is_some() || d.builtin.is_some() {
             d.promql.clone()
         } else {
@@ -603,7 +632,9 @@ impl Gate {
             .unwrap_or_default();
         let inconclusive_after = parse_field(&self.name, "inconclusive.after", &policy.after)?;
         let mut variables = template.map(|t| t.variables.clone()).unwrap_or_default();
-        variables.extend(self.variables.clone());
+        if !locked {
+            variables.extend(self.variables.clone());
+        }
         Ok(ResolvedGate {
             name: self.name.clone(),
             template: self.template_ref.clone(),
@@ -771,6 +802,11 @@ pub struct CapturedBaseline {
     /// Name of the gate the baseline belongs to.
     #[schemars(length(max = 63))]
     pub gate: String,
+    /// The part of the owner the gate judges separately, when it judges several (a
+    /// RevisionUpgrade's gate naming `{{namespace}}`: the namespace). `None`: the whole owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub scope: Option<String>,
     /// The baseline value, in the query's unit.
     pub value: f64,
     /// Samples seen in the baseline window.
@@ -805,6 +841,68 @@ mod tests {
     }
 
     #[test]
+    fn a_locked_template_applies_as_it_is_and_names_each_refused_override() {
+        let locked = GateTemplateSpec {
+            description: None,
+            definition: template_def(),
+            variables: [("job".to_owned(), "mesh".to_owned())].into(),
+            locked: true,
+        };
+        let weakened = Gate {
+            name: "platform-errors".into(),
+            template_ref: Some("platform-5xx".into()),
+            definition: GateDefinition {
+                comparison: Some(Comparison::absolute(ComparisonOp::LessThan, 50.0)),
+                window: Some("1h".into()),
+                min_samples: Some(1_000_000),
+                inconclusive: Some(InconclusivePolicy {
+                    action: InconclusiveAction::Continue,
+                    after: DurationString::new("1s"),
+                }),
+                ..GateDefinition::default()
+            },
+            variables: [("job".to_owned(), "other".to_owned())].into(),
+        };
+        assert_eq!(
+            weakened.locked_overrides(Some(&locked)),
+            vec![
+                "comparison",
+                "window",
+                "minSamples",
+                "inconclusive",
+                "variables"
+            ]
+        );
+        let r = weakened.resolve(Some(&locked)).unwrap();
+        assert_eq!(
+            r.comparison,
+            Comparison::absolute(ComparisonOp::LessThan, 0.5)
+        );
+        assert_eq!(r.window, std::time::Duration::from_secs(300));
+        assert_eq!(r.min_samples, 10);
+        assert_eq!(r.consecutive_failures, 3);
+        assert_eq!(r.inconclusive_action, InconclusiveAction::Pause);
+        assert_eq!(r.variables.get("job").map(String::as_str), Some("mesh"));
+        // Unlocked, the same gate overrides; a gate setting only its name and templateRef
+        // overrides nothing.
+        let open = GateTemplateSpec {
+            locked: false,
+            ..locked.clone()
+        };
+        assert!(weakened.locked_overrides(Some(&open)).is_empty());
+        assert_eq!(
+            weakened.resolve(Some(&open)).unwrap().min_samples,
+            1_000_000
+        );
+        let plain = Gate {
+            definition: GateDefinition::default(),
+            variables: BTreeMap::new(),
+            ..weakened
+        };
+        assert!(plain.locked_overrides(Some(&locked)).is_empty());
+    }
+
+    #[test]
     fn resolve_table() {
         let tdef = template_def();
         let tvars: BTreeMap<String, String> = [("job".to_owned(), "mesh".to_owned())].into();
@@ -812,6 +910,7 @@ mod tests {
             description: None,
             definition: tdef,
             variables: tvars,
+            locked: false,
         };
         let by_ref = Gate {
             name: "g".into(),

@@ -52,10 +52,20 @@ pub struct GateTemplateSpec {
     /// 5m), interval (default: the owner's).
     #[serde(flatten)]
     pub definition: GateDefinition,
-    /// Default values of extra `{{key}}` variables; gates may override them. At most 16 entries.
+    /// Default values of extra `{{key}}` variables; gates may override them unless the template
+    /// is `locked`. At most 16 entries.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "super::common::variables_schema")]
     pub variables: BTreeMap<String, String>,
+    /// The platform's gate: a gate referencing a locked template is judged exactly as the
+    /// template defines it. Any field the gate sets beside `templateRef` (`promql`, `builtin`,
+    /// `comparison`, `window`, `minSamples`, `consecutiveFailures`, `inconclusive`, `interval`,
+    /// `variables`) is refused: it is not applied, and the owner reports `Ready=False` (reason
+    /// `GateMisconfigured`) naming the gate, the template and the field. The owner's default
+    /// Inconclusive policy does not apply to it either (the template's, or Pause after 5m).
+    /// Default false: gates may override the template's fields.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub locked: bool,
 }
 
 /// Observed state of a GateTemplate, written by rollout-weights (its field manager): whether the

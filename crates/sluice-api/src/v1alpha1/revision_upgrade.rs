@@ -210,11 +210,34 @@ pub const UPGRADE_MESH_ERROR_RATIO: &str = concat!(
     " or label_replace(sum by ({{by}}) (increase(istio_requests_total{reporter=\"source\", cluster=\"{{cluster}}\", destination_service_namespace=\"{{namespace}}\"}[{{window}}])), \"sluice_part\", \"samples\", \"\", \"\")"
 );
 
-/// The gates a RevisionUpgrade judges when it names none: the mesh error ratio of each moved
-/// namespace (at most 1%, at least 20 requests, two failing evaluations in a row; Inconclusive
-/// for 2m continues: a namespace with too little traffic is no news) and no xDS NACK increase
-/// in the cluster (any NACK of the new revision's config fails; a cluster-wide count is not
-/// diluted). Both need only the variables the upgrade supplies.
+/// The default gates' p99 latency, per namespace of the wave: the 99th percentile (ms) of the
+/// requests to the namespace's services as their sources report them, and the request count as
+/// samples. Judged against the same query over the window that ends when the wave started
+/// (before its first restart), captured once and kept in `status.capturedBaselines`.
+pub const UPGRADE_LATENCY_P99: &str = concat!(
+    "label_replace(histogram_quantile(0.99, sum by (le, {{by}}) (rate(istio_request_duration_milliseconds_bucket{reporter=\"source\", cluster=\"{{cluster}}\", destination_service_namespace=\"{{namespace}}\"}[{{window}}]))), \"sluice_part\", \"value\", \"\", \"\")",
+    " or label_replace(sum by ({{by}}) (increase(istio_requests_total{reporter=\"source\", cluster=\"{{cluster}}\", destination_service_namespace=\"{{namespace}}\"}[{{window}}])), \"sluice_part\", \"samples\", \"\", \"\")"
+);
+
+/// The default p99 gate's allowed rise: at most this many times the namespace's pre-wave p99…
+pub const UPGRADE_LATENCY_P99_FACTOR: f64 = 1.5;
+/// …plus this many milliseconds.
+pub const UPGRADE_LATENCY_P99_SLACK_MS: f64 = 25.0;
+
+/// The gates a RevisionUpgrade judges when it names none:
+/// - the mesh error ratio of each moved namespace (at most 1%, at least 20 requests, two failing
+///   evaluations in a row; Inconclusive for 2m continues: a namespace with too little traffic is
+///   no news);
+/// - the p99 latency of each moved namespace against its own p99 before the wave started: at
+///   most 1.5 × baseline + 25 ms, at least 200 requests in the 2m window and in the baseline's
+///   (two in the 1% tail), two failing evaluations in a row, Inconclusive for 2m continues. A
+///   new sidecar adds about a millisecond; a rise of half the service's own tail is a
+///   regression, not noise. The 25 ms floor keeps a fast service (p99 of a few ms) from failing
+///   on a handful of requests crossing Istio's coarse buckets (10, 25, 50 ms);
+/// - no xDS NACK increase in the cluster (any NACK of the new revision's config fails; a
+///   cluster-wide count is not diluted).
+///
+/// All need only the variables the upgrade supplies.
 pub fn default_gates() -> Vec<Gate> {
     let mut errors = Gate {
         name: "mesh-error-ratio".into(),
@@ -236,8 +259,33 @@ pub fn default_gates() -> Vec<Gate> {
         variables: BTreeMap::new(),
     };
     errors.definition.window = Some(DurationString::new("2m"));
+    let mut comparison = super::gate::Comparison::relative(
+        super::gate::BaselineSource::PreChangeWindow,
+        UPGRADE_LATENCY_P99_FACTOR,
+    );
+    if let Some(r) = comparison.relative.as_mut() {
+        r.slack = Some(UPGRADE_LATENCY_P99_SLACK_MS);
+    }
+    let latency = Gate {
+        name: "latency-p99".into(),
+        template_ref: None,
+        definition: super::gate::GateDefinition {
+            promql: Some(UPGRADE_LATENCY_P99.into()),
+            comparison: Some(comparison),
+            window: Some(DurationString::new("2m")),
+            min_samples: Some(200),
+            consecutive_failures: Some(2),
+            inconclusive: Some(InconclusivePolicy {
+                action: super::gate::InconclusiveAction::Continue,
+                after: DurationString::new("2m"),
+            }),
+            ..Default::default()
+        },
+        variables: BTreeMap::new(),
+    };
     vec![
         errors,
+        latency,
         Gate::builtin("xds-nack-increase", BuiltinGate::XdsNackIncrease),
     ]
 }
@@ -717,6 +765,6 @@ mod tests {
         assert_eq!(spec.restart, RestartMode::Evict);
         assert_eq!(spec.soak_of(1).unwrap().as_str(), "15m");
         assert_eq!(spec.soak_of(3), None);
-        assert_eq!(spec.effective_gates().len(), 2);
+        assert_eq!(spec.effective_gates().len(), 3);
     }
 }
