@@ -1138,6 +1138,53 @@ mod tests {
         assert_eq!(parse_answer(url, 200, empty).unwrap(), vec![]);
     }
 
+    #[tokio::test]
+    async fn a_warning_reaches_the_gate_verdict_as_a_query_error() {
+        use crate::engine::{Engine, EngineOptions, GateCheck};
+        use sluice_api::v1alpha1::{BuiltinGate, Gate, Verdict, VerdictReason};
+        let url = stub(|_| {
+            Stub::Answer(
+                200,
+                br#"{"status":"success","warnings":["store east-2 unavailable"],"data":{"resultType":"vector","result":[]}}"#
+                    .to_vec(),
+            )
+        })
+        .await;
+        let engine = Engine::new(
+            PrometheusSource::new(PrometheusConfig::new(url)),
+            EngineOptions::default(),
+        )
+        .unwrap();
+        let gate = Gate::builtin("errors", BuiltinGate::ErrorRatioVsStable)
+            .resolve(None)
+            .unwrap();
+        let vars = [
+            ("cluster", "east-1"),
+            ("namespace", "shop"),
+            ("canaryService", "checkout-v2"),
+            ("stableService", "checkout-v1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let check = GateCheck::new("Rollout shop/checkout", gate, vars);
+        let report = engine
+            .tick(
+                std::slice::from_ref(&check),
+                Timestamp::from_second(1_800_000_000).unwrap(),
+            )
+            .await;
+        let verdict = report.outcomes[0].verdict.clone().expect("a verdict");
+        assert_eq!(verdict.reason, VerdictReason::QueryError);
+        assert_ne!(verdict.verdict, Verdict::Pass);
+        let message = verdict.message.unwrap_or_default();
+        assert!(
+            message.contains("answered with warnings")
+                && message.contains("store east-2 unavailable"),
+            "{message}"
+        );
+    }
+
     #[test]
     fn refused_credentials_say_what_to_check() {
         for status in [401u16, 403] {
