@@ -41,8 +41,16 @@ pub fn rules_writer(meta: &ObjectMeta) -> Option<String> {
 }
 
 /// The state machine's view of the route: this operator's parts, or why it cannot be governed
-/// (no managed rule, or a step whose edit does not fit the route or the installed CRD).
-pub fn route(route: &HttpRoute, target: &Target, spec: &RolloutSpec, crd: CrdSupport) -> RouteObs {
+/// (no managed rule, or a step whose edit does not fit the route or the installed CRD, or a
+/// mirror step that would take requests from a rule of one of `others`, the routes that may
+/// share the route's parent and hostname).
+pub fn route(
+    route: &HttpRoute,
+    others: &[HttpRoute],
+    target: &Target,
+    spec: &RolloutSpec,
+    crd: CrdSupport,
+) -> RouteObs {
     let observed = match route_edit::observe(route, target) {
         Ok(o) => o,
         Err(e) => {
@@ -67,7 +75,10 @@ pub fn route(route: &HttpRoute, target: &Target, spec: &RolloutSpec, crd: CrdSup
         last_writer: rules_writer(&route.metadata),
     };
     for index in 0..spec.steps.len() {
-        if let Err(e) = route_edit::apply(route, target, &desired_at(spec, index), crd) {
+        let desired = desired_at(spec, index);
+        let fits = route_edit::apply(route, target, &desired, crd)
+            .and_then(|_| route_edit::mirror_clash(route, others, target, &desired));
+        if let Err(e) = fits {
             return RouteObs::Unusable {
                 reason: e.category(),
                 message: format!("step {index}: {e}"),
@@ -301,7 +312,7 @@ mod tests {
         ];
         for (name, r, steps, crd, want) in table {
             let s = spec(steps);
-            let got = route(&r, &target(&s, "shop", "checkout"), &s, crd);
+            let got = route(&r, &[], &target(&s, "shop", "checkout"), &s, crd);
             match (got, want) {
                 (RouteObs::Present(state), Ok(w)) => {
                     assert_eq!(state.canary_weight, w, "{name}");

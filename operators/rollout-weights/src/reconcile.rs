@@ -637,9 +637,22 @@ pub async fn reconcile(
             format!("HTTPRoute {}", obj.spec.route_ref.name),
             &key,
         ))?;
+    // A mirror rule competes with every route on the same parent and hostname: the namespace's
+    // routes are read only when a step mirrors.
+    let mirrors = obj.spec.steps.iter().any(|s| s.mirror.is_some());
+    let others = match &route {
+        Some(_) if mirrors && !deleting => {
+            routes
+                .list(&Default::default())
+                .await
+                .map_err(read_err(format!("HTTPRoutes in {ns}"), &key))?
+                .items
+        }
+        _ => Vec::new(),
+    };
     let route_obs = match &route {
         None => RouteObs::Missing,
-        Some(r) => observe::route(r, &target, &obj.spec, crd),
+        Some(r) => observe::route(r, &others, &target, &obj.spec, crd),
     };
     let current = obj.status.clone().unwrap_or_default();
     // Readiness before any live weight; the version whenever a plan runs (a new version

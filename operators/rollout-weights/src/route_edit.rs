@@ -34,7 +34,8 @@ use serde_json::Value;
 use sluice_api::{
     external::http_route::{
         BackendObjectReference, FILTER_REQUEST_MIRROR, HttpBackendRef, HttpHeaderMatch, HttpRoute,
-        HttpRouteFilter, HttpRouteMatch, HttpRouteRule, MAX_MATCHES, MAX_RULES, RequestMirror,
+        HttpRouteFilter, HttpRouteMatch, HttpRouteRule, MAX_MATCHES, MAX_RULES, ParentReference,
+        RequestMirror,
     },
     v1alpha1::rollout::{
         HeaderMatch, HeaderMatchType, HttpMethod, ROUTE_OWNER_ANNOTATION, reasons,
@@ -213,6 +214,24 @@ pub enum EditError {
         /// A mirrored method.
         method: String,
     },
+    /// A rule of another HTTPRoute on the same parent and hostname matches the same path
+    /// without a method: Gateway API precedence spans every rule of the routes attached to a
+    /// parent for a hostname, so the mirror rule would take that route's requests too.
+    #[error(
+        "HTTPRoute {route}: HTTPRoute {other} on the same parent and hostname has rule {rule} matching path {path} without a method, so the mirror rule (that path plus method {method}) would take its requests under Gateway API precedence (precedence spans every route on a parent and hostname); remove the mirror step or give that rule a distinct path or its own method match"
+    )]
+    MirrorWouldCaptureOtherRoute {
+        /// Route name.
+        route: String,
+        /// The other route's name.
+        other: String,
+        /// The other route's rule name, or its index.
+        rule: String,
+        /// The shared path.
+        path: String,
+        /// A mirrored method.
+        method: String,
+    },
     /// Another backend of the managed rule carries weight: a canary weight would not be the
     /// canary's share, and an abort would leave that backend live.
     #[error(
@@ -246,7 +265,8 @@ impl EditError {
             EditError::RouteFull { .. } | EditError::NoBackendRoom { .. } => "RouteFull",
             EditError::FieldPruned { .. } => "RouteFieldPruned",
             EditError::CohortHeaderTaken { .. } => "InvalidSpec",
-            EditError::MirrorWouldCapture { .. } => reasons::MIRROR_WOULD_CAPTURE,
+            EditError::MirrorWouldCapture { .. }
+            | EditError::MirrorWouldCaptureOtherRoute { .. } => reasons::MIRROR_WOULD_CAPTURE,
             EditError::OtherBackendWeighted { .. } => reasons::OTHER_BACKEND_WEIGHTED,
         }
     }
@@ -474,6 +494,87 @@ fn set_weights(
     }
     if let Some(b) = rule.backend_mut(&target.stable) {
         b.weight = Some(100 - canary);
+    }
+    Ok(())
+}
+
+/// Whether two routes compete for the same requests: they share a parent (same group, kind,
+/// namespace and name; a listener named or numbered on both must be the same) and a hostname
+/// (a route without hostnames takes every hostname of its listener; `*.example.com` takes
+/// every subdomain).
+fn share_parent_and_hostname(a: &HttpRoute, b: &HttpRoute) -> bool {
+    let ns = |r: &HttpRoute| r.metadata.namespace.clone().unwrap_or_default();
+    let key = |r: &HttpRoute, p: &ParentReference| {
+        (
+            p.group
+                .clone()
+                .unwrap_or_else(|| "gateway.networking.k8s.io".into()),
+            p.kind.clone().unwrap_or_else(|| "Gateway".into()),
+            p.namespace.clone().unwrap_or_else(|| ns(r)),
+            p.name.clone(),
+        )
+    };
+    let same_listener = |x: &ParentReference, y: &ParentReference| {
+        let agree = |u: &Option<String>, v: &Option<String>| u.is_none() || v.is_none() || u == v;
+        let port = |p: &ParentReference| p.port.map(|n| n.to_string());
+        agree(&x.section_name, &y.section_name) && agree(&port(x), &port(y))
+    };
+    let parents = |r: &HttpRoute| r.spec.parent_refs.clone().unwrap_or_default();
+    let shared_parent = parents(a).iter().any(|x| {
+        parents(b)
+            .iter()
+            .any(|y| key(a, x) == key(b, y) && same_listener(x, y))
+    });
+    if !shared_parent {
+        return false;
+    }
+    let hosts = |r: &HttpRoute| r.spec.hostnames.clone().unwrap_or_default();
+    let (ha, hb) = (hosts(a), hosts(b));
+    if ha.is_empty() || hb.is_empty() {
+        return true;
+    }
+    let covers = |pattern: &str, host: &str| match pattern.strip_prefix('*') {
+        Some(suffix) => host.ends_with(suffix) && host.len() > suffix.len(),
+        None => pattern == host,
+    };
+    ha.iter()
+        .any(|x| hb.iter().any(|y| x == y || covers(x, y) || covers(y, x)))
+}
+
+/// Refuses a mirror that would take requests from a rule of another route on the same parent
+/// and hostname (`others`: the routes that may share them; the route itself is skipped). The
+/// route's own rules are checked by [`apply`].
+pub fn mirror_clash(
+    route: &HttpRoute,
+    others: &[HttpRoute],
+    target: &Target,
+    desired: &Desired,
+) -> Result<(), EditError> {
+    let Some(mirror) = &desired.mirror else {
+        return Ok(());
+    };
+    let index = locate(route, target)?;
+    let generated = mirror_matches(&matches_of(&route.rules()[index]), mirror);
+    let name = route_name(route);
+    for other in others {
+        let same = other.metadata.name == route.metadata.name
+            && other.metadata.namespace == route.metadata.namespace;
+        if same || !share_parent_and_hostname(route, other) {
+            continue;
+        }
+        for (i, rule) in other.rules().iter().enumerate() {
+            for m in matches_of(rule) {
+                if let Some(g) = generated.iter().find(|g| mirror_captures(g, &m)) {
+                    return Err(EditError::MirrorWouldCaptureOtherRoute {
+                        route: name,
+                        other: route_name(other),
+                        rule: rule.name.clone().unwrap_or_else(|| format!("#{i}")),
+                        path: path_key(&m).1,
+                        method: g.method.clone().unwrap_or_default(),
+                    });
+                }
+            }
+        }
     }
     Ok(())
 }
@@ -713,6 +814,122 @@ mod tests {
 
     fn route(v: Value) -> HttpRoute {
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn the_mirror_never_takes_requests_from_another_route_on_the_same_parent_and_hostname() {
+        let ours = route(rich());
+        // Another team's route: `x-beta: true` on /api goes to their beta backend.
+        let other = |parent: Value, hostnames: Value, path: &str| {
+            route(json!({
+                "apiVersion": "gateway.networking.k8s.io/v1",
+                "kind": "HTTPRoute",
+                "metadata": {"name": "beta", "namespace": "shop"},
+                "spec": {
+                    "parentRefs": [parent],
+                    "hostnames": hostnames,
+                    "rules": [{"name": "beta-testers",
+                               "matches": [{"path": {"type": "PathPrefix", "value": path},
+                                            "headers": [{"name": "x-beta", "value": "true"}]}],
+                               "backendRefs": [{"name": "beta", "port": 80}]}]
+                }
+            }))
+        };
+        let gw = json!({"name": "mesh-gw", "namespace": "gateways"});
+        let table = [
+            (
+                "same parent and hostname",
+                other(gw.clone(), json!(["shop.example.com"]), "/api"),
+                true,
+            ),
+            (
+                "same parent, every hostname",
+                other(gw.clone(), json!(null), "/api"),
+                true,
+            ),
+            (
+                "same parent, wildcard hostname",
+                other(gw.clone(), json!(["*.example.com"]), "/api"),
+                true,
+            ),
+            (
+                "same parent and listener",
+                other(
+                    json!({"name": "mesh-gw", "namespace": "gateways", "sectionName": "https"}),
+                    json!(["shop.example.com"]),
+                    "/api",
+                ),
+                true,
+            ),
+            (
+                "another listener",
+                other(
+                    json!({"name": "mesh-gw", "namespace": "gateways", "sectionName": "http"}),
+                    json!(["shop.example.com"]),
+                    "/api",
+                ),
+                false,
+            ),
+            (
+                "another hostname",
+                other(gw.clone(), json!(["admin.example.com"]), "/api"),
+                false,
+            ),
+            (
+                "another parent",
+                other(
+                    json!({"name": "edge-gw", "namespace": "gateways"}),
+                    json!(["shop.example.com"]),
+                    "/api",
+                ),
+                false,
+            ),
+            (
+                "another path",
+                other(gw.clone(), json!(["shop.example.com"]), "/beta"),
+                false,
+            ),
+        ];
+        for (name, o, clash) in table {
+            let got = mirror_clash(
+                &ours,
+                std::slice::from_ref(&o),
+                &target(),
+                &want(0, false, true),
+            );
+            match (got, clash) {
+                (Err(e), true) => {
+                    assert_eq!(e.category(), reasons::MIRROR_WOULD_CAPTURE, "{name}");
+                    assert_eq!(
+                        e.to_string(),
+                        "HTTPRoute checkout: HTTPRoute beta on the same parent and hostname has rule beta-testers matching path /api without a method, so the mirror rule (that path plus method GET) would take its requests under Gateway API precedence (precedence spans every route on a parent and hostname); remove the mirror step or give that rule a distinct path or its own method match",
+                        "{name}"
+                    );
+                }
+                (Ok(()), false) => {}
+                (got, _) => panic!("{name}: {got:?}"),
+            }
+            // Without a mirror, or against the route itself, nothing clashes.
+            assert!(
+                mirror_clash(
+                    &ours,
+                    std::slice::from_ref(&o),
+                    &target(),
+                    &want(5, true, false)
+                )
+                .is_ok(),
+                "{name}"
+            );
+        }
+        assert!(
+            mirror_clash(
+                &ours,
+                std::slice::from_ref(&ours),
+                &target(),
+                &want(0, false, true)
+            )
+            .is_ok()
+        );
     }
 
     fn want(weight: u32, cohort: bool, mirror: bool) -> Desired {
