@@ -108,6 +108,7 @@ fn every_dashboard_and_alert_metric_is_exported() {
         "dashboards/rollouts.json",
         "dashboards/waves.json",
         "dashboards/upgrades.json",
+        "dashboards/pins.json",
     ];
     let mut unknown = Vec::new();
     let mut used_total = 0;
