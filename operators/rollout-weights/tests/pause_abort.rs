@@ -31,10 +31,26 @@ enum Hold {
     SpecPaused,
 }
 
-async fn held_canary_is_aborted(hold: Hold) {
+/// The traffic and gates of a run.
+#[derive(Clone, Copy, PartialEq)]
+enum Settings {
+    /// The fixture's seconds-scale gates (4 s windows) at 4,000 requests/s.
+    Seconds,
+    /// The production defaults compressed 30:1 with their ratios kept: the default gates (no
+    /// `spec.gates`), a 1 s interval standing for 30 s, and 6,000 requests/s so that each
+    /// interval counts what 30 s of 200 requests/s count (the sequential tests see counts per
+    /// interval, not rates).
+    ProductionRatios,
+}
+
+async fn held_canary_is_aborted(hold: Hold, settings: Settings) {
     let budget = Duration::from_secs(100);
+    let (rps, patch) = match settings {
+        Settings::Seconds => (4000.0, json!({})),
+        Settings::ProductionRatios => (6000.0, json!({"gates": [], "stepDuration": "10s"})),
+    };
     // The fault comes from a known instant (below), not from the scenario's clock.
-    let mut s = scenario("canary-abort", 4000.0);
+    let mut s = scenario("canary-abort", rps);
     s.events.clear();
     let Some(g) = given(s).await else {
         return;
@@ -57,7 +73,7 @@ async fn held_canary_is_aborted(hold: Hold) {
         ]),
     };
     rollouts(&g.client)
-        .create(&PostParams::default(), &rollout(steps, json!({})))
+        .create(&PostParams::default(), &rollout(steps, patch))
         .await
         .unwrap();
     rollout_until(&g.client, "1% confirmed by telemetry", budget, |r| {
@@ -151,10 +167,14 @@ async fn held_canary_is_aborted(hold: Hold) {
         .abort_detect_to_revert_ms
         .expect("status.abortDetectToRevertMs set with routeRevertedAt");
     println!(
-        "{}: fault_to_revert_ms={} detect_to_revert_ms={detect_ms}",
+        "{}{}: fault_to_revert_ms={} detect_to_revert_ms={detect_ms}",
         match hold {
             Hold::PauseStep => "pause untilPromoted",
             Hold::SpecPaused => "spec.paused",
+        },
+        match settings {
+            Settings::Seconds => "",
+            Settings::ProductionRatios => ", production defaults at 30:1 (200 requests/s)",
         },
         fault_to_revert.as_millis()
     );
@@ -167,10 +187,15 @@ async fn held_canary_is_aborted(hold: Hold) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_canary_held_by_a_pause_step_is_aborted_on_its_first_fail() {
-    held_canary_is_aborted(Hold::PauseStep).await;
+    held_canary_is_aborted(Hold::PauseStep, Settings::Seconds).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_canary_held_by_spec_paused_is_aborted_on_its_first_fail() {
-    held_canary_is_aborted(Hold::SpecPaused).await;
+    held_canary_is_aborted(Hold::SpecPaused, Settings::Seconds).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_production_ratios_a_canary_held_by_a_pause_step_is_aborted_on_its_first_fail() {
+    held_canary_is_aborted(Hold::PauseStep, Settings::ProductionRatios).await;
 }
