@@ -15,8 +15,11 @@
 //! URL is itself a credential), and never follow a redirect with a target's credentials.
 
 use std::{
-    collections::{BTreeMap, HashSet, VecDeque},
-    sync::{Arc, Mutex, RwLock},
+    collections::{BTreeMap, HashMap, HashSet, VecDeque},
+    sync::{
+        Arc, Mutex, RwLock,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
@@ -49,8 +52,11 @@ pub const REASON_FAILED: &str = "NotificationFailed";
 pub const QUEUE_CAPACITY: usize = 1024;
 /// Transitions remembered for deduplication; the oldest is forgotten first.
 pub const SEEN_CAPACITY: usize = 16_384;
-/// Deliveries in flight at once (each to one target).
-const IN_FLIGHT: usize = 16;
+/// Deliveries to one target in flight at once.
+pub const TARGET_IN_FLIGHT: usize = 4;
+/// Notices for one target waiting or in flight at most; beyond it a notice for that target is
+/// dropped and counted as failed.
+pub const TARGET_BACKLOG: usize = 256;
 
 /// Flags of the notifier, part of every operator's [`crate::RuntimeArgs`].
 #[derive(Debug, Clone, Args)]
@@ -752,33 +758,7 @@ impl Notifier {
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
             for t in targets.iter().filter(|t| t.wants(&p.kind, p.event)) {
-                inner
-                    .metrics
-                    .failures
-                    .get_or_create(&labels(&t.name, &p.kind, p.event))
-                    .inc();
-                if let Some(recorder) = inner.recorder.clone() {
-                    let note = format!(
-                        "notifying target {:?} of {} ({} → {}) failed: the notification queue was full",
-                        t.name,
-                        p.event.label(),
-                        p.transition.from,
-                        p.transition.to
-                    );
-                    let reference = job.reference.clone();
-                    let name = t.name.clone();
-                    tokio::spawn(async move {
-                        recorder
-                            .publish_ref(
-                                &reference,
-                                Severity::Warning,
-                                REASON_FAILED,
-                                &action(&name),
-                                &note,
-                            )
-                            .await;
-                    });
-                }
+                dropped(inner, &job, &t.name, "the notification queue was full");
             }
         }
     }
@@ -901,8 +881,11 @@ impl Notifier {
     }
 }
 
-/// The delivery task: takes jobs off the queue and sends each to every target that wants it,
-/// at most [`IN_FLIGHT`] at once. Ends when every [`Notifier`] is dropped.
+/// The delivery task: takes jobs off the queue and hands each to the lane of every target that
+/// wants it, where at most [`TARGET_IN_FLIGHT`] deliveries run at once and at most
+/// [`TARGET_BACKLOG`] wait; beyond that a notice for that target is dropped and counted. Never
+/// waits on a target, so a dead one cannot delay the others. Ends when every [`Notifier`] is
+/// dropped.
 async fn deliver_all(inner: std::sync::Weak<Inner>, mut rx: mpsc::Receiver<Job>) {
     let client = match reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -914,7 +897,7 @@ async fn deliver_all(inner: std::sync::Weak<Inner>, mut rx: mpsc::Receiver<Job>)
             return;
         }
     };
-    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    let mut lanes: HashMap<String, Lane> = HashMap::new();
     while let Some(job) = rx.recv().await {
         let Some(inner) = inner.upgrade() else { return };
         let job = Arc::new(job);
@@ -923,19 +906,80 @@ async fn deliver_all(inner: std::sync::Weak<Inner>, mut rx: mpsc::Receiver<Job>)
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
+        // Lanes of targets no longer configured go once their last delivery ended.
+        lanes.retain(|name, lane| {
+            targets.iter().any(|t| &t.name == name) || lane.waiting.load(Ordering::Relaxed) > 0
+        });
         for target in targets
             .iter()
             .filter(|t| t.wants(&job.payload.kind, job.payload.event))
         {
-            let Ok(permit) = slots.clone().acquire_owned().await else {
-                return;
-            };
+            let lane = lanes
+                .entry(target.name.clone())
+                .or_insert_with(Lane::new)
+                .clone();
+            if lane.waiting.load(Ordering::Relaxed) >= TARGET_BACKLOG {
+                dropped(
+                    &inner,
+                    &job,
+                    &target.name,
+                    &format!("{TARGET_BACKLOG} notices for it were already waiting"),
+                );
+                continue;
+            }
+            lane.waiting.fetch_add(1, Ordering::Relaxed);
             let (inner, client, job, target) =
                 (inner.clone(), client.clone(), job.clone(), target.clone());
             tokio::spawn(async move {
-                deliver(&inner, &client, &job, &target).await;
-                drop(permit);
+                if let Ok(_slot) = lane.slots.acquire().await {
+                    deliver(&inner, &client, &job, &target).await;
+                }
+                lane.waiting.fetch_sub(1, Ordering::Relaxed);
             });
+        }
+    }
+}
+
+/// Counts a notice for `target` that was not even attempted (`why`) and reports it as a Warning
+/// Event on the object, in the background.
+fn dropped(inner: &Inner, job: &Job, target: &str, why: &str) {
+    let p = &job.payload;
+    inner
+        .metrics
+        .failures
+        .get_or_create(&labels(target, &p.kind, p.event))
+        .inc();
+    let note = format!(
+        "notifying target {target:?} of {} ({} → {}) failed: {why}",
+        p.event.label(),
+        p.transition.from,
+        p.transition.to
+    );
+    tracing::warn!(target, kind = %p.kind, namespace = %p.namespace, name = %p.name, "{note}");
+    if let Some(recorder) = inner.recorder.clone() {
+        let reference = job.reference.clone();
+        let action = action(target);
+        tokio::spawn(async move {
+            recorder
+                .publish_ref(&reference, Severity::Warning, REASON_FAILED, &action, &note)
+                .await;
+        });
+    }
+}
+
+/// One target's share of the delivery task: its deliveries in flight and those waiting for a
+/// place, so a slow or dead target never holds back the others.
+#[derive(Clone)]
+struct Lane {
+    slots: Arc<Semaphore>,
+    waiting: Arc<AtomicUsize>,
+}
+
+impl Lane {
+    fn new() -> Self {
+        Self {
+            slots: Arc::new(Semaphore::new(TARGET_IN_FLIGHT)),
+            waiting: Arc::default(),
         }
     }
 }

@@ -155,13 +155,20 @@ fn fast_retry() -> RetryPolicy {
 }
 
 fn notifier(recorder: Option<EventRecorder>) -> (Notifier, NotifyMetrics, Registry) {
+    notifier_with(recorder, fast_retry())
+}
+
+fn notifier_with(
+    recorder: Option<EventRecorder>,
+    retry: RetryPolicy,
+) -> (Notifier, NotifyMetrics, Registry) {
     let mut registry = Registry::default();
     let metrics = NotifyMetrics::register(&mut registry);
     let n = Notifier::start(
         NotifierOptions {
             operator: "sluice-rollout-weights".into(),
             cluster: "east-1".into(),
-            retry: fast_retry(),
+            retry,
         },
         metrics.clone(),
         recorder,
@@ -448,6 +455,50 @@ async fn emulator(namespaces: &[&str]) -> kube_emulator::Emulator {
         api.create(&PostParams::default(), &obj).await.unwrap();
     }
     emu
+}
+
+#[tokio::test]
+async fn a_dead_target_does_not_hold_back_the_others() {
+    let (ok_url, ok_got) = receiver(&[], false).await;
+    let (hung_url, hung_got) = receiver(&[], true).await;
+    // Each attempt at the dead target holds a connection for 5 s.
+    let (n, metrics, _registry) = notifier_with(
+        None,
+        RetryPolicy {
+            attempts: 2,
+            base: Duration::from_millis(50),
+            max: Duration::from_millis(50),
+            timeout: Duration::from_secs(5),
+        },
+    );
+    n.set_targets(
+        parse_targets(
+            serde_json::to_string(&json!([
+                {"name": "hung", "url": hung_url},
+                {"name": "answering", "url": ok_url},
+            ]))
+            .unwrap()
+            .as_bytes(),
+        )
+        .unwrap(),
+    );
+    // Twenty Rollouts abort at once (a fleet-wide bad metric).
+    for i in 0..20 {
+        n.notify(&rollout(&format!("r{i}"), 1), abort());
+    }
+    wait_for(
+        "every abort at the answering target while the other hangs",
+        Duration::from_secs(3),
+        || ok_got.lock().unwrap().len() == 20,
+    )
+    .await;
+    assert_eq!(metrics.sent("answering", "Rollout", NoticeEvent::Abort), 20);
+    let held = hung_got.lock().unwrap().len();
+    assert!(
+        held <= sluice_runtime::notify::TARGET_IN_FLIGHT,
+        "the dead target holds at most its own {} connections: {held}",
+        sluice_runtime::notify::TARGET_IN_FLIGHT
+    );
 }
 
 fn secret(targets: &Value) -> Secret {
