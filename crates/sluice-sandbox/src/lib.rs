@@ -9,6 +9,7 @@
 
 pub mod baseline;
 pub mod kubeconfig;
+pub mod metrics;
 pub mod narrate;
 pub mod operators;
 pub mod prerequisites;

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use sluice_sandbox::metrics::MetricsKind;
 use sluice_sandbox::sandbox::ControlPlaneKind;
 use sluice_sandbox::scenarios::{self, Outcome};
 use sluice_sandbox::{Options, Sandbox, topology};
@@ -31,6 +32,18 @@ enum ControlPlane {
     /// scripts/install-control-plane.sh` builds them); workload clusters run the real
     /// kube-controller-manager, the simulator plays the kubelet and Istio's injector webhook.
     Real,
+}
+
+/// Where the telemetry goes and the operators read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Metrics {
+    /// One Prometheus for every cluster, read directly.
+    Prometheus,
+    /// As production reads metrics: a Prometheus per cluster (external labels `cluster`,
+    /// `site`) with a Thanos sidecar, and Thanos Query over the sidecars with
+    /// `--endpoint-strict`; the operators read through Thanos Query (`bash
+    /// scripts/install-control-plane.sh` builds thanos).
+    Thanos,
 }
 
 /// The sluice sandbox: two sites (east, west), each a management cluster running a simulated
@@ -77,6 +90,9 @@ struct Cli {
     /// start) instead of --base-port's.
     #[arg(long, value_enum, default_value_t = ControlPlane::Emulator)]
     control_plane: ControlPlane,
+    /// The metrics backend the telemetry is written to and the operators read.
+    #[arg(long, value_enum, default_value_t = Metrics::Prometheus)]
+    metrics: Metrics,
 }
 
 async fn shutdown_signal() -> &'static str {
@@ -151,6 +167,11 @@ async fn main() -> ExitCode {
     options.control_plane = match cli.control_plane {
         ControlPlane::Emulator => ControlPlaneKind::Emulator,
         ControlPlane::Real => ControlPlaneKind::Real,
+    };
+
+    options.metrics = match cli.metrics {
+        Metrics::Prometheus => MetricsKind::Prometheus,
+        Metrics::Thanos => MetricsKind::Thanos,
     };
 
     let fail_start = |category: &str, message: String| {

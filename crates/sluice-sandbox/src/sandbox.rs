@@ -2,8 +2,10 @@
 //! API's, the `argocd` namespace and the duck ConfigMap) running the site's simulated Argo CD
 //! with a cluster Secret per workload cluster, and two workload clusters (Gateway API and our
 //! CRDs, the checkout service and its route), all API emulators on fixed loopback ports (or, with
-//! [`ControlPlaneKind::Real`], each a real kube-apiserver of its own on one shared etcd); one real
-//! Prometheus fed by a mesh simulator per workload cluster; the OCI registry; a git intent
+//! [`ControlPlaneKind::Real`], each a real kube-apiserver of its own on one shared etcd); the
+//! metrics backend ([`crate::metrics`]: one real Prometheus, or a Prometheus and Thanos sidecar
+//! per cluster under Thanos Query) fed by a mesh simulator per workload cluster; the OCI
+//! registry; a git intent
 //! repository; the operator binaries where the chart would put them; one kubeconfig with a
 //! context per cluster; narration of what happens. Owns start order and stop order: [`stop`]
 //! ends every child process and task and removes every temporary directory, and dropping a
@@ -23,11 +25,11 @@ use sluice_argocd::{ArgoCd, ArgoCdOptions};
 use sluice_sim::{ClusterConfig, Scenario, World};
 use sluice_testkit::control_plane::{self, ControlPlane, Etcd};
 use sluice_testkit::git::{GitError, GitRepo};
-use sluice_testkit::prometheus::{Prometheus, PrometheusError};
 use sluice_testkit::registry::{Registry, RegistryError};
 
 use crate::baseline;
 use crate::kubeconfig::{self, Entry};
+use crate::metrics::{Metrics, MetricsError, MetricsKind};
 use crate::narrate::{self, Narrator};
 use crate::operators::{self, OperatorError, OperatorProcess, Placement};
 use crate::prerequisites::{self, PrerequisiteError};
@@ -77,6 +79,8 @@ pub struct Options {
     pub telemetry_interval: Duration,
     /// What serves each cluster's Kubernetes API.
     pub control_plane: ControlPlaneKind,
+    /// Where the telemetry goes and the operators read it.
+    pub metrics: MetricsKind,
 }
 
 /// What serves each cluster's Kubernetes API.
@@ -105,6 +109,7 @@ impl Options {
             operators: true,
             telemetry_interval: Duration::from_secs(1),
             control_plane: ControlPlaneKind::Emulator,
+            metrics: MetricsKind::Prometheus,
         }
     }
 }
@@ -141,9 +146,9 @@ pub enum SandboxError {
         /// Cause.
         reason: String,
     },
-    /// Prometheus did not start.
-    #[error("starting Prometheus failed: {0}")]
-    Prometheus(#[from] PrometheusError),
+    /// The metrics backend (Prometheus, or Prometheus and Thanos per cluster) did not start.
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
     /// The registry did not start.
     #[error("starting the OCI registry failed: {0}")]
     Registry(#[from] RegistryError),
@@ -193,7 +198,7 @@ impl SandboxError {
             SandboxError::FileMissing { .. } => "file_missing",
             SandboxError::Emulator { .. } => "emulator",
             SandboxError::ControlPlane { .. } => "control_plane",
-            SandboxError::Prometheus(_) => "prometheus",
+            SandboxError::Metrics(_) => "metrics",
             SandboxError::Registry(_) => "registry",
             SandboxError::Git(_) => "git",
             SandboxError::World { .. } => "world",
@@ -334,7 +339,7 @@ impl ClusterApi {
 #[derive(Debug)]
 pub struct Sandbox {
     clusters: Vec<Cluster>,
-    prometheus: Arc<Prometheus>,
+    metrics: Arc<Metrics>,
     registry: Registry,
     git: GitRepo,
     worlds: Vec<(String, World)>,
@@ -618,11 +623,14 @@ impl Sandbox {
                 (begun.elapsed(), result)
             }));
         }
-        let (prometheus, registry) = tokio::join!(Prometheus::start(), Registry::start());
-        let prometheus = Arc::new(prometheus?);
+        let (metrics, registry) =
+            tokio::join!(Metrics::start(options.metrics, &specs), Registry::start());
+        let metrics = Arc::new(metrics?);
         let registry = registry?;
         let git = GitRepo::new()?;
-        narrator.say(format!("prometheus: {}", prometheus.url()));
+        for line in metrics.describe() {
+            narrator.say(line);
+        }
         narrator.say(format!("registry: {} (plain HTTP)", registry.host()));
         narrator.say(format!("git intent repository: {}", git.url()));
 
@@ -699,7 +707,7 @@ impl Sandbox {
 
         let mut sandbox = Sandbox {
             clusters,
-            prometheus,
+            metrics,
             registry,
             git,
             worlds: Vec::new(),
@@ -921,9 +929,13 @@ impl Sandbox {
                 ClusterApi::Emulator(_) => ClusterConfig::new(name.clone()),
                 ClusterApi::Real { .. } => ClusterConfig::on_real_control_plane(name.clone()),
             };
+            let write_url = self
+                .metrics
+                .write_url(&name)
+                .ok_or_else(|| fail("the metrics backend has no Prometheus for it".into()))?;
             let mut world = World::builder()
                 .cluster_with(config, c.api.client())
-                .prometheus(self.prometheus.url())
+                .prometheus(write_url)
                 .scenario(scenario)
                 .interval(options.telemetry_interval)
                 .start()
@@ -955,7 +967,7 @@ impl Sandbox {
     ) -> Result<(), SandboxError> {
         let specs: Vec<ClusterSpec> = self.clusters.iter().map(|c| c.spec.clone()).collect();
         let services = operators::Services {
-            prometheus_url: self.prometheus.url().to_string(),
+            prometheus_url: self.metrics.url().to_string(),
             registry_host: self.registry.host(),
             git_url: self.git.url(),
         };
@@ -1007,7 +1019,7 @@ impl Sandbox {
                 self.narrator.watch(&c.spec.name, c.api.client(), *kind);
             }
             if c.spec.role == Role::Workload {
-                let prometheus = self.prometheus.clone();
+                let metrics = self.metrics.clone();
                 let tx = self.narrator.sender();
                 let cluster = c.spec.name.clone();
                 self.narrator.adopt(tokio::spawn(async move {
@@ -1015,7 +1027,7 @@ impl Sandbox {
                     loop {
                         tokio::time::sleep(SHARE_POLL).await;
                         let Ok(m) = share::measure(
-                            &prometheus,
+                            &metrics,
                             &cluster,
                             baseline::SHOP,
                             SHARE_WINDOW_S,
@@ -1067,9 +1079,15 @@ impl Sandbox {
         self.cluster(name).map(|c| c.api.client())
     }
 
-    /// Prometheus.
-    pub fn prometheus(&self) -> &Prometheus {
-        &self.prometheus
+    /// The metrics backend: where telemetry is written and read (one Prometheus, or Thanos
+    /// Query over a Prometheus per cluster). Same as [`Sandbox::metrics`].
+    pub fn prometheus(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The metrics backend (see [`crate::metrics`]).
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// The OCI registry.
@@ -1142,7 +1160,7 @@ impl Sandbox {
     pub async fn stop(self) {
         let Sandbox {
             clusters,
-            prometheus,
+            metrics,
             registry,
             git,
             worlds,
@@ -1173,7 +1191,7 @@ impl Sandbox {
         for c in clusters {
             c.api.shutdown().await;
         }
-        drop(prometheus);
+        drop(metrics);
         drop(registry);
         drop(git);
         let path = dir.path().display().to_string();

@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use sluice_testkit::prometheus::{Prometheus, PrometheusError};
+use sluice_testkit::prometheus::PrometheusError;
+
+use crate::metrics::Metrics;
 
 /// Requests per backend Service over a window.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -46,7 +48,7 @@ pub fn query(cluster: &str, namespace: &str, window_s: u64) -> String {
 /// Asks Prometheus how many requests each backend of `namespace` in `cluster` got over the
 /// last `window_s` seconds.
 pub async fn measure(
-    prometheus: &Prometheus,
+    prometheus: &Metrics,
     cluster: &str,
     namespace: &str,
     window_s: u64,

@@ -8,6 +8,7 @@ pub mod bundles;
 pub mod canary_abort;
 pub mod canary_pause_abort;
 pub mod canary_promote;
+pub mod canary_store_down;
 pub mod pin_exact;
 pub mod pin_release;
 pub mod revision_upgrade;
@@ -114,6 +115,7 @@ pub const REGISTRY: &[ScenarioDef] = &[
     canary_abort::SCENARIO,
     canary_pause_abort::SCENARIO,
     canary_promote::SCENARIO,
+    canary_store_down::SCENARIO,
     revision_upgrade::SCENARIO,
     upgrade_no_pdb::SCENARIO,
     pin_release::SCENARIO,

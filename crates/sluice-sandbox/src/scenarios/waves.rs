@@ -543,9 +543,9 @@ impl Platform<'_> {
     /// Carries each site's wave-gate progress metric into Prometheus, as the global metrics view
     /// (Thanos) would.
     async fn global_view(&self) {
-        let mut series = Vec::new();
         let at = now_ms();
         for site in &self.sites {
+            let mut series = Vec::new();
             let Some(port) = self
                 .sandbox
                 .metrics_port(&site.management(), Operator::WaveGate)
@@ -564,9 +564,15 @@ impl Platform<'_> {
                 }
                 series.push(s.sample(at, value));
             }
-        }
-        if !series.is_empty() {
-            let _ = self.sandbox.prometheus().write(&series).await;
+            // Into the site's management cluster's store: under Thanos each cluster has its own
+            // Prometheus, and the other site reads this one through Thanos Query.
+            if !series.is_empty() {
+                let _ = self
+                    .sandbox
+                    .metrics()
+                    .write_to(&site.management(), &series)
+                    .await;
+            }
         }
     }
 }

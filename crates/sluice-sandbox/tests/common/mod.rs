@@ -362,6 +362,11 @@ impl ScenarioResult {
 /// what every scenario promises (see [`ScenarioResult`]). `None`, with the reason printed, when
 /// the sandbox's prerequisites or the operator binaries are missing here.
 pub fn run_scenario(name: &str, budget: Duration) -> Option<ScenarioResult> {
+    run_scenario_with(name, &[], budget)
+}
+
+/// [`run_scenario`] with more flags (e.g. `--metrics thanos`).
+pub fn run_scenario_with(name: &str, flags: &[&str], budget: Duration) -> Option<ScenarioResult> {
     if !prerequisites() {
         return None;
     }
@@ -373,7 +378,9 @@ pub fn run_scenario(name: &str, budget: Duration) -> Option<ScenarioResult> {
         .skip();
         return None;
     }
-    let mut run = start(&["--scenario", name, "--until-done", "--base-port", "0"]);
+    let mut args = vec!["--scenario", name, "--until-done", "--base-port", "0"];
+    args.extend_from_slice(flags);
+    let mut run = start(&args);
     let status = run.wait_exit(budget);
     let last = run.seen.last().cloned().unwrap_or_default();
     assert!(status.success(), "exit {status:?}; last line: {last}");

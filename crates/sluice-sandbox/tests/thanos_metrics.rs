@@ -1,0 +1,93 @@
+//! `sluice-sandbox --metrics thanos`: a Prometheus per cluster (external labels `cluster`,
+//! `site`) with a Thanos sidecar each, Thanos Query over them with `--endpoint-strict`, the
+//! operators reading through Thanos Query.
+//! - `canary-abort` and `waves-breach` pass as they do on one Prometheus (the gates and
+//!   wave-gate's cross-site waits read through Thanos Query).
+//! - `canary-store-down`: with east-1's store down no gate passes, the Rollout holds, and its
+//!   gates report Inconclusive with the query failure.
+//!
+//! Each leaves nothing running. They run one after the other.
+
+mod common;
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// A watchdog on the whole run (start, scenario, stop) that only stops a hung run; the
+/// scenario's own budget fails a slow scenario with a message. The Thanos backend adds six
+/// Prometheus, six sidecars and Thanos Query to the sandbox's start.
+const BUDGET: Duration = Duration::from_secs(300);
+
+/// One sandbox at a time: two at once on a small machine double each other's start.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn run(name: &str) -> Option<common::ScenarioResult> {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    sluice_testkit::prereq::or_skip(sluice_testkit::thanos::binary())?;
+    common::run_scenario_with(name, &["--metrics", "thanos"], BUDGET)
+}
+
+#[test]
+fn canary_abort_through_thanos_query_aborts_on_the_error_gate() {
+    let Some(run) = run("canary-abort") else {
+        return;
+    };
+    assert_eq!(run.result["failed_gate"], "error-ratio", "{}", run.last);
+    let abort_latency = run.ms("abort_latency_ms");
+    assert!(
+        abort_latency > 0 && abort_latency < 60_000,
+        "abort_latency_ms {abort_latency}: {}",
+        run.last
+    );
+    let share = run.result["canary_share_after"].as_f64().expect("a share");
+    assert!(
+        share <= 0.001,
+        "canary share after the revert {share}: {}",
+        run.last
+    );
+}
+
+#[test]
+fn waves_breach_through_thanos_query_halts_in_wave_zero_and_pins_back() {
+    let Some(run) = run("waves-breach") else {
+        return;
+    };
+    let result = &run.result;
+    assert_eq!(result["failed_gate"], "mesh-error-ratio", "{result}");
+    let reverted = run.ms("breach_to_reverted_ms");
+    assert!(
+        reverted < 60_000,
+        "breach_to_reverted_ms {reverted}: {result}"
+    );
+    let pins: Vec<&str> = result["pins"].as_str().unwrap().split(',').collect();
+    assert_eq!(pins.len(), 1, "one pin, for the canary cluster: {result}");
+}
+
+#[test]
+fn with_a_store_down_no_gate_passes_and_the_reason_names_the_failure() {
+    let Some(run) = run("canary-store-down") else {
+        return;
+    };
+    let result = &run.result;
+    assert!(result["held_s"].as_u64().unwrap() >= 25, "{result}");
+    let message = result["gate_message"].as_str().expect("a gate message");
+    let store_error = result["store_error"]
+        .as_str()
+        .expect("Thanos Query reports the store");
+    println!("gate message: {message}\nstore error: {store_error}");
+    // The gate's reason is the query failure Thanos Query returned for the store it could not
+    // reach, not a judgement on the clusters left.
+    assert!(
+        message.contains("partial response")
+            || message.contains("unavailable")
+            || message.contains("Unavailable"),
+        "the gate's message names the store failure: {message}"
+    );
+    assert!(
+        result["own_reading"]
+            .as_str()
+            .unwrap()
+            .starts_with("failed"),
+        "the scenario's own reading through Thanos Query fails too: {result}"
+    );
+}
