@@ -309,6 +309,9 @@ spec:
               mountPath: {{ include "sluice.metricsSourceDir" $root }}
               readOnly: true
             {{- end }}
+            {{- with .volumeMounts }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
       volumes:
         - name: tmp
           emptyDir:
@@ -321,6 +324,9 @@ spec:
             defaultMode: 0440
             sources:
               {{- include "sluice.metricsSourceFiles" $root | trim | nindent 14 }}
+        {{- end }}
+        {{- with .volumes }}
+        {{- toYaml . | nindent 8 }}
         {{- end }}
       {{- with $v.nodeSelector }}
       nodeSelector:

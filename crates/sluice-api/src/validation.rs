@@ -701,6 +701,28 @@ impl BundlePinSpec {
             &self.public_keys_secret_ref.name,
             "the cosign public keys Secret",
         );
+        if let Some(keyless) = &self.keyless {
+            if keyless.identities.is_empty() {
+                errs.push(
+                    "spec.keyless.identities",
+                    "name at least one certificate identity and issuer",
+                );
+            }
+            for (i, id) in keyless.identities.iter().enumerate() {
+                for (exact, pattern, what) in [
+                    (&id.subject, &id.subject_reg_exp, "subject"),
+                    (&id.issuer, &id.issuer_reg_exp, "issuer"),
+                ] {
+                    let path = format!("spec.keyless.identities[{i}]");
+                    match (exact, pattern) {
+                        // An expression that does not compile is refused by revert, which
+                        // compiles it (RE2 syntax).
+                        (Some(_), None) | (None, Some(_)) => {}
+                        _ => errs.push(path, format!("give exactly one of {what} or {what}RegExp")),
+                    }
+                }
+            }
+        }
         errs.non_empty(
             "spec.reason",
             &self.reason,
@@ -1302,6 +1324,32 @@ mod tests {
                 set(bundle_pin(), "/targets", json!([])),
                 "spec.targets",
                 "at least one",
+            ),
+            (
+                "keyless identity with subject and subjectRegExp",
+                set(
+                    bundle_pin(),
+                    "/keyless",
+                    json!({"identities": [{"subject": "a@b", "subjectRegExp": ".*", "issuer": "https://i"}]}),
+                ),
+                "spec.keyless.identities[0]",
+                "exactly one of subject or subjectRegExp",
+            ),
+            (
+                "keyless identity without an issuer",
+                set(
+                    bundle_pin(),
+                    "/keyless",
+                    json!({"identities": [{"subject": "a@b"}]}),
+                ),
+                "spec.keyless.identities[0]",
+                "exactly one of issuer or issuerRegExp",
+            ),
+            (
+                "keyless without identities",
+                set(bundle_pin(), "/keyless", json!({"identities": []})),
+                "spec.keyless.identities",
+                "at least one certificate identity",
             ),
             (
                 "duplicate target",

@@ -14,6 +14,7 @@ pub mod controller;
 pub mod decide;
 pub mod metrics;
 pub mod notice;
+pub mod policy;
 pub mod reconcile;
 pub mod restore;
 pub mod scenario;

@@ -65,6 +65,11 @@ struct Cli {
         default_value_t = reconcile::DEFAULT_VERIFIED_CACHE_BYTES
     )]
     verified_cache_bytes: u64,
+    /// sigstore `trusted_root.json` (certificate authorities and transparency logs) that keyless
+    /// signatures are verified against, offline; a pin's `spec.keyless` names the identities.
+    /// Without it, keyless signatures are refused.
+    #[arg(long, env = "SLUICE_REVERT_TRUSTED_ROOT")]
+    trusted_root: Option<PathBuf>,
     /// Clone URL of the intent repository; git reverts are off without it.
     #[arg(long, env = "SLUICE_REVERT_GIT_URL")]
     git_url: Option<String>,
@@ -162,6 +167,7 @@ fn settings(cli: &Cli, namespace: &str) -> anyhow::Result<Settings> {
         signature_grace: Some(std::time::Duration::from_secs(cli.signature_grace_seconds)),
         verified_cache_bytes: Some(cli.verified_cache_bytes),
         application_namespace: cli.runtime.namespace_scope().map(str::to_owned),
+        trusted_root: cli.trusted_root.clone(),
         allowed_kinds: (!cli.allowed_kinds.is_empty()).then(|| {
             cli.allowed_kinds
                 .iter()

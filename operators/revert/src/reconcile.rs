@@ -76,6 +76,10 @@ pub struct Settings {
     /// grants its Role): a pin naming an Application elsewhere is refused (`InvalidSpec`)
     /// instead of retrying forbidden requests. `None`: every namespace.
     pub application_namespace: Option<String>,
+    /// sigstore `trusted_root.json` for keyless signatures (`--trusted-root`), read at each
+    /// verification of a pin with `spec.keyless` (so a rotated root is used without a restart);
+    /// `None`: keyless signatures are refused.
+    pub trusted_root: Option<std::path::PathBuf>,
 }
 
 /// Default bound of the verified-bundle cache: 128 MiB, a quarter of revert's default memory
@@ -113,6 +117,7 @@ pub struct Context {
     platform_kinds: Option<Vec<sluice_api::v1alpha1::bundle_pin::GroupKind>>,
     signature_grace: std::time::Duration,
     application_namespace: Option<String>,
+    trusted_root: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Context {
@@ -156,6 +161,7 @@ impl Context {
             platform_kinds: settings.allowed_kinds,
             signature_grace: settings.signature_grace.unwrap_or(decide::SIGNATURE_GRACE),
             application_namespace: settings.application_namespace,
+            trusted_root: settings.trusted_root,
         })
     }
 }
@@ -232,6 +238,7 @@ fn refusal_reason(category: &str) -> Option<&'static str> {
     Some(match category {
         "Unsigned" => reasons::UNSIGNED,
         "WrongKey" => reasons::WRONG_KEY,
+        "UntrustedSignature" => reasons::UNTRUSTED_SIGNER,
         "Tampered" | "DigestMismatch" | "NotABundle" | "InvalidManifests" | "DigestRequired"
         | "InvalidReference" | "TooLarge" => reasons::TAMPERED,
         "RegistryNotAllowed" => reasons::INVALID_SPEC,
@@ -291,7 +298,7 @@ impl Context {
                 Err(e) => return unavailable(reasons::KEYS_MISSING, e.to_string()),
             }
         }
-        if keys.is_empty() {
+        if keys.is_empty() && spec.keyless.is_none() {
             return unavailable(
                 reasons::KEYS_MISSING,
                 format!("public keys Secret {ns}/{secret_name} holds no key"),
@@ -299,13 +306,53 @@ impl Context {
         }
         let mut fingerprints: Vec<&str> = keys.iter().map(PublicKey::fingerprint).collect();
         fingerprints.sort_unstable();
-        let cache_key = format!("{}|{}", spec.bundle.reference(), fingerprints.join(","));
+        let trusted_root = match (&spec.keyless, &self.trusted_root) {
+            (Some(_), Some(path)) => match std::fs::read(path) {
+                Ok(bytes) => Some((bytes, path.display().to_string())),
+                Err(e) => {
+                    return unavailable(
+                        reasons::KEYS_MISSING,
+                        format!("reading the trusted root {}: {e}", path.display()),
+                    );
+                }
+            },
+            _ => None,
+        };
+        let cache_key = format!(
+            "{}|{}|{}|root={}",
+            spec.bundle.reference(),
+            fingerprints.join(","),
+            crate::policy::cache_key(spec),
+            trusted_root
+                .as_ref()
+                .map(|(b, _)| sluice_bundle::artifact::sha256_digest(b))
+                .unwrap_or_default()
+        );
+        let policy = match crate::policy::signature_policy(
+            spec,
+            keys,
+            trusted_root
+                .as_ref()
+                .map(|(b, p)| (b.as_slice(), p.as_str())),
+        ) {
+            Ok(p) => p,
+            Err(e) if e.refused => {
+                return (
+                    Verification::Refused {
+                        reason: e.reason,
+                        message: e.message,
+                    },
+                    None,
+                );
+            }
+            Err(e) => return unavailable(e.reason, e.message),
+        };
         let cached = self.verified.lock().expect("cache lock").get(&cache_key);
         let bundle = match cached {
             Some(b) => b,
             None => match self
                 .bundles
-                .verify_and_pull(&spec.bundle.reference(), &keys)
+                .verify_and_pull_with(&spec.bundle.reference(), &policy)
                 .await
             {
                 Ok(b) => {

@@ -72,6 +72,17 @@ pub struct BundlePinSpec {
     /// Secret (same namespace) holding the cosign public key(s) (PEM) the signature must
     /// verify with.
     pub public_keys_secret_ref: SecretKeysRef,
+    /// Keyless (certificate) signers this pin trusts, judged offline against the trusted root
+    /// revert is installed with (chart value `revert.trustedRoot`). Absent: a keyless signature
+    /// is refused, whoever made it; a key of `publicKeysSecretRef` must have signed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keyless: Option<KeylessPolicy>,
+    /// Require a legacy (`.sig` tag) signature to name this pin's own repository in its payload
+    /// (`docker-reference`); a signature made for another repository is then refused
+    /// (`UntrustedSignature`). Default false, as `cosign verify`: a bundle copied to a mirror keeps
+    /// its signature. The bundle format names no repository, so this binds legacy signatures only.
+    #[serde(default)]
+    pub require_signed_repository: bool,
     /// Kinds the bundle may contain. Empty: the mesh kinds HTTPRoute, GRPCRoute, VirtualService,
     /// DestinationRule, ServiceEntry, Sidecar, EnvoyFilter, AuthorizationPolicy,
     /// PeerAuthentication, RequestAuthentication, Telemetry. At most 64.
@@ -129,6 +140,45 @@ fn default_max_prune_percent() -> u32 {
 
 fn default_pin_deadline_seconds() -> u32 {
     300
+}
+
+/// Keyless signers a pin trusts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeylessPolicy {
+    /// Certificate identities that may sign, any one suffices. 1..16.
+    #[schemars(length(min = 1, max = 16))]
+    pub identities: Vec<KeylessIdentity>,
+}
+
+/// One keyless signer: the certificate identity (an email or URI subject alternative name, as
+/// Fulcio writes it) and the OIDC issuer that vouched for it. Each is given exactly, or as a
+/// regular expression (RE2 syntax) that must match the whole value.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "has(self.subject) != has(self.subjectRegExp)", "message": "give exactly one of subject or subjectRegExp"},
+    {"rule": "has(self.issuer) != has(self.issuerRegExp)", "message": "give exactly one of issuer or issuerRegExp"}
+]))]
+pub struct KeylessIdentity {
+    /// The exact certificate identity, e.g.
+    /// `https://github.com/acme/mesh/.github/workflows/sign.yml@refs/heads/main` or
+    /// `release@acme.example`. At most 1024.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub subject: Option<String>,
+    /// A regular expression the whole certificate identity must match. At most 1024.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub subject_reg_exp: Option<String>,
+    /// The exact OIDC issuer, e.g. `https://token.actions.githubusercontent.com`. At most 1024.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub issuer: Option<String>,
+    /// A regular expression the whole OIDC issuer must match. At most 1024.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub issuer_reg_exp: Option<String>,
 }
 
 /// An Argo CD Application to pin.
@@ -515,6 +565,10 @@ pub mod reasons {
     pub const WRONG_KEY: &str = "WrongKey";
     /// The bundle's content does not match its signed digest.
     pub const TAMPERED: &str = "Tampered";
+    /// An authentic signature exists, but by a signer the pin does not name (a keyless identity
+    /// or issuer not in `spec.keyless`, a certificate outside the trusted root, log evidence that
+    /// does not verify, a legacy signature made for another repository).
+    pub const UNTRUSTED_SIGNER: &str = "UntrustedSigner";
     /// The bundle holds a kind outside the allowlist.
     pub const DISALLOWED_KIND: &str = "DisallowedKind";
     /// The public keys Secret is missing or empty.

@@ -10,7 +10,9 @@ pub mod revision_upgrade;
 pub mod rollout;
 pub mod wave_gate;
 
-pub use bundle_pin::{BundlePin, BundlePinPhase, BundlePinSpec, BundlePinStatus};
+pub use bundle_pin::{
+    BundlePin, BundlePinPhase, BundlePinSpec, BundlePinStatus, KeylessIdentity, KeylessPolicy,
+};
 pub use common::{
     DurationParseError, DurationString, LocalObjectRef, NamespacedObjectRef, SecretKeysRef,
 };

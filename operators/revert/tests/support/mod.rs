@@ -470,6 +470,7 @@ impl World {
                     signature_grace: Some(Duration::from_secs(1)),
                     verified_cache_bytes: None,
                     application_namespace: self.application_namespace.clone(),
+                    trusted_root: None,
                 },
                 metrics::register(&mut Default::default()),
             )
