@@ -472,8 +472,7 @@ impl QueryApi {
         let response = self
             .http
             .post(format!("{}{path}", self.url))
-            .header("Content-Type", "application/x-www-form-urlencoded")
-            .body(form_encode(&form))
+            .form(&form)
             .send()
             .await
             .map_err(|e| fail(format!("transport: {e}")))?;
@@ -560,31 +559,6 @@ impl QueryApi {
     }
 }
 
-/// `application/x-www-form-urlencoded` body of the given pairs.
-fn form_encode(pairs: &[(&str, String)]) -> String {
-    fn encode(out: &mut String, raw: &str) {
-        for byte in raw.bytes() {
-            match byte {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'*' | b'-' | b'.' | b'_' => {
-                    out.push(byte as char)
-                }
-                b' ' => out.push('+'),
-                other => out.push_str(&format!("%{other:02X}")),
-            }
-        }
-    }
-    let mut out = String::new();
-    for (i, (key, value)) in pairs.iter().enumerate() {
-        if i > 0 {
-            out.push('&');
-        }
-        encode(&mut out, key);
-        out.push('=');
-        encode(&mut out, value);
-    }
-    out
-}
-
 /// Sums `prometheus_http_requests_total` over status codes for one handler in exposition text.
 fn count_requests(exposition: &str, handler: &str) -> u64 {
     let needle = format!("handler=\"{handler}\"");
@@ -624,15 +598,6 @@ mod tests {
         for (handler, want) in cases {
             assert_eq!(count_requests(text, handler), want, "{handler}");
         }
-    }
-
-    #[test]
-    fn form_encoding_escapes_promql() {
-        let body = form_encode(&[
-            ("query", "sum(x{a=\"b c\"}) & 1".to_string()),
-            ("time", "1.5".into()),
-        ]);
-        assert_eq!(body, "query=sum%28x%7Ba%3D%22b+c%22%7D%29+%26+1&time=1.5");
     }
 
     #[test]
