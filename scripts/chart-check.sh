@@ -291,6 +291,35 @@ if len(rules) != 1 or rules[0].get("resourceNames") != ["default", "shop"] or ru
 PYEOF
 }
 
+# revert.registry: the credentials Secret and CA ConfigMap reach revert's flags, and revert may
+# `get` exactly those two objects in the release namespace (no list, no watch, no other name).
+revert_registry() {
+  helm template "$RELEASE" "$CHART" --namespace "$NAMESPACE" \
+    --set revert.registry.credentialsSecret=regcred --set revert.registry.caConfigMap=registry-ca \
+    >"$OUT/registry.yaml" || return 1
+  "$PY" - "$OUT/registry.yaml" "$NAMESPACE" <<'PYEOF'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+ns = sys.argv[2]
+role = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("revert-registry")]
+if len(role) != 1 or role[0]["metadata"]["namespace"] != ns:
+    sys.exit(f"expected one revert registry Role in {ns}, got {role}")
+rules = sorted((r["resources"], r.get("resourceNames"), r["verbs"]) for r in role[0]["rules"])
+want = [(["configmaps"], ["registry-ca"], ["get"]), (["secrets"], ["regcred"], ["get"])]
+if rules != want:
+    sys.exit(f"revert registry Role rules {rules}, expected {want}")
+deploy = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("revert"))
+args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+for flag in ("--registry-credentials-secret=regcred", "--registry-ca-configmap=registry-ca"):
+    if flag not in args:
+        sys.exit(f"{flag} missing from revert's args {args}")
+PYEOF
+  if helm template "$RELEASE" "$CHART" --namespace "$NAMESPACE" \
+    --show-only templates/revert/registry-access.yaml >/dev/null 2>&1; then
+    echo "the registry Role is rendered without revert.registry values"; return 1
+  fi
+}
+
 # Workload-cluster mode renders only what a workload cluster runs: no Argo CD piece, no
 # wave-gate or revert operator, revert's target identity limited to sluice-api's
 # DEFAULT_ALLOWED_KINDS, and that identity allowed to change owned routes.
@@ -433,6 +462,9 @@ main() {
     fail "helm template (revert's target identity per namespace)" "$(cat "$OUT/render.err")"
   fi
   check "revert.appProjects narrows revert's AppProject read to those names" revert_app_projects
+  check "revert.registry: flags reach revert, get of exactly the named Secret and ConfigMap" revert_registry
+  expect_rejected "schema rejects a bad revert.registry.credentialsSecret" "at '/revert/registry/credentialsSecret'" \
+    --set revert.registry.credentialsSecret=Not_A_Name
   expect_rejected "schema rejects a bad revertTarget namespace" "at '/revertTarget/namespaces/0'" \
     -f "$WORKLOAD_VALUES" --set 'revertTarget.namespaces={Not_A_Namespace}'
   expect_rejected "chart refuses workload mode with wave-gate or revert enabled" \

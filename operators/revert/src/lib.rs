@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod notice;
 pub mod policy;
 pub mod reconcile;
+pub mod registry;
 pub mod restore;
 pub mod scenario;
 pub mod tracking;

@@ -40,6 +40,19 @@ struct Cli {
         value_delimiter = ','
     )]
     allowed_registries: Vec<String>,
+    /// Docker config Secret (type `kubernetes.io/dockerconfigjson`, in the operator's
+    /// namespace) with per-registry credentials; read on every registry use, so a renewed
+    /// credential is used at once. Default: registries are read anonymously.
+    #[arg(long, env = "SLUICE_REVERT_REGISTRY_CREDENTIALS_SECRET")]
+    registry_credentials_secret: Option<String>,
+    /// PEM file of CA certificates trusted for registries' TLS besides the system roots (the
+    /// chart mounts `revert.registry.caConfigMap` there).
+    #[arg(long, env = "SLUICE_REVERT_REGISTRY_CA_FILE")]
+    registry_ca_file: Option<PathBuf>,
+    /// ConfigMap (in the operator's namespace) whose `ca.crt` holds PEM CA certificates trusted
+    /// for registries' TLS; read on every registry use, so a renewed CA is trusted at once.
+    #[arg(long, env = "SLUICE_REVERT_REGISTRY_CA_CONFIGMAP")]
+    registry_ca_configmap: Option<String>,
     /// The kinds any pin may apply and prune, as `Kind.group` (`Kind` for the core group),
     /// comma-separated: an upper bound on every BundlePin's `spec.allowedKinds`. Default: the
     /// mesh kinds of `DEFAULT_ALLOWED_KINDS`.
@@ -152,7 +165,23 @@ fn settings(cli: &Cli, namespace: &str) -> anyhow::Result<Settings> {
             .cluster_namespace
             .clone()
             .unwrap_or_else(|| namespace.to_owned()),
+        registry_ca_config_map: cli
+            .registry_ca_configmap
+            .as_ref()
+            .filter(|name| !name.is_empty())
+            .map(|name| (namespace.to_owned(), name.clone())),
+        registry_credentials: cli
+            .registry_credentials_secret
+            .as_ref()
+            .filter(|name| !name.is_empty())
+            .map(|name| (namespace.to_owned(), name.clone())),
         registry: RegistryOptions {
+            ca_bundle: cli
+                .registry_ca_file
+                .as_deref()
+                .map(sluice_bundle::CaBundle::from_file)
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("--registry-ca-file: {e}"))?,
             plain_http_hosts: cli.insecure_registries.clone(),
             allowed_registries: cli
                 .allowed_registries

@@ -30,7 +30,7 @@ use sluice_api::{
         bundle_pin::{GitRevertStatus, conditions, reasons},
     },
 };
-use sluice_bundle::{BundleClient, BundleRef, ByteLru, PublicKey, RegistryOptions, VerifiedBundle};
+use sluice_bundle::{BundleRef, ByteLru, PublicKey, RegistryOptions, VerifiedBundle};
 use sluice_gitops::{ForgeClient, GitConfig, PullRequestRequest, RevertBranch};
 use sluice_runtime::{
     Categorized, Category,
@@ -44,6 +44,7 @@ use crate::{
     FIELD_MANAGER,
     apply::{self, Kinds},
     clusters::Clusters,
+    registry::Registries,
     decide::{
         self, Action, AppKey, AppObservation, AppView, BundleSummary, ObjectKey, Observations,
         OwningApplicationSet, Requeue, Verification,
@@ -57,8 +58,15 @@ use crate::{
 pub struct Settings {
     /// Namespace of the per-cluster identity Secrets (the operator's namespace).
     pub cluster_namespace: String,
-    /// Registry options (plain-HTTP hosts, credentials).
+    /// Registry options (plain-HTTP hosts, CA, allowlist).
     pub registry: RegistryOptions,
+    /// The Docker config Secret (`namespace`, `name`) holding registry credentials
+    /// (`--registry-credentials-secret`), read on every registry use; `None`: anonymous.
+    pub registry_credentials: Option<(String, String)>,
+    /// The ConfigMap (`namespace`, `name`) whose `ca.crt` registries' TLS is trusted with
+    /// (`--registry-ca-configmap`), read on every registry use; `None`: the system roots and
+    /// `registry.ca_bundle`.
+    pub registry_ca_config_map: Option<(String, String)>,
     /// The intent repository, when git reverts are enabled.
     pub git: Option<GitConfig>,
     /// The forge, when pull requests are enabled.
@@ -107,7 +115,7 @@ pub struct Context {
     /// Whether this replica leads: checked right before every effect (Application patches,
     /// remote applies and prunes, git pushes).
     pub leadership: Leadership,
-    bundles: BundleClient,
+    bundles: Registries,
     verified: Mutex<ByteLru<VerifiedBundle>>,
     contents: Mutex<ByteLru<String>>,
     clusters: Clusters,
@@ -139,6 +147,12 @@ impl Context {
             .map(ForgeClient::new)
             .transpose()
             .map_err(|e| ReconcileError::Config(e.to_string()))?;
+        let bundles = Registries::new(
+            client.clone(),
+            settings.registry,
+            settings.registry_credentials,
+        )
+        .with_ca_config_map(settings.registry_ca_config_map);
         Ok(Self {
             clusters: Clusters::new(client.clone(), settings.cluster_namespace),
             client,
@@ -147,7 +161,7 @@ impl Context {
             metrics,
             signals: sluice_runtime::metrics::ObjectSignals::default(),
             notifier: sluice_runtime::notify::Notifier::disabled(),
-            bundles: BundleClient::new(settings.registry),
+            bundles,
             leadership: Leadership::always(),
             verified: Mutex::new(ByteLru::new(
                 settings

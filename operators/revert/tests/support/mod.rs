@@ -109,6 +109,22 @@ pub struct World {
     /// revert's `--namespace` as the one namespace it patches Applications in (`None`: every
     /// namespace).
     pub application_namespace: Option<String>,
+    /// revert's registry options (a private registry's TLS host and CA).
+    pub registry_options: RegistryOptions,
+    /// revert's `--registry-credentials-secret` (in [`SYSTEM`]), for a private registry.
+    pub registry_credentials: Option<String>,
+}
+
+/// The Docker config Secret a private-registry world gives revert.
+pub const REGISTRY_SECRET: &str = "registry-credentials";
+
+/// A Docker config with `password` for `registry`'s fixture user.
+pub fn docker_config(registry: &Registry, password: &str) -> String {
+    json!({"auths": {registry.host(): {
+        "username": sluice_testkit::registry::USERNAME,
+        "password": password,
+    }}})
+    .to_string()
 }
 
 /// Token the forge stand-in accepts.
@@ -268,13 +284,37 @@ async fn ensure_namespace(client: &Client, name: &str) {
 
 impl World {
     pub async fn start() -> Option<World> {
+        Self::start_with(None).await
+    }
+
+    /// A world whose registry is private: HTTPS from the fixture's CA and `auth`; revert reads
+    /// its credentials from the Docker config Secret [`REGISTRY_SECRET`] (created with the right
+    /// password) and trusts the CA.
+    pub async fn start_private(auth: sluice_testkit::registry::Auth) -> Option<World> {
+        Self::start_with(Some(auth)).await
+    }
+
+    async fn start_with(auth: Option<sluice_testkit::registry::Auth>) -> Option<World> {
         // RUST_LOG=sluice_revert=info shows the operator's log lines (pin_ms, audit).
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_test_writer()
             .try_init();
         let upstream = upstream()?;
-        let registry = Registry::start_or_skip().await?;
+        let registry = match auth {
+            Some(auth) => Registry::start_secure_or_skip(auth).await?,
+            None => Registry::start_or_skip().await?,
+        };
+        let registry_options = match registry.ca_pem() {
+            Some(ca) => RegistryOptions {
+                tls_hosts: vec![registry.host()],
+                ca_bundle: Some(
+                    sluice_bundle::CaBundle::from_pem(ca.as_bytes(), "fixture CA").unwrap(),
+                ),
+                ..RegistryOptions::default()
+            },
+            None => RegistryOptions::default(),
+        };
         sluice_testkit::prereq::require_binary("git")?;
         let git = GitRepo::new().expect("a git repository for the intent");
         let mgmt = kube_emulator::Emulator::start().await;
@@ -351,6 +391,23 @@ impl World {
             .unwrap();
         let repo = registry.repository("mesh/config");
         let forge = Forge::start().await;
+        // The tests' own client (pushes, the Argo CD stand-in) holds the right credentials.
+        let mut test_options = registry_options.clone();
+        let registry_credentials = if auth.is_some() {
+            let config = docker_config(&registry, sluice_testkit::registry::PASSWORD);
+            test_options.credentials =
+                sluice_bundle::RegistryCredentials::from_docker_config(config.as_bytes(), "test")
+                    .unwrap();
+            let mut docker = secret(REGISTRY_SECRET, &[], &[(".dockerconfigjson", &config)]);
+            docker.type_ = Some("kubernetes.io/dockerconfigjson".into());
+            secrets
+                .create(&PostParams::default(), &docker)
+                .await
+                .unwrap();
+            Some(REGISTRY_SECRET.to_owned())
+        } else {
+            None
+        };
         Some(World {
             registry,
             git,
@@ -360,7 +417,7 @@ impl World {
             workload_admin,
             revert_token,
             signer,
-            bundles: Arc::new(BundleClient::new(RegistryOptions::default())),
+            bundles: Arc::new(BundleClient::new(test_options)),
             repo,
             argo_stop: CancellationToken::new(),
             controller: None,
@@ -368,6 +425,8 @@ impl World {
             forge,
             platform_kinds: None,
             application_namespace: None,
+            registry_options,
+            registry_credentials,
         })
     }
 
@@ -451,7 +510,12 @@ impl World {
                 EventRecorder::new(client.clone(), OPERATOR),
                 Settings {
                     cluster_namespace: SYSTEM.into(),
-                    registry: RegistryOptions::default(),
+                    registry: self.registry_options.clone(),
+                    registry_credentials: self
+                        .registry_credentials
+                        .clone()
+                        .map(|name| (SYSTEM.to_owned(), name)),
+                    registry_ca_config_map: None,
                     git: Some(GitConfig {
                         url: self.git.url(),
                         token: None,
