@@ -198,6 +198,7 @@ impl From<BundleError> for Failure {
             BundleError::Unsigned { .. }
             | BundleError::WrongKey { .. }
             | BundleError::Tampered { .. }
+            | BundleError::UntrustedSignature { .. }
             | BundleError::DigestRequired { .. } => EXIT_REFUSED,
             _ => EXIT_FAILURE,
         };

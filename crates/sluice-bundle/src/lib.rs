@@ -44,6 +44,13 @@
 //! `--use-signing-config=false` is needed from cosign v3.1 on, where `--tlog-upload=false` is
 //! otherwise refused; earlier v3 releases accept it too.
 //!
+//! cosign's current default format is verified too: `cosign sign --key cosign.key
+//! --tlog-upload=false --use-signing-config=false <ref>@sha256:...` (v3; v2 with
+//! `--new-bundle-format`) attaches a sigstore bundle as an OCI referrer, which
+//! [`BundleClient::verify`] reads beside the `.sig` tag (see [`sigstore_bundle`]); keyless
+//! bundles verify under a [`Policy`] with a [`Keyless`] trusted root and identities (see
+//! [`keyless`]). The `tests/cosign.rs` interop test signs with the real cosign CLI both ways.
+//!
 //! `kubectl sluice bundle sign --key cosign.key` (password from `$COSIGN_PASSWORD`) reads the same
 //! key files and writes the same `sha256-<hex>.sig` tag, simple-signing payload, and
 //! `dev.cosignproject.cosign/signature` annotation. Always sign and verify the `@sha256:`

@@ -330,8 +330,8 @@ pub fn verdict(
                     match &policy.keyless {
                         Some(keyless) => keyless.judge(&decoded, digest),
                         None => Outcome::Untrusted(
-                            "a keyless (certificate) signature, but the pin names no keyless \
-                             identity (spec.keyless)"
+                            "a keyless (certificate) signature, but no keyless identity is \
+                             trusted (a BundlePin's spec.keyless)"
                                 .into(),
                         ),
                     }

@@ -455,7 +455,7 @@ fn keyless_bundles_verify_only_for_the_named_identity_under_the_trusted_root() {
     // No keyless policy at all: a certificate signature is not trusted.
     let err = judge(good.clone(), &Policy::default()).unwrap_err();
     assert!(
-        err.to_string().contains("names no keyless identity"),
+        err.to_string().contains("no keyless identity is trusted"),
         "{err}"
     );
 
