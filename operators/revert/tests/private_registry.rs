@@ -1,6 +1,7 @@
 //! A pin from a private registry (docker-registry over HTTPS from the fixture's CA, htpasswd
 //! basic auth): revert reads its credentials from the Docker config Secret named by
-//! `--registry-credentials-secret` and trusts the CA it is given. With a wrong password in the
+//! `--registry-credentials-secret` and trusts the CA in the ConfigMap named by
+//! `--registry-ca-configmap`. With a wrong password in the
 //! Secret the pin waits (`Verified=False BundleUnavailable`, the message naming the registry and
 //! "unauthorized", nothing applied); once the Secret holds the right password (a new
 //! resourceVersion) the pin reaches Pinned with no restart. Each step has a time budget.

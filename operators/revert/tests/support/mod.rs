@@ -113,10 +113,15 @@ pub struct World {
     pub registry_options: RegistryOptions,
     /// revert's `--registry-credentials-secret` (in [`SYSTEM`]), for a private registry.
     pub registry_credentials: Option<String>,
+    /// revert's `--registry-ca-configmap` (in [`SYSTEM`]), for a private registry: its `ca.crt`
+    /// is the fixture's CA.
+    pub registry_ca_config_map: Option<String>,
 }
 
 /// The Docker config Secret a private-registry world gives revert.
 pub const REGISTRY_SECRET: &str = "registry-credentials";
+/// The CA ConfigMap a private-registry world gives revert.
+pub const REGISTRY_CA: &str = "registry-ca";
 
 /// A Docker config with `password` for `registry`'s fixture user.
 pub fn docker_config(registry: &Registry, password: &str) -> String {
@@ -289,7 +294,7 @@ impl World {
 
     /// A world whose registry is private: HTTPS from the fixture's CA and `auth`; revert reads
     /// its credentials from the Docker config Secret [`REGISTRY_SECRET`] (created with the right
-    /// password) and trusts the CA.
+    /// password) and the CA from the ConfigMap [`REGISTRY_CA`], as the chart configures it.
     pub async fn start_private(auth: sluice_testkit::registry::Auth) -> Option<World> {
         Self::start_with(Some(auth)).await
     }
@@ -305,7 +310,7 @@ impl World {
             Some(auth) => Registry::start_secure_or_skip(auth).await?,
             None => Registry::start_or_skip().await?,
         };
-        let registry_options = match registry.ca_pem() {
+        let test_registry_options = match registry.ca_pem() {
             Some(ca) => RegistryOptions {
                 tls_hosts: vec![registry.host()],
                 ca_bundle: Some(
@@ -392,7 +397,12 @@ impl World {
         let repo = registry.repository("mesh/config");
         let forge = Forge::start().await;
         // The tests' own client (pushes, the Argo CD stand-in) holds the right credentials.
-        let mut test_options = registry_options.clone();
+        let mut test_options = test_registry_options.clone();
+        // revert gets the TLS host, and its CA from the ConfigMap below.
+        let registry_options = RegistryOptions {
+            ca_bundle: None,
+            ..test_registry_options
+        };
         let registry_credentials = if auth.is_some() {
             let config = docker_config(&registry, sluice_testkit::registry::PASSWORD);
             test_options.credentials =
@@ -407,6 +417,20 @@ impl World {
             Some(REGISTRY_SECRET.to_owned())
         } else {
             None
+        };
+        // revert trusts the CA through its ConfigMap, not through options.
+        let registry_ca_config_map = match registry.ca_pem() {
+            Some(ca) => {
+                let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+                    Api::namespaced(mgmt_client.clone(), SYSTEM);
+                let map = serde_json::from_value(
+                    json!({"metadata": {"name": REGISTRY_CA}, "data": {"ca.crt": ca}}),
+                )
+                .unwrap();
+                maps.create(&PostParams::default(), &map).await.unwrap();
+                Some(REGISTRY_CA.to_owned())
+            }
+            None => None,
         };
         Some(World {
             registry,
@@ -427,6 +451,7 @@ impl World {
             application_namespace: None,
             registry_options,
             registry_credentials,
+            registry_ca_config_map,
         })
     }
 
@@ -515,7 +540,10 @@ impl World {
                         .registry_credentials
                         .clone()
                         .map(|name| (SYSTEM.to_owned(), name)),
-                    registry_ca_config_map: None,
+                    registry_ca_config_map: self
+                        .registry_ca_config_map
+                        .clone()
+                        .map(|name| (SYSTEM.to_owned(), name)),
                     git: Some(GitConfig {
                         url: self.git.url(),
                         token: None,
