@@ -109,6 +109,23 @@ pub fn register(registry: &mut Registry) -> RolloutMetrics {
         rollouts_per_tick: Gauge::default(),
         route_writes: Family::default(),
     };
+    // Every phase is exported from the start (at 0): a dashboard's count of Promoted or Aborted
+    // Rollouts reads 0, not "no data", before the first one.
+    for p in [
+        RolloutPhase::Pending,
+        RolloutPhase::WaitingForCanary,
+        RolloutPhase::Progressing,
+        RolloutPhase::Paused,
+        RolloutPhase::Promoted,
+        RolloutPhase::Aborted,
+        RolloutPhase::Invalid,
+    ] {
+        m.rollouts
+            .get_or_create(&PhaseLabels {
+                phase: phase_name(p),
+            })
+            .set(0);
+    }
     let sub = registry.sub_registry_with_prefix("sluice");
     sub.register(
         "rollouts",
@@ -384,6 +401,19 @@ mod tests {
             let overdue: std::collections::BTreeSet<String> =
                 overdue.into_iter().map(String::from).collect();
             assert_eq!(got.overdue, overdue, "{v}");
+        }
+    }
+
+    #[test]
+    fn every_phase_reads_zero_before_its_first_rollout() {
+        let mut registry = Registry::default();
+        let _m = register(&mut registry);
+        let text = sluice_runtime::metrics::encode(&registry);
+        for phase in ["Promoted", "Aborted", "Progressing", "Paused"] {
+            assert!(
+                text.contains(&format!("sluice_rollouts{{phase=\"{phase}\"}} 0")),
+                "{phase} is not exported at 0:\n{text}"
+            );
         }
     }
 
