@@ -44,12 +44,12 @@ use crate::{
     FIELD_MANAGER,
     apply::{self, Kinds},
     clusters::Clusters,
-    registry::Registries,
     decide::{
         self, Action, AppKey, AppObservation, AppView, BundleSummary, ObjectKey, Observations,
         OwningApplicationSet, Requeue, Verification,
     },
     metrics::RevertMetrics,
+    registry::Registries,
     tracking::{self, Tracking},
 };
 

@@ -26,7 +26,10 @@ fn a_wrong_metrics_source_flag_stops_the_binary_with_the_reason() {
             "--prometheus-username needs --prometheus-password-file".into(),
         ),
         (
-            vec![format!("--prometheus-bearer-token-file={}", missing.display())],
+            vec![format!(
+                "--prometheus-bearer-token-file={}",
+                missing.display()
+            )],
             format!("bearer token file {}: No such file", missing.display()),
         ),
     ];
