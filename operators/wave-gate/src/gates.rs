@@ -68,17 +68,23 @@ fn uses_custom_drift_query(spec: &WaveGateSpec, cluster_label: &str) -> bool {
     d.metric.as_deref().unwrap_or(DEFAULT_DRIFT_METRIC) != DEFAULT_DRIFT_METRIC
         || d.cluster_label != cluster_label
         || d.commit_label != DEFAULT_DRIFT_COMMIT_LABEL
+        || d.job.is_some()
 }
 
 /// The drift query of a platform whose exporter uses its own metric or label names: the value
 /// only (no proxies-evaluated count), so its checks set no minimum of samples.
 pub fn custom_drift_query(spec: &WaveGateSpec) -> String {
     let d = &spec.drift_gate;
+    // The schema allows no quote or backslash in a job; escaped all the same.
+    let job = d.job.as_deref().map_or_else(String::new, |j| {
+        format!(", job=\"{}\"", j.replace('\\', "\\\\").replace('"', "\\\""))
+    });
     format!(
-        "label_replace(sum by ({{{{by}}}}) (last_over_time({}{{{}=\"{{{{cluster}}}}\", {}=\"{{{{commit}}}}\"}}[{{{{window}}}}])), \"sluice_part\", \"value\", \"\", \"\")",
+        "label_replace(sum by ({{{{by}}}}) (last_over_time({}{{{}=\"{{{{cluster}}}}\", {}=\"{{{{commit}}}}\"{}}}[{{{{window}}}}])), \"sluice_part\", \"value\", \"\", \"\")",
         d.metric.as_deref().unwrap_or(DEFAULT_DRIFT_METRIC),
         d.cluster_label,
-        d.commit_label
+        d.commit_label,
+        job
     )
 }
 
@@ -225,8 +231,16 @@ mod tests {
         let platform = serde_json::json!({"exporter": "Platform", "metric": DEFAULT_DRIFT_METRIC});
         let custom = serde_json::json!({"exporter": "Platform", "metric": "mesh_drift_behind", "clusterLabel": "k8s_cluster", "commitLabel": "sha"});
         let none = serde_json::json!({"exporter": "None"});
+        let pinned = serde_json::json!({"exporter": "Platform", "job": "mesh/drift-exporter"});
         // (drift, wave, want gate names, want query fragment, want drift checks)
         let cases = [
+            (
+                pinned,
+                0,
+                vec!["mesh-error-ratio", "xds-nack-increase", "proxies-behind"],
+                "sluice_drift_proxies_behind{cluster=\"c1\", commit=\"abc1234\", job=\"mesh/drift-exporter\"}",
+                1,
+            ),
             (
                 platform.clone(),
                 1,

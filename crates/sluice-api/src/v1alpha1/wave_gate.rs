@@ -342,6 +342,13 @@ pub struct DriftGate {
     /// Most proxies behind that still counts as converged. Default: 0.
     #[serde(default)]
     pub max_proxies_behind: u32,
+    /// Scrape job the gauge must come from (its `job` label). Set it to the exporter's job so
+    /// that a workload exporting a gauge of the same name cannot stand in for the exporter; the
+    /// drift query then reads the gauge alone (no proxies-evaluated count). 1..128 characters of
+    /// `a-zA-Z0-9_.:/-`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[a-zA-Z0-9_.:/-]+$"))]
+    pub job: Option<String>,
 }
 
 fn default_drift_cluster_label() -> String {
