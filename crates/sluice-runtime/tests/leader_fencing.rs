@@ -204,13 +204,15 @@ async fn a_frozen_leader_stops_acting_before_the_standby_takes_over() {
 /// write was committed, so the recorded time is never earlier than the write).
 fn record_writes(client: kube::Client, writer: &str) -> Arc<Mutex<Vec<(String, Instant)>>> {
     use futures::StreamExt;
-    use kube::runtime::watcher;
+    use kube::runtime::{WatchStreamExt, watcher};
     let writes: Arc<Mutex<Vec<(String, Instant)>>> = Arc::default();
     let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, "default");
     let cfg = watcher::Config::default().labels(&format!("writer={writer}"));
     let out = writes.clone();
     tokio::spawn(async move {
-        let mut stream = watcher(api, cfg).boxed();
+        // Backed off on errors: once the test shuts its emulator down, an unbacked watcher
+        // retries in a hot loop that never yields, and the runtime can never shut down.
+        let mut stream = watcher(api, cfg).default_backoff().boxed();
         while let Some(event) = stream.next().await {
             if let Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)) = event {
                 let name = cm.metadata.name.unwrap_or_default();
