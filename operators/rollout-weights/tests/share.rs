@@ -35,10 +35,12 @@ async fn distorted_share_is_held_reported_and_fails_after_its_deadline() {
         .await
         .unwrap();
 
-    // Then the step is held: 5% written, ~2.5% reported, the condition and an Event say so.
+    // Then the step is held: 5% written, ~2.5% reported (counted over the few intervals since
+    // the write, so it reads anywhere well below the ±20% band of 4–6%), the condition and an
+    // Event say so.
     let held = rollout_until(&g.client, "share reported as not applied", budget, |r| {
         r.status.as_ref().is_some_and(|s| {
-            s.applied_share.is_some_and(|a| (2.0..3.0).contains(&a))
+            s.applied_share.is_some_and(|a| (0.5..3.5).contains(&a))
                 && find(&s.conditions, conditions::APPLIED_SHARE_CONFIRMED)
                     .is_some_and(|c| c.reason == reasons::SHARE_NOT_YET_APPLIED)
         })
