@@ -416,7 +416,7 @@ pub fn spec(site: &str, waves: serde_json::Value, revision: &str) -> serde_json:
         "revision": revision,
         "sourceCommit": commit(revision),
         "waves": waves,
-        "convergenceTimeout": "20s",
+        "convergenceTimeout": "45s",
         "analysisInterval": "1s",
         "defaultSoak": "3s",
         "gates": [
