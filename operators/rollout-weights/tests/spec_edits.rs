@@ -13,10 +13,11 @@ use std::{
 };
 
 use common::*;
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::{
     Api,
-    api::{Patch, PatchParams, PostParams},
+    api::{Patch, PatchParams, PostParams, WatchEvent, WatchParams},
 };
 use serde_json::json;
 use sluice_api::v1alpha1::{
@@ -33,20 +34,31 @@ async fn a_new_canary_version_restarts_the_rollout_from_zero() {
     let prom = g.prometheus.as_ref().unwrap().url().to_owned();
     let ctl = Controller::start(&g.client, &prom);
     let deployments: Api<Deployment> = Api::namespaced(g.client.clone(), NS);
-    // Every canary weight the route shows, with when it was first seen.
+    // Every canary weight the route shows, with when it was first seen: a watch sees every
+    // write, however short-lived (a poll can miss a weight held for one reconcile).
     let seen: Arc<Mutex<Vec<(Instant, i32)>>> = Arc::default();
     let poller = {
         let (seen, api) = (seen.clone(), routes(&g.client));
         tokio::spawn(async move {
             loop {
-                if let Ok(r) = api.get("checkout").await {
+                let Ok(stream) = api.watch(&WatchParams::default(), "0").await else {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                };
+                let mut stream = std::pin::pin!(stream);
+                while let Some(Ok(event)) = stream.next().await {
+                    let (WatchEvent::Added(r) | WatchEvent::Modified(r)) = event else {
+                        continue;
+                    };
+                    if r.metadata.name.as_deref() != Some("checkout") {
+                        continue;
+                    }
                     let w = weights(&r).1;
                     let mut s = seen.lock().unwrap_or_else(|e| e.into_inner());
                     if s.last().map(|l| l.1) != Some(w) {
                         s.push((Instant::now(), w));
                     }
                 }
-                tokio::time::sleep(Duration::from_millis(15)).await;
             }
         })
     };
@@ -119,7 +131,7 @@ async fn a_new_canary_version_restarts_the_rollout_from_zero() {
         .unwrap();
     let changed = Instant::now();
 
-    // Then the canary weight is 0 at once (a fast poller sees it: the new version is ready
+    // Then the canary weight is 0 at once (the route watch sees it: the new version is ready
     // again within a second here, so the rollout is soon back at 5%), and the rollout starts
     // over from step 0.
     let to_zero = eventually("canary at 0", budget, async || {
@@ -127,7 +139,13 @@ async fn a_new_canary_version_restarts_the_rollout_from_zero() {
         s.iter()
             .find(|(at, w)| *at >= changed && *w == 0)
             .map(|(at, _)| at.duration_since(changed))
-            .ok_or(format!("{:?}", s.last()))
+            .ok_or_else(|| {
+                let after: Vec<_> = s
+                    .iter()
+                    .map(|(at, w)| (at.checked_duration_since(changed), *w))
+                    .collect();
+                format!("weights seen (time after the new version, weight): {after:?}")
+            })
     })
     .await;
     let restarted = rollout_until(
