@@ -25,6 +25,16 @@
 //! reporter sees them: a gateway reports as source too, and a mirrored copy is sent outside the
 //! client's request path, so only the destination side would count it. The canary binding uses
 //! `service = canaryService`, the stable one `service = stableService` (one Service per version).
+//! An owner may scope them ([`ServiceScope`]): a **destination** view, for the canary of a mirror
+//! step, reads ErrorRatioVsStable and LatencyP99VsStable as the receiving workloads' proxies
+//! report them (`reporter="destination"`, keyed on `destination_workload` and
+//! `destination_workload_namespace`; the canary binding `workload = canaryWorkload`, the stable
+//! one `workload = stableWorkload`), since Istio's source reporter never sees a mirrored copy and
+//! the destination side labels it with the request's `Host` plus Envoy's `-shadow` suffix rather
+//! than the canary Service. AppliedShare stays on the source reporter in every view (the live
+//! share never counts mirrored copies). A **source-workload filter** (`source_workload` one of a
+//! list, optionally `source_workload_namespace`) restricts all three to requests from given
+//! clients, e.g. the gateway of a north-south route.
 //! MeshErrorRatio counts `failure_origin="mesh"` where the platform adds that label (seed ADR-30)
 //! and, on series without it, any Envoy response flag except `-` and `DC` (the client went away).
 //! ProxiesBehind reads the drift exporter contract (seed ADR-31), which sluice defines and does not
@@ -40,6 +50,8 @@
 use std::collections::BTreeMap;
 
 use sluice_api::v1alpha1::BuiltinGate;
+
+use crate::template::{escape_regex, escape_string};
 
 /// The label that tells the parts of one answer apart.
 pub const PART_LABEL: &str = "sluice_part";
@@ -96,16 +108,120 @@ label_replace(sum by ({{by}}) (istio_requests_total{reporter="source", cluster="
 /// the sequential test of LatencyP99VsStable counts slow requests from.
 const BUCKET_COUNTERS: &str = r#"label_replace(sum by (le, {{by}}) (istio_request_duration_milliseconds_bucket{reporter="source", cluster="{{cluster}}", destination_service_namespace="{{namespace}}", destination_service_name="{{service}}"}), "sluice_part", "le_$1", "le", "(.+)")"#;
 
+const DESTINATION_ERROR_RATIO: &str = r#"label_replace(sum by ({{by}}) (increase(istio_requests_total{reporter="destination", cluster="{{cluster}}", destination_workload_namespace="{{namespace}}", destination_workload="{{workload}}"}[{{window}}])), "sluice_part", "requests", "", "")
+or
+label_replace(sum by ({{by}}) (increase(istio_requests_total{reporter="destination", cluster="{{cluster}}", destination_workload_namespace="{{namespace}}", destination_workload="{{workload}}", response_code=~"5.."}[{{window}}])), "sluice_part", "errors", "", "")"#;
+
+const DESTINATION_LATENCY_P99: &str = r#"label_replace(histogram_quantile(0.99, sum by (le, {{by}}) (rate(istio_request_duration_milliseconds_bucket{reporter="destination", cluster="{{cluster}}", destination_workload_namespace="{{namespace}}", destination_workload="{{workload}}"}[{{window}}]))), "sluice_part", "p99", "", "")
+or
+label_replace(sum by ({{by}}) (increase(istio_request_duration_milliseconds_count{reporter="destination", cluster="{{cluster}}", destination_workload_namespace="{{namespace}}", destination_workload="{{workload}}"}[{{window}}])), "sluice_part", "requests", "", "")"#;
+
+const DESTINATION_REQUEST_COUNTERS: &str = r#"label_replace(sum by ({{by}}) (istio_requests_total{reporter="destination", cluster="{{cluster}}", destination_workload_namespace="{{namespace}}", destination_workload="{{workload}}"}), "sluice_part", "requests", "", "")
+or
+label_replace(sum by ({{by}}) (istio_requests_total{reporter="destination", cluster="{{cluster}}", destination_workload_namespace="{{namespace}}", destination_workload="{{workload}}", response_code=~"5.."}), "sluice_part", "errors", "", "")"#;
+
+const DESTINATION_BUCKET_COUNTERS: &str = r#"label_replace(sum by (le, {{by}}) (istio_request_duration_milliseconds_bucket{reporter="destination", cluster="{{cluster}}", destination_workload_namespace="{{namespace}}", destination_workload="{{workload}}"}), "sluice_part", "le_$1", "le", "(.+)")"#;
+
+/// The variable the destination view keys a binding on (`destination_workload`): engine-internal,
+/// supplied by the role overrides from `canaryWorkload` and `stableWorkload`.
+pub const WORKLOAD_VARIABLE: &str = "workload";
+
+/// Which proxy's reports a built-in service gate reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Reporter {
+    /// The client's proxy or the gateway (`reporter="source"`), keyed on the destination
+    /// Service: what the route sends to each backend. The default.
+    #[default]
+    Source,
+    /// The receiving workload's proxy (`reporter="destination"`), keyed on the destination
+    /// workload: the only report of a mirrored copy.
+    Destination,
+}
+
+/// Requests from these clients only: `source_workload` one of `workloads` and, when set,
+/// `source_workload_namespace = namespace`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SourceWorkloads {
+    /// `source_workload` values (workload names, e.g. a gateway's Deployment); at least one.
+    pub workloads: Vec<String>,
+    /// `source_workload_namespace`; `None`: any namespace.
+    pub namespace: Option<String>,
+}
+
+/// How the built-in service gates (AppliedShare, ErrorRatioVsStable, LatencyP99VsStable) of a
+/// check read Istio's request metrics. The default reads the source reporter over every client
+/// in the mesh, as the module documentation describes; other gates ignore it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ServiceScope {
+    /// Whose report ErrorRatioVsStable and LatencyP99VsStable read (AppliedShare: always the
+    /// source's).
+    pub reporter: Reporter,
+    /// Only requests from these clients; `None`: every client.
+    pub sources: Option<SourceWorkloads>,
+}
+
+impl ServiceScope {
+    /// The same clients, read on the source reporter (what the applied share counts).
+    pub fn live(&self) -> ServiceScope {
+        ServiceScope {
+            reporter: Reporter::Source,
+            sources: self.sources.clone(),
+        }
+    }
+
+    /// Whether bindings are keyed on `{{workload}}` (the destination view).
+    pub fn keys_workloads(&self) -> bool {
+        self.reporter == Reporter::Destination
+    }
+}
+
+/// The matchers of a source-workload filter, each value escaped (the workload names as regex
+/// literals joined by `|`), to follow a `reporter` matcher.
+fn source_matchers(sources: &SourceWorkloads) -> String {
+    let alternatives: Vec<String> = sources.workloads.iter().map(|w| escape_regex(w)).collect();
+    let mut out = String::new();
+    if let Some(ns) = &sources.namespace {
+        out.push_str(&format!(
+            "source_workload_namespace=\"{}\", ",
+            escape_string(ns)
+        ));
+    }
+    out.push_str(&format!(
+        "source_workload=~\"{}\", ",
+        escape_string(&alternatives.join("|"))
+    ));
+    out
+}
+
+/// `template` with the cluster label renamed and the source-workload filter of `scope` after
+/// every `reporter` matcher.
+fn scoped(template: &str, cluster_label: &str, scope: &ServiceScope) -> String {
+    let from = format!("{TEMPLATE_CLUSTER_LABEL}=\"{{{{cluster}}}}\"");
+    let mut out = template.replace(&from, &format!("{cluster_label}=\"{{{{cluster}}}}\""));
+    if let Some(sources) = scope.sources.as_ref().filter(|s| !s.workloads.is_empty()) {
+        let matchers = source_matchers(sources);
+        for reporter in ["reporter=\"source\", ", "reporter=\"destination\", "] {
+            out = out.replace(reporter, &format!("{reporter}{matchers}"));
+        }
+    }
+    out
+}
+
 /// The counter query of a sequential test (`buckets`: the latency histogram; otherwise requests
 /// and 5xx), with the cluster label renamed.
 pub fn counters_for(buckets: bool, cluster_label: &str) -> String {
-    let from = format!("{TEMPLATE_CLUSTER_LABEL}=\"{{{{cluster}}}}\"");
-    let template = if buckets {
-        BUCKET_COUNTERS
-    } else {
-        REQUEST_COUNTERS
+    counters_in(buckets, cluster_label, &ServiceScope::default())
+}
+
+/// [`counters_for`] read as `scope` says (the share's counters: pass [`ServiceScope::live`]).
+pub fn counters_in(buckets: bool, cluster_label: &str, scope: &ServiceScope) -> String {
+    let template = match (buckets, scope.reporter) {
+        (true, Reporter::Source) => BUCKET_COUNTERS,
+        (false, Reporter::Source) => REQUEST_COUNTERS,
+        (true, Reporter::Destination) => DESTINATION_BUCKET_COUNTERS,
+        (false, Reporter::Destination) => DESTINATION_REQUEST_COUNTERS,
     };
-    template.replace(&from, &format!("{cluster_label}=\"{{{{cluster}}}}\""))
+    scoped(template, cluster_label, scope)
 }
 
 /// Prefix of the bucket parts of [`counters_for`].
@@ -153,8 +269,30 @@ pub fn template(gate: BuiltinGate) -> &'static str {
 
 /// The template with the cluster label renamed to `cluster_label` (already validated as a label name).
 pub fn template_for(gate: BuiltinGate, cluster_label: &str) -> String {
-    let from = format!("{TEMPLATE_CLUSTER_LABEL}=\"{{{{cluster}}}}\"");
-    template(gate).replace(&from, &format!("{cluster_label}=\"{{{{cluster}}}}\""))
+    template_in(gate, cluster_label, &ServiceScope::default())
+}
+
+/// [`template_for`] read as `scope` says: the service gates in its view and restricted to its
+/// clients (AppliedShare always on the source reporter); the other gates unchanged.
+pub fn template_in(gate: BuiltinGate, cluster_label: &str, scope: &ServiceScope) -> String {
+    if !is_service_gate(gate) {
+        return scoped(template(gate), cluster_label, &ServiceScope::default());
+    }
+    let text = match (gate, scope.reporter) {
+        (BuiltinGate::ErrorRatioVsStable, Reporter::Destination) => DESTINATION_ERROR_RATIO,
+        (BuiltinGate::LatencyP99VsStable, Reporter::Destination) => DESTINATION_LATENCY_P99,
+        _ => template(gate),
+    };
+    scoped(text, cluster_label, scope)
+}
+
+/// Whether the template of `gate` in `scope` keys its bindings on `{{workload}}`.
+pub fn keys_workloads(gate: BuiltinGate, scope: &ServiceScope) -> bool {
+    scope.keys_workloads()
+        && matches!(
+            gate,
+            BuiltinGate::ErrorRatioVsStable | BuiltinGate::LatencyP99VsStable
+        )
 }
 
 /// Whether the gate compares a canary binding with a stable binding (service-keyed gates).
@@ -388,6 +526,145 @@ mod tests {
             buckets(&parts),
             vec![(25.5, 3.0), (100.0, 10.0), (f64::INFINITY, 12.0)]
         );
+    }
+
+    #[test]
+    fn the_destination_view_keys_the_health_gates_on_workloads_and_the_share_stays_live() {
+        let mut allowed: BTreeSet<String> = sluice_api::v1alpha1::gate::KNOWN_VARIABLES
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        allowed.insert(WORKLOAD_VARIABLE.into());
+        let destination = ServiceScope {
+            reporter: Reporter::Destination,
+            sources: None,
+        };
+        let workload_keys = [
+            "cluster",
+            "destination_workload",
+            "destination_workload_namespace",
+        ];
+        for gate in [
+            BuiltinGate::ErrorRatioVsStable,
+            BuiltinGate::LatencyP99VsStable,
+        ] {
+            let text = template_in(gate, "cluster", &destination);
+            assert!(keys_workloads(gate, &destination), "{gate}");
+            assert!(!text.contains("reporter=\"source\""), "{gate}: {text}");
+            assert!(!text.contains("destination_service_name"), "{gate}: {text}");
+            let t = Template::parse(&text, &allowed).unwrap_or_else(|e| panic!("{gate}: {e}"));
+            assert_eq!(t.key_labels(), workload_keys, "{gate}");
+            assert!(t.constant_variables().is_empty(), "{gate}");
+        }
+        for buckets in [false, true] {
+            let text = counters_in(buckets, "cluster", &destination);
+            assert!(text.contains("reporter=\"destination\""), "{text}");
+            let t = Template::parse(&text, &allowed).unwrap();
+            assert_eq!(t.key_labels(), workload_keys);
+        }
+        // Mirrored copies never enter the share: AppliedShare reads the source in every view.
+        assert_eq!(
+            template_in(BuiltinGate::AppliedShare, "cluster", &destination),
+            template(BuiltinGate::AppliedShare)
+        );
+        assert!(!keys_workloads(BuiltinGate::AppliedShare, &destination));
+        assert_eq!(
+            counters_in(false, "cluster", &destination.live()),
+            counters_for(false, "cluster")
+        );
+        // Gates that are not canary-vs-stable ignore the view.
+        assert_eq!(
+            template_in(BuiltinGate::MeshErrorRatio, "cluster", &destination),
+            template(BuiltinGate::MeshErrorRatio)
+        );
+    }
+
+    #[test]
+    fn a_source_filter_restricts_every_service_query_to_the_named_clients_escaped() {
+        let allowed: BTreeSet<String> = sluice_api::v1alpha1::gate::KNOWN_VARIABLES
+            .iter()
+            .chain(&[WORKLOAD_VARIABLE])
+            .map(|s| s.to_string())
+            .collect();
+        let sources = SourceWorkloads {
+            workloads: vec!["istio-ingressgateway".into(), "edge.gw".into()],
+            namespace: Some("istio-system".into()),
+        };
+        let matchers = r#"source_workload_namespace="istio-system", source_workload=~"istio-ingressgateway|edge\\.gw", "#;
+        for reporter in [Reporter::Source, Reporter::Destination] {
+            let scope = ServiceScope {
+                reporter,
+                sources: Some(sources.clone()),
+            };
+            let texts = [
+                template_in(BuiltinGate::AppliedShare, "cluster", &scope),
+                template_in(BuiltinGate::ErrorRatioVsStable, "cluster", &scope),
+                template_in(BuiltinGate::LatencyP99VsStable, "cluster", &scope),
+                counters_in(false, "cluster", &scope),
+                counters_in(true, "cluster", &scope),
+            ];
+            for text in texts {
+                // Every selector of every part carries the filter, right after the reporter.
+                let selectors = text.matches("reporter=").count();
+                assert!(selectors > 0);
+                assert_eq!(text.matches(matchers).count(), selectors, "{text}");
+                // The filter is a constant: Rollouts with the same clients batch together.
+                let t = Template::parse(&text, &allowed).unwrap_or_else(|e| panic!("{e}: {text}"));
+                assert!(t.constant_variables().is_empty(), "{text}");
+                assert!(!t.key_labels().contains(&"source_workload".to_owned()));
+            }
+        }
+        // Without a namespace: any namespace; the mesh-wide gates never take the filter.
+        let scope = ServiceScope {
+            reporter: Reporter::Source,
+            sources: Some(SourceWorkloads {
+                workloads: vec!["gw".into()],
+                namespace: None,
+            }),
+        };
+        let text = template_in(BuiltinGate::ErrorRatioVsStable, "cluster", &scope);
+        assert!(text.contains(r#"reporter="source", source_workload=~"gw", cluster="#));
+        assert!(!text.contains("source_workload_namespace"));
+        assert_eq!(
+            template_in(BuiltinGate::MeshErrorRatio, "cluster", &scope),
+            template(BuiltinGate::MeshErrorRatio)
+        );
+        // A value cannot leave its string or open a variable.
+        let hostile = ServiceScope {
+            reporter: Reporter::Source,
+            sources: Some(SourceWorkloads {
+                workloads: vec![r#"x"} or vector(1) {{cluster}}"#.into()],
+                namespace: None,
+            }),
+        };
+        let text = template_in(BuiltinGate::ErrorRatioVsStable, "cluster", &hostile);
+        let t = Template::parse(&text, &allowed).unwrap();
+        assert!(t.constant_variables().is_empty(), "{text}");
+        assert!(
+            text.contains(r#"source_workload=~"x\"\\} or vector\\(1\\) \\{\\{cluster\\}\\}""#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn gates_md_documents_the_destination_view() {
+        let doc = include_str!("../GATES.md");
+        let destination = ServiceScope {
+            reporter: Reporter::Destination,
+            sources: None,
+        };
+        for gate in [
+            BuiltinGate::ErrorRatioVsStable,
+            BuiltinGate::LatencyP99VsStable,
+        ] {
+            assert!(
+                doc.contains(&template_in(gate, "cluster", &destination)),
+                "{gate}"
+            );
+        }
+        for buckets in [false, true] {
+            assert!(doc.contains(&counters_in(buckets, "cluster", &destination)));
+        }
     }
 
     #[test]

@@ -20,7 +20,7 @@ use sluice_api::v1alpha1::{
     ResolvedGate, VerdictReason,
 };
 
-use crate::builtin::{self, PART_LABEL, Parts, Reading, VALUE_PART};
+use crate::builtin::{self, PART_LABEL, Parts, Reading, ServiceScope, VALUE_PART};
 use crate::decide::{
     self, BaselineReading, DistributionTest, Observation, OwnerContext, RateScope, SequentialKind,
 };
@@ -116,6 +116,10 @@ pub struct GateCheck {
     /// sequential test on the counts accumulated since `since`. `None`: the threshold rule on the
     /// gate's window.
     pub sequential: Option<SequentialScope>,
+    /// How the built-in service gates read Istio's request metrics: the reporter (the
+    /// destination's, keyed on `canaryWorkload` / `stableWorkload`, for a mirror step's canary)
+    /// and the clients counted. Default: the source reporter, every client.
+    pub scope: ServiceScope,
 }
 
 /// Where a sequential test accumulates its counts: from the aligned intervals (each `interval`
@@ -145,6 +149,7 @@ impl GateCheck {
             captured_baseline: None,
             previous: None,
             sequential: None,
+            scope: ServiceScope::default(),
         }
     }
 }
@@ -263,6 +268,9 @@ fn role_overrides(vars: &Vars, prefix: &str) -> Option<Vars> {
     if let Some(v) = vars.get(&format!("{prefix}Version")) {
         out.insert("version".into(), v.clone());
     }
+    if let Some(w) = vars.get(&format!("{prefix}Workload")) {
+        out.insert(builtin::WORKLOAD_VARIABLE.into(), w.clone());
+    }
     (!out.is_empty()).then_some(out)
 }
 
@@ -290,8 +298,8 @@ pub fn is_label_name(name: &str) -> bool {
 
 /// Plans a tick: groups every binding of every check by (template, window, shared variables).
 pub fn plan(checks: &[GateCheck], options: &EngineOptions, subject_only: bool) -> Plan {
-    let mut parsed: HashMap<(String, Vec<String>), Result<Arc<Template>, TemplateError>> =
-        HashMap::new();
+    type ParseKey = (String, Vec<String>, bool);
+    let mut parsed: HashMap<ParseKey, Result<Arc<Template>, TemplateError>> = HashMap::new();
     let mut index: BTreeMap<GroupKey, usize> = BTreeMap::new();
     let mut groups: Vec<Group> = Vec::new();
     let mut out = Vec::with_capacity(checks.len());
@@ -303,7 +311,7 @@ pub fn plan(checks: &[GateCheck], options: &EngineOptions, subject_only: bool) -
             source,
         };
         let source = match &gate.query {
-            GateQuery::Builtin(b) => builtin::template_for(*b, &options.cluster_label),
+            GateQuery::Builtin(b) => builtin::template_in(*b, &options.cluster_label, &check.scope),
             GateQuery::PromQl(q) => {
                 if gate.template.is_none()
                     && check.owner_namespaced
@@ -319,13 +327,16 @@ pub fn plan(checks: &[GateCheck], options: &EngineOptions, subject_only: bool) -
             }
         };
         let declared: Vec<String> = gate.variables.keys().cloned().collect();
+        // The destination view keys bindings on the engine's own `{{workload}}`.
+        let workloads = check.scope.keys_workloads();
         let template = parsed
-            .entry((source.clone(), declared.clone()))
+            .entry((source.clone(), declared.clone(), workloads))
             .or_insert_with(|| {
                 let allowed: BTreeSet<String> = KNOWN_VARIABLES
                     .iter()
                     .map(|s| s.to_string())
                     .chain(declared.iter().cloned())
+                    .chain(workloads.then(|| builtin::WORKLOAD_VARIABLE.to_owned()))
                     .collect();
                 Template::parse(&source, &allowed).map(Arc::new)
             })
@@ -801,9 +812,14 @@ impl<S: MetricsSource> Engine<S> {
                 // of one Rollout share a query.
                 let mut c = checks[i].clone();
                 c.gate.window = scope.interval;
-                c.gate.query = GateQuery::PromQl(builtin::counters_for(
+                // The share counts live requests: the source reporter whatever the view.
+                if kind == SequentialKind::Share {
+                    c.scope = c.scope.live();
+                }
+                c.gate.query = GateQuery::PromQl(builtin::counters_in(
                     kind == SequentialKind::SlowRequests,
                     &self.options.cluster_label,
+                    &c.scope,
                 ));
                 c.gate.template = Some(format!("builtin counters of {}", c.gate.name));
                 c.gate.comparison =
@@ -1194,6 +1210,54 @@ mod tests {
             assert_eq!(p.groups.len(), gates.len(), "{n} objects");
             assert!(p.checks.iter().all(Result::is_ok));
         }
+    }
+
+    #[test]
+    fn the_destination_view_binds_the_canary_and_stable_workloads_in_one_query() {
+        let options = EngineOptions::default();
+        let mirror = |i: usize, gate| {
+            let mut c = service_check(i, gate);
+            c.vars
+                .insert("canaryWorkload".into(), format!("deploy{i}-canary"));
+            c.vars
+                .insert("stableWorkload".into(), format!("deploy{i}-stable"));
+            c.scope.reporter = builtin::Reporter::Destination;
+            c
+        };
+        let checks: Vec<GateCheck> = (0..3)
+            .map(|i| mirror(i * 3, BuiltinGate::ErrorRatioVsStable))
+            .collect();
+        let p = plan(&checks, &options, false);
+        assert!(p.checks.iter().all(Result::is_ok), "{:?}", p.checks);
+        let queries = p.queries().unwrap();
+        assert_eq!(queries.len(), 1, "{queries:?}");
+        let q = &queries[0];
+        assert!(q.contains(r#"reporter="destination""#), "{q}");
+        assert!(!q.contains("reporter=\"source\""), "{q}");
+        for w in ["deploy0-canary", "deploy0-stable", "deploy6-stable"] {
+            assert!(q.contains(w), "{w} in {q}");
+        }
+        assert!(
+            q.contains(r#"destination_workload_namespace="shop""#),
+            "{q}"
+        );
+        assert!(
+            !q.contains("svc0-canary"),
+            "keyed on workloads, not Services: {q}"
+        );
+        // Without the workload names the check cannot be planned: a configuration error.
+        let mut bare = service_check(0, BuiltinGate::LatencyP99VsStable);
+        bare.scope.reporter = builtin::Reporter::Destination;
+        let p = plan(&[bare], &options, false);
+        assert!(
+            matches!(&p.checks[0], Err(CheckError::Template { source: TemplateError::MissingVariable { name }, .. }) if name == "workload"),
+            "{:?}",
+            p.checks[0]
+        );
+        // The share reads the source reporter in the destination view too.
+        let share = mirror(0, BuiltinGate::AppliedShare);
+        let q = plan(&[share], &options, false).queries().unwrap();
+        assert!(q[0].contains(r#"reporter="source""#) && q[0].contains("svc0-canary"));
     }
 
     #[test]

@@ -54,6 +54,7 @@ pub mod source;
 pub mod template;
 
 pub use args::MetricsSourceArgs;
+pub use builtin::{Reporter, ServiceScope, SourceWorkloads};
 pub use decide::{
     BaselineReading, DistributionTest, GateAction, Observation, OwnerContext, action, decide,
 };
