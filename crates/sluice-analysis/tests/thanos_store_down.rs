@@ -1,6 +1,6 @@
 //! Gates read metrics through Thanos Query in production, over one Prometheus per cluster (each
-//! with a Thanos sidecar and external labels `cluster` and `site`), with every store given as
-//! `--endpoint-strict`. When one cluster's store is down, Thanos Query answers a query that does
+//! with a Thanos sidecar and external labels `cluster` and `site`), with every store a
+//! strict endpoint of `--endpoint.sd-config`. When one cluster's store is down, Thanos Query answers a query that does
 //! not forbid it with the data of the stores left (a partial response, HTTP 200 with a warning):
 //! a gate summing the fleet's errors would then judge on the clusters that still answer and could
 //! pass. The source must never accept that: a query while a store is down is an error, which no

@@ -41,7 +41,7 @@ enum Metrics {
     Prometheus,
     /// As production reads metrics: a Prometheus per cluster (external labels `cluster`,
     /// `site`) with a Thanos sidecar, and Thanos Query over the sidecars with
-    /// `--endpoint-strict`; the operators read through Thanos Query (`bash
+    /// strict endpoints (`--endpoint.sd-config`); the operators read through Thanos Query (`bash
     /// scripts/install-control-plane.sh` builds thanos).
     Thanos,
 }

@@ -5,8 +5,8 @@
 //!   cluster's telemetry is remote-written into it and everything reads it directly.
 //! - [`MetricsKind::Thanos`], as production reads metrics: one Prometheus per cluster with
 //!   external labels `cluster` and `site`, a Thanos sidecar beside each, and one Thanos Query over
-//!   the sidecars, each given with `--endpoint-strict` (a strict endpoint that goes down stays in
-//!   the query set, so a query asking for no partial response fails rather than answering from
+//!   the sidecars, each a strict endpoint of `--endpoint.sd-config` (a strict endpoint that goes down
+//!   stays in the query set, so a query asking for no partial response fails rather than answering from
 //!   the stores left). Each cluster's telemetry is remote-written into its own Prometheus; the
 //!   operators and the scenarios read through Thanos Query, asking for no partial response.
 //!

@@ -1,5 +1,5 @@
 //! Real Thanos on loopback for tests: a sidecar beside a [`Prometheus`] (its Store API over gRPC)
-//! and Thanos Query over sidecars, each endpoint given with `--endpoint-strict`, as production
+//! and Thanos Query over sidecars, each a strict endpoint of `--endpoint.sd-config`, as production
 //! runs it: a strict endpoint that goes down stays in the query set, so a query that asks for no
 //! partial response fails instead of answering from the stores left (without it, Query drops an
 //! unreachable store within seconds and answers from the rest).
@@ -260,14 +260,25 @@ pub async fn sidecar(prometheus: &Prometheus) -> Result<ThanosProcess, ThanosErr
     .await
 }
 
-/// Thanos Query over `stores` (gRPC addresses), each with `--endpoint-strict`; ready once it
-/// serves (a strict endpoint that is down keeps failing queries that want no partial response).
+/// Thanos Query over `stores` (gRPC addresses), each a strict endpoint of an
+/// `--endpoint.sd-config` (the form that replaces the deprecated `--endpoint-strict`); ready
+/// once it serves (a strict endpoint that is down keeps failing queries that want no partial
+/// response).
 pub async fn query(stores: &[&str]) -> Result<ThanosProcess, ThanosError> {
-    let args: Vec<String> = stores
+    ThanosProcess::start("query", vec![endpoint_sd_config(stores)]).await
+}
+
+/// The `--endpoint.sd-config` argument naming every store as a strict endpoint.
+fn endpoint_sd_config(stores: &[&str]) -> String {
+    let endpoints: Vec<serde_json::Value> = stores
         .iter()
-        .map(|s| format!("--endpoint-strict={s}"))
+        .map(|s| serde_json::json!({"address": s, "strict": true}))
         .collect();
-    ThanosProcess::start("query", args).await
+    // JSON is YAML: Thanos reads the value with its YAML parser.
+    format!(
+        "--endpoint.sd-config={}",
+        serde_json::json!({ "endpoints": endpoints })
+    )
 }
 
 fn free_port() -> std::io::Result<u16> {
