@@ -42,6 +42,35 @@ pub enum GitopsError {
         /// The conflicting paths.
         paths: String,
     },
+    /// A branch name git would not accept (checked before any git command runs).
+    #[error(
+        "the {role} {name:?} is not a git branch name: it {problem}; name a branch as `git check-ref-format --branch` accepts"
+    )]
+    InvalidBranch {
+        /// Which branch: "base branch" or "revert branch".
+        role: &'static str,
+        /// The name given.
+        name: String,
+        /// The rule it breaks.
+        problem: String,
+    },
+    /// The revert branch exists but another owner pushed it (a reused name): it is never
+    /// reported as this one's, nor rewritten.
+    #[error(
+        "branch {branch} already exists in {repository} but was not pushed for {owner} (its tip commit {commit} names {found}); delete the stale branch or name the revert differently"
+    )]
+    BranchTaken {
+        /// The branch.
+        branch: String,
+        /// The repository URL (without credentials).
+        repository: String,
+        /// The owner asked for.
+        owner: String,
+        /// The commit the branch points at.
+        commit: String,
+        /// The owner its tip commit names ("no owner" when none).
+        found: String,
+    },
     /// Local I/O (a temporary checkout).
     #[error("gitops I/O at {path}: {source}")]
     Io {
@@ -90,6 +119,8 @@ impl GitopsError {
             GitopsError::Git { .. } => "Git",
             GitopsError::CommitNotOnBase { .. } => "CommitNotOnBase",
             GitopsError::RevertConflict { .. } => "RevertConflict",
+            GitopsError::InvalidBranch { .. } => "InvalidBranch",
+            GitopsError::BranchTaken { .. } => "BranchTaken",
             GitopsError::Io { .. } => "Io",
             GitopsError::ForgeUnavailable { .. } => "ForgeUnavailable",
             GitopsError::Forge { .. } => "Forge",
@@ -97,7 +128,9 @@ impl GitopsError {
         }
     }
 
-    /// Whether retrying later may succeed without a change of input.
+    /// Whether retrying later may succeed without a change of input (a permanent error —
+    /// a conflict, a commit not on the base, a bad or taken branch, a refused token — waits for
+    /// a change of the request instead).
     pub fn is_transient(&self) -> bool {
         match self {
             GitopsError::Git { .. } | GitopsError::Io { .. } => true,
@@ -116,6 +149,44 @@ mod tests {
     fn categories_are_bounded_and_transience_is_by_cause() {
         let table: Vec<(GitopsError, &str, bool)> = vec![
             (GitopsError::GitMissing, "GitMissing", false),
+            (
+                GitopsError::RevertConflict {
+                    commit: "abc".into(),
+                    base: "main".into(),
+                    paths: "a.yaml".into(),
+                },
+                "RevertConflict",
+                false,
+            ),
+            (
+                GitopsError::InvalidBranch {
+                    role: "base branch",
+                    name: "a..b".into(),
+                    problem: "contains '..'".into(),
+                },
+                "InvalidBranch",
+                false,
+            ),
+            (
+                GitopsError::BranchTaken {
+                    branch: "b".into(),
+                    repository: "file:///x".into(),
+                    owner: "u1".into(),
+                    commit: "f00".into(),
+                    found: "u0".into(),
+                },
+                "BranchTaken",
+                false,
+            ),
+            (
+                GitopsError::Git {
+                    args: "clone".into(),
+                    status: "exit status: 128".into(),
+                    stderr: "connection reset".into(),
+                },
+                "Git",
+                true,
+            ),
             (
                 GitopsError::CommitNotOnBase {
                     commit: "abc".into(),

@@ -2,7 +2,10 @@
 //!
 //! Owns one operation: given a commit on a base branch, push a branch holding its revert — once.
 //! A branch that already exists is reported, never rewritten, so a restarted operator that asks
-//! again gets the same branch and commit back. Never touches the base branch, never reads the
+//! again gets the same branch and commit back; with an owner, only a branch whose tip commit
+//! names that owner (an [`OWNER_TRAILER`] trailer) is reported, so a reused branch name never
+//! passes someone else's revert off as this one. Branch names are checked before any git command
+//! runs ([`crate::refname`]). Never touches the base branch, never reads the
 //! user's or the system's git configuration, and never puts the token on a command line or in a
 //! log line (it travels in the environment, as an HTTP header git sends).
 
@@ -11,6 +14,10 @@ use std::{path::Path, process::Stdio, time::Duration};
 use tokio::process::Command;
 
 use crate::error::GitopsError;
+
+/// The commit-message trailer naming who a revert branch was pushed for
+/// (`Sluice-Revert-Owner: <owner>`).
+pub const OWNER_TRAILER: &str = "Sluice-Revert-Owner";
 
 /// How long one git command may take before it is killed.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
@@ -50,6 +57,11 @@ pub struct RevertBranch {
     pub branch: String,
     /// Commit message of the revert.
     pub message: String,
+    /// Who the branch is for (e.g. a BundlePin's UID): written as an [`OWNER_TRAILER`] trailer
+    /// of the revert commit, and an existing branch is reported only when its tip commit names
+    /// the same owner (else [`GitopsError::BranchTaken`]). `None`: any existing branch is
+    /// reported.
+    pub owner: Option<String>,
 }
 
 /// The branch as it is in the repository after [`RevertBranch::push`].
@@ -66,12 +78,17 @@ pub struct PushedBranch {
 impl RevertBranch {
     /// Pushes the revert branch unless it already exists; returns the branch's commit either way.
     pub async fn push(&self, config: &GitConfig) -> Result<PushedBranch, GitopsError> {
+        for (role, name) in [("base branch", &self.base), ("revert branch", &self.branch)] {
+            if let Some(problem) = crate::refname::branch_name_problem(name) {
+                return Err(GitopsError::InvalidBranch {
+                    role,
+                    name: name.clone(),
+                    problem,
+                });
+            }
+        }
         if let Some(commit) = remote_branch(config, &self.branch).await? {
-            return Ok(PushedBranch {
-                branch: self.branch.clone(),
-                commit,
-                created: false,
-            });
+            return self.existing(config, commit).await;
         }
         let dir = tempfile::Builder::new()
             .prefix("sluice-revert-")
@@ -146,10 +163,14 @@ impl RevertBranch {
                 paths: paths.lines().collect::<Vec<_>>().join(", "),
             });
         }
+        let message = match &self.owner {
+            Some(owner) => format!("{}\n\n{OWNER_TRAILER}: {owner}", self.message.trim_end()),
+            None => self.message.clone(),
+        };
         run(
             config,
             work,
-            &["commit", "--quiet", "--allow-empty", "-m", &self.message],
+            &["commit", "--quiet", "--allow-empty", "-m", &message],
         )
         .await?;
         let commit = run(config, work, &["rev-parse", "HEAD"]).await?;
@@ -161,16 +182,76 @@ impl RevertBranch {
                 created: true,
             }),
             Err(err) => match remote_branch(config, &self.branch).await? {
-                // Someone (a previous leader) pushed it first: keep theirs.
-                Some(existing) => Ok(PushedBranch {
-                    branch: self.branch.clone(),
-                    commit: existing,
-                    created: false,
-                }),
+                // Someone (a previous leader) pushed it first: keep theirs, if it is ours.
+                Some(existing) => self.existing(config, existing).await,
                 None => Err(err),
             },
         }
     }
+
+    /// The branch that already exists at `commit`, reported when it belongs to this owner.
+    async fn existing(
+        &self,
+        config: &GitConfig,
+        commit: String,
+    ) -> Result<PushedBranch, GitopsError> {
+        if let Some(owner) = &self.owner {
+            let message = tip_message(config, &self.branch).await?;
+            let found = owner_of(&message);
+            if found != Some(owner.as_str()) {
+                return Err(GitopsError::BranchTaken {
+                    branch: self.branch.clone(),
+                    repository: config.url.clone(),
+                    owner: owner.clone(),
+                    commit,
+                    found: found.unwrap_or("no owner").to_owned(),
+                });
+            }
+        }
+        Ok(PushedBranch {
+            branch: self.branch.clone(),
+            commit,
+            created: false,
+        })
+    }
+}
+
+/// The owner an [`OWNER_TRAILER`] line of `message` names (the last one), if any.
+fn owner_of(message: &str) -> Option<&str> {
+    message
+        .lines()
+        .filter_map(|l| l.strip_prefix(OWNER_TRAILER)?.strip_prefix(':'))
+        .map(str::trim)
+        .next_back()
+}
+
+/// The message of the commit `branch` points at: one shallow fetch of that commit (no blobs)
+/// into an empty repository, not a clone.
+async fn tip_message(config: &GitConfig, branch: &str) -> Result<String, GitopsError> {
+    let dir = tempfile::Builder::new()
+        .prefix("sluice-revert-tip-")
+        .tempdir()
+        .map_err(|source| GitopsError::Io {
+            path: std::env::temp_dir().display().to_string(),
+            source,
+        })?;
+    let work = dir.path();
+    run(config, work, &["init", "--quiet"]).await?;
+    run(
+        config,
+        work,
+        &[
+            "fetch",
+            "--quiet",
+            "--no-tags",
+            "--depth=1",
+            "--filter=blob:none",
+            &config.url,
+            &format!("refs/heads/{branch}"),
+        ],
+    )
+    .await?;
+    run(config, work, &["log", "-1", "--format=%B", "FETCH_HEAD"]).await
 }
 
 /// The commit `branch` points at in the repository, or `None` when it does not exist.
@@ -292,6 +373,26 @@ mod tests {
         ];
         for (user, password, want) in table {
             assert_eq!(basic(user, password), want, "{user}:{password}");
+        }
+    }
+
+    #[test]
+    fn the_owner_is_read_from_the_last_trailer() {
+        let table = [
+            ("Revert x\n\nSluice-Revert-Owner: u1", Some("u1")),
+            ("Revert x\n\nSluice-Revert-Owner:u2\n", Some("u2")),
+            (
+                "Revert x\n\nSluice-Revert-Owner: u0\nSluice-Revert-Owner: u3",
+                Some("u3"),
+            ),
+            (
+                "Revert x\n\nmentions Sluice-Revert-Owner: u1 in prose",
+                None,
+            ),
+            ("Revert x", None),
+        ];
+        for (message, want) in table {
+            assert_eq!(owner_of(message), want, "{message:?}");
         }
     }
 

@@ -9,7 +9,9 @@
 pub mod error;
 pub mod forge;
 pub mod git;
+pub mod refname;
 
 pub use error::GitopsError;
 pub use forge::{ForgeClient, ForgeConfig, PullRequest, PullRequestRequest};
-pub use git::{GitConfig, PushedBranch, RevertBranch};
+pub use git::{GitConfig, OWNER_TRAILER, PushedBranch, RevertBranch};
+pub use refname::branch_name_problem;

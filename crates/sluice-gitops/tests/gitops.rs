@@ -54,6 +54,7 @@ async fn revert_branch_is_pushed_once_and_reverts_only_the_offending_commit() {
         base: "main".into(),
         branch: "sluice/revert/argocd/pin-1".into(),
         message: "Revert bad change (BundlePin argocd/pin-1)".into(),
+        owner: Some("uid-1".into()),
     };
     let first = request.push(&config(&repo)).await.unwrap();
     assert!(first.created);
@@ -101,6 +102,7 @@ async fn a_commit_not_on_the_base_branch_is_refused_with_its_name() {
         base: "main".into(),
         branch: "sluice/revert/x".into(),
         message: "m".into(),
+        owner: None,
     };
     let err = request.push(&config(&repo)).await.unwrap_err();
     assert_eq!(err.category(), "CommitNotOnBase", "{err}");
@@ -121,10 +123,101 @@ async fn a_conflicting_revert_names_the_paths() {
         base: "main".into(),
         branch: "sluice/revert/y".into(),
         message: "m".into(),
+        owner: None,
     };
     let err = request.push(&config(&repo)).await.unwrap_err();
     assert!(matches!(err, GitopsError::RevertConflict { .. }), "{err}");
     assert!(err.to_string().contains("mesh/route.yaml"), "{err}");
+}
+
+#[tokio::test]
+async fn a_branch_pushed_for_another_owner_is_never_reported_as_this_ones() {
+    let Some(repo) = repo() else { return };
+    let bad = repo
+        .commit_files(&[("mesh/route.yaml", "weight: 90\n")], "bad")
+        .unwrap();
+    // Months ago a pin of the same name (another UID) pushed its revert under this branch name.
+    let old = RevertBranch {
+        commit: bad.clone(),
+        base: "main".into(),
+        branch: "sluice/revert/argocd/pin-1".into(),
+        message: "Revert bad (old pin)".into(),
+        owner: Some("uid-old".into()),
+    };
+    let old_pushed = old.push(&config(&repo)).await.unwrap();
+    assert!(old_pushed.created);
+    // Its own owner still gets it back.
+    let again = old.push(&config(&repo)).await.unwrap();
+    assert_eq!(
+        (again.created, again.commit),
+        (false, old_pushed.commit.clone())
+    );
+
+    // A new pin reusing the name is refused, naming both owners; the old branch is untouched.
+    let new = RevertBranch {
+        owner: Some("uid-new".into()),
+        message: "Revert bad (new pin)".into(),
+        ..old.clone()
+    };
+    let err = new.push(&config(&repo)).await.unwrap_err();
+    assert!(matches!(err, GitopsError::BranchTaken { .. }), "{err}");
+    assert!(!err.is_transient(), "{err}");
+    let said = err.to_string();
+    for part in ["sluice/revert/argocd/pin-1", "uid-new", "uid-old"] {
+        assert!(said.contains(part), "{said} lacks {part}");
+    }
+    assert_eq!(
+        repo.branch_sha(&old.branch).unwrap().as_deref(),
+        Some(old_pushed.commit.as_str())
+    );
+
+    // A branch someone pushed by hand (no owner trailer) is not taken over either.
+    repo.git(&[
+        "push",
+        "--quiet",
+        "origin",
+        "main:refs/heads/sluice/revert/argocd/pin-2",
+    ])
+    .unwrap();
+    let by_hand = RevertBranch {
+        branch: "sluice/revert/argocd/pin-2".into(),
+        ..new.clone()
+    };
+    let err = by_hand.push(&config(&repo)).await.unwrap_err();
+    assert!(err.to_string().contains("no owner"), "{err}");
+}
+
+#[tokio::test]
+async fn a_base_branch_git_would_refuse_is_named_before_any_git_command_runs() {
+    // An unreachable repository: any git command would fail with a Git error instead.
+    let config = GitConfig {
+        url: "file:///nonexistent/intent.git".into(),
+        token: None,
+        author_name: "sluice-revert".into(),
+        author_email: "sluice-revert@example.invalid".into(),
+    };
+    let table = [
+        (
+            "main..x",
+            "the base branch \"main..x\" is not a git branch name: it contains '..'",
+        ),
+        ("main.lock", "it has a component ending with '.lock'"),
+        ("-main", "it starts with '-'"),
+        ("release 1", "it contains a space"),
+    ];
+    for (base, want) in table {
+        let request = RevertBranch {
+            commit: "abcdef1".into(),
+            base: base.into(),
+            branch: "sluice/revert/argocd/pin-1".into(),
+            message: "m".into(),
+            owner: None,
+        };
+        let err = request.push(&config).await.unwrap_err();
+        assert_eq!(err.category(), "InvalidBranch", "{base}: {err}");
+        assert!(!err.is_transient());
+        assert!(err.to_string().contains(want), "{base}: {err} lacks {want}");
+    }
 }
 
 /// The stand-in's state: pull requests created, and every Authorization header seen.

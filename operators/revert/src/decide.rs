@@ -6,7 +6,9 @@
 //! operator reaches the same decision: the original sync policy is recorded in the status
 //! before any Application is touched, effects are idempotent (suspend, server-side apply, prune,
 //! restore), and the git revert is asked for until the status records it (the git client never
-//! pushes a branch twice). Must never do I/O or read the clock; never emits an effect before the
+//! pushes a branch twice, nor reports a branch another pin pushed): a failure that may pass is
+//! asked again after a growing back-off, one that cannot ([`record_git_outcome`] tells them
+//! apart) waits for a change of the spec. Must never do I/O or read the clock; never emits an effect before the
 //! bundle's signature and kinds are verified and every target is found suitable.
 
 use std::time::Duration;
@@ -16,8 +18,8 @@ use serde_json::Value;
 use sluice_api::v1alpha1::{
     BundlePinPhase, BundlePinSpec, BundlePinStatus,
     bundle_pin::{
-        ApplicationPinState, BundleRef, GroupKind, PinHistoryEntry, PinnedApplication,
-        PinnedObject, ReleasePolicy, conditions, reasons,
+        ApplicationPinState, BundleRef, GitRevertStatus, GroupKind, PinHistoryEntry,
+        PinnedApplication, PinnedObject, ReleasePolicy, conditions, reasons,
     },
 };
 use sluice_runtime::{
@@ -35,8 +37,13 @@ pub const SHORT: Duration = Duration::from_millis(500);
 /// How soon a transient verification failure (registry down, keys absent) is retried.
 pub const RETRY: Duration = Duration::from_secs(10);
 
-/// Prefix of the revert branch: `sluice/revert/<namespace>/<name>`.
+/// Prefix of the revert branch: `sluice/revert/<namespace>/<name>-<uid8>` ([`branch_name`]).
 pub const BRANCH_PREFIX: &str = "sluice/revert";
+/// The first wait after a git revert failed for a reason that may pass; it doubles per failed
+/// attempt up to [`GIT_RETRY_MAX`] (each attempt is a clone of the intent repository).
+pub const GIT_RETRY_MIN: Duration = Duration::from_secs(30);
+/// The longest wait between two attempts at a git revert.
+pub const GIT_RETRY_MAX: Duration = Duration::from_secs(30 * 60);
 /// Most objects a pin records (and so pins).
 pub const MAX_OBJECTS: usize = 2048;
 /// Entries a pin's status history keeps (the oldest go first).
@@ -204,6 +211,9 @@ pub struct Observations {
     pub generation: Option<i64>,
     /// `metadata.namespace` and `metadata.name` (branch name, messages).
     pub pin: (String, String),
+    /// `metadata.uid`: tells this pin from an earlier one of the same name (branch name, owner
+    /// of the revert branch). Empty: unknown.
+    pub uid: String,
     /// The bundle verification; `None` when the reconcile did not verify (phase does not need it).
     pub verification: Option<Verification>,
     /// The targets, in `spec.targets` order.
@@ -352,6 +362,9 @@ pub enum Action {
         message: String,
         /// Open a pull request.
         pull_request: bool,
+        /// Who the branch belongs to (the pin's UID): an existing branch is reported only when
+        /// it was pushed for this owner. Empty: any existing branch.
+        owner: String,
     },
     /// The audit record of a pin or release: an Event and one structured log line.
     Audit {
@@ -403,9 +416,132 @@ pub const PIN: &str = "Pin";
 /// The Event action name of releasing.
 pub const RELEASE: &str = "Release";
 
-/// The revert branch of a pin.
-pub fn branch_name(namespace: &str, name: &str) -> String {
-    format!("{BRANCH_PREFIX}/{namespace}/{name}")
+/// The revert branch of a pin: `sluice/revert/<namespace>/<name>-<uid8>`. The first 8 hex
+/// digits of the pin's UID make a name reused later (`pin-<app>-<digest12>` months on) a
+/// different branch, so an old branch or pull request is never reported as this pin's.
+pub fn branch_name(namespace: &str, name: &str, uid: &str) -> String {
+    let short: String = uid
+        .chars()
+        .filter(char::is_ascii_hexdigit)
+        .take(8)
+        .collect::<String>()
+        .to_ascii_lowercase();
+    if short.is_empty() {
+        format!("{BRANCH_PREFIX}/{namespace}/{name}")
+    } else {
+        format!("{BRANCH_PREFIX}/{namespace}/{name}-{short}")
+    }
+}
+
+/// How long to wait after `failed_attempts` failures in a row that may pass: [`GIT_RETRY_MIN`]
+/// doubling per attempt, at most [`GIT_RETRY_MAX`].
+pub fn git_retry_after(failed_attempts: u32) -> Duration {
+    let doublings = failed_attempts.saturating_sub(1).min(16);
+    GIT_RETRY_MIN
+        .saturating_mul(1 << doublings)
+        .min(GIT_RETRY_MAX)
+}
+
+/// What an attempt at the git revert came to (the reconcile's I/O result).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GitOutcome {
+    /// The branch is in the repository (and the pull request open, when asked).
+    Pushed(GitRevertStatus),
+    /// It failed.
+    Failed {
+        /// Bounded CamelCase kind of the failure (`RevertConflict`, `ForgeUnavailable`, ...).
+        reason: &'static str,
+        /// What failed, where, and what to do.
+        message: String,
+        /// Whether it may pass without a change of the spec (the forge or the repository was
+        /// unreachable); otherwise it waits for the spec to change.
+        retryable: bool,
+    },
+}
+
+/// Records an attempt at the git revert in the status: the branch once pushed; otherwise the
+/// failure, whether it is retried (and when) or waits for a change of the spec, with the
+/// `GitRevert` condition saying so. [`git_revert`] reads it back to decide the next attempt.
+pub fn record_git_outcome(
+    status: &mut BundlePinStatus,
+    outcome: GitOutcome,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let (condition_status, reason, message) = match outcome {
+        GitOutcome::Pushed(revert) => {
+            let note = format!(
+                "revert branch {} at {}{}",
+                revert.branch.as_deref().unwrap_or_default(),
+                revert.commit.as_deref().unwrap_or_default(),
+                revert
+                    .pull_request_url
+                    .as_deref()
+                    .map(|u| format!(", pull request {u}"))
+                    .unwrap_or_default()
+            );
+            status.git_revert = Some(GitRevertStatus {
+                pushed_at: Some(Time(now)),
+                attempted_generation: generation,
+                failure: None,
+                failure_reason: None,
+                retryable: false,
+                failed_attempts: 0,
+                last_attempt_at: None,
+                ..revert
+            });
+            (Status::True, reasons::REVERT_PUSHED, note)
+        }
+        GitOutcome::Failed {
+            reason,
+            message,
+            retryable,
+        } => {
+            let previous = status.git_revert.take().unwrap_or_default();
+            let attempts = if previous.attempted_generation == generation {
+                previous.failed_attempts.saturating_add(1)
+            } else {
+                1
+            };
+            let (condition_reason, message) = if retryable {
+                (
+                    reasons::GIT_REVERT_FAILED,
+                    format!(
+                        "{message}; attempt {attempts} failed, tried again in {} s",
+                        git_retry_after(attempts).as_secs()
+                    ),
+                )
+            } else {
+                (
+                    reasons::GIT_REVERT_NOT_POSSIBLE,
+                    format!(
+                        "{message}; not tried again until the spec changes: revert the change in Git by hand, or correct spec.gitRevert"
+                    ),
+                )
+            };
+            status.git_revert = Some(GitRevertStatus {
+                failure: Some(message.chars().take(1024).collect()),
+                failure_reason: Some(reason.to_owned()),
+                retryable,
+                failed_attempts: attempts,
+                last_attempt_at: Some(Time(now)),
+                attempted_generation: generation,
+                ..GitRevertStatus::default()
+            });
+            (Status::False, condition_reason, message)
+        }
+    };
+    cond::set(
+        &mut status.conditions,
+        cond::new(
+            conditions::GIT_REVERT,
+            condition_status,
+            reason,
+            message,
+            generation,
+            now,
+        ),
+    );
 }
 
 /// Whether an Application of this pin may still have its automated sync suspended by revert:
@@ -1462,7 +1598,9 @@ fn pinning(
     });
 }
 
-/// Asks for the git revert until the status records it.
+/// Asks for the git revert until the status records its branch: at once for a spec not tried
+/// yet, after [`git_retry_after`] for a failure that may pass, never again for one that cannot
+/// until the spec changes (a new generation).
 fn git_revert(
     spec: &BundlePinSpec,
     obs: &Observations,
@@ -1471,7 +1609,35 @@ fn git_revert(
     gen_: Option<i64>,
 ) {
     let Some(git) = &spec.git_revert else { return };
-    if d.status.git_revert.is_some() {
+    if let Some(done) = &d.status.git_revert
+        && done.failure.is_some()
+        && done.attempted_generation == gen_
+    {
+        if !done.retryable {
+            return;
+        }
+        let due = done
+            .last_attempt_at
+            .as_ref()
+            .map(|t| t.0.as_second() + git_retry_after(done.failed_attempts).as_secs() as i64);
+        if let Some(due) = due
+            && now.as_second() < due
+        {
+            let wait = Duration::from_secs((due - now.as_second()) as u64);
+            if let Requeue::After(current) = d.requeue
+                && wait < current
+            {
+                d.requeue = Requeue::After(wait);
+            }
+            return;
+        }
+    } else if d
+        .status
+        .git_revert
+        .as_ref()
+        .is_some_and(|g| g.failure.is_none() || g.branch.is_some())
+    {
+        // Pushed (a status written before failures were recorded counts as pushed too).
         return;
     }
     if !obs.git_configured {
@@ -1492,7 +1658,7 @@ fn git_revert(
     d.actions.push(Action::PushRevert {
         commit: git.commit.clone(),
         base: git.base_branch.clone(),
-        branch: branch_name(ns, name),
+        branch: branch_name(ns, name, &obs.uid),
         message: format!(
             "Revert {} (BundlePin {ns}/{name})\n\n{}\n\nPinned to {}.",
             &git.commit,
@@ -1500,6 +1666,7 @@ fn git_revert(
             bundle_to_verify(spec, Some(&d.status)).reference()
         ),
         pull_request: git.pull_request,
+        owner: obs.uid.clone(),
     });
 }
 
@@ -1939,6 +2106,7 @@ mod tests {
             Observations {
                 generation: Some(1),
                 pin: ("argocd".into(), "pin-1".into()),
+                uid: PIN_UID.into(),
                 verification,
                 applications: vec![AppObservation {
                     namespace: "argocd".into(),
@@ -2012,17 +2180,24 @@ mod tests {
         }
     }
 
+    const PIN_UID: &str = "3F2A9C1E-77b0-4c1d-9e2f-0123456789ab";
+
     /// The reconcile's bookkeeping of a pushed revert (what the I/O side records).
     fn record_git(d: &mut Decision) {
         if d.actions
             .iter()
             .any(|a| matches!(a, Action::PushRevert { .. }))
         {
-            d.status.git_revert = Some(sluice_api::v1alpha1::bundle_pin::GitRevertStatus {
-                branch: Some("sluice/revert/argocd/pin-1".into()),
-                commit: Some("f00".into()),
-                ..Default::default()
-            });
+            record_git_outcome(
+                &mut d.status,
+                GitOutcome::Pushed(GitRevertStatus {
+                    branch: Some("sluice/revert/argocd/pin-1-3f2a9c1e".into()),
+                    commit: Some("f00".into()),
+                    ..Default::default()
+                }),
+                Some(1),
+                t(0),
+            );
         }
     }
 
@@ -3147,6 +3322,224 @@ mod tests {
             d.status.applications[0].original_sync_policy,
             Some(original_policy())
         );
+    }
+
+    fn pushes(d: &Decision) -> Vec<&Action> {
+        d.actions
+            .iter()
+            .filter(|a| matches!(a, Action::PushRevert { .. }))
+            .collect()
+    }
+
+    /// A pinned pin whose git revert was never recorded (the first push pending).
+    fn pinned_without_git(spec: &BundlePinSpec, world: &mut World) -> BundlePinStatus {
+        let mut status = pin(spec, world, None);
+        status.git_revert = None;
+        status
+    }
+
+    fn fail(
+        status: &mut BundlePinStatus,
+        reason: &'static str,
+        retryable: bool,
+        generation: i64,
+        at: i64,
+    ) {
+        record_git_outcome(
+            status,
+            GitOutcome::Failed {
+                reason,
+                message: format!("{reason} happened"),
+                retryable,
+            },
+            Some(generation),
+            t(at),
+        );
+    }
+
+    #[test]
+    fn the_revert_branch_is_unique_to_the_pin_instance_and_owned_by_it() {
+        let spec = spec(json!({}));
+        let mut world = World::new();
+        let status = pinned_without_git(&spec, &mut world);
+        let d = decide(&spec, Some(&status), &world.obs(verified()), t(100));
+        let [Action::PushRevert { branch, owner, .. }] = pushes(&d)[..] else {
+            panic!("one push: {:?}", d.actions);
+        };
+        assert_eq!(branch, "sluice/revert/argocd/pin-1-3f2a9c1e");
+        assert_eq!(owner, PIN_UID);
+        // The same name reused months later by another pin (another UID): another branch.
+        let mut later = world.obs(verified());
+        later.uid = "0b7d55e2-1111-2222-3333-444455556666".into();
+        let d = decide(&spec, Some(&status), &later, t(100));
+        let [Action::PushRevert { branch, owner, .. }] = pushes(&d)[..] else {
+            panic!("one push: {:?}", d.actions);
+        };
+        assert_eq!(branch, "sluice/revert/argocd/pin-1-0b7d55e2");
+        assert_eq!(owner, &later.uid);
+        assert_eq!(
+            branch_name("argocd", "pin-1", ""),
+            "sluice/revert/argocd/pin-1",
+            "no UID known: the plain name"
+        );
+    }
+
+    #[test]
+    fn a_permanent_git_failure_is_not_tried_again_until_the_spec_changes() {
+        for reason in [
+            "RevertConflict",
+            "CommitNotOnBase",
+            "BranchTaken",
+            "ForgeUnauthorized",
+        ] {
+            let spec = spec(json!({}));
+            let mut world = World::new();
+            let mut status = pinned_without_git(&spec, &mut world);
+            assert_eq!(
+                pushes(&decide(
+                    &spec,
+                    Some(&status),
+                    &world.obs(verified()),
+                    t(100)
+                ))
+                .len(),
+                1
+            );
+            fail(&mut status, reason, false, 1, 100);
+            let git = status.git_revert.clone().unwrap();
+            assert_eq!(
+                (
+                    git.failure_reason.as_deref(),
+                    git.retryable,
+                    git.failed_attempts
+                ),
+                (Some(reason), false, 1)
+            );
+            let c = cond::find(&status.conditions, conditions::GIT_REVERT).unwrap();
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_str()),
+                ("False", reasons::GIT_REVERT_NOT_POSSIBLE),
+                "{reason}"
+            );
+            assert!(
+                c.message.contains(&format!("{reason} happened"))
+                    && c.message.contains(
+                        "not tried again until the spec changes: revert the change in Git by hand"
+                    ),
+                "{}",
+                c.message
+            );
+            // A day of polls (the pin stays Pinned and keeps its 30 s safety net): no push.
+            for at in (130..86_400).step_by(30) {
+                let d = decide(&spec, Some(&status), &world.obs(verified()), t(at));
+                assert!(pushes(&d).is_empty(), "{reason} at {at}: {:?}", d.actions);
+                assert_eq!(d.status.git_revert, status.git_revert, "recorded once");
+                assert_eq!(d.status.phase, BundlePinPhase::Pinned);
+            }
+            // The spec changes (a corrected commit or base branch): tried once more, at once.
+            let mut edited = world.obs(verified());
+            edited.generation = Some(2);
+            let d = decide(&spec, Some(&status), &edited, t(86_400));
+            assert_eq!(pushes(&d).len(), 1, "{reason}: {:?}", d.actions);
+            let mut again = d.status.clone();
+            fail(&mut again, reason, false, 2, 86_400);
+            assert_eq!(
+                again.git_revert.as_ref().unwrap().failed_attempts,
+                1,
+                "counted afresh for the new spec"
+            );
+        }
+    }
+
+    #[test]
+    fn a_git_failure_that_may_pass_is_retried_with_a_growing_back_off_to_a_cap() {
+        let table = [
+            (1, 30),
+            (2, 60),
+            (3, 120),
+            (4, 240),
+            (6, 960),
+            (7, 1800),
+            (8, 1800),
+            (40, 1800),
+        ];
+        for (attempts, secs) in table {
+            assert_eq!(git_retry_after(attempts).as_secs(), secs, "{attempts}");
+        }
+
+        let spec = spec(json!({}));
+        let mut world = World::new();
+        let mut status = pinned_without_git(&spec, &mut world);
+        let mut at = 100;
+        let mut tries = Vec::new();
+        // Two hours of an unreachable forge, reconciled every 10 s.
+        while at < 100 + 7200 {
+            let d = decide(&spec, Some(&status), &world.obs(verified()), t(at));
+            if !pushes(&d).is_empty() {
+                tries.push(at - 100);
+                status = d.status;
+                fail(&mut status, "ForgeUnavailable", true, 1, at);
+                let c = cond::find(&status.conditions, conditions::GIT_REVERT).unwrap();
+                assert_eq!(c.reason, reasons::GIT_REVERT_FAILED);
+                let n = status.git_revert.as_ref().unwrap().failed_attempts;
+                assert!(
+                    c.message.contains(&format!(
+                        "attempt {n} failed, tried again in {} s",
+                        git_retry_after(n).as_secs()
+                    )),
+                    "{}",
+                    c.message
+                );
+            } else if let Requeue::After(wait) = d.requeue {
+                assert!(wait <= POLL, "{wait:?}");
+            }
+            at += 10;
+        }
+        assert_eq!(
+            tries,
+            vec![0, 30, 90, 210, 450, 930, 1890, 3690, 5490],
+            "30 s doubling to 30 min"
+        );
+        // Once it passes, the branch is recorded and never asked for again.
+        let d = decide(&spec, Some(&status), &world.obs(verified()), t(100 + 7290));
+        let mut d = d;
+        assert_eq!(pushes(&d).len(), 1);
+        record_git(&mut d);
+        let git = d.status.git_revert.clone().unwrap();
+        assert_eq!(
+            (git.failure, git.failed_attempts, git.branch.is_some()),
+            (None, 0, true)
+        );
+        let c = cond::find(&d.status.conditions, conditions::GIT_REVERT).unwrap();
+        assert_eq!(c.reason, reasons::REVERT_PUSHED);
+        let next = decide(
+            &spec,
+            Some(&d.status),
+            &world.obs(verified()),
+            t(100 + 9000),
+        );
+        assert!(pushes(&next).is_empty());
+    }
+
+    #[test]
+    fn a_base_branch_git_would_refuse_is_an_invalid_spec_naming_the_field() {
+        let spec = spec(json!({"gitRevert": {"commit": "abcdef1", "baseBranch": "release..1"}}));
+        let world = World::new();
+        let d = decide(&spec, None, &world.obs(verified()), t(0));
+        assert_eq!(d.status.phase, BundlePinPhase::Refused);
+        let ready = cond::find(&d.status.conditions, conditions::READY).unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", reasons::INVALID_SPEC)
+        );
+        assert!(
+            ready.message.contains(
+                "spec.gitRevert.baseBranch: \"release..1\" is not a git branch name: it contains '..'"
+            ),
+            "{}",
+            ready.message
+        );
+        assert!(d.actions.iter().all(|a| !a.is_effect()), "{:?}", d.actions);
     }
 
     #[test]

@@ -45,8 +45,8 @@ use crate::{
     apply::{self, Kinds},
     clusters::Clusters,
     decide::{
-        self, Action, AppKey, AppObservation, AppView, BundleSummary, ObjectKey, Observations,
-        OwningApplicationSet, Requeue, Verification,
+        self, Action, AppKey, AppObservation, AppView, BundleSummary, GitOutcome, ObjectKey,
+        Observations, OwningApplicationSet, Requeue, Verification,
     },
     metrics::RevertMetrics,
     registry::Registries,
@@ -873,10 +873,11 @@ impl Context {
                 branch,
                 message,
                 pull_request,
+                owner,
             } => {
-                // Not fatal: the pin holds either way; the next poll asks again.
-                match self
-                    .push_revert(commit, base, branch, message, *pull_request, pin)
+                // Not fatal: the pin holds either way; the decision says when to ask again.
+                let outcome = match self
+                    .push_revert(commit, base, branch, message, *pull_request, owner, pin)
                     .await
                 {
                     Ok((git, created)) => {
@@ -886,70 +887,38 @@ impl Context {
                                 result: if created { "pushed" } else { "existing" }.into(),
                             })
                             .inc();
-                        let note = format!(
-                            "revert branch {branch} at {}{}",
-                            git.commit.as_deref().unwrap_or_default(),
-                            git.pull_request_url
-                                .as_deref()
-                                .map(|u| format!(", pull request {u}"))
-                                .unwrap_or_default()
-                        );
-                        status.git_revert = Some(GitRevertStatus {
-                            pushed_at: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                                now,
-                            )),
-                            ..git
-                        });
-                        cond::set(
-                            &mut status.conditions,
-                            cond::new(
-                                conditions::GIT_REVERT,
-                                Status::True,
-                                reasons::REVERT_PUSHED,
-                                note,
-                                pin.metadata.generation,
-                                now,
-                            ),
-                        );
+                        GitOutcome::Pushed(git)
                     }
-                    Err((category, message)) => {
+                    Err(err) => {
+                        let (reason, message, retryable) = match err {
+                            PushError::Gitops(e) => (e.category(), e.to_string(), e.is_transient()),
+                            PushError::NotConfigured => (
+                                reasons::GIT_NOT_CONFIGURED,
+                                "no intent repository configured (--git-url)".to_owned(),
+                                false,
+                            ),
+                        };
                         self.metrics
                             .git_reverts
                             .get_or_create(&crate::metrics::ResultLabels {
-                                result: category.into(),
+                                result: reason.into(),
                             })
                             .inc();
-                        // A conflict or a commit not on the base branch stays so: recorded, never
-                        // tried again (each try is a full clone).
-                        let permanent = matches!(category, "RevertConflict" | "CommitNotOnBase");
-                        let message = if permanent {
-                            status.git_revert = Some(GitRevertStatus {
-                                failure: Some(message.chars().take(1024).collect()),
-                                ..GitRevertStatus::default()
-                            });
-                            format!("{message}; not tried again: revert the change in Git by hand")
-                        } else {
-                            message
-                        };
-                        tracing::warn!(error = %message, permanent, "git revert failed");
-                        cond::set(
-                            &mut status.conditions,
-                            cond::new(
-                                conditions::GIT_REVERT,
-                                Status::False,
-                                reasons::GIT_REVERT_FAILED,
-                                message,
-                                pin.metadata.generation,
-                                now,
-                            ),
-                        );
+                        tracing::warn!(error = %message, reason, retryable, "git revert failed");
+                        GitOutcome::Failed {
+                            reason,
+                            message,
+                            retryable,
+                        }
                     }
-                }
+                };
+                decide::record_git_outcome(status, outcome, pin.metadata.generation, now);
             }
         }
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn push_revert(
         &self,
         commit: &str,
@@ -957,21 +926,20 @@ impl Context {
         branch: &str,
         message: &str,
         pull_request: bool,
+        owner: &str,
         pin: &BundlePin,
-    ) -> Result<(GitRevertStatus, bool), (&'static str, String)> {
-        let git = self
-            .git
-            .as_ref()
-            .ok_or(("GitNotConfigured", "no intent repository configured".into()))?;
+    ) -> Result<(GitRevertStatus, bool), PushError> {
+        let git = self.git.as_ref().ok_or(PushError::NotConfigured)?;
         let pushed = RevertBranch {
             commit: commit.into(),
             base: base.into(),
             branch: branch.into(),
             message: message.into(),
+            owner: (!owner.is_empty()).then(|| owner.to_owned()),
         }
         .push(git)
         .await
-        .map_err(|e| (e.category(), e.to_string()))?;
+        .map_err(PushError::Gitops)?;
         let mut status = GitRevertStatus {
             branch: Some(pushed.branch.clone()),
             commit: Some(pushed.commit.clone()),
@@ -992,11 +960,19 @@ impl Context {
                     ),
                 })
                 .await
-                .map_err(|e| (e.category(), e.to_string()))?;
+                .map_err(PushError::Gitops)?;
             status.pull_request_url = Some(pr.url);
         }
         Ok((status, pushed.created))
     }
+}
+
+/// Why the git revert could not be pushed.
+enum PushError {
+    /// No intent repository is configured.
+    NotConfigured,
+    /// Git or the forge failed.
+    Gitops(sluice_gitops::GitopsError),
 }
 
 fn apply_category(e: &apply::ApplyError) -> Category {
@@ -1191,6 +1167,7 @@ pub async fn reconcile(
     let obs = Observations {
         generation: obj.metadata.generation,
         pin: (ns.clone(), name.clone()),
+        uid: obj.metadata.uid.clone().unwrap_or_default(),
         verification,
         applications,
         git_configured: ctx.git.is_some(),

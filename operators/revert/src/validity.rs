@@ -1,7 +1,8 @@
 //! Validity of a BundlePin beyond what the API server's schema and CEL rules enforce:
 //! `sluice_api::validation` (which also re-checks the CEL rules), plus revert's own rule that
 //! the kinds a pin may apply are mesh configuration, never identity, RBAC or secrets (revert's
-//! per-cluster identity is allowed only mesh kinds; a pin must not ask for more). Each problem
+//! per-cluster identity is allowed only mesh kinds; a pin must not ask for more), and that the
+//! git revert's base branch is a name git accepts (`git check-ref-format --branch`). Each problem
 //! names its field (`spec.allowedKinds[2]: ...`).
 //!
 //! Pure; never reads the cluster or the registry (signatures are verified by the reconcile).
@@ -42,6 +43,18 @@ pub fn problems(spec: &BundlePinSpec) -> Vec<String> {
             };
             out.push(format!(
                 "spec.allowedKinds[{i}]: {shown} is not mesh configuration and may never be pinned; remove it"
+            ));
+        }
+    }
+    if let Some(git) = &spec.git_revert {
+        const FIELD: &str = "spec.gitRevert.baseBranch";
+        // The API's own check (characters, a leading '-') speaks first; one problem per field.
+        if !out.iter().any(|p| p.starts_with(FIELD))
+            && let Some(problem) = sluice_gitops::branch_name_problem(&git.base_branch)
+        {
+            out.push(format!(
+                "{FIELD}: {:?} is not a git branch name: it {problem}; name the branch the revert is based on, as `git check-ref-format --branch` accepts it",
+                git.base_branch
             ));
         }
     }
@@ -90,6 +103,53 @@ mod tests {
             base[k] = v.clone();
         }
         serde_json::from_value(base).expect("fixture deserializes")
+    }
+
+    #[test]
+    fn a_base_branch_git_would_refuse_is_named_with_the_rule_it_breaks() {
+        let table = [
+            ("main", None),
+            ("release/2026.12", None),
+            (
+                "release..1",
+                Some(
+                    "spec.gitRevert.baseBranch: \"release..1\" is not a git branch name: it contains '..'",
+                ),
+            ),
+            (
+                "main.lock",
+                Some("it has a component ending with '.lock' (main.lock)"),
+            ),
+            ("release/", Some("it starts or ends with '/'")),
+            ("a//b", Some("it contains '//'")),
+            ("main.", Some("it ends with '.'")),
+            ("team/.x", Some("it has a component starting with '.' (.x)")),
+        ];
+        for (branch, want) in table {
+            let got = problems(&spec(
+                serde_json::json!({"gitRevert": {"commit": "abcdef1", "baseBranch": branch}}),
+            ));
+            match want {
+                None => assert!(got.is_empty(), "{branch}: {got:?}"),
+                Some(w) => {
+                    assert_eq!(got.len(), 1, "{branch}: one problem per field: {got:?}");
+                    assert!(
+                        got[0].starts_with("spec.gitRevert.baseBranch: "),
+                        "{branch}: {}",
+                        got[0]
+                    );
+                    assert!(got[0].contains(w), "{branch}: {} lacks {w}", got[0]);
+                }
+            }
+        }
+        // What the API already refuses (a leading '-', a space) is said once, by the API's check.
+        for branch in ["-main", "release 1", "main~1"] {
+            let got = problems(&spec(
+                serde_json::json!({"gitRevert": {"commit": "abcdef1", "baseBranch": branch}}),
+            ));
+            assert_eq!(got.len(), 1, "{branch}: {got:?}");
+            assert!(got[0].starts_with("spec.gitRevert.baseBranch"), "{got:?}");
+        }
     }
 
     #[test]

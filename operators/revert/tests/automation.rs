@@ -326,11 +326,26 @@ async fn a_revert_that_conflicts_in_git_is_reported_once_and_not_tried_again() {
     let git = p.status.as_ref().unwrap().git_revert.clone().unwrap();
     assert!(git.branch.is_none(), "{git:?}");
     assert!(git.failure.is_some(), "{git:?}");
+    assert_eq!(
+        (
+            git.failure_reason.as_deref(),
+            git.retryable,
+            git.failed_attempts
+        ),
+        (Some("RevertConflict"), false, 1),
+        "{git:?}"
+    );
     let c = find(&p.status.unwrap().conditions, conditions::GIT_REVERT)
         .unwrap()
         .clone();
-    assert_eq!(c.reason, reasons::GIT_REVERT_FAILED);
-    assert!(c.message.contains("by hand"), "{}", c.message);
+    assert_eq!(c.reason, reasons::GIT_REVERT_NOT_POSSIBLE);
+    assert!(
+        c.message.contains("mesh/checkout.yaml")
+            && c.message.contains("not tried again until the spec changes")
+            && c.message.contains("by hand"),
+        "{}",
+        c.message
+    );
     assert_eq!(
         phase(&w.pins().get("pin-g").await.unwrap()),
         BundlePinPhase::Pinned

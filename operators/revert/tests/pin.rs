@@ -48,17 +48,32 @@ async fn phase_is(w: &World, pin: &str, want: BundlePinPhase) -> BundlePin {
     }
 }
 
-/// Waits until the pin records its git revert.
+/// Waits until the pin records its pushed git revert (a failure is recorded too, and retried).
 async fn git_recorded(w: &World, pin: &str) -> BundlePin {
     let pins = w.pins();
     eventually(BUDGET, &format!("{pin} records its git revert"), || {
         let pins = pins.clone();
         async move {
             let p = pins.get(pin).await.ok()?;
-            p.status.as_ref()?.git_revert.is_some().then_some(p)
+            p.status
+                .as_ref()?
+                .git_revert
+                .as_ref()?
+                .branch
+                .is_some()
+                .then_some(p)
         }
     })
     .await
+}
+
+/// The revert branch of this pin instance (its name and UID).
+fn revert_branch(pin: &BundlePin) -> String {
+    sluice_revert::decide::branch_name(
+        pin.metadata.namespace.as_deref().unwrap(),
+        pin.metadata.name.as_deref().unwrap(),
+        pin.metadata.uid.as_deref().unwrap(),
+    )
 }
 
 async fn events(w: &World, reason: &str) -> Vec<Event> {
@@ -199,14 +214,14 @@ async fn pin_holds_against_argo_cd_then_releases_on_matching_content() {
         "terminated"
     );
     // The revert reached Git: one branch, the bad change reverted.
-    let branch = "sluice/revert/argocd/pin-1";
-    let git = git_recorded(&w, "pin-1")
-        .await
-        .status
-        .unwrap()
-        .git_revert
-        .unwrap();
-    assert_eq!(git.branch.as_deref(), Some(branch));
+    let recorded = git_recorded(&w, "pin-1").await;
+    let branch = &revert_branch(&recorded);
+    assert!(
+        branch.starts_with("sluice/revert/argocd/pin-1-"),
+        "the pin's UID tells it from a later pin of the same name: {branch}"
+    );
+    let git = recorded.status.unwrap().git_revert.unwrap();
+    assert_eq!(git.branch.as_deref(), Some(branch.as_str()));
     assert_eq!(
         w.git.read_file(branch, "mesh/checkout.yaml").unwrap(),
         Some(route("checkout", 10).trim_end().to_owned())
@@ -602,7 +617,7 @@ async fn a_restart_mid_apply_finishes_the_pin_with_one_revert_branch_and_one_pul
         Some(original_policy())
     );
     let pinned = git_recorded(&w, "pin-3").await;
-    let branch = "sluice/revert/argocd/pin-3";
+    let branch = revert_branch(&pinned);
     let pulls = w.forge.pulls();
     assert_eq!(pulls.len(), 1, "exactly one pull request: {pulls:#?}");
     assert_eq!(pulls[0]["head"]["ref"], branch);
@@ -614,7 +629,7 @@ async fn a_restart_mid_apply_finishes_the_pin_with_one_revert_branch_and_one_pul
         "{pulls:#?}"
     );
     let git = pinned.status.as_ref().unwrap().git_revert.clone().unwrap();
-    assert_eq!(git.branch.as_deref(), Some(branch));
+    assert_eq!(git.branch.as_deref(), Some(branch.as_str()));
     assert_eq!(
         git.pull_request_url.as_deref(),
         pulls[0]["html_url"].as_str(),
@@ -673,11 +688,8 @@ async fn a_restart_while_the_pull_request_is_being_opened_leaves_one() {
     // A new process finds the branch and the open pull request instead of making new ones.
     w.start_revert();
     let recorded = git_recorded(&w, "pin-4").await;
-    let branch = "sluice/revert/argocd/pin-4";
-    assert_eq!(
-        w.git.branches().unwrap(),
-        vec!["main".to_owned(), branch.to_owned()]
-    );
+    let branch = revert_branch(&recorded);
+    assert_eq!(w.git.branches().unwrap(), vec!["main".to_owned(), branch]);
     let pulls = w.forge.pulls();
     assert_eq!(pulls.len(), 1, "{pulls:#?}");
     assert_eq!(

@@ -462,12 +462,30 @@ pub struct GitRevertStatus {
     /// When the branch was pushed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pushed_at: Option<Time>,
-    /// Why no revert could be made for good (the revert conflicts with later changes, or the
-    /// commit is not on the base branch): it is not tried again; revert the change by hand.
-    /// At most 1024 characters.
+    /// Why the last attempt failed, when no branch is recorded yet. At most 1024 characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     pub failure: Option<String>,
+    /// The kind of the last failure (CamelCase, e.g. `RevertConflict`, `CommitNotOnBase`,
+    /// `BranchTaken`, `ForgeUnavailable`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    pub failure_reason: Option<String>,
+    /// Whether the last failure is retried: true (the forge or the repository was unreachable)
+    /// retries with a back-off doubling from 30 s to at most 30 min; false (the revert conflicts
+    /// with later changes, the commit is not on the base branch, the branch belongs to another
+    /// pin, the token is refused) waits until the spec changes (a new `metadata.generation`).
+    #[serde(default)]
+    pub retryable: bool,
+    /// Failed attempts in a row (the back-off grows with it).
+    #[serde(default)]
+    pub failed_attempts: u32,
+    /// When the last attempt failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attempt_at: Option<Time>,
+    /// The `metadata.generation` the last attempt was made for; a spec change is tried at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempted_generation: Option<i64>,
 }
 
 /// Observed state of a BundlePin.
@@ -598,8 +616,13 @@ pub mod reasons {
     pub const RELEASED_EXPLICITLY: &str = "ReleasedExplicitly";
     /// The revert branch was pushed (and the pull request opened when configured).
     pub const REVERT_PUSHED: &str = "RevertPushed";
-    /// Pushing the revert branch or opening the pull request failed; retried.
+    /// Pushing the revert branch or opening the pull request failed for a reason that may pass
+    /// (the forge or the repository unreachable); retried with back-off.
     pub const GIT_REVERT_FAILED: &str = "GitRevertFailed";
+    /// The revert cannot be made as the spec stands (it conflicts with later changes, the commit
+    /// is not on the base branch, the branch belongs to another pin, the token is refused); not
+    /// tried again until the spec changes.
+    pub const GIT_REVERT_NOT_POSSIBLE: &str = "GitRevertNotPossible";
     /// spec.gitRevert is set but the operator has no intent repository configured.
     pub const GIT_NOT_CONFIGURED: &str = "GitNotConfigured";
     /// spec.bundle differs from the bundle the pin verified and holds; nothing new is applied.
