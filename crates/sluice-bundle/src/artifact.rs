@@ -452,7 +452,7 @@ mod tests {
         Manifests::from_files(vec![ManifestFile {
             path: "route.yaml".into(),
             contents: format!(
-                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: r, namespace: n}}\nspec: {{rules: [{{backendRefs: [{{name: a, weight: {weight}}}]}}]}}\n"
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: r, namespace: ns}}\nspec: {{rules: [{{backendRefs: [{{name: a, weight: {weight}}}]}}]}}\n"
             )
             .into_bytes(),
         }])

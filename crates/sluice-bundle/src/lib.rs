@@ -69,6 +69,7 @@ pub mod keys;
 pub mod manifests;
 pub mod signature;
 pub mod sigstore_bundle;
+pub(crate) mod yaml;
 
 pub use artifact::{Artifact, Metadata, read_layout, render, write_layout};
 pub use cache::ByteLru;

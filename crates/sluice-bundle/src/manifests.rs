@@ -2,7 +2,8 @@
 //!
 //! Owns reading a manifests directory (I/O kept in [`Manifests::read_dir`]), parsing multi-document
 //! YAML/JSON into Kubernetes objects with the checks a bundle needs (apiVersion, kind, a fixed
-//! `metadata.name`, no duplicate object), and the **content digest**:
+//! `metadata.name`, no duplicate object; YAML that Argo CD would read otherwise is refused, see
+//! [`crate::yaml`]), and the **content digest**:
 //!
 //! ```text
 //! content digest = "sha256:" + hex(sha256(canonical))
@@ -20,7 +21,6 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
-use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::error::{BundleError, Result};
@@ -338,16 +338,20 @@ pub(crate) fn validate_path(path: &str) -> Result<()> {
 }
 
 fn parse_file(file: &ManifestFile) -> Result<Vec<BundleObject>> {
+    let text = std::str::from_utf8(&file.contents).map_err(|e| {
+        BundleError::invalid(
+            format!("{}#0", file.path),
+            format!("not valid YAML: the file is not UTF-8 ({e})"),
+        )
+    })?;
+    let documents = crate::yaml::documents(text)
+        .map_err(|e| BundleError::invalid(format!("{}#{}", file.path, e.document), e.message))?;
     let mut objects = Vec::new();
-    for (index, document) in serde_yaml::Deserializer::from_slice(&file.contents).enumerate() {
-        let source = format!("{}#{index}", file.path);
-        let yaml = serde_yaml::Value::deserialize(document)
-            .map_err(|e| BundleError::invalid(&source, format!("not valid YAML: {e}")))?;
-        if yaml.is_null() {
-            continue; // an empty document (`---` with nothing after it)
+    for (index, document) in documents.into_iter().enumerate() {
+        // An empty document (`---` with nothing after it) holds no object.
+        if let Some(value) = document {
+            objects.push(object_from_value(value, format!("{}#{index}", file.path))?);
         }
-        let value = yaml_to_json(yaml, &source)?;
-        objects.push(object_from_value(value, source)?);
     }
     Ok(objects)
 }
@@ -403,70 +407,6 @@ fn object_from_value(value: serde_json::Value, source: String) -> Result<BundleO
         name,
         source,
         value,
-    })
-}
-
-/// Converts YAML to JSON exactly, refusing what JSON (and so the API server) cannot hold.
-fn yaml_to_json(value: serde_yaml::Value, source: &str) -> Result<serde_json::Value> {
-    use serde_yaml::Value as Y;
-    Ok(match value {
-        Y::Null => serde_json::Value::Null,
-        Y::Bool(b) => serde_json::Value::Bool(b),
-        Y::Number(n) => {
-            if let Some(i) = n.as_i64() {
-                serde_json::Value::from(i)
-            } else if let Some(u) = n.as_u64() {
-                serde_json::Value::from(u)
-            } else {
-                let f = n.as_f64().unwrap_or(f64::NAN);
-                serde_json::Number::from_f64(f)
-                    .map(serde_json::Value::Number)
-                    .ok_or_else(|| {
-                        BundleError::invalid(
-                            source,
-                            format!("number {n} (NaN or infinity) has no JSON form"),
-                        )
-                    })?
-            }
-        }
-        Y::String(s) => serde_json::Value::String(s),
-        Y::Sequence(items) => serde_json::Value::Array(
-            items
-                .into_iter()
-                .map(|item| yaml_to_json(item, source))
-                .collect::<Result<_>>()?,
-        ),
-        Y::Mapping(map) => {
-            let mut out = serde_json::Map::new();
-            for (key, item) in map {
-                let Y::String(key) = key else {
-                    return Err(BundleError::invalid(
-                        source,
-                        format!("mapping key {key:?} is not a string; quote it"),
-                    ));
-                };
-                if key == "<<" {
-                    // Argo CD's YAML reader applies merge keys; this one would keep `<<` as a
-                    // field: the objects checked here would not be the objects applied.
-                    return Err(BundleError::invalid(
-                        source,
-                        "YAML merge keys (<<) are not allowed in manifests; write the merged \
-                         fields out",
-                    ));
-                }
-                out.insert(key, yaml_to_json(item, source)?);
-            }
-            serde_json::Value::Object(out)
-        }
-        Y::Tagged(tagged) => {
-            return Err(BundleError::invalid(
-                source,
-                format!(
-                    "YAML tag {} is not supported in manifests; remove it",
-                    tagged.tag
-                ),
-            ));
-        }
     })
 }
 
@@ -666,6 +606,63 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn yaml_that_argo_cd_would_read_otherwise_is_refused_with_its_location() {
+        let cases: &[(&str, &str, &str)] = &[
+            (
+                "YAML 1.1 boolean",
+                "data:\n  enabled: yes\n",
+                "line 10, column 12: `yes` reads as a string here but as the boolean true by YAML 1.1 \
+                 readers such as Argo CD's; quote it if the text is meant, or write true if the value is",
+            ),
+            (
+                "YAML 1.1 boolean key",
+                "data:\n  on: push\n",
+                "`on` reads as a string here but as the boolean true",
+            ),
+            (
+                "octal",
+                "data:\n  mode: 0644\n",
+                "`0644` reads as a string here but as the integer 420",
+            ),
+            (
+                "underscored number",
+                "spec:\n  replicas: 1_000\n",
+                "`1_000` reads as a string here but as the integer 1000",
+            ),
+            (
+                "duplicate key",
+                "data:\n  a: \"1\"\n  a: \"2\"\n",
+                "line 11, column 3: mapping key \"a\" appears twice; keep one",
+            ),
+        ];
+        let head = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n";
+        for (what, body, want) in cases {
+            let text = format!("{CM}---\n{head}{body}");
+            let err = Manifests::from_files(vec![file("x.yaml", &text)]).unwrap_err();
+            assert_eq!(err.category(), "InvalidManifests", "{what}");
+            let message = err.to_string();
+            assert!(message.contains(want), "{what}: {message}");
+            assert!(message.contains("x.yaml#1"), "{what}: {message}");
+        }
+        // Quoted, the same text is a string both readers agree on.
+        let quoted = format!("{head}data:\n  enabled: \"yes\"\n  \"on\": push\n  mode: '0644'\n");
+        let m = Manifests::from_files(vec![file("x.yaml", &quoted)]).unwrap();
+        assert_eq!(
+            m.objects()[0].value["data"],
+            serde_json::json!({"enabled": "yes", "on": "push", "mode": "0644"})
+        );
+        let latin1 = ManifestFile {
+            path: "x.yaml".into(),
+            contents: b"data: caf\xe9\n".to_vec(),
+        };
+        let err = Manifests::from_files(vec![latin1]).unwrap_err().to_string();
+        assert!(
+            err.contains("x.yaml#0") && err.contains("not UTF-8"),
+            "{err}"
+        );
     }
 
     #[test]
