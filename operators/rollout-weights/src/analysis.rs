@@ -16,7 +16,8 @@ use std::{
 
 use k8s_openapi::jiff::Timestamp;
 use sluice_analysis::{
-    CheckOutcome, Engine, GateAction, GateCheck, MetricsSource, Observation, Vars, action,
+    CheckOutcome, Engine, GateAction, GateCheck, MetricsSource, Observation, Reporter,
+    ServiceScope, SourceWorkloads, Vars, action,
     decide::{SequentialKind, sequential_kind},
     engine::SequentialScope,
     sequential::{DEFAULT_FALSE_ABORT_RATE, per_test_alpha},
@@ -200,10 +201,41 @@ pub fn last_analysis(status: &RolloutStatus) -> Option<Timestamp> {
     gates.max(share)
 }
 
+/// Whether the canary's health gates read the destination reporter this tick: the canary
+/// receives mirrored copies (`status.mirrorActive`) and no live weight, as in a mirror step (and a
+/// cohort or pause step before the first weight while the mirror rule stays). Istio's source
+/// reporter never sees a mirrored copy, so the source-reported canary figures would stay at 0 and
+/// a failing canary would never be judged; the receiving proxies report every request the canary
+/// serves, mirrored or live (a cohort's), keyed on its workload. Once a weight is live the gates
+/// read the source reporter, like the share.
+pub fn judged_at_destination(status: &RolloutStatus) -> bool {
+    status.mirror_active && status.desired_weight.unwrap_or(0) == 0
+}
+
+/// How the Rollout's built-in service gates read Istio's request metrics this tick: the
+/// destination reporter while [`judged_at_destination`], and only the clients of
+/// `spec.trafficSource` when set (every client otherwise).
+pub fn service_scope(spec: &RolloutSpec, status: &RolloutStatus) -> ServiceScope {
+    ServiceScope {
+        reporter: if judged_at_destination(status) {
+            Reporter::Destination
+        } else {
+            Reporter::Source
+        },
+        sources: spec.traffic_source.as_ref().map(|t| SourceWorkloads {
+            workloads: t.workloads.clone(),
+            namespace: t.namespace.clone(),
+        }),
+    }
+}
+
 /// Builds the checks of one Rollout: its effective gates (with the Rollout's share tolerance
 /// and Inconclusive policy where a gate sets none) and the share check. During an abort only
 /// the share is measured. A share gate is measured always but judged only once the current
-/// weight step's share is confirmed; every other gate is judged in every analysed state. `templates` holds the GateTemplates the gates reference.
+/// weight step's share is confirmed; every other gate is judged in every analysed state. The
+/// built-in service gates read Istio's metrics as [`service_scope`] says (the destination
+/// reporter, keyed on the canary and stable workloads, for a mirror step). `templates` holds the
+/// GateTemplates the gates reference.
 pub fn plan(
     spec: &RolloutSpec,
     status: &RolloutStatus,
@@ -218,6 +250,12 @@ pub fn plan(
     vars.insert("route".into(), spec.route_ref.name.clone());
     vars.insert("stableService".into(), spec.stable_service.name.clone());
     vars.insert("canaryService".into(), spec.canary_service.name.clone());
+    vars.insert("canaryWorkload".into(), spec.canary_workload.name.clone());
+    vars.insert(
+        "stableWorkload".into(),
+        spec.stable_workload_name().to_owned(),
+    );
+    let scope = service_scope(spec, status);
     let aborting = status.phase == RolloutPhase::Aborted;
     let share_judged = share_confirmed(spec, status);
     let target = match status.current_step_index {
@@ -276,6 +314,7 @@ pub fn plan(
         let mut check = GateCheck::new(owner_label.clone(), resolved, vars.clone());
         check.share_target = Some(target);
         check.previous = previous(&gate.name);
+        check.scope = scope.clone();
         if is_share && share_index.is_none() {
             share_index = Some(checks.len());
         }
@@ -301,6 +340,7 @@ pub fn plan(
                 }
                 let mut check = GateCheck::new(owner_label, resolved, vars);
                 check.share_target = Some(target);
+                check.scope = scope.clone();
                 checks.push(check);
             }
             checks.len().saturating_sub(1)
@@ -633,6 +673,196 @@ mod tests {
             "steps": [{"setWeight": {"weight": 5}}],
         }))
         .unwrap()
+    }
+
+    /// A metrics source that answers nothing and records every query it is sent.
+    #[derive(Clone, Default)]
+    struct Recorder(Arc<Mutex<Vec<String>>>);
+
+    impl MetricsSource for Recorder {
+        async fn query(
+            &self,
+            promql: &str,
+            _: Timestamp,
+        ) -> Result<Vec<sluice_analysis::SeriesValue>, sluice_analysis::SourceError> {
+            self.0.lock().unwrap().push(promql.to_owned());
+            Ok(Vec::new())
+        }
+
+        async fn query_range(
+            &self,
+            promql: &str,
+            _: Timestamp,
+            _: Timestamp,
+            _: Duration,
+        ) -> Result<Vec<sluice_analysis::RangeValues>, sluice_analysis::SourceError> {
+            self.0.lock().unwrap().push(promql.to_owned());
+            Ok(Vec::new())
+        }
+    }
+
+    /// Every query the engine sends for the Rollout's plan at `now`.
+    async fn queries_of(spec: &RolloutSpec, status: &RolloutStatus, now: Timestamp) -> Vec<String> {
+        let recorder = Recorder::default();
+        let engine =
+            Engine::new(recorder.clone(), sluice_analysis::EngineOptions::default()).unwrap();
+        let p = plan(spec, status, ("shop", "checkout"), "c1", &HashMap::new());
+        let report = engine.tick(&p.checks, now).await;
+        assert!(
+            report.outcomes.iter().all(|o| o.verdict.is_ok()),
+            "{:?}",
+            report.outcomes
+        );
+        recorder.0.lock().unwrap().clone()
+    }
+
+    /// The selectors (`{...}`) of `query`.
+    fn selectors(query: &str) -> Vec<&str> {
+        query
+            .split("istio_")
+            .skip(1)
+            .filter_map(|s| s.split_once('{').and_then(|(_, rest)| rest.split_once('}')))
+            .map(|(sel, _)| sel)
+            .collect()
+    }
+
+    fn telemetry_spec(steps: serde_json::Value, patch: serde_json::Value) -> RolloutSpec {
+        let mut v = serde_json::json!({
+            "routeRef": {"name": "checkout"},
+            "stableService": {"name": "checkout-v1"},
+            "canaryService": {"name": "checkout-v2"},
+            "canaryWorkload": {"name": "checkout-v2-deploy"},
+            "steps": steps,
+        });
+        for (k, x) in patch.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_mirror_step_judges_the_canary_on_what_its_destination_reports() {
+        let s = telemetry_spec(
+            serde_json::json!([{"mirror": {"duration": "10m"}}, {"setWeight": {"weight": 5}}]),
+            serde_json::json!({"stableWorkload": {"name": "checkout-v1-deploy"}}),
+        );
+        let mirror = RolloutStatus {
+            phase: RolloutPhase::Progressing,
+            current_step_index: Some(0),
+            desired_weight: Some(0),
+            mirror_active: true,
+            current_step_started_at: Some(Time(t(0))),
+            ..Default::default()
+        };
+        assert!(judged_at_destination(&mirror));
+        let p = plan(&s, &mirror, ("shop", "checkout"), "c1", &HashMap::new());
+        for c in &p.checks {
+            assert_eq!(c.scope.reporter, Reporter::Destination, "{}", c.gate.name);
+            assert_eq!(c.vars["canaryWorkload"], "checkout-v2-deploy");
+            assert_eq!(c.vars["stableWorkload"], "checkout-v1-deploy");
+        }
+        let sent = queries_of(&s, &mirror, t(300_000)).await;
+        let (health, share): (Vec<&String>, Vec<&String>) = sent
+            .iter()
+            .partition(|q| q.contains("response_code") || q.contains("_bucket"));
+        // Error ratio (counters of requests and 5xx) and p99 (bucket counters).
+        assert_eq!(health.len(), 2, "{sent:#?}");
+        for q in health {
+            for sel in selectors(q) {
+                assert!(sel.starts_with(r#"reporter="destination", cluster="c1", destination_workload_namespace="shop", destination_workload=~"checkout-v1-deploy|checkout-v2-deploy""#), "{sel}");
+                assert!(!sel.contains("destination_service_name"), "{sel}");
+            }
+        }
+        // The share of a mirror step is the live share: mirrored copies never count.
+        assert_eq!(share.len(), 1, "{sent:#?}");
+        for sel in selectors(share[0]) {
+            assert!(sel.starts_with(r#"reporter="source""#), "{sel}");
+            assert!(sel.contains("checkout-v2"), "{sel}");
+        }
+        // Without spec.stableWorkload the stable workload is named like the stable Service.
+        let mut plain = s.clone();
+        plain.stable_workload = None;
+        let sent = queries_of(&plain, &mirror, t(300_000)).await;
+        assert!(
+            sent.iter()
+                .any(|q| q.contains(r#"destination_workload=~"checkout-v1|checkout-v2-deploy""#)),
+            "{sent:#?}"
+        );
+        // Once a weight is live the gates read the source reporter again, kept mirror or not.
+        let weighted = RolloutStatus {
+            current_step_index: Some(1),
+            desired_weight: Some(5),
+            ..mirror.clone()
+        };
+        assert!(!judged_at_destination(&weighted));
+        let sent = queries_of(&s, &weighted, t(300_000)).await;
+        assert!(!sent.is_empty());
+        assert!(
+            sent.iter().all(|q| !q.contains("reporter=\"destination\"")),
+            "{sent:#?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_traffic_source_scopes_the_share_and_the_gates_to_its_clients() {
+        let steps =
+            serde_json::json!([{"setWeight": {"weight": 5}}, {"setWeight": {"weight": 50}}]);
+        let status = RolloutStatus {
+            phase: RolloutPhase::Progressing,
+            current_step_index: Some(0),
+            desired_weight: Some(5),
+            current_step_started_at: Some(Time(t(0))),
+            owned_route: Some(OwnedRouteStatus {
+                written_weight: Some(5),
+                weight_written_at: Some(Time(t(0))),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        // Default: every source in the mesh.
+        let sent = queries_of(
+            &telemetry_spec(steps.clone(), serde_json::json!({})),
+            &status,
+            t(300_000),
+        )
+        .await;
+        assert_eq!(
+            sent.len(),
+            2,
+            "requests+5xx counters (share and errors), buckets: {sent:#?}"
+        );
+        assert!(
+            sent.iter().all(|q| !q.contains("source_workload")),
+            "{sent:#?}"
+        );
+        // Scoped to the gateway: every selector of the share's and the gates' queries.
+        let gateway = telemetry_spec(
+            steps.clone(),
+            serde_json::json!({"trafficSource": {"workloads": ["istio-ingressgateway", "edge-gw"], "namespace": "istio-system"}}),
+        );
+        let sent = queries_of(&gateway, &status, t(300_000)).await;
+        assert_eq!(sent.len(), 2, "{sent:#?}");
+        for q in &sent {
+            for sel in selectors(q) {
+                assert!(sel.starts_with(r#"reporter="source", source_workload_namespace="istio-system", source_workload=~"istio-ingressgateway|edge-gw", cluster="c1""#), "{sel}");
+            }
+        }
+        // The destination view of mirrored copies is restricted to the same clients (the share
+        // counts nothing here: no weight write accepted yet).
+        let mirror = RolloutStatus {
+            desired_weight: Some(0),
+            mirror_active: true,
+            owned_route: None,
+            ..status.clone()
+        };
+        let sent = queries_of(&gateway, &mirror, t(300_000)).await;
+        assert_eq!(sent.len(), 2, "{sent:#?}");
+        assert!(sent.iter().all(|q| q.contains("reporter=\"destination\"")));
+        for q in &sent {
+            for sel in selectors(q) {
+                assert!(sel.contains(r#"source_workload_namespace="istio-system", source_workload=~"istio-ingressgateway|edge-gw""#), "{sel}");
+            }
+        }
     }
 
     #[test]

@@ -7,6 +7,10 @@
 //! query is checked by a PromQL parser (`sluice_analysis::template::check_syntax`), so a query
 //! Prometheus would refuse is a spec problem naming `spec.gates[i].promql`, not a metrics outage.
 //!
+//! The fields that scope the gates' telemetry (`spec.stableWorkload`, `spec.trafficSource`) are
+//! checked too (`RolloutSpec::telemetry_problems`): an empty or malformed workload name would
+//! match no request, and the share would never confirm.
+//!
 //! Pure; never reads the cluster.
 
 use sluice_api::v1alpha1::{RolloutSpec, gate::template_variables};
@@ -15,7 +19,11 @@ use sluice_api::v1alpha1::{RolloutSpec, gate::template_variables};
 /// `allow_free_form_promql` is the platform's policy for free-form PromQL gates.
 pub fn problems(spec: &RolloutSpec, allow_free_form_promql: bool) -> Vec<String> {
     let errors = spec.validate(allow_free_form_promql);
-    let mut out: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    let mut out: Vec<String> = errors
+        .iter()
+        .chain(&spec.telemetry_problems())
+        .map(ToString::to_string)
+        .collect();
     for (i, gate) in spec.gates.iter().enumerate() {
         let path = format!("spec.gates[{i}].promql");
         if let Some(q) = &gate.definition.promql
@@ -82,6 +90,29 @@ mod tests {
         let got = problems(&spec(gate(bad)), false);
         assert_eq!(got.len(), 1, "{got:?}");
         assert!(got[0].contains("free-form PromQL is disabled"), "{got:?}");
+    }
+
+    #[test]
+    fn an_empty_traffic_source_workload_is_refused_naming_the_field() {
+        let got = problems(
+            &spec(serde_json::json!({
+                "trafficSource": {"workloads": ["istio-ingressgateway", ""], "namespace": "istio-system"}
+            })),
+            false,
+        );
+        assert_eq!(
+            got,
+            vec![
+                "spec.trafficSource.workloads[1]: must not be empty: name the client workload as \
+                 Istio reports it in source_workload (e.g. istio-ingressgateway)"
+                    .to_owned()
+            ]
+        );
+        let ok = problems(
+            &spec(serde_json::json!({"trafficSource": {"workloads": ["istio-ingressgateway"]}})),
+            false,
+        );
+        assert!(ok.is_empty(), "{ok:?}");
     }
 
     #[test]

@@ -82,8 +82,24 @@ pub struct RolloutSpec {
     pub stable_service: BackendService,
     /// The backend Service of the new (canary) version; added to the managed rule if absent.
     pub canary_service: BackendService,
-    /// The canary workload; no live weight is set before it reports ready.
+    /// The canary workload; no live weight is set before it reports ready. Its name is also the
+    /// `destination_workload` the gates of a mirror step read (mirrored copies are reported only
+    /// by the receiving workload's proxy).
     pub canary_workload: WorkloadRef,
+    /// The stable workload: only its name is used, as the `destination_workload` whose
+    /// destination-reported requests are the baseline of a mirror step's ErrorRatioVsStable and
+    /// LatencyP99VsStable (the canary's mirrored copies are compared with what the stable's own
+    /// proxies report). Absent: a workload named like `stableService`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stable_workload: Option<WorkloadRef>,
+    /// The clients whose requests the applied share and the built-in gates ErrorRatioVsStable
+    /// and LatencyP99VsStable count, by Istio's `source_workload` (and
+    /// `source_workload_namespace`) labels: for a north-south route, the gateway's workload, so
+    /// east-west callers of the stable Service do not dilute the share and requests sent straight
+    /// to the canary Service (smoke tests) do not inflate it. Absent: requests from every
+    /// source in the mesh to the stable and canary Services, wherever they entered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traffic_source: Option<TrafficSource>,
     /// Steps, executed in order. At least one, at most 32. Each step sets exactly one of
     /// mirror, headerCohort, setWeight, pause or promote. setWeight weights must strictly increase.
     #[schemars(length(min = 1, max = 32))]
@@ -255,6 +271,122 @@ pub struct WorkloadRef {
     /// Name of the workload, in the Rollout's namespace.
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
+}
+
+/// The source workloads a Rollout's traffic comes from (Istio's `source_workload` labels).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.workloads.all(w, size(w) > 0)", "message": "trafficSource.workloads: a workload name must not be empty (name the client workload, e.g. the gateway's Deployment)", "fieldPath": ".workloads"}
+]))]
+pub struct TrafficSource {
+    /// Names of the client workloads, as Istio reports them in `source_workload` (for a
+    /// Deployment, its name; e.g. `istio-ingressgateway`). Requests from any of them count. At
+    /// least one, at most 16; none empty.
+    #[schemars(length(min = 1, max = 16), inner(length(min = 1, max = 253)))]
+    pub workloads: Vec<String>,
+    /// Namespace of those workloads (`source_workload_namespace`, e.g. `istio-system`). Absent:
+    /// workloads of those names in any namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: Option<String>,
+}
+
+/// A Kubernetes object name: at most 253 lowercase letters, digits, '-' and '.', starting and
+/// ending with a letter or digit.
+fn is_object_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 253
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-' || *c == b'.')
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+}
+
+impl TrafficSource {
+    /// What is wrong with the field at `path` (e.g. `spec.trafficSource`), each naming its
+    /// subfield; empty when it is valid. Besides what the CRD's schema refuses, a name must be a
+    /// Kubernetes object name, since nothing else can appear in `source_workload`.
+    pub fn problems(&self, path: &str) -> Vec<crate::validation::FieldError> {
+        let mut out = Vec::new();
+        let mut push = |path: String, message: String| {
+            out.push(crate::validation::FieldError { path, message })
+        };
+        if self.workloads.is_empty() {
+            push(
+                format!("{path}.workloads"),
+                "name at least one client workload (e.g. the gateway's Deployment); omit trafficSource to count every source"
+                    .into(),
+            );
+        }
+        if self.workloads.len() > 16 {
+            push(format!("{path}.workloads"), "at most 16 workloads".into());
+        }
+        for (i, w) in self.workloads.iter().enumerate() {
+            if w.is_empty() {
+                push(
+                    format!("{path}.workloads[{i}]"),
+                    "must not be empty: name the client workload as Istio reports it in source_workload (e.g. istio-ingressgateway)".into(),
+                );
+            } else if !is_object_name(w) {
+                push(
+                    format!("{path}.workloads[{i}]"),
+                    format!(
+                        "{w:?} is not a workload name (lowercase letters, digits, '-' and '.', at most 253)"
+                    ),
+                );
+            } else if self.workloads[..i].contains(w) {
+                push(
+                    format!("{path}.workloads[{i}]"),
+                    format!("{w:?} is listed twice"),
+                );
+            }
+        }
+        if let Some(ns) = &self.namespace {
+            if ns.is_empty() {
+                push(
+                    format!("{path}.namespace"),
+                    "must not be empty: name the workloads' namespace, or omit it for any namespace".into(),
+                );
+            } else if ns.len() > 63 || ns.contains('.') || !is_object_name(ns) {
+                push(
+                    format!("{path}.namespace"),
+                    format!(
+                        "{ns:?} is not a namespace name (lowercase letters, digits and '-', at most 63)"
+                    ),
+                );
+            }
+        }
+        out
+    }
+}
+
+impl RolloutSpec {
+    /// The name of the stable workload (`spec.stableWorkload.name`, else the stable Service's).
+    pub fn stable_workload_name(&self) -> &str {
+        self.stable_workload
+            .as_ref()
+            .map_or(self.stable_service.name.as_str(), |w| w.name.as_str())
+    }
+
+    /// Problems of the fields that scope the mirror and source telemetry (`stableWorkload`,
+    /// `trafficSource`), each naming its field; empty when they are valid.
+    pub fn telemetry_problems(&self) -> Vec<crate::validation::FieldError> {
+        let mut out = Vec::new();
+        if let Some(w) = &self.stable_workload
+            && w.name.is_empty()
+        {
+            out.push(crate::validation::FieldError {
+                path: "spec.stableWorkload.name".into(),
+                message: "must not be empty: name the stable workload, or omit stableWorkload to use the stable Service's name".into(),
+            });
+        }
+        if let Some(t) = &self.traffic_source {
+            out.extend(t.problems("spec.trafficSource"));
+        }
+        out
+    }
 }
 
 fn default_workload_api_version() -> String {
@@ -813,6 +945,70 @@ mod tests {
                 {"promote": {}}
             ]
         })
+    }
+
+    #[test]
+    fn traffic_source_and_stable_workload_are_optional_and_refused_when_empty() {
+        let spec: RolloutSpec = serde_json::from_value(minimal()).unwrap();
+        assert_eq!(
+            spec.traffic_source, None,
+            "default: every source in the mesh"
+        );
+        assert_eq!(spec.stable_workload_name(), "checkout-v1");
+        assert!(spec.telemetry_problems().is_empty());
+        let with = |patch: serde_json::Value| {
+            let mut v = minimal();
+            for (k, x) in patch.as_object().unwrap() {
+                v[k] = x.clone();
+            }
+            serde_json::from_value::<RolloutSpec>(v).unwrap()
+        };
+        let spec = with(serde_json::json!({
+            "stableWorkload": {"name": "checkout-v1-deploy"},
+            "trafficSource": {"workloads": ["istio-ingressgateway"], "namespace": "istio-system"},
+        }));
+        assert_eq!(spec.stable_workload_name(), "checkout-v1-deploy");
+        assert!(spec.telemetry_problems().is_empty());
+        // (patch, [(path, message starts with)])
+        let table = [
+            (
+                serde_json::json!({"trafficSource": {"workloads": ["gw", ""]}}),
+                vec![(
+                    "spec.trafficSource.workloads[1]",
+                    "must not be empty: name the client workload as Istio reports it in source_workload",
+                )],
+            ),
+            (
+                serde_json::json!({"trafficSource": {"workloads": []}}),
+                vec![(
+                    "spec.trafficSource.workloads",
+                    "name at least one client workload",
+                )],
+            ),
+            (
+                serde_json::json!({"trafficSource": {"workloads": ["gw", "Gw|x", "gw"], "namespace": ""}}),
+                vec![
+                    (
+                        "spec.trafficSource.workloads[1]",
+                        "\"Gw|x\" is not a workload name",
+                    ),
+                    ("spec.trafficSource.workloads[2]", "\"gw\" is listed twice"),
+                    ("spec.trafficSource.namespace", "must not be empty"),
+                ],
+            ),
+            (
+                serde_json::json!({"stableWorkload": {"name": ""}}),
+                vec![("spec.stableWorkload.name", "must not be empty")],
+            ),
+        ];
+        for (patch, want) in table {
+            let got = with(patch.clone()).telemetry_problems();
+            assert_eq!(got.len(), want.len(), "{patch}: {got:?}");
+            for (g, (path, msg)) in got.iter().zip(want) {
+                assert_eq!(g.path, path, "{patch}");
+                assert!(g.message.starts_with(msg), "{patch}: {}", g.message);
+            }
+        }
     }
 
     #[test]
