@@ -506,28 +506,57 @@ fn generate_key_pair(args: KeyPairArgs) -> Result<(), Failure> {
     let public = args.output_prefix.with_extension("pub");
     for path in [&private, &public] {
         if path.exists() && !args.force {
-            return Err(usage(format!(
-                "{} exists; pass --force to overwrite",
-                path.display()
-            )));
+            return Err(exists(path));
         }
     }
     let pair = sluice_bundle::generate_key_pair(&password_from(&args.password_env))?;
-    let write = |path: &Path, text: &str| {
-        std::fs::write(path, text).map_err(|e| usage(format!("writing {}: {e}", path.display())))
-    };
-    write(&private, &pair.private_pem)?;
-    restrict_permissions(&private)?;
-    write(&public, &pair.public_pem)?;
+    write_new(&private, &pair.private_pem, 0o600, args.force)?;
+    write_new(&public, &pair.public_pem, 0o644, args.force)?;
     println!("private key: {}", private.display());
     println!("public key: {}", public.display());
     Ok(())
 }
 
-fn restrict_permissions(path: &Path) -> Result<(), Failure> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| usage(format!("restricting {}: {e}", path.display())))
+fn exists(path: &Path) -> Failure {
+    usage(format!(
+        "{} exists; pass --force to overwrite",
+        path.display()
+    ))
+}
+
+/// Writes `text` to a file created with `mode` from the start (never a wider mode, not even for
+/// a moment), refusing a path that exists (a file, or a link to one, written by another process
+/// meanwhile). With `replace`, an existing file is first removed, so the key is never written into
+/// an existing file (whose mode, or another link to it, could expose it).
+fn write_new(path: &Path, text: &str, mode: u32, replace: bool) -> Result<(), Failure> {
+    use std::{io::Write, os::unix::fs::OpenOptionsExt};
+    if replace {
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(usage(format!(
+                    "removing {} to overwrite it: {e}",
+                    path.display()
+                )));
+            }
+        }
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                exists(path)
+            } else {
+                usage(format!("creating {}: {e}", path.display()))
+            }
+        })?;
+    file.write_all(text.as_bytes())
+        .and_then(|()| file.sync_all())
+        .map_err(|e| usage(format!("writing {}: {e}", path.display())))
 }
 
 #[cfg(test)]
@@ -570,6 +599,80 @@ mod tests {
         .into();
         assert_eq!(broken.code, EXIT_FAILURE);
         assert_eq!(broken.category, "RegistryUnavailable");
+    }
+
+    fn mode(path: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn a_private_key_is_created_owner_only_and_never_overwrites_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("cosign.key");
+        write_new(&key, "secret-1", 0o600, false).unwrap();
+        assert_eq!(mode(&key), 0o600);
+        assert_eq!(std::fs::read_to_string(&key).unwrap(), "secret-1");
+
+        // A file that appeared since the existence check (or a link to one) is refused, kept.
+        let err = write_new(&key, "secret-2", 0o600, false).unwrap_err();
+        assert_eq!(
+            err.message,
+            format!("{} exists; pass --force to overwrite", key.display())
+        );
+        assert_eq!(err.code, EXIT_FAILURE);
+        assert_eq!(std::fs::read_to_string(&key).unwrap(), "secret-1");
+        let link = dir.path().join("link.key");
+        std::os::unix::fs::symlink(dir.path().join("elsewhere"), &link).unwrap();
+        let err = write_new(&link, "secret-2", 0o600, false).unwrap_err();
+        assert!(
+            err.message.ends_with("exists; pass --force to overwrite"),
+            "{}",
+            err.message
+        );
+        assert!(
+            !dir.path().join("elsewhere").exists(),
+            "never written through a link"
+        );
+
+        // --force replaces the file: a new one, owner-only, even over a world-readable key, and
+        // never written into the old one (another hard link to it keeps the old text).
+        let old = dir.path().join("old.key");
+        std::fs::write(&old, "old").unwrap();
+        std::fs::set_permissions(&old, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .unwrap();
+        let other_link = dir.path().join("readable-by-others");
+        std::fs::hard_link(&old, &other_link).unwrap();
+        write_new(&old, "secret-3", 0o600, true).unwrap();
+        assert_eq!(mode(&old), 0o600);
+        assert_eq!(std::fs::read_to_string(&old).unwrap(), "secret-3");
+        assert_eq!(std::fs::read_to_string(&other_link).unwrap(), "old");
+    }
+
+    #[test]
+    fn generate_key_pair_writes_an_owner_only_private_key_and_refuses_existing_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let prefix = dir.path().join("release");
+        let args = || KeyPairArgs {
+            output_prefix: prefix.clone(),
+            password_env: "SLUICE_TEST_UNSET_PASSWORD_ENV".into(),
+            force: false,
+        };
+        generate_key_pair(args()).unwrap();
+        assert_eq!(mode(&prefix.with_extension("key")), 0o600);
+        let private = std::fs::read_to_string(prefix.with_extension("key")).unwrap();
+        let err = generate_key_pair(args()).unwrap_err();
+        assert!(
+            err.message
+                .ends_with("release.key exists; pass --force to overwrite"),
+            "{}",
+            err.message
+        );
+        assert_eq!(
+            std::fs::read_to_string(prefix.with_extension("key")).unwrap(),
+            private,
+            "the existing key is kept"
+        );
     }
 
     #[test]
