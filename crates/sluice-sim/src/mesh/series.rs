@@ -49,7 +49,8 @@ pub struct RequestKey {
     pub namespace: String,
     /// `destination_version`.
     pub version: String,
-    /// `destination_workload`.
+    /// `destination_workload` (its namespace, `destination_workload_namespace`, is `namespace`:
+    /// every version runs beside its Service).
     pub workload: String,
     /// `response_code`.
     pub code: u16,
@@ -101,7 +102,7 @@ pub fn name_of(series: &TimeSeries) -> &str {
 
 impl RequestKey {
     /// The key's labels with `__name__`, in the sorted order remote write requires; `le` (for
-    /// buckets) sorts between `destination_workload` (or `failure_origin`) and `reporter`, at
+    /// buckets) sorts between `destination_workload_namespace` (or `failure_origin`) and `reporter`, at
     /// [`le_index`].
     fn labels(&self, name: &str) -> Vec<Label> {
         let mut labels = vec![
@@ -111,13 +112,14 @@ impl RequestKey {
             label("destination_service_namespace", &self.namespace),
             label("destination_version", &self.version),
             label("destination_workload", &self.workload),
+            label("destination_workload_namespace", &self.namespace),
             label("reporter", self.reporter),
             label("response_code", &self.code.to_string()),
             label("response_flags", self.flags),
             label("source_workload", &self.source_workload),
         ];
         if let Some(origin) = self.failure_origin {
-            labels.insert(6, label("failure_origin", origin));
+            labels.insert(7, label("failure_origin", origin));
         }
         labels
     }
@@ -157,6 +159,12 @@ pub struct ClusterGauges {
     /// SVIDs issued so far per istiod replica, (revision, pod) → count, if the cluster
     /// behaviour runs in this cluster.
     pub svids: Option<BTreeMap<(String, String), u64>>,
+}
+
+/// `destination_service_name` of a mirrored copy at the destination: the request's host (here
+/// the service's name) with the `-shadow` suffix Envoy appends to a mirrored request's `Host`.
+pub fn shadow_host(svc: &ServiceScenario) -> String {
+    format!("{}-shadow", svc.name)
 }
 
 fn version_for<'a>(svc: &'a ServiceScenario, backend: &str) -> Option<&'a VersionScenario> {
@@ -239,9 +247,19 @@ impl MeshCounters {
                     &dist,
                 );
             }
-            for (reporter, n) in [("source", served), ("destination", served + mirrored)] {
-                for (code, n) in [(200u16, n * (1.0 - error_ratio)), (500u16, n * error_ratio)] {
-                    self.count(key(reporter, code, "-", None), n, &dist);
+            for (code, share) in [(200u16, 1.0 - error_ratio), (500u16, error_ratio)] {
+                for reporter in ["source", "destination"] {
+                    self.count(key(reporter, code, "-", None), served * share, &dist);
+                }
+                // A mirrored copy reaches only the receiving proxy, which labels it with the
+                // request's host plus Envoy's `-shadow` suffix, not the backend Service: only
+                // `destination_workload` attributes it to the version.
+                if mirrored > 0.0 {
+                    let shadow = RequestKey {
+                        service: shadow_host(svc),
+                        ..key("destination", code, "-", None)
+                    };
+                    self.count(shadow, mirrored * share, &dist);
                 }
             }
         }
@@ -410,6 +428,13 @@ services:
         }
     }
 
+    fn shadow(k: RequestKey) -> RequestKey {
+        RequestKey {
+            service: shadow_host(&svc()),
+            ..k
+        }
+    }
+
     #[test]
     fn counts_split_reporters_and_errors() {
         let mut c = MeshCounters::default();
@@ -425,11 +450,19 @@ services:
             (key("source", "c-v1", "v1", 500), 18.0),
             (key("source", "c-v2", "v2", 200), 10.0),
             (key("source", "c-v2", "v2", 500), 10.0),
-            // Mirrored copies only at the destination.
-            (key("destination", "c-v2", "v2", 200), 60.0),
-            (key("destination", "c-v2", "v2", 500), 60.0),
+            (key("destination", "c-v2", "v2", 200), 10.0),
+            (key("destination", "c-v2", "v2", 500), 10.0),
+            // Mirrored copies only at the destination, under the shadow host: attributed to the
+            // version by its workload, never to its Service.
+            (shadow(key("destination", "c-v2", "v2", 200)), 50.0),
+            (shadow(key("destination", "c-v2", "v2", 500)), 50.0),
+            (shadow(key("source", "c-v2", "v2", 200)), 0.0),
             (key("source", "c-other", UNKNOWN_VERSION, 200), 0.0),
-            (key("destination", "c-other", UNKNOWN_VERSION, 200), 40.0),
+            (key("destination", "c-other", UNKNOWN_VERSION, 200), 0.0),
+            (
+                shadow(key("destination", "c-other", UNKNOWN_VERSION, 200)),
+                40.0,
+            ),
         ];
         for (k, want) in cases {
             assert!(
@@ -485,6 +518,7 @@ services:
                 "destination_service_namespace",
                 "destination_version",
                 "destination_workload",
+                "destination_workload_namespace",
                 "le",
                 "reporter",
                 "response_code",
@@ -569,8 +603,14 @@ services:
                 ),
                 0.0,
             ),
-            // Mirrored copies are not failed by the source's mesh: 15 served (half 200) + 50.
-            (Some(uf), key("destination", "c-v2", "v2", 200), 7.5 + 50.0),
+            // Mirrored copies are not failed by the source's mesh: 15 served (half 200), and 50
+            // mirrored under the shadow host.
+            (Some(uf), key("destination", "c-v2", "v2", 200), 7.5),
+            (
+                Some(uf),
+                shadow(key("destination", "c-v2", "v2", 200)),
+                50.0,
+            ),
             // Without the origin label only the flag tells them apart.
             (
                 Some(nr_unlabelled),
@@ -609,9 +649,10 @@ services:
                 c.requests(&k)
             );
         }
-        // Series written: the failure series only with a failure configured (2 backends).
+        // Series written: 2 backends × 2 reporters × 2 codes, the mirrored copies' 2 shadow keys,
+        // and the failure series only with a failure configured.
         let per_key = 1 + ISTIO_BUCKETS_MS.len() + 1 + 2;
-        for (failure, keys) in [(None, 8), (Some(zero), 10), (Some(uf), 10)] {
+        for (failure, keys) in [(None, 10), (Some(zero), 12), (Some(uf), 12)] {
             let mut c = MeshCounters::default();
             c.add_service_in(&svc(), "east", &split, 2.0, failure);
             assert_eq!(
