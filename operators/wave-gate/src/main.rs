@@ -61,6 +61,17 @@ async fn main() -> ExitCode {
             }
         };
         let wave_metrics = metrics::register(&mut rt.registry);
+        // A WaveGate's verdict series go with its per-object series: when it is deleted, or
+        // when this replica stops leading.
+        {
+            let (verdicts, objects) = (wave_metrics.clone(), rt.metrics.objects());
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    verdicts.retain_objects(&objects.objects_of(metrics::OBJECT_KIND));
+                }
+            });
+        }
         let api = rt.namespaced_api();
         let leadership = rt.leadership()?;
         let ctx = Arc::new(reconcile::Context {

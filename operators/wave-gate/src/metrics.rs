@@ -2,9 +2,12 @@
 //! site's progress for the global metrics view (what other sites' cross-site waits read).
 //!
 //! Owns the metric names (all `sluice_wavegate_*`), help texts and label sets. Series are keyed
-//! by `site` (one WaveGate per site), never by object name or message; the only other label
-//! values are fixed enums, gate names from the spec, wave names and the revision of the change
-//! in progress (its series are removed when the revision changes).
+//! by `site` (one WaveGate per site), never by a message; the only other label values are fixed
+//! enums, gate names from the spec, wave names and the revision of the change in progress (its
+//! series are removed when the revision changes). Gate verdicts also name their WaveGate with the
+//! per-object labels (`object_namespace`, `object_name`, as `sluice_object_*`) so an alert can say
+//! which object to look at; they are removed with the object's per-object series
+//! ([`WaveGateMetrics::retain_objects`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -47,10 +50,14 @@ pub struct PhaseLabels {
 }
 
 /// Labels of the gate verdict gauge.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, EncodeLabelSet)]
 pub struct VerdictLabels {
     /// Site.
     pub site: String,
+    /// The WaveGate's namespace.
+    pub object_namespace: String,
+    /// The WaveGate's name.
+    pub object_name: String,
     /// Gate name (from the spec or a built-in).
     pub gate: String,
     /// Pass, Fail or Inconclusive.
@@ -107,6 +114,9 @@ fn verdict_name(v: Verdict) -> &'static str {
     }
 }
 
+/// The verdict series exported per WaveGate (namespace, name).
+type VerdictsByObject = BTreeMap<(String, String), BTreeSet<VerdictLabels>>;
+
 /// Handles to the wave-gate metrics; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct WaveGateMetrics {
@@ -118,7 +128,7 @@ pub struct WaveGateMetrics {
     halts: Family<HaltLabels, Counter>,
     passed: Family<ProgressLabels, Gauge>,
     exported: Arc<Mutex<BTreeMap<String, BTreeSet<ProgressLabels>>>>,
-    gates_seen: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>>,
+    verdicts_exported: Arc<Mutex<VerdictsByObject>>,
 }
 
 fn wave_histogram() -> Histogram {
@@ -142,7 +152,7 @@ pub fn register(registry: &mut Registry) -> WaveGateMetrics {
         halts: Family::default(),
         passed: Family::default(),
         exported: Arc::default(),
-        gates_seen: Arc::default(),
+        verdicts_exported: Arc::default(),
     };
     let sub = registry.sub_registry_with_prefix("sluice_wavegate");
     sub.register(
@@ -157,7 +167,7 @@ pub fn register(registry: &mut Registry) -> WaveGateMetrics {
     );
     sub.register(
         "gate_verdict",
-        "1 for each gate's latest verdict in the wave in progress, by site, gate and verdict",
+        "1 for each gate's latest verdict in the wave in progress, by site, WaveGate (object_namespace, object_name), gate and verdict",
         m.verdicts.clone(),
     );
     sub.register(
@@ -184,9 +194,12 @@ pub fn register(registry: &mut Registry) -> WaveGateMetrics {
 }
 
 impl WaveGateMetrics {
-    /// Records `next` (the status just written) and the transitions from `previous`.
+    /// Records `next` (the status just written to WaveGate `namespace`/`name`) and the
+    /// transitions from `previous`.
     pub fn record(
         &self,
+        namespace: &str,
+        name: &str,
         spec: &WaveGateSpec,
         previous: Option<&WaveGateStatus>,
         next: &WaveGateStatus,
@@ -219,29 +232,34 @@ impl WaveGateMetrics {
             })
             .unwrap_or_default();
         {
-            let mut seen = self.gates_seen.lock().unwrap_or_else(|e| e.into_inner());
-            let known = seen.entry(site.clone()).or_default();
-            for g in known.iter().filter(|g| !gates.contains_key(*g)) {
+            let mut now_exported = BTreeSet::new();
+            for (g, verdict) in &gates {
                 for v in [Verdict::Pass, Verdict::Fail, Verdict::Inconclusive] {
-                    self.verdicts.remove(&VerdictLabels {
+                    let labels = VerdictLabels {
                         site: site.clone(),
+                        object_namespace: namespace.to_owned(),
+                        object_name: name.to_owned(),
                         gate: g.clone(),
                         verdict: verdict_name(v).into(),
-                    });
+                    };
+                    self.verdicts
+                        .get_or_create(&labels)
+                        .set(i64::from(*verdict == v));
+                    now_exported.insert(labels);
                 }
             }
-            *known = gates.keys().cloned().collect();
-        }
-        for (g, verdict) in &gates {
-            for v in [Verdict::Pass, Verdict::Fail, Verdict::Inconclusive] {
-                self.verdicts
-                    .get_or_create(&VerdictLabels {
-                        site: site.clone(),
-                        gate: g.clone(),
-                        verdict: verdict_name(v).into(),
-                    })
-                    .set(i64::from(*verdict == v));
+            let mut exported = self
+                .verdicts_exported
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let old = exported
+                .entry((namespace.to_owned(), name.to_owned()))
+                .or_default();
+            // Gates that left the wave, or an old site name, leave no series behind.
+            for l in old.difference(&now_exported) {
+                self.verdicts.remove(l);
             }
+            *old = now_exported;
         }
 
         // Transitions: waves passed, halts.
@@ -314,6 +332,29 @@ impl WaveGateMetrics {
             self.passed.get_or_create(l).set(1);
         }
         *old = now_passed;
+    }
+}
+
+impl WaveGateMetrics {
+    /// Removes the verdict series of every WaveGate not in `live` (namespace, name): the
+    /// WaveGates that still have per-object series, which go when the object is deleted or this
+    /// replica stops leading. Returns how many WaveGates were removed.
+    pub fn retain_objects(&self, live: &[(String, String)]) -> usize {
+        let mut exported = self
+            .verdicts_exported
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let gone: Vec<(String, String)> = exported
+            .keys()
+            .filter(|k| !live.contains(k))
+            .cloned()
+            .collect();
+        for key in &gone {
+            for l in exported.remove(key).unwrap_or_default() {
+                self.verdicts.remove(&l);
+            }
+        }
+        gone.len()
     }
 }
 
@@ -408,6 +449,8 @@ mod tests {
         }))
         .unwrap();
         m.record(
+            "fleet",
+            "west",
             &spec,
             None,
             &status,
@@ -440,7 +483,14 @@ mod tests {
         let mut next = status.clone();
         next.current_revision = Some(format!("sha256:{}", "c".repeat(64)));
         next.waves[0].state = WaveState::Converging;
-        m.record(&spec, Some(&status), &next, Timestamp::UNIX_EPOCH);
+        m.record(
+            "fleet",
+            "west",
+            &spec,
+            Some(&status),
+            &next,
+            Timestamp::UNIX_EPOCH,
+        );
         let mut out = String::new();
         encode(&mut out, &r).unwrap();
         assert!(!out.contains("wave=\"canary\"} 1"), "{out}");
@@ -459,7 +509,14 @@ mod tests {
                 outcome: Some(sluice_api::v1alpha1::wave_gate::ChangeOutcome::Complete),
                 reason: None,
             });
-        m.record(&spec, Some(&next), &later, Timestamp::UNIX_EPOCH);
+        m.record(
+            "fleet",
+            "west",
+            &spec,
+            Some(&next),
+            &later,
+            Timestamp::UNIX_EPOCH,
+        );
         let mut out = String::new();
         encode(&mut out, &r).unwrap();
         assert!(
@@ -468,6 +525,110 @@ mod tests {
                 spec.revision
             )),
             "{out}"
+        );
+    }
+
+    #[test]
+    fn gate_verdicts_name_the_wave_gate_and_are_removed_with_it() {
+        let mut r = Registry::default();
+        let m = register(&mut r);
+        let spec = |site: &str| -> WaveGateSpec {
+            serde_json::from_value(serde_json::json!({
+                "site": site,
+                "applicationSetRef": {"name": "mesh"},
+                "repository": "oci://registry.local/mesh",
+                "revision": format!("sha256:{}", "b".repeat(64)),
+                "waves": [{"name": "canary", "clusters": ["c1"]}],
+                "driftGate": {"exporter": "None"},
+                "pin": {"publicKeysSecretRef": {"name": "keys"}},
+            }))
+            .unwrap()
+        };
+        let status = |gate: &str, verdict: &str| -> WaveGateStatus {
+            serde_json::from_value(serde_json::json!({
+                "phase": "Soaking",
+                "currentWaveIndex": 0,
+                "waves": [{"name": "canary", "state": "Soaking",
+                    "gates": [{"gate": gate, "verdict": verdict, "reason": "NoData",
+                        "evaluatedAt": "2027-01-15T08:12:00Z"}]}],
+            }))
+            .unwrap()
+        };
+        let text = || {
+            let mut out = String::new();
+            encode(&mut out, &r).unwrap();
+            out
+        };
+        let series = |ns: &str, name: &str, site: &str, gate: &str, verdict: &str, v: u8| {
+            format!(
+                "sluice_wavegate_gate_verdict{{site=\"{site}\",object_namespace=\"{ns}\",\
+                 object_name=\"{name}\",gate=\"{gate}\",verdict=\"{verdict}\"}} {v}"
+            )
+        };
+        let t = Timestamp::UNIX_EPOCH;
+        m.record(
+            "fleet",
+            "west",
+            &spec("eu"),
+            None,
+            &status("drift", "Inconclusive"),
+            t,
+        );
+        m.record(
+            "fleet",
+            "east",
+            &spec("us"),
+            None,
+            &status("drift", "Pass"),
+            t,
+        );
+        let out = text();
+        for want in [
+            series("fleet", "west", "eu", "drift", "Inconclusive", 1),
+            series("fleet", "west", "eu", "drift", "Pass", 0),
+            series("fleet", "east", "us", "drift", "Pass", 1),
+        ] {
+            assert!(out.contains(&want), "{want} missing:\n{out}");
+        }
+
+        // A gate that left the wave, or a site that changed, leaves no series behind.
+        let before = status("drift", "Inconclusive");
+        m.record(
+            "fleet",
+            "west",
+            &spec("eu-1"),
+            Some(&before),
+            &status("errors", "Pass"),
+            t,
+        );
+        let out = text();
+        assert!(
+            !out.contains("gate=\"drift\",verdict=\"Inconclusive\"} 1"),
+            "{out}"
+        );
+        assert!(
+            !out.contains("sluice_wavegate_gate_verdict{site=\"eu\","),
+            "{out}"
+        );
+        assert!(
+            out.contains(&series("fleet", "west", "eu-1", "errors", "Pass", 1)),
+            "{out}"
+        );
+
+        // Deleted (its per-object series are gone): its verdicts go too, the other's stay.
+        let removed = m.retain_objects(&[("fleet".to_string(), "east".to_string())]);
+        assert_eq!(removed, 1);
+        let out = text();
+        assert!(!out.contains("object_name=\"west\""), "{out}");
+        assert!(
+            out.contains(&series("fleet", "east", "us", "drift", "Pass", 1)),
+            "{out}"
+        );
+        assert_eq!(m.retain_objects(&[]), 1);
+        assert!(
+            !text().contains("sluice_wavegate_gate_verdict{"),
+            "{}",
+            text()
         );
     }
 }

@@ -599,15 +599,15 @@ pub async fn reconcile(
         }
         tracing::info!(phase = ?decision.status.phase, wave = ?decision.status.current_wave, "status written");
     }
-    if let Some(m) = &ctx.metrics {
-        m.record(spec, status, &decision.status, now);
-    }
     ctx.signals.set(
         crate::metrics::OBJECT_KIND,
         &ns,
         &name,
         crate::metrics::object_signal(&decision.status),
     );
+    if let Some(m) = &ctx.metrics {
+        m.record(&ns, &name, spec, status, &decision.status, now);
+    }
     for action in &decision.actions {
         match action {
             Action::Event {
