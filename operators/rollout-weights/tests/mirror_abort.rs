@@ -1,0 +1,141 @@
+//! End to end: a mirror step judges the canary on what its destination reports. During a mirror
+//! step the canary has no live weight and receives only mirrored copies, which Istio's source
+//! reporter never counts (the simulator, like Istio, reports them only at the receiving proxy,
+//! under the request's host with `-shadow`, attributed to the canary by `destination_workload`).
+//! A canary that returns 5xx at 2.3× stable on those copies is aborted — the mirror rule removed
+//! from the route — within one analysis interval of the first Fail verdict. Prints
+//! `fault_to_revert_ms` and `detect_to_revert_ms`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use kube::api::PostParams;
+use serde_json::json;
+use sluice_api::v1alpha1::{
+    RolloutPhase, Verdict,
+    rollout::{AbortReason, conditions, reasons},
+};
+use sluice_runtime::conditions::find;
+use sluice_sim::mesh::scenario::Event;
+
+/// The analysis interval of this test (the Rollout fixture's `analysisInterval`).
+const INTERVAL: Duration = Duration::from_secs(1);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_steps_failing_canary_is_aborted_on_its_first_fail() {
+    let budget = Duration::from_secs(90);
+    // The fault comes from a known instant (below), not from the scenario's clock.
+    let mut s = scenario("canary-abort", 4000.0);
+    s.events.clear();
+    let Some(g) = given(s).await else {
+        return;
+    };
+    let prom = g.prometheus.as_ref().unwrap().url().to_owned();
+    let ctl = Controller::start(&g.client, &prom);
+
+    // Given a long mirror step: the canary gets a copy of every GET and HEAD, and no live weight.
+    rollouts(&g.client)
+        .create(
+            &PostParams::default(),
+            &rollout(
+                json!([
+                    {"mirror": {"percent": 100, "duration": "600s"}},
+                    {"setWeight": {"weight": 50}},
+                    {"promote": {}}
+                ]),
+                json!({}),
+            ),
+        )
+        .await
+        .unwrap();
+    // The healthy canary is judged on its mirrored copies: its error gate passes (on the source
+    // reporter the canary served nothing, and the gate could only be Inconclusive).
+    let judged = rollout_until(
+        &g.client,
+        "the mirrored canary's error gate passes",
+        budget,
+        |r| {
+            r.status.as_ref().is_some_and(|s| {
+                s.current_step_index == Some(0)
+                    && s.mirror_active
+                    && s.gates
+                        .iter()
+                        .any(|v| v.gate == "error-ratio" && v.verdict == Verdict::Pass)
+            })
+        },
+    )
+    .await;
+    let st = judged.status.unwrap();
+    assert_eq!(st.phase, RolloutPhase::Progressing);
+    let route = routes(&g.client).get("checkout").await.unwrap();
+    assert_eq!(weights(&route), (100, 0), "no live weight in a mirror step");
+    assert!(rule_names(&route).contains(&"sluice-mirror".to_owned()));
+
+    // When the canary starts returning 5xx at 2.3× stable.
+    g.world
+        .as_ref()
+        .and_then(|w| w.mesh())
+        .expect("mesh simulator")
+        .apply_now(Event {
+            service: Some("checkout".into()),
+            version: Some("v2.14".into()),
+            error_ratio_factor: Some(2.3),
+            ..Event::default()
+        });
+    let fault = Instant::now();
+
+    // Then the mirror rule is removed and the status says why, with the millisecond figure.
+    eventually("mirror rule removed", budget, async || {
+        let r = routes(&g.client)
+            .get("checkout")
+            .await
+            .map_err(|e| e.to_string())?;
+        let names = rule_names(&r);
+        (!names.contains(&"sluice-mirror".to_owned()))
+            .then_some(())
+            .ok_or(format!("{names:?}"))
+    })
+    .await;
+    let fault_to_revert = fault.elapsed();
+    let route = routes(&g.client).get("checkout").await.unwrap();
+    assert_eq!(weights(&route), (100, 0));
+    assert_eq!(rule_names(&route), ["admin", "main"]);
+    let aborted = rollout_until(&g.client, "abort recorded", budget, |r| {
+        r.status
+            .as_ref()
+            .and_then(|s| s.abort.as_ref())
+            .is_some_and(|a| a.route_reverted_at.is_some())
+    })
+    .await;
+    let status = aborted.status.unwrap();
+    assert_eq!(status.phase, RolloutPhase::Aborted);
+    assert!(!status.mirror_active);
+    let abort = status.abort.clone().unwrap();
+    assert_eq!(abort.reason, AbortReason::GateFailed, "{abort:?}");
+    assert_eq!(abort.step_index, Some(0));
+    let gate = abort.gate.clone().expect("failing gate kept");
+    assert_eq!(gate.gate, "error-ratio", "{gate:?}");
+    assert!(
+        abort
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("mirror step")),
+        "{abort:?}"
+    );
+    let progressing = find(&status.conditions, conditions::PROGRESSING).unwrap();
+    assert_eq!(progressing.reason, reasons::GATE_FAILED);
+    let detect_ms = status
+        .abort_detect_to_revert_ms
+        .expect("status.abortDetectToRevertMs set with routeRevertedAt");
+    println!(
+        "mirror step: fault_to_revert_ms={} detect_to_revert_ms={detect_ms}",
+        fault_to_revert.as_millis()
+    );
+    assert!(
+        u128::from(detect_ms) < INTERVAL.as_millis(),
+        "reverted within one analysis interval of the first Fail: {detect_ms} ms"
+    );
+    ctl.stop().await;
+}
