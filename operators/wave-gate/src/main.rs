@@ -68,7 +68,7 @@ async fn main() -> ExitCode {
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(Duration::from_secs(10)).await;
-                    verdicts.retain_objects(&objects.objects_of(metrics::OBJECT_KIND));
+                    verdicts.follow(&objects);
                 }
             });
         }

@@ -356,6 +356,13 @@ impl WaveGateMetrics {
         }
         gone.len()
     }
+
+    /// [`Self::retain_objects`] for the WaveGates `objects` still exports: called periodically,
+    /// so a WaveGate's verdicts go when it is deleted (the runtime sweeps its per-object series)
+    /// and all go when this replica stops leading (the runtime clears them).
+    pub fn follow(&self, objects: &sluice_runtime::metrics::ObjectSignals) -> usize {
+        self.retain_objects(&objects.objects_of(OBJECT_KIND))
+    }
 }
 
 /// The `kind` label of a WaveGate's per-object series.
@@ -625,6 +632,31 @@ mod tests {
             "{out}"
         );
         assert_eq!(m.retain_objects(&[]), 1);
+        assert!(
+            !text().contains("sluice_wavegate_gate_verdict{"),
+            "{}",
+            text()
+        );
+
+        // Following the runtime's per-object series: a WaveGate they dropped (deleted) loses
+        // its verdicts; all go when they are cleared (this replica stopped leading).
+        let objects = sluice_runtime::metrics::ObjectSignals::default();
+        for (name, site) in [("west", "eu"), ("east", "us")] {
+            let st = status("drift", "Inconclusive");
+            objects.set(OBJECT_KIND, "fleet", name, object_signal(&st));
+            m.record("fleet", name, &spec(site), None, &st, t);
+        }
+        assert_eq!(m.follow(&objects), 0);
+        objects.remove(OBJECT_KIND, "fleet", "west");
+        assert_eq!(m.follow(&objects), 1);
+        let out = text();
+        assert!(!out.contains("object_name=\"west\""), "{out}");
+        assert!(
+            out.contains(&series("fleet", "east", "us", "drift", "Inconclusive", 1)),
+            "{out}"
+        );
+        objects.clear();
+        assert_eq!(m.follow(&objects), 1);
         assert!(
             !text().contains("sluice_wavegate_gate_verdict{"),
             "{}",
