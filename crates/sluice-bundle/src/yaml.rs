@@ -731,6 +731,17 @@ mod tests {
         let err = documents("a: 1\n---\nb: yes\n").unwrap_err();
         assert_eq!(err.document, 1, "{err:?}");
         assert!(documents("").unwrap().is_empty());
+        // A byte-order mark, CRLF line ends, comments and a version directive change nothing.
+        assert_eq!(
+            documents("\u{feff}%YAML 1.2\r\n---\r\n# c\r\na: 1 # c\r\nb: [x]\r\n").unwrap(),
+            [Some(serde_json::json!({"a": 1, "b": ["x"]}))]
+        );
+        assert!(
+            documents("# only a comment\n")
+                .unwrap()
+                .iter()
+                .all(Option::is_none)
+        );
         // Anchors do not cross documents.
         assert!(documents("a: &x 1\n---\nb: *x\n").is_err());
     }
