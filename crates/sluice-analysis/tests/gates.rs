@@ -318,6 +318,127 @@ async fn applied_share_within_twenty_percent_and_mirrored_copies_do_not_count() 
     assert_eq!(report.queries, 1);
 }
 
+/// A request counter with every label given (`reporter` first), at `rps`.
+fn counter(now: i64, labels: &[(&str, &str)], rps: f64) -> Series {
+    let mut s = Series::new("istio_requests_total");
+    for (k, v) in labels {
+        s = s.label(*k, *v);
+    }
+    s.counter(now - HISTORY_MS, now, STEP, 0.0, rps)
+}
+
+#[tokio::test]
+async fn scoped_service_gates_count_the_named_clients_and_the_mirror_at_its_destination() {
+    let w = World::start().await;
+    let n = w.now_ms;
+    let source = |service: &str, client: &str, ns: &str, code: &str, rps: f64| {
+        counter(
+            n,
+            &[
+                ("reporter", "source"),
+                ("cluster", "c1"),
+                ("source_workload", client),
+                ("source_workload_namespace", ns),
+                ("destination_service_namespace", "shop"),
+                ("destination_service_name", service),
+                ("response_code", code),
+            ],
+            rps,
+        )
+    };
+    let destination = |workload: &str, host: &str, code: &str, rps: f64| {
+        counter(
+            n,
+            &[
+                ("reporter", "destination"),
+                ("cluster", "c1"),
+                ("source_workload", "gw"),
+                ("source_workload_namespace", "istio-system"),
+                ("destination_service_namespace", "shop"),
+                ("destination_service_name", host),
+                ("destination_workload", workload),
+                ("destination_workload_namespace", "shop"),
+                ("response_code", code),
+            ],
+            rps,
+        )
+    };
+    w.write(vec![
+        // Through the gateway: 25% to the canary. East-west callers add 60 rps to the stable.
+        source("pay-canary", "gw", "istio-system", "200", 10.0),
+        source("pay-stable", "gw", "istio-system", "200", 30.0),
+        source("pay-stable", "orders", "shop", "200", 60.0),
+        // A client named like the gateway in another namespace is not the gateway.
+        source("pay-canary", "gw", "shop", "200", 40.0),
+        // The stable's own proxies: 2% 5xx; the canary's mirrored copies (shadow host): 10% 5xx.
+        destination("pay-v1", "pay-stable", "200", 29.4),
+        destination("pay-v1", "pay-stable", "503", 0.6),
+        destination("pay-v2", "pay.shop.svc.cluster.local-shadow", "200", 27.0),
+        destination("pay-v2", "pay.shop.svc.cluster.local-shadow", "503", 3.0),
+    ])
+    .await;
+    let gateway = builtin::SourceWorkloads {
+        workloads: vec!["gw".into()],
+        namespace: Some("istio-system".into()),
+    };
+    let mut vars = rollout_vars("c1", "pay");
+    vars.insert("canaryWorkload".into(), "pay-v2".into());
+    vars.insert("stableWorkload".into(), "pay-v1".into());
+    let share = builtin_gate(BuiltinGate::AppliedShare, |g| g.consecutive_failures = 1);
+    let errors = builtin_gate(BuiltinGate::ErrorRatioVsStable, |g| {
+        g.consecutive_failures = 1
+    });
+    let scoped = |gate: &ResolvedGate, scope: builtin::ServiceScope| {
+        let mut c = check("Rollout shop/pay", gate.clone(), vars.clone());
+        c.share_target = Some(0.25);
+        c.scope = scope;
+        c
+    };
+    let everyone = builtin::ServiceScope::default();
+    let through_gateway = builtin::ServiceScope {
+        reporter: builtin::Reporter::Source,
+        sources: Some(gateway.clone()),
+    };
+    let mirror = builtin::ServiceScope {
+        reporter: builtin::Reporter::Destination,
+        sources: Some(gateway),
+    };
+    let checks = vec![
+        scoped(&share, everyone.clone()),
+        scoped(&share, through_gateway),
+        scoped(&errors, everyone),
+        scoped(&errors, mirror.clone()),
+        scoped(&share, mirror),
+    ];
+    let report = w.engine().tick(&checks, w.now()).await;
+    let value = |i: usize| verdict(&report.outcomes[i]).value.unwrap();
+    // Every source: (10 + 40) of 140 rps; through the gateway only: 10 of 40.
+    assert!((value(0) - 50.0 / 140.0).abs() < 0.01, "{}", value(0));
+    assert_eq!(verdict(&report.outcomes[0]).verdict, Verdict::Fail);
+    assert!((value(1) - 0.25).abs() < 0.01, "{}", value(1));
+    assert_eq!(
+        verdict(&report.outcomes[1]).verdict,
+        Verdict::Pass,
+        "{:?}",
+        verdict(&report.outcomes[1])
+    );
+    // On the source reporter the mirrored canary has no 5xx to show; at its destination it has
+    // 10% against the stable's 2%.
+    assert_eq!(verdict(&report.outcomes[2]).value, Some(0.0));
+    let mirrored = verdict(&report.outcomes[3]);
+    assert!(
+        (mirrored.value.unwrap() - 0.1).abs() < 0.005,
+        "{mirrored:?}"
+    );
+    assert!(
+        (mirrored.baseline.unwrap() - 0.02).abs() < 0.002,
+        "{mirrored:?}"
+    );
+    assert_eq!(mirrored.verdict, Verdict::Fail, "{mirrored:?}");
+    // The share never counts mirrored copies, whatever the view.
+    assert!((value(4) - 0.25).abs() < 0.01, "{}", value(4));
+}
+
 #[tokio::test]
 async fn query_error_provider_down_and_slow_provider_are_inconclusive() {
     let w = World::start().await;
