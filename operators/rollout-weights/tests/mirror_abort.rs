@@ -3,7 +3,8 @@
 //! reporter never counts (the simulator, like Istio, reports them only at the receiving proxy,
 //! under the request's host with `-shadow`, attributed to the canary by `destination_workload`).
 //! A canary that returns 5xx at 2.3× stable on those copies is aborted — the mirror rule removed
-//! from the route — within one analysis interval of the first Fail verdict. Prints
+//! from the route — within one analysis interval of the first Fail verdict, with the fixture's
+//! seconds-scale gates and with the default gates at production ratios (30:1). Prints
 //! `fault_to_revert_ms` and `detect_to_revert_ms`.
 
 mod common;
@@ -23,11 +24,25 @@ use sluice_sim::mesh::scenario::Event;
 /// The analysis interval of this test (the Rollout fixture's `analysisInterval`).
 const INTERVAL: Duration = Duration::from_secs(1);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_mirror_steps_failing_canary_is_aborted_on_its_first_fail() {
+/// The traffic and gates of a run.
+#[derive(Clone, Copy, PartialEq)]
+enum Settings {
+    /// The fixture's seconds-scale gates (4 s windows) at 4,000 requests/s.
+    Seconds,
+    /// The production defaults compressed 30:1 with their ratios kept: the default gates (no
+    /// `spec.gates`), a 1 s interval standing for 30 s, and 6,000 requests/s so that each
+    /// interval counts what 30 s of 200 requests/s count.
+    ProductionRatios,
+}
+
+async fn mirrored_canary_is_aborted(settings: Settings) {
     let budget = Duration::from_secs(90);
+    let (rps, patch) = match settings {
+        Settings::Seconds => (4000.0, json!({})),
+        Settings::ProductionRatios => (6000.0, json!({"gates": []})),
+    };
     // The fault comes from a known instant (below), not from the scenario's clock.
-    let mut s = scenario("canary-abort", 4000.0);
+    let mut s = scenario("canary-abort", rps);
     s.events.clear();
     let Some(g) = given(s).await else {
         return;
@@ -45,7 +60,7 @@ async fn a_mirror_steps_failing_canary_is_aborted_on_its_first_fail() {
                     {"setWeight": {"weight": 50}},
                     {"promote": {}}
                 ]),
-                json!({}),
+                patch,
             ),
         )
         .await
@@ -130,7 +145,11 @@ async fn a_mirror_steps_failing_canary_is_aborted_on_its_first_fail() {
         .abort_detect_to_revert_ms
         .expect("status.abortDetectToRevertMs set with routeRevertedAt");
     println!(
-        "mirror step: fault_to_revert_ms={} detect_to_revert_ms={detect_ms}",
+        "mirror step{}: fault_to_revert_ms={} detect_to_revert_ms={detect_ms}",
+        match settings {
+            Settings::Seconds => "",
+            Settings::ProductionRatios => ", production defaults at 30:1 (200 requests/s)",
+        },
         fault_to_revert.as_millis()
     );
     assert!(
@@ -138,4 +157,14 @@ async fn a_mirror_steps_failing_canary_is_aborted_on_its_first_fail() {
         "reverted within one analysis interval of the first Fail: {detect_ms} ms"
     );
     ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_steps_failing_canary_is_aborted_on_its_first_fail() {
+    mirrored_canary_is_aborted(Settings::Seconds).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_production_ratios_a_mirror_steps_failing_canary_is_aborted_on_its_first_fail() {
+    mirrored_canary_is_aborted(Settings::ProductionRatios).await;
 }
