@@ -18,7 +18,6 @@ use sluice_api::v1alpha1::{
     rollout::{AbortReason, conditions, reasons},
 };
 use sluice_runtime::conditions::find;
-use sluice_sim::mesh::scenario::Event;
 
 /// The analysis interval of these tests (the Rollout fixture's `analysisInterval`).
 const INTERVAL: Duration = Duration::from_secs(1);
@@ -123,16 +122,7 @@ async fn held_canary_is_aborted(hold: Hold, settings: Settings) {
     );
 
     // When the canary starts returning 5xx at 2.3× stable.
-    g.world
-        .as_ref()
-        .and_then(|w| w.mesh())
-        .expect("mesh simulator")
-        .apply_now(Event {
-            service: Some("checkout".into()),
-            version: Some("v2.14".into()),
-            error_ratio_factor: Some(2.3),
-            ..Event::default()
-        });
+    g.canary_errors_at(2.3);
     let fault = Instant::now();
 
     // Then the route is reverted and the status says why, with the millisecond figure.

@@ -144,6 +144,22 @@ pub struct Given {
     pub started: Instant,
 }
 
+impl Given {
+    /// From now on the canary (`checkout` v2.14) returns 5xx at `factor` × stable's ratio.
+    pub fn canary_errors_at(&self, factor: f64) {
+        self.world
+            .as_ref()
+            .and_then(|w| w.mesh())
+            .expect("mesh simulator")
+            .apply_now(sluice_sim::mesh::scenario::Event {
+                service: Some("checkout".into()),
+                version: Some("v2.14".into()),
+                error_ratio_factor: Some(factor),
+                ..Default::default()
+            });
+    }
+}
+
 /// Starts the emulator (CRDs, namespace, both versions' Deployments and Services, the rich
 /// route), Prometheus and the world playing `scenario`. `None` when a prerequisite is missing.
 pub async fn given(scenario: Scenario) -> Option<Given> {
