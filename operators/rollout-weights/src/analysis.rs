@@ -661,6 +661,22 @@ mod tests {
         Timestamp::from_millisecond(1_800_000_000_000 + ms).unwrap()
     }
 
+    /// A Rollout in its first step, the canary at 5% since t(0), the weight written then.
+    fn at_five_percent() -> RolloutStatus {
+        RolloutStatus {
+            phase: RolloutPhase::Progressing,
+            current_step_index: Some(0),
+            desired_weight: Some(5),
+            current_step_started_at: Some(Time(t(0))),
+            owned_route: Some(OwnedRouteStatus {
+                written_weight: Some(5),
+                weight_written_at: Some(Time(t(0))),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
     fn spec(gates: serde_json::Value) -> RolloutSpec {
         serde_json::from_value(serde_json::json!({
             "routeRef": {"name": "checkout"},
@@ -807,18 +823,7 @@ mod tests {
     async fn a_traffic_source_scopes_the_share_and_the_gates_to_its_clients() {
         let steps =
             serde_json::json!([{"setWeight": {"weight": 5}}, {"setWeight": {"weight": 50}}]);
-        let status = RolloutStatus {
-            phase: RolloutPhase::Progressing,
-            current_step_index: Some(0),
-            desired_weight: Some(5),
-            current_step_started_at: Some(Time(t(0))),
-            owned_route: Some(OwnedRouteStatus {
-                written_weight: Some(5),
-                weight_written_at: Some(Time(t(0))),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+        let status = at_five_percent();
         // Default: every source in the mesh.
         let sent = queries_of(
             &telemetry_spec(steps.clone(), serde_json::json!({})),
@@ -1189,18 +1194,7 @@ mod tests {
     #[test]
     fn a_sequential_share_is_read_only_on_enough_route_requests() {
         let s = spec(serde_json::json!([]));
-        let status = RolloutStatus {
-            phase: RolloutPhase::Progressing,
-            current_step_index: Some(0),
-            desired_weight: Some(5),
-            current_step_started_at: Some(Time(t(0))),
-            owned_route: Some(OwnedRouteStatus {
-                written_weight: Some(5),
-                weight_written_at: Some(Time(t(0))),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+        let status = at_five_percent();
         let p = plan(&s, &status, ("shop", "checkout"), "c1", &HashMap::new());
         let outcome = |samples: u64| CheckOutcome {
             observation: Some(Observation::Measured {
