@@ -90,13 +90,7 @@ impl RevertBranch {
         if let Some(commit) = remote_branch(config, &self.branch).await? {
             return self.existing(config, commit).await;
         }
-        let dir = tempfile::Builder::new()
-            .prefix("sluice-revert-")
-            .tempdir()
-            .map_err(|source| GitopsError::Io {
-                path: std::env::temp_dir().display().to_string(),
-                source,
-            })?;
+        let dir = work_dir("sluice-revert-")?;
         let work = dir.path();
         run(
             config,
@@ -225,16 +219,21 @@ fn owner_of(message: &str) -> Option<&str> {
         .next_back()
 }
 
-/// The message of the commit `branch` points at: one shallow fetch of that commit (no blobs)
-/// into an empty repository, not a clone.
-async fn tip_message(config: &GitConfig, branch: &str) -> Result<String, GitopsError> {
-    let dir = tempfile::Builder::new()
-        .prefix("sluice-revert-tip-")
+/// A new empty directory under the system's temporary directory, removed when dropped.
+fn work_dir(prefix: &str) -> Result<tempfile::TempDir, GitopsError> {
+    tempfile::Builder::new()
+        .prefix(prefix)
         .tempdir()
         .map_err(|source| GitopsError::Io {
             path: std::env::temp_dir().display().to_string(),
             source,
-        })?;
+        })
+}
+
+/// The message of the commit `branch` points at: one shallow fetch of that commit (no blobs)
+/// into an empty repository, not a clone.
+async fn tip_message(config: &GitConfig, branch: &str) -> Result<String, GitopsError> {
+    let dir = work_dir("sluice-revert-tip-")?;
     let work = dir.path();
     run(config, work, &["init", "--quiet"]).await?;
     run(
