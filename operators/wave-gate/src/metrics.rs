@@ -429,12 +429,10 @@ mod tests {
     }
     use prometheus_client::encoding::text::encode;
 
-    #[test]
-    fn every_metric_is_registered_with_the_prefix() {
-        let mut r = Registry::default();
-        let m = register(&mut r);
-        let spec: WaveGateSpec = serde_json::from_value(serde_json::json!({
-            "site": "eu",
+    /// A one-wave WaveGate of `site`.
+    fn spec(site: &str) -> WaveGateSpec {
+        serde_json::from_value(serde_json::json!({
+            "site": site,
             "applicationSetRef": {"name": "mesh"},
             "repository": "oci://registry.local/mesh",
             "revision": format!("sha256:{}", "b".repeat(64)),
@@ -442,7 +440,14 @@ mod tests {
             "driftGate": {"exporter": "None"},
             "pin": {"publicKeysSecretRef": {"name": "keys"}},
         }))
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn every_metric_is_registered_with_the_prefix() {
+        let mut r = Registry::default();
+        let m = register(&mut r);
+        let spec = spec("eu");
         let status: WaveGateStatus = serde_json::from_value(serde_json::json!({
             "phase": "Halted",
             "currentRevision": spec.revision,
@@ -539,18 +544,6 @@ mod tests {
     fn gate_verdicts_name_the_wave_gate_and_are_removed_with_it() {
         let mut r = Registry::default();
         let m = register(&mut r);
-        let spec = |site: &str| -> WaveGateSpec {
-            serde_json::from_value(serde_json::json!({
-                "site": site,
-                "applicationSetRef": {"name": "mesh"},
-                "repository": "oci://registry.local/mesh",
-                "revision": format!("sha256:{}", "b".repeat(64)),
-                "waves": [{"name": "canary", "clusters": ["c1"]}],
-                "driftGate": {"exporter": "None"},
-                "pin": {"publicKeysSecretRef": {"name": "keys"}},
-            }))
-            .unwrap()
-        };
         let status = |gate: &str, verdict: &str| -> WaveGateStatus {
             serde_json::from_value(serde_json::json!({
                 "phase": "Soaking",
