@@ -2201,6 +2201,16 @@ mod tests {
         }
     }
 
+    /// `Ready=False InvalidSpec`, its message containing `message`.
+    fn assert_invalid_spec(d: &Decision, message: &str) {
+        let ready = cond::find(&d.status.conditions, conditions::READY).unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", reasons::INVALID_SPEC)
+        );
+        assert!(ready.message.contains(message), "{}", ready.message);
+    }
+
     fn verified() -> Option<Verification> {
         Some(Verification::Verified(summary()))
     }
@@ -3527,17 +3537,9 @@ mod tests {
         let world = World::new();
         let d = decide(&spec, None, &world.obs(verified()), t(0));
         assert_eq!(d.status.phase, BundlePinPhase::Refused);
-        let ready = cond::find(&d.status.conditions, conditions::READY).unwrap();
-        assert_eq!(
-            (ready.status.as_str(), ready.reason.as_str()),
-            ("False", reasons::INVALID_SPEC)
-        );
-        assert!(
-            ready.message.contains(
-                "spec.gitRevert.baseBranch: \"release..1\" is not a git branch name: it contains '..'"
-            ),
-            "{}",
-            ready.message
+        assert_invalid_spec(
+            &d,
+            "spec.gitRevert.baseBranch: \"release..1\" is not a git branch name: it contains '..'",
         );
         assert!(d.actions.iter().all(|a| !a.is_effect()), "{:?}", d.actions);
     }
