@@ -195,6 +195,10 @@ pub struct ServiceScenario {
     /// `istio-ingressgateway`.
     #[serde(default = "default_source")]
     pub source_workload: String,
+    /// `source_workload_namespace` of the source reporter: the namespace the gateway or client
+    /// runs in. Default `istio-system`.
+    #[serde(default = "default_source_namespace")]
+    pub source_namespace: String,
     /// Requests per second arriving at the route.
     pub requests_per_second: f64,
     /// Request path (matched against path matches). Default `/`.
@@ -213,6 +217,9 @@ pub struct ServiceScenario {
 
 fn default_source() -> String {
     "istio-ingressgateway".to_string()
+}
+fn default_source_namespace() -> String {
+    "istio-system".to_string()
 }
 fn default_path() -> String {
     "/".to_string()
@@ -608,6 +615,7 @@ events:
         assert_eq!(s.propagation_delay, Duration::from_secs(3));
         let svc = &s.services[0];
         assert_eq!(svc.source_workload, "istio-ingressgateway");
+        assert_eq!(svc.source_namespace, "istio-system");
         assert_eq!(svc.idempotent_share, 0.8);
         assert_eq!(svc.versions[1].weight_factor, 1.0);
         assert_eq!(s.clusters[0].xds_pushes_per_second, 1.0);

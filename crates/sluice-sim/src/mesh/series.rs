@@ -43,6 +43,8 @@ pub struct RequestKey {
     pub cluster: String,
     /// `source_workload`.
     pub source_workload: String,
+    /// `source_workload_namespace`.
+    pub source_namespace: String,
     /// `destination_service_name` (the backend Service).
     pub service: String,
     /// `destination_service_namespace`.
@@ -117,6 +119,7 @@ impl RequestKey {
             label("response_code", &self.code.to_string()),
             label("response_flags", self.flags),
             label("source_workload", &self.source_workload),
+            label("source_workload_namespace", &self.source_namespace),
         ];
         if let Some(origin) = self.failure_origin {
             labels.insert(7, label("failure_origin", origin));
@@ -231,6 +234,7 @@ impl MeshCounters {
                 reporter,
                 cluster: cluster.to_string(),
                 source_workload: svc.source_workload.clone(),
+                source_namespace: svc.source_namespace.clone(),
                 service: backend.to_string(),
                 namespace: svc.namespace.clone(),
                 version: version.to_string(),
@@ -418,6 +422,7 @@ services:
             reporter,
             cluster: "east".into(),
             source_workload: "istio-ingressgateway".into(),
+            source_namespace: "istio-system".into(),
             service: service.into(),
             namespace: "shop".into(),
             version: version.into(),
@@ -523,7 +528,8 @@ services:
                 "reporter",
                 "response_code",
                 "response_flags",
-                "source_workload"
+                "source_workload",
+                "source_workload_namespace"
             ]
         );
         let names: std::collections::BTreeSet<&str> = series.iter().map(name_of).collect();
