@@ -6,8 +6,10 @@
 //! enums, gate names from the spec, wave names and the revision of the change in progress (its
 //! series are removed when the revision changes). Gate verdicts also name their WaveGate with the
 //! per-object labels (`object_namespace`, `object_name`, as `sluice_object_*`) so an alert can say
-//! which object to look at; they are removed with the object's per-object series
-//! ([`WaveGateMetrics::retain_objects`]).
+//! which object to look at. A WaveGate's series, its verdicts and every series keyed by its site
+//! (current wave, phase, wave and decision times, halts, waves passed), are removed with the
+//! object's per-object series ([`WaveGateMetrics::retain_objects`]): a deleted WaveGate leaves
+//! nothing behind, and a WaveGate whose `spec.site` changed leaves nothing under the old site.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -129,6 +131,10 @@ pub struct WaveGateMetrics {
     passed: Family<ProgressLabels, Gauge>,
     exported: Arc<Mutex<BTreeMap<String, BTreeSet<ProgressLabels>>>>,
     verdicts_exported: Arc<Mutex<VerdictsByObject>>,
+    /// The site each WaveGate (namespace, name) was last recorded with.
+    sites: Arc<Mutex<BTreeMap<(String, String), String>>>,
+    /// The halt reasons counted, by site.
+    halt_reasons: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>>,
 }
 
 fn wave_histogram() -> Histogram {
@@ -153,6 +159,8 @@ pub fn register(registry: &mut Registry) -> WaveGateMetrics {
         passed: Family::default(),
         exported: Arc::default(),
         verdicts_exported: Arc::default(),
+        sites: Arc::default(),
+        halt_reasons: Arc::default(),
     };
     let sub = registry.sub_registry_with_prefix("sluice_wavegate");
     sub.register(
@@ -207,6 +215,14 @@ impl WaveGateMetrics {
     ) {
         let site = spec.site.clone();
         let sl = SiteLabels { site: site.clone() };
+        let moved_from = {
+            let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
+            let old = sites.insert((namespace.to_owned(), name.to_owned()), site.clone());
+            old.filter(|o| *o != site && !sites.values().any(|s| s == o))
+        };
+        if let Some(old) = moved_from {
+            self.remove_site(&old);
+        }
         self.current_wave
             .get_or_create(&sl)
             .set(next.current_wave_index.map_or(0, i64::from));
@@ -284,10 +300,17 @@ impl WaveGateMetrics {
         if let Some(h) = &next.halt
             && previous.and_then(|p| p.halt.as_ref()).map(|p| &p.halted_at) != Some(&h.halted_at)
         {
+            let reason = format!("{:?}", h.reason);
+            self.halt_reasons
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(site.clone())
+                .or_default()
+                .insert(reason.clone());
             self.halts
                 .get_or_create(&HaltLabels {
                     site: site.clone(),
-                    reason: format!("{:?}", h.reason),
+                    reason,
                 })
                 .inc();
         }
@@ -336,29 +359,83 @@ impl WaveGateMetrics {
 }
 
 impl WaveGateMetrics {
-    /// Removes the verdict series of every WaveGate not in `live` (namespace, name): the
-    /// WaveGates that still have per-object series, which go when the object is deleted or this
-    /// replica stops leading. Returns how many WaveGates were removed.
+    /// Removes the series of every WaveGate not in `live` (namespace, name): the WaveGates that
+    /// still have per-object series, which go when the object is deleted or this replica stops
+    /// leading. Its verdicts go, and every series of its site unless another live WaveGate has
+    /// that site. Returns how many WaveGates were removed.
     pub fn retain_objects(&self, live: &[(String, String)]) -> usize {
-        let mut exported = self
-            .verdicts_exported
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let gone: Vec<(String, String)> = exported
-            .keys()
-            .filter(|k| !live.contains(k))
-            .cloned()
-            .collect();
-        for key in &gone {
-            for l in exported.remove(key).unwrap_or_default() {
-                self.verdicts.remove(&l);
+        let gone: BTreeSet<(String, String)> = {
+            let mut exported = self
+                .verdicts_exported
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
+            let gone: BTreeSet<(String, String)> = exported
+                .keys()
+                .chain(sites.keys())
+                .filter(|k| !live.contains(k))
+                .cloned()
+                .collect();
+            for key in &gone {
+                for l in exported.remove(key).unwrap_or_default() {
+                    self.verdicts.remove(&l);
+                }
             }
+            gone
+        };
+        let orphaned: BTreeSet<String> = {
+            let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
+            let left: Vec<String> = gone.iter().filter_map(|k| sites.remove(k)).collect();
+            left.into_iter()
+                .filter(|site| !sites.values().any(|s| s == site))
+                .collect()
+        };
+        for site in &orphaned {
+            self.remove_site(site);
         }
         gone.len()
     }
 
+    /// Removes every series keyed by `site`: current wave, phase, wave and decision times,
+    /// halts and waves passed.
+    fn remove_site(&self, site: &str) {
+        let sl = SiteLabels {
+            site: site.to_owned(),
+        };
+        self.current_wave.remove(&sl);
+        self.wave_seconds.remove(&sl);
+        self.decision_seconds.remove(&sl);
+        for p in PHASES {
+            self.phase.remove(&PhaseLabels {
+                site: site.to_owned(),
+                phase: phase_name(p).into(),
+            });
+        }
+        let reasons = self
+            .halt_reasons
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(site)
+            .unwrap_or_default();
+        for reason in reasons {
+            self.halts.remove(&HaltLabels {
+                site: site.to_owned(),
+                reason,
+            });
+        }
+        let passed = self
+            .exported
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(site)
+            .unwrap_or_default();
+        for l in passed {
+            self.passed.remove(&l);
+        }
+    }
+
     /// [`Self::retain_objects`] for the WaveGates `objects` still exports: called periodically,
-    /// so a WaveGate's verdicts go when it is deleted (the runtime sweeps its per-object series)
+    /// so a WaveGate's series go when it is deleted (the runtime sweeps its per-object series)
     /// and all go when this replica stops leading (the runtime clears them).
     pub fn follow(&self, objects: &sluice_runtime::metrics::ObjectSignals) -> usize {
         self.retain_objects(&objects.objects_of(OBJECT_KIND))
@@ -655,5 +732,79 @@ mod tests {
             "{}",
             text()
         );
+    }
+
+    #[test]
+    fn a_deleted_wave_gates_site_series_go_with_it() {
+        let mut r = Registry::default();
+        let m = register(&mut r);
+        let objects = sluice_runtime::metrics::ObjectSignals::default();
+        // Two sites, each one WaveGate that passed its wave at a revision and halted once.
+        for (name, site) in [("west", "eu"), ("east", "us")] {
+            let spec = spec(site);
+            let status: WaveGateStatus = serde_json::from_value(serde_json::json!({
+                "phase": "Halted",
+                "currentRevision": spec.revision,
+                "currentWaveIndex": 0,
+                "waves": [{
+                    "name": "canary", "state": "Passed",
+                    "admittedAt": "2027-01-15T08:00:00Z", "finishedAt": "2027-01-15T08:12:00Z",
+                    "gates": [{"gate": "drift", "verdict": "Pass", "reason": "ThresholdMet",
+                        "evaluatedAt": "2027-01-15T08:12:00Z"}]
+                }],
+                "halt": {"reason": "GateFailed", "wave": "canary", "haltedAt": "2027-01-15T08:12:00Z"},
+            }))
+            .unwrap();
+            objects.set(OBJECT_KIND, "fleet", name, object_signal(&status));
+            m.record(
+                "fleet",
+                name,
+                &spec,
+                None,
+                &status,
+                "2027-01-15T08:12:01Z".parse().unwrap(),
+            );
+        }
+        let text = || {
+            let mut out = String::new();
+            encode(&mut out, &r).unwrap();
+            out
+        };
+        let families = [
+            "sluice_wavegate_current_wave",
+            "sluice_wavegate_phase",
+            "sluice_wavegate_gate_verdict",
+            "sluice_wavegate_wave_duration_seconds_count",
+            "sluice_wavegate_halts_total",
+            WAVE_PASSED_METRIC,
+        ];
+        let out = text();
+        for family in families {
+            for site in ["eu", "us"] {
+                let series = format!("{family}{{site=\"{site}\"");
+                assert!(out.contains(&series), "{series} missing:\n{out}");
+            }
+        }
+
+        // West is deleted (the runtime dropped its per-object series): no series of its site
+        // is left, east's all stay.
+        objects.remove(OBJECT_KIND, "fleet", "west");
+        assert_eq!(m.follow(&objects), 1);
+        let out = text();
+        for family in families {
+            let gone = format!("{family}{{site=\"eu\"");
+            assert!(!out.contains(&gone), "{gone} outlived its WaveGate:\n{out}");
+            let kept = format!("{family}{{site=\"us\"");
+            assert!(
+                out.contains(&kept),
+                "{kept} went with another WaveGate:\n{out}"
+            );
+        }
+
+        // This replica stops leading: every site's series go.
+        objects.clear();
+        assert_eq!(m.follow(&objects), 1);
+        let out = text();
+        assert!(!out.contains("{site=\"us\""), "{out}");
     }
 }
