@@ -9,18 +9,17 @@
 //! about a pin and never write: it only asks for reconciles.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     hash::{DefaultHasher, Hash, Hasher},
     sync::{Arc, Mutex},
 };
 
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use kube::{
     Api, ResourceExt,
-    core::PartialObjectMeta,
     runtime::{
         Controller, WatchStreamExt,
-        reflector::{self, ObjectRef, Store},
+        reflector::{ObjectRef, Store},
         watcher,
     },
 };
@@ -78,71 +77,111 @@ pub fn pins_for(namespace: &str, name: &str, pins: &[Arc<BundlePin>]) -> Vec<Obj
         .collect()
 }
 
-/// The Applications that exist, by name only: a reflector of their metadata.
-pub type PresentApplications = Store<PartialObjectMeta<Application>>;
+/// An Application by namespace and name.
+type Key = (String, String);
 
-/// Maps Application changes to the pins they wake, dropping changes that do not matter to a
-/// pin (same [`fingerprint`] as last seen).
+fn key(app: &Application) -> Key {
+    (app.namespace().unwrap_or_default(), app.name_any())
+}
+
+/// Maps the Application watch's events to the pins they wake, dropping changes that do not
+/// matter to a pin (same [`fingerprint`] as last seen).
 ///
-/// The watch behind [`Controller::watches`] hands a deleted Application to the mapper like an
-/// updated one; without a finalizer it carries no `deletionTimestamp`. So the fingerprints are
-/// kept only for Applications `present` lists: one that is absent is forgotten when it is seen,
-/// and the others it no longer lists are pruned as soon as more are remembered than exist.
+/// Keeps one fingerprint per Application it has seen and forgets it when the watch reports the
+/// Application deleted (a `Delete` event, with or without a finalizer), when it carries a
+/// `deletionTimestamp`, or when a relist of the watch no longer lists it (deleted while the
+/// watch was down). So it holds at most one entry per Application that exists.
 #[derive(Debug, Default)]
 pub struct ApplicationTrigger {
-    seen: Mutex<HashMap<(String, String), u64>>,
-    /// The Applications that exist (`None`: unknown, every Application is taken as present).
-    present: Option<PresentApplications>,
+    state: Mutex<Seen>,
+}
+
+#[derive(Debug, Default)]
+struct Seen {
+    /// The fingerprint last seen per Application.
+    prints: HashMap<Key, u64>,
+    /// During a relist (between `Init` and `InitDone`): the Applications listed so far.
+    relisted: Option<HashSet<Key>>,
 }
 
 impl ApplicationTrigger {
-    /// A trigger that forgets Applications `present` no longer lists.
-    pub fn new(present: PresentApplications) -> Self {
-        Self {
-            seen: Mutex::default(),
-            present: Some(present),
-        }
-    }
-
-    /// The store of present Applications, once it has listed them (before: `None`).
-    fn present(&self) -> Option<&PresentApplications> {
-        self.present
-            .as_ref()
-            .filter(|s| matches!(s.wait_until_ready().now_or_never(), Some(Ok(()))))
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether `namespace/name` is remembered (its fingerprint kept).
     pub fn remembers(&self, namespace: &str, name: &str) -> bool {
-        self.seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.seen()
+            .prints
             .contains_key(&(namespace.to_owned(), name.to_owned()))
     }
 
     /// How many Applications are remembered.
     pub fn remembered(&self) -> usize {
-        self.seen.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.seen().prints.len()
     }
 
-    /// The pins `app`'s change wakes, given the pins known now.
-    pub fn map(&self, app: &Application, pins: &[Arc<BundlePin>]) -> Vec<ObjectRef<BundlePin>> {
-        let key = (app.namespace().unwrap_or_default(), app.name_any());
-        let print = fingerprint(app);
-        let present = self.present();
-        let exists = |(ns, name): &(String, String)| {
-            present.is_none_or(|s| s.get(&ObjectRef::new(name).within(ns)).is_some())
-        };
-        let gone = app.metadata.deletion_timestamp.is_some() || !exists(&key);
-        {
-            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(s) = present
-                && seen.len() > s.len()
-            {
-                seen.retain(|k, _| exists(k));
+    /// Forgets everything (a new watch starts: its first list wakes what a pin reads).
+    pub fn clear(&self) {
+        *self.seen() = Seen::default();
+    }
+
+    /// The pins one event of the Application watch wakes, given the pins known now: a change
+    /// that matters to them, a deletion, or an Application a relist no longer lists.
+    pub fn on_event(
+        &self,
+        event: &watcher::Event<Application>,
+        pins: &[Arc<BundlePin>],
+    ) -> Vec<ObjectRef<BundlePin>> {
+        match event {
+            watcher::Event::Init => {
+                self.seen().relisted = Some(HashSet::new());
+                Vec::new()
             }
-            if gone {
-                seen.remove(&key);
-            } else if seen.insert(key.clone(), print) == Some(print) {
+            watcher::Event::InitApply(app) => {
+                self.seen()
+                    .relisted
+                    .get_or_insert_with(HashSet::new)
+                    .insert(key(app));
+                self.map(app, pins)
+            }
+            watcher::Event::InitDone => {
+                let gone: Vec<Key> = {
+                    let mut seen = self.seen();
+                    let listed = seen.relisted.take().unwrap_or_default();
+                    let gone: Vec<Key> = seen
+                        .prints
+                        .keys()
+                        .filter(|k| !listed.contains(*k))
+                        .cloned()
+                        .collect();
+                    for k in &gone {
+                        seen.prints.remove(k);
+                    }
+                    gone
+                };
+                gone.iter()
+                    .flat_map(|(ns, name)| pins_for(ns, name, pins))
+                    .collect()
+            }
+            watcher::Event::Apply(app) => self.map(app, pins),
+            watcher::Event::Delete(app) => {
+                let (ns, name) = key(app);
+                self.seen().prints.remove(&(ns.clone(), name.clone()));
+                pins_for(&ns, &name, pins)
+            }
+        }
+    }
+
+    /// The pins `app`'s change wakes, given the pins known now (one being deleted is
+    /// forgotten and wakes its pins).
+    pub fn map(&self, app: &Application, pins: &[Arc<BundlePin>]) -> Vec<ObjectRef<BundlePin>> {
+        let key = key(app);
+        {
+            let mut seen = self.seen();
+            if app.metadata.deletion_timestamp.is_some() {
+                seen.prints.remove(&key);
+            } else if seen.prints.insert(key.clone(), fingerprint(app)) == Some(fingerprint(app)) {
                 return Vec::new();
             }
         }
@@ -150,55 +189,41 @@ impl ApplicationTrigger {
     }
 }
 
-/// Starts a reflector of the Applications' metadata (names only kept) from `applications`;
-/// it runs as long as the process.
-pub fn present_applications(
+/// Adds the Application watch to each new BundlePin controller through `trigger`: a change that
+/// matters to a pin (same [`fingerprint`] as last seen: no) and a deletion reconcile the live
+/// pins targeting the Application. Each controller gets its own watch; `trigger` is cleared when
+/// one starts.
+pub fn application_trigger(
     applications: Api<Application>,
     watcher_config: watcher::Config,
-) -> PresentApplications {
-    let (store, writer) = reflector::store();
-    // The same scope as `applications`, metadata only.
-    let metadata: Api<PartialObjectMeta<Application>> = match applications.namespace() {
-        Some(ns) => Api::namespaced(applications.clone().into_client(), ns),
-        None => Api::all(applications.clone().into_client()),
-    };
-    let stream = watcher::watcher(metadata, watcher_config)
-        .default_backoff()
-        .modify(|m| {
-            m.metadata.managed_fields = None;
-            m.metadata.annotations = None;
-            m.metadata.labels = None;
-            m.metadata.owner_references = None;
-        })
-        .reflect(writer)
-        .for_each(|event| {
-            if let Err(e) = event {
-                tracing::warn!(error = %e, "Application metadata watch failed; retrying with back-off");
-            }
-            std::future::ready(())
-        });
-    tokio::spawn(stream);
-    store
+    trigger: Arc<ApplicationTrigger>,
+) -> impl Fn(Controller<BundlePin>) -> Controller<BundlePin> {
+    move |controller| {
+        trigger.clear();
+        let pins: Store<BundlePin> = controller.store();
+        let trigger = trigger.clone();
+        let wakes = watcher::watcher(applications.clone(), watcher_config.clone())
+            .default_backoff()
+            .flat_map(move |event| {
+                let refs = match event {
+                    Ok(event) => trigger.on_event(&event, &pins.state()),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Application watch failed; retrying with back-off");
+                        Vec::new()
+                    }
+                };
+                futures::stream::iter(refs)
+            });
+        controller.reconcile_on(wakes)
+    }
 }
 
-/// Adds the Application watch to a new BundlePin controller: a change that matters to a pin
-/// (same [`fingerprint`] as last seen: no) reconciles the live pins targeting the Application.
-/// Starts the metadata reflector ([`present_applications`]) its triggers forget deleted
-/// Applications by, once for every controller it extends.
+/// [`application_trigger`] with a trigger of its own.
 pub fn with_application_trigger(
     applications: Api<Application>,
     watcher_config: watcher::Config,
 ) -> impl Fn(Controller<BundlePin>) -> Controller<BundlePin> {
-    let present = present_applications(applications.clone(), watcher_config.clone());
-    move |controller| {
-        let pins: Store<BundlePin> = controller.store();
-        let trigger = ApplicationTrigger::new(present.clone());
-        controller.watches(
-            applications.clone(),
-            watcher_config.clone(),
-            move |app: Application| trigger.map(&app, &pins.state()),
-        )
-    }
+    application_trigger(applications, watcher_config, Arc::default())
 }
 
 /// Runs the BundlePin controller (pins from `pins`, Applications from `applications`) whenever
@@ -367,81 +392,73 @@ mod tests {
         }
     }
 
-    fn present(name: &str) -> PartialObjectMeta<Application> {
-        use kube::core::PartialObjectMetaExt;
-        kube::api::ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("argocd".into()),
-            ..Default::default()
-        }
-        .into_request_partial()
-    }
-
     #[test]
     fn an_application_deleted_without_a_finalizer_is_forgotten() {
         let pins = vec![pin("p", json!([{"name": "mesh-c1"}]), json!(null))];
-        let (store, mut writer) = reflector::store();
-        for e in [
-            watcher::Event::Init,
-            watcher::Event::InitApply(present("mesh-c1")),
-            watcher::Event::InitApply(present("mesh-c2")),
-            watcher::Event::InitDone,
-        ] {
-            writer.apply_watcher_event(&e);
-        }
-        let trigger = ApplicationTrigger::new(store);
+        let trigger = ApplicationTrigger::default();
         let (c1, c2) = (
             app("argocd", "mesh-c1", json!({})),
             app("argocd", "mesh-c2", json!({})),
         );
-        trigger.map(&c1, &pins);
-        trigger.map(&c2, &pins);
+        trigger.on_event(&watcher::Event::Apply(c1.clone()), &pins);
+        trigger.on_event(&watcher::Event::Apply(c2.clone()), &pins);
         assert_eq!(trigger.remembered(), 2);
 
-        // mesh-c1 is deleted (no finalizer, so no deletionTimestamp): the metadata watch drops
-        // it, and the controller's watch hands the deleted object to the mapper as it was.
-        writer.apply_watcher_event(&watcher::Event::Delete(present("mesh-c1")));
+        // Deleted without a finalizer: the watch's Delete event carries the object as it was,
+        // without a deletionTimestamp.
         assert_eq!(
-            names(trigger.map(&c1, &pins)),
+            names(trigger.on_event(&watcher::Event::Delete(c1.clone()), &pins)),
             vec!["p"],
-            "its pins still wake"
+            "its pins wake"
         );
         assert!(!trigger.remembers("argocd", "mesh-c1"), "forgotten");
-
-        // The other order: the mapper sees the deletion first (remembered as an update), the
-        // metadata watch drops it after; the next event of any Application prunes it.
-        trigger.map(&c2, &pins);
-        let c3 = app("argocd", "mesh-c3", json!({}));
-        writer.apply_watcher_event(&watcher::Event::Apply(present("mesh-c3")));
-        trigger.map(&c3, &pins);
-        assert!(trigger.remembers("argocd", "mesh-c3"));
-        writer.apply_watcher_event(&watcher::Event::Delete(present("mesh-c3")));
-        trigger.map(&c2, &pins);
-        assert!(!trigger.remembers("argocd", "mesh-c3"), "pruned");
-        assert_eq!(trigger.remembered(), 1, "only mesh-c2 remains");
-
-        // A deletion missed while the watch was down: the relist no longer lists mesh-c2.
-        for e in [watcher::Event::Init, watcher::Event::InitDone] {
-            writer.apply_watcher_event(&e);
-        }
-        trigger.map(&app("argocd", "mesh-c4", json!({})), &pins);
-        assert_eq!(
-            trigger.remembered(),
-            0,
-            "nothing that is gone stays remembered"
+        assert!(
+            trigger.remembers("argocd", "mesh-c2"),
+            "the other one stays"
         );
+
+        // Deleted with a finalizer: the update that sets deletionTimestamp forgets it already.
+        let mut deleting = c2.clone();
+        deleting.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
+        );
+        trigger.on_event(&watcher::Event::Apply(deleting), &pins);
+        assert_eq!(trigger.remembered(), 0);
     }
 
     #[test]
-    fn before_the_metadata_list_every_application_counts_as_present() {
+    fn a_relist_forgets_applications_deleted_while_the_watch_was_down() {
         let pins = vec![pin("p", json!([{"name": "mesh-c1"}]), json!(null))];
-        let (store, _writer) = reflector::store();
-        let trigger = ApplicationTrigger::new(store);
-        let c1 = app("argocd", "mesh-c1", json!({}));
-        assert_eq!(names(trigger.map(&c1, &pins)), vec!["p"]);
-        assert!(
-            trigger.map(&c1, &pins).is_empty(),
-            "an unchanged one is deduplicated"
+        let trigger = ApplicationTrigger::default();
+        let (c1, c2) = (
+            app("argocd", "mesh-c1", json!({})),
+            app("argocd", "mesh-c2", json!({})),
         );
+        for e in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(c1.clone()),
+            watcher::Event::InitApply(c2.clone()),
+            watcher::Event::InitDone,
+        ] {
+            trigger.on_event(&e, &pins);
+        }
+        assert_eq!(trigger.remembered(), 2);
+
+        // The watch restarts; mesh-c1 was deleted meanwhile, mesh-c2 is unchanged.
+        let woken: Vec<Vec<String>> = [
+            watcher::Event::Init,
+            watcher::Event::InitApply(c2.clone()),
+            watcher::Event::InitDone,
+        ]
+        .iter()
+        .map(|e| names(trigger.on_event(e, &pins)))
+        .collect();
+        assert_eq!(
+            woken,
+            vec![vec![], vec![], vec!["p".to_owned()]],
+            "an unchanged Application wakes nothing; the pin of the one gone wakes at InitDone"
+        );
+        assert!(!trigger.remembers("argocd", "mesh-c1"));
+        assert!(trigger.remembers("argocd", "mesh-c2"));
     }
 }
