@@ -9,7 +9,7 @@
 //! operator's view of every team's metrics. It never writes status: it returns verdicts.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
@@ -640,6 +640,32 @@ fn counts(kind: SequentialKind, canary: &[Parts], stable: &[Parts]) -> IntervalC
 pub struct Engine<S> {
     source: S,
     options: EngineOptions,
+    intervals: Mutex<IntervalCache>,
+}
+
+/// The sequential range answers of the interval last ended, per group of queries (template,
+/// window, constants) and interval length. Ticks are driven by their owners' reconciles, so one
+/// interval can hold many ticks: the first asks once for every object asking in this interval
+/// or the one before, and the later ticks of the interval read that answer instead of asking
+/// again. Query load per interval therefore stays one query per group whatever the number of
+/// objects (one more when an object asks for the first time).
+#[derive(Debug, Default)]
+struct IntervalCache {
+    groups: BTreeMap<(GroupKey, i64), CachedGroup>,
+}
+
+#[derive(Debug)]
+struct CachedGroup {
+    /// The end (Unix ms) of the interval the answer is for.
+    end: i64,
+    /// The first point the answer covers (one interval before it is also read).
+    first: i64,
+    /// The key tuples the answer covers.
+    tuples: BTreeSet<Vec<String>>,
+    /// The answer (`None` after a failed query: the next tick asks again).
+    answer: Option<Arc<RangeAnswer>>,
+    /// Every tuple asked for, with the end of the last interval it was asked at.
+    asked: BTreeMap<Vec<String>, i64>,
 }
 
 /// Why an engine could not be built.
@@ -667,7 +693,11 @@ impl<S: MetricsSource> Engine<S> {
         if !is_label_name(&options.cluster_label) {
             return Err(EngineError::BadClusterLabel(options.cluster_label));
         }
-        Ok(Self { source, options })
+        Ok(Self {
+            source,
+            options,
+            intervals: Mutex::default(),
+        })
     }
 
     /// The metrics source.
@@ -845,37 +875,117 @@ impl<S: MetricsSource> Engine<S> {
                 group_span[*g] = Some(merged);
             }
         }
-        let queries = match plan.queries() {
-            Ok(q) => q,
-            Err(_) => vec![String::new(); plan.groups.len()],
-        };
-        let sent: Vec<usize> = (0..plan.groups.len())
-            .filter(|&g| group_span[g].is_some())
+        let mut answers: Vec<Option<Result<Arc<RangeAnswer>, Arc<SourceError>>>> =
+            (0..plan.groups.len()).map(|_| None).collect();
+        // What this interval's earlier ticks already answered; the rest is asked now, for the
+        // objects of this tick and those that asked in this interval or the one before.
+        let mut to_send: Vec<(usize, Span, BTreeSet<Vec<String>>)> = Vec::new();
+        {
+            let mut cache = self.intervals.lock().unwrap_or_else(|e| e.into_inner());
+            for (g, group) in plan.groups.iter().enumerate() {
+                let Some(s) = group_span[g] else { continue };
+                let entry = cache.groups.get_mut(&(group.key.clone(), s.step));
+                match entry {
+                    Some(c)
+                        if c.end == s.end
+                            && c.first <= s.first
+                            && c.answer.is_some()
+                            && group.tuples.is_subset(&c.tuples) =>
+                    {
+                        for t in &group.tuples {
+                            c.asked.insert(t.clone(), s.end);
+                        }
+                        answers[g] = c.answer.clone().map(Ok);
+                    }
+                    other => {
+                        let mut tuples = group.tuples.clone();
+                        let mut first = s.first;
+                        if let Some(c) = other {
+                            // Objects that asked recently, within this query's reach.
+                            c.asked.retain(|_, at| *at >= s.end - s.step);
+                            tuples.extend(c.asked.keys().cloned());
+                            if c.end >= s.end - s.step {
+                                first = first.min(c.first);
+                            }
+                        }
+                        to_send.push((g, Span { first, ..s }, tuples));
+                    }
+                }
+            }
+        }
+        let rendered: Vec<Option<String>> = to_send
+            .iter()
+            .map(|(g, _, tuples)| {
+                let group = &plan.groups[*g];
+                group
+                    .template
+                    .render(
+                        tuples,
+                        &group.key.constants.iter().cloned().collect(),
+                        group.key.window,
+                    )
+                    .ok()
+            })
             .collect();
-        let results = futures::future::join_all(sent.iter().map(|&g| {
-            let s = group_span[g].expect("filtered");
-            let at = |ms: i64| Timestamp::from_millisecond(ms).unwrap_or(now);
-            // One reading before the first interval: its counts are the difference.
-            self.source.query_range(
-                &queries[g],
-                at(s.first - s.step),
-                at(s.end),
-                Duration::from_millis(s.step as u64),
-            )
-        }))
+        let results = futures::future::join_all(to_send.iter().zip(&rendered).map(
+            |((_, s, _), query)| async move {
+                let at = |ms: i64| Timestamp::from_millisecond(ms).unwrap_or(now);
+                // One reading before the first interval: its counts are the difference.
+                match query {
+                    Some(q) => {
+                        self.source
+                            .query_range(
+                                q,
+                                at(s.first - s.step),
+                                at(s.end),
+                                Duration::from_millis(s.step as u64),
+                            )
+                            .await
+                    }
+                    None => Err(SourceError::Decode {
+                        url: String::new(),
+                        message: "a planned query did not render".into(),
+                    }),
+                }
+            },
+        ))
         .await;
         let mut failed = 0;
-        let mut answers: Vec<Option<Result<RangeAnswer, Arc<SourceError>>>> =
-            (0..plan.groups.len()).map(|_| None).collect();
-        for (&g, result) in sent.iter().zip(results) {
-            answers[g] = Some(match result {
-                Ok(series) => Ok(split_range(&series, &plan.groups[g].template.key_labels())),
-                Err(e) => {
-                    failed += 1;
-                    tracing::warn!(category = e.category(), error = %e, "sequential gate query failed");
-                    Err(Arc::new(e))
+        let sent = to_send.len();
+        {
+            let mut cache = self.intervals.lock().unwrap_or_else(|e| e.into_inner());
+            for ((g, s, tuples), result) in to_send.into_iter().zip(results) {
+                let group = &plan.groups[g];
+                let answer = match result {
+                    Ok(series) => Ok(Arc::new(split_range(&series, &group.template.key_labels()))),
+                    Err(e) => {
+                        failed += 1;
+                        tracing::warn!(category = e.category(), error = %e, "sequential gate query failed");
+                        Err(Arc::new(e))
+                    }
+                };
+                let entry = cache
+                    .groups
+                    .entry((group.key.clone(), s.step))
+                    .or_insert_with(|| CachedGroup {
+                        end: s.end,
+                        first: s.first,
+                        tuples: BTreeSet::new(),
+                        answer: None,
+                        asked: BTreeMap::new(),
+                    });
+                for t in &group.tuples {
+                    entry.asked.insert(t.clone(), s.end);
                 }
-            });
+                // Never replace a newer interval's answer by an older one.
+                if s.end >= entry.end {
+                    entry.end = s.end;
+                    entry.first = s.first;
+                    entry.tuples = tuples;
+                    entry.answer = answer.as_ref().ok().cloned();
+                }
+                answers[g] = Some(answer);
+            }
         }
         let outcomes = which
             .iter()
@@ -1044,7 +1154,7 @@ impl<S: MetricsSource> Engine<S> {
                 }
             })
             .collect();
-        (outcomes, sent.len(), failed)
+        (outcomes, sent, failed)
     }
 
     /// The optional Mann–Whitney comparison: for every planned relative gate against
@@ -1458,6 +1568,70 @@ mod tests {
                 assert!(m.contains(said), "{name}: {m}");
             }
         }
+    }
+
+    #[tokio::test]
+    async fn the_ticks_of_one_interval_share_one_range_query() {
+        let interval = Duration::from_secs(30);
+        let sequential = |mut c: GateCheck| {
+            c.sequential = Some(SequentialScope {
+                since: ts(10),
+                interval,
+                alpha: 0.0005,
+            });
+            c
+        };
+        let engine = Engine::new(
+            Counts {
+                canary: 600.0,
+                errors: 18.0,
+                calls: Default::default(),
+            },
+            EngineOptions::default(),
+        )
+        .unwrap();
+        // Two Rollouts of one cluster: one group of queries.
+        let check = |i| {
+            let mut c = sequential(service_check(i, BuiltinGate::ErrorRatioVsStable));
+            c.vars.insert("cluster".into(), "c0".into());
+            c
+        };
+        let calls = || engine.source().calls.lock().unwrap().len();
+        // Interval ending at +600: Rollouts 0 and 1 come in two ticks; each asks once.
+        let first = engine.tick(&[check(0)], ts(605)).await;
+        assert_eq!((first.queries, calls()), (1, 1));
+        let second = engine.tick(&[check(1)], ts(606)).await;
+        assert_eq!((second.queries, calls()), (1, 2), "a new Rollout asks once");
+        // Its own Rollout again, later in the same interval: read from the first answer.
+        let again = engine.tick(&[check(0), check(1)], ts(610)).await;
+        assert_eq!((again.queries, calls()), (0, 2), "no query: same interval");
+        let verdicts = |r: &TickReport| -> Vec<(Verdict, Option<f64>)> {
+            r.outcomes
+                .iter()
+                .map(|o| {
+                    let v = o.verdict.as_ref().unwrap();
+                    (v.verdict, v.value)
+                })
+                .collect()
+        };
+        let mut both = verdicts(&first);
+        both.extend(verdicts(&second));
+        assert_eq!(verdicts(&again), both);
+        // Next interval (ending at +630): the first tick asks for both Rollouts seen in the
+        // interval before, so the second tick of that interval asks nothing.
+        let next = engine.tick(&[check(1)], ts(631)).await;
+        assert_eq!((next.queries, calls()), (1, 3));
+        let q = engine.source().calls.lock().unwrap()[2].0.clone();
+        assert!(
+            q.contains("svc0-canary") && q.contains("svc1-canary"),
+            "the interval's query covers every Rollout that asked in the one before: {q}"
+        );
+        let later = engine.tick(&[check(0)], ts(640)).await;
+        assert_eq!((later.queries, calls()), (0, 3));
+        assert_eq!(
+            later.outcomes[0].verdict.as_ref().unwrap().verdict,
+            Verdict::Fail
+        );
     }
 
     #[tokio::test]
