@@ -11,6 +11,11 @@
 //! checked too (`RolloutSpec::telemetry_problems`): an empty or malformed workload name would
 //! match no request, and the share would never confirm.
 //!
+//! Weight steps that could never complete are refused too (`weight_plan_problems`): a
+//! `setWeight` of 100 (no stable traffic is left to judge the canary against), of 0 (no canary
+//! traffic: the share cannot be confirmed), and a plan without any `setWeight` (it would go from
+//! 0% to 100% with no live weight ever judged).
+//!
 //! Pure; never reads the cluster.
 
 use sluice_api::v1alpha1::{RolloutSpec, gate::template_variables};
@@ -23,6 +28,7 @@ pub fn problems(spec: &RolloutSpec, allow_free_form_promql: bool) -> Vec<String>
         .iter()
         .chain(&spec.telemetry_problems())
         .map(ToString::to_string)
+        .chain(weight_plan_problems(spec))
         .collect();
     for (i, gate) in spec.gates.iter().enumerate() {
         let path = format!("spec.gates[{i}].promql");
@@ -32,6 +38,38 @@ pub fn problems(spec: &RolloutSpec, allow_free_form_promql: bool) -> Vec<String>
         {
             out.push(format!("{path}: {problem}"));
         }
+    }
+    out
+}
+
+/// The weight steps that could never complete, each naming its field.
+pub fn weight_plan_problems(spec: &RolloutSpec) -> Vec<String> {
+    let mut out = Vec::new();
+    let weights: Vec<(usize, u32)> = spec
+        .steps
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| s.set_weight.as_ref().map(|w| (i, w.weight)))
+        .collect();
+    for &(i, weight) in &weights {
+        match weight {
+            0 => out.push(format!(
+                "spec.steps[{i}].setWeight.weight: 0 sends the canary no traffic, so its share \
+                 can never be confirmed; use 1 to 99, or remove the step"
+            )),
+            100 => out.push(format!(
+                "spec.steps[{i}].setWeight.weight: 100 leaves no stable traffic to judge the \
+                 canary against; use a promote step (or let the last step complete) for 100%"
+            )),
+            _ => {}
+        }
+    }
+    if weights.is_empty() && !spec.steps.is_empty() {
+        out.push(
+            "spec.steps: no setWeight step: the canary would go from 0% to 100% without a live \
+             weight ever being judged; add a setWeight step (e.g. 1 or 5) before promotion"
+                .to_owned(),
+        );
     }
     out
 }
@@ -116,6 +154,50 @@ mod tests {
     }
 
     #[test]
+    fn weight_steps_that_could_never_complete_are_refused() {
+        let steps = |s: serde_json::Value| spec(serde_json::json!({ "steps": s }));
+        assert_eq!(
+            problems(
+                &steps(serde_json::json!([
+                    {"setWeight": {"weight": 0}},
+                    {"setWeight": {"weight": 100}}
+                ])),
+                false
+            ),
+            vec![
+                "spec.steps[0].setWeight.weight: 0 sends the canary no traffic, so its share can \
+                 never be confirmed; use 1 to 99, or remove the step"
+                    .to_owned(),
+                "spec.steps[1].setWeight.weight: 100 leaves no stable traffic to judge the canary \
+                 against; use a promote step (or let the last step complete) for 100%"
+                    .to_owned(),
+            ]
+        );
+        assert_eq!(
+            problems(
+                &steps(serde_json::json!([
+                    {"mirror": {"percent": 100, "duration": "1m"}},
+                    {"promote": {}}
+                ])),
+                false
+            ),
+            vec![
+                "spec.steps: no setWeight step: the canary would go from 0% to 100% without a \
+                 live weight ever being judged; add a setWeight step (e.g. 1 or 5) before promotion"
+                    .to_owned()
+            ]
+        );
+        let usual = steps(serde_json::json!([
+            {"mirror": {"percent": 100, "duration": "1m"}},
+            {"setWeight": {"weight": 1}},
+            {"pause": {"untilPromoted": true}},
+            {"setWeight": {"weight": 99}},
+            {"promote": {}}
+        ]));
+        assert_eq!(problems(&usual, false), Vec::<String>::new());
+    }
+
+    #[test]
     fn problems_name_their_field() {
         let table = [
             (serde_json::json!({}), vec![]),
@@ -132,8 +214,8 @@ mod tests {
                 vec!["spec.steps[0].setWeight.duration"],
             ),
             (
-                serde_json::json!({"steps": [{"pause": {"duration": "0ms"}}]}),
-                vec!["spec.steps[0].pause.duration"],
+                serde_json::json!({"steps": [{"setWeight": {"weight": 5}}, {"pause": {"duration": "0ms"}}]}),
+                vec!["spec.steps[1].pause.duration"],
             ),
         ];
         for (patch, want) in table {
