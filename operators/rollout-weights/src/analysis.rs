@@ -164,6 +164,26 @@ pub fn wants_analysis(spec: &RolloutSpec, status: &RolloutStatus) -> bool {
     }
 }
 
+/// Whether the spec asks for a manual control the status has not acted on yet: `spec.abort`
+/// (not yet Aborted), `spec.retry` above `status.retriesHandled` on an Aborted Rollout,
+/// `spec.promoteFull` or `spec.promoteThroughStep` reaching the current step of a running plan,
+/// `spec.paused` on a Progressing one. Such a control is decided before any analysis runs: a
+/// metrics source that is slow or never answers never delays it.
+pub fn control_pending(spec: &RolloutSpec, status: &RolloutStatus) -> bool {
+    let running = matches!(
+        status.phase,
+        RolloutPhase::Progressing | RolloutPhase::Paused | RolloutPhase::WaitingForCanary
+    );
+    let step = status.current_step_index.unwrap_or(0);
+    (spec.abort && status.phase != RolloutPhase::Aborted)
+        || (status.phase == RolloutPhase::Aborted
+            && !spec.abort
+            && spec.retry > status.retries_handled)
+        || (running && spec.promote_full)
+        || (running && spec.promote_through_step.is_some_and(|p| p >= step))
+        || (spec.paused && status.phase == RolloutPhase::Progressing)
+}
+
 /// Whether the current step is a weight step whose applied share the mesh confirmed: only then
 /// is a share gate judged (the gates on the canary's health are judged from the first second).
 pub fn share_confirmed(spec: &RolloutSpec, status: &RolloutStatus) -> bool {
@@ -579,7 +599,14 @@ impl<S: MetricsSource + Send + Sync + 'static> Analyzer<S> {
 
     /// Evaluates `checks` of Rollout `key` together with every other Rollout asking in the same
     /// gathering window; returns one outcome per check, in order.
-    pub async fn evaluate(&self, key: &str, checks: Vec<GateCheck>) -> Arc<[CheckOutcome]> {
+    ///
+    /// The tick runs on a task of its own: a caller that stops waiting (its reconcile turned to
+    /// a manual control) never cancels the tick of the others.
+    pub async fn evaluate(
+        self: &Arc<Self>,
+        key: &str,
+        checks: Vec<GateCheck>,
+    ) -> Arc<[CheckOutcome]> {
         let (tx, rx) = oneshot::channel();
         let leader = {
             let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -605,20 +632,23 @@ impl<S: MetricsSource + Send + Sync + 'static> Analyzer<S> {
             }
         };
         if let Some(generation) = leader {
-            tokio::time::sleep(self.gather).await;
-            let batch = {
-                let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-                match pending.take() {
-                    Some(p) if p.generation == generation => Some(p),
-                    other => {
-                        *pending = other;
-                        None
+            let this = self.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(this.gather).await;
+                let batch = {
+                    let mut pending = this.pending.lock().unwrap_or_else(|e| e.into_inner());
+                    match pending.take() {
+                        Some(p) if p.generation == generation => Some(p),
+                        other => {
+                            *pending = other;
+                            None
+                        }
                     }
+                };
+                if let Some(batch) = batch {
+                    this.run(batch).await;
                 }
-            };
-            if let Some(batch) = batch {
-                self.run(batch).await;
-            }
+            });
         }
         let outcomes = rx.await.unwrap_or_else(|_| Arc::from(Vec::new()));
         self.last

@@ -51,14 +51,20 @@ async fn main() -> ExitCode {
         ctx.signals = rt.metrics.objects();
         ctx.notifier = rt.notifier.clone();
         ctx.leadership = rt.leadership()?;
-        let ctx = ctx.with_analysis(source, &cli.cluster, metrics)?;
+        let ctx = ctx
+            .with_analysis(source, &cli.cluster, metrics)?
+            .with_gate_template_cache(rt.watch_client.clone());
         let watched = triggers::Watched {
             deployments: rt.namespaced_api(),
             statefulsets: rt.namespaced_api(),
             services: rt.namespaced_api(),
             routes: rt.namespaced_api(),
+            gate_templates: kube::Api::all(rt.watch_client.clone()),
         };
-        let extend = triggers::with_triggers(watched, watcher::Config::default());
+        let extend = triggers::sharing_store(
+            ctx.rollouts.clone(),
+            triggers::with_triggers(watched, watcher::Config::default()),
+        );
         // Every GateTemplate's Ready condition, written while this replica leads.
         tokio::spawn(template_status::run(
             rt.watch_client.clone(),

@@ -14,7 +14,10 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex, OnceLock,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -27,7 +30,12 @@ use k8s_openapi::{
 use kube::{
     Api, Client, ResourceExt,
     api::{ApiResource, DynamicObject, GroupVersionKind},
-    runtime::controller::Action as ControllerAction,
+    runtime::{
+        WatchStreamExt,
+        controller::Action as ControllerAction,
+        reflector::{self, ObjectRef, Store},
+        watcher,
+    },
 };
 use prometheus_client::registry::Registry;
 use sluice_analysis::{Engine, EngineOptions, PrometheusConfig, PrometheusSource};
@@ -90,8 +98,21 @@ pub struct Context {
     pub notifier: sluice_runtime::notify::Notifier,
     /// Whether this replica leads: checked right before every route write.
     pub leadership: Leadership,
+    /// The controller's own store of Rollouts, once the controller runs (see
+    /// [`crate::triggers::sharing_store`]): a reconcile waiting on analysis watches it for a
+    /// manual control and gives way to it at once.
+    pub rollouts: RolloutStore,
+    /// Every GateTemplate, from a watch ([`Context::with_gate_template_cache`]); `None`: read
+    /// with a GET when needed.
+    gate_templates: Option<(Store<GateTemplate>, Arc<AtomicBool>)>,
     crd: Mutex<Option<(Instant, CrdSupport)>>,
 }
+
+/// Where the Rollout controller publishes its store for the reconciles.
+pub type RolloutStore = Arc<OnceLock<Store<Rollout>>>;
+
+/// How often a reconcile waiting on analysis looks for a manual control in the store.
+const CONTROL_POLL: Duration = Duration::from_millis(100);
 
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -117,8 +138,40 @@ impl Context {
             signals: ObjectSignals::default(),
             notifier: sluice_runtime::notify::Notifier::disabled(),
             leadership: Leadership::always(),
+            rollouts: RolloutStore::default(),
+            gate_templates: None,
             crd: Mutex::new(None),
         }
+    }
+
+    /// The same context reading GateTemplates from a cache kept by a watch on `watch_client`
+    /// (one watch for all Rollouts, instead of a GET per template per analysis). An edit of a
+    /// template is in the cache as soon as the watch delivers it; the Rollouts using it are
+    /// reconciled through [`crate::triggers::with_triggers`]. Must be called inside the runtime.
+    pub fn with_gate_template_cache(mut self, watch_client: Client) -> Self {
+        let (reader, writer) = reflector::store();
+        let api: Api<GateTemplate> = Api::all(watch_client);
+        let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+            .default_backoff()
+            .touched_objects();
+        let listed = Arc::new(AtomicBool::new(false));
+        let (ready, flag) = (reader.clone(), listed.clone());
+        tokio::spawn(async move {
+            if ready.wait_until_ready().await.is_ok() {
+                flag.store(true, Ordering::Release);
+            }
+        });
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            futures::pin_mut!(stream);
+            while let Some(event) = stream.next().await {
+                if let Err(e) = event {
+                    tracing::warn!(error = %e, "GateTemplate watch failed; retrying");
+                }
+            }
+        });
+        self.gate_templates = Some((reader, listed));
+        self
     }
 
     /// The same context judging weight steps with metrics from `prometheus` (a URL of Prometheus
@@ -382,12 +435,31 @@ async fn canary_service(
         .is_some())
 }
 
+/// The GateTemplates the Rollout's gates reference (a missing one is absent), from the cache
+/// once its watch has listed them, else read one by one.
 async fn templates(
     ctx: &Context,
     obj: &Rollout,
     key: &str,
 ) -> Result<HashMap<String, GateTemplateSpec>, ReconcileError> {
     let mut out = HashMap::new();
+    if let Some((cache, _)) = ctx
+        .gate_templates
+        .as_ref()
+        .filter(|(_, listed)| listed.load(Ordering::Acquire))
+    {
+        for name in obj
+            .spec
+            .gates
+            .iter()
+            .filter_map(|g| g.template_ref.as_ref())
+        {
+            if let Some(t) = cache.get(&ObjectRef::new(name)) {
+                out.insert(name.clone(), t.spec.clone());
+            }
+        }
+        return Ok(out);
+    }
     let api: Api<GateTemplate> = Api::all(ctx.client.clone());
     for g in &obj.spec.gates {
         if let Some(name) = &g.template_ref
@@ -603,6 +675,30 @@ fn same_status(a: Option<&RolloutStatus>, b: &RolloutStatus) -> bool {
     serde_json::to_value(a.cloned().unwrap_or_default()).ok() == serde_json::to_value(b).ok()
 }
 
+/// Resolves when the controller's store holds a newer generation of the Rollout asking for a
+/// manual control the status has not acted on; never, without a store.
+async fn control_arrives(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    obj: &Rollout,
+    status: &RolloutStatus,
+) {
+    let Some(store) = ctx.rollouts.get() else {
+        return std::future::pending().await;
+    };
+    let at = ObjectRef::new(name).within(ns);
+    loop {
+        tokio::time::sleep(CONTROL_POLL).await;
+        if let Some(now) = store.get(&at)
+            && now.metadata.generation != obj.metadata.generation
+            && analysis::control_pending(&now.spec, status)
+        {
+            return;
+        }
+    }
+}
+
 /// Reconciles one Rollout.
 #[tracing::instrument(skip_all, fields(kind = "Rollout", namespace = obj.namespace().unwrap_or_default(), name = obj.name_any()))]
 pub async fn reconcile(
@@ -693,15 +789,47 @@ pub async fn reconcile(
     let analysing = !deleting
         && matches!(obs.route, RouteObs::Present(_))
         && analysis::wants_analysis(&obj.spec, &current);
-    if analysing && let Some(analyzer) = &ctx.analyzer {
+    // A manual control is decided before any analysis: an abort during a metrics brownout is
+    // carried out now, not after the queries' retries. Only a control that changes the phase or
+    // the step counts (one the state machine holds, e.g. a promotion while paused, leaves the
+    // analysis to run as usual).
+    let controlled = analysis::control_pending(&obj.spec, &current)
+        .then(|| {
+            decide::decide(
+                &obj.spec,
+                obj.status.as_ref(),
+                &obs,
+                ctx.allow_free_form_promql,
+                (ctx.clock)(),
+            )
+        })
+        .filter(|d| {
+            d.status.phase != current.phase
+                || d.status.current_step_index != current.current_step_index
+                || d.status.retries_handled != current.retries_handled
+        });
+    if controlled.is_some() {
+        tracing::debug!("manual control decided before analysis");
+    } else if analysing && let Some(analyzer) = &ctx.analyzer {
         let last = analyzer.last(&key).max(analysis::last_analysis(&current));
         if analysis::due(last, (ctx.clock)(), interval) {
-            let templates = templates(&ctx, &obj, &key).await?;
-            let mut plan =
-                analysis::plan(&obj.spec, &current, (&ns, &name), &ctx.cluster, &templates);
-            let (baselines, baseline_problems) =
-                pre_change_baselines(&ctx, &current, &mut plan.checks).await;
-            let outcomes = analyzer.evaluate(&key, plan.checks.clone()).await;
+            let analysed = async {
+                let templates = templates(&ctx, &obj, &key).await?;
+                let mut plan =
+                    analysis::plan(&obj.spec, &current, (&ns, &name), &ctx.cluster, &templates);
+                let (baselines, baseline_problems) =
+                    pre_change_baselines(&ctx, &current, &mut plan.checks).await;
+                let outcomes = analyzer.evaluate(&key, plan.checks.clone()).await;
+                Ok::<_, ReconcileError>((plan, baselines, baseline_problems, outcomes))
+            };
+            let (plan, baselines, baseline_problems, outcomes) = tokio::select! {
+                r = analysed => r?,
+                () = control_arrives(&ctx, &ns, &name, &obj, &current) => {
+                    // The Rollout as it is now is reconciled next, control first.
+                    tracing::info!("a manual control arrived while analysing; deciding it now");
+                    return Ok(ControllerAction::requeue(Duration::ZERO));
+                }
+            };
             let mut found = analysis::findings(&plan, &outcomes, (ctx.clock)());
             found.problems.extend(baseline_problems);
             obs.baselines = Some(baselines);
@@ -722,13 +850,16 @@ pub async fn reconcile(
 
     // Decide.
     let now = (ctx.clock)();
-    let decision = decide::decide(
-        &obj.spec,
-        obj.status.as_ref(),
-        &obs,
-        ctx.allow_free_form_promql,
-        now,
-    );
+    let decision = match controlled {
+        Some(d) => d,
+        None => decide::decide(
+            &obj.spec,
+            obj.status.as_ref(),
+            &obs,
+            ctx.allow_free_form_promql,
+            now,
+        ),
+    };
     let mut status = decision.status.clone();
 
     // 1. The decision, fenced by the resourceVersion it was made from.

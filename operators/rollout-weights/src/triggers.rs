@@ -4,6 +4,8 @@
 //! deadline — during a `pause: {untilPromoted: true}` step or after promotion there may be none
 //! for a long time.
 //!
+//! An edit of a GateTemplate reconciles the Rollouts whose gates reference it.
+//!
 //! Owns only the mapping from those objects to the Rollouts that reference them, read from the
 //! controller's own store. Never decides and never writes.
 
@@ -17,8 +19,37 @@ use kube::{
 };
 use sluice_api::{
     external::http_route::HttpRoute,
-    v1alpha1::{Rollout, rollout::ROUTE_OWNER_ANNOTATION},
+    v1alpha1::{GateTemplate, Rollout, rollout::ROUTE_OWNER_ANNOTATION},
 };
+
+use crate::reconcile::RolloutStore;
+
+/// The Rollouts whose gates reference the GateTemplate `name`.
+pub fn template_refs(rollouts: &Store<Rollout>, name: &str) -> Vec<ObjectRef<Rollout>> {
+    rollouts
+        .state()
+        .iter()
+        .filter(|r| {
+            r.spec
+                .gates
+                .iter()
+                .any(|g| g.template_ref.as_deref() == Some(name))
+        })
+        .map(|r| ObjectRef::from_obj(r.as_ref()))
+        .collect()
+}
+
+/// `extend`, after publishing the controller's store into `slot` (the reconciles read manual
+/// controls there while they wait on analysis).
+pub fn sharing_store(
+    slot: RolloutStore,
+    extend: impl Fn(Controller<Rollout>) -> Controller<Rollout>,
+) -> impl Fn(Controller<Rollout>) -> Controller<Rollout> {
+    move |controller| {
+        let _ = slot.set(controller.store());
+        extend(controller)
+    }
+}
 
 /// The Rollouts in `rollouts` that `pick` selects, as references to reconcile.
 fn refs(
@@ -78,6 +109,8 @@ pub struct Watched {
     pub services: Api<Service>,
     /// HTTPRoutes.
     pub routes: Api<HttpRoute>,
+    /// GateTemplates (cluster-scoped).
+    pub gate_templates: Api<GateTemplate>,
 }
 
 impl Watched {
@@ -97,6 +130,7 @@ impl Watched {
             statefulsets: api(client, namespace),
             services: api(client, namespace),
             routes: api(client, namespace),
+            gate_templates: Api::all(client.clone()),
         }
     }
 }
@@ -108,7 +142,13 @@ pub fn with_triggers(
 ) -> impl Fn(Controller<Rollout>) -> Controller<Rollout> {
     move |controller| {
         let store = controller.store();
-        let (s1, s2, s3, s4) = (store.clone(), store.clone(), store.clone(), store);
+        let (s1, s2, s3, s4, s5) = (
+            store.clone(),
+            store.clone(),
+            store.clone(),
+            store.clone(),
+            store,
+        );
         controller
             .watches(
                 watched.deployments.clone(),
@@ -132,6 +172,11 @@ pub fn with_triggers(
                 watched.routes.clone(),
                 config.clone(),
                 move |route: HttpRoute| route_refs(&s4, &route),
+            )
+            .watches(
+                watched.gate_templates.clone(),
+                config.clone(),
+                move |t: GateTemplate| template_refs(&s5, &t.name_any()),
             )
     }
 }

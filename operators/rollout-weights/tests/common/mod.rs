@@ -171,6 +171,8 @@ pub async fn given(scenario: Scenario) -> Option<Given> {
     emu.load_manifest_file(upstream_httproute_crd()).unwrap();
     emu.load_manifest_file(repo().join("crds/rollouts.sluice.dev.yaml"))
         .unwrap();
+    emu.load_manifest_file(repo().join("crds/gatetemplates.sluice.dev.yaml"))
+        .unwrap();
     emu.load_yaml(&format!(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"
     ))
@@ -225,13 +227,17 @@ impl Controller {
         let ctx =
             reconcile::Context::new(client.clone(), EventRecorder::new(client.clone(), OPERATOR))
                 .with_analysis(prometheus_url, CLUSTER, m)
-                .expect("engine starts");
+                .expect("engine starts")
+                .with_gate_template_cache(client.clone());
         let (hooks, _) = Hooks::standalone();
         hooks.health.set_leader(true);
         let shutdown = CancellationToken::new();
-        let extend = triggers::with_triggers(
-            triggers::Watched::new(client, None),
-            watcher::Config::default(),
+        let extend = triggers::sharing_store(
+            ctx.rollouts.clone(),
+            triggers::with_triggers(
+                triggers::Watched::new(client, None),
+                watcher::Config::default(),
+            ),
         );
         let task = tokio::spawn(drive_with(
             Api::<Rollout>::all(client.clone()),
