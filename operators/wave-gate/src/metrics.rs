@@ -807,4 +807,46 @@ mod tests {
         let out = text();
         assert!(!out.contains("{site=\"us\""), "{out}");
     }
+
+    #[test]
+    fn a_wave_gate_moved_to_another_site_leaves_nothing_under_the_old_one() {
+        let mut r = Registry::default();
+        let m = register(&mut r);
+        let status: WaveGateStatus = serde_json::from_value(serde_json::json!({
+            "phase": "Soaking", "currentWaveIndex": 0,
+            "waves": [{"name": "canary", "state": "Soaking"}],
+        }))
+        .unwrap();
+        m.record(
+            "fleet",
+            "west",
+            &spec("eu"),
+            None,
+            &status,
+            Timestamp::UNIX_EPOCH,
+        );
+        m.record(
+            "fleet",
+            "east",
+            &spec("us"),
+            None,
+            &status,
+            Timestamp::UNIX_EPOCH,
+        );
+        m.record(
+            "fleet",
+            "west",
+            &spec("eu-1"),
+            Some(&status),
+            &status,
+            Timestamp::UNIX_EPOCH,
+        );
+        let mut out = String::new();
+        encode(&mut out, &r).unwrap();
+        assert!(!out.contains("site=\"eu\""), "{out}");
+        for site in ["eu-1", "us"] {
+            let want = format!("sluice_wavegate_current_wave{{site=\"{site}\"}} 0");
+            assert!(out.contains(&want), "{want} missing:\n{out}");
+        }
+    }
 }
