@@ -109,6 +109,23 @@ $(cat "$err")"
   fi
 }
 
+# revert's default unpacked-size limit is sluice-bundle's MAX_UNPACKED_BYTES, and the value
+# reaches the flag.
+bundle_limit_matches_crate() {
+  local src=crates/sluice-bundle/src/archive.rs expr bytes
+  expr="$(sed -n 's/^pub const MAX_UNPACKED_BYTES: u64 = \([0-9 *]*\);$/\1/p' "$src")"
+  [ -n "$expr" ] || { echo "no 'pub const MAX_UNPACKED_BYTES: u64 = ...;' in $src"; return 1; }
+  bytes=$((expr))
+  grep -qx "  maxBundleUnpackedBytes: $bytes" "$CHART/values.yaml" \
+    || { echo "values.yaml revert.maxBundleUnpackedBytes is not $bytes (MAX_UNPACKED_BYTES in $src)"; return 1; }
+  grep -q -- "- \"--max-bundle-unpacked-bytes=$bytes\"" "$OUT/default.yaml" \
+    || { echo "the default render does not pass --max-bundle-unpacked-bytes=$bytes to revert"; return 1; }
+  helm template "$RELEASE" "$CHART" --namespace "$NAMESPACE" --set revert.maxBundleUnpackedBytes=268435456 \
+    >"$OUT/bundle-limit.yaml" || return 1
+  grep -q -- "- \"--max-bundle-unpacked-bytes=268435456\"" "$OUT/bundle-limit.yaml" \
+    || { echo "revert.maxBundleUnpackedBytes=268435456 does not reach --max-bundle-unpacked-bytes"; return 1; }
+}
+
 # The wave-gate duck ConfigMap says what sluice-api's DUCK_* constants say.
 duck_configmap_matches_api() {
   local src=crates/sluice-api/src/v1alpha1/wave_gate.rs const value
@@ -414,6 +431,8 @@ main() {
     pass "helm template (default values)"
     check "kubernetes-validate --strict (default values)" validate default
     check "duck ConfigMap matches sluice-api's DUCK_* constants" duck_configmap_matches_api
+    check "revert's unpacked-size limit: default is sluice-bundle's MAX_UNPACKED_BYTES, the value reaches the flag" \
+      bundle_limit_matches_crate
     check "Dockerfile builds every binary the chart runs, as its user" image_inputs
     check "Argo CD resource customizations ship every health check verbatim" argocd_customizations
     check "manifests and RBAC table (default values)" "$PY" scripts/chart_assert.py "$OUT/default.yaml" \
@@ -603,6 +622,10 @@ PYEOF
   expect_rejected "schema rejects an allowed kind revert's destination identity may not write" \
     "at '/revert/allowedKinds/0': value must be one of" \
     --set 'revert.allowedKinds={ClusterRole.rbac.authorization.k8s.io}'
+  expect_rejected "schema rejects an unpacked-size limit of 0" \
+    "at '/revert/maxBundleUnpackedBytes': minimum: got 0, want 1" --set revert.maxBundleUnpackedBytes=0
+  expect_rejected "schema rejects an unpacked-size limit over 1 GiB" \
+    "at '/revert/maxBundleUnpackedBytes': maximum" --set revert.maxBundleUnpackedBytes=2147483648
   expect_rejected "chart refuses an image by tag when image.requireDigest is set" \
     "image.requireDigest is set but image.digest is empty: pin the operators' image by digest" \
     --set image.requireDigest=true --set image.tag=1.0.0

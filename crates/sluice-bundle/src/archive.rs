@@ -5,7 +5,8 @@
 //! mode 0644 (files) or 0755 (directories), mtime 0, and a gzip header with no name and mtime 0.
 //! The same files therefore always give the same layer digest (for a given `flate2` backend).
 //! Unpacking must never write to disk, follow links, or accept paths that leave the archive, and
-//! it stops at [`MAX_UNPACKED_BYTES`] so a hostile layer cannot exhaust memory.
+//! it stops at a limit ([`MAX_UNPACKED_BYTES`] unless the caller sets another) so a hostile
+//! layer cannot exhaust memory.
 
 use std::collections::BTreeSet;
 use std::io::Read;
@@ -15,7 +16,8 @@ use flate2::Compression;
 use crate::error::{BundleError, Result};
 use crate::manifests::{ManifestFile, is_manifest_name, validate_path};
 
-/// Upper bound on the unpacked size of a bundle layer (64 MiB).
+/// Default upper bound on the unpacked size of a bundle layer (64 MiB); a client may set
+/// another ([`crate::RegistryOptions::max_unpacked_bytes`]).
 pub const MAX_UNPACKED_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Packs files (any order) into the reproducible tar+gzip described in the module docs.
@@ -80,7 +82,17 @@ pub fn pack(files: &[ManifestFile]) -> Vec<u8> {
 /// multi-member stream, so bytes after the first member would be files Argo CD applies and
 /// this check never saw.
 pub fn unpack(layer: &[u8], location: &str) -> Result<Vec<ManifestFile>> {
-    let limited = flate2::bufread::GzDecoder::new(layer).take(MAX_UNPACKED_BYTES + 1);
+    unpack_limited(layer, location, MAX_UNPACKED_BYTES)
+}
+
+/// [`unpack`] with the files' total size bounded by `max_unpacked` bytes instead of
+/// [`MAX_UNPACKED_BYTES`]; a layer over it is refused naming the limit.
+pub fn unpack_limited(
+    layer: &[u8],
+    location: &str,
+    max_unpacked: u64,
+) -> Result<Vec<ManifestFile>> {
+    let limited = flate2::bufread::GzDecoder::new(layer).take(max_unpacked.saturating_add(1));
     let mut archive = tar::Archive::new(limited);
     let mut files = Vec::new();
     let mut total: u64 = 0;
@@ -130,10 +142,12 @@ pub fn unpack(layer: &[u8], location: &str) -> Result<Vec<ManifestFile>> {
         })?;
         let size = entry.header().size().unwrap_or(0);
         total = total.saturating_add(size);
-        if total > MAX_UNPACKED_BYTES {
+        if total > max_unpacked {
             return Err(BundleError::invalid(
                 location,
-                format!("layer unpacks to more than {MAX_UNPACKED_BYTES} bytes; split the bundle"),
+                format!(
+                    "layer unpacks to more than {max_unpacked} bytes, the unpacked-size limit; split the bundle or raise the limit"
+                ),
             ));
         }
         let name = path.rsplit('/').next().unwrap_or(&path);
@@ -148,11 +162,8 @@ pub fn unpack(layer: &[u8], location: &str) -> Result<Vec<ManifestFile>> {
     }
     // The rest of the first member (the tar end-of-archive blocks), then nothing at all.
     let mut decoder = archive.into_inner().into_inner();
-    std::io::copy(
-        &mut (&mut decoder).take(MAX_UNPACKED_BYTES),
-        &mut std::io::sink(),
-    )
-    .map_err(|e| BundleError::invalid(location, format!("layer archive is corrupt: {e}")))?;
+    std::io::copy(&mut (&mut decoder).take(max_unpacked), &mut std::io::sink())
+        .map_err(|e| BundleError::invalid(location, format!("layer archive is corrupt: {e}")))?;
     if !decoder.get_ref().is_empty() {
         return Err(BundleError::invalid(
             location,

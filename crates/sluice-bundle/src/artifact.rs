@@ -292,6 +292,25 @@ pub fn from_parts(
     expected_manifest_digest: Option<&str>,
     reference: &str,
 ) -> Result<Artifact> {
+    from_parts_limited(
+        manifest_bytes,
+        config,
+        layer,
+        expected_manifest_digest,
+        reference,
+        archive::MAX_UNPACKED_BYTES,
+    )
+}
+
+/// [`from_parts`] with the layer's unpacked size bounded by `max_unpacked` bytes.
+pub fn from_parts_limited(
+    manifest_bytes: Vec<u8>,
+    config: Vec<u8>,
+    layer: Vec<u8>,
+    expected_manifest_digest: Option<&str>,
+    reference: &str,
+    max_unpacked: u64,
+) -> Result<Artifact> {
     let manifest_digest = sha256_digest(&manifest_bytes);
     if let Some(expected) = expected_manifest_digest
         && expected != manifest_digest
@@ -311,7 +330,7 @@ pub fn from_parts(
             actual: layer_digest,
         });
     }
-    let files = archive::unpack(&layer, &format!("layer of {reference}"))?;
+    let files = archive::unpack_limited(&layer, &format!("layer of {reference}"), max_unpacked)?;
     let manifests = Manifests::from_files(files)?;
     if let Some(annotated) = manifest.annotations.get(ANNOTATION_CONTENT_DIGEST)
         && annotated != manifests.content_digest()

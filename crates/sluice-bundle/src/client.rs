@@ -59,6 +59,10 @@ pub struct RegistryOptions {
     /// Registries (`host` or `host:port`) bundles may be read from; empty: any. A reference to
     /// another registry is refused before anything is sent to it.
     pub allowed_registries: Vec<String>,
+    /// Most bytes a bundle's layer may unpack to (its files together);
+    /// [`crate::archive::MAX_UNPACKED_BYTES`] (64 MiB) when `None`. A larger bundle is refused
+    /// before its layer is downloaded when the layer alone is larger, else while unpacking.
+    pub max_unpacked_bytes: Option<u64>,
 }
 
 /// A parsed bundle reference.
@@ -358,6 +362,13 @@ impl BundleClient {
             clients: Mutex::new(BTreeMap::new()),
             fetcher,
         }
+    }
+
+    /// Most bytes a bundle's layer may unpack to.
+    pub fn max_unpacked_bytes(&self) -> u64 {
+        self.options
+            .max_unpacked_bytes
+            .unwrap_or(crate::archive::MAX_UNPACKED_BYTES)
     }
 
     fn read_timeout(&self) -> Duration {
@@ -688,24 +699,25 @@ impl BundleClient {
         let manifest_bytes = self.pull_manifest(&target.oci(), &target.registry).await?;
         let (manifest, layer) =
             artifact::parse_bundle_manifest(&manifest_bytes, &target.to_string())?;
-        if layer.size > crate::archive::MAX_UNPACKED_BYTES || manifest.config.size > MAX_SMALL_BLOB
-        {
+        let max_unpacked = self.max_unpacked_bytes();
+        if layer.size > max_unpacked || manifest.config.size > MAX_SMALL_BLOB {
             return Err(BundleError::not_a_bundle(
                 target.to_string(),
                 format!(
-                    "layer of {} bytes or config of {} bytes is larger than a bundle may be",
+                    "layer of {} bytes or config of {} bytes is larger than a bundle may be (layer at most {max_unpacked} bytes, the unpacked-size limit; config at most {MAX_SMALL_BLOB})",
                     layer.size, manifest.config.size
                 ),
             ));
         }
         let config = self.pull_blob(&target, &manifest.config).await?;
         let layer_bytes = self.pull_blob(&target, &layer).await?;
-        artifact::from_parts(
+        artifact::from_parts_limited(
             manifest_bytes,
             config,
             layer_bytes,
             target.digest.as_deref(),
             &target.to_string(),
+            max_unpacked,
         )
     }
 

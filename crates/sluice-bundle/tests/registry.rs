@@ -384,3 +384,67 @@ async fn a_stopped_registry_is_reported_as_unavailable() {
     assert_eq!(err.category(), "RegistryUnavailable", "{err}");
     assert!(err.is_transient());
 }
+
+#[tokio::test]
+async fn a_bundle_over_the_clients_unpacked_size_limit_is_refused_naming_the_limit() {
+    let Some(registry) = registry().await else {
+        return;
+    };
+    let repo = registry.repository("mesh/large");
+    let signer = SigningKey::generate().unwrap();
+    let trusted = [signer.public_key().clone()];
+    // About 10 KB of files that compress to well under 4 KB.
+    let padded = format!(
+        "{}{ROUTE}",
+        "# padding padding padding padding\n".repeat(300)
+    );
+    let artifact = render(
+        &manifests(&[("route.yaml", &padded)]),
+        &meta("ccccccc", "2026-01-01T00:00:00Z"),
+    )
+    .unwrap();
+    assert!(
+        artifact.layer.len() < 4096,
+        "{} bytes",
+        artifact.layer.len()
+    );
+    let pushed = client().push(&artifact, &repo).await.unwrap();
+    client().sign(&pushed.reference, &signer).await.unwrap();
+
+    let limited = |bytes| {
+        BundleClient::new(RegistryOptions {
+            max_unpacked_bytes: Some(bytes),
+            ..RegistryOptions::default()
+        })
+    };
+    // The default (64 MiB) and a limit above the files' size read it.
+    for c in [client(), limited(16 * 1024)] {
+        let bundle = c
+            .verify_and_pull(&pushed.reference, &trusted)
+            .await
+            .unwrap();
+        assert_eq!(bundle.objects().len(), 1);
+    }
+    // A limit below the files' size but above the compressed layer: refused while unpacking.
+    let err = limited(4096)
+        .verify_and_pull(&pushed.reference, &trusted)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("layer unpacks to more than 4096 bytes, the unpacked-size limit; split the bundle or raise the limit"),
+        "{err}"
+    );
+    // A limit below even the compressed layer: refused before the layer is downloaded.
+    let err = limited(100)
+        .verify_and_pull(&pushed.reference, &trusted)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(
+            "larger than a bundle may be (layer at most 100 bytes, the unpacked-size limit"
+        ),
+        "{err}"
+    );
+}

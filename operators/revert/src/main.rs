@@ -78,6 +78,16 @@ struct Cli {
         default_value_t = reconcile::DEFAULT_VERIFIED_CACHE_BYTES
     )]
     verified_cache_bytes: u64,
+    /// Most bytes a bundle's files may take together once its layer is unpacked; a larger
+    /// bundle is refused (`Verified=False`, naming the limit). Keep revert's memory limit well
+    /// above it: a bundle is held unpacked and parsed while it is applied.
+    #[arg(
+        long = "max-bundle-unpacked-bytes",
+        env = "SLUICE_REVERT_MAX_BUNDLE_UNPACKED_BYTES",
+        default_value_t = sluice_bundle::archive::MAX_UNPACKED_BYTES,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    max_bundle_unpacked_bytes: u64,
     /// sigstore `trusted_root.json` (certificate authorities and transparency logs) that keyless
     /// signatures are verified against, offline; a pin's `spec.keyless` names the identities.
     /// Without it, keyless signatures are refused.
@@ -189,6 +199,7 @@ fn settings(cli: &Cli, namespace: &str) -> anyhow::Result<Settings> {
                 .map(|r| r.trim().to_owned())
                 .filter(|r| !r.is_empty())
                 .collect(),
+            max_unpacked_bytes: Some(cli.max_bundle_unpacked_bytes),
             ..RegistryOptions::default()
         },
         git,
