@@ -6,7 +6,8 @@
 //!   control plane (`--control-plane real`), so the two real backends are proven together (it
 //!   stands for that scenario's run in `real_control_plane.rs`).
 //! - `canary-store-down`: with east-1's store down no gate passes, the Rollout holds, and its
-//!   gates report Inconclusive with the query failure.
+//!   gates report Inconclusive with the query failure. It also runs on the real control plane, so
+//!   a store outage is proven against a real API server's status writes and watches.
 //!
 //! Each leaves nothing running. They run one after the other.
 
@@ -87,8 +88,15 @@ fn waves_breach_through_thanos_query_on_a_real_control_plane_halts_in_wave_zero_
 }
 
 #[test]
-fn with_a_store_down_no_gate_passes_and_the_reason_names_the_failure() {
-    let Some(run) = run("canary-store-down") else {
+fn with_a_store_down_on_a_real_control_plane_no_gate_passes_and_the_reason_names_the_failure() {
+    if sluice_testkit::control_plane::require().is_none() {
+        return;
+    }
+    let Some(run) = run_with(
+        "canary-store-down",
+        &["--control-plane", "real"],
+        BUDGET + REAL_START,
+    ) else {
         return;
     };
     let result = &run.result;
