@@ -1,7 +1,7 @@
 //! A cache bounded in bytes, evicting the least recently used entry first.
 //!
-//! Owns revert's cache of verified bundles (each entry is as large as the bundle, unpacked and
-//! parsed) and of other immutable, digest-named results: the process never holds more than the
+//! Owns revert's cache of verified bundles (each entry a bundle's parsed objects, without its
+//! blobs and files: [`crate::VerifiedObjects`]) and of other immutable, digest-named results: the process never holds more than the
 //! configured bytes, however many bundles it verifies over weeks. An entry larger than the whole
 //! bound is not kept (it is pulled again when needed). Must never hold anything that is not named
 //! by a digest (entries are never refreshed, only evicted).

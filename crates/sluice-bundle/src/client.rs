@@ -28,7 +28,7 @@ use serde::Serialize;
 use crate::artifact::{self, Artifact, MANIFEST_MEDIA_TYPE};
 use crate::error::{BundleError, Result};
 use crate::keys::{PublicKey, SigningKey};
-use crate::manifests::BundleObject;
+use crate::manifests::{BundleObject, GroupKind};
 use crate::signature::{self, Policy, SIMPLE_SIGNING_MEDIA_TYPE, SignatureLayer, Verified};
 use crate::sigstore_bundle::{self as sb, StoredBundle};
 
@@ -249,8 +249,7 @@ impl VerifiedBundle {
         self.artifact.manifests.objects()
     }
 
-    /// An estimate of the memory this bundle holds: its blobs, its files and its parsed objects
-    /// (what a byte-bounded cache of verified bundles counts).
+    /// An estimate of the memory this bundle holds: its blobs, its files and its parsed objects.
     pub fn memory_bytes(&self) -> u64 {
         let a = &self.artifact;
         let blobs = (a.manifest_bytes.len() + a.config.len() + a.layer.len()) as u64;
@@ -260,16 +259,65 @@ impl VerifiedBundle {
             .iter()
             .map(|f| (f.path.len() + f.contents.len()) as u64)
             .sum();
-        let objects: u64 = a
-            .manifests
-            .objects()
+        blobs + files + objects_bytes(a.manifests.objects())
+    }
+}
+
+/// An estimate of the memory parsed objects hold.
+fn objects_bytes(objects: &[BundleObject]) -> u64 {
+    objects
+        .iter()
+        .map(|o| {
+            crate::cache::json_bytes(&o.value)
+                + (o.api_version.len() + o.name.len() + o.source.len()) as u64
+        })
+        .sum()
+}
+
+/// What applying a verified bundle needs of it: the signature verdict, the content digest and
+/// the parsed objects, without the blobs and the files they were parsed from (what revert's
+/// byte-bounded cache of verified bundles keeps).
+#[derive(Clone, Debug)]
+pub struct VerifiedObjects {
+    /// The signature verdict.
+    pub verified: Verified,
+    /// The bundle's content digest (`sha256:<hex>`).
+    pub content_digest: String,
+    objects: Vec<BundleObject>,
+}
+
+impl VerifiedObjects {
+    /// The objects to apply, sorted by (group, kind, namespace, name).
+    pub fn objects(&self) -> &[BundleObject] {
+        &self.objects
+    }
+
+    /// The objects whose group and kind are not in `allowed` (empty when all are allowed).
+    pub fn objects_outside<'a>(&'a self, allowed: &[GroupKind]) -> Vec<&'a BundleObject> {
+        self.objects
             .iter()
-            .map(|o| {
-                crate::cache::json_bytes(&o.value)
-                    + (o.api_version.len() + o.name.len() + o.source.len()) as u64
-            })
-            .sum();
-        blobs + files + objects
+            .filter(|o| !allowed.contains(&o.group_kind))
+            .collect()
+    }
+
+    /// An estimate of the memory this holds: the parsed objects and the two digests.
+    pub fn memory_bytes(&self) -> u64 {
+        objects_bytes(&self.objects)
+            + (self.verified.digest.len()
+                + self.verified.key_fingerprint.len()
+                + self.verified.docker_reference.len()
+                + self.content_digest.len()) as u64
+    }
+}
+
+impl From<VerifiedBundle> for VerifiedObjects {
+    fn from(bundle: VerifiedBundle) -> Self {
+        let content_digest = bundle.artifact.content_digest().to_owned();
+        Self {
+            verified: bundle.verified,
+            content_digest,
+            objects: bundle.artifact.manifests.into_objects(),
+        }
     }
 }
 
@@ -1097,6 +1145,76 @@ mod tests {
             by_tag.digest_ref().unwrap_err().category(),
             "DigestRequired"
         );
+    }
+
+    #[test]
+    fn what_is_kept_of_a_verified_bundle_is_its_objects_not_its_blobs_or_files() {
+        let route = |i: usize| {
+            format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: r{i}, namespace: shop}}\nspec:\n  rules:\n  - backendRefs:\n    - {{name: v1, port: 8080, weight: 90}}\n    - {{name: v2, port: 8080, weight: 10}}\n"
+            )
+        };
+        let files: Vec<crate::ManifestFile> = (0..50)
+            .map(|i| crate::ManifestFile {
+                path: format!("r{i}.yaml"),
+                contents: route(i).into_bytes(),
+            })
+            .collect();
+        let manifests = crate::Manifests::from_files(files).unwrap();
+        let artifact = artifact::render(&manifests, &artifact::Metadata::default()).unwrap();
+        let bundle = VerifiedBundle {
+            verified: Verified {
+                digest: artifact.manifest_digest.clone(),
+                key_fingerprint: "SHA256:k".into(),
+                key_index: 0,
+                docker_reference: String::new(),
+                format: crate::signature::FORMAT_LEGACY_TAG.into(),
+            },
+            artifact,
+        };
+        let whole = bundle.memory_bytes();
+        let a = &bundle.artifact;
+        let blobs_and_files = (a.manifest_bytes.len() + a.config.len() + a.layer.len()) as u64
+            + a.manifests
+                .files()
+                .iter()
+                .map(|f| (f.path.len() + f.contents.len()) as u64)
+                .sum::<u64>();
+        let objects = bundle.objects().to_vec();
+        let content_digest = bundle.artifact.content_digest().to_owned();
+        let kept = VerifiedObjects::from(bundle);
+        assert_eq!(kept.objects(), objects.as_slice());
+        assert_eq!(kept.content_digest, content_digest);
+        assert_eq!(kept.verified.key_fingerprint, "SHA256:k");
+        // The blobs and the files are gone: what is kept counts the objects and the digests.
+        let expected: u64 = objects
+            .iter()
+            .map(|o| {
+                crate::cache::json_bytes(&o.value)
+                    + (o.api_version.len() + o.name.len() + o.source.len()) as u64
+            })
+            .sum::<u64>()
+            + (kept.verified.digest.len() + "SHA256:k".len() + kept.content_digest.len()) as u64;
+        assert_eq!(kept.memory_bytes(), expected);
+        assert!(
+            // Two digests and a fingerprint besides the objects.
+            kept.memory_bytes() <= whole - blobs_and_files + 200,
+            "kept {} of the bundle's {whole} bytes, of which {blobs_and_files} are blobs and files",
+            kept.memory_bytes()
+        );
+        // A cache sized for the objects keeps them; the whole bundle would not fit.
+        eprintln!(
+            "50 HTTPRoutes: whole bundle {whole} bytes, kept {} bytes",
+            kept.memory_bytes()
+        );
+        let mut cache = crate::ByteLru::new(kept.memory_bytes());
+        assert!(!crate::ByteLru::<()>::new(kept.memory_bytes()).insert(
+            "w".into(),
+            std::sync::Arc::new(()),
+            whole
+        ));
+        let bytes = kept.memory_bytes();
+        assert!(cache.insert("k".into(), std::sync::Arc::new(kept), bytes));
     }
 
     #[test]

@@ -75,7 +75,7 @@ pub use artifact::{Artifact, Metadata, read_layout, render, write_layout};
 pub use cache::ByteLru;
 pub use client::{
     BundleClient, BundleRef, Inspection, Pushed, RegistryOptions, Signed, VerifiedBundle,
-    inspection,
+    VerifiedObjects, inspection,
 };
 pub use credentials::{CaBundle, Credential, RegistryCredentials};
 pub use error::{BundleError, Result};

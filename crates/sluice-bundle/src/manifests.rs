@@ -202,6 +202,11 @@ impl Manifests {
         &self.objects
     }
 
+    /// The objects, dropping the files they were parsed from.
+    pub fn into_objects(self) -> Vec<BundleObject> {
+        self.objects
+    }
+
     /// The content digest (`sha256:<hex>`), see the module docs.
     pub fn content_digest(&self) -> &str {
         &self.content_digest

@@ -70,7 +70,7 @@ struct Cli {
         default_value_t = 120
     )]
     signature_grace_seconds: u64,
-    /// Most bytes the cache of verified bundles holds (unpacked and parsed, estimated); the
+    /// Most bytes the cache of verified bundles holds (their parsed objects, estimated); the
     /// least recently used bundle is evicted first and verified again when a pin needs it.
     #[arg(
         long = "verified-cache-bytes",

@@ -30,7 +30,7 @@ use sluice_api::{
         bundle_pin::{GitRevertStatus, conditions, reasons},
     },
 };
-use sluice_bundle::{BundleRef, ByteLru, PublicKey, RegistryOptions, VerifiedBundle};
+use sluice_bundle::{BundleRef, ByteLru, PublicKey, RegistryOptions, VerifiedObjects};
 use sluice_gitops::{ForgeClient, GitConfig, PullRequestRequest, RevertBranch};
 use sluice_runtime::{
     Categorized, Category,
@@ -116,7 +116,7 @@ pub struct Context {
     /// remote applies and prunes, git pushes).
     pub leadership: Leadership,
     bundles: Registries,
-    verified: Mutex<ByteLru<VerifiedBundle>>,
+    verified: Mutex<ByteLru<VerifiedObjects>>,
     contents: Mutex<ByteLru<String>>,
     clusters: Clusters,
     kinds: Kinds,
@@ -267,11 +267,11 @@ impl Context {
         &self,
         spec: &BundlePinSpec,
         ns: &str,
-    ) -> (Verification, Option<Arc<VerifiedBundle>>) {
+    ) -> (Verification, Option<Arc<VerifiedObjects>>) {
         let unavailable = |reason, message: String| {
             (
                 Verification::Unavailable { reason, message },
-                None::<Arc<VerifiedBundle>>,
+                None::<Arc<VerifiedObjects>>,
             )
         };
         let secret_name = &spec.public_keys_secret_ref.name;
@@ -370,7 +370,8 @@ impl Context {
                 .await
             {
                 Ok(b) => {
-                    let b = Arc::new(b);
+                    // Only what applying needs is kept: the objects, not the blobs and files.
+                    let b = Arc::new(VerifiedObjects::from(b));
                     let bytes = b.memory_bytes();
                     let mut cache = self.verified.lock().expect("cache lock");
                     if !cache.insert(cache_key, b.clone(), bytes) {
@@ -424,7 +425,7 @@ impl Context {
                 kind: g.kind,
             })
             .collect();
-        let outside = bundle.artifact.manifests.objects_outside(&allowed);
+        let outside = bundle.objects_outside(&allowed);
         if !outside.is_empty() {
             let shown: Vec<String> = outside.iter().take(5).map(|o| o.display_name()).collect();
             return (
@@ -442,7 +443,7 @@ impl Context {
         }
         let summary = BundleSummary {
             digest: bundle.verified.digest.clone(),
-            content_digest: bundle.artifact.content_digest().to_owned(),
+            content_digest: bundle.content_digest.clone(),
             key_fingerprint: bundle.verified.key_fingerprint.clone(),
             objects: bundle
                 .objects()
@@ -689,7 +690,7 @@ impl Context {
         &self,
         action: &Action,
         pin: &BundlePin,
-        bundle: Option<&VerifiedBundle>,
+        bundle: Option<&VerifiedObjects>,
         status: &mut BundlePinStatus,
         now: Timestamp,
     ) -> Result<(), ReconcileError> {
