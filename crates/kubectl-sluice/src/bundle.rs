@@ -276,6 +276,7 @@ fn registry_options(args: &RegistryArgs) -> Result<RegistryOptions, Failure> {
         ca_bundle,
         timeout: None,
         allowed_registries: Vec::new(),
+        max_unpacked_bytes: None,
     })
 }
 
