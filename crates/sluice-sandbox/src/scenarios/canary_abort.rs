@@ -7,7 +7,13 @@
 //! `detect_to_revert_ms` (the abort decision on the first Fail verdict → route reverted: the
 //! status' millisecond figure `abortDetectToRevertMs`, measured by the operator; the status
 //! times have one-second precision), `revert_verified_ms` (route reverted → the operator's
-//! telemetry check confirmed ~0).
+//! telemetry check confirmed ~0), `inconclusive_hold_ms` (1% confirmed → the Rollout seen Paused
+//! by its starved gate's Inconclusive verdicts).
+//! The Rollout also carries a gate the scenario's traffic can never give enough samples
+//! ([`STARVED_GATE`], as a gate on a low-traffic path would be), whose policy holds the Rollout
+//! after 2 s Inconclusive: before the fault, the scenario waits until the Rollout is Paused with
+//! reason Inconclusive (what `SluiceRolloutAnalysisInconclusive` reports); the hold holds
+//! progress, never safety, so the abort on error-ratio's Fail is the same.
 //! Also holds the helpers the canary scenarios share. Never writes the route itself: only the
 //! operator does; the scenario reads it.
 
@@ -20,7 +26,7 @@ use kube::api::PostParams;
 use serde_json::{Map, Value, json};
 use sluice_api::external::http_route::HttpRoute;
 use sluice_api::v1alpha1::Rollout;
-use sluice_api::v1alpha1::RolloutStatus;
+use sluice_api::v1alpha1::{RolloutPhase, RolloutStatus};
 use sluice_sim::mesh::scenario::Event;
 
 use super::{Outcome, ScenarioDef, ScenarioError};
@@ -39,6 +45,11 @@ pub const ERROR_FACTOR: f64 = 2.3;
 pub const REVERTED_SHARE: f64 = 0.001;
 /// The window the scenario's own share reading spans (≥ 4 telemetry intervals of 1 s).
 pub const WINDOW_S: u64 = 5;
+
+/// The gate that stays Inconclusive: latency over a minimum of samples no step here reaches.
+pub const STARVED_GATE: &str = "latency-p99-starved";
+/// How long [`STARVED_GATE`] is Inconclusive before its policy (Pause) holds the Rollout.
+pub const STARVED_AFTER: &str = "2s";
 
 /// The registry entry.
 pub const SCENARIO: ScenarioDef = ScenarioDef {
@@ -95,13 +106,7 @@ pub fn rollout(steps: Value, patch: Value) -> Result<Rollout, ScenarioError> {
         "stepDuration": "2s",
         "appliedShareDeadline": "60s",
         "canaryReadyDeadline": "60s",
-        // Seconds-scale gates: a 5 s window spans at least 4 of the mesh's 1 s intervals;
-        // three consecutive share failures, since a short window moves between readings.
-        "gates": [
-            {"name": "applied-share", "builtin": "AppliedShare", "window": "5s", "consecutiveFailures": 3},
-            {"name": "error-ratio", "builtin": "ErrorRatioVsStable", "window": "5s"},
-            {"name": "latency-p99", "builtin": "LatencyP99VsStable", "window": "5s"}
-        ],
+        "gates": gates(),
         "steps": steps,
     });
     if let Some(fields) = patch.as_object() {
@@ -116,6 +121,27 @@ pub fn rollout(steps: Value, patch: Value) -> Result<Rollout, ScenarioError> {
         "spec": spec,
     }))
     .map_err(|e| ScenarioError::Missing(format!("a valid Rollout ({e})")))
+}
+
+/// The canary scenarios' gates. Seconds-scale: a 5 s window spans at least 4 of the mesh's 1 s
+/// intervals; three consecutive share failures, since a short window moves between readings.
+pub fn gates() -> Value {
+    json!([
+        {"name": "applied-share", "builtin": "AppliedShare", "window": "5s", "consecutiveFailures": 3},
+        {"name": "error-ratio", "builtin": "ErrorRatioVsStable", "window": "5s"},
+        {"name": "latency-p99", "builtin": "LatencyP99VsStable", "window": "5s"}
+    ])
+}
+
+/// Whether the Rollout is held by a sustained Inconclusive verdict (phase Paused, Progressing
+/// reason Inconclusive): what the per-object series report as `reason="Inconclusive"`.
+pub fn held_inconclusive(status: &RolloutStatus) -> bool {
+    use sluice_api::v1alpha1::rollout::{conditions, reasons};
+    status.phase == RolloutPhase::Paused
+        && status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == conditions::PROGRESSING && c.reason == reasons::INCONCLUSIVE)
 }
 
 /// Raises checkout's traffic in the canary cluster's mesh from now on.
@@ -264,7 +290,15 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
         {"setWeight": {"weight": 50}},
         {"promote": {}}
     ]);
-    create(sandbox, &rollout(steps, json!({}))?).await?;
+    let mut gates = gates();
+    if let Some(list) = gates.as_array_mut() {
+        list.push(
+            json!({"name": STARVED_GATE, "builtin": "LatencyP99VsStable", "window": "5s",
+            "minSamples": 1_000_000_000u64,
+            "inconclusive": {"action": "Pause", "after": STARVED_AFTER}}),
+        );
+    }
+    create(sandbox, &rollout(steps, json!({"gates": gates}))?).await?;
     rollout_until(sandbox, |r| {
         r.status.as_ref().and_then(|s| {
             (s.current_step_index == Some(0)
@@ -275,7 +309,23 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
         })
     })
     .await?;
+    let confirmed = Instant::now();
     let at_one = route_until(sandbox, Duration::from_millis(50), |r| Some(weights(r))).await?;
+    sandbox.say(format!(
+        "canary-abort: gate {STARVED_GATE} can never have its samples here; its policy holds the Rollout once it has been Inconclusive for {STARVED_AFTER}"
+    ));
+    rollout_until(sandbox, |r| {
+        r.status
+            .as_ref()
+            .is_some_and(held_inconclusive)
+            .then_some(())
+    })
+    .await?;
+    let inconclusive_hold = confirmed.elapsed();
+    sandbox.say(format!(
+        "canary-abort: the Rollout is Paused (Inconclusive) {} ms after the 1% was confirmed",
+        ms(inconclusive_hold)
+    ));
     sandbox.say(format!(
         "canary-abort: the mesh confirms the 1% (route at {}/{}); v2.14 now returns 5xx at {ERROR_FACTOR}x stable",
         at_one.0, at_one.1
@@ -347,6 +397,10 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
     figures.insert(
         "revert_verified_ms".into(),
         Value::from(ms(revert_verified)),
+    );
+    figures.insert(
+        "inconclusive_hold_ms".into(),
+        Value::from(ms(inconclusive_hold)),
     );
     figures.insert(
         "failed_gate".into(),

@@ -8,7 +8,11 @@
 //! it to east-1: the route Argo CD applies must send 100% to v2.14.
 //! Figures: `promote_ms` (Rollout created → Promoted), `steps_passed` (weights passed, in
 //! order), `handback_ms` (delete → route handed back), `canary_share_promoted` (what the mesh
-//! reports at 100%), `argocd_sync_ms` (Application created → Synced with Git's route in place).
+//! reports at 100%), `argocd_sync_ms` (Application created → Synced with Git's route in place),
+//! `handback_overdue_ms` (Promoted → the HandBackOverdue condition True).
+//! The Rollout's hand-back deadline is [`HAND_BACK_DEADLINE`]: the Git change comes later than
+//! that, so the Rollout is seen overdue (condition HandBackOverdue, what
+//! `SluiceRolloutHandBackOverdue` reports) before it is deleted.
 //! Never writes the route itself; Argo CD writes it only after hand-back.
 
 use std::time::{Duration, Instant};
@@ -20,7 +24,9 @@ use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Post
 use serde_json::{Map, Value, json};
 use sluice_api::external::http_route::HttpRoute;
 use sluice_api::v1alpha1::RolloutPhase;
-use sluice_api::v1alpha1::rollout::{FIELD_MANAGER, ROUTE_OWNER_ANNOTATION, StepOutcome};
+use sluice_api::v1alpha1::rollout::{
+    FIELD_MANAGER, ROUTE_OWNER_ANNOTATION, StepOutcome, conditions as rollout_conditions,
+};
 
 use super::canary_abort::{
     CLUSTER, create, measured_share, ms, raise_traffic, rollout, rollout_until, rollouts,
@@ -35,6 +41,10 @@ use crate::sandbox::Sandbox;
 pub const WEIGHTS: [u32; 4] = [1, 5, 25, 50];
 /// Lowest canary share the mesh must report once promoted.
 pub const PROMOTED_SHARE: f64 = 0.98;
+
+/// `spec.handBackDeadline`: shorter than the time the scenario reads the promoted mesh, so the
+/// hand-back is overdue before the Rollout is deleted.
+pub const HAND_BACK_DEADLINE: &str = "2s";
 
 /// The Application that applies Git's checkout route to east-1 after hand-back.
 pub const APPLICATION_NAME: &str = "east-1-checkout";
@@ -128,7 +138,14 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
     steps.extend(WEIGHTS.iter().map(|w| json!({"setWeight": {"weight": w}})));
     steps.push(json!({"promote": {}}));
     let created = Instant::now();
-    create(sandbox, &rollout(Value::from(steps), json!({}))?).await?;
+    create(
+        sandbox,
+        &rollout(
+            Value::from(steps),
+            json!({"handBackDeadline": HAND_BACK_DEADLINE}),
+        )?,
+    )
+    .await?;
 
     let status = rollout_until(sandbox, |r| {
         r.status
@@ -138,6 +155,7 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
     })
     .await?;
     let promote_ms = ms(created.elapsed());
+    let promoted = Instant::now();
     let passed: Vec<u32> = status
         .history
         .iter()
@@ -177,6 +195,23 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
     // The mesh at 100%: a full window after the last write took effect.
     tokio::time::sleep(Duration::from_secs(2 + super::canary_abort::WINDOW_S + 1)).await;
     let share = measured_share(sandbox).await?;
+
+    // The Git change is late: past spec.handBackDeadline the Rollout says it is overdue.
+    rollout_until(sandbox, |r| {
+        r.status
+            .as_ref()
+            .is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == rollout_conditions::HAND_BACK_OVERDUE && c.status == "True")
+            })
+            .then_some(())
+    })
+    .await?;
+    let overdue_ms = ms(promoted.elapsed());
+    sandbox.say(format!(
+        "canary-promote: the Rollout is HandBackOverdue {overdue_ms} ms after promotion (deadline {HAND_BACK_DEADLINE})"
+    ));
 
     // Hand-back: the Git change making v2.14 stable deletes the Rollout.
     sandbox.say("canary-promote: deleting the Rollout, as the Git change making v2.14 stable does");
@@ -224,6 +259,7 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
     figures.insert("promote_ms".into(), Value::from(promote_ms));
     figures.insert("steps_passed".into(), json!(passed));
     figures.insert("handback_ms".into(), Value::from(handback_ms));
+    figures.insert("handback_overdue_ms".into(), Value::from(overdue_ms));
     figures.insert("argocd_sync_ms".into(), Value::from(synced_ms));
     figures.insert(
         "canary_share_promoted".into(),

@@ -12,7 +12,9 @@
 //! (restart time ÷ (proxies ÷ headroom)), `issuance_window_wait_ms` (the wait for Prometheus to
 //! hold one issuance window of the operator, [`ISSUANCE_WINDOW`], before the upgrade),
 //! `surge_restarted_deployments` (fleet Deployments restarted by surge rather than evicted; the
-//! fleet rolls with 25% maxUnavailable, so any is a failure).
+//! fleet rolls with 25% maxUnavailable, so any is a failure), `paused_ms` (created with
+//! `spec.paused` → seen Paused; it is held Paused for [`HELD_PAUSED`], what
+//! `SluiceUpgradePaused` reports, then resumed; the upgrade's time counts from the resume).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -23,7 +25,7 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Api;
-use kube::api::{ListParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Map, Value, json};
 use sluice_api::v1alpha1::RevisionUpgrade;
 use sluice_api::v1alpha1::RevisionUpgradePhase;
@@ -40,6 +42,9 @@ pub const NAME: &str = "istio-1-28";
 pub const FROM_REVISION: &str = "1-27";
 /// The new revision (tag `canary`).
 pub const TO_REVISION: &str = "1-28";
+/// How long the RevisionUpgrade, created with `spec.paused`, is held Paused before it is resumed
+/// (two scrapes of the operator's metrics at the sandbox's 1 s).
+pub const HELD_PAUSED: Duration = Duration::from_secs(2);
 /// Issuance budget: sustained SVIDs per second.
 pub const RATE: f64 = 8.0;
 /// Issuance budget: bucket depth.
@@ -407,15 +412,59 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
 
     // When: the RevisionUpgrade is created.
     let upgrades: Api<RevisionUpgrade> = Api::all(client.clone());
-    let obj: RevisionUpgrade = serde_json::from_value(upgrade())
+    let mut paused = upgrade();
+    paused["spec"]["paused"] = Value::Bool(true);
+    let obj: RevisionUpgrade = serde_json::from_value(paused)
         .map_err(|e| ScenarioError::Missing(format!("a valid RevisionUpgrade ({e})")))?;
     sandbox.say(format!(
-        "revision-upgrade: creating RevisionUpgrade {NAME}: stable → canary ({FROM_REVISION} → {TO_REVISION}), waves low-risk, tier-2, tier-1, budget {RATE}/s depth {DEPTH} peak {PEAK}/s"
+        "revision-upgrade: creating RevisionUpgrade {NAME} paused: stable → canary ({FROM_REVISION} → {TO_REVISION}), waves low-risk, tier-2, tier-1, budget {RATE}/s depth {DEPTH} peak {PEAK}/s"
     ));
+    let created = Instant::now();
     upgrades
         .create(&PostParams::default(), &obj)
         .await
         .map_err(api_error(format!("creating RevisionUpgrade {NAME}")))?;
+    // Held by spec.paused: Paused, with nothing relabelled or restarted, until resumed.
+    loop {
+        let phase = upgrades
+            .get(NAME)
+            .await
+            .map_err(api_error(format!("reading RevisionUpgrade {NAME}")))?
+            .status
+            .map(|s| s.phase);
+        if phase == Some(RevisionUpgradePhase::Paused) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let paused_ms = u64::try_from(created.elapsed().as_millis()).unwrap_or(u64::MAX);
+    sandbox.say(format!(
+        "revision-upgrade: {NAME} is Paused {paused_ms} ms after its creation; resuming it in {HELD_PAUSED:?}"
+    ));
+    tokio::time::sleep(HELD_PAUSED).await;
+    let moved = count(&pods).await?;
+    if moved.new > 0 {
+        let summary = format!(
+            "{} proxies moved to {TO_REVISION} while the upgrade was paused",
+            moved.new
+        );
+        sandbox.say(format!("revision-upgrade: {summary}"));
+        let mut figures = Map::new();
+        figures.insert("paused_ms".into(), Value::from(paused_ms));
+        return Ok(Outcome {
+            pass: false,
+            figures,
+            summary,
+        });
+    }
+    upgrades
+        .patch(
+            NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"paused": false}})),
+        )
+        .await
+        .map_err(api_error(format!("resuming RevisionUpgrade {NAME}")))?;
     let started = Instant::now();
 
     // Restart time: the time any wave spends Restarting (soaks excluded), polled every 100 ms.
@@ -535,6 +584,7 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
     let round = |v: f64| (v * 1000.0).round() / 1000.0;
     let mut figures = Map::new();
     figures.insert("peak_issuance_ratio".into(), Value::from(round(ratio)));
+    figures.insert("paused_ms".into(), Value::from(paused_ms));
     figures.insert(
         "budget_utilisation".into(),
         utilisation

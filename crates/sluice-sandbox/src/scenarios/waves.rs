@@ -264,7 +264,7 @@ pub fn application_set(site: &Site, repository: &str) -> Value {
 
 /// A site's WaveGate at `revision` (source commit `commit`), with seconds-scale gates: the
 /// built-in mesh-error-ratio, xds-nack-increase and proxies-behind over 5 s windows (at least 4
-/// telemetry intervals of 1 s), and the platform's drift exporter.
+/// telemetry intervals of 1 s), the platform's drift exporter, and [`STARVED_GATE`].
 pub fn wave_gate(site: &Site, repository: &str, published: &Published, waves: Value) -> Value {
     json!({
         "apiVersion": "sluice.dev/v1alpha1",
@@ -283,13 +283,23 @@ pub fn wave_gate(site: &Site, repository: &str, published: &Published, waves: Va
             "gates": [
                 {"name": "mesh-error-ratio", "builtin": "MeshErrorRatio", "window": "5s", "minSamples": 50, "consecutiveFailures": 1},
                 {"name": "xds-nack-increase", "builtin": "XdsNackIncrease", "window": "5s", "minSamples": 3, "consecutiveFailures": 1},
-                {"name": "proxies-behind", "builtin": "ProxiesBehind", "window": "5s", "minSamples": 1, "consecutiveFailures": 1}
+                {"name": "proxies-behind", "builtin": "ProxiesBehind", "window": "5s", "minSamples": 1, "consecutiveFailures": 1},
+                {"name": STARVED_GATE, "builtin": "MeshErrorRatio", "window": "5s", "minSamples": 1_000_000_000u64,
+                 "inconclusive": {"action": "Continue", "after": STARVED_AFTER}}
             ],
             "driftGate": {"exporter": "Platform", "metric": DRIFT_METRIC},
             "pin": {"publicKeysSecretRef": {"name": PUBLIC_KEYS_SECRET}},
         }
     })
 }
+
+/// A gate the sandbox's traffic never gives its samples, as a gate on a low-traffic service:
+/// Inconclusive through every soak (what `SluiceWaveAnalysisInconclusive` reports, naming the
+/// site and the gate), its policy Continue treats it as passed after [`STARVED_AFTER`], so the
+/// waves still pass within their soak.
+pub const STARVED_GATE: &str = "mesh-error-ratio-starved";
+/// How long [`STARVED_GATE`] is Inconclusive before its policy lets the wave go on.
+pub const STARVED_AFTER: &str = "1s";
 
 /// The samples of `metric` in a Prometheus text exposition: labels and value per line.
 pub fn parse_exposition(text: &str, metric: &str) -> Vec<(Vec<(String, String)>, f64)> {
@@ -1543,7 +1553,7 @@ mod tests {
             Some(published.commit.as_str())
         );
         assert_eq!(g.spec.waves[0].wait_for[0].site, "east");
-        assert_eq!(g.spec.effective_gates().len(), 3);
+        assert_eq!(g.spec.effective_gates().len(), 4);
         let set = application_set(&sites[0], "127.0.0.1:5000/mesh/config");
         assert_eq!(
             set["spec"]["generators"][0]["clusterDecisionResource"]["name"],
