@@ -1,18 +1,28 @@
-//! `sluice-sandbox --scenario canary-abort --until-done`: rollout-weights in east-1 holds
+//! `sluice-sandbox --scenario canary-abort`: rollout-weights in east-1 holds
 //! checkout v2.14 at 1%, the canary starts returning 5xx at 2.3× stable, and the operator
 //! aborts; the binary exits 0 with the JSON result as its last line carrying the three abort
 //! figures, and nothing it started is left running.
+//! The run is checked by [`common::dashboards`] too: every dashboard and alert query runs
+//! against the sandbox's Prometheus during it; the Rollouts dashboard's queries return data,
+//! and SluiceRolloutStuck, SluiceRolloutAborted and SluiceRolloutAnalysisInconclusive (the starved
+//! gate's hold before the fault) name the Rollout.
 
 mod common;
 
 use std::time::Duration;
 
-/// The whole run (start, scenario, stop). On an idle machine it takes well under a minute.
-const BUDGET: Duration = Duration::from_secs(115);
+/// The whole run (start, scenario, stop, the last evaluation round). On an idle machine it takes
+/// well under a minute.
+const BUDGET: Duration = Duration::from_secs(130);
 
 #[test]
 fn canary_abort_scenario_aborts_and_reports_its_figures() {
-    let Some(run) = common::run_scenario("canary-abort", BUDGET) else {
+    let Some(run) = common::dashboards::run_scenario_checked(
+        "canary-abort",
+        BUDGET,
+        Some("rollouts.json"),
+        ("rollouts.json", "east-1", "shop", "checkout"),
+    ) else {
         return;
     };
     let (result, last) = (&run.result, &run.last);
@@ -33,6 +43,11 @@ fn canary_abort_scenario_aborts_and_reports_its_figures() {
     assert!(
         revert_verified < 60_000,
         "revert_verified_ms {revert_verified}"
+    );
+    let hold = run.ms("inconclusive_hold_ms");
+    assert!(
+        hold < 30_000,
+        "inconclusive_hold_ms {hold}: the starved gate's 2 s then one analysis: {last}"
     );
     let share = result["canary_share_after"]
         .as_f64()

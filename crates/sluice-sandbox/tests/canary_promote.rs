@@ -1,7 +1,10 @@
-//! `sluice-sandbox --scenario canary-promote --until-done`: rollout-weights in east-1 takes a
+//! `sluice-sandbox --scenario canary-promote`: rollout-weights in east-1 takes a
 //! healthy checkout v2.14 through mirror, cohort and 1 → 5 → 25 → 50 → 100, then hands the route
 //! back when the Rollout is deleted and Argo CD applies Git's route; the binary exits 0 with the
-//! JSON result as its last line, and nothing it started is left running.
+//! JSON result as its last line, and nothing it started is left running. The Git change comes
+//! after the Rollout's 2 s hand-back deadline, so it is HandBackOverdue first.
+//! The run is checked by [`common::dashboards`] too: every dashboard and alert query runs
+//! against the sandbox's Prometheus during it (none may error), and SluiceRolloutHandBackOverdue names the Rollout.
 
 mod common;
 
@@ -13,7 +16,12 @@ const BUDGET: Duration = Duration::from_secs(200);
 
 #[test]
 fn canary_promote_scenario_promotes_step_by_step_and_hands_back() {
-    let Some(run) = common::run_scenario("canary-promote", BUDGET) else {
+    let Some(run) = common::dashboards::run_scenario_checked(
+        "canary-promote",
+        BUDGET,
+        None,
+        ("rollouts.json", "east-1", "shop", "checkout"),
+    ) else {
         return;
     };
     let (result, last) = (&run.result, &run.last);
@@ -26,7 +34,12 @@ fn canary_promote_scenario_promotes_step_by_step_and_hands_back() {
         .as_f64()
         .expect("canary_share_promoted is a number");
     assert!(share >= 0.98, "canary share once promoted {share}");
-    for name in ["promote_ms", "handback_ms", "argocd_sync_ms"] {
+    for name in [
+        "promote_ms",
+        "handback_ms",
+        "argocd_sync_ms",
+        "handback_overdue_ms",
+    ] {
         assert!(result[name].as_u64().is_some(), "{name} missing: {last}");
     }
 }

@@ -1,19 +1,28 @@
-//! `sluice-sandbox --scenario pin-release --until-done`: a bad checkout change synced by Argo CD
+//! `sluice-sandbox --scenario pin-release`: a bad checkout change synced by Argo CD
 //! into east-1 is pinned back to the previous signed bundle with a BundlePin; Argo CD does not
 //! re-apply it while pinned; revert's branch, merged in Git, reaches Argo CD with equal content
 //! and the pin releases. The binary exits 0 with the JSON result as its last line, and nothing it
 //! started is left running.
+//! The run is checked by [`common::dashboards`] too: every dashboard and alert query runs
+//! against the sandbox's Prometheus during it; the BundlePins dashboard's queries return data,
+//! and SluiceBundlePinTooOld names the pin.
 
 mod common;
 
 use std::time::Duration;
 
-/// The whole run (start, scenario, stop). On an idle machine it takes well under a minute.
-const BUDGET: Duration = Duration::from_secs(118);
+/// The whole run (start, scenario, stop, the last evaluation round). On an idle machine it
+/// takes well under a minute.
+const BUDGET: Duration = Duration::from_secs(130);
 
 #[test]
 fn pin_release_pins_holds_reverts_in_git_and_releases() {
-    let Some(run) = common::run_scenario("pin-release", BUDGET) else {
+    let Some(run) = common::dashboards::run_scenario_checked(
+        "pin-release",
+        BUDGET,
+        Some("pins.json"),
+        ("pins.json", "east-mgmt", "argocd", "checkout-bad-split"),
+    ) else {
         return;
     };
     let (result, last) = (&run.result, &run.last);

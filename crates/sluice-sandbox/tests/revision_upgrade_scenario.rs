@@ -1,17 +1,26 @@
-//! `sluice-sandbox --scenario revision-upgrade --until-done`: the upgrade-revisions operator in
+//! `sluice-sandbox --scenario revision-upgrade`: the upgrade-revisions operator in
 //! east-1 moves the fleet from 1-27 to 1-28 in three waves; the binary exits 0 with the JSON
-//! result as its last line, the simulator's SVID counter within the budget.
+//! result as its last line, the simulator's SVID counter within the budget. The RevisionUpgrade
+//! is created paused and held Paused for 2 s before it is resumed.
+//! The run is checked by [`common::dashboards`] too: every dashboard and alert query runs
+//! against the sandbox's Prometheus during it; the upgrades dashboard's queries return data,
+//! and SluiceUpgradePaused names the RevisionUpgrade.
 
 mod common;
 
 use std::time::Duration;
 
-/// The whole run (start, scenario, stop) must fit in this.
-const BUDGET: Duration = Duration::from_secs(115);
+/// The whole run (start, scenario, stop, the last evaluation round) must fit in this.
+const BUDGET: Duration = Duration::from_secs(150);
 
 #[test]
 fn revision_upgrade_completes_within_the_issuance_budget() {
-    let Some(run) = common::run_scenario("revision-upgrade", BUDGET) else {
+    let Some(run) = common::dashboards::run_scenario_checked(
+        "revision-upgrade",
+        BUDGET,
+        Some("upgrades.json"),
+        ("upgrades.json", "east-1", "", "istio-1-28"),
+    ) else {
         return;
     };
     let (result, last) = (&run.result, &run.last);
@@ -28,6 +37,8 @@ fn revision_upgrade_completes_within_the_issuance_budget() {
             .unwrap_or_else(|| panic!("{figure} is a number: {last}"));
         assert!(v > 0.0, "{figure} {v}: {last}");
     }
+    let paused = run.ms("paused_ms");
+    assert!(paused < 30_000, "paused_ms {paused}: {last}");
     let proxies = result["proxies"].as_u64().expect("proxies is a number");
     assert!(
         proxies >= 20,

@@ -1,4 +1,4 @@
-//! `sluice-sandbox --scenario waves-clean|waves-breach --until-done`: wave-gate and revert running
+//! `sluice-sandbox --scenario waves-clean|waves-breach`: wave-gate and revert running
 //! where the chart puts them, beside each site's simulated Argo CD.
 //! - `waves-clean`: a signed bundle crosses east and west in the fleet order; the binary exits 0
 //!   with a time per wave and the total.
@@ -6,36 +6,49 @@
 //!   is pinned back to the previous bundle by revert; the binary exits 0 with `halt_to_pin_ms` and
 //!   `breach_to_reverted_ms`.
 //!
-//! Each leaves nothing running. They run one after the other.
+//! Each leaves nothing running. They run one after the other, in one test: both runs are
+//! checked by [`common::dashboards`] too (every dashboard and alert query runs against the
+//! sandbox's Prometheus during them; the waves dashboard's queries return data in one of the two,
+//! SluiceWaveAnalysisInconclusive names the WaveGate in waves-clean, whose starved gate stays
+//! Inconclusive through every soak, and SluiceWaveHalted in waves-breach).
 
 mod common;
 
-use std::sync::Mutex;
 use std::time::Duration;
 
+use common::dashboards::Expect;
+
 /// A watchdog on the whole run (start, scenario, stop) that only stops a hung run. What fails a
-/// slow scenario, with a message, is the scenario's own budget (110 s once the sandbox is ready,
-/// `--until-done`). The sandbox's start is not this test's subject and grows with the machine's
+/// slow scenario, with a message, is the scenario's own budget (110 s once the sandbox is
+/// ready). The sandbox's start is not this test's subject and grows with the machine's
 /// load: 48–65 s measured at load average 17–20 on 2 cores, 107 s with two sandboxes at once.
 /// The scenarios themselves take 25 s (`waves-breach`) and 50 s (`waves-clean`: three wave
 /// stages, each Argo CD's sync, the proxies' 5 s convergence and a 2 s soak).
 const BUDGET: Duration = Duration::from_secs(240);
 
-/// One sandbox at a time: two at once on a small machine double each other's start.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// Runs a scenario, one sandbox at a time, and returns its checked result, or `None` (said
-/// why) when it cannot run here.
-fn run(name: &str) -> Option<common::ScenarioResult> {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    common::run_scenario(name, BUDGET)
-}
-
 #[test]
-fn waves_clean_crosses_both_sites_in_the_fleet_order() {
-    let Some(run) = run("waves-clean") else {
+fn waves_clean_crosses_in_the_fleet_order_then_waves_breach_halts_and_pins_back() {
+    let Some(runs) = common::dashboards::run_checked(
+        &[
+            Expect {
+                scenario: "waves-clean",
+                budget: BUDGET,
+            },
+            Expect {
+                scenario: "waves-breach",
+                budget: BUDGET,
+            },
+        ],
+        &["waves.json"],
+        &[("waves.json", "east-mgmt", "argocd", "east")],
+    ) else {
         return;
     };
+    waves_clean_crosses_both_sites_in_the_fleet_order(&runs[0]);
+    waves_breach_halts_in_wave_zero_and_pins_back(&runs[1]);
+}
+
+fn waves_clean_crosses_both_sites_in_the_fleet_order(run: &common::ScenarioResult) {
     let result = &run.result;
     // A time per wave, each at least its soak (2 s) on top of Argo CD's sync and the proxies'
     // convergence; then the total.
@@ -60,11 +73,7 @@ fn waves_clean_crosses_both_sites_in_the_fleet_order() {
     assert_eq!(order.len(), 4, "{result}");
 }
 
-#[test]
-fn waves_breach_halts_in_wave_zero_and_pins_back() {
-    let Some(run) = run("waves-breach") else {
-        return;
-    };
+fn waves_breach_halts_in_wave_zero_and_pins_back(run: &common::ScenarioResult) {
     let result = &run.result;
     assert_eq!(result["failed_gate"], "mesh-error-ratio", "{result}");
     assert!(

@@ -4,6 +4,8 @@
 //! printed, so a test can prove nothing is left once it exits.
 #![allow(dead_code)]
 
+pub mod dashboards;
+
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
