@@ -61,8 +61,8 @@ async fn main() -> ExitCode {
             }
         };
         let wave_metrics = metrics::register(&mut rt.registry);
-        // A WaveGate's verdict series go with its per-object series: when it is deleted, or
-        // when this replica stops leading.
+        // A WaveGate's series (its verdicts and its site's) go with its per-object series:
+        // when it is deleted, or when this replica stops leading.
         {
             let (verdicts, objects) = (wave_metrics.clone(), rt.metrics.objects());
             tokio::spawn(async move {
