@@ -2,7 +2,8 @@
 //! `scripts/install-control-plane.sh`) against the local registry: bundles signed by cosign in its
 //! current default format (a sigstore bundle attached as an OCI referrer; Debian's
 //! `docker-registry` has no referrers API, so cosign writes the referrers tag `sha256-<hex>`) and
-//! in the legacy `.sig` tag verify; a tampered, copied or foreign-key signature is refused with
+//! in the legacy `.sig` tag verify, also through a registry that serves the OCI referrers API
+//! (`sluice_testkit::referrers_api`, in front of the local registry); a tampered, copied or foreign-key signature is refused with
 //! a message that says so. Keyless bundles are judged against a trust root made here (a CA in
 //! Fulcio's role, a key in Rekor's), since nothing can reach a public sigstore instance.
 
@@ -20,6 +21,7 @@ use sluice_bundle::{
     RegistryOptions, SigningKey, TrustedRoot, render,
 };
 use sluice_testkit::prereq;
+use sluice_testkit::referrers_api::ReferrersApi;
 use sluice_testkit::registry::Registry;
 
 const PASSWORD: &str = "interop-password";
@@ -112,6 +114,27 @@ async fn bundles_signed_by_real_cosign_verify_and_tampered_ones_do_not() {
         .unwrap();
     assert_eq!(pulled.verified.key_index, 1);
 
+    // Through a registry that serves the OCI referrers API (and hides the referrers tag), the
+    // same signature is found by the API alone.
+    let front = ReferrersApi::start(&registry.url()).await.unwrap();
+    let through_front = signed.replacen(&host, &front.host(), 1);
+    let verified = client
+        .verify(&through_front, std::slice::from_ref(&key))
+        .await
+        .unwrap();
+    assert_eq!(verified.format, "sigstore-bundle");
+    assert!(
+        front.referrers_calls() >= 1,
+        "the referrers API was asked: {:?}",
+        front.requests()
+    );
+    assert_eq!(
+        front.referrers_tag_reads(),
+        0,
+        "a registry with the API is not asked for the referrers tag: {:?}",
+        front.requests()
+    );
+
     // The other key: refused, naming the key tried.
     let err = client
         .verify(&signed, std::slice::from_ref(&other))
@@ -130,6 +153,19 @@ async fn bundles_signed_by_real_cosign_verify_and_tampered_ones_do_not() {
     let unsigned = push(&client, &host, 20).await;
     let err = client
         .verify(&unsigned, std::slice::from_ref(&key))
+        .await
+        .unwrap_err();
+    assert_eq!(err.category(), "Unsigned", "{err}");
+    assert!(
+        err.to_string().contains("nor among its OCI referrers"),
+        "{err}"
+    );
+    // And through the referrers API, whose empty index says the same.
+    let err = client
+        .verify(
+            &unsigned.replacen(&host, &front.host(), 1),
+            std::slice::from_ref(&key),
+        )
         .await
         .unwrap_err();
     assert_eq!(err.category(), "Unsigned", "{err}");

@@ -8,6 +8,7 @@ pub mod operator_binary;
 pub mod prereq;
 pub mod prometheus;
 pub mod rbac;
+pub mod referrers_api;
 pub mod registry;
 pub mod registry_token;
 pub mod remote_write;
