@@ -1,6 +1,6 @@
 //! The revert operator: pinning Argo CD Applications to a signed bundle (`BundlePin`).
 //!
-//! `decide` holds the pure logic (the state machine), `reconcile` the I/O, `binding` what ties a pin to its Application, `validity` the checks
+//! `decide` holds the pure logic (the state machine), `reconcile` the I/O, `verify` the verification of the pinned bundle (signature, keys, kinds) and its cache, `binding` what ties a pin to its Application, `validity` the checks
 //! CEL cannot express, `clusters` revert's own identity per destination cluster, `controller` the controller loop
 //! with its Application watch, `apply` the
 //! writes to a destination, `restore` what an exact restore removes and compares, `tracking` Argo CD's resource tracking on written objects, `metrics` the `sluice_revert_*` metrics, `scenario` the
@@ -21,6 +21,7 @@ pub mod restore;
 pub mod scenario;
 pub mod tracking;
 pub mod validity;
+pub mod verify;
 
 use sluice_runtime::FieldManager;
 

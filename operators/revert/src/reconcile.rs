@@ -13,10 +13,7 @@ use std::{
     time::Instant,
 };
 
-use k8s_openapi::{
-    api::core::v1::{ConfigMap, Secret},
-    jiff::Timestamp,
-};
+use k8s_openapi::{api::core::v1::ConfigMap, jiff::Timestamp};
 use kube::{
     Api, Client, ResourceExt,
     api::{Patch, PatchParams},
@@ -30,7 +27,7 @@ use sluice_api::{
         bundle_pin::{GitRevertStatus, conditions, reasons},
     },
 };
-use sluice_bundle::{BundleRef, ByteLru, PublicKey, RegistryOptions, VerifiedObjects};
+use sluice_bundle::{BundleRef, ByteLru, RegistryOptions, VerifiedObjects};
 use sluice_gitops::{ForgeClient, GitConfig, PullRequestRequest, RevertBranch};
 use sluice_runtime::{
     Categorized, Category,
@@ -45,12 +42,13 @@ use crate::{
     apply::{self, Kinds},
     clusters::Clusters,
     decide::{
-        self, Action, AppKey, AppObservation, AppView, BundleSummary, GitOutcome, ObjectKey,
-        Observations, OwningApplicationSet, Requeue, Verification,
+        self, Action, AppKey, AppObservation, AppView, GitOutcome, ObjectKey, Observations,
+        OwningApplicationSet, Requeue,
     },
     metrics::RevertMetrics,
     registry::Registries,
     tracking::{self, Tracking},
+    verify::Verifier,
 };
 
 /// How revert reaches registries, git and the forge, and where its cluster identities live.
@@ -90,9 +88,7 @@ pub struct Settings {
     pub trusted_root: Option<std::path::PathBuf>,
 }
 
-/// Default bound of the verified-bundle cache: 128 MiB, a quarter of revert's default memory
-/// limit (512 MiB), leaving room for the bundle being verified and applied.
-pub const DEFAULT_VERIFIED_CACHE_BYTES: u64 = 128 << 20;
+pub use crate::verify::DEFAULT_VERIFIED_CACHE_BYTES;
 
 /// Bound of the cache of revision content digests (small entries).
 const CONTENTS_CACHE_BYTES: u64 = 1 << 20;
@@ -116,16 +112,14 @@ pub struct Context {
     /// remote applies and prunes, git pushes).
     pub leadership: Leadership,
     bundles: Registries,
-    verified: Mutex<ByteLru<VerifiedObjects>>,
+    verifier: Verifier,
     contents: Mutex<ByteLru<String>>,
     clusters: Clusters,
     kinds: Kinds,
     git: Option<GitConfig>,
     forge: Option<ForgeClient>,
-    platform_kinds: Option<Vec<sluice_api::v1alpha1::bundle_pin::GroupKind>>,
     signature_grace: std::time::Duration,
     application_namespace: Option<String>,
-    trusted_root: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Context {
@@ -163,19 +157,19 @@ impl Context {
             notifier: sluice_runtime::notify::Notifier::disabled(),
             bundles,
             leadership: Leadership::always(),
-            verified: Mutex::new(ByteLru::new(
+            verifier: Verifier::new(
                 settings
                     .verified_cache_bytes
                     .unwrap_or(DEFAULT_VERIFIED_CACHE_BYTES),
-            )),
+                settings.allowed_kinds,
+                settings.trusted_root,
+            ),
             contents: Mutex::new(ByteLru::new(CONTENTS_CACHE_BYTES)),
             kinds: Kinds::default(),
             git: settings.git,
             forge,
-            platform_kinds: settings.allowed_kinds,
             signature_grace: settings.signature_grace.unwrap_or(decide::SIGNATURE_GRACE),
             application_namespace: settings.application_namespace,
-            trusted_root: settings.trusted_root,
         })
     }
 }
@@ -248,221 +242,7 @@ impl Categorized for ReconcileError {
     }
 }
 
-fn refusal_reason(category: &str) -> Option<&'static str> {
-    Some(match category {
-        "Unsigned" => reasons::UNSIGNED,
-        "WrongKey" => reasons::WRONG_KEY,
-        "UntrustedSignature" => reasons::UNTRUSTED_SIGNER,
-        "Tampered" | "DigestMismatch" | "NotABundle" | "InvalidManifests" | "DigestRequired"
-        | "InvalidReference" | "TooLarge" => reasons::TAMPERED,
-        "RegistryNotAllowed" => reasons::INVALID_SPEC,
-        _ => return None,
-    })
-}
-
 impl Context {
-    /// Verifies the pinned bundle: keys from the Secret, signature on the digest, every object
-    /// of an allowed kind.
-    async fn verify(
-        &self,
-        spec: &BundlePinSpec,
-        ns: &str,
-    ) -> (Verification, Option<Arc<VerifiedObjects>>) {
-        let unavailable = |reason, message: String| {
-            (
-                Verification::Unavailable { reason, message },
-                None::<Arc<VerifiedObjects>>,
-            )
-        };
-        let secret_name = &spec.public_keys_secret_ref.name;
-        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), ns);
-        let secret = match secrets.get_opt(secret_name).await {
-            Ok(Some(s)) => s,
-            Ok(None) => {
-                return unavailable(
-                    reasons::KEYS_MISSING,
-                    format!(
-                        "public keys Secret {ns}/{secret_name} (spec.publicKeysSecretRef) not found; create it with the cosign public key(s)"
-                    ),
-                );
-            }
-            Err(e) => {
-                return unavailable(
-                    reasons::KEYS_MISSING,
-                    format!("reading public keys Secret {ns}/{secret_name}: {e}"),
-                );
-            }
-        };
-        let data = secret.data.unwrap_or_default();
-        let wanted: Vec<String> = if spec.public_keys_secret_ref.keys.is_empty() {
-            data.keys().cloned().collect()
-        } else {
-            spec.public_keys_secret_ref.keys.clone()
-        };
-        let mut keys = Vec::new();
-        for k in &wanted {
-            let Some(bytes) = data.get(k) else {
-                return unavailable(
-                    reasons::KEYS_MISSING,
-                    format!("public keys Secret {ns}/{secret_name} has no key {k:?}"),
-                );
-            };
-            match PublicKey::from_pem(&bytes.0, &format!("Secret {ns}/{secret_name} key {k}")) {
-                Ok(key) => keys.push(key),
-                Err(e) => return unavailable(reasons::KEYS_MISSING, e.to_string()),
-            }
-        }
-        if keys.is_empty() && spec.keyless.is_none() {
-            return unavailable(
-                reasons::KEYS_MISSING,
-                format!("public keys Secret {ns}/{secret_name} holds no key"),
-            );
-        }
-        let mut fingerprints: Vec<&str> = keys.iter().map(PublicKey::fingerprint).collect();
-        fingerprints.sort_unstable();
-        let trusted_root = match (&spec.keyless, &self.trusted_root) {
-            (Some(_), Some(path)) => match std::fs::read(path) {
-                Ok(bytes) => Some((bytes, path.display().to_string())),
-                Err(e) => {
-                    return unavailable(
-                        reasons::KEYS_MISSING,
-                        format!("reading the trusted root {}: {e}", path.display()),
-                    );
-                }
-            },
-            _ => None,
-        };
-        let cache_key = format!(
-            "{}|{}|{}|root={}",
-            spec.bundle.reference(),
-            fingerprints.join(","),
-            crate::policy::cache_key(spec),
-            trusted_root
-                .as_ref()
-                .map(|(b, _)| sluice_bundle::artifact::sha256_digest(b))
-                .unwrap_or_default()
-        );
-        let policy = match crate::policy::signature_policy(
-            spec,
-            keys,
-            trusted_root
-                .as_ref()
-                .map(|(b, p)| (b.as_slice(), p.as_str())),
-        ) {
-            Ok(p) => p,
-            Err(e) if e.refused => {
-                return (
-                    Verification::Refused {
-                        reason: e.reason,
-                        message: e.message,
-                    },
-                    None,
-                );
-            }
-            Err(e) => return unavailable(e.reason, e.message),
-        };
-        let cached = self.verified.lock().expect("cache lock").get(&cache_key);
-        let bundle = match cached {
-            Some(b) => b,
-            None => match self
-                .bundles
-                .verify_and_pull_with(&spec.bundle.reference(), &policy)
-                .await
-            {
-                Ok(b) => {
-                    // Only what applying needs is kept: the objects, not the blobs and files.
-                    let b = Arc::new(VerifiedObjects::from(b));
-                    let bytes = b.memory_bytes();
-                    let mut cache = self.verified.lock().expect("cache lock");
-                    if !cache.insert(cache_key, b.clone(), bytes) {
-                        tracing::warn!(
-                            bytes,
-                            "a verified bundle larger than --verified-cache-bytes is not cached; it is pulled again when needed"
-                        );
-                    }
-                    b
-                }
-                Err(e) => {
-                    return match refusal_reason(e.category()) {
-                        Some(reason) => (
-                            Verification::Refused {
-                                reason,
-                                message: e.to_string(),
-                            },
-                            None,
-                        ),
-                        None => unavailable(reasons::BUNDLE_UNAVAILABLE, e.to_string()),
-                    };
-                }
-            },
-        };
-        let platform = self
-            .platform_kinds
-            .clone()
-            .unwrap_or_else(BundlePinSpec::default_allowed_kinds);
-        let beyond: Vec<String> = spec
-            .allowed_kinds
-            .iter()
-            .filter(|k| !platform.contains(k))
-            .map(|k| format!("{}.{}", k.kind, k.group))
-            .collect();
-        if !beyond.is_empty() {
-            return (
-                Verification::Refused {
-                    reason: reasons::DISALLOWED_KIND,
-                    message: format!(
-                        "spec.allowedKinds lists {} which the platform does not allow (revert's --allowed-kinds); a pin can only narrow the platform's kinds",
-                        beyond.join(", ")
-                    ),
-                },
-                None,
-            );
-        }
-        let allowed: Vec<sluice_bundle::GroupKind> = decide::allowed_kinds(spec, Some(&platform))
-            .into_iter()
-            .map(|g| sluice_bundle::GroupKind {
-                group: g.group,
-                kind: g.kind,
-            })
-            .collect();
-        let outside = bundle.objects_outside(&allowed);
-        if !outside.is_empty() {
-            let shown: Vec<String> = outside.iter().take(5).map(|o| o.display_name()).collect();
-            return (
-                Verification::Refused {
-                    reason: reasons::DISALLOWED_KIND,
-                    message: format!(
-                        "the bundle holds {} object(s) of kinds outside the allowlist (spec.allowedKinds): {}{}",
-                        outside.len(),
-                        shown.join(", "),
-                        if outside.len() > 5 { ", ..." } else { "" }
-                    ),
-                },
-                None,
-            );
-        }
-        let summary = BundleSummary {
-            digest: bundle.verified.digest.clone(),
-            content_digest: bundle.content_digest.clone(),
-            key_fingerprint: bundle.verified.key_fingerprint.clone(),
-            objects: bundle
-                .objects()
-                .iter()
-                .map(|o| ObjectKey {
-                    group: o.group_kind.group.clone(),
-                    kind: o.group_kind.kind.clone(),
-                    namespace: o.namespace.clone().unwrap_or_default(),
-                    name: o.name.clone(),
-                    version: o
-                        .api_version
-                        .rsplit_once('/')
-                        .map_or(o.api_version.clone(), |(_, v)| v.to_owned()),
-                })
-                .collect(),
-        };
-        (Verification::Verified(summary), Some(bundle))
-    }
-
     /// The content digest of an OCI revision (cached: a digest names immutable content).
     async fn revision_content(&self, repo_url: &str, revision: &str) -> Option<String> {
         let reference = BundleRef::from_oci_source(repo_url, revision)
@@ -1129,7 +909,10 @@ pub async fn reconcile(
             bundle: decide::bundle_to_verify(&spec, status),
             ..spec.clone()
         };
-        let (v, b) = ctx.verify(&verify_spec, &ns).await;
+        let (v, b) = ctx
+            .verifier
+            .verify(&ctx.client, &ctx.bundles, &verify_spec, &ns)
+            .await;
         (Some(v), b)
     } else {
         (None, None)
@@ -1173,7 +956,7 @@ pub async fn reconcile(
         applications,
         git_configured: ctx.git.is_some(),
         other_pins,
-        platform_kinds: ctx.platform_kinds.clone(),
+        platform_kinds: ctx.verifier.platform_kinds(),
         created_at: obj.metadata.creation_timestamp.as_ref().map(|t| t.0),
         created_by: created_by(&obj),
         signature_grace: ctx.signature_grace,
