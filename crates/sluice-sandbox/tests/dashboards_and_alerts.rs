@@ -11,7 +11,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::dashboards::{ALERTS, Vars, alert_queries, label_values};
+use common::dashboards::{ALERTS, Held, Vars, alert_queries, label_values};
 
 #[test]
 fn every_alert_names_its_scenario() {
@@ -57,4 +57,22 @@ fn grafana_variables_are_substituted_as_grafana_does() {
             "object_name".into()
         ))
     );
+}
+
+#[test]
+fn an_alert_is_held_over_consecutive_steps_across_rounds() {
+    let mut h = Held::default();
+    // Round one: steps at 100..=102; round two starts one step back (101.4) and goes on.
+    for at in [100.0, 101.0, 102.0, 101.4, 102.4, 103.4] {
+        h.step(at, 1.0);
+    }
+    assert!((h.longest - 3.4).abs() < 1e-9, "{}", h.longest);
+    // A gap of more than a step and a half starts a new run; the longest stays.
+    for at in [106.0, 107.0] {
+        h.step(at, 1.0);
+    }
+    assert!((h.longest - 3.4).abs() < 1e-9, "{}", h.longest);
+    let mut once = Held::default();
+    once.step(100.0, 1.0);
+    assert_eq!(once.longest, 0.0, "one step is held for no time");
 }

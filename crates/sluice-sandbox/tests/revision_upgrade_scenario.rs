@@ -1,7 +1,7 @@
 //! `sluice-sandbox --scenario revision-upgrade`: the upgrade-revisions operator in
 //! east-1 moves the fleet from 1-27 to 1-28 in three waves; the binary exits 0 with the JSON
 //! result as its last line, the simulator's SVID counter within the budget. The RevisionUpgrade
-//! is created paused and held Paused for 2 s before it is resumed.
+//! is created paused and held Paused for 4 s before it is resumed.
 //! The run is checked by [`common::dashboards`] too: every dashboard and alert query runs
 //! against the sandbox's Prometheus during it; the upgrades dashboard's queries return data,
 //! and SluiceUpgradePaused names the RevisionUpgrade.

@@ -22,10 +22,13 @@
 //! a release), then SIGTERM stops it and its result line must say `pass`.
 //!
 //! Alert `for:` durations (a minute to hours) are longer than any scenario: the scenario checks
-//! that the expression returns the object (the alert is pending), and
-//! charts/sluice/ci/alerts-test.yaml checks the `for:` and the rendered annotations with
+//! that the expression names the object at every evaluation step for [`ALERT_FOR`] in a row (the
+//! rule with its `for:` shortened to that would fire; a rule without `for:` fires on one step),
+//! with series an operator removed ending at once (the scrape writes Prometheus' staleness
+//! marker); charts/sluice/ci/alerts-test.yaml checks the rendered `for:` and annotations with
 //! promtool. Thresholds are rendered at the schema's minimum and, where a scenario is shorter
 //! still, compared at the sandbox's scale ([`SANDBOX_THRESHOLDS`]: a pin is "too old" after 2 s).
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -66,6 +69,12 @@ pub const ALERTS: &[(&str, &str)] = &[
     ("SluiceUpgradePaused", "revision-upgrade"),
 ];
 
+/// An alert's `for:` as the scenarios evaluate it: the rendered ones (a minute to hours) are
+/// longer than any scenario, so its expression must name the object at every evaluation, one
+/// [`SCRAPE`] apart, for this long (as the rule would with `for:` shortened to it);
+/// charts/sluice/ci/alerts-test.yaml checks the rendered `for:` with promtool.
+pub const ALERT_FOR: Duration = Duration::from_secs(2);
+
 /// Alert thresholds rendered at the smallest values the chart's schema accepts (helm `--set`).
 const FAST_THRESHOLDS: &[&str] = &["monitoring.prometheusRule.alerts.pinMaxAgeSeconds=60"];
 
@@ -84,6 +93,9 @@ pub struct Query {
     pub alert: Option<String>,
     /// The PromQL with Grafana's variables still in it.
     pub expr: String,
+    /// For an alert: how long its expression must name the object at every evaluation in a
+    /// row ([`ALERT_FOR`] for a rule with a `for:`, one evaluation without).
+    pub hold: Duration,
 }
 
 /// A dashboard template variable.
@@ -129,6 +141,7 @@ fn panel_queries(file: &str, panels: &Value, out: &mut Vec<Query>) {
                     dashboard: Some(file.to_owned()),
                     alert: None,
                     expr: expr.to_owned(),
+                    hold: Duration::ZERO,
                 });
             }
         }
@@ -213,6 +226,11 @@ pub fn alert_queries() -> Option<Vec<Query>> {
                 dashboard: None,
                 alert: Some(name.to_owned()),
                 expr,
+                hold: if r["for"].as_str().is_some() {
+                    ALERT_FOR
+                } else {
+                    Duration::ZERO
+                },
             });
         }
     }
@@ -413,6 +431,26 @@ fn samples(text: &str) -> Vec<Sample> {
     out
 }
 
+/// A series' name and labels.
+type SeriesKey = (String, Vec<(String, String)>);
+
+/// Prometheus' staleness marker (a NaN with this bit pattern): the series ended.
+const STALE: f64 = f64::from_bits(0x7ff0_0000_0000_0002);
+
+/// A scraped series of `t` with the target labels a per-cluster Prometheus adds.
+fn scraped(t: &Target, name: String, labels: Vec<(String, String)>) -> Series {
+    let mut s = Series::new(name)
+        .label("job", t.operator.as_str())
+        .label("instance", format!("127.0.0.1:{}", t.port))
+        .label("namespace", OPERATOR_NAMESPACE)
+        .label("pod", format!("{}-0", t.operator))
+        .label("cluster", t.cluster.as_str());
+    for (k, v) in labels {
+        s = s.label(k, v);
+    }
+    s
+}
+
 /// Scrapes every known target each [`SCRAPE`] until `stop`, writing to Prometheus.
 fn scraper(
     prometheus: String,
@@ -426,6 +464,10 @@ fn scraper(
             .build()
             .unwrap();
         let client = RemoteWriteClient::new(&prometheus);
+        // What each target exposed at its last scrape: a series gone from the next one gets
+        // Prometheus' staleness marker, as a scrape writes it, so a removed series (a deleted
+        // object's, a phase left) stops answering at once instead of for the 5 min look-back.
+        let mut exposed: BTreeMap<u16, BTreeSet<SeriesKey>> = BTreeMap::new();
         while !stop.load(Ordering::Relaxed) {
             let began = Instant::now();
             let now = sluice_testkit::prometheus::now_ms();
@@ -434,22 +476,19 @@ fn scraper(
                 let Ok(text) = http_get(t.port, "/metrics") else {
                     continue;
                 };
+                let mut now_exposed = BTreeSet::new();
                 for (name, labels, value) in samples(&text) {
                     // The scenario's own global view carries this one between sites already
                     // (wave-gate reads it back); a second copy would be a second source.
                     if name == "sluice_wavegate_wave_passed" {
                         continue;
                     }
-                    let mut s = Series::new(name)
-                        .label("job", t.operator.as_str())
-                        .label("instance", format!("127.0.0.1:{}", t.port))
-                        .label("namespace", OPERATOR_NAMESPACE)
-                        .label("pod", format!("{}-0", t.operator))
-                        .label("cluster", t.cluster.as_str());
-                    for (k, v) in labels {
-                        s = s.label(k, v);
-                    }
-                    series.push(s.sample(now, value));
+                    now_exposed.insert((name.clone(), labels.clone()));
+                    series.push(scraped(&t, name, labels).sample(now, value));
+                }
+                let before = exposed.insert(t.port, now_exposed.clone());
+                for (name, labels) in before.unwrap_or_default().difference(&now_exposed) {
+                    series.push(scraped(&t, name.clone(), labels.clone()).sample(now, STALE));
                 }
             }
             if !series.is_empty() {
@@ -484,7 +523,34 @@ struct Seen {
     error: Option<String>,
     /// For an alert: the `object_name` values its series carried, per scenario.
     objects: BTreeMap<&'static str, BTreeSet<String>>,
+    /// For an alert: per scenario and object, how long its series answered at every step.
+    held: BTreeMap<&'static str, BTreeMap<String, Held>>,
     last: String,
+}
+
+/// How long an alert's expression named an object at every evaluation step in a row.
+#[derive(Default, Debug, Clone, Copy)]
+pub struct Held {
+    /// The current run's first and last step (Unix seconds).
+    since: f64,
+    last: f64,
+    /// The longest run so far, in seconds.
+    pub longest: f64,
+}
+
+impl Held {
+    /// One more step at which the expression named the object: it extends the run when it
+    /// follows the last step by at most one step and a half (rounds overlap by one step).
+    pub fn step(&mut self, at: f64, step: f64) {
+        if at <= self.last + 1e-3 {
+            return;
+        }
+        if self.last == 0.0 || at - self.last > 1.5 * step {
+            self.since = at;
+        }
+        self.last = at;
+        self.longest = self.longest.max(self.last - self.since);
+    }
 }
 
 /// Everything one evaluation round needs.
@@ -588,6 +654,18 @@ fn evaluate(
                 .filter_map(|r| r["metric"]["object_name"].as_str())
                 .map(str::to_owned),
         );
+        let held = s.held.entry(round.scenario).or_default();
+        for r in &rows {
+            let Some(object) = r["metric"]["object_name"].as_str() else {
+                continue;
+            };
+            let h = held.entry(object.to_owned()).or_default();
+            for v in r["values"].as_array().into_iter().flatten() {
+                if let Some(at) = v[0].as_f64() {
+                    h.step(at, step.as_secs_f64());
+                }
+            }
+        }
     }
     true
 }
@@ -669,10 +747,22 @@ pub fn run_checked(
         if let Some(alert) = alert {
             let (_, scenario) = ALERTS.iter().find(|(a, _)| *a == alert).unwrap();
             let named = s.objects.get(scenario).cloned().unwrap_or_default();
-            println!("alert {alert} fired in {scenario} naming {named:?}");
+            let held = s.held.get(scenario).cloned().unwrap_or_default();
+            let longest = held.values().map(|h| h.longest).fold(0.0, f64::max);
+            let hold = queries
+                .iter()
+                .find(|q| q.source == *source)
+                .map_or(Duration::ZERO, |q| q.hold);
+            println!(
+                "alert {alert} fired in {scenario} naming {named:?}, held {longest:.0} s in a row (for: {hold:?} here)"
+            );
             if named.is_empty() {
                 problems.push(format!(
                     "{source} never fired naming an object (object_name) in {scenario}"
+                ));
+            } else if longest + 1e-3 < hold.as_secs_f64() {
+                problems.push(format!(
+                    "{source} named {named:?} in {scenario} but never for {hold:?} in a row (longest {longest:.0} s): it would stay pending"
                 ));
             }
         }
@@ -784,9 +874,11 @@ fn run_one(
             && !targets.lock().unwrap().is_empty()
         {
             if scenario_ended {
-                // The operators' end state: three more scrapes land before the last round (a
-                // counter created at the end needs two samples for increase()).
-                let want = written.load(Ordering::Relaxed) + 3;
+                // The operators' end state: more scrapes land before the last round (a counter
+                // created at the end needs two samples for increase(); an alert on the end
+                // state, as SluiceWaveHalted, is held for ALERT_FOR, then one scrape more).
+                let want =
+                    written.load(Ordering::Relaxed) + ALERT_FOR.as_secs() / SCRAPE.as_secs() + 2;
                 let wait = Instant::now() + 10 * SCRAPE;
                 while written.load(Ordering::Relaxed) < want && Instant::now() < wait {
                     std::thread::sleep(Duration::from_millis(50));
