@@ -3,32 +3,20 @@
 //! `get`/`status [--watch]` print the tree, and a missing object, a wrong kind and a forbidden
 //! action fail with a clear message and exit code.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::BUDGET;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::core::{ApiResource, GroupVersionKind};
-use kube_emulator::{Emulator, Options};
+use kube_emulator::Emulator;
 use serde_json::{Value, json};
-
-/// Every scenario stops by itself within this budget.
-const BUDGET: Duration = Duration::from_secs(60);
 
 struct Fixture {
     emu: Emulator,
     dir: tempfile::TempDir,
     admin: PathBuf,
-}
-
-fn crds() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crds");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}: run crdgen", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    files.sort();
-    files
 }
 
 fn digest(c: char) -> String {
@@ -81,29 +69,14 @@ spec: {fromTag: stable, fromRevision: "1-27", toTag: canary, toRevision: "1-28"}
 
 impl Fixture {
     async fn start() -> Fixture {
-        let emu = Emulator::start_with(Options {
-            rbac: true,
-            manifests: crds(),
-            ..Options::default()
-        })
-        .await
-        .expect("emulator starts with the sluice CRDs");
-        emu.load_yaml(OBJECTS).expect("fixture objects are valid");
+        let emu = common::emulator(true, OBJECTS).await;
         let dir = tempfile::tempdir().unwrap();
-        let admin = dir.path().join("admin.kubeconfig");
-        emu.write_kubeconfig(&admin).unwrap();
+        let admin = common::admin_kubeconfig(&emu, dir.path(), "admin.kubeconfig");
         Fixture { emu, dir, admin }
     }
 
     fn api(&self, kind: &str, plural: &str, namespace: Option<&str>) -> Api<DynamicObject> {
-        let ar = ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("sluice.dev", "v1alpha1", kind),
-            plural,
-        );
-        match namespace {
-            Some(ns) => Api::namespaced_with(self.emu.client(), ns, &ar),
-            None => Api::all_with(self.emu.client(), &ar),
-        }
+        common::sluice_api(&self.emu, kind, plural, namespace)
     }
 
     async fn set_status(
@@ -131,26 +104,11 @@ impl Fixture {
 
     /// Runs the plugin with a kubeconfig; returns (exit code, stdout, stderr).
     async fn run(&self, kubeconfig: &Path, args: &[&str]) -> (i32, String, String) {
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kubectl-sluice"))
-            .args(args)
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .env_remove("KUBECONFIG")
-            .kill_on_drop(true)
-            .output()
-            .await
-            .unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        common::run(kubeconfig, args).await
     }
 
     async fn ok(&self, args: &[&str]) -> String {
-        let (code, out, err) = self.run(&self.admin, args).await;
-        assert_eq!(code, 0, "kubectl sluice {args:?} failed: {err}{out}");
-        out
+        common::ok(&self.admin, args).await
     }
 }
 

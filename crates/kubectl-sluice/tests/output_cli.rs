@@ -1,25 +1,10 @@
 //! `kubectl sluice get|status -o json|yaml`, the CRDs' short names, the cluster-scoped kinds and
 //! the shell completion scripts, against the Kubernetes API emulator with the generated CRDs.
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+mod common;
 
-use kube_emulator::{Emulator, Options};
+use common::{BUDGET, ok, run};
 use serde_json::Value;
-
-/// Every scenario stops by itself within this budget.
-const BUDGET: Duration = Duration::from_secs(60);
-
-fn crds() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crds");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}: run crdgen", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    files.sort();
-    files
-}
 
 const OBJECTS: &str = r#"
 apiVersion: v1
@@ -50,42 +35,12 @@ metadata: {name: mesh-errors}
 spec: {builtin: MeshErrorRatio, description: mesh 5xx ratio}
 "#;
 
-async fn run(kubeconfig: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kubectl-sluice"))
-        .args(args)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .env_remove("KUBECONFIG")
-        .kill_on_drop(true)
-        .output()
-        .await
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-async fn ok(kubeconfig: &Path, args: &[&str]) -> String {
-    let (code, out, err) = run(kubeconfig, args).await;
-    assert_eq!(code, 0, "kubectl sluice {args:?} failed: {err}{out}");
-    out
-}
-
 #[tokio::test]
 async fn get_and_status_print_json_and_yaml_and_every_short_name_works() {
     tokio::time::timeout(BUDGET, async {
-        let emu = Emulator::start_with(Options {
-            manifests: crds(),
-            ..Options::default()
-        })
-        .await
-        .expect("emulator starts with the sluice CRDs");
-        emu.load_yaml(OBJECTS).expect("fixture objects are valid");
+        let emu = common::emulator(false, OBJECTS).await;
         let dir = tempfile::tempdir().unwrap();
-        let kc = dir.path().join("kubeconfig");
-        emu.write_kubeconfig(&kc).unwrap();
+        let kc = common::admin_kubeconfig(&emu, dir.path(), "kubeconfig");
 
         // One object by name: the object itself, without managedFields.
         let out = ok(

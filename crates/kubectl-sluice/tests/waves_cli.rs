@@ -3,27 +3,15 @@
 //! site's WaveGates side by side, site × wave, and the unreachable contexts shown without
 //! holding up or failing the others.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::core::{ApiResource, GroupVersionKind};
-use kube_emulator::{ADMIN_TOKEN, Emulator, Options};
+use common::{BUDGET, run};
+use kube::api::{Patch, PatchParams};
+use kube_emulator::{ADMIN_TOKEN, Emulator};
 use serde_json::{Value, json};
-
-/// Every scenario stops by itself within this budget.
-const BUDGET: Duration = Duration::from_secs(60);
-
-fn crds() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crds");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}: run crdgen", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    files.sort();
-    files
-}
 
 fn rev(c: char) -> String {
     format!("sha256:{}", c.to_string().repeat(64))
@@ -54,19 +42,8 @@ fn wave_gate(name: &str, site: &str, waves: &[(&str, &[&str])]) -> String {
 }
 
 async fn site(name: &str, site: &str, waves: &[(&str, &[&str])], status: Value) -> Emulator {
-    let emu = Emulator::start_with(Options {
-        manifests: crds(),
-        ..Options::default()
-    })
-    .await
-    .expect("emulator starts with the sluice CRDs");
-    emu.load_yaml(&wave_gate(name, site, waves))
-        .expect("the WaveGate is valid");
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("sluice.dev", "v1alpha1", "WaveGate"),
-        "wavegates",
-    );
-    let api: Api<DynamicObject> = Api::namespaced_with(emu.client(), "argocd", &ar);
+    let emu = common::emulator(false, &wave_gate(name, site, waves)).await;
+    let api = common::sluice_api(&emu, "WaveGate", "wavegates", Some("argocd"));
     api.patch_status(
         name,
         &PatchParams::default(),
@@ -94,24 +71,6 @@ fn kubeconfig(dir: &Path, contexts: &[(&str, String)]) -> PathBuf {
     let path = dir.join("kubeconfig");
     std::fs::write(&path, text).unwrap();
     path
-}
-
-/// Runs the plugin; returns (exit code, stdout, stderr).
-async fn run(kubeconfig: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kubectl-sluice"))
-        .args(args)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .env_remove("KUBECONFIG")
-        .kill_on_drop(true)
-        .output()
-        .await
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 /// The table's rows as their whitespace-separated cells.
