@@ -8,7 +8,9 @@
 
 use std::fmt::Write;
 
+use serde::Deserialize;
 use serde_json::Value;
+use sluice_api::v1alpha1::RolloutStep;
 
 use crate::kinds::Kind;
 
@@ -166,23 +168,31 @@ fn head(kind: Kind, v: &Value) -> String {
     line
 }
 
+/// One step of `spec.steps` as the API defines it (the destructuring names every kind, so a
+/// new step kind does not compile until it is printed here); `?` when it is not a step.
 fn step_text(step: &Value) -> String {
-    if let Some(w) = n(step, "/setWeight/weight") {
-        format!("setWeight {}%", num(w))
-    } else if let Some(p) = n(step, "/mirror/percent") {
-        format!("mirror {}%", num(p))
-    } else if let Some(h) = step.pointer("/headerCohort/header") {
-        format!(
-            "headerCohort {}: {}",
-            s(h, "/name").unwrap_or("?"),
-            s(h, "/value").unwrap_or("?")
-        )
-    } else if let Some(p) = step.get("pause") {
-        match s(p, "/duration") {
-            Some(d) => format!("pause {d}"),
+    let Ok(RolloutStep {
+        mirror,
+        header_cohort,
+        set_weight,
+        pause,
+        promote,
+    }) = RolloutStep::deserialize(step)
+    else {
+        return "?".to_string();
+    };
+    if let Some(w) = set_weight {
+        format!("setWeight {}%", num(f64::from(w.weight)))
+    } else if let Some(m) = mirror {
+        format!("mirror {}%", num(f64::from(m.percent)))
+    } else if let Some(c) = header_cohort {
+        format!("headerCohort {}: {}", c.header.name, c.header.value)
+    } else if let Some(p) = pause {
+        match p.duration {
+            Some(d) => format!("pause {}", d.0),
             None => "pause until promoted".to_string(),
         }
-    } else if step.get("promote").is_some() {
+    } else if promote.is_some() {
         "promote".to_string()
     } else {
         "?".to_string()

@@ -13,7 +13,11 @@ use clap::Args;
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use sluice_api::v1alpha1::ClusterDecision;
+use sluice_api::v1alpha1::wave_gate::{Wave, WaveState, WaveStatus};
 
 use crate::error::CliError;
 use crate::kinds::Kind;
@@ -210,60 +214,56 @@ pub struct WaveCell {
     pub current: bool,
 }
 
+/// The list at `pointer` of `v` read as the API's `T`; empty when absent (or not a list of
+/// `T`, which the CRD's schema refuses).
+fn list_at<T: DeserializeOwned>(v: &Value, pointer: &str) -> Vec<T> {
+    v.pointer(pointer)
+        .and_then(|list| Vec::<T>::deserialize(list).ok())
+        .unwrap_or_default()
+}
+
+/// An API enum's value as the API spells it (`Passed`, `WaitingForSite`).
+fn api_name(value: &impl Serialize) -> String {
+    match serde_json::to_value(value) {
+        Ok(Value::String(name)) => name,
+        _ => "?".to_string(),
+    }
+}
+
 /// The waves of a WaveGate in spec order.
 pub fn wave_cells(wg: &Value) -> Vec<WaveCell> {
-    let empty = Vec::new();
-    let statuses = wg
-        .pointer("/status/waves")
-        .and_then(Value::as_array)
-        .unwrap_or(&empty);
-    let decisions = wg
-        .pointer("/status/decisions")
-        .and_then(Value::as_array)
-        .unwrap_or(&empty);
-    let waves = wg
-        .pointer("/spec/waves")
-        .and_then(Value::as_array)
-        .unwrap_or(&empty);
+    let statuses: Vec<WaveStatus> = list_at(wg, "/status/waves");
+    let decisions: Vec<ClusterDecision> = list_at(wg, "/status/decisions");
+    let waves: Vec<Wave> = list_at(wg, "/spec/waves");
     waves
-        .iter()
+        .into_iter()
         .map(|wave| {
-            let name = s(wave, "/name").unwrap_or("?").to_string();
-            let status = statuses.iter().find(|w| s(w, "/name") == Some(&name));
-            let state = status
-                .and_then(|w| s(w, "/state"))
-                .unwrap_or("Pending")
-                .to_string();
-            let clusters: Vec<&str> = wave
-                .get("clusters")
-                .and_then(Value::as_array)
-                .map(|c| c.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
-            let admitted: Vec<&str> = clusters
+            let status = statuses.iter().find(|w| w.name == wave.name);
+            let state = status.map_or(WaveState::Pending, |w| w.state);
+            let admitted: Vec<&str> = wave
+                .clusters
                 .iter()
                 .filter_map(|c| {
                     decisions
                         .iter()
-                        .find(|d| s(d, "/clusterName") == Some(c))
-                        .and_then(|d| s(d, "/revision"))
+                        .find(|d| d.cluster_name == *c)
+                        .map(|d| d.revision.as_str())
                 })
                 .collect();
             let from_decisions = match admitted.first() {
                 Some(first)
-                    if admitted.len() == clusters.len() && admitted.iter().all(|r| r == first) =>
+                    if admitted.len() == wave.clusters.len()
+                        && admitted.iter().all(|r| r == first) =>
                 {
                     Some(first.to_string())
                 }
                 _ => None,
             };
-            let revision = status
-                .and_then(|w| s(w, "/revision"))
-                .map(str::to_string)
-                .or(from_decisions);
+            let revision = status.and_then(|w| w.revision.clone()).or(from_decisions);
             WaveCell {
-                current: s(wg, "/status/currentWave") == Some(&name),
-                name,
-                state,
+                current: s(wg, "/status/currentWave") == Some(wave.name.as_str()),
+                name: wave.name,
+                state: api_name(&state),
                 revision,
             }
         })
