@@ -3,11 +3,15 @@
 //!
 //! `decide` holds the pure state machine, `pacing` the issuance budget, `fleet` the pure readings
 //! of namespaces and pods, `validity` the checks CEL cannot express, `metrics` the operator's
-//! Prometheus metrics, and `reconcile` the I/O. Never upgrades a revision in place, never removes
+//! Prometheus metrics, and `reconcile` the I/O: `cache` the watch caches it reads the fleet from,
+//! `context` what every reconcile shares, `signals` the issuance counter and gate verdicts it
+//! reads, and `restarts` the actions it carries out, restarts paced in the background. Never upgrades a revision in place, never removes
 //! the old control plane, and never restarts pods above the issuance budget.
 #![forbid(unsafe_code)]
 
 pub mod availability_floor;
+pub mod cache;
+pub mod context;
 pub mod decide;
 pub mod fleet;
 pub mod issuance;
@@ -15,6 +19,8 @@ pub mod metrics;
 pub mod notice;
 pub mod pacing;
 pub mod reconcile;
+pub mod restarts;
+pub mod signals;
 pub mod validity;
 
 use sluice_runtime::FieldManager;
