@@ -3,14 +3,18 @@
 //! verdicts, WaveGate waves per site with their readings, BundlePin applications, upgrade
 //! progress by proxies per revision.
 //!
-//! Owns formatting only: pure functions of the object as read (JSON); no I/O, no clock (ages
-//! are printed as timestamps).
+//! Owns formatting only: pure functions of the object as read (JSON, so `-o json|yaml` stays the
+//! server's object); the parts it interprets (Rollout steps, WaveGate decisions, upgrade proxy
+//! counts and issuance budget, GateTemplate definitions) are read through sluice-api's types.
+//! No I/O, no clock (ages are printed as timestamps).
 
 use std::fmt::Write;
 
-use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sluice_api::v1alpha1::RolloutStep;
+use sluice_api::v1alpha1::revision_upgrade::{IssuanceBudgetStatus, ProxyCounts};
+use sluice_api::v1alpha1::{ClusterDecision, GateDefinition, GateTemplateSpec, RolloutStep};
 
 use crate::kinds::Kind;
 
@@ -27,6 +31,33 @@ fn arr<'a>(v: &'a Value, pointer: &str) -> &'a [Value] {
         .and_then(Value::as_array)
         .map(Vec::as_slice)
         .unwrap_or(&[])
+}
+
+/// The object at `pointer` of `v` read as the API's `T`; `None` when absent (or not a `T`,
+/// which the CRD's schema refuses).
+fn at<T: DeserializeOwned>(v: &Value, pointer: &str) -> Option<T> {
+    T::deserialize(v.pointer(pointer)?).ok()
+}
+
+/// The list at `pointer` of `v` read as the API's `T`; empty when absent (or not a list of
+/// `T`, which the CRD's schema refuses).
+pub(crate) fn list_at<T: DeserializeOwned>(v: &Value, pointer: &str) -> Vec<T> {
+    v.pointer(pointer)
+        .and_then(|list| Vec::<T>::deserialize(list).ok())
+        .unwrap_or_default()
+}
+
+/// An API enum's value as the API spells it (`Passed`, `MeshErrorRatio`).
+pub(crate) fn api_name(value: &impl Serialize) -> String {
+    match serde_json::to_value(value) {
+        Ok(Value::String(name)) => name,
+        _ => "?".to_string(),
+    }
+}
+
+/// A GateTemplate's spec as the API defines it (`None` before it has one).
+fn gate_template_spec(v: &Value) -> Option<GateTemplateSpec> {
+    at(v, "/spec")
 }
 
 fn num(x: f64) -> String {
@@ -312,7 +343,7 @@ pub fn wave_gate(v: &Value) -> String {
             s(v, "/status/previousRevision").unwrap_or("-")
         ),
     );
-    let decisions = arr(v, "/status/decisions");
+    let decisions: Vec<ClusterDecision> = list_at(v, "/status/decisions");
     t.waves(v, |wave, st| {
         let mut items: Vec<String> = arr(wave, "/clusters")
             .iter()
@@ -320,9 +351,8 @@ pub fn wave_gate(v: &Value) -> String {
             .map(|c| {
                 let rev = decisions
                     .iter()
-                    .find(|d| s(d, "/clusterName") == Some(c))
-                    .and_then(|d| s(d, "/revision"))
-                    .unwrap_or("-");
+                    .find(|d| d.cluster_name == c)
+                    .map_or("-", |d| d.revision.as_str());
                 format!("cluster {c}: {rev}")
             })
             .collect();
@@ -446,13 +476,11 @@ pub fn revision_upgrade(v: &Value) -> String {
             s(v, "/spec/toRevision").unwrap_or("?")
         ),
     );
-    match v.pointer("/status/proxies") {
+    match at::<ProxyCounts>(v, "/status/proxies") {
         Some(p) => {
-            let old = n(p, "/old").unwrap_or(0.0);
-            let new = n(p, "/new").unwrap_or(0.0);
-            let total = old + new + n(p, "/other").unwrap_or(0.0);
+            let total = f64::from(p.old) + f64::from(p.new) + f64::from(p.other);
             let share = if total > 0.0 {
-                pct(new / total)
+                pct(f64::from(p.new) / total)
             } else {
                 "-".into()
             };
@@ -461,9 +489,7 @@ pub fn revision_upgrade(v: &Value) -> String {
                 false,
                 &format!(
                     "proxies: {} new, {} old, {} other ({share} moved)",
-                    num(new),
-                    num(old),
-                    num(n(p, "/other").unwrap_or(0.0))
+                    p.new, p.old, p.other
                 ),
             );
         }
@@ -471,20 +497,16 @@ pub fn revision_upgrade(v: &Value) -> String {
             t.node("", false, "proxies: not counted yet");
         }
     }
-    if let Some(b) = v.pointer("/status/issuanceBudget") {
+    if let Some(b) = at::<IssuanceBudgetStatus>(v, "/status/issuanceBudget") {
         t.node(
             "",
             false,
             &format!(
                 "issuance budget: {} tokens, observed {}/s, background {}/s{}",
-                num(n(b, "/tokens").unwrap_or(0.0).floor()),
-                num(n(b, "/observedRate").unwrap_or(0.0)),
-                num(n(b, "/backgroundRate").unwrap_or(0.0)),
-                if b.get("throttled") == Some(&Value::Bool(true)) {
-                    ", throttled"
-                } else {
-                    ""
-                }
+                num(b.tokens.floor()),
+                num(b.observed_rate),
+                num(b.background_rate),
+                if b.throttled { ", throttled" } else { "" }
             ),
         );
     }
@@ -527,12 +549,13 @@ pub fn gate_template(v: &Value) -> String {
         "GateTemplate {}",
         s(v, "/metadata/name").unwrap_or("?")
     ));
-    if let Some(d) = s(v, "/spec/description") {
+    let spec = gate_template_spec(v);
+    if let Some(d) = spec.as_ref().and_then(|spec| spec.description.as_deref()) {
         t.node("", false, d);
     }
-    // The definition's fields sit in spec itself (sluice-api flattens GateDefinition).
-    let what = match (s(v, "/spec/builtin"), s(v, "/spec/promql")) {
-        (Some(b), _) => format!("builtin {b}"),
+    let definition = spec.map(|spec| spec.definition).unwrap_or_default();
+    let what = match (definition.builtin, definition.promql) {
+        (Some(b), _) => format!("builtin {}", api_name(&b)),
         (None, Some(q)) => format!("promql {q}"),
         _ => "no definition".to_string(),
     };
@@ -617,18 +640,27 @@ pub fn get_row(kind: Kind, v: &Value, all_namespaces: bool) -> Vec<String> {
             arr(v, "/spec/targets").len().to_string(),
             opt(s(v, "/status/toDigest")),
         ]),
-        Kind::RevisionUpgrade => row.extend([
-            phase,
-            opt(s(v, "/status/currentWave")),
-            n(v, "/status/proxies/new").map(num).unwrap_or_else(dash),
-            n(v, "/status/proxies/old").map(num).unwrap_or_else(dash),
-        ]),
-        Kind::GateTemplate => row.push(
-            s(v, "/spec/builtin")
-                .map(str::to_string)
-                .or_else(|| s(v, "/spec/promql").map(|_| "promql".to_string()))
-                .unwrap_or_else(dash),
-        ),
+        Kind::RevisionUpgrade => {
+            let proxies = at::<ProxyCounts>(v, "/status/proxies");
+            row.extend([
+                phase,
+                opt(s(v, "/status/currentWave")),
+                proxies.as_ref().map_or_else(dash, |p| p.new.to_string()),
+                proxies.as_ref().map_or_else(dash, |p| p.old.to_string()),
+            ]);
+        }
+        Kind::GateTemplate => {
+            let definition = gate_template_spec(v).map(|spec| spec.definition);
+            row.push(match definition {
+                Some(GateDefinition {
+                    builtin: Some(b), ..
+                }) => api_name(&b),
+                Some(GateDefinition {
+                    promql: Some(_), ..
+                }) => "promql".to_string(),
+                _ => dash(),
+            });
+        }
     }
     row
 }

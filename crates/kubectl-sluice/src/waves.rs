@@ -13,8 +13,6 @@ use clap::Args;
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sluice_api::v1alpha1::ClusterDecision;
 use sluice_api::v1alpha1::wave_gate::{Wave, WaveState, WaveStatus};
@@ -214,27 +212,11 @@ pub struct WaveCell {
     pub current: bool,
 }
 
-/// The list at `pointer` of `v` read as the API's `T`; empty when absent (or not a list of
-/// `T`, which the CRD's schema refuses).
-fn list_at<T: DeserializeOwned>(v: &Value, pointer: &str) -> Vec<T> {
-    v.pointer(pointer)
-        .and_then(|list| Vec::<T>::deserialize(list).ok())
-        .unwrap_or_default()
-}
-
-/// An API enum's value as the API spells it (`Passed`, `WaitingForSite`).
-fn api_name(value: &impl Serialize) -> String {
-    match serde_json::to_value(value) {
-        Ok(Value::String(name)) => name,
-        _ => "?".to_string(),
-    }
-}
-
 /// The waves of a WaveGate in spec order.
 pub fn wave_cells(wg: &Value) -> Vec<WaveCell> {
-    let statuses: Vec<WaveStatus> = list_at(wg, "/status/waves");
-    let decisions: Vec<ClusterDecision> = list_at(wg, "/status/decisions");
-    let waves: Vec<Wave> = list_at(wg, "/spec/waves");
+    let statuses: Vec<WaveStatus> = tree::list_at(wg, "/status/waves");
+    let decisions: Vec<ClusterDecision> = tree::list_at(wg, "/status/decisions");
+    let waves: Vec<Wave> = tree::list_at(wg, "/spec/waves");
     waves
         .into_iter()
         .map(|wave| {
@@ -263,7 +245,7 @@ pub fn wave_cells(wg: &Value) -> Vec<WaveCell> {
             WaveCell {
                 current: s(wg, "/status/currentWave") == Some(wave.name.as_str()),
                 name: wave.name,
-                state: api_name(&state),
+                state: tree::api_name(&state),
                 revision,
             }
         })
