@@ -6,12 +6,16 @@
 //! cargo run --release -p sluice-rollout-weights --example scale -- memory 10000
 //! ```
 //!
-//! `revert N...`: N Rollouts at a 5% step on the API emulator, the controller in-process with
-//! the real Prometheus, synthetic Istio request counters written by remote write (1 s
-//! interval). Once every share is confirmed, the canaries' 5xx ratio triples; every Rollout
-//! aborts. Prints `detect_to_revert_ms` p50/p99 (abort decision on the failing verdict → route
-//! reverted, from the operator's histogram), `fault_to_revert_s` p50/p99 (from the status, 1 s
-//! resolution), and the analysis ticks and queries it took.
+//! `revert N... [--interval 30s]`: N Rollouts at a 5% step on the API emulator, the controller
+//! in-process as the binary runs it (triggers, GateTemplate cache) with the real Prometheus,
+//! synthetic Istio request counters written by remote write every second. The Rollouts'
+//! analysis interval is `--interval` (default 1s; windows 4 intervals). Once every share is
+//! confirmed, the canaries' 5xx ratio triples; every Rollout aborts. Prints
+//! `detect_to_revert_ms` p50/p99 (abort decision on the failing verdict → route reverted, from
+//! the operator's histogram), `fault_to_revert_s` p50/p99 (from the status, 1 s resolution),
+//! the analysis ticks and queries it took and the queries per analysis interval, and where the
+//! time went: seconds until every share was confirmed, CPU seconds of this process (operator,
+//! emulator and telemetry writer) and of Prometheus, and the remote writes' durations.
 //!
 //! `memory N`: N HTTPRoutes, N canary Deployments and N Rollouts, the operator *binary* against
 //! the emulator; prints the binary's resident memory (now and peak) once every Rollout has a
@@ -23,7 +27,7 @@ use std::{
     path::PathBuf,
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -39,11 +43,11 @@ use kube_emulator::Emulator;
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use sluice_api::v1alpha1::{Rollout, RolloutPhase};
-use sluice_rollout_weights::{OPERATOR, metrics, reconcile};
+use sluice_rollout_weights::{OPERATOR, metrics, reconcile, triggers};
 use sluice_runtime::{
     events::EventRecorder,
     leader::Leadership,
-    operator::{Hooks, drive},
+    operator::{Hooks, drive_with},
 };
 use sluice_testkit::{
     prometheus::{Prometheus, now_ms},
@@ -67,6 +71,8 @@ async fn emulator() -> Emulator {
     emu.load_manifest_file(crd)
         .expect("the released HTTPRoute CRD (.tools/crds) loads");
     emu.load_manifest_file(repo().join("crds/rollouts.sluice.dev.yaml"))
+        .unwrap();
+    emu.load_manifest_file(repo().join("crds/gatetemplates.sluice.dev.yaml"))
         .unwrap();
     emu.load_yaml(&format!(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"
@@ -101,11 +107,13 @@ async fn objects(emu: &Emulator, client: &Client, n: usize, rollouts: bool) {
         })
         .await;
     if rollouts {
-        create_rollouts(client, n).await;
+        create_rollouts(client, n, Duration::from_secs(1)).await;
     }
 }
 
-fn rollout(i: usize) -> Rollout {
+fn rollout(i: usize, interval: Duration) -> Rollout {
+    let every = format!("{}s", interval.as_secs().max(1));
+    let window = format!("{}s", 4 * interval.as_secs().max(1));
     serde_json::from_value(json!({
         "apiVersion": "sluice.dev/v1alpha1",
         "kind": "Rollout",
@@ -115,25 +123,25 @@ fn rollout(i: usize) -> Rollout {
             "stableService": {"name": format!("stable-{i}")},
             "canaryService": {"name": format!("canary-{i}")},
             "canaryWorkload": {"name": format!("canary-{i}")},
-            "analysisInterval": "1s",
-            "appliedShareDeadline": "10m",
+            "analysisInterval": every,
+            "appliedShareDeadline": "60m",
             "gates": [
-                {"name": "applied-share", "builtin": "AppliedShare", "window": "4s"},
-                {"name": "error-ratio", "builtin": "ErrorRatioVsStable", "window": "4s"}
+                {"name": "applied-share", "builtin": "AppliedShare", "window": window},
+                {"name": "error-ratio", "builtin": "ErrorRatioVsStable", "window": window}
             ],
-            "steps": [{"setWeight": {"weight": 5, "duration": "10m"}}, {"promote": {}}]
+            "steps": [{"setWeight": {"weight": 5, "duration": "60m"}}, {"promote": {}}]
         }
     }))
     .unwrap()
 }
 
-async fn create_rollouts(client: &Client, n: usize) {
+async fn create_rollouts(client: &Client, n: usize, interval: Duration) {
     let api: Api<Rollout> = Api::namespaced(client.clone(), NS);
     stream::iter(0..n)
         .for_each_concurrent(32, |i| {
             let api = api.clone();
             async move {
-                api.create(&PostParams::default(), &rollout(i))
+                api.create(&PostParams::default(), &rollout(i, interval))
                     .await
                     .expect("rollout created");
             }
@@ -141,9 +149,22 @@ async fn create_rollouts(client: &Client, n: usize) {
         .await;
 }
 
+/// Durations of the remote writes (ms): count, sum, max.
+#[derive(Default)]
+struct Writes {
+    count: AtomicU64,
+    sum_ms: AtomicU64,
+    max_ms: AtomicU64,
+}
+
 /// Writes the synthetic counters every second: per service, stable and canary requests at a
 /// 95/5 split, 2% 5xx; the canary's 5xx ratio triples once `fault` is set.
-fn telemetry(url: &str, n: usize, fault: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
+fn telemetry(
+    url: &str,
+    n: usize,
+    fault: Arc<AtomicBool>,
+    writes: Arc<Writes>,
+) -> tokio::task::JoinHandle<()> {
     let client = sluice_testkit::remote_write::RemoteWriteClient::new(url);
     tokio::spawn(async move {
         let mut totals: HashMap<(usize, bool, bool), f64> = HashMap::new();
@@ -177,9 +198,14 @@ fn telemetry(url: &str, n: usize, fault: Arc<AtomicBool>) -> tokio::task::JoinHa
                     }
                 }
             }
+            let sent = Instant::now();
             if let Err(e) = client.write(&series).await {
                 eprintln!("remote write failed: {e}");
             }
+            let took = sent.elapsed().as_millis() as u64;
+            writes.count.fetch_add(1, Ordering::Relaxed);
+            writes.sum_ms.fetch_add(took, Ordering::Relaxed);
+            writes.max_ms.fetch_max(took, Ordering::Relaxed);
             let spent = (now_ms() - ts).max(0) as u64;
             tokio::time::sleep(Duration::from_millis(1000u64.saturating_sub(spent))).await;
         }
@@ -243,22 +269,50 @@ fn pct(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
-async fn revert(n: usize) {
+/// CPU seconds (user + system) process `pid` has used.
+fn cpu_seconds(pid: &str) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return f64::NAN;
+    };
+    // Fields after the command (which may hold spaces): utime and stime are the 12th and 13th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        f.get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+async fn revert(n: usize, interval: Duration) {
     let prom = Prometheus::start().await.expect("prometheus binary");
+    let prom_pid = prom.pid().to_string();
     let emu = emulator().await;
     let client = emu.client();
     objects(&emu, &client, n, false).await;
     let fault = Arc::new(AtomicBool::new(false));
-    let writer = telemetry(prom.url(), n, fault.clone());
+    let writes = Arc::new(Writes::default());
+    let writer = telemetry(prom.url(), n, fault.clone(), writes.clone());
+    let budget = Duration::from_secs(300).max(interval * 12);
 
     let mut registry = Registry::default();
     let m = metrics::register(&mut registry);
     let ctx = reconcile::Context::new(client.clone(), EventRecorder::new(client.clone(), OPERATOR))
         .with_analysis(prom.url(), CLUSTER, m)
-        .unwrap();
-    let (hooks, _) = Hooks::standalone();
+        .unwrap()
+        .with_gate_template_cache(client.clone());
+    // As the binary runs it: the triggers, and the store shared with the reconciles.
+    let extend = triggers::sharing_store(
+        ctx.rollouts.clone(),
+        triggers::with_triggers(
+            triggers::Watched::new(&client, None),
+            watcher::Config::default(),
+        ),
+    );
+    let (hooks, runtime_registry) = Hooks::standalone();
     let shutdown = CancellationToken::new();
-    let ctl = tokio::spawn(drive(
+    let ctl = tokio::spawn(drive_with(
         Api::<Rollout>::all(client.clone()),
         watcher::Config::default(),
         Arc::new(ctx),
@@ -266,12 +320,16 @@ async fn revert(n: usize) {
         Leadership::always(),
         shutdown.clone(),
         hooks,
+        extend,
     ));
     tokio::time::sleep(Duration::from_secs(5)).await;
-    create_rollouts(&client, n).await;
+    let cpu0 = (cpu_seconds("self"), cpu_seconds(&prom_pid));
+    create_rollouts(&client, n, interval).await;
 
     let api: Api<Rollout> = Api::namespaced(client.clone(), NS);
     let started = Instant::now();
+    let (mut next_report, mut last_report, mut last_cpu) =
+        (Duration::from_secs(15), Instant::now(), cpu0);
     loop {
         let list = api.list(&Default::default()).await.unwrap();
         let confirmed = list
@@ -287,12 +345,111 @@ async fn revert(n: usize) {
         if confirmed == n {
             break;
         }
+        if started.elapsed() >= next_report {
+            next_report += Duration::from_secs(15);
+            let written = list
+                .items
+                .iter()
+                .filter(|r| {
+                    r.status
+                        .as_ref()
+                        .is_some_and(|s| s.desired_weight == Some(5))
+                })
+                .count();
+            let mut phases: std::collections::BTreeMap<String, usize> = Default::default();
+            for r in &list.items {
+                let s = r.status.clone().unwrap_or_default();
+                let what = match &s.abort {
+                    Some(a) => format!("Aborted:{:?}", a.reason),
+                    None => format!("{:?}", s.phase),
+                };
+                *phases.entry(what).or_default() += 1;
+            }
+            println!("  phases {phases:?}");
+            // Reconciles run and failed, by category (a failure backs off per object).
+            let rt = registry_text(&runtime_registry);
+            let lines: Vec<&str> = rt
+                .lines()
+                .filter(|l| {
+                    l.starts_with("sluice_reconciles_total")
+                        || l.starts_with("sluice_reconcile_errors_total")
+                })
+                .collect();
+            println!("  runtime {lines:?}");
+            // One Rollout still waiting for its share, as its status says.
+            if let Some(r) = list.items.iter().find(|r| {
+                r.status.as_ref().is_some_and(|s| {
+                    s.desired_weight == Some(5)
+                        && s.history
+                            .last()
+                            .is_some_and(|h| h.share_confirmed_at.is_none())
+                })
+            }) {
+                let s = r.status.clone().unwrap_or_default();
+                let gates: Vec<String> = s
+                    .gates
+                    .iter()
+                    .map(|g| {
+                        format!(
+                            "{} {:?} {:?} value={:?} samples={:?} at={} {}",
+                            g.gate,
+                            g.verdict,
+                            g.reason,
+                            g.value,
+                            g.samples,
+                            g.evaluated_at.0,
+                            g.message.clone().unwrap_or_default()
+                        )
+                    })
+                    .collect();
+                println!(
+                    "  waiting: {} share={:?} observed_at={:?} written_at={:?} gates={gates:?}",
+                    r.metadata.name.clone().unwrap_or_default(),
+                    s.applied_share,
+                    s.applied_share_observed_at.map(|t| t.0),
+                    s.owned_route
+                        .as_ref()
+                        .and_then(|o| o.weight_written_at.clone())
+                        .map(|t| t.0),
+                );
+            }
+            let text = registry_text(&registry);
+            let cpu = (cpu_seconds("self"), cpu_seconds(&prom_pid));
+            let secs = last_report.elapsed().as_secs_f64();
+            println!(
+                "  t={:.0}s weight_written={written} share_confirmed={confirmed} ticks={} \
+                 queries={} rollouts_last_tick={} failed_queries={} \
+                 cpu%(this process, prometheus)=({:.0}, {:.0})",
+                started.elapsed().as_secs_f64(),
+                gauge(&text, "sluice_rollout_analysis_ticks"),
+                gauge(&text, "sluice_rollout_analysis_queries"),
+                gauge(&text, "sluice_rollout_analysis_rollouts_per_tick"),
+                gauge(&text, "sluice_rollout_analysis_failed_queries"),
+                100.0 * (cpu.0 - last_cpu.0) / secs,
+                100.0 * (cpu.1 - last_cpu.1) / secs,
+            );
+            last_cpu = cpu;
+            last_report = Instant::now();
+        }
         assert!(
-            started.elapsed() < Duration::from_secs(300),
-            "only {confirmed}/{n} shares confirmed"
+            started.elapsed() < budget,
+            "only {confirmed}/{n} shares confirmed after {budget:?}"
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    let confirmed_after = started.elapsed();
+    // Steady state: three intervals with every share confirmed and nothing failing.
+    let steady0 = registry_text(&registry);
+    tokio::time::sleep(interval * 3).await;
+    let steady = registry_text(&registry);
+    let steady_per_interval = |name: &str| (gauge(&steady, name) - gauge(&steady0, name)) / 3.0;
+    println!(
+        "rollouts={n} interval_s={} steady: queries_per_interval={:.2} ticks_per_interval={:.2}",
+        interval.as_secs(),
+        steady_per_interval("sluice_rollout_analysis_queries"),
+        steady_per_interval("sluice_rollout_analysis_ticks"),
+    );
+    let cpu1 = (cpu_seconds("self"), cpu_seconds(&prom_pid));
     let before = registry_text(&registry);
     let (ticks0, queries0) = (
         gauge(&before, "sluice_rollout_analysis_ticks"),
@@ -331,13 +488,14 @@ async fn revert(n: usize) {
             })
             .count();
         assert!(
-            analysis_started.elapsed() < Duration::from_secs(300),
+            analysis_started.elapsed() < budget,
             "only {aborted}/{n} aborted, {} reverted",
             reverted.len()
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let elapsed = analysis_started.elapsed();
+    let cpu2 = (cpu_seconds("self"), cpu_seconds(&prom_pid));
     let text = registry_text(&registry);
     reverted.sort_by(f64::total_cmp);
     let ticks = gauge(&text, "sluice_rollout_analysis_ticks") - ticks0;
@@ -353,6 +511,23 @@ async fn revert(n: usize) {
         queries / ticks.max(1.0),
         ticks / elapsed.as_secs_f64(),
         gauge(&text, "sluice_rollout_analysis_rollouts_per_tick"),
+    );
+    let count = writes.count.load(Ordering::Relaxed).max(1);
+    println!(
+        "rollouts={n} interval_s={} queries_per_interval={:.2} confirmed_all_after_s={:.1} \
+         cpu_s_until_confirmed(this process, prometheus)=({:.1}, {:.1}) \
+         cpu_s_fault_to_all_reverted(this process, prometheus)=({:.1}, {:.1}) over {:.1} s \
+         remote_write_ms mean={:.0} max={} writes={count}",
+        interval.as_secs(),
+        queries / (elapsed.as_secs_f64() / interval.as_secs_f64()).max(1.0),
+        confirmed_after.as_secs_f64(),
+        cpu1.0 - cpu0.0,
+        cpu1.1 - cpu0.1,
+        cpu2.0 - cpu1.0,
+        cpu2.1 - cpu1.1,
+        elapsed.as_secs_f64(),
+        writes.sum_ms.load(Ordering::Relaxed) as f64 / count as f64,
+        writes.max_ms.load(Ordering::Relaxed),
     );
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(10), ctl).await;
@@ -472,7 +647,19 @@ async fn memory(n: usize) {
 
 #[tokio::main]
 async fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let mut interval = Duration::from_secs(1);
+    if let Some(at) = args.iter().position(|a| a == "--interval") {
+        let value = args
+            .get(at + 1)
+            .expect("--interval needs a value, e.g. 30s");
+        let secs: u64 = value
+            .trim_end_matches('s')
+            .parse()
+            .expect("--interval in whole seconds, e.g. 30s");
+        interval = Duration::from_secs(secs.max(1));
+        args.drain(at..at + 2);
+    }
     let (mode, sizes) = match args.split_first() {
         Some((m, rest)) if !rest.is_empty() => (
             m.clone(),
@@ -483,7 +670,7 @@ async fn main() {
     };
     for n in sizes {
         match mode.as_str() {
-            "revert" => revert(n).await,
+            "revert" => revert(n, interval).await,
             "memory" => memory(n).await,
             other => panic!("unknown mode {other}: use revert or memory"),
         }

@@ -111,6 +111,10 @@ pub struct Context {
 /// Where the Rollout controller publishes its store for the reconciles.
 pub type RolloutStore = Arc<OnceLock<Store<Rollout>>>;
 
+/// When a decision made from a stale Rollout is tried again if the watch has not delivered the
+/// newer one by then.
+const STALE_RETRY: Duration = Duration::from_millis(250);
+
 /// How often a reconcile waiting on analysis looks for a manual control in the store.
 const CONTROL_POLL: Duration = Duration::from_millis(100);
 
@@ -865,9 +869,18 @@ pub async fn reconcile(
     // 1. The decision, fenced by the resourceVersion it was made from.
     let mut stored = obj.as_ref().clone();
     if !deleting && !same_status(obj.status.as_ref(), &status) {
-        stored = write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &status)
-            .await
-            .map_err(ReconcileError::Status)?;
+        stored = match write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &status).await {
+            Ok(s) => s,
+            // Decided from a Rollout older than the stored one (its own last status write not
+            // yet in the watch): nothing was done, and the newer one is reconciled as soon as
+            // the watch delivers it. Not a failure: no per-object back-off, which would leave
+            // a busy Rollout unanalysed for minutes.
+            Err(WriteError::Stale { .. }) => {
+                tracing::debug!("decided from a stale Rollout; deciding again from the newer one");
+                return Ok(ControllerAction::requeue(STALE_RETRY));
+            }
+            Err(e) => return Err(ReconcileError::Status(e)),
+        };
         // The transition is recorded: tell whoever asked (an abort, a promotion).
         if let Some(n) = crate::notice::notice(obj.status.as_ref(), &status) {
             ctx.notifier.notify(obj.as_ref(), n);
