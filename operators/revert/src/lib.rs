@@ -3,8 +3,8 @@
 //! `decide` holds the pure logic (the state machine), `reconcile` the I/O, `verify` the verification of the pinned bundle (signature, keys, kinds) and its cache, `binding` what ties a pin to its Application, `validity` the checks
 //! CEL cannot express, `clusters` revert's own identity per destination cluster, `controller` the controller loop
 //! with its Application watch, `apply` the
-//! writes to a destination, `restore` what an exact restore removes and compares, `tracking` Argo CD's resource tracking on written objects, `metrics` the `sluice_revert_*` metrics, `scenario` the
-//! helpers a sandbox scenario drives a pin with. Never applies anything before the signature and the bundle's kinds are verified.
+//! writes to a destination, `restore` what an exact restore removes and compares, `tracking` Argo CD's resource tracking on written objects, `metrics` the `sluice_revert_*` metrics.
+//! Never applies anything before the signature and the bundle's kinds are verified.
 #![forbid(unsafe_code)]
 
 pub mod apply;
@@ -18,7 +18,6 @@ pub mod policy;
 pub mod reconcile;
 pub mod registry;
 pub mod restore;
-pub mod scenario;
 pub mod tracking;
 pub mod validity;
 pub mod verify;

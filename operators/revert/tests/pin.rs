@@ -6,6 +6,7 @@
 //! cannot write a Deployment. Skips with a printed reason when the upstream CRDs,
 //! `docker-registry` or `git` are absent. Each scenario has a time budget.
 
+mod scenario;
 mod support;
 
 use std::time::{Duration, Instant};
@@ -750,7 +751,7 @@ async fn deleting_a_pinned_pin_restores_sync_before_it_goes() {
     let (good, _bad, _) = given_bad_change(&w).await;
     w.start_revert();
     // Driven by the sandbox helpers, as the `pin-release` scenario does.
-    let pin = sluice_revert::scenario::pin_object(&sluice_revert::scenario::PinRequest {
+    let pin = scenario::pin_object(&scenario::PinRequest {
         namespace: ARGOCD,
         name: "pin-4",
         targets: &[APP],
@@ -760,7 +761,7 @@ async fn deleting_a_pinned_pin_restores_sync_before_it_goes() {
         reason: "bad change",
         git_commit: None,
     });
-    let (_, pin_ms) = sluice_revert::scenario::pin_and_wait(w.mgmt_client.clone(), &pin, BUDGET)
+    let (_, pin_ms) = scenario::pin_and_wait(w.mgmt_client.clone(), &pin, BUDGET)
         .await
         .unwrap();
     assert!(pin_ms > 0);

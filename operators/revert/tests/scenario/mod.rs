@@ -1,9 +1,12 @@
-//! Helpers for the sandbox scenario `pin-release` (and any end-to-end driver): build a
-//! BundlePin, create it and measure `pin_ms` (BundlePin created → every object applied, signature
-//! verification included: the time to phase Pinned), then wait for its release.
+//! Helpers the end-to-end tests drive a BundlePin with, as the sandbox scenario `pin-release`
+//! does: build a BundlePin, create it and measure `pin_ms` (BundlePin created → every object
+//! applied, signature verification included: the time to phase Pinned), then wait for its
+//! release.
 //!
 //! Owns only driving a BundlePin through the API as a human would. Never touches Applications,
 //! bundles or destination clusters; revert does that.
+// Helpers for any end-to-end driver: a test uses the ones it needs (as in `support`).
+#![allow(dead_code)]
 
 use std::time::{Duration, Instant};
 
@@ -225,9 +228,9 @@ mod tests {
                 git_commit: commit,
             });
             assert!(
-                crate::validity::problems(&pin.spec).is_empty(),
+                sluice_revert::validity::problems(&pin.spec).is_empty(),
                 "{repository}: {:?}",
-                crate::validity::problems(&pin.spec)
+                sluice_revert::validity::problems(&pin.spec)
             );
             assert_eq!(
                 pin.spec.bundle.repository,
