@@ -6,7 +6,8 @@
 
 use std::fmt;
 
-use kube::core::{ApiResource, GroupVersionKind};
+use kube::core::ApiResource;
+use sluice_api::v1alpha1;
 
 use crate::error::CliError;
 
@@ -62,10 +63,16 @@ impl Kind {
         !matches!(self, Kind::RevisionUpgrade | Kind::GateTemplate)
     }
 
-    /// The kube-rs resource description of the kind.
+    /// The kube-rs resource description of the kind, from sluice-api's type (group, version,
+    /// kind and plural as the CRD declares them).
     pub fn api_resource(self) -> ApiResource {
-        let gvk = GroupVersionKind::gvk("sluice.dev", "v1alpha1", self.name());
-        ApiResource::from_gvk_with_plural(&gvk, self.plural())
+        match self {
+            Kind::Rollout => ApiResource::erase::<v1alpha1::Rollout>(&()),
+            Kind::WaveGate => ApiResource::erase::<v1alpha1::WaveGate>(&()),
+            Kind::BundlePin => ApiResource::erase::<v1alpha1::BundlePin>(&()),
+            Kind::RevisionUpgrade => ApiResource::erase::<v1alpha1::RevisionUpgrade>(&()),
+            Kind::GateTemplate => ApiResource::erase::<v1alpha1::GateTemplate>(&()),
+        }
     }
 
     /// The CRD's short names (`kubectl get swg` works with them too).
