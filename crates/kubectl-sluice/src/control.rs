@@ -1,6 +1,7 @@
-//! The control commands as pure decisions: from an object as read (JSON) to the JSON merge
-//! patch of its spec control fields that asks the operator for the action, or the reason the
-//! action does not apply. The patch carries the resourceVersion it was decided from, so a
+//! The control commands as pure decisions: from an object as read (JSON; its `status.phase`
+//! read as the kind's phase type in sluice-api, so a renamed phase does not compile) to the
+//! JSON merge patch of its spec control fields that asks the operator for the action, or the
+//! reason the action does not apply. The patch carries the resourceVersion it was decided from, so a
 //! concurrent change makes the write fail (409) and the command decides again.
 //!
 //! Owns which spec fields each command writes (sluice-api's control fields: Rollout `abort`,
@@ -8,9 +9,12 @@
 //! `resume`; BundlePin `release`, `releaseReason`); never writes status and never any other
 //! field. No I/O.
 
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use sluice_api::v1alpha1::{BundlePinPhase, RevisionUpgradePhase, RolloutPhase};
 
 use crate::kinds::Kind;
+use crate::tree::api_name;
 
 /// A control command.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,19 +78,30 @@ fn bool_at(obj: &Value, pointer: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// `status.phase` as the kind's phase type in sluice-api; the type's default (`Pending`,
+/// a BundlePin's `Verifying`) before the operator reports one.
+fn status_phase<P: DeserializeOwned + Default>(obj: &Value) -> P {
+    obj.pointer("/status/phase")
+        .and_then(|p| P::deserialize(p).ok())
+        .unwrap_or_default()
+}
+
 /// The merge patch asking for `control` on `obj` (of `kind`), or why it does not apply.
 pub fn decide(control: &Control, kind: Kind, obj: &Value) -> Result<Value, String> {
-    let phase = str_at(obj, "/status/phase").unwrap_or("Pending");
     let spec = match (control, kind) {
         (Control::Promote { full }, Kind::Rollout) => {
-            match phase {
-                "Promoted" => return Err("is already promoted: nothing to promote".into()),
-                "Aborted" => {
+            match status_phase(obj) {
+                RolloutPhase::Promoted => {
+                    return Err("is already promoted: nothing to promote".into());
+                }
+                RolloutPhase::Aborted => {
                     return Err(
                         "is aborted: retry it ('kubectl sluice retry') before promoting".into(),
                     );
                 }
-                "Invalid" => return Err("has an invalid spec: fix it before promoting".into()),
+                RolloutPhase::Invalid => {
+                    return Err("has an invalid spec: fix it before promoting".into());
+                }
                 _ => {}
             }
             if *full {
@@ -109,13 +124,15 @@ pub fn decide(control: &Control, kind: Kind, obj: &Value) -> Result<Value, Strin
             }
         }
         (Control::Abort, Kind::Rollout) => {
-            if phase == "Aborted" || bool_at(obj, "/spec/abort") {
+            if status_phase::<RolloutPhase>(obj) == RolloutPhase::Aborted
+                || bool_at(obj, "/spec/abort")
+            {
                 return Err("is already aborted (spec.abort)".into());
             }
             json!({"abort": true})
         }
         (Control::Abort, Kind::RevisionUpgrade) => {
-            if phase == "Complete" {
+            if status_phase::<RevisionUpgradePhase>(obj) == RevisionUpgradePhase::Complete {
                 return Err(
                     "is complete: nothing to abort (retag namespaces with a new RevisionUpgrade)"
                         .into(),
@@ -130,17 +147,30 @@ pub fn decide(control: &Control, kind: Kind, obj: &Value) -> Result<Value, Strin
             if bool_at(obj, "/spec/paused") {
                 return Err("is already paused (spec.paused)".into());
             }
-            if matches!(phase, "Promoted" | "Aborted" | "Complete") {
+            let finished = if kind == Kind::Rollout {
+                let phase: RolloutPhase = status_phase(obj);
+                matches!(phase, RolloutPhase::Promoted | RolloutPhase::Aborted)
+                    .then(|| api_name(&phase))
+            } else {
+                let phase: RevisionUpgradePhase = status_phase(obj);
+                matches!(
+                    phase,
+                    RevisionUpgradePhase::Aborted | RevisionUpgradePhase::Complete
+                )
+                .then(|| api_name(&phase))
+            };
+            if let Some(phase) = finished {
                 return Err(format!("is {phase}: there is nothing left to pause"));
             }
             json!({"paused": true})
         }
         (Control::Resume, Kind::Rollout) => {
-            if phase == "Aborted" {
+            let phase: RolloutPhase = status_phase(obj);
+            if phase == RolloutPhase::Aborted {
                 return Err("is aborted: use 'kubectl sluice retry' to start it again".into());
             }
             if !bool_at(obj, "/spec/paused") {
-                if phase != "Paused" {
+                if phase != RolloutPhase::Paused {
                     return Err("is not paused".into());
                 }
                 // Paused without spec.paused: a pause step or an Inconclusive hold, which
@@ -160,8 +190,13 @@ pub fn decide(control: &Control, kind: Kind, obj: &Value) -> Result<Value, Strin
             json!({"paused": false})
         }
         (Control::Resume, Kind::RevisionUpgrade) => {
-            let aborted = bool_at(obj, "/spec/abort") || matches!(phase, "Aborted" | "RollingBack");
-            if !aborted && !bool_at(obj, "/spec/paused") && phase != "Paused" {
+            let phase: RevisionUpgradePhase = status_phase(obj);
+            let aborted = bool_at(obj, "/spec/abort")
+                || matches!(
+                    phase,
+                    RevisionUpgradePhase::Aborted | RevisionUpgradePhase::RollingBack
+                );
+            if !aborted && !bool_at(obj, "/spec/paused") && phase != RevisionUpgradePhase::Paused {
                 return Err("is neither paused nor aborted".into());
             }
             if aborted {
@@ -175,9 +210,11 @@ pub fn decide(control: &Control, kind: Kind, obj: &Value) -> Result<Value, Strin
             }
         }
         (Control::Retry, Kind::Rollout) => {
-            if phase != "Aborted" && !bool_at(obj, "/spec/abort") {
+            let phase: RolloutPhase = status_phase(obj);
+            if phase != RolloutPhase::Aborted && !bool_at(obj, "/spec/abort") {
                 return Err(format!(
-                    "is {phase}, not aborted: there is nothing to retry"
+                    "is {}, not aborted: there is nothing to retry",
+                    api_name(&phase)
                 ));
             }
             let retry = u64_at(obj, "/spec/retry")
@@ -188,7 +225,7 @@ pub fn decide(control: &Control, kind: Kind, obj: &Value) -> Result<Value, Strin
             json!({"abort": false, "retry": retry, "promoteFull": false, "promoteThroughStep": null})
         }
         (Control::Unpin { reason }, Kind::BundlePin) => {
-            if phase == "Released" {
+            if status_phase::<BundlePinPhase>(obj) == BundlePinPhase::Released {
                 return Err("is already released".into());
             }
             if bool_at(obj, "/spec/release") {
