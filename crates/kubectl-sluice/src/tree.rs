@@ -4,8 +4,9 @@
 //! progress by proxies per revision.
 //!
 //! Owns formatting only: pure functions of the object as read (JSON, so `-o json|yaml` stays the
-//! server's object); the parts it interprets (Rollout steps, WaveGate decisions, upgrade proxy
-//! counts and issuance budget, GateTemplate definitions) are read through sluice-api's types.
+//! server's object); the parts it interprets (Rollout steps, WaveGate decisions, BundlePin
+//! applications, upgrade proxy counts, namespaces and issuance budget, GateTemplate
+//! definitions) are read through sluice-api's types.
 //! No I/O, no clock (ages are printed as timestamps).
 
 use std::fmt::Write;
@@ -13,7 +14,10 @@ use std::fmt::Write;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sluice_api::v1alpha1::revision_upgrade::{IssuanceBudgetStatus, ProxyCounts};
+use sluice_api::v1alpha1::bundle_pin::PinnedApplication;
+use sluice_api::v1alpha1::revision_upgrade::{
+    IssuanceBudgetStatus, NamespaceProgress, ProxyCounts,
+};
 use sluice_api::v1alpha1::{ClusterDecision, GateDefinition, GateTemplateSpec, RolloutStep};
 
 use crate::kinds::Kind;
@@ -424,18 +428,18 @@ pub fn bundle_pin(v: &Value) -> String {
         let _ = write!(summary, ", released {at}");
     }
     t.node("", false, &summary);
-    let apps: Vec<String> = arr(v, "/status/applications")
+    let apps: Vec<String> = list_at::<PinnedApplication>(v, "/status/applications")
         .iter()
         .map(|a| {
             let mut line = format!(
                 "{}/{}  {}  applied {}, pruned {}",
-                s(a, "/namespace").unwrap_or("?"),
-                s(a, "/name").unwrap_or("?"),
-                s(a, "/state").unwrap_or("?"),
-                num(n(a, "/appliedObjects").unwrap_or(0.0)),
-                num(n(a, "/prunedObjects").unwrap_or(0.0))
+                a.namespace,
+                a.name,
+                api_name(&a.state),
+                a.applied_objects,
+                a.pruned_objects
             );
-            if let Some(m) = s(a, "/message") {
+            if let Some(m) = &a.message {
                 let _ = write!(line, " — {m}");
             }
             line
@@ -510,19 +514,19 @@ pub fn revision_upgrade(v: &Value) -> String {
             ),
         );
     }
-    let namespaces = arr(v, "/status/namespaces");
+    let namespaces: Vec<NamespaceProgress> = list_at(v, "/status/namespaces");
     t.waves(v, |wave, st| {
         let name = s(wave, "/name").unwrap_or("?");
         let mut items: Vec<String> = namespaces
             .iter()
-            .filter(|ns| s(ns, "/wave") == Some(name))
+            .filter(|ns| ns.wave == name)
             .map(|ns| {
                 format!(
                     "namespace {}  {}  {}/{} pods",
-                    s(ns, "/name").unwrap_or("?"),
-                    s(ns, "/state").unwrap_or("?"),
-                    num(n(ns, "/podsDone").unwrap_or(0.0)),
-                    num(n(ns, "/pods").unwrap_or(0.0))
+                    ns.name,
+                    api_name(&ns.state),
+                    ns.pods_done,
+                    ns.pods
                 )
             })
             .collect();
