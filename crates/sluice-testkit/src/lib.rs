@@ -4,6 +4,7 @@
 
 pub mod control_plane;
 pub mod git;
+mod http_head;
 pub mod operator_binary;
 pub mod prereq;
 pub mod prometheus;

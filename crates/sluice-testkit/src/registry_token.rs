@@ -259,37 +259,17 @@ async fn serve<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     accepts: &Accepts,
     seen: &Mutex<Vec<TokenRequest>>,
 ) {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let head_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        if buf.len() > 64 * 1024 {
-            return;
-        }
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
+    let Some(head) = crate::http_head::read(&mut stream).await else {
+        return;
     };
-    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-    let mut lines = head.lines();
-    let mut first = lines.next().unwrap_or_default().split_whitespace();
-    let method = first.next().unwrap_or_default().to_owned();
-    let target = first.next().unwrap_or_default().to_owned();
-    let mut authorization = None;
-    let mut length = 0usize;
-    for line in lines {
-        if let Some((k, v)) = line.split_once(':') {
-            match k.trim().to_ascii_lowercase().as_str() {
-                "authorization" => authorization = Some(v.trim().to_owned()),
-                "content-length" => length = v.trim().parse().unwrap_or(0),
-                _ => {}
-            }
-        }
-    }
-    let mut body = buf[head_end..].to_vec();
+    let authorization = head.header("authorization").map(str::to_owned);
+    let length: usize = head
+        .header("content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let (method, target) = (head.method, head.target);
+    let mut body = head.body_start;
+    let mut chunk = [0u8; 4096];
     while body.len() < length.min(64 * 1024) {
         match stream.read(&mut chunk).await {
             Ok(0) | Err(_) => break,
