@@ -75,15 +75,7 @@ async fn abort_scenario(scenario: Scenario, fault_at: Duration, want_gate: &str)
         )
         .await
         .unwrap();
-    rollout_until(&g.client, "1% confirmed by telemetry", budget, |r| {
-        r.status.as_ref().is_some_and(|s| {
-            s.current_step_index == Some(1)
-                && s.history
-                    .last()
-                    .is_some_and(|h| h.share_confirmed_at.is_some())
-        })
-    })
-    .await;
+    share_confirmed_at_step(&g.client, "1% confirmed by telemetry", 1, budget).await;
     let at_one = routes(&g.client).get("checkout").await.unwrap();
     assert_eq!(weights(&at_one), (99, 1));
     assert!(rule_names(&at_one).contains(&"sluice-mirror".to_owned()));

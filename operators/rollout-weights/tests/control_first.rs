@@ -96,15 +96,7 @@ async fn a_manual_abort_is_not_held_up_by_a_metrics_source_that_never_answers() 
         .create(&PostParams::default(), &rollout(steps, json!({})))
         .await
         .unwrap();
-    rollout_until(&g.client, "1% confirmed by telemetry", budget, |r| {
-        r.status.as_ref().is_some_and(|s| {
-            s.current_step_index == Some(0)
-                && s.history
-                    .last()
-                    .is_some_and(|h| h.share_confirmed_at.is_some())
-        })
-    })
-    .await;
+    share_confirmed_at_step(&g.client, "1% confirmed by telemetry", 0, budget).await;
 
     // When the metrics source stops answering, and an analysis is waiting on it.
     hang.store(true, Ordering::SeqCst);

@@ -34,15 +34,7 @@ async fn deleting_a_rollout_mid_canary_aborts_then_hands_back() {
         )
         .await
         .unwrap();
-    rollout_until(&g.client, "5% confirmed by telemetry", budget, |r| {
-        r.status.as_ref().is_some_and(|s| {
-            s.current_step_index == Some(1)
-                && s.history
-                    .last()
-                    .is_some_and(|h| h.share_confirmed_at.is_some())
-        })
-    })
-    .await;
+    share_confirmed_at_step(&g.client, "5% confirmed by telemetry", 1, budget).await;
     let at_five = routes(&g.client).get("checkout").await.unwrap();
     assert_eq!(weights(&at_five), (95, 5));
     assert!(rule_names(&at_five).contains(&"sluice-mirror".to_owned()));

@@ -75,15 +75,7 @@ async fn held_canary_is_aborted(hold: Hold, settings: Settings) {
         .create(&PostParams::default(), &rollout(steps, patch))
         .await
         .unwrap();
-    rollout_until(&g.client, "1% confirmed by telemetry", budget, |r| {
-        r.status.as_ref().is_some_and(|s| {
-            s.current_step_index == Some(0)
-                && s.history
-                    .last()
-                    .is_some_and(|h| h.share_confirmed_at.is_some())
-        })
-    })
-    .await;
+    share_confirmed_at_step(&g.client, "1% confirmed by telemetry", 0, budget).await;
     let held_step = match hold {
         Hold::PauseStep => 1,
         Hold::SpecPaused => {

@@ -72,15 +72,7 @@ async fn killed_mid_step_resumes_without_repeating_or_skipping() {
         .unwrap();
 
     // Given the rollout in the middle of its 5% step, analysis running.
-    rollout_until(&g.client, "5% confirmed", budget, |r| {
-        r.status.as_ref().is_some_and(|s| {
-            s.current_step_index == Some(1)
-                && s.history
-                    .last()
-                    .is_some_and(|h| h.share_confirmed_at.is_some())
-        })
-    })
-    .await;
+    share_confirmed_at_step(&g.client, "5% confirmed", 1, budget).await;
 
     // When the operator is killed and started again.
     a.kill();

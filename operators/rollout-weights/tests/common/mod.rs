@@ -306,6 +306,24 @@ pub async fn rollout_until(
     .await
 }
 
+/// Waits until the Rollout is at step `step` with that step's share confirmed by telemetry.
+pub async fn share_confirmed_at_step(
+    client: &Client,
+    what: &str,
+    step: u32,
+    within: Duration,
+) -> Rollout {
+    rollout_until(client, what, within, |r| {
+        r.status.as_ref().is_some_and(|s| {
+            s.current_step_index == Some(step)
+                && s.history
+                    .last()
+                    .is_some_and(|h| h.share_confirmed_at.is_some())
+        })
+    })
+    .await
+}
+
 /// The route's managed rule backend weights as (stable, canary).
 pub fn weights(route: &HttpRoute) -> (i32, i32) {
     let rule = route.rule_by_name("main").expect("managed rule");
