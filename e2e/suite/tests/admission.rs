@@ -16,6 +16,17 @@ use sluice_e2e::{chart, eventually, repo_root, target::Target};
 
 /// Budget of the wait for the real server to enforce newly created policies.
 const POLICY_ACTIVE_BUDGET: Duration = Duration::from_secs(30);
+
+/// One row each admission policy of the chart denies at the fixtures' state (the
+/// operator-writes policy of each operator, the owned-route and the field-manager policies).
+const POLICY_PROBES: &[&str] = &[
+    "a Deployment's replicas",
+    "an ApplicationSet's template",
+    "an Application's prune flag",
+    "a route no Rollout owns",
+    "someone else creates a route carrying the ownership annotation",
+    "someone else writes as field manager sluice-rollout-weights",
+];
 /// The Argo CD namespace of the default values.
 const ARGOCD: &str = "argocd";
 const OWNER: &str = "sluice.dev/owned-by-rollout";
@@ -704,7 +715,8 @@ fn set_pointer(obj: &mut Value, pointer: &str, value: Value) {
 }
 
 /// Carries out one row as its writer; the server's answer.
-async fn run(case: &Case, client: Client, ns: &str) -> Result<(), kube::Error> {
+/// One row's request; as a dry run (`dry_run`) it goes through admission and changes nothing.
+async fn run(case: &Case, client: Client, ns: &str, dry_run: bool) -> Result<(), kube::Error> {
     let r = (case.resource)();
     let namespace = fill(case.namespace, ns);
     let name = fill(case.name, ns);
@@ -720,7 +732,12 @@ async fn run(case: &Case, client: Client, ns: &str) -> Result<(), kube::Error> {
     };
     let pp = PatchParams {
         field_manager: Some(manager.clone()),
+        dry_run,
         ..PatchParams::default()
+    };
+    let post = PostParams {
+        field_manager: Some(manager),
+        dry_run,
     };
     match &case.write {
         Write::Merge(p) => api
@@ -738,33 +755,35 @@ async fn run(case: &Case, client: Client, ns: &str) -> Result<(), kube::Error> {
             body["apiVersion"] = json!(r.api_version);
             body["kind"] = json!(r.kind);
             body["metadata"] = json!({"name": name});
-            api.patch(&name, &PatchParams::apply(m).force(), &Patch::Apply(body))
-                .await
-                .map(drop)
+            let pp = PatchParams {
+                dry_run,
+                ..PatchParams::apply(m).force()
+            };
+            api.patch(&name, &pp, &Patch::Apply(body)).await.map(drop)
         }
         Write::Replace(edits) => {
             let mut obj = serde_json::to_value(api.get(&name).await?).unwrap();
             for (pointer, value) in edits {
                 set_pointer(&mut obj, pointer, fill_value(value, ns));
             }
-            let pp = PostParams {
-                field_manager: Some(manager),
-                ..PostParams::default()
-            };
-            api.replace(&name, &pp, &serde_json::from_value(obj).unwrap())
+            api.replace(&name, &post, &serde_json::from_value(obj).unwrap())
                 .await
                 .map(drop)
         }
-        Write::Create(body) => {
-            let pp = PostParams {
-                field_manager: Some(manager),
-                ..PostParams::default()
+        Write::Create(body) => api
+            .create(
+                &post,
+                &serde_json::from_value(fill_value(body, ns)).unwrap(),
+            )
+            .await
+            .map(drop),
+        Write::Delete => {
+            let dp = DeleteParams {
+                dry_run,
+                ..DeleteParams::default()
             };
-            api.create(&pp, &serde_json::from_value(fill_value(body, ns)).unwrap())
-                .await
-                .map(drop)
+            api.delete(&name, &dp).await.map(drop)
         }
-        Write::Delete => api.delete(&name, &DeleteParams::default()).await.map(drop),
         Write::Get => api.get(&name).await.map(drop),
     }
 }
@@ -780,9 +799,33 @@ async fn run_table(target: &Target, ns: &str) -> Vec<String> {
             .service_account_client(chart::NAMESPACE, &chart::service_account(op))
             .unwrap_or_else(|| panic!("no token for {op}")),
     };
+    // A new policy takes effect a moment after it is created, each policy on its own: wait until
+    // one write each policy denies is denied, as a dry run.
+    let probes: Vec<Case> = table()
+        .into_iter()
+        .filter(|c| POLICY_PROBES.contains(&c.what))
+        .collect();
+    assert_eq!(probes.len(), POLICY_PROBES.len(), "a probe names no row");
+    eventually(
+        "every admission policy of the chart is active",
+        POLICY_ACTIVE_BUDGET,
+        async || {
+            let mut allowed = Vec::new();
+            for case in &probes {
+                if run(case, client(case.who), ns, true).await.is_ok() {
+                    allowed.push(case.what);
+                }
+            }
+            match allowed.is_empty() {
+                true => Ok(()),
+                false => Err(format!("still allowed: {}", allowed.join("; "))),
+            }
+        },
+    )
+    .await;
     let mut wrong = Vec::new();
     for case in table() {
-        let got = run(&case, client(case.who), ns).await;
+        let got = run(&case, client(case.who), ns, false).await;
         let verdict = match (&case.expect, &got) {
             (Expect::Allowed, Ok(())) => None,
             (Expect::Denied(text), Err(kube::Error::Api(s)))
@@ -873,32 +916,8 @@ async fn each_operator_writes_only_what_it_owns_on_a_real_api_server() {
     let Some(target) = Target::real(&crds, &rendered, &[ARGOCD, ns]).await.unwrap() else {
         return;
     };
-    // Newly created policies take effect within a second or so: wait for one denial.
-    let admin = target.admin();
-    let probe = "policy-probe";
-    eventually(
-        "the chart's admission policies are active",
-        POLICY_ACTIVE_BUDGET,
-        async || {
-            let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, &httproutes());
-            match api
-                .create(
-                    &PostParams::default(),
-                    &serde_json::from_value(route(probe, Some("x/y"))).unwrap(),
-                )
-                .await
-            {
-                Err(kube::Error::Api(s)) if s.code == 403 => Ok(()),
-                Ok(_) => {
-                    let _ = api.delete(probe, &DeleteParams::default()).await;
-                    Err("created".into())
-                }
-                Err(e) => Err(e.to_string()),
-            }
-        },
-    )
-    .await;
     let wrong = run_table(&target, ns).await;
+    let admin = target.admin();
     let schema = builtin_fields_match_the_server(&admin).await;
     // A namespace holding an owned route can still be deleted: the policy lets the namespace
     // controller delete the route once the namespace is terminating.
@@ -1024,14 +1043,14 @@ async fn namespace_with_an_owned_route_goes_away(target: &Target) {
         )]),
         expect: Expect::Allowed,
     };
-    run(&claim, operator, ns).await.unwrap();
+    run(&claim, operator, ns, false).await.unwrap();
     let delete = Case {
         who: Who::Admin,
         write: Write::Delete,
         ..claim
     };
     assert!(
-        run(&delete, admin.clone(), ns).await.is_err(),
+        run(&delete, admin.clone(), ns, false).await.is_err(),
         "an owned route is not deleted by others"
     );
     Api::<DynamicObject>::all_with(admin.clone(), &namespaces())
