@@ -122,6 +122,19 @@ impl fmt::Display for Category {
 pub trait Categorized {
     /// The bounded category of this error.
     fn category(&self) -> Category;
+
+    /// The longest the retry of the failed reconcile may wait, whatever the back-off says: a
+    /// deadline the object keeps (a pin that must give automation back by then). `None`: the
+    /// back-off alone.
+    fn retry_within(&self) -> Option<std::time::Duration> {
+        None
+    }
+}
+
+/// When a failed reconcile is retried: the back-off's `delay`, no later than the error's
+/// [`Categorized::retry_within`].
+pub fn retry_delay(delay: std::time::Duration, err: &impl Categorized) -> std::time::Duration {
+    err.retry_within().map_or(delay, |bound| delay.min(bound))
 }
 
 impl Categorized for kube::Error {
@@ -180,6 +193,32 @@ mod tests {
                 "{c:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_retry_waits_the_back_off_but_never_past_the_errors_bound() {
+        use std::time::Duration;
+        struct Bounded(Option<Duration>);
+        impl Categorized for Bounded {
+            fn category(&self) -> Category {
+                Category::Rejected
+            }
+            fn retry_within(&self) -> Option<Duration> {
+                self.0
+            }
+        }
+        let s = Duration::from_secs;
+        assert_eq!(retry_delay(s(16), &Bounded(None)), s(16), "no bound");
+        assert_eq!(
+            retry_delay(s(16), &Bounded(Some(s(3)))),
+            s(3),
+            "bound first"
+        );
+        assert_eq!(
+            retry_delay(s(2), &Bounded(Some(s(3)))),
+            s(2),
+            "back-off first"
+        );
     }
 
     #[test]

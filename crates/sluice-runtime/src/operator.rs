@@ -434,7 +434,7 @@ pub async fn drive_with<K, Ctx, F, Fut, E, X>(
         let error_hooks = hooks.clone();
         let error_policy = move |obj: Arc<K>, err: &E, _ctx: Arc<Ctx>| {
             let key = object_key(obj.as_ref());
-            let delay = error_hooks.backoff.fail(&key);
+            let delay = crate::error::retry_delay(error_hooks.backoff.fail(&key), err);
             let category = err.category();
             tracing::warn!(
                 object = %key,

@@ -10,7 +10,7 @@
 
 use std::{
     sync::{Arc, Mutex},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use k8s_openapi::{api::core::v1::ConfigMap, jiff::Timestamp};
@@ -73,7 +73,7 @@ pub struct Settings {
     pub allowed_kinds: Option<Vec<sluice_api::v1alpha1::bundle_pin::GroupKind>>,
     /// How long after a pin's creation a missing signature is retried
     /// (`--signature-grace-seconds`); `None`: [`decide::SIGNATURE_GRACE`].
-    pub signature_grace: Option<std::time::Duration>,
+    pub signature_grace: Option<Duration>,
     /// Most bytes the cache of verified bundles holds (`--verified-cache-bytes`); `None`:
     /// [`DEFAULT_VERIFIED_CACHE_BYTES`]. The least recently used bundle is evicted first and
     /// pulled and verified again when a pin needs it.
@@ -118,7 +118,7 @@ pub struct Context {
     kinds: Kinds,
     git: Option<GitConfig>,
     forge: Option<ForgeClient>,
-    signature_grace: std::time::Duration,
+    signature_grace: Duration,
     application_namespace: Option<String>,
 }
 
@@ -211,6 +211,16 @@ pub enum ReconcileError {
     /// The operator's configuration is unusable.
     #[error("configuration: {0}")]
     Config(String),
+    /// An effect failed with the pin's deadline `left` away: retried no later than the
+    /// deadline, whatever the back-off, so a pin that cannot apply gives automation back on
+    /// time.
+    #[error("{error}")]
+    BeforeDeadline {
+        /// The effect's failure.
+        error: Box<ReconcileError>,
+        /// Time left until the pin's deadline.
+        left: Duration,
+    },
 }
 
 fn kube_category(e: &kube::Error) -> Category {
@@ -238,7 +248,27 @@ impl Categorized for ReconcileError {
             ReconcileError::NotRestored(_) => Category::Conflict,
             ReconcileError::Preflight(_) => Category::Rejected,
             ReconcileError::Config(_) => Category::Config,
+            ReconcileError::BeforeDeadline { error, .. } => error.category(),
         }
+    }
+
+    fn retry_within(&self) -> Option<Duration> {
+        match self {
+            ReconcileError::BeforeDeadline { left, .. } => Some(*left),
+            _ => None,
+        }
+    }
+}
+
+/// A failed effect of a pin whose deadline is `left` away, retried no later than the deadline
+/// (at least [`decide::SHORT`] from now, so a pin past it is not retried in a tight loop).
+fn before_deadline(error: ReconcileError, left: Option<Duration>) -> ReconcileError {
+    match left {
+        Some(left) => ReconcileError::BeforeDeadline {
+            error: Box::new(error),
+            left: left.max(decide::SHORT),
+        },
+        None => error,
     }
 }
 
@@ -971,7 +1001,7 @@ pub async fn reconcile(
     // (from the new version) carries out the effects.
     if !deleting && !has_finalizer && decision.actions.iter().any(Action::is_effect) {
         set_finalizer(&api, &obj, true).await?;
-        return Ok(ControllerAction::requeue(std::time::Duration::ZERO));
+        return Ok(ControllerAction::requeue(Duration::ZERO));
     }
 
     // Act: effects first, in order; a failure is recorded on the current status and retried.
@@ -1023,7 +1053,10 @@ pub async fn reconcile(
                     .map(|t| t.0.as_second()),
                 now.as_second(),
             );
-            return Err(err);
+            return Err(before_deadline(
+                err,
+                decide::deadline_left(&spec, &decision.status, now),
+            ));
         }
     }
 
@@ -1154,4 +1187,34 @@ pub async fn reconcile(
         Requeue::AwaitChange => ControllerAction::await_change(),
         Requeue::After(d) => ControllerAction::requeue(d),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_effect_is_retried_by_the_pins_deadline() {
+        let s = Duration::from_secs;
+        let late = before_deadline(ReconcileError::Preflight("no identity".into()), Some(s(4)));
+        assert_eq!(late.retry_within(), Some(s(4)));
+        assert_eq!(late.category(), Category::Rejected, "the effect's category");
+        assert_eq!(
+            late.to_string(),
+            "preflight before suspending anything: no identity",
+            "the effect's message"
+        );
+        let past = before_deadline(ReconcileError::Preflight("x".into()), Some(Duration::ZERO));
+        assert_eq!(
+            past.retry_within(),
+            Some(decide::SHORT),
+            "never a tight loop"
+        );
+        let none = before_deadline(ReconcileError::Preflight("x".into()), None);
+        assert_eq!(
+            none.retry_within(),
+            None,
+            "no deadline yet: the back-off alone"
+        );
+    }
 }

@@ -90,6 +90,13 @@ fn reason(p: &BundlePin, type_: &str) -> Option<String> {
     find(&p.status.as_ref()?.conditions, type_).map(|c| c.reason.clone())
 }
 
+fn holds_finalizer(p: &BundlePin) -> bool {
+    p.metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|f| f == sluice_revert::FINALIZER))
+}
+
 async fn identity(w: &World) -> Api<Secret> {
     Api::namespaced(w.mgmt_client.clone(), SYSTEM)
 }
@@ -120,23 +127,20 @@ async fn no_identity_in_the_destination_suspends_nothing_and_the_deadline_ends_t
     assert_eq!(policy(&w).await, original_policy(), "automation untouched");
     assert_eq!(w.canary_weight("checkout").await, Some(90));
 
-    // Past the deadline the pin ends, holding nothing, and can go.
-    let p = until(&w, "pin-a", "Failed DeadlineExceeded", |p| {
-        phase(p) == BundlePinPhase::Failed
-    })
+    // Past the deadline the pin ends, holding nothing, and can go: a pin holding nothing keeps
+    // no finalizer (removed right after the Failed status is written, so waited for too).
+    let p = until(
+        &w,
+        "pin-a",
+        "Failed DeadlineExceeded, without finalizer",
+        |p| phase(p) == BundlePinPhase::Failed && !holds_finalizer(p),
+    )
     .await;
     assert_eq!(
         reason(&p, conditions::PINNED).as_deref(),
         Some(reasons::DEADLINE_EXCEEDED)
     );
     assert_eq!(policy(&w).await, original_policy());
-    assert!(
-        !p.metadata
-            .finalizers
-            .unwrap_or_default()
-            .contains(&sluice_revert::FINALIZER.to_owned()),
-        "a pin holding nothing keeps no finalizer"
-    );
 
     // With the identity back, a new pin goes through.
     let mut restored = saved.clone();
@@ -202,11 +206,7 @@ async fn deleting_a_failed_pin_that_holds_an_application_gives_automation_back()
     })
     .await;
     assert!(
-        failed
-            .metadata
-            .finalizers
-            .unwrap_or_default()
-            .contains(&sluice_revert::FINALIZER.to_owned()),
+        holds_finalizer(&failed),
         "a Failed pin holding an Application keeps its finalizer"
     );
     assert_eq!(policy(&w).await, suspended());

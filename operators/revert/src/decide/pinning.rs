@@ -18,7 +18,7 @@ use super::model::{
 use super::plan::bundle_to_verify;
 
 /// When the pin's deadline passes (verification + `spec.pinDeadlineSeconds`).
-pub(super) fn deadline_left(
+pub fn deadline_left(
     spec: &BundlePinSpec,
     status: &BundlePinStatus,
     now: Timestamp,
