@@ -63,7 +63,8 @@ impl Default for Options {
 }
 
 /// Why an emulator could not start or load a manifest.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum EmulatorError {
     /// The listening socket could not be bound.
     #[error(
@@ -130,14 +131,7 @@ pub enum EmulatorError {
 impl EmulatorError {
     /// A bounded label for metrics and logs.
     pub fn category(&self) -> &'static str {
-        match self {
-            EmulatorError::Bind { .. } => "bind",
-            EmulatorError::Read { .. } => "read",
-            EmulatorError::Yaml { .. } => "yaml",
-            EmulatorError::Refused { .. } => "refused",
-            EmulatorError::UnknownKind { .. } => "unknown_kind",
-            EmulatorError::Kubeconfig { .. } => "kubeconfig",
-        }
+        self.into()
     }
 }
 

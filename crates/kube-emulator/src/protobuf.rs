@@ -11,7 +11,8 @@ use serde_json::{Map, Value, json};
 const MAGIC: &[u8] = b"k8s\0";
 
 /// Why a protobuf body could not be decoded.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum ProtobufError {
     /// The body is not well-formed.
     #[error("protobuf body is malformed at byte {0}; send JSON instead")]
@@ -29,11 +30,7 @@ pub enum ProtobufError {
 impl ProtobufError {
     /// A bounded label for metrics and logs.
     pub fn category(&self) -> &'static str {
-        match self {
-            ProtobufError::Malformed(_) => "malformed",
-            ProtobufError::NoEnvelope => "no_envelope",
-            ProtobufError::Unsupported(_) => "unsupported",
-        }
+        self.into()
     }
 }
 

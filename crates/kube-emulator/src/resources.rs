@@ -324,7 +324,8 @@ pub fn builtins() -> Vec<ResourceType> {
 }
 
 /// Why a CustomResourceDefinition could not be served.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum CrdError {
     /// A required field of the CRD is missing or has the wrong type.
     #[error(
@@ -353,10 +354,7 @@ pub enum CrdError {
 impl CrdError {
     /// A bounded label for metrics and logs.
     pub fn category(&self) -> &'static str {
-        match self {
-            CrdError::MissingField { .. } => "missing_field",
-            CrdError::NameMismatch { .. } => "name_mismatch",
-        }
+        self.into()
     }
 }
 

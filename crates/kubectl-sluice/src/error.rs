@@ -12,7 +12,7 @@ pub const EXIT_REFUSED: u8 = crate::bundle::EXIT_REFUSED;
 pub const EXIT_USAGE: u8 = 2;
 
 /// What went wrong in a cluster command.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
 pub enum CliError {
     /// The kubeconfig could not be loaded.
     #[error("cannot load the kubeconfig: {message}; set KUBECONFIG or pass --kubeconfig")]
@@ -121,18 +121,7 @@ pub enum CliError {
 impl CliError {
     /// A bounded name of the error's kind.
     pub fn category(&self) -> &'static str {
-        match self {
-            CliError::Config { .. } => "Config",
-            CliError::UnknownKind { .. } => "UnknownKind",
-            CliError::WrongKind { .. } => "WrongKind",
-            CliError::NotFound { .. } => "NotFound",
-            CliError::Forbidden { .. } => "Forbidden",
-            CliError::NotApplicable { .. } => "NotApplicable",
-            CliError::Invalid { .. } => "Invalid",
-            CliError::Usage { .. } => "Usage",
-            CliError::Api { .. } => "Api",
-            CliError::Unreachable { .. } => "Unreachable",
-        }
+        self.into()
     }
 
     /// The process exit code for this error.

@@ -4,7 +4,8 @@
 //! message (cluster Secrets are named, never quoted).
 
 /// Everything that can go wrong in the simulated Argo CD.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum ArgoCdError {
     /// A Kubernetes API call failed.
     #[error(
@@ -104,17 +105,7 @@ pub enum ArgoCdError {
 impl ArgoCdError {
     /// Bounded category (a metric label or condition reason never carries a payload).
     pub fn category(&self) -> &'static str {
-        match self {
-            ArgoCdError::Kube { .. } => "kube",
-            ArgoCdError::ClusterSecret { .. } => "cluster_secret",
-            ArgoCdError::UnknownCluster { .. } => "unknown_cluster",
-            ArgoCdError::Source { .. } => "source",
-            ArgoCdError::Manifests { .. } => "manifests",
-            ArgoCdError::InvalidSpec { .. } => "invalid_spec",
-            ArgoCdError::UnknownKind { .. } => "unknown_kind",
-            ArgoCdError::Generator { .. } => "generator",
-            ArgoCdError::Template { .. } => "template",
-        }
+        self.into()
     }
 
     /// Wraps a kube error with what was being done.

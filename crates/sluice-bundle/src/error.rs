@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 /// Everything that can go wrong while rendering, pushing, signing, verifying or inspecting a
 /// bundle.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
 pub enum BundleError {
     /// The manifests directory (or a bundle's layer) holds something that is not a valid set of
     /// Kubernetes objects.
@@ -204,29 +204,51 @@ pub enum BundleError {
     },
 }
 
+/// Why a bundle is refused for good (see [`BundleError::refusal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// No signature at all.
+    Unsigned,
+    /// Signed, but with none of the trusted keys.
+    WrongKey,
+    /// Signed keylessly by an identity or issuer the policy does not trust.
+    UntrustedSigner,
+    /// The content is not what was signed, or not a valid bundle, or too large to be one.
+    Tampered,
+    /// The reference names a registry the policy does not allow.
+    RegistryNotAllowed,
+}
+
 impl BundleError {
     /// Bounded category of this error: a metric label and an Event reason, never a payload.
     pub fn category(&self) -> &'static str {
-        match self {
-            BundleError::InvalidManifests { .. } => "InvalidManifests",
-            BundleError::NotABundle { .. } => "NotABundle",
-            BundleError::DigestRequired { .. } => "DigestRequired",
-            BundleError::InvalidReference { .. } => "InvalidReference",
-            BundleError::DigestMismatch { .. } => "DigestMismatch",
-            BundleError::Unsigned { .. } => "Unsigned",
-            BundleError::WrongKey { .. } => "WrongKey",
-            BundleError::Tampered { .. } => "Tampered",
-            BundleError::UntrustedSignature { .. } => "UntrustedSignature",
-            BundleError::Key { .. } => "Key",
-            BundleError::RegistryUnavailable { .. } => "RegistryUnavailable",
-            BundleError::NotFound { .. } => "NotFound",
-            BundleError::Registry { .. } => "Registry",
-            BundleError::Io { .. } => "Io",
-            BundleError::RegistryNotAllowed { .. } => "RegistryNotAllowed",
-            BundleError::TooLarge { .. } => "TooLarge",
-            BundleError::Unauthorized { .. } => "Unauthorized",
-            BundleError::Credentials { .. } => "Credentials",
-        }
+        self.into()
+    }
+
+    /// Why the bundle is refused for good, if this error says so: a changed input (a signature,
+    /// a key, the content, the reference) is needed, never a retry. `None` for failures a retry
+    /// or a fixed registry may cure.
+    pub fn refusal(&self) -> Option<Refusal> {
+        Some(match self {
+            BundleError::Unsigned { .. } => Refusal::Unsigned,
+            BundleError::WrongKey { .. } => Refusal::WrongKey,
+            BundleError::UntrustedSignature { .. } => Refusal::UntrustedSigner,
+            BundleError::Tampered { .. }
+            | BundleError::DigestMismatch { .. }
+            | BundleError::NotABundle { .. }
+            | BundleError::InvalidManifests { .. }
+            | BundleError::DigestRequired { .. }
+            | BundleError::InvalidReference { .. }
+            | BundleError::TooLarge { .. } => Refusal::Tampered,
+            BundleError::RegistryNotAllowed { .. } => Refusal::RegistryNotAllowed,
+            BundleError::Key { .. }
+            | BundleError::RegistryUnavailable { .. }
+            | BundleError::NotFound { .. }
+            | BundleError::Registry { .. }
+            | BundleError::Io { .. }
+            | BundleError::Unauthorized { .. }
+            | BundleError::Credentials { .. } => return None,
+        })
     }
 
     /// Whether retrying the same call later may succeed (the registry was unreachable or

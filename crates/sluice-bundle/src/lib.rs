@@ -78,7 +78,7 @@ pub use client::{
     VerifiedObjects, inspection,
 };
 pub use credentials::{CaBundle, Credential, RegistryCredentials};
-pub use error::{BundleError, Result};
+pub use error::{BundleError, Refusal, Result};
 pub use keyless::{Identity, Keyless, Matcher, TrustedRoot};
 pub use keys::{KeyPairPem, PublicKey, SigningKey, generate_key_pair};
 pub use manifests::{BundleObject, GroupKind, ManifestFile, Manifests, ReadOptions, Skipped};

@@ -30,7 +30,7 @@ pub const SLUICE_KINDS: &[&str] = &[
 ];
 
 /// What went wrong reading a chart file or running a health check.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
 pub enum ChartTestError {
     /// A chart file could not be read.
     #[error("cannot read {path}: {source}; run the tests from the sluice repository")]
@@ -63,11 +63,7 @@ pub enum ChartTestError {
 impl ChartTestError {
     /// A bounded name of the error's kind.
     pub fn category(&self) -> &'static str {
-        match self {
-            Self::Read { .. } => "Read",
-            Self::Lua { .. } => "Lua",
-            Self::BadResult { .. } => "BadResult",
-        }
+        self.into()
     }
 }
 

@@ -3,7 +3,7 @@
 //! a token.
 
 /// Everything that can go wrong pushing a branch or opening a pull request.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
 pub enum GitopsError {
     /// The `git` binary is not installed.
     #[error("the git binary was not found on PATH; install git in the operator image")]
@@ -114,18 +114,7 @@ pub enum GitopsError {
 impl GitopsError {
     /// Bounded category: a metric label and an Event reason, never a payload.
     pub fn category(&self) -> &'static str {
-        match self {
-            GitopsError::GitMissing => "GitMissing",
-            GitopsError::Git { .. } => "Git",
-            GitopsError::CommitNotOnBase { .. } => "CommitNotOnBase",
-            GitopsError::RevertConflict { .. } => "RevertConflict",
-            GitopsError::InvalidBranch { .. } => "InvalidBranch",
-            GitopsError::BranchTaken { .. } => "BranchTaken",
-            GitopsError::Io { .. } => "Io",
-            GitopsError::ForgeUnavailable { .. } => "ForgeUnavailable",
-            GitopsError::Forge { .. } => "Forge",
-            GitopsError::ForgeUnauthorized { .. } => "ForgeUnauthorized",
-        }
+        self.into()
     }
 
     /// Whether retrying later may succeed without a change of input (a permanent error —

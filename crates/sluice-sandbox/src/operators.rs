@@ -225,7 +225,8 @@ pub fn build_args(dir: &BuildDir, manifest: &Path, operators: &[Operator]) -> Ve
 }
 
 /// Operator binaries could not be found, built or started.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum OperatorError {
     /// Binaries are missing and cargo is not known.
     #[error(
@@ -266,11 +267,7 @@ pub enum OperatorError {
 impl OperatorError {
     /// Bounded category.
     pub fn category(&self) -> &'static str {
-        match self {
-            OperatorError::Missing { .. } => "missing",
-            OperatorError::Build { .. } => "build",
-            OperatorError::Spawn { .. } => "spawn",
-        }
+        self.into()
     }
 }
 

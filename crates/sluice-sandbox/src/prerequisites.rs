@@ -105,7 +105,8 @@ pub fn running_as_root() -> bool {
 }
 
 /// A tool could not be made available.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum PrerequisiteError {
     /// Something is missing and the sandbox may not install it.
     #[error("{0}")]
@@ -130,11 +131,7 @@ pub enum PrerequisiteError {
 impl PrerequisiteError {
     /// Bounded category for logs and the scenario JSON.
     pub fn category(&self) -> &'static str {
-        match self {
-            PrerequisiteError::Missing(_) => "missing",
-            PrerequisiteError::Install { .. } => "install",
-            PrerequisiteError::StillMissing(_) => "still_missing",
-        }
+        self.into()
     }
 }
 

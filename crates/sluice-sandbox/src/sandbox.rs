@@ -115,7 +115,8 @@ impl Options {
 }
 
 /// Why the sandbox could not start.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum SandboxError {
     /// A program is missing.
     #[error(transparent)]
@@ -165,6 +166,7 @@ pub enum SandboxError {
     },
     /// The simulated Argo CD of a site could not start.
     #[error("starting Argo CD in {cluster} failed: {reason}")]
+    #[strum(serialize = "argocd")]
     ArgoCd {
         /// Management cluster.
         cluster: String,
@@ -193,21 +195,7 @@ pub enum SandboxError {
 impl SandboxError {
     /// Bounded category for logs and the scenario JSON.
     pub fn category(&self) -> &'static str {
-        match self {
-            SandboxError::Prerequisite(_) => "prerequisite",
-            SandboxError::FileMissing { .. } => "file_missing",
-            SandboxError::Emulator { .. } => "emulator",
-            SandboxError::ControlPlane { .. } => "control_plane",
-            SandboxError::Metrics(_) => "metrics",
-            SandboxError::Registry(_) => "registry",
-            SandboxError::Git(_) => "git",
-            SandboxError::World { .. } => "world",
-            SandboxError::ArgoCd { .. } => "argocd",
-            SandboxError::Operator(_) => "operator",
-            SandboxError::Io { .. } => "io",
-            SandboxError::Key(_) => "key",
-            SandboxError::Panicked(_) => "panicked",
-        }
+        self.into()
     }
 }
 

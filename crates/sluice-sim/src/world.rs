@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// A world that cannot start.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
 pub enum WorldError {
     /// No cluster was given.
     #[error("a world needs at least one cluster: call WorldBuilder::cluster before start")]
@@ -33,11 +33,7 @@ pub enum WorldError {
 impl WorldError {
     /// Bounded error category for metrics and logs.
     pub fn category(&self) -> &'static str {
-        match self {
-            WorldError::NoCluster => "NoCluster",
-            WorldError::IncompleteTelemetry { .. } => "IncompleteTelemetry",
-            WorldError::DuplicateCluster(_) => "DuplicateCluster",
-        }
+        self.into()
     }
 }
 

@@ -45,7 +45,8 @@ impl Operator {
 }
 
 /// The operator binaries are not available.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum BinaryError {
     /// Building them failed.
     #[error("`{command}` failed ({status}); fix the build (its output is above)")]
@@ -72,10 +73,7 @@ pub enum BinaryError {
 impl BinaryError {
     /// Bounded category.
     pub fn category(&self) -> &'static str {
-        match self {
-            BinaryError::Build { .. } => "build",
-            BinaryError::Missing { .. } => "missing",
-        }
+        self.into()
     }
 }
 

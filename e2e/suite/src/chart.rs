@@ -39,7 +39,8 @@ pub enum Mode {
 }
 
 /// Rendering the chart failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum ChartError {
     /// No helm binary was found.
     #[error(
@@ -76,12 +77,7 @@ pub enum ChartError {
 impl ChartError {
     /// Bounded category (metric label, skip reason).
     pub fn category(&self) -> &'static str {
-        match self {
-            ChartError::HelmMissing { .. } => "helm_missing",
-            ChartError::Render { .. } => "render",
-            ChartError::Spawn { .. } => "spawn",
-            ChartError::Yaml(_) => "yaml",
-        }
+        self.into()
     }
 }
 

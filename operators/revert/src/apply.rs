@@ -16,6 +16,7 @@ use kube::{
 };
 use serde_json::{Value, json};
 use sluice_bundle::BundleObject;
+use sluice_runtime::{Categorized, Category};
 
 use crate::{
     decide::{AppKey, ObjectKey},
@@ -105,19 +106,13 @@ pub enum ApplyError {
     },
 }
 
-impl ApplyError {
-    /// Bounded category.
-    pub fn category(&self) -> &'static str {
+impl Categorized for ApplyError {
+    fn category(&self) -> Category {
         match self {
-            ApplyError::Discovery { .. } => "Discovery",
-            ApplyError::ClusterScoped { .. } => "ClusterScoped",
-            ApplyError::NotRestored { .. } => "NotRestored",
-            ApplyError::Write { source, .. } => match source {
-                kube::Error::Api(s) if s.code == 403 => "Forbidden",
-                kube::Error::Api(s) if s.code == 409 => "Conflict",
-                kube::Error::Api(s) if s.code == 422 => "Invalid",
-                _ => "Api",
-            },
+            ApplyError::Discovery { .. } => Category::ApiUnavailable,
+            ApplyError::ClusterScoped { .. } => Category::Rejected,
+            ApplyError::NotRestored { .. } => Category::Conflict,
+            ApplyError::Write { source, .. } => Category::of_kube(source),
         }
     }
 }

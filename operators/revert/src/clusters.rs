@@ -19,9 +19,10 @@ pub const CLUSTER_LABEL: &str = "sluice.dev/revert-cluster";
 pub const ARGOCD_SECRET_TYPE_LABEL: &str = "argocd.argoproj.io/secret-type";
 
 /// Errors choosing or using a destination identity.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
 pub enum ClusterError {
     /// No identity Secret names the destination.
+    #[strum(serialize = "NoClusterIdentity")]
     #[error(
         "no revert cluster identity for destination {destination:?}: create a Secret in namespace {namespace} labelled {CLUSTER_LABEL}=true with keys name, server and token (the chart's per-cluster ServiceAccount token)"
     )]
@@ -32,6 +33,7 @@ pub enum ClusterError {
         namespace: String,
     },
     /// The Secret lacks a key.
+    #[strum(serialize = "InvalidClusterIdentity")]
     #[error("revert cluster Secret {namespace}/{secret} has no {key:?} key; add it")]
     MissingKey {
         /// Namespace.
@@ -52,6 +54,7 @@ pub enum ClusterError {
         secret: String,
     },
     /// The server URL or CA is unusable.
+    #[strum(serialize = "InvalidClusterIdentity")]
     #[error("revert cluster Secret {namespace}/{secret}: {reason}")]
     Invalid {
         /// Namespace.
@@ -74,14 +77,7 @@ pub enum ClusterError {
 impl ClusterError {
     /// Bounded category (metric label, Event reason).
     pub fn category(&self) -> &'static str {
-        match self {
-            ClusterError::NoIdentity { .. } => "NoClusterIdentity",
-            ClusterError::MissingKey { .. } | ClusterError::Invalid { .. } => {
-                "InvalidClusterIdentity"
-            }
-            ClusterError::ArgoCdCredentials { .. } => "ArgoCdCredentials",
-            ClusterError::Api { .. } => "Api",
-        }
+        self.into()
     }
 }
 

@@ -223,27 +223,13 @@ pub enum ReconcileError {
     },
 }
 
-fn kube_category(e: &kube::Error) -> Category {
-    match e {
-        kube::Error::Api(s) => match s.code {
-            401 | 403 => Category::Forbidden,
-            404 => Category::NotFound,
-            409 => Category::Conflict,
-            400 | 422 => Category::Rejected,
-            _ => Category::ApiUnavailable,
-        },
-        kube::Error::SerdeError(_) => Category::Serialization,
-        _ => Category::ApiUnavailable,
-    }
-}
-
 impl Categorized for ReconcileError {
     fn category(&self) -> Category {
         match self {
             ReconcileError::NoNamespace { .. } => Category::Internal,
             ReconcileError::NotLeader(e) => e.category(),
             ReconcileError::Status(e) => e.category(),
-            ReconcileError::Read { source, .. } => kube_category(source),
+            ReconcileError::Read { source, .. } => Category::of_kube(source),
             ReconcileError::Effect(_, c) => *c,
             ReconcileError::NotRestored(_) => Category::Conflict,
             ReconcileError::Preflight(_) => Category::Rejected,
@@ -613,11 +599,11 @@ impl Context {
                         apply::ApplyError::NotRestored { .. } => {
                             ReconcileError::NotRestored(e.to_string())
                         }
-                        e => dest_err(e.to_string(), apply_category(&e)),
+                        e => dest_err(e.to_string(), e.category()),
                     })?;
                     let pruned = apply::prune_objects(&self.kinds, &client, destination, prune)
                         .await
-                        .map_err(|e| dest_err(e.to_string(), apply_category(&e)))?;
+                        .map_err(|e| dest_err(e.to_string(), e.category()))?;
                     Ok::<_, ReconcileError>((applied, pruned))
                 };
                 let (applied, pruned) = tokio::time::timeout(budget, work).await.map_err(|_| {
@@ -675,7 +661,7 @@ impl Context {
                     FIELD_MANAGER.as_str(),
                 )
                 .await
-                .map_err(|e| dest_err(e.to_string(), apply_category(&e)))?;
+                .map_err(|e| dest_err(e.to_string(), e.category()))?;
                 tracing::info!(application = %format!("{}/{}", app.namespace, app.name), destination, dropped, "field ownership dropped");
             }
             Action::PushRevert {
@@ -784,15 +770,6 @@ enum PushError {
     NotConfigured,
     /// Git or the forge failed.
     Gitops(sluice_gitops::GitopsError),
-}
-
-fn apply_category(e: &apply::ApplyError) -> Category {
-    match e.category() {
-        "Forbidden" => Category::Forbidden,
-        "Conflict" => Category::Conflict,
-        "Invalid" => Category::Rejected,
-        _ => Category::ApiUnavailable,
-    }
 }
 
 /// Adds or removes [`crate::FINALIZER`] (JSON patch with a `test` of the list read, so a

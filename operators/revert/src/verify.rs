@@ -17,7 +17,7 @@ use sluice_api::v1alpha1::{
     BundlePinSpec,
     bundle_pin::{GroupKind, reasons},
 };
-use sluice_bundle::{ByteLru, PublicKey, VerifiedObjects};
+use sluice_bundle::{ByteLru, PublicKey, Refusal, VerifiedObjects};
 
 use crate::{
     decide::{self, BundleSummary, ObjectKey, Verification},
@@ -185,7 +185,7 @@ impl Verifier {
                     b
                 }
                 Err(e) => {
-                    return match refusal_reason(e.category()) {
+                    return match e.refusal().map(refusal_reason) {
                         Some(reason) => (
                             Verification::Refused {
                                 reason,
@@ -266,14 +266,12 @@ impl Verifier {
     }
 }
 
-fn refusal_reason(category: &str) -> Option<&'static str> {
-    Some(match category {
-        "Unsigned" => reasons::UNSIGNED,
-        "WrongKey" => reasons::WRONG_KEY,
-        "UntrustedSignature" => reasons::UNTRUSTED_SIGNER,
-        "Tampered" | "DigestMismatch" | "NotABundle" | "InvalidManifests" | "DigestRequired"
-        | "InvalidReference" | "TooLarge" => reasons::TAMPERED,
-        "RegistryNotAllowed" => reasons::INVALID_SPEC,
-        _ => return None,
-    })
+fn refusal_reason(refusal: Refusal) -> &'static str {
+    match refusal {
+        Refusal::Unsigned => reasons::UNSIGNED,
+        Refusal::WrongKey => reasons::WRONG_KEY,
+        Refusal::UntrustedSigner => reasons::UNTRUSTED_SIGNER,
+        Refusal::Tampered => reasons::TAMPERED,
+        Refusal::RegistryNotAllowed => reasons::INVALID_SPEC,
+    }
 }

@@ -17,7 +17,7 @@ use crate::rbac::selector_matches;
 use crate::validation::cel_library;
 
 /// Why a policy or binding cannot be used as written.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
 pub enum AdmissionError {
     /// An expression does not compile or uses what the emulator does not provide.
     #[error(
@@ -54,11 +54,7 @@ pub enum AdmissionError {
 impl AdmissionError {
     /// A bounded label for metrics and logs.
     pub fn category(&self) -> &'static str {
-        match self {
-            AdmissionError::CelCompile { .. } => "CelCompile",
-            AdmissionError::UnknownKind { .. } => "UnknownKind",
-            AdmissionError::Missing { .. } => "Missing",
-        }
+        self.into()
     }
 }
 

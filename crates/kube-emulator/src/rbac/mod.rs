@@ -80,7 +80,7 @@ impl Decision {
 }
 
 /// Why an RBAC object cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
 pub enum RbacError {
     /// The object is not an RBAC object this authorizer knows.
     #[error(
@@ -105,10 +105,7 @@ pub enum RbacError {
 impl RbacError {
     /// A bounded label for metrics and logs.
     pub fn category(&self) -> &'static str {
-        match self {
-            RbacError::UnknownKind { .. } => "UnknownKind",
-            RbacError::Missing { .. } => "Missing",
-        }
+        self.into()
     }
 }
 

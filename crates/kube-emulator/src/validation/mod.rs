@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 pub use quantity::{Quantity, QuantityError};
 
 /// Why a CRD schema cannot be served.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
 pub enum SchemaError {
     /// The schema JSON is not a structural schema the emulator understands.
     #[error("invalid schema at {path}: {detail}")]
@@ -65,12 +65,7 @@ pub enum SchemaError {
 impl SchemaError {
     /// A bounded label for metrics and logs.
     pub fn category(&self) -> &'static str {
-        match self {
-            SchemaError::InvalidSchema { .. } => "InvalidSchema",
-            SchemaError::InvalidPattern { .. } => "InvalidPattern",
-            SchemaError::CelCompile { .. } => "CelCompile",
-            SchemaError::MissingSchema { .. } => "MissingSchema",
-        }
+        self.into()
     }
 }
 

@@ -76,18 +76,17 @@ pub struct SidecarStatus {
 }
 
 /// Why an injector annotation could not be read.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, strum::IntoStaticStr)]
 pub enum SidecarStatusError {
     /// The annotation is not valid JSON of the expected shape.
+    #[strum(serialize = "MalformedSidecarStatus")]
     Malformed(String),
 }
 
 impl SidecarStatusError {
     /// A bounded category for metrics labels and Event reasons.
     pub fn category(&self) -> &'static str {
-        match self {
-            SidecarStatusError::Malformed(_) => "MalformedSidecarStatus",
-        }
+        self.into()
     }
 }
 

@@ -403,7 +403,7 @@ pub struct ResolvedGate {
 }
 
 /// Why a gate could not be resolved.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, strum::IntoStaticStr)]
 pub enum GateResolveError {
     /// `templateRef` names a template that was not supplied.
     TemplateMissing {
@@ -441,13 +441,7 @@ pub enum GateResolveError {
 impl GateResolveError {
     /// A bounded category for metrics labels and Event reasons.
     pub fn category(&self) -> &'static str {
-        match self {
-            GateResolveError::TemplateMissing { .. } => "TemplateMissing",
-            GateResolveError::NoQuery { .. } => "NoQuery",
-            GateResolveError::AmbiguousQuery { .. } => "AmbiguousQuery",
-            GateResolveError::NoComparison { .. } => "NoComparison",
-            GateResolveError::BadDuration { .. } => "BadDuration",
-        }
+        self.into()
     }
 }
 

@@ -35,7 +35,8 @@ pub struct Outcome {
 }
 
 /// A scenario could not run to its end.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum ScenarioError {
     /// An API call to a cluster failed.
     #[error("{action} in {cluster} failed: {source}")]
@@ -74,13 +75,7 @@ pub enum ScenarioError {
 impl ScenarioError {
     /// Bounded category for the result line.
     pub fn category(&self) -> &'static str {
-        match self {
-            ScenarioError::Api { .. } => "api",
-            ScenarioError::Prometheus(_) => "prometheus",
-            ScenarioError::Bundle { .. } => "bundle",
-            ScenarioError::Missing(_) => "missing",
-            ScenarioError::Timeout { .. } => "timeout",
-        }
+        self.into()
     }
 }
 

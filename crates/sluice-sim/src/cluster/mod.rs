@@ -94,12 +94,13 @@ impl ClusterConfig {
 }
 
 /// Errors of the cluster behaviour.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
 pub enum ClusterError {
     /// An API call failed.
     #[error(
         "{action} failed: {source}; the simulator retries in a second — check the API server is reachable and the identity may do this"
     )]
+    #[strum(serialize = "ApiError")]
     Api {
         /// What was being done, with kind/namespace/name.
         action: String,
@@ -109,6 +110,7 @@ pub enum ClusterError {
     },
     /// An object lacks a field the controllers need.
     #[error("{what} has no {field}; fix the object (the simulator waits for a change)")]
+    #[strum(serialize = "InvalidObject")]
     Invalid {
         /// Kind/namespace/name.
         what: String,
@@ -120,9 +122,6 @@ pub enum ClusterError {
 impl ClusterError {
     /// Bounded error category for metrics and logs.
     pub fn category(&self) -> &'static str {
-        match self {
-            ClusterError::Api { .. } => "ApiError",
-            ClusterError::Invalid { .. } => "InvalidObject",
-        }
+        self.into()
     }
 }

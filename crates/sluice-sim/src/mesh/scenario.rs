@@ -326,10 +326,11 @@ pub struct Event {
 }
 
 /// A scenario that cannot be used.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
 pub enum ScenarioError {
     /// The file could not be read.
     #[error("reading scenario {path}: {source}")]
+    #[strum(serialize = "ScenarioUnreadable")]
     Read {
         /// File path.
         path: String,
@@ -339,6 +340,7 @@ pub enum ScenarioError {
     },
     /// The YAML is malformed or has unknown fields.
     #[error("parsing scenario {origin}: {source}; see scenarios/README.md for the format")]
+    #[strum(serialize = "ScenarioMalformed")]
     Parse {
         /// File path or `<inline>`.
         origin: String,
@@ -348,6 +350,7 @@ pub enum ScenarioError {
     },
     /// The scenario is well-formed but inconsistent.
     #[error("scenario {name}: {reason}")]
+    #[strum(serialize = "ScenarioInvalid")]
     Invalid {
         /// Scenario name.
         name: String,
@@ -359,11 +362,7 @@ pub enum ScenarioError {
 impl ScenarioError {
     /// Bounded error category for metrics and logs.
     pub fn category(&self) -> &'static str {
-        match self {
-            ScenarioError::Read { .. } => "ScenarioUnreadable",
-            ScenarioError::Parse { .. } => "ScenarioMalformed",
-            ScenarioError::Invalid { .. } => "ScenarioInvalid",
-        }
+        self.into()
     }
 }
 
