@@ -413,7 +413,7 @@ impl Context {
         .await
         .map(|_| ())
         .map_err(|e| {
-            let c = kube_category(&e);
+            let c = Category::of_kube(&e);
             ReconcileError::Effect(
                 format!("patching Application {}/{}: {e}", app.namespace, app.name),
                 c,
