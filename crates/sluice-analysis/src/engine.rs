@@ -12,6 +12,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::channel::oneshot;
+use futures::future::{FutureExt, Shared};
+
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use sluice_api::v1alpha1::gate::KNOWN_VARIABLES;
@@ -644,28 +647,110 @@ pub struct Engine<S> {
 }
 
 /// The sequential range answers of the interval last ended, per group of queries (template,
-/// window, constants) and interval length. Ticks are driven by their owners' reconciles, so one
-/// interval can hold many ticks: the first asks once for every object asking in this interval
-/// or the one before, and the later ticks of the interval read that answer instead of asking
-/// again. Query load per interval therefore stays one query per group whatever the number of
-/// objects (one more when an object asks for the first time).
+/// window, constants) and interval length, the queries in flight, and the counts each check
+/// has already accumulated. Ticks are driven by their owners' reconciles, so one interval can
+/// hold many ticks: the first asks once for every object asking in this interval or the one
+/// before, the later ticks of the interval read that answer (or wait for it while it is in
+/// flight) instead of asking again. An object whose earlier intervals are counted reads only
+/// the newest ones; one counted for the first time (a new step, a restarted process) reads from
+/// the step's start, in a query of its own so the others' stays short. Query load per interval
+/// therefore stays one query per group whatever the number of objects (one more when an object
+/// asks for the first time), and each object's share of it is a fixed number of points.
 #[derive(Debug, Default)]
 struct IntervalCache {
     groups: BTreeMap<(GroupKey, i64), CachedGroup>,
+    counted: BTreeMap<CountKey, Arc<Counted>>,
+    next_id: u64,
 }
 
+/// The answer of one range query: the tuples it was asked for and the first interval it covers
+/// (it also holds the reading one interval before).
 #[derive(Debug)]
-struct CachedGroup {
-    /// The end (Unix ms) of the interval the answer is for.
-    end: i64,
-    /// The first point the answer covers (one interval before it is also read).
+struct Answer {
     first: i64,
-    /// The key tuples the answer covers.
     tuples: BTreeSet<Vec<String>>,
-    /// The answer (`None` after a failed query: the next tick asks again).
-    answer: Option<Arc<RangeAnswer>>,
+    values: RangeAnswer,
+}
+
+type AnswerResult = Result<Arc<Answer>, Arc<SourceError>>;
+
+/// Tuples of a group waiting for a query in flight.
+type Waiting = (
+    usize,
+    Vec<Vec<String>>,
+    Shared<oneshot::Receiver<AnswerResult>>,
+);
+
+/// A query to send: group, id, span, tuples, and where its answer is published.
+type Sending = (
+    usize,
+    u64,
+    Span,
+    BTreeSet<Vec<String>>,
+    oneshot::Sender<AnswerResult>,
+);
+
+/// A range query sent and not yet answered: the ticks that need what it covers wait for it.
+struct InFlight {
+    id: u64,
+    first: i64,
+    tuples: BTreeSet<Vec<String>>,
+    answer: Shared<oneshot::Receiver<AnswerResult>>,
+}
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlight")
+            .field("id", &self.id)
+            .field("first", &self.first)
+            .field("tuples", &self.tuples.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl InFlight {
+    fn covers(&self, tuple: &[String], first: i64) -> bool {
+        self.first <= first && self.tuples.contains(tuple)
+    }
+}
+
+impl Answer {
+    fn covers(&self, tuple: &[String], first: i64) -> bool {
+        self.first <= first && self.tuples.contains(tuple)
+    }
+}
+
+#[derive(Debug, Default)]
+struct CachedGroup {
+    /// The end (Unix ms) of the interval the answers are for.
+    end: i64,
+    /// The answers for that interval.
+    answers: Vec<Arc<Answer>>,
+    /// The queries for that interval in flight.
+    inflight: Vec<InFlight>,
     /// Every tuple asked for, with the end of the last interval it was asked at.
     asked: BTreeMap<Vec<String>, i64>,
+}
+
+/// What one check's counts are accumulated for: the owner, the gate, the start of the
+/// accumulation and the interval, and the queries and bindings they are read from (a change of
+/// any of them counts afresh).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct CountKey {
+    owner: String,
+    gate: String,
+    since: i64,
+    step: i64,
+    slots: Vec<(GroupKey, Vec<String>, bool)>,
+}
+
+/// The counts a check accumulated: one per aligned interval up to `through` (Unix ms, the end
+/// of the last one counted), and whether any reading was seen.
+#[derive(Clone, Debug)]
+struct Counted {
+    through: i64,
+    intervals: BTreeMap<i64, IntervalCounts>,
+    seen: bool,
 }
 
 /// Why an engine could not be built.
@@ -862,80 +947,175 @@ impl<S: MetricsSource> Engine<S> {
             .iter()
             .map(|&(_, kind, scope)| span(kind, scope, self.options.sequential_lookback, now))
             .collect();
-        let mut group_span: Vec<Option<Span>> = vec![None; plan.groups.len()];
-        for (planned, span) in plan.checks.iter().zip(&spans) {
-            let (Ok(p), Some(span)) = (planned, span) else {
-                continue;
-            };
-            for (g, _) in p.subject.iter().chain(&p.baseline) {
-                let merged = group_span[*g].map_or(*span, |s: Span| Span {
-                    first: s.first.min(span.first),
-                    ..s
-                });
-                group_span[*g] = Some(merged);
-            }
-        }
-        let mut answers: Vec<Option<Result<Arc<RangeAnswer>, Arc<SourceError>>>> =
-            (0..plan.groups.len()).map(|_| None).collect();
-        // What this interval's earlier ticks already answered; the rest is asked now, for the
-        // objects of this tick and those that asked in this interval or the one before.
-        let mut to_send: Vec<(usize, Span, BTreeSet<Vec<String>>)> = Vec::new();
+        let now_ms = now.as_millisecond();
+        let lookback =
+            i64::try_from(self.options.sequential_lookback.as_millis()).unwrap_or(i64::MAX);
+        // Per check: the key of its accumulated counts, and the first interval it reads (the
+        // last one counted is counted again, so a reading that arrived late is taken in).
+        let mut keys: Vec<Option<CountKey>> = vec![None; which.len()];
+        let mut from: Vec<Option<i64>> = vec![None; which.len()];
+        let mut counted: Vec<Option<Arc<Counted>>> = vec![None; which.len()];
+        // Per group: every tuple needed, with the first interval it is needed from.
+        let mut needs: BTreeMap<usize, BTreeMap<Vec<String>, i64>> = BTreeMap::new();
         {
             let mut cache = self.intervals.lock().unwrap_or_else(|e| e.into_inner());
-            for (g, group) in plan.groups.iter().enumerate() {
-                let Some(s) = group_span[g] else { continue };
-                let entry = cache.groups.get_mut(&(group.key.clone(), s.step));
-                match entry {
-                    Some(c)
-                        if c.end == s.end
-                            && c.first <= s.first
-                            && c.answer.is_some()
-                            && group.tuples.is_subset(&c.tuples) =>
-                    {
-                        for t in &group.tuples {
-                            c.asked.insert(t.clone(), s.end);
-                        }
-                        answers[g] = c.answer.clone().map(Ok);
-                    }
-                    other => {
-                        let mut tuples = group.tuples.clone();
-                        let mut first = s.first;
-                        if let Some(c) = other {
-                            // Objects that asked recently, within this query's reach.
-                            c.asked.retain(|_, at| *at >= s.end - s.step);
-                            tuples.extend(c.asked.keys().cloned());
-                            if c.end >= s.end - s.step {
-                                first = first.min(c.first);
-                            }
-                        }
-                        to_send.push((g, Span { first, ..s }, tuples));
-                    }
+            cache
+                .counted
+                .retain(|k, c| c.through >= now_ms.saturating_sub(lookback).saturating_sub(k.step));
+            for (n, ((&(i, _, scope), planned), span)) in
+                which.iter().zip(&plan.checks).zip(&spans).enumerate()
+            {
+                let (Ok(p), Some(span)) = (planned, span) else {
+                    continue;
+                };
+                let slot = |&(g, ref tuple): &Slot, baseline: bool| {
+                    (plan.groups[g].key.clone(), tuple.clone(), baseline)
+                };
+                let key = CountKey {
+                    owner: checks[i].owner.clone(),
+                    gate: checks[i].gate.name.clone(),
+                    since: scope.since.as_millisecond(),
+                    step: span.step,
+                    slots: p
+                        .subject
+                        .iter()
+                        .map(|s| slot(s, false))
+                        .chain(p.baseline.iter().map(|s| slot(s, true)))
+                        .collect(),
+                };
+                let earlier = cache
+                    .counted
+                    .get(&key)
+                    .filter(|c| c.through >= span.first && c.through <= span.end)
+                    .cloned();
+                let first = earlier.as_ref().map_or(span.first, |c| c.through);
+                counted[n] = earlier;
+                for (g, tuple) in p.subject.iter().chain(&p.baseline) {
+                    let need = needs
+                        .entry(*g)
+                        .or_default()
+                        .entry(tuple.clone())
+                        .or_insert(first);
+                    *need = (*need).min(first);
+                }
+                keys[n] = Some(key);
+                from[n] = Some(first);
+            }
+        }
+        // Per group: the end and step of its intervals (one window, one step per group).
+        let mut group_span: BTreeMap<usize, Span> = BTreeMap::new();
+        for (planned, span) in plan.checks.iter().zip(&spans) {
+            if let (Ok(p), Some(span)) = (planned, span) {
+                for (g, _) in p.subject.iter().chain(&p.baseline) {
+                    group_span.insert(*g, *span);
                 }
             }
         }
-        let rendered: Vec<Option<String>> = to_send
-            .iter()
-            .map(|(g, _, tuples)| {
-                let group = &plan.groups[*g];
-                group
-                    .template
-                    .render(
-                        tuples,
-                        &group.key.constants.iter().cloned().collect(),
-                        group.key.window,
-                    )
-                    .ok()
-            })
-            .collect();
-        let results = futures::future::join_all(to_send.iter().zip(&rendered).map(
-            |((_, s, _), query)| async move {
+        // Where each needed tuple is read: an answer of this interval, a query in flight, or a
+        // query sent now (one for the objects reading the newest intervals, one for those
+        // reading from further back).
+        let mut found: HashMap<(usize, Vec<String>), AnswerResult> = HashMap::new();
+        let mut waits: Vec<Waiting> = Vec::new();
+        let mut to_send: Vec<Sending> = Vec::new();
+        {
+            let mut cache = self.intervals.lock().unwrap_or_else(|e| e.into_inner());
+            for (&g, need) in &needs {
+                let s = group_span[&g];
+                let mut id = cache.next_id;
+                let entry = cache
+                    .groups
+                    .entry((plan.groups[g].key.clone(), s.step))
+                    .or_default();
+                if entry.end < s.end {
+                    entry.end = s.end;
+                    entry.answers.clear();
+                    entry.inflight.clear();
+                }
+                let current = entry.end == s.end;
+                let mut newest = BTreeSet::new();
+                let mut older = BTreeSet::new();
+                let mut older_first = s.end;
+                let mut waiting: BTreeMap<usize, Vec<Vec<String>>> = BTreeMap::new();
+                for (tuple, &first) in need {
+                    if current {
+                        if let Some(a) = entry.answers.iter().find(|a| a.covers(tuple, first)) {
+                            found.insert((g, tuple.clone()), Ok(a.clone()));
+                            continue;
+                        }
+                        if let Some(w) = entry.inflight.iter().position(|f| f.covers(tuple, first))
+                        {
+                            waiting.entry(w).or_default().push(tuple.clone());
+                            continue;
+                        }
+                    }
+                    if first >= s.end - s.step {
+                        newest.insert(tuple.clone());
+                    } else {
+                        older.insert(tuple.clone());
+                        older_first = older_first.min(first);
+                    }
+                }
+                for (w, tuples) in waiting {
+                    waits.push((g, tuples, entry.inflight[w].answer.clone()));
+                }
+                if !newest.is_empty() {
+                    // Objects that asked recently, so the later ticks of this interval find
+                    // their answer here.
+                    entry.asked.retain(|_, at| *at >= s.end - s.step);
+                    let covered = |t: &Vec<String>| {
+                        current
+                            && (entry.answers.iter().any(|a| a.covers(t, s.end - s.step))
+                                || entry.inflight.iter().any(|f| f.covers(t, s.end - s.step)))
+                    };
+                    let recent: Vec<Vec<String>> = entry
+                        .asked
+                        .keys()
+                        .filter(|t| !covered(t))
+                        .cloned()
+                        .collect();
+                    newest.extend(recent);
+                }
+                for (tuples, first) in [(newest, s.end - s.step), (older, older_first)] {
+                    if tuples.is_empty() {
+                        continue;
+                    }
+                    let (tx, rx) = oneshot::channel();
+                    id += 1;
+                    if current {
+                        entry.inflight.push(InFlight {
+                            id,
+                            first,
+                            tuples: tuples.clone(),
+                            answer: rx.shared(),
+                        });
+                    }
+                    to_send.push((g, id, Span { first, ..s }, tuples, tx));
+                }
+                for tuple in need.keys() {
+                    let at = entry.asked.entry(tuple.clone()).or_insert(s.end);
+                    *at = (*at).max(s.end);
+                }
+                cache.next_id = id;
+            }
+        }
+        let ask = |g: usize, s: Span, tuples: BTreeSet<Vec<String>>| {
+            let group = &plan.groups[g];
+            let query = group
+                .template
+                .render(
+                    &tuples,
+                    &group.key.constants.iter().cloned().collect(),
+                    group.key.window,
+                )
+                .ok();
+            async move {
                 let at = |ms: i64| Timestamp::from_millisecond(ms).unwrap_or(now);
                 // One reading before the first interval: its counts are the difference.
-                match query {
+                let result = match query {
                     Some(q) => {
                         self.source
                             .query_range(
-                                q,
+                                &q,
                                 at(s.first - s.step),
                                 at(s.end),
                                 Duration::from_millis(s.step as u64),
@@ -946,52 +1126,109 @@ impl<S: MetricsSource> Engine<S> {
                         url: String::new(),
                         message: "a planned query did not render".into(),
                     }),
-                }
-            },
-        ))
-        .await;
-        let mut failed = 0;
-        let sent = to_send.len();
-        {
-            let mut cache = self.intervals.lock().unwrap_or_else(|e| e.into_inner());
-            for ((g, s, tuples), result) in to_send.into_iter().zip(results) {
-                let group = &plan.groups[g];
-                let answer = match result {
-                    Ok(series) => Ok(Arc::new(split_range(&series, &group.template.key_labels()))),
+                };
+                match result {
+                    Ok(series) => Ok(Arc::new(Answer {
+                        first: s.first,
+                        tuples,
+                        values: split_range(&series, &group.template.key_labels()),
+                    })),
                     Err(e) => {
-                        failed += 1;
                         tracing::warn!(category = e.category(), error = %e, "sequential gate query failed");
                         Err(Arc::new(e))
                     }
-                };
-                let entry = cache
-                    .groups
-                    .entry((group.key.clone(), s.step))
-                    .or_insert_with(|| CachedGroup {
-                        end: s.end,
-                        first: s.first,
-                        tuples: BTreeSet::new(),
-                        answer: None,
-                        asked: BTreeMap::new(),
-                    });
-                for t in &group.tuples {
-                    entry.asked.insert(t.clone(), s.end);
                 }
-                // Never replace a newer interval's answer by an older one.
-                if s.end >= entry.end {
-                    entry.end = s.end;
-                    entry.first = s.first;
-                    entry.tuples = tuples;
-                    entry.answer = answer.as_ref().ok().cloned();
+            }
+        };
+        // Each answer is published the moment it arrives: a tick waiting for it never waits
+        // for the rest of the tick that sent it.
+        let groups = &plan.groups;
+        let publish = |g: usize,
+                       id: u64,
+                       s: Span,
+                       tuples: BTreeSet<Vec<String>>,
+                       tx: oneshot::Sender<AnswerResult>| {
+            let asked = ask(g, s, tuples.clone());
+            async move {
+                let result = asked.await;
+                {
+                    let mut cache = self.intervals.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(entry) = cache.groups.get_mut(&(groups[g].key.clone(), s.step)) {
+                        entry.inflight.retain(|f| f.id != id);
+                        if entry.end == s.end
+                            && let Ok(a) = &result
+                        {
+                            entry.answers.push(a.clone());
+                        }
+                    }
                 }
-                answers[g] = Some(answer);
+                let _ = tx.send(result.clone());
+                (g, tuples, result)
+            }
+        };
+        let mut sent = to_send.len();
+        let mut failed = 0;
+        let (results, waited) = futures::join!(
+            futures::future::join_all(
+                to_send
+                    .into_iter()
+                    .map(|(g, id, s, tuples, tx)| publish(g, id, s, tuples, tx))
+            ),
+            futures::future::join_all(waits.iter().map(|(_, _, rx)| rx.clone()))
+        );
+        for (g, tuples, result) in results {
+            if result.is_err() {
+                failed += 1;
+            }
+            for t in tuples {
+                if needs.get(&g).is_some_and(|n| n.contains_key(&t)) {
+                    found.entry((g, t)).or_insert_with(|| result.clone());
+                }
+            }
+        }
+        // A query waited for that was abandoned (its tick stopped): asked again here.
+        let mut again = Vec::new();
+        for ((g, tuples, _), result) in waits.into_iter().zip(waited) {
+            match result {
+                Ok(r) => {
+                    for t in tuples {
+                        found.insert((g, t), r.clone());
+                    }
+                }
+                Err(oneshot::Canceled) => {
+                    let s = group_span[&g];
+                    let first = tuples
+                        .iter()
+                        .filter_map(|t| needs.get(&g).and_then(|n| n.get(t)).copied())
+                        .min()
+                        .unwrap_or(s.first);
+                    again.push((g, Span { first, ..s }, tuples));
+                }
+            }
+        }
+        if !again.is_empty() {
+            sent += again.len();
+            let results = futures::future::join_all(
+                again
+                    .iter()
+                    .map(|(g, s, tuples)| ask(*g, *s, tuples.iter().cloned().collect())),
+            )
+            .await;
+            for ((g, _, tuples), result) in again.into_iter().zip(results) {
+                if result.is_err() {
+                    failed += 1;
+                }
+                for t in tuples {
+                    found.insert((g, t), result.clone());
+                }
             }
         }
         let outcomes = which
             .iter()
             .zip(&per_interval)
             .zip(plan.checks.iter().zip(&spans))
-            .map(|((&(i, kind, scope), per), (planned, span))| {
+            .enumerate()
+            .map(|(n, ((&(i, kind, scope), per), (planned, span)))| {
                 let check = &checks[i];
                 let p = match planned {
                     Err(e) => {
@@ -1067,13 +1304,17 @@ impl<S: MetricsSource> Engine<S> {
                         verdict: Ok(verdict),
                     };
                 };
+                // The intervals read now; the earlier ones are counted already.
+                let from = from[n].unwrap_or(span.first);
+                let earlier = counted[n].as_deref();
                 let read =
                     |slots: &[Slot]| -> Result<Vec<BTreeMap<i64, Vec<Parts>>>, Arc<SourceError>> {
                         slots
                             .iter()
-                            .map(|(g, tuple)| match &answers[*g] {
+                            .map(|(g, tuple)| match found.get(&(*g, tuple.clone())) {
                                 Some(Ok(a)) => Ok(a
-                                    .range(span.first - span.step..=span.end)
+                                    .values
+                                    .range(from - span.step..=span.end)
                                     .filter_map(|(t, m)| {
                                         m.get(tuple).map(|p| (*t, vec![p.clone()]))
                                     })
@@ -1119,7 +1360,47 @@ impl<S: MetricsSource> Engine<S> {
                         })
                         .collect()
                 };
-                let seen = subject.iter().chain(&baseline).any(|m| !m.is_empty());
+                let seen = earlier.is_some_and(|c| c.seen)
+                    || subject.iter().chain(&baseline).any(|m| !m.is_empty());
+                let mut intervals = Vec::new();
+                let mut t = span.first;
+                while t <= span.end {
+                    intervals.push(if t < from {
+                        earlier
+                            .and_then(|c| c.intervals.get(&t))
+                            .copied()
+                            .unwrap_or_default()
+                    } else {
+                        let (c, s) = (at_time(&subject, t), at_time(&baseline, t));
+                        counts(kind, &c, &s)
+                    });
+                    t += span.step;
+                }
+                if let Some(key) = keys[n].take() {
+                    let mut cache = self.intervals.lock().unwrap_or_else(|e| e.into_inner());
+                    let stale = cache
+                        .counted
+                        .get(&key)
+                        .is_some_and(|c| c.through > span.end);
+                    if !stale {
+                        let mut t = span.first;
+                        let intervals = intervals
+                            .iter()
+                            .map(|c| {
+                                t += span.step;
+                                (t - span.step, *c)
+                            })
+                            .collect();
+                        cache.counted.insert(
+                            key,
+                            Arc::new(Counted {
+                                through: span.end,
+                                intervals,
+                                seen,
+                            }),
+                        );
+                    }
+                }
                 if !seen {
                     let observation = Observation::Measured {
                         value: None,
@@ -1138,13 +1419,6 @@ impl<S: MetricsSource> Engine<S> {
                         observation: Some(observation),
                         verdict: Ok(verdict),
                     };
-                }
-                let mut intervals = Vec::new();
-                let mut t = span.first;
-                while t <= span.end {
-                    let (c, s) = (at_time(&subject, t), at_time(&baseline, t));
-                    intervals.push(counts(kind, &c, &s));
-                    t += span.step;
                 }
                 let first = Timestamp::from_millisecond(span.first - span.step).unwrap_or(now);
                 let (observation, verdict) = judge(&intervals, first);
@@ -1632,6 +1906,207 @@ mod tests {
             later.outcomes[0].verdict.as_ref().unwrap().verdict,
             Verdict::Fail
         );
+    }
+
+    /// A source of counters growing by fixed counts per interval (the canary `svc<i>-canary`
+    /// 600 requests with 6 5xx, the stable 100× that), recording every range query. The
+    /// readings at `late` (Unix ms) miss half of their last interval until it is cleared (a
+    /// sample ingested after the first read of that instant); `yields` makes every answer
+    /// arrive after the caller yielded once, so two ticks overlap.
+    #[derive(Default)]
+    struct Growing {
+        late: std::sync::Mutex<Option<i64>>,
+        yields: bool,
+        calls: std::sync::Mutex<Vec<(Timestamp, Timestamp)>>,
+    }
+
+    impl MetricsSource for Growing {
+        async fn query(&self, _: &str, _: Timestamp) -> Result<Vec<SeriesValue>, SourceError> {
+            Ok(Vec::new())
+        }
+        async fn query_range(
+            &self,
+            q: &str,
+            start: Timestamp,
+            end: Timestamp,
+            step: Duration,
+        ) -> Result<Vec<RangeValues>, SourceError> {
+            self.calls.lock().unwrap().push((start, end));
+            if self.yields {
+                tokio::task::yield_now().await;
+            }
+            let late = *self.late.lock().unwrap();
+            let step_ms = step.as_millis() as i64;
+            let points = |v: f64| {
+                let mut out = Vec::new();
+                let mut t = start.as_millisecond();
+                while t <= end.as_millisecond() {
+                    let missing = if late == Some(t) { 0.5 } else { 0.0 };
+                    out.push((t, v * ((t / step_ms) as f64 - missing)));
+                    t += step_ms;
+                }
+                out
+            };
+            let mut series = Vec::new();
+            for i in 0..3 {
+                for (svc, requests, errors) in [
+                    (format!("svc{i}-canary"), 600.0, 6.0 + i as f64),
+                    (format!("svc{i}-stable"), 60_000.0, 600.0),
+                ] {
+                    if !q.contains(&svc) {
+                        continue;
+                    }
+                    for (part, v) in [("requests", requests), ("errors", errors)] {
+                        series.push(RangeValues {
+                            labels: vars(&[
+                                ("cluster", &format!("c{}", i % 3)),
+                                ("destination_service_namespace", "shop"),
+                                ("destination_service_name", &svc),
+                                ("sluice_part", part),
+                            ]),
+                            points: points(v),
+                        });
+                    }
+                }
+            }
+            Ok(series)
+        }
+    }
+
+    fn counted_check(i: usize, since: i64) -> GateCheck {
+        let mut c = service_check(i, BuiltinGate::ErrorRatioVsStable);
+        c.sequential = Some(SequentialScope {
+            since: ts(since),
+            interval: Duration::from_secs(30),
+            alpha: 0.0005,
+        });
+        c
+    }
+
+    /// A verdict, value, baseline, samples and message.
+    type Said = (
+        Verdict,
+        Option<f64>,
+        Option<f64>,
+        Option<u64>,
+        Option<String>,
+    );
+
+    /// What a verdict says, without the time it was made.
+    fn said(r: &TickReport) -> Vec<Said> {
+        r.outcomes
+            .iter()
+            .map(|o| {
+                let v = o.verdict.as_ref().unwrap();
+                (v.verdict, v.value, v.baseline, v.samples, v.message.clone())
+            })
+            .collect()
+    }
+
+    /// The counts of a fresh engine reading the whole step at `now`.
+    async fn full_read(checks: &[GateCheck], now: Timestamp) -> TickReport {
+        let engine = Engine::new(Growing::default(), EngineOptions::default()).unwrap();
+        let report = engine.tick(checks, now).await;
+        let calls = engine.source().calls.lock().unwrap().clone();
+        assert_eq!(calls.len(), 1);
+        report
+    }
+
+    #[tokio::test]
+    async fn a_later_tick_of_the_step_reads_only_the_intervals_not_yet_counted() {
+        let engine = Engine::new(Growing::default(), EngineOptions::default()).unwrap();
+        let calls = || engine.source().calls.lock().unwrap().clone();
+        let checks = [counted_check(0, 10)];
+        // First read of the step (begun at +10 s): every interval since, from the reading at +0.
+        let first = engine.tick(&checks, ts(615)).await;
+        assert_eq!(calls(), [(ts(0), ts(600))]);
+        assert_eq!(said(&first), said(&full_read(&checks, ts(615)).await));
+        // One interval later: the new interval and the last one counted again, nothing before.
+        let second = engine.tick(&checks, ts(645)).await;
+        assert_eq!(calls()[1], (ts(570), ts(630)));
+        assert_eq!(said(&second), said(&full_read(&checks, ts(645)).await));
+        // Two intervals later (a tick skipped): the two new ones and the last one counted.
+        let third = engine.tick(&checks, ts(705)).await;
+        assert_eq!(calls()[2], (ts(600), ts(690)));
+        assert_eq!(said(&third), said(&full_read(&checks, ts(705)).await));
+        assert!(
+            said(&third)[0]
+                .4
+                .as_deref()
+                .unwrap()
+                .contains("over 23 intervals of 30s"),
+            "{:?}",
+            said(&third)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_new_step_or_a_restarted_process_reads_from_the_step_start() {
+        let engine = Engine::new(Growing::default(), EngineOptions::default()).unwrap();
+        let calls = || engine.source().calls.lock().unwrap().clone();
+        engine.tick(&[counted_check(0, 10)], ts(615)).await;
+        engine.tick(&[counted_check(0, 10)], ts(645)).await;
+        assert_eq!(calls()[1], (ts(570), ts(630)));
+        // The next step began at +500: its counts start there, not where the last step's ended.
+        let next_step = [counted_check(0, 500)];
+        let report = engine.tick(&next_step, ts(675)).await;
+        assert_eq!(calls()[2], (ts(480), ts(660)));
+        assert_eq!(said(&report), said(&full_read(&next_step, ts(675)).await));
+        // A new Rollout counted for the first time reads from its step's start in a query of its
+        // own; the Rollout already counted keeps reading only the newest intervals.
+        let both = [counted_check(0, 500), counted_check(1, 10)];
+        let report = engine.tick(&both, ts(705)).await;
+        let mut sent = calls()[3..].to_vec();
+        sent.sort();
+        assert_eq!(sent, [(ts(0), ts(690)), (ts(630), ts(690))]);
+        assert_eq!(said(&report), said(&full_read(&both, ts(705)).await));
+        // A restarted process remembers nothing: it reads from the step's start once.
+        let restarted = Engine::new(Growing::default(), EngineOptions::default()).unwrap();
+        restarted.tick(&next_step, ts(705)).await;
+        restarted.tick(&next_step, ts(735)).await;
+        assert_eq!(
+            restarted.source().calls.lock().unwrap().clone(),
+            [(ts(480), ts(690)), (ts(660), ts(720))]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_reading_that_arrives_late_is_counted_as_a_full_read_counts_it() {
+        let engine = Engine::new(Growing::default(), EngineOptions::default()).unwrap();
+        let checks = [counted_check(0, 10)];
+        // The reading at +600 misses half its interval when first read...
+        *engine.source().late.lock().unwrap() = Some(ts(600).as_millisecond());
+        let first = engine.tick(&checks, ts(615)).await;
+        let short = said(&first)[0].3.unwrap();
+        assert_eq!(short, 600 * 20 - 300, "{:?}", said(&first));
+        // ...and is complete by the next tick: the interval ending there is counted again.
+        *engine.source().late.lock().unwrap() = None;
+        let second = engine.tick(&checks, ts(645)).await;
+        assert_eq!(said(&second), said(&full_read(&checks, ts(645)).await));
+        assert_eq!(said(&second)[0].3, Some(600 * 21));
+    }
+
+    #[tokio::test]
+    async fn a_tick_overlapping_a_query_in_flight_waits_for_its_answer() {
+        let engine = Engine::new(
+            Growing {
+                yields: true,
+                ..Default::default()
+            },
+            EngineOptions::default(),
+        )
+        .unwrap();
+        let one = [counted_check(0, 10)];
+        let (a, b) = futures::join!(engine.tick(&one, ts(605)), engine.tick(&one, ts(606)));
+        assert_eq!(engine.source().calls.lock().unwrap().len(), 1);
+        assert_eq!((a.queries, b.queries), (1, 0));
+        assert_eq!(said(&a), said(&b));
+        // A tick needing more than the query in flight covers asks for the rest itself.
+        let two = [counted_check(0, 10), counted_check(2, 10)];
+        let (c, d) = futures::join!(engine.tick(&one, ts(635)), engine.tick(&two, ts(636)));
+        assert_eq!(engine.source().calls.lock().unwrap().len(), 3);
+        assert_eq!((c.queries, d.queries), (1, 1));
+        assert_eq!(said(&c)[0], said(&d)[0]);
     }
 
     #[tokio::test]
