@@ -13,6 +13,7 @@
 //! confirmed, the canaries' 5xx ratio triples; every Rollout aborts. Prints
 //! `detect_to_revert_ms` p50/p99 (abort decision on the failing verdict → route reverted, from
 //! the operator's histogram), `fault_to_revert_s` p50/p99 (from the status, 1 s resolution),
+//! `reconcile_ms` p50/p99 (every reconcile of the run, from the runtime's histogram),
 //! the analysis ticks and queries it took and the queries per analysis interval, and where the
 //! time went: seconds until every share was confirmed, CPU seconds of this process (operator,
 //! emulator and telemetry writer) and of Prometheus, and the remote writes' durations.
@@ -511,6 +512,18 @@ async fn revert(n: usize, interval: Duration) {
         queries / ticks.max(1.0),
         ticks / elapsed.as_secs_f64(),
         gauge(&text, "sluice_rollout_analysis_rollouts_per_tick"),
+    );
+    // Every reconcile of the run, as the runtime measures it (an analysing one includes the
+    // wait for its tick's queries).
+    let rt = registry_text(&runtime_registry);
+    println!(
+        "rollouts={n} reconcile_ms p50={:.0} p99={:.0} reconciles={}",
+        quantile(&rt, "sluice_reconcile_duration_seconds", 0.5).unwrap_or(f64::NAN) * 1000.0,
+        quantile(&rt, "sluice_reconcile_duration_seconds", 0.99).unwrap_or(f64::NAN) * 1000.0,
+        rt.lines()
+            .find(|l| l.starts_with("sluice_reconcile_duration_seconds_count"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .unwrap_or("0"),
     );
     let count = writes.count.load(Ordering::Relaxed).max(1);
     println!(
