@@ -1,8 +1,11 @@
-//! Test-only fixtures for sluice: real services on loopback (Prometheus, the OCI registry, git) and, later,
-//! the simulated world. Never a dependency of an operator binary.
+//! Test-only fixtures for sluice: real services on loopback (Prometheus, the OCI registry, git), the
+//! one way a test waits on them (`eventually`) and, later, the simulated world.
+//! Never a dependency of an operator binary.
 #![forbid(unsafe_code)]
 
 pub mod control_plane;
+pub mod crds;
+pub mod eventually;
 pub mod git;
 mod http_head;
 pub mod operator_binary;

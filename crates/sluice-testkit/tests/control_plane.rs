@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use sluice_testkit::control_plane::{self, ControlPlane, Etcd, Options};
+use sluice_testkit::eventually::eventually;
 
 /// What a fixture left that must be gone afterwards.
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -209,15 +210,8 @@ async fn controllers_roll_out_deployments_and_collect_garbage() {
         .unwrap();
     let replicasets: Api<ReplicaSet> = Api::namespaced(client.clone(), &ns);
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &ns);
-    eventually("a ReplicaSet with two pods", || async {
-        replicasets
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .len()
-            == 1
-            && pods.list(&ListParams::default()).await.unwrap().items.len() == 2
+    eventually("a ReplicaSet with two pods", BUDGET, async || {
+        listed(&replicasets, &pods, (1, 2)).await
     })
     .await;
 
@@ -226,35 +220,29 @@ async fn controllers_roll_out_deployments_and_collect_garbage() {
         .delete("web", &DeleteParams::background())
         .await
         .unwrap();
-    eventually("the ReplicaSet and pods collected", || async {
-        replicasets
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty()
-            && pods
-                .list(&ListParams::default())
-                .await
-                .unwrap()
-                .items
-                .is_empty()
+    eventually("the ReplicaSet and pods collected", BUDGET, async || {
+        listed(&replicasets, &pods, (0, 0)).await
     })
     .await;
 }
 
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !check().await {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "not within 60 s: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+/// How long the controllers get to converge.
+const BUDGET: Duration = Duration::from_secs(60);
+
+/// `Ok` once `sets` and `pods` list `want` (ReplicaSets, pods), else what they list.
+async fn listed(
+    sets: &Api<ReplicaSet>,
+    pods: &Api<k8s_openapi::api::core::v1::Pod>,
+    want: (usize, usize),
+) -> Result<(), String> {
+    let seen = (
+        sets.list(&ListParams::default()).await.unwrap().items.len(),
+        pods.list(&ListParams::default()).await.unwrap().items.len(),
+    );
+    if seen == want {
+        Ok(())
+    } else {
+        Err(format!("{} ReplicaSets, {} pods", seen.0, seen.1))
     }
 }
 
