@@ -20,30 +20,13 @@ use sluice_runtime::{
     leader::Leadership,
     operator::{Hooks, drive},
 };
+use sluice_testkit::crds::{emulator_with, sluice_crd};
+use sluice_testkit::eventually::object_until;
 use sluice_upgrade_revisions::{OPERATOR, reconcile};
 use tokio_util::sync::CancellationToken;
 
-async fn eventually(
-    api: &Api<RevisionUpgrade>,
-    name: &str,
-    what: &str,
-    check: impl Fn(&RevisionUpgrade) -> bool,
-) -> RevisionUpgrade {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let obj = api.get(name).await.expect("object readable");
-        if check(&obj) {
-            return obj;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!(
-                "timed out waiting for {what}; last status: {:#?}",
-                obj.status
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+/// How long the operator gets to write a status.
+const WAIT: Duration = Duration::from_secs(15);
 
 fn ready(obj: &RevisionUpgrade) -> Option<(String, String)> {
     let c = find(&obj.status.as_ref()?.conditions, conditions::READY)?;
@@ -52,13 +35,7 @@ fn ready(obj: &RevisionUpgrade) -> Option<(String, String)> {
 
 /// An emulator with the RevisionUpgrade CRD from `crds/` installed.
 async fn emulator_with_crd() -> kube_emulator::Emulator {
-    let emu = kube_emulator::Emulator::start().await;
-    emu.load_manifest_file(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../crds/revisionupgrades.sluice.dev.yaml"
-    ))
-    .expect("CRD installs");
-    emu
+    emulator_with([sluice_crd("revisionupgrades.sluice.dev.yaml")]).await
 }
 
 #[tokio::test]
@@ -102,7 +79,7 @@ async fn invalid_revision_upgrade_is_named_then_ready_once_fixed() {
         .expect("the API server accepts it");
 
     // Then it is refused with a condition naming the field, and a Warning Event.
-    let seen = eventually(&api, "istio-1-28", "Ready=False InvalidSpec", |o| {
+    let seen = object_until(&api, "istio-1-28", "Ready=False InvalidSpec", WAIT, |o| {
         ready(o) == Some(("False".into(), reasons::INVALID_SPEC.into()))
     })
     .await;
@@ -138,10 +115,16 @@ async fn invalid_revision_upgrade_is_named_then_ready_once_fixed() {
     )
     .await
     .unwrap();
-    let fixed = eventually(&api, "istio-1-28", "Ready=True for generation 2", |o| {
-        ready(o) == Some(("True".into(), reasons::VALID.into()))
-            && o.status.as_ref().and_then(|s| s.observed_generation) == o.metadata.generation
-    })
+    let fixed = object_until(
+        &api,
+        "istio-1-28",
+        "Ready=True for generation 2",
+        WAIT,
+        |o| {
+            ready(o) == Some(("True".into(), reasons::VALID.into()))
+                && o.status.as_ref().and_then(|s| s.observed_generation) == o.metadata.generation
+        },
+    )
     .await;
     assert_eq!(fixed.metadata.generation, Some(2));
     assert_eq!(

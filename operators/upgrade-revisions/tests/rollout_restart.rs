@@ -17,6 +17,7 @@ use kube::{
 };
 use serde_json::json;
 use sluice_api::v1alpha1::RevisionUpgradePhase;
+use sluice_testkit::eventually::eventually;
 use sluice_upgrade_revisions::fleet::RESTARTED_AT_ANNOTATION;
 
 const RATE: f64 = 8.0;
@@ -47,9 +48,9 @@ async fn rollout_restart_surges_workloads_no_eviction_could_move_within_the_budg
         .unwrap();
         pdbs.create(&PostParams::default(), &pdb).await.unwrap();
     }
-    common::eventually(
-        Duration::from_secs(15),
+    eventually(
         "every PDB allowing 0 disruptions",
+        Duration::from_secs(15),
         || async {
             let list = pdbs.list(&ListParams::default()).await.unwrap();
             list.items

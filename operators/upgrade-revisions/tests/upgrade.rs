@@ -20,6 +20,7 @@ use sluice_api::v1alpha1::{
     revision_upgrade::{UpgradeWaveState, conditions, reasons},
 };
 use sluice_sim::mesh::scenario::Event;
+use sluice_testkit::eventually::eventually;
 
 /// The budget every scenario uses: 8/s sustained, depth 8, at most 10 in any second.
 const RATE: f64 = 8.0;
@@ -185,7 +186,7 @@ async fn pod_disruption_budget_blocks_evictions_until_released() {
     }))
     .unwrap();
     pdbs.create(&PostParams::default(), &pdb).await.unwrap();
-    common::eventually(Duration::from_secs(10), "PDB status computed", || async {
+    eventually("PDB status computed", Duration::from_secs(10), || async {
         let s = pdbs.get("gw").await.unwrap().status?;
         (s.expected_pods == Some(3) && s.disruptions_allowed == Some(0)).then_some(())
     })

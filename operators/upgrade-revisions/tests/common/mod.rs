@@ -7,7 +7,6 @@
 #![allow(dead_code)]
 
 use std::{
-    path::PathBuf,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -33,6 +32,8 @@ use sluice_runtime::{
 };
 use sluice_sim::cluster::pods::is_ready;
 use sluice_sim::{ClusterConfig, Scenario, SvidCounter, World};
+use sluice_testkit::crds::{emulator_with, sluice_crd};
+use sluice_testkit::eventually::{eventually_every, object_until};
 use sluice_testkit::prometheus::Prometheus;
 use sluice_upgrade_revisions::{
     OPERATOR,
@@ -49,10 +50,6 @@ pub const CLUSTER: &str = "cluster-1";
 pub const NAME: &str = "istio-1-28";
 /// Window the operator measures background issuance over in these tests.
 pub const ISSUANCE_WINDOW: Duration = Duration::from_secs(5);
-
-pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// Whether the prerequisites are there: skips (or, under CI, fails) naming what is missing.
 pub fn prerequisites() -> bool {
@@ -171,39 +168,6 @@ async fn create(client: &Client, value: Value) {
     }
 }
 
-/// Polls `check` every 100 ms until it returns Some, or panics after `within` naming `what`.
-pub async fn eventually<T, F, Fut>(within: Duration, what: &str, check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    eventually_every(within, Duration::from_millis(100), what, check).await
-}
-
-/// Polls `check` every `every` until it returns Some, or panics after `within` naming `what`.
-pub async fn eventually_every<T, F, Fut>(
-    within: Duration,
-    every: Duration,
-    what: &str,
-    mut check: F,
-) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {within:?} waiting for {what}"
-        );
-        tokio::time::sleep(every).await;
-    }
-}
-
 impl Harness {
     /// Given: the local world with `fleet`'s namespaces on tag `stable` and their pods Ready on
     /// revision 1-27, Prometheus holding at least one issuance window of telemetry.
@@ -229,11 +193,11 @@ impl Harness {
             return None;
         }
         let prometheus = Prometheus::start_or_skip().await?;
-        let emu = Emulator::start().await;
-        emu.load_manifest_file(repo().join("crds/revisionupgrades.sluice.dev.yaml"))
-            .unwrap();
-        emu.load_manifest_file(repo().join("crds/gatetemplates.sluice.dev.yaml"))
-            .unwrap();
+        let emu = emulator_with([
+            sluice_crd("revisionupgrades.sluice.dev.yaml"),
+            sluice_crd("gatetemplates.sluice.dev.yaml"),
+        ])
+        .await;
         let client = emu.client();
         for (name, labels) in [
             (
@@ -318,9 +282,9 @@ impl Harness {
             .for_each(|_| async {}),
         );
         eventually_every(
+            "every pod Ready on 1-27",
             settle_time(total),
             Duration::from_millis(100.max(total / 40)),
-            "every pod Ready on 1-27",
             || async {
                 let (old, new, ready) = count_revisions(pods.state().iter().map(|p| p.as_ref()));
                 if said.get().elapsed() > Duration::from_secs(10) {
@@ -478,20 +442,8 @@ impl Harness {
         what: &str,
         check: impl Fn(&RevisionUpgrade) -> bool,
     ) -> RevisionUpgrade {
-        let deadline = Instant::now() + within;
-        loop {
-            let obj = self.upgrade().await;
-            if check(&obj) {
-                return obj;
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "timed out after {within:?} waiting for {what}; status: {:#?}",
-                    obj.status
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let api = Api::<RevisionUpgrade>::all(self.client.clone());
+        object_until(&api, NAME, what, within, check).await
     }
 
     /// Live pods: (on 1-27, on 1-28, Ready), listed fresh from the API.
