@@ -51,15 +51,11 @@ async fn applications_deleted_without_a_finalizer_leave_nothing_remembered() {
     else {
         return;
     };
-    let emu = kube_emulator::Emulator::start().await;
-    for f in [
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../crds/bundlepins.sluice.dev.yaml"),
+    let emu = sluice_testkit::crds::emulator_with([
+        sluice_testkit::crds::sluice_crd("bundlepins.sluice.dev.yaml"),
         upstream.join("argo-cd-v3.5.1/application-crd.yaml"),
-    ] {
-        emu.load_manifest_file(&f)
-            .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-    }
+    ])
+    .await;
     let client = emu.client();
     emu.load_yaml(&format!(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"

@@ -15,6 +15,7 @@ use sluice_api::v1alpha1::{
     bundle_pin::{conditions, reasons},
 };
 use sluice_runtime::conditions::find;
+use sluice_testkit::eventually::eventually_every;
 use support::*;
 
 const BUDGET: Duration = Duration::from_secs(30);
@@ -61,7 +62,7 @@ async fn a_pin_terminates_argo_cds_running_sync_holds_and_releases_when_argo_cd_
             a.is_synced_at(&digest).then_some(())
         }
     };
-    eventually(BUDGET, "Argo CD synced the good revision", || {
+    eventually_every("Argo CD synced the good revision", BUDGET, POLL, || {
         synced_at(good.digest.clone())
     })
     .await;
@@ -87,7 +88,7 @@ async fn a_pin_terminates_argo_cds_running_sync_holds_and_releases_when_argo_cd_
         )
         .await
         .unwrap();
-    eventually(BUDGET, "the bad sync half-way", || async {
+    eventually_every("the bad sync half-way", BUDGET, POLL, || async {
         let a = w.apps().get(APP).await.ok()?;
         let running = a.status?.operation_state?.phase.as_deref() == Some("Running");
         (running && w.canary_weight("checkout").await == Some(90)).then_some(())
@@ -99,7 +100,7 @@ async fn a_pin_terminates_argo_cds_running_sync_holds_and_releases_when_argo_cd_
     let started = Instant::now();
     w.create_pin("pin-argo", &good.digest, json!({})).await;
     let pins = w.pins();
-    let pinned = eventually(BUDGET, "Pinned", || {
+    let pinned = eventually_every("Pinned", BUDGET, POLL, || {
         let pins = pins.clone();
         async move {
             let p = pins.get("pin-argo").await.ok()?;
@@ -154,7 +155,7 @@ async fn a_pin_terminates_argo_cds_running_sync_holds_and_releases_when_argo_cd_
         )
         .await
         .unwrap();
-    let released = eventually(BUDGET, "Released", || {
+    let released = eventually_every("Released", BUDGET, POLL, || {
         let pins = pins.clone();
         async move {
             let p = pins.get("pin-argo").await.ok()?;
@@ -172,7 +173,7 @@ async fn a_pin_terminates_argo_cds_running_sync_holds_and_releases_when_argo_cd_
             .await
             .contains(&"sluice-revert".to_owned())
     );
-    eventually(BUDGET, "Argo CD Synced at the new revision", || {
+    eventually_every("Argo CD Synced at the new revision", BUDGET, POLL, || {
         synced_at(same.digest.clone())
     })
     .await;

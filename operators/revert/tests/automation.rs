@@ -21,6 +21,7 @@ use sluice_api::v1alpha1::{
 };
 use sluice_bundle::SigningKey;
 use sluice_runtime::conditions::find;
+use sluice_testkit::eventually::eventually_every;
 use support::*;
 
 const BUDGET: Duration = Duration::from_secs(60);
@@ -47,7 +48,7 @@ async fn given_bad_change(w: &World) -> String {
     w.application(APP, &good.digest, json!({})).await;
     w.argo(APP);
     let apps = w.apps();
-    eventually(BUDGET, "Argo CD synced the good revision", || {
+    eventually_every("Argo CD synced the good revision", BUDGET, POLL, || {
         let apps = apps.clone();
         let good = good.digest.clone();
         async move { apps.get(APP).await.ok()?.is_synced_at(&good).then_some(()) }
@@ -60,7 +61,7 @@ async fn given_bad_change(w: &World) -> String {
     )
     .await
     .unwrap();
-    eventually(BUDGET, "Argo CD synced the bad change", || {
+    eventually_every("Argo CD synced the bad change", BUDGET, POLL, || {
         let apps = apps.clone();
         let bad = bad.digest.clone();
         async move { apps.get(APP).await.ok()?.is_synced_at(&bad).then_some(()) }
@@ -72,7 +73,7 @@ async fn given_bad_change(w: &World) -> String {
 async fn until<F: Fn(&BundlePin) -> bool>(w: &World, name: &str, what: &str, f: F) -> BundlePin {
     let pins = w.pins();
     let f = &f;
-    eventually(BUDGET, what, || {
+    eventually_every(what, BUDGET, POLL, || {
         let pins = pins.clone();
         async move {
             let p = pins.get(name).await.ok()?;
@@ -179,7 +180,7 @@ async fn deleting_a_failed_pin_that_holds_an_application_gives_automation_back()
     w.start_revert();
     w.create_pin("pin-f", &good, json!({})).await;
     let pins = w.pins();
-    eventually(BUDGET, "automation suspended", || async {
+    eventually_every("automation suspended", BUDGET, POLL, || async {
         (policy(&w).await == suspended()).then_some(())
     })
     .await;
@@ -213,7 +214,7 @@ async fn deleting_a_failed_pin_that_holds_an_application_gives_automation_back()
 
     // Deleting it (the documented remedy) gives automation back before it goes.
     pins.delete("pin-f", &Default::default()).await.unwrap();
-    eventually(BUDGET, "the deleted pin to go", || {
+    eventually_every("the deleted pin to go", BUDGET, POLL, || {
         let pins = pins.clone();
         async move { pins.get_opt("pin-f").await.ok()?.is_none().then_some(()) }
     })

@@ -22,29 +22,12 @@ use sluice_runtime::{
     leader::Leadership,
     operator::{Hooks, drive},
 };
+use sluice_testkit::crds::{emulator_with, sluice_crd};
+use sluice_testkit::eventually::object_until;
 use tokio_util::sync::CancellationToken;
 
-async fn eventually(
-    api: &Api<BundlePin>,
-    name: &str,
-    what: &str,
-    check: impl Fn(&BundlePin) -> bool,
-) -> BundlePin {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let obj = api.get(name).await.expect("object readable");
-        if check(&obj) {
-            return obj;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!(
-                "timed out waiting for {what}; last status: {:#?}",
-                obj.status
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+/// How long the operator gets to write a status.
+const WAIT: Duration = Duration::from_secs(15);
 
 fn ready(obj: &BundlePin) -> Option<(String, String)> {
     let c = find(&obj.status.as_ref()?.conditions, conditions::READY)?;
@@ -53,12 +36,7 @@ fn ready(obj: &BundlePin) -> Option<(String, String)> {
 
 #[tokio::test]
 async fn invalid_bundle_pin_is_named_then_ready_once_fixed() {
-    let emu = kube_emulator::Emulator::start().await;
-    emu.load_manifest_file(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../crds/bundlepins.sluice.dev.yaml"
-    ))
-    .expect("CRD installs");
+    let emu = emulator_with([sluice_crd("bundlepins.sluice.dev.yaml")]).await;
     let client = emu.client();
     let api: Api<BundlePin> = Api::namespaced(client.clone(), "default");
 
@@ -99,7 +77,7 @@ async fn invalid_bundle_pin_is_named_then_ready_once_fixed() {
         .expect("the API server accepts it");
 
     // Then it is refused with a condition naming the field, and a Warning Event.
-    let seen = eventually(&api, "revert-1", "Ready=False InvalidSpec", |o| {
+    let seen = object_until(&api, "revert-1", "Ready=False InvalidSpec", WAIT, |o| {
         ready(o) == Some(("False".into(), reasons::INVALID_SPEC.into()))
     })
     .await;
@@ -135,7 +113,7 @@ async fn invalid_bundle_pin_is_named_then_ready_once_fixed() {
     )
     .await
     .unwrap();
-    let fixed = eventually(&api, "revert-1", "Ready=True for generation 2", |o| {
+    let fixed = object_until(&api, "revert-1", "Ready=True for generation 2", WAIT, |o| {
         ready(o) == Some(("True".into(), reasons::VALID.into()))
             && o.status.as_ref().and_then(|s| s.observed_generation) == o.metadata.generation
     })
@@ -156,12 +134,7 @@ async fn invalid_bundle_pin_is_named_then_ready_once_fixed() {
 
 #[tokio::test]
 async fn the_api_server_refuses_a_changed_bundle_or_targets_and_says_what_to_do() {
-    let emu = kube_emulator::Emulator::start().await;
-    emu.load_manifest_file(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../crds/bundlepins.sluice.dev.yaml"
-    ))
-    .expect("CRD installs");
+    let emu = emulator_with([sluice_crd("bundlepins.sluice.dev.yaml")]).await;
     let api: Api<BundlePin> = Api::namespaced(emu.client(), "default");
     let pin: BundlePin = serde_json::from_value(serde_json::json!({
         "apiVersion": "sluice.dev/v1alpha1",

@@ -30,6 +30,7 @@ use sluice_api::{
     },
 };
 use sluice_runtime::conditions::find;
+use sluice_testkit::eventually::eventually_every;
 use support::*;
 
 const BUDGET: Duration = Duration::from_secs(45);
@@ -98,7 +99,7 @@ async fn application(w: &World, revision: &str, server_side: bool) {
 
 async fn synced(w: &World, digest: &str, what: &str) {
     let apps = w.apps();
-    eventually(BUDGET, what, || {
+    eventually_every(what, BUDGET, POLL, || {
         let apps = apps.clone();
         async move {
             let a = apps.get(APP).await.ok()?;
@@ -179,7 +180,7 @@ async fn given_the_bad_change_synced(
 
 async fn pin_phase(w: &World, name: &str, want: BundlePinPhase) -> sluice_api::v1alpha1::BundlePin {
     let pins = w.pins();
-    eventually(BUDGET, &format!("{name} {want:?}"), || {
+    eventually_every(&format!("{name} {want:?}"), BUDGET, POLL, || {
         let pins = pins.clone();
         async move {
             let p = pins.get(name).await.ok()?;
@@ -269,7 +270,7 @@ async fn a_field_another_manager_set_keeps_the_pin_from_being_declared_and_is_na
     w.start_revert();
     w.create_pin("pin-exact", &good, json!({})).await;
     let pins = w.pins();
-    let held = eventually(BUDGET, "Pinned=False NotRestored", || {
+    let held = eventually_every("Pinned=False NotRestored", BUDGET, POLL, || {
         let pins = pins.clone();
         async move {
             let p = pins.get("pin-exact").await.ok()?;

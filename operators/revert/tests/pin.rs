@@ -23,6 +23,7 @@ use sluice_api::v1alpha1::{
 };
 use sluice_bundle::SigningKey;
 use sluice_runtime::conditions::find;
+use sluice_testkit::eventually::eventually_every;
 use support::*;
 
 /// Per-step budget: generous for a loaded 2-core machine (a 301-object apply into the debug
@@ -33,38 +34,38 @@ const BUDGET: Duration = Duration::from_secs(60);
 const RELEASE_WITHIN: Duration = Duration::from_secs(3);
 
 async fn phase_is(w: &World, pin: &str, want: BundlePinPhase) -> BundlePin {
-    let deadline = tokio::time::Instant::now() + BUDGET;
-    loop {
+    eventually_every(&format!("{pin} {want:?}"), BUDGET, POLL, async || {
         let p = w.pins().get(pin).await.unwrap();
         if p.status.as_ref().is_some_and(|s| s.phase == want) {
-            return p;
+            Ok(p)
+        } else {
+            Err(format!("status: {:#?}", p.status))
         }
-        if tokio::time::Instant::now() > deadline {
-            panic!(
-                "timed out after {BUDGET:?} waiting for {pin} {want:?}; status: {:#?}",
-                p.status
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 /// Waits until the pin records its pushed git revert (a failure is recorded too, and retried).
 async fn git_recorded(w: &World, pin: &str) -> BundlePin {
     let pins = w.pins();
-    eventually(BUDGET, &format!("{pin} records its git revert"), || {
-        let pins = pins.clone();
-        async move {
-            let p = pins.get(pin).await.ok()?;
-            p.status
-                .as_ref()?
-                .git_revert
-                .as_ref()?
-                .branch
-                .is_some()
-                .then_some(p)
-        }
-    })
+    eventually_every(
+        &format!("{pin} records its git revert"),
+        BUDGET,
+        POLL,
+        || {
+            let pins = pins.clone();
+            async move {
+                let p = pins.get(pin).await.ok()?;
+                p.status
+                    .as_ref()?
+                    .git_revert
+                    .as_ref()?
+                    .branch
+                    .is_some()
+                    .then_some(p)
+            }
+        },
+    )
     .await
 }
 
@@ -124,7 +125,7 @@ async fn given_bad_change(w: &World) -> (Pushed, Pushed, String) {
     w.argo(APP);
     let apps = w.apps();
     let good_digest = good.digest.clone();
-    eventually(BUDGET, "Argo CD synced the good revision", || {
+    eventually_every("Argo CD synced the good revision", BUDGET, POLL, || {
         let apps = apps.clone();
         let good_digest = good_digest.clone();
         async move {
@@ -141,7 +142,7 @@ async fn given_bad_change(w: &World) -> (Pushed, Pushed, String) {
     .await
     .unwrap();
     let bad_digest = bad.digest.clone();
-    eventually(BUDGET, "Argo CD synced the bad change", || {
+    eventually_every("Argo CD synced the bad change", BUDGET, POLL, || {
         let apps = apps.clone();
         let bad_digest = bad_digest.clone();
         async move {
@@ -266,9 +267,10 @@ async fn pin_holds_against_argo_cd_then_releases_on_matching_content() {
         .unwrap();
     let apps = w.apps();
     let same_digest = same.digest.clone();
-    let agreed = eventually(
-        BUDGET,
+    let agreed = eventually_every(
         "Argo CD reports Synced at the pinned content",
+        BUDGET,
+        POLL,
         || {
             let apps = apps.clone();
             let same_digest = same_digest.clone();
@@ -280,7 +282,7 @@ async fn pin_holds_against_argo_cd_then_releases_on_matching_content() {
     )
     .await;
     let pins = w.pins();
-    let released = eventually(BUDGET, "pin-1 Released", || {
+    let released = eventually_every("pin-1 Released", BUDGET, POLL, || {
         let pins = pins.clone();
         async move {
             let p = pins.get("pin-1").await.ok()?;
@@ -343,7 +345,7 @@ async fn a_forward_fix_waits_for_an_explicit_release() {
         .await
         .unwrap();
     let pins = w.pins();
-    eventually(BUDGET, "ForwardFixWaiting", || {
+    eventually_every("ForwardFixWaiting", BUDGET, POLL, || {
         let pins = pins.clone();
         async move {
             let p = pins.get("pin-2").await.ok()?;
@@ -379,7 +381,7 @@ async fn a_forward_fix_waits_for_an_explicit_release() {
         app_policy(&w.apps().get(APP).await.unwrap()),
         original_policy()
     );
-    let weight = eventually(BUDGET, "Argo CD applies the fix", || async {
+    let weight = eventually_every("Argo CD applies the fix", BUDGET, POLL, || async {
         (w.canary_weight("checkout").await == Some(30)).then_some(30)
     })
     .await;
@@ -517,9 +519,10 @@ async fn refused_bundles_and_targets_touch_nothing() {
         );
         // The Event follows the status write.
         let w = &w;
-        eventually(
-            BUDGET,
+        eventually_every(
             &format!("{name}: a Warning Event names the cause"),
+            BUDGET,
+            POLL,
             || async move {
                 events(w, want)
                     .await
@@ -584,7 +587,7 @@ async fn a_restart_mid_apply_finishes_the_pin_with_one_revert_branch_and_one_pul
     .await;
     // Kill revert once some, not all, objects are applied.
     let routes = w.routes();
-    let partial = eventually(BUDGET, "the apply to start", || {
+    let partial = eventually_every("the apply to start", BUDGET, POLL, || {
         let routes = routes.clone();
         async move {
             let n = routes.list(&ListParams::default()).await.ok()?.items.len();
@@ -673,7 +676,7 @@ async fn a_restart_while_the_pull_request_is_being_opened_leaves_one() {
     )
     .await;
     let forge = w.forge.clone();
-    eventually(BUDGET, "the pull request to be opened", || {
+    eventually_every("the pull request to be opened", BUDGET, POLL, || {
         let forge = forge.clone();
         async move { (forge.creates() == 1).then_some(()) }
     })
@@ -776,7 +779,7 @@ async fn deleting_a_pinned_pin_restores_sync_before_it_goes() {
     );
     w.pins().delete("pin-4", &Default::default()).await.unwrap();
     let pins = w.pins();
-    eventually(BUDGET, "the deleted pin to go", || {
+    eventually_every("the deleted pin to go", BUDGET, POLL, || {
         let pins = pins.clone();
         async move { pins.get_opt("pin-4").await.ok()?.is_none().then_some(()) }
     })

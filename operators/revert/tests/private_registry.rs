@@ -21,6 +21,7 @@ use sluice_api::v1alpha1::{
     bundle_pin::{conditions, reasons},
 };
 use sluice_runtime::conditions::find;
+use sluice_testkit::eventually::eventually_every;
 use sluice_testkit::registry::{Auth, PASSWORD};
 use support::*;
 
@@ -71,7 +72,7 @@ async fn a_pin_from_a_private_registry_follows_its_credentials_secret() {
             .unwrap();
         }
         let digest = digest.clone();
-        eventually(BUDGET, "Argo CD synced the revision", || {
+        eventually_every("Argo CD synced the revision", BUDGET, POLL, || {
             let apps = apps.clone();
             let digest = digest.clone();
             async move {
@@ -92,20 +93,25 @@ async fn a_pin_from_a_private_registry_follows_its_credentials_secret() {
     w.create_pin("pin-private", &good.digest, json!({})).await;
     let pins = w.pins();
     let host = w.registry.host();
-    let refused = eventually(BUDGET, "the pin reports the refused credentials", || {
-        let pins = pins.clone();
-        let host = host.clone();
-        async move {
-            let pin = pins.get("pin-private").await.ok()?;
-            let status = pin.status?;
-            let verified = find(&status.conditions, conditions::VERIFIED)?.clone();
-            (verified.reason == reasons::BUNDLE_UNAVAILABLE
-                && verified
-                    .message
-                    .contains(&format!("registry {host} answered unauthorized")))
-            .then_some((status.phase, verified.message))
-        }
-    })
+    let refused = eventually_every(
+        "the pin reports the refused credentials",
+        BUDGET,
+        POLL,
+        || {
+            let pins = pins.clone();
+            let host = host.clone();
+            async move {
+                let pin = pins.get("pin-private").await.ok()?;
+                let status = pin.status?;
+                let verified = find(&status.conditions, conditions::VERIFIED)?.clone();
+                (verified.reason == reasons::BUNDLE_UNAVAILABLE
+                    && verified
+                        .message
+                        .contains(&format!("registry {host} answered unauthorized")))
+                .then_some((status.phase, verified.message))
+            }
+        },
+    )
     .await;
     assert_eq!(refused.0, BundlePinPhase::Verifying, "{}", refused.1);
     assert!(!refused.1.contains("wrong-password"), "{}", refused.1);
@@ -117,13 +123,18 @@ async fn a_pin_from_a_private_registry_follows_its_credentials_secret() {
 
     // The platform fixes the Secret: the next attempt uses it, no restart.
     set_password(&w, PASSWORD).await;
-    eventually(BUDGET, "the pin is Pinned with the new credentials", || {
-        let pins = pins.clone();
-        async move {
-            let pin = pins.get("pin-private").await.ok()?;
-            (pin.status?.phase == BundlePinPhase::Pinned).then_some(())
-        }
-    })
+    eventually_every(
+        "the pin is Pinned with the new credentials",
+        BUDGET,
+        POLL,
+        || {
+            let pins = pins.clone();
+            async move {
+                let pin = pins.get("pin-private").await.ok()?;
+                (pin.status?.phase == BundlePinPhase::Pinned).then_some(())
+            }
+        },
+    )
     .await;
     assert_eq!(w.canary_weight("checkout").await, Some(10));
 }

@@ -322,16 +322,12 @@ impl World {
         };
         sluice_testkit::prereq::require_binary("git")?;
         let git = GitRepo::new().expect("a git repository for the intent");
-        let mgmt = kube_emulator::Emulator::start().await;
-        for f in [
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../crds/bundlepins.sluice.dev.yaml"),
+        let mgmt = sluice_testkit::crds::emulator_with([
+            sluice_testkit::crds::sluice_crd("bundlepins.sluice.dev.yaml"),
             upstream.join("argo-cd-v3.5.1/application-crd.yaml"),
             upstream.join("argo-cd-v3.5.1/applicationset-crd.yaml"),
-        ] {
-            mgmt.load_manifest_file(&f)
-                .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-        }
+        ])
+        .await;
         let workload = kube_emulator::Emulator::start_with(kube_emulator::Options {
             rbac: true,
             ..Default::default()
@@ -661,22 +657,17 @@ pub fn original_policy() -> Value {
     })
 }
 
-/// Polls `check` every 50 ms until it returns `Some`, or fails after `budget` naming `what`.
-pub async fn eventually<T, F, Fut>(budget: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + budget;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!("timed out after {budget:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// How often the scenarios poll the world: a pin's timing is seen to within this.
+pub const POLL: Duration = Duration::from_millis(50);
+
+/// [`eventually_every`] at [`POLL`], in the (budget, what, check) order `examples/pin_bench.rs`
+/// calls it with.
+pub async fn eventually<T>(
+    budget: Duration,
+    what: &str,
+    check: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    sluice_testkit::eventually::eventually_every(what, budget, POLL, check).await
 }
 
 /// Argo CD's application controller, reduced to what a pin meets.
