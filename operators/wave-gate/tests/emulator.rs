@@ -21,30 +21,13 @@ use sluice_runtime::{
     leader::Leadership,
     operator::{Hooks, drive},
 };
+use sluice_testkit::crds::{emulator_with, sluice_crd};
+use sluice_testkit::eventually::object_until;
 use sluice_wave_gate::{OPERATOR, reconcile};
 use tokio_util::sync::CancellationToken;
 
-async fn eventually(
-    api: &Api<WaveGate>,
-    name: &str,
-    what: &str,
-    check: impl Fn(&WaveGate) -> bool,
-) -> WaveGate {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let obj = api.get(name).await.expect("object readable");
-        if check(&obj) {
-            return obj;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!(
-                "timed out waiting for {what}; last status: {:#?}",
-                obj.status
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+/// How long the operator gets to write a status.
+const WAIT: Duration = Duration::from_secs(15);
 
 fn ready(obj: &WaveGate) -> Option<(String, String)> {
     let c = find(&obj.status.as_ref()?.conditions, conditions::READY)?;
@@ -53,19 +36,13 @@ fn ready(obj: &WaveGate) -> Option<(String, String)> {
 
 #[tokio::test]
 async fn invalid_wave_gate_is_named_then_ready_once_fixed() {
-    let emu = kube_emulator::Emulator::start().await;
-    emu.load_manifest_file(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../crds/wavegates.sluice.dev.yaml"
-    ))
-    .expect("CRD installs");
     // wave-gate lists its own BundlePins on every pass (a halt's, and released ones to delete):
     // the chart installs that CRD beside the WaveGate one.
-    emu.load_manifest_file(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../crds/bundlepins.sluice.dev.yaml"
-    ))
-    .expect("CRD installs");
+    let emu = emulator_with([
+        sluice_crd("wavegates.sluice.dev.yaml"),
+        sluice_crd("bundlepins.sluice.dev.yaml"),
+    ])
+    .await;
     let client = emu.client();
     let api: Api<WaveGate> = Api::namespaced(client.clone(), "default");
 
@@ -104,7 +81,7 @@ async fn invalid_wave_gate_is_named_then_ready_once_fixed() {
         .expect("the API server accepts it");
 
     // Then it is refused with a condition naming the field, and a Warning Event.
-    let seen = eventually(&api, "site-a", "Ready=False InvalidSpec", |o| {
+    let seen = object_until(&api, "site-a", "Ready=False InvalidSpec", WAIT, |o| {
         ready(o) == Some(("False".into(), reasons::INVALID_SPEC.into()))
     })
     .await;
@@ -140,14 +117,14 @@ async fn invalid_wave_gate_is_named_then_ready_once_fixed() {
     )
     .await
     .unwrap();
-    let fixed = eventually(&api, "site-a", "Ready=True for generation 2", |o| {
+    let fixed = object_until(&api, "site-a", "Ready=True for generation 2", WAIT, |o| {
         ready(o) == Some(("True".into(), reasons::VALID.into()))
             && o.status.as_ref().and_then(|s| s.observed_generation) == o.metadata.generation
     })
     .await;
     assert_eq!(fixed.metadata.generation, Some(2));
     // Valid, but its ApplicationSet does not exist: refused, nothing published.
-    let fixed = eventually(&api, "site-a", "ApplicationSetSafe=False", |o| {
+    let fixed = object_until(&api, "site-a", "ApplicationSetSafe=False", WAIT, |o| {
         o.status.as_ref().is_some_and(|s| {
             find(&s.conditions, conditions::APPLICATION_SET_SAFE)
                 .is_some_and(|c| c.reason == reasons::APPLICATION_SET_NOT_FOUND)

@@ -52,6 +52,7 @@ use sluice_runtime::{
 };
 use sluice_sim::Scenario;
 use sluice_sim::mesh::{Event, ResponseFlag};
+use sluice_testkit::eventually::eventually_every;
 use sluice_testkit::{prometheus::Prometheus, registry::Registry};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -605,19 +606,22 @@ impl Fleet {
         F: Fn(&'a Fleet) -> Fut,
         Fut: std::future::Future<Output = Option<T>>,
     {
+        // The status is read only once the budget is spent, for the timeout message.
         let deadline = Instant::now() + SCENARIO_BUDGET;
-        loop {
-            if let Some(v) = check(self).await {
-                return v;
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "{what}: not within {SCENARIO_BUDGET:?}; WaveGate status: {:#?}",
+        eventually_every(
+            what,
+            SCENARIO_BUDGET,
+            Duration::from_millis(20),
+            async || match check(self).await {
+                Some(v) => Ok(v),
+                None if Instant::now() >= deadline => Err(format!(
+                    "WaveGate status: {:#?}",
                     self.wave_gate().await.status
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+                )),
+                None => Err("not yet".to_string()),
+            },
+        )
+        .await
     }
 
     async fn stop(mut self) {

@@ -11,7 +11,7 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -32,6 +32,8 @@ use sluice_runtime::{
     leader::Leadership,
     operator::{Hooks, drive},
 };
+use sluice_testkit::crds::{emulator_with, sluice_crd};
+use sluice_testkit::eventually::{eventually, object_until};
 use sluice_testkit::{
     prometheus::{Prometheus, now_ms},
     remote_write::Series,
@@ -53,10 +55,6 @@ pub fn rev(c: char) -> String {
 /// The bundle's source commit of a revision in this world (the drift exporter's label).
 pub fn commit(revision: &str) -> String {
     revision[7..19].to_owned()
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 /// The released Argo CD CRDs (`.tools/crds/argo-cd-v3.5.1`); when missing the test fails under
@@ -123,16 +121,13 @@ impl World {
         let _ = sluice_runtime::telemetry::init(sluice_runtime::config::LogFormat::Text, &level);
         let argocd = upstream()?;
         let prom = Arc::new(Prometheus::start_or_skip().await?);
-        let emu = kube_emulator::Emulator::start().await;
-        for f in [
-            repo_root().join("crds/wavegates.sluice.dev.yaml"),
-            repo_root().join("crds/bundlepins.sluice.dev.yaml"),
+        let emu = emulator_with([
+            sluice_crd("wavegates.sluice.dev.yaml"),
+            sluice_crd("bundlepins.sluice.dev.yaml"),
             argocd.join("application-crd.yaml"),
             argocd.join("applicationset-crd.yaml"),
-        ] {
-            emu.load_manifest_file(&f)
-                .unwrap_or_else(|e| panic!("loading {}: {e}", f.display()));
-        }
+        ])
+        .await;
         let client = emu.client();
         let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
         namespaces
@@ -302,7 +297,7 @@ impl World {
         Operator { shutdown, task }
     }
 
-    /// Waits until `check` holds for WaveGate `name`, failing after `budget` with the status.
+    /// Waits until `check` holds for WaveGate `name` ([`object_until`] on [`Self::wave_gates`]).
     pub async fn eventually(
         &self,
         name: &str,
@@ -310,24 +305,7 @@ impl World {
         budget: Duration,
         check: impl Fn(&WaveGate) -> bool,
     ) -> WaveGate {
-        let deadline = Instant::now() + budget;
-        loop {
-            let obj = self
-                .wave_gates()
-                .get(name)
-                .await
-                .expect("WaveGate readable");
-            if check(&obj) {
-                return obj;
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "{what}: not within {budget:?}; last status of {name}: {:#?}",
-                    obj.status
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        object_until(&self.wave_gates(), name, what, budget, check).await
     }
 
     /// Events with `reason` about WaveGate `name`.
@@ -350,18 +328,12 @@ impl World {
     /// publishes a decision's Events after the status write that recorded it, so a test that
     /// has just seen the status waits for them; fails after `budget`.
     pub async fn events_published(&self, name: &str, reason: &str, budget: Duration) -> Vec<Event> {
-        let deadline = Instant::now() + budget;
-        loop {
+        let what = format!("a {reason} Event about WaveGate {name}");
+        eventually(&what, budget, async || {
             let events = self.events(name, reason).await;
-            if !events.is_empty() {
-                return events;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {reason} Event about WaveGate {name} within {budget:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            (!events.is_empty()).then_some(events)
+        })
+        .await
     }
 
     /// The BundlePins in the namespace.
