@@ -13,6 +13,7 @@ use kube_emulator::Emulator;
 use serde_json::json;
 use sluice_sim::cluster::injection::injected_revision;
 use sluice_sim::{ClusterConfig, World};
+use sluice_testkit::eventually::eventually_every;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
@@ -101,30 +102,15 @@ fn revision(p: &Pod) -> Option<String> {
     p.metadata.annotations.as_ref().and_then(injected_revision)
 }
 
-/// Polls `check` every 25 ms until it returns Some, or panics after `within` naming `what`.
-async fn eventually<T, F, Fut>(within: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {within:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
+/// How often the scenarios poll the simulated cluster.
+const POLL: Duration = Duration::from_millis(25);
 
 /// Waits until `app` has exactly `n` live pods, all Ready, and returns them.
 async fn all_ready(client: &Client, app: &str, n: usize) -> Vec<Pod> {
-    eventually(
-        Duration::from_secs(20),
+    eventually_every(
         &format!("{n} ready pods of {app}"),
+        Duration::from_secs(20),
+        POLL,
         || async {
             let pods = live_pods(client, app).await;
             (pods.len() == n && pods.iter().all(ready)).then_some(pods)
@@ -197,14 +183,19 @@ async fn rolling_restart_replaces_every_pod_with_the_new_revision_within_budgets
         4,
         "one SVID per injected pod"
     );
-    eventually(Duration::from_secs(10), "deployment status", || async {
-        let d = deploys.get("checkout").await.unwrap();
-        let s = d.status.unwrap_or_default();
-        (s.ready_replicas == Some(4)
-            && s.updated_replicas == Some(4)
-            && s.observed_generation == Some(1))
-        .then_some(())
-    })
+    eventually_every(
+        "deployment status",
+        Duration::from_secs(10),
+        POLL,
+        || async {
+            let d = deploys.get("checkout").await.unwrap();
+            let s = d.status.unwrap_or_default();
+            (s.ready_replicas == Some(4)
+                && s.updated_replicas == Some(4)
+                && s.observed_generation == Some(1))
+            .then_some(())
+        },
+    )
     .await;
 
     // When: the namespace moves to the canary tag and the Deployment is restarted.
@@ -260,9 +251,10 @@ async fn rolling_restart_replaces_every_pod_with_the_new_revision_within_budgets
         8,
         "four more SVIDs for four new pods"
     );
-    eventually(
-        Duration::from_secs(10),
+    eventually_every(
         "deployment status after restart",
+        Duration::from_secs(10),
+        POLL,
         || async {
             let s = deploys
                 .get("checkout")
@@ -310,9 +302,10 @@ async fn eviction_replaces_the_pod_with_the_new_revision_and_the_budget_holds_th
             .then_some(())
         }
     };
-    eventually(
-        Duration::from_secs(10),
+    eventually_every(
         "PDB status allowing one disruption",
+        Duration::from_secs(10),
+        POLL,
         || budget(1),
     )
     .await;
@@ -370,9 +363,10 @@ async fn eviction_replaces_the_pod_with_the_new_revision_and_the_budget_holds_th
         5,
         "one SVID per replacement"
     );
-    eventually(
-        Duration::from_secs(10),
+    eventually_every(
         "PDB allowing one disruption again",
+        Duration::from_secs(10),
+        POLL,
         || budget(1),
     )
     .await;
@@ -422,7 +416,7 @@ async fn statefulset_and_daemonset_own_pods_named_like_the_real_controllers() {
         "only the injected db pods cost SVIDs"
     );
 
-    eventually(Duration::from_secs(10), "workload status", || async {
+    eventually_every("workload status", Duration::from_secs(10), POLL, || async {
         let s = sets.get("db").await.unwrap().status?;
         let d = dss.get("agent").await.unwrap().status?;
         (s.ready_replicas == Some(2) && d.number_ready == 3 && d.desired_number_scheduled == 3)
@@ -434,9 +428,10 @@ async fn statefulset_and_daemonset_own_pods_named_like_the_real_controllers() {
     retag_namespace(&client, "canary").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     pods.delete("db-0", &DeleteParams::default()).await.unwrap();
-    let db = eventually(
-        Duration::from_secs(20),
+    let db = eventually_every(
         "db-0 recreated on 1-28",
+        Duration::from_secs(20),
+        POLL,
         || async {
             let pods = live_pods(&client, "db").await;
             let back = pods.iter().find(|p| {
@@ -449,8 +444,11 @@ async fn statefulset_and_daemonset_own_pods_named_like_the_real_controllers() {
     assert_eq!(db.len(), 2);
     // Deleting a workload deletes its pods (garbage collection of dependents).
     dss.delete("agent", &DeleteParams::default()).await.unwrap();
-    eventually(Duration::from_secs(10), "agent pods collected", || async {
-        live_pods(&client, "agent").await.is_empty().then_some(())
-    })
+    eventually_every(
+        "agent pods collected",
+        Duration::from_secs(10),
+        POLL,
+        || async { live_pods(&client, "agent").await.is_empty().then_some(()) },
+    )
     .await;
 }

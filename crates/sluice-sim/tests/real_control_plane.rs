@@ -21,25 +21,20 @@ use sluice_sim::ClusterConfig;
 use sluice_sim::cluster::webhook::InjectorWebhook;
 use sluice_sim::cluster::{ClusterTasks, SvidCounter};
 use sluice_testkit::control_plane::{self, ControlPlane, Options};
+use sluice_testkit::eventually::eventually_every;
 
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, String>>,
-{
+/// [`eventually_every`] within 60 s, printing how long `what` took.
+async fn eventually<T>(what: &str, check: impl AsyncFnMut() -> Result<T, String>) -> T {
     let start = Instant::now();
-    loop {
-        match check().await {
-            Ok(v) => {
-                println!("{what}: {:.1?}", start.elapsed());
-                return v;
-            }
-            Err(last) if start.elapsed() > Duration::from_secs(60) => {
-                panic!("not within 60 s: {what}; last seen: {last}")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
+    let value = eventually_every(
+        what,
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        check,
+    )
+    .await;
+    println!("{what}: {:.1?}", start.elapsed());
+    value
 }
 
 async fn running_ready(pods: &Api<Pod>) -> Result<Vec<Pod>, String> {

@@ -15,6 +15,9 @@ use kube_emulator::{ADMIN_TOKEN, Emulator, Options};
 use serde_json::{Value, json};
 use sluice_argocd::{ArgoCd, ArgoCdOptions, cluster_secret};
 
+/// The one wait of the test kit, for the scenarios that `use common::*`.
+pub use sluice_testkit::eventually::eventually;
+
 pub const NS: &str = "argocd";
 pub const DEST_NS: &str = "mesh";
 
@@ -168,24 +171,6 @@ pub fn application(
             "syncPolicy": sync_policy,
         }
     })
-}
-
-/// Polls `f` every 100 ms until it returns `Some`, or fails the test naming `what`.
-pub async fn eventually<T>(
-    what: &str,
-    within: Duration,
-    mut f: impl AsyncFnMut() -> Option<T>,
-) -> T {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!("timed out after {within:?} waiting for: {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Asserts `f` holds at every poll for `period`.
