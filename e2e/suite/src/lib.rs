@@ -10,7 +10,6 @@ pub mod process;
 pub mod target;
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 /// The repository root (two levels above this crate).
 pub fn repo_root() -> PathBuf {
@@ -23,21 +22,6 @@ pub fn upstream() -> Option<PathBuf> {
     sluice_testkit::prereq::or_skip(sluice_testkit::prereq::upstream_crds())
 }
 
-/// Polls `check` until it returns `Ok`, or panics after `budget` naming `what` and the last
-/// state `check` described.
-pub async fn eventually<T>(
-    what: &str,
-    budget: Duration,
-    mut check: impl AsyncFnMut() -> Result<T, String>,
-) -> T {
-    let deadline = Instant::now() + budget;
-    loop {
-        match check().await {
-            Ok(v) => return v,
-            Err(last) if Instant::now() > deadline => {
-                panic!("timed out after {budget:?} waiting for {what}; last seen: {last}")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
-}
+/// The one wait of the test kit: polls a check until it holds, or panics naming what was
+/// awaited and the last state the check described.
+pub use sluice_testkit::eventually::eventually;
