@@ -2,7 +2,7 @@
 //! rollout-weights controller running in-process; an invalid Rollout gets `Ready=False`
 //! (`InvalidSpec`) naming the field, and once fixed, `Ready=True`.
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use k8s_openapi::api::events::v1::Event;
 use kube::{
@@ -22,34 +22,12 @@ use sluice_runtime::{
     operator::{Hooks, drive},
     server::Readiness,
 };
+use sluice_testkit::crds::{emulator_with, sluice_crd};
+use sluice_testkit::eventually::object_until;
 use tokio_util::sync::CancellationToken;
 
-fn crd_file() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../crds/rollouts.sluice.dev.yaml")
-}
-
-/// Polls `api` for `name` until `check` holds, or fails after 15 s with the last object seen.
-async fn eventually(
-    api: &Api<Rollout>,
-    name: &str,
-    what: &str,
-    check: impl Fn(&Rollout) -> bool,
-) -> Rollout {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let obj = api.get(name).await.expect("Rollout readable");
-        if check(&obj) {
-            return obj;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!(
-                "timed out waiting for {what}; last status: {:#?}",
-                obj.status
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+/// How long the operator gets to write a status.
+const WAIT: Duration = Duration::from_secs(15);
 
 fn ready_reason(obj: &Rollout) -> Option<(String, String)> {
     let status = obj.status.as_ref()?;
@@ -59,9 +37,7 @@ fn ready_reason(obj: &Rollout) -> Option<(String, String)> {
 
 #[tokio::test]
 async fn invalid_rollout_is_named_then_ready_once_fixed() {
-    let emu = kube_emulator::Emulator::start().await;
-    emu.load_manifest_file(crd_file())
-        .expect("Rollout CRD installs");
+    let emu = emulator_with([sluice_crd("rollouts.sluice.dev.yaml")]).await;
     let client = emu.client();
     let api: Api<Rollout> = Api::namespaced(client.clone(), "default");
 
@@ -102,7 +78,7 @@ async fn invalid_rollout_is_named_then_ready_once_fixed() {
         .expect("the API server accepts it");
 
     // Then it is Invalid, and the condition names the field.
-    let seen = eventually(&api, "checkout", "Ready=False InvalidSpec", |o| {
+    let seen = object_until(&api, "checkout", "Ready=False InvalidSpec", WAIT, |o| {
         ready_reason(o) == Some(("False".into(), reasons::INVALID_SPEC.into()))
     })
     .await;
@@ -155,7 +131,7 @@ async fn invalid_rollout_is_named_then_ready_once_fixed() {
     .unwrap();
 
     // Then it is Ready for the new generation.
-    let fixed = eventually(&api, "checkout", "Ready=True for generation 2", |o| {
+    let fixed = object_until(&api, "checkout", "Ready=True for generation 2", WAIT, |o| {
         ready_reason(o) == Some(("True".into(), reasons::VALID.into()))
             && o.status.as_ref().and_then(|s| s.observed_generation) == o.metadata.generation
     })
@@ -191,11 +167,7 @@ async fn invalid_rollout_is_named_then_ready_once_fixed() {
 #[tokio::test]
 async fn a_gate_template_gets_ready_from_validation() {
     use sluice_api::v1alpha1::GateTemplate;
-    let emu = kube_emulator::Emulator::start().await;
-    emu.load_manifest_file(
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../crds/gatetemplates.sluice.dev.yaml"),
-    )
-    .expect("GateTemplate CRD installs");
+    let emu = emulator_with([sluice_crd("gatetemplates.sluice.dev.yaml")]).await;
     let client = emu.client();
     let api: Api<GateTemplate> = Api::all(client.clone());
     let controller = tokio::spawn(sluice_rollout_weights::template_status::run(
@@ -292,10 +264,7 @@ async fn an_orphaned_route_ownership_is_reported_and_removed() {
     let Some(crd) = sluice_testkit::prereq::or_skip(sluice_testkit::prereq::httproute_crd()) else {
         return;
     };
-    let emu = kube_emulator::Emulator::start().await;
-    emu.load_manifest_file(crd_file())
-        .expect("Rollout CRD installs");
-    emu.load_manifest_file(crd).expect("HTTPRoute CRD installs");
+    let emu = emulator_with([sluice_crd("rollouts.sluice.dev.yaml"), crd]).await;
     let client = emu.client();
     let _ = Api::<Namespace>::all(client.clone())
         .create(

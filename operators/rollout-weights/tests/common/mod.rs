@@ -28,8 +28,12 @@ use sluice_runtime::{
     operator::{Hooks, drive_with},
 };
 use sluice_sim::{ClusterConfig, Scenario, World};
+use sluice_testkit::crds::{emulator_with, sluice_crd};
 use sluice_testkit::prometheus::Prometheus;
 use tokio_util::sync::CancellationToken;
+
+/// The one wait of the test kit, for the scenarios that `use common::*`.
+pub use sluice_testkit::eventually::eventually;
 
 pub const NS: &str = "shop";
 pub const STABLE: &str = "checkout-v2-13";
@@ -167,12 +171,12 @@ pub async fn given(scenario: Scenario) -> Option<Given> {
         return None;
     }
     let prometheus = Prometheus::start_or_skip().await?;
-    let emu = Emulator::start().await;
-    emu.load_manifest_file(upstream_httproute_crd()).unwrap();
-    emu.load_manifest_file(repo().join("crds/rollouts.sluice.dev.yaml"))
-        .unwrap();
-    emu.load_manifest_file(repo().join("crds/gatetemplates.sluice.dev.yaml"))
-        .unwrap();
+    let emu = emulator_with([
+        upstream_httproute_crd(),
+        sluice_crd("rollouts.sluice.dev.yaml"),
+        sluice_crd("gatetemplates.sluice.dev.yaml"),
+    ])
+    .await;
     emu.load_yaml(&format!(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"
     ))
@@ -265,25 +269,6 @@ impl Controller {
     pub async fn stop(self) {
         self.shutdown.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
-    }
-}
-
-/// Polls until `check` returns Some, or fails after `within` naming `what` and the last state
-/// `describe` gives.
-pub async fn eventually<T>(
-    what: &str,
-    within: Duration,
-    mut check: impl AsyncFnMut() -> Result<T, String>,
-) -> T {
-    let deadline = Instant::now() + within;
-    loop {
-        match check().await {
-            Ok(v) => return v,
-            Err(last) if Instant::now() > deadline => {
-                panic!("timed out after {within:?} waiting for {what}; last seen: {last}")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
     }
 }
 
