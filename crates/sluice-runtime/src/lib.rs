@@ -9,6 +9,7 @@
 pub mod client;
 pub mod conditions;
 pub mod config;
+pub mod decision;
 pub mod error;
 pub mod events;
 pub mod leader;

@@ -43,7 +43,7 @@ use crate::{
     clusters::Clusters,
     decide::{
         self, Action, AppKey, AppObservation, AppView, GitOutcome, ObjectKey, Observations,
-        OwningApplicationSet, Requeue,
+        OwningApplicationSet,
     },
     metrics::RevertMetrics,
     registry::Registries,
@@ -1160,10 +1160,7 @@ pub async fn reconcile(
             .map(|t| t.0.as_second()),
         now.as_second(),
     );
-    Ok(match decision.requeue {
-        Requeue::AwaitChange => ControllerAction::await_change(),
-        Requeue::After(d) => ControllerAction::requeue(d),
-    })
+    Ok(decision.requeue.action(Duration::ZERO, Duration::ZERO))
 }
 
 #[cfg(test)]

@@ -57,7 +57,7 @@ use sluice_runtime::{
 use crate::{
     FIELD_MANAGER,
     analysis::{self, Analyzer},
-    decide::{self, Action, Observations, Requeue},
+    decide::{self, Action, Observations},
     metrics::{self, RolloutMetrics},
     observe,
     route_edit::{self, CrdSupport, Desired, EditError, Target},
@@ -1078,10 +1078,7 @@ pub async fn reconcile(
         metrics::object_signal(&status),
     );
 
-    let mut requeue = match decision.requeue {
-        Requeue::AwaitChange => None,
-        Requeue::After(d) => Some(d),
-    };
+    let mut requeue = decision.requeue.after();
     if ctx.analyzer.is_some()
         && status.phase != RolloutPhase::Invalid
         && analysis::wants_analysis(&obj.spec, &status)

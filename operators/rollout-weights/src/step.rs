@@ -27,13 +27,7 @@ use sluice_runtime::{
 use crate::route_edit::{Desired, Mirror};
 
 /// When to look at the object again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Requeue {
-    /// Only when the object (or something it watches) changes.
-    AwaitChange,
-    /// After this long, even without a change.
-    After(Duration),
-}
+pub use sluice_runtime::decision::Requeue;
 
 /// What the reconcile saw, for the state machine.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -100,15 +94,7 @@ pub enum Action {
 }
 
 /// The outcome of [`step`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct Decision {
-    /// Effects, in order.
-    pub actions: Vec<Action>,
-    /// The next status.
-    pub status: RolloutStatus,
-    /// When to look again.
-    pub requeue: Requeue,
-}
+pub type Decision = sluice_runtime::decision::Decision<RolloutStatus, Action>;
 
 /// A canary share at or below this (percent) counts as ~0 when verifying an abort.
 pub const REVERTED_SHARE_PERCENT: f64 = 0.5;

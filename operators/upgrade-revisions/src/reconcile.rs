@@ -24,7 +24,7 @@ use sluice_runtime::{
 
 use crate::{
     FIELD_MANAGER,
-    decide::{self, Observations, Requeue},
+    decide::{self, Observations},
     fleet::{self, PodView},
     pacing,
     restarts::act,
@@ -221,14 +221,10 @@ pub async fn reconcile(
         );
     }
     outcome?;
-    Ok(match decision.requeue {
-        Requeue::AwaitChange => ControllerAction::await_change(),
-        // The next tick is due a tick after this one started (restarts run in the background).
-        Requeue::After(d) => ControllerAction::requeue(
-            d.saturating_sub(started.elapsed())
-                .max(Duration::from_millis(50)),
-        ),
-    })
+    // The next tick is due a tick after this one started (restarts run in the background).
+    Ok(decision
+        .requeue
+        .action(started.elapsed(), Duration::from_millis(50)))
 }
 
 /// The oldest other RevisionUpgrade of the cluster still in progress, if it was created before

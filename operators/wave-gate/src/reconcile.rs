@@ -36,8 +36,8 @@ use sluice_runtime::{
 use crate::{
     FIELD_MANAGER,
     decide::{
-        self, Action, AppView, ApplicationSetView, EvaluatedGate, Observations, Requeue,
-        active_wave, gates_due,
+        self, Action, AppView, ApplicationSetView, EvaluatedGate, Observations, active_wave,
+        gates_due,
     },
     decisions, gates,
     metrics::{WAVE_PASSED_METRIC, WaveGateMetrics},
@@ -679,10 +679,10 @@ pub async fn reconcile(
             }
         }
     }
-    Ok(match decision.requeue {
-        Requeue::AwaitChange => ControllerAction::await_change(),
-        Requeue::After(d) => ControllerAction::requeue(d.max(std::time::Duration::from_millis(50))),
-    })
+    Ok(decision.requeue.action(
+        std::time::Duration::ZERO,
+        std::time::Duration::from_millis(50),
+    ))
 }
 
 #[cfg(test)]

@@ -375,26 +375,10 @@ impl Action {
     }
 }
 
-/// When to look at the object again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Requeue {
-    /// Only when the object (or something it watches) changes.
-    AwaitChange,
-    /// After this long, even without a change.
-    After(Duration),
-}
+pub use sluice_runtime::decision::Requeue;
 
-/// The outcome of [`decide`](super::decide).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Decision {
-    /// Effects (and Events) to carry out.
-    pub actions: Vec<Action>,
-    /// The status to write once every effect succeeded (equal to the current one when nothing
-    /// changed).
-    pub status: BundlePinStatus,
-    /// When to reconcile again.
-    pub requeue: Requeue,
-}
+/// The outcome of [`decide`](super::decide): the status is written once every effect succeeded.
+pub type Decision = sluice_runtime::decision::Decision<BundlePinStatus, Action>;
 
 /// The Event action name of validation outcomes.
 pub const VALIDATE: &str = "Validate";

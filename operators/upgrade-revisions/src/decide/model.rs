@@ -165,13 +165,7 @@ pub enum Action {
 }
 
 /// When to look at the object again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Requeue {
-    /// Only when the object (or something it watches) changes.
-    AwaitChange,
-    /// After this long, even without a change.
-    After(Duration),
-}
+pub use sluice_runtime::decision::Requeue;
 
 /// The outcome of [`decide`](super::decide).
 #[derive(Debug, Clone, PartialEq)]

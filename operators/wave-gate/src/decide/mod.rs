@@ -316,24 +316,13 @@ fn step(cx: &mut Ctx<'_>) -> Requeue {
     // requeue (its pin wait) is kept: waiting only for a change would lose the fallback.
     if new_revision && let Some(r) = start_change(cx) {
         return match &cx.next.halt {
-            Some(h) if h.pinned_at.is_none() => sooner(r, halt_requeue),
+            Some(h) if h.pinned_at.is_none() => r.sooner(halt_requeue),
             _ => r,
         };
     }
 
     // 7. Move the change on.
     progress(cx)
-}
-
-/// The earlier of two requeues (waiting for a change is the latest).
-fn sooner(a: Requeue, b: Requeue) -> Requeue {
-    match (a, b) {
-        (Requeue::After(x), Requeue::After(y)) => Requeue::After(x.min(y)),
-        (Requeue::After(x), Requeue::AwaitChange) | (Requeue::AwaitChange, Requeue::After(x)) => {
-            Requeue::After(x)
-        }
-        (Requeue::AwaitChange, Requeue::AwaitChange) => Requeue::AwaitChange,
-    }
 }
 
 /// Keeps `status.waves` in spec order, carrying each wave's state by name.

@@ -193,24 +193,10 @@ pub enum Action {
 }
 
 /// When to look at the object again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Requeue {
-    /// Only when the object (or something it watches) changes.
-    AwaitChange,
-    /// After this long, even without a change.
-    After(Duration),
-}
+pub use sluice_runtime::decision::Requeue;
 
-/// The outcome of [`decide`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct Decision {
-    /// Effects to carry out after the status write succeeded.
-    pub actions: Vec<Action>,
-    /// The status to write (equal to the current one when nothing changed).
-    pub status: WaveGateStatus,
-    /// When to reconcile again.
-    pub requeue: Requeue,
-}
+/// The outcome of [`decide`]: effects are carried out after the status write succeeded.
+pub type Decision = sluice_runtime::decision::Decision<WaveGateStatus, Action>;
 
 /// Event action names.
 pub mod actions {

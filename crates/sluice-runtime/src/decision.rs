@@ -1,0 +1,115 @@
+//! The shape of every operator's pure decide step: from spec, status, observations and the time,
+//! a [`Decision`] — the effects to carry out, the next status, and when to look again.
+//!
+//! Owns only that shape and the conversion of [`Requeue`] into the controller's action; what an
+//! operator's effects are and in which order it carries them out stay with the operator.
+
+use std::time::Duration;
+
+use kube::runtime::controller::Action;
+
+/// When an object is reconciled again, besides on a change of what it watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Requeue {
+    /// Only when the object (or something it watches) changes.
+    AwaitChange,
+    /// After this long, even without a change.
+    After(Duration),
+}
+
+impl Requeue {
+    /// The earlier of two requeues (waiting for a change is the latest).
+    pub fn sooner(self, other: Requeue) -> Requeue {
+        match (self, other) {
+            (Requeue::After(x), Requeue::After(y)) => Requeue::After(x.min(y)),
+            (Requeue::After(x), Requeue::AwaitChange)
+            | (Requeue::AwaitChange, Requeue::After(x)) => Requeue::After(x),
+            (Requeue::AwaitChange, Requeue::AwaitChange) => Requeue::AwaitChange,
+        }
+    }
+
+    /// The delay, if any.
+    pub fn after(self) -> Option<Duration> {
+        match self {
+            Requeue::AwaitChange => None,
+            Requeue::After(d) => Some(d),
+        }
+    }
+
+    /// The controller's action, `spent` (the time the reconcile took) already counted, and
+    /// never sooner than `floor` from now, so a decision that is due again at once does not
+    /// spin.
+    pub fn action(self, spent: Duration, floor: Duration) -> Action {
+        match self {
+            Requeue::AwaitChange => Action::await_change(),
+            Requeue::After(d) => Action::requeue(d.saturating_sub(spent).max(floor)),
+        }
+    }
+}
+
+/// What an operator's decide step returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision<S, A> {
+    /// Effects (and Events) to carry out, in order.
+    pub actions: Vec<A>,
+    /// The next status (equal to the current one when nothing changed).
+    pub status: S,
+    /// When to reconcile again.
+    pub requeue: Requeue,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sooner_takes_the_earlier_and_waiting_is_the_latest() {
+        let s = Duration::from_secs;
+        let table = [
+            (
+                Requeue::After(s(3)),
+                Requeue::After(s(5)),
+                Requeue::After(s(3)),
+            ),
+            (
+                Requeue::AwaitChange,
+                Requeue::After(s(5)),
+                Requeue::After(s(5)),
+            ),
+            (
+                Requeue::After(s(3)),
+                Requeue::AwaitChange,
+                Requeue::After(s(3)),
+            ),
+            (
+                Requeue::AwaitChange,
+                Requeue::AwaitChange,
+                Requeue::AwaitChange,
+            ),
+        ];
+        for (a, b, want) in table {
+            assert_eq!(a.sooner(b), want, "{a:?} vs {b:?}");
+            assert_eq!(b.sooner(a), want, "{b:?} vs {a:?}");
+        }
+    }
+
+    #[test]
+    fn the_action_counts_the_time_spent_and_never_spins() {
+        let ms = Duration::from_millis;
+        assert_eq!(
+            Requeue::After(ms(1000)).action(ms(300), ms(50)),
+            Action::requeue(ms(700))
+        );
+        assert_eq!(
+            Requeue::After(ms(100)).action(ms(300), ms(50)),
+            Action::requeue(ms(50)),
+            "overdue: the floor"
+        );
+        assert_eq!(
+            Requeue::AwaitChange.action(ms(300), ms(50)),
+            Action::await_change()
+        );
+        assert_eq!(Requeue::After(ms(5)).after(), Some(ms(5)));
+        assert_eq!(Requeue::AwaitChange.after(), None);
+    }
+}
