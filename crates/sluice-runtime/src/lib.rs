@@ -19,6 +19,7 @@ pub mod operator;
 pub mod projection;
 pub mod server;
 pub mod telemetry;
+pub mod validity;
 pub mod write;
 
 #[cfg(test)]

@@ -373,6 +373,14 @@ impl Action {
     pub fn is_effect(&self) -> bool {
         !matches!(self, Action::Event { .. } | Action::Audit { .. })
     }
+
+    /// The reason of an Event; `None` for any other action.
+    pub fn event_reason(&self) -> Option<&'static str> {
+        match self {
+            Action::Event { reason, .. } => Some(reason),
+            _ => None,
+        }
+    }
 }
 
 pub use sluice_runtime::decision::Requeue;
@@ -381,7 +389,7 @@ pub use sluice_runtime::decision::Requeue;
 pub type Decision = sluice_runtime::decision::Decision<BundlePinStatus, Action>;
 
 /// The Event action name of validation outcomes.
-pub const VALIDATE: &str = "Validate";
+pub const VALIDATE: &str = sluice_runtime::validity::VALIDATE;
 /// The Event action name of verification outcomes.
 pub const VERIFY: &str = "Verify";
 /// The Event action name of pinning.

@@ -164,6 +164,16 @@ pub enum Action {
     },
 }
 
+impl Action {
+    /// The reason of an Event; `None` for any other action.
+    pub fn event_reason(&self) -> Option<&'static str> {
+        match self {
+            Action::Event { reason, .. } => Some(reason),
+            _ => None,
+        }
+    }
+}
+
 /// When to look at the object again.
 pub use sluice_runtime::decision::Requeue;
 
@@ -182,7 +192,7 @@ pub struct Decision {
 }
 
 /// The Event action name of validation outcomes.
-pub const VALIDATE: &str = "Validate";
+pub const VALIDATE: &str = sluice_runtime::validity::VALIDATE;
 /// The Event action name of wave transitions.
 pub const WAVE: &str = "Wave";
 /// The Event action name of relabels.

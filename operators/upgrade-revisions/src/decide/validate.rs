@@ -4,12 +4,23 @@
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use sluice_api::v1alpha1::{
-    RevisionUpgradePhase, RevisionUpgradeStatus, revision_upgrade::reasons,
-};
-use sluice_runtime::{conditions as cond, events::Severity};
+use sluice_api::v1alpha1::{RevisionUpgradePhase, RevisionUpgradeStatus};
+use sluice_runtime::validity::Step;
 
-use super::model::{Action, Decision, Observations, Requeue, VALIDATE};
+use super::model::{Action, Decision, Observations, VALIDATE};
+
+/// RevisionUpgrade's validity step: an invalid spec is Invalid whatever it was doing; a fixed
+/// one starts again from Pending.
+pub(crate) const VALIDITY_STEP: Step<RevisionUpgradeStatus> = Step {
+    fields: |s| (&mut s.observed_generation, &mut s.conditions),
+    phase: |next, validity| {
+        if !validity.valid {
+            next.phase = RevisionUpgradePhase::Invalid;
+        } else if validity.was_invalid && next.phase == RevisionUpgradePhase::Invalid {
+            next.phase = RevisionUpgradePhase::Pending;
+        }
+    },
+};
 
 /// The validity part of [`decide`](super::decide), given the spec's problems (empty when valid).
 pub fn decide_validity(
@@ -18,40 +29,24 @@ pub fn decide_validity(
     obs: &Observations,
     now: Timestamp,
 ) -> Decision {
-    let mut next = status.cloned().unwrap_or_default();
-    next.observed_generation = obs.generation;
-    let validity = cond::set_validity(&mut next.conditions, problems, obs.generation, now);
-    if !validity.valid {
-        next.phase = RevisionUpgradePhase::Invalid;
-    } else if validity.was_invalid && next.phase == RevisionUpgradePhase::Invalid {
-        next.phase = RevisionUpgradePhase::Pending;
-    }
-    let note = validity.message;
-
-    let mut actions = Vec::new();
-    if validity.transitioned {
-        actions.push(if validity.valid {
-            Action::Event {
-                severity: Severity::Normal,
-                reason: reasons::VALID,
-                action: VALIDATE,
-                note: "spec accepted".to_owned(),
-            }
-        } else {
-            Action::Event {
-                severity: Severity::Warning,
-                reason: reasons::INVALID_SPEC,
-                action: VALIDATE,
-                note,
-            }
-        });
-    }
+    let d = VALIDITY_STEP.decide(
+        problems,
+        status,
+        obs.generation,
+        now,
+        |severity, reason, note| Action::Event {
+            severity,
+            reason,
+            action: VALIDATE,
+            note,
+        },
+    );
     Decision {
-        actions,
-        status: next,
+        actions: d.actions,
+        status: d.status,
         // An invalid spec is waited on (no requeue loop); a valid one without a fleet reading
         // has nothing timed to do.
-        requeue: Requeue::AwaitChange,
+        requeue: d.requeue,
         busy_for: Duration::ZERO,
     }
 }
