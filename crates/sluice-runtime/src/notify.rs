@@ -14,6 +14,8 @@
 //! reconcile, never log or put into an Event a target's URL, headers or token (a Slack webhook
 //! URL is itself a credential), and never follow a redirect with a target's credentials.
 
+pub mod checks;
+
 use std::{
     collections::{BTreeMap, HashMap, HashSet, VecDeque},
     sync::{
@@ -24,7 +26,10 @@ use std::{
 };
 
 use clap::Args;
-use k8s_openapi::api::core::v1::{ObjectReference, Secret};
+use k8s_openapi::{
+    api::core::v1::{ObjectReference, Secret},
+    apimachinery::pkg::apis::meta::v1::Condition,
+};
 use kube::{
     Api, Resource,
     api::{WatchEvent, WatchParams},
@@ -134,6 +139,36 @@ impl Notice {
             message: String::new(),
             figures: Map::new(),
         }
+    }
+
+    /// The notice of a status write that moved the phase from `from` (`None`: a new object) to
+    /// `to`, when `event` says `to` is worth one, with `reason` (the object's signal reason).
+    /// `None` when the phase did not change: a status read back after a restart or a requeue is
+    /// no transition. Phases are named by their `Debug` form.
+    pub fn of_transition<P: Copy + PartialEq + std::fmt::Debug>(
+        from: Option<P>,
+        to: P,
+        event: impl FnOnce(P) -> Option<NoticeEvent>,
+        reason: impl Into<String>,
+    ) -> Option<Self> {
+        if from == Some(to) {
+            return None;
+        }
+        let from_name = from.map(|p| format!("{p:?}")).unwrap_or_default();
+        let mut n = Notice::new(event(to)?, &from_name, &format!("{to:?}"));
+        n.reason = reason.into();
+        Some(n)
+    }
+
+    /// Sets the message to that of the condition carrying the notice's reason (empty when no
+    /// condition does).
+    pub fn message_from(&mut self, conditions: &[Condition]) -> &mut Self {
+        self.message = conditions
+            .iter()
+            .find(|c| c.reason == self.reason)
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        self
     }
 
     /// Adds figure `name` when `value` is known (not `None`, not null).
@@ -1087,6 +1122,50 @@ async fn deliver(inner: &Inner, client: &reqwest::Client, job: &Job, target: &Ta
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Phase {
+        Running,
+        Done,
+    }
+
+    #[test]
+    fn a_transition_is_noticed_once_with_its_phases_reason_and_message() {
+        let done = |p| (p == Phase::Done).then_some(NoticeEvent::Complete);
+        let n = Notice::of_transition(Some(Phase::Running), Phase::Done, done, "Finished")
+            .expect("a transition");
+        assert_eq!(
+            (n.event, n.from.as_str(), n.to.as_str(), n.reason.as_str()),
+            (NoticeEvent::Complete, "Running", "Done", "Finished")
+        );
+        let new = Notice::of_transition(None, Phase::Done, done, "Finished").expect("new");
+        assert_eq!(new.from, "");
+        assert_eq!(
+            Notice::of_transition(Some(Phase::Done), Phase::Done, done, "Finished"),
+            None
+        );
+        assert_eq!(
+            Notice::of_transition(None, Phase::Running, done, "Started"),
+            None
+        );
+
+        let mut n = n;
+        let c = |reason: &str, message: &str| {
+            let at = k8s_openapi::jiff::Timestamp::UNIX_EPOCH;
+            crate::conditions::new(
+                "Done",
+                crate::conditions::Status::True,
+                reason,
+                message,
+                None,
+                at,
+            )
+        };
+        n.message_from(&[c("Started", "no"), c("Finished", "all done")]);
+        assert_eq!(n.message, "all done");
+        n.message_from(&[c("Started", "no")]);
+        assert_eq!(n.message, "");
+    }
 
     #[test]
     fn targets_parse_and_bad_ones_say_what_is_wrong() {

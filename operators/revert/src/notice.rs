@@ -12,27 +12,14 @@ use crate::metrics::object_signal;
 /// The notice for the transition from `before` to `after`, if the pin took hold or was
 /// released. A status read back with the same phase (a restart, a requeue) is no transition.
 pub fn notice(before: Option<&BundlePinStatus>, after: &BundlePinStatus) -> Option<Notice> {
-    let from = before.map(|s| s.phase);
-    if from == Some(after.phase) {
-        return None;
-    }
-    let event = match after.phase {
-        BundlePinPhase::Pinned => NoticeEvent::Pin,
-        BundlePinPhase::Released => NoticeEvent::Release,
-        _ => return None,
+    let event = |phase| match phase {
+        BundlePinPhase::Pinned => Some(NoticeEvent::Pin),
+        BundlePinPhase::Released => Some(NoticeEvent::Release),
+        _ => None,
     };
-    let mut n = Notice::new(
-        event,
-        &from.map(|p| format!("{p:?}")).unwrap_or_default(),
-        &format!("{:?}", after.phase),
-    );
-    n.reason = object_signal(after).reason;
-    n.message = after
-        .conditions
-        .iter()
-        .find(|c| c.reason == n.reason)
-        .map(|c| c.message.clone())
-        .unwrap_or_default();
+    let from = before.map(|s| s.phase);
+    let mut n = Notice::of_transition(from, after.phase, event, object_signal(after).reason)?;
+    n.message_from(&after.conditions);
     let applications: Vec<String> = after
         .applications
         .iter()
@@ -44,7 +31,7 @@ pub fn notice(before: Option<&BundlePinStatus>, after: &BundlePinStatus) -> Opti
         .figure("applications", applications)
         .figure("appliedObjects", after.applied_objects)
         .figure("prunedObjects", after.pruned_objects);
-    match event {
+    match n.event {
         NoticeEvent::Pin => n.figure("pinnedAt", &after.pinned_at),
         _ => n.figure("releasedAt", &after.released_at),
     };
@@ -56,6 +43,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use sluice_runtime::notify::checks;
 
     fn status(v: serde_json::Value) -> BundlePinStatus {
         serde_json::from_value(v).expect("status fixture")
@@ -96,18 +84,12 @@ mod tests {
         assert_eq!(n.event, NoticeEvent::Release);
         assert_eq!(n.figures["releasedAt"], "2026-12-02T06:00:00Z");
 
-        for (before, after) in [
+        let releasing = with("Releasing", json!({}));
+        let writes = [
             (Some(&pinned), &pinned),
             (None, &pinning),
-            (Some(&pinned), &with("Releasing", json!({}))),
-        ] {
-            assert_eq!(
-                notice(before, after),
-                None,
-                "{:?} -> {:?}",
-                before.map(|s| s.phase),
-                after.phase
-            );
-        }
+            (Some(&pinned), &releasing),
+        ];
+        checks::no_notice(&writes, notice, |s| s.phase);
     }
 }

@@ -30,22 +30,11 @@ pub fn notice(
     after: &RevisionUpgradeStatus,
 ) -> Option<Notice> {
     let from = before.map(|s| s.phase);
-    let e = event(after.phase)?;
-    if from == Some(after.phase) || from.and_then(event) == Some(e) {
+    let mut n = Notice::of_transition(from, after.phase, event, object_signal(after).reason)?;
+    if from.and_then(event) == Some(n.event) {
         return None;
     }
-    let mut n = Notice::new(
-        e,
-        &from.map(|p| format!("{p:?}")).unwrap_or_default(),
-        &format!("{:?}", after.phase),
-    );
-    n.reason = object_signal(after).reason;
-    n.message = after
-        .conditions
-        .iter()
-        .find(|c| c.reason == n.reason)
-        .map(|c| c.message.clone())
-        .unwrap_or_default();
+    n.message_from(&after.conditions);
     let moved = after
         .namespaces
         .iter()
@@ -59,7 +48,7 @@ pub fn notice(
             .figure("proxiesNew", p.new)
             .figure("proxiesOther", p.other);
     }
-    if e == NoticeEvent::Hold
+    if n.event == NoticeEvent::Hold
         && let Some(b) = &after.issuance_budget
     {
         n.figure("issuanceThrottled", b.throttled)

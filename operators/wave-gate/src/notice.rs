@@ -13,16 +13,9 @@ use crate::metrics::object_signal;
 /// The notice for the transition from `before` to `after`, if the change halted. A status read
 /// back with the same phase (a restart, a requeue) is no transition.
 pub fn notice(before: Option<&WaveGateStatus>, after: &WaveGateStatus) -> Option<Notice> {
+    let event = |phase| (phase == WaveGatePhase::Halted).then_some(NoticeEvent::Halt);
     let from = before.map(|s| s.phase);
-    if from == Some(after.phase) || after.phase != WaveGatePhase::Halted {
-        return None;
-    }
-    let mut n = Notice::new(
-        NoticeEvent::Halt,
-        &from.map(|p| format!("{p:?}")).unwrap_or_default(),
-        &format!("{:?}", after.phase),
-    );
-    n.reason = object_signal(after).reason;
+    let mut n = Notice::of_transition(from, after.phase, event, object_signal(after).reason)?;
     let halt = after.halt.as_ref();
     n.message = halt.and_then(|h| h.message.clone()).unwrap_or_default();
     n.figure("wave", halt.map(|h| &h.wave))
@@ -42,6 +35,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use sluice_runtime::notify::checks;
 
     fn status(v: serde_json::Value) -> WaveGateStatus {
         serde_json::from_value(v).expect("status fixture")
@@ -71,18 +65,11 @@ mod tests {
         assert_eq!(serde_json::Value::Object(n.figures), want);
 
         let complete = status(json!({"phase": "Complete"}));
-        for (before, after) in [
+        let writes = [
             (Some(&halted), &halted),
             (Some(&soaking), &complete),
             (None, &soaking),
-        ] {
-            assert_eq!(
-                notice(before, after),
-                None,
-                "{:?} -> {:?}",
-                before.map(|s| s.phase),
-                after.phase
-            );
-        }
+        ];
+        checks::no_notice(&writes, notice, |s| s.phase);
     }
 }
