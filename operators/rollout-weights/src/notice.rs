@@ -13,23 +13,15 @@ use crate::metrics::object_signal;
 /// The notice for the transition from `before` to `after`, if it is an abort or a promotion.
 /// A status read back with the same phase (a restart, a requeue) is no transition.
 pub fn notice(before: Option<&RolloutStatus>, after: &RolloutStatus) -> Option<Notice> {
-    let from = before.map(|s| s.phase);
-    if from == Some(after.phase) {
-        return None;
-    }
-    let event = match after.phase {
-        RolloutPhase::Aborted => NoticeEvent::Abort,
-        RolloutPhase::Promoted => NoticeEvent::Promotion,
-        _ => return None,
+    let event = |phase| match phase {
+        RolloutPhase::Aborted => Some(NoticeEvent::Abort),
+        RolloutPhase::Promoted => Some(NoticeEvent::Promotion),
+        _ => None,
     };
-    let mut n = Notice::new(
-        event,
-        &from.map(|p| format!("{p:?}")).unwrap_or_default(),
-        &format!("{:?}", after.phase),
-    );
-    n.reason = object_signal(after).reason;
+    let from = before.map(|s| s.phase);
+    let mut n = Notice::of_transition(from, after.phase, event, object_signal(after).reason)?;
     n.figure("canaryVersion", &after.canary_version);
-    match event {
+    match n.event {
         NoticeEvent::Abort => {
             let abort = after.abort.as_ref();
             n.message = abort.and_then(|a| a.message.clone()).unwrap_or_default();
@@ -42,12 +34,7 @@ pub fn notice(before: Option<&RolloutStatus>, after: &RolloutStatus) -> Option<N
             }
         }
         _ => {
-            n.message = after
-                .conditions
-                .iter()
-                .find(|c| c.reason == n.reason)
-                .map(|c| c.message.clone())
-                .unwrap_or_default();
+            n.message_from(&after.conditions);
             n.figure("canaryWeight", after.desired_weight)
                 .figure("steps", after.history.len())
                 .figure("promotedAt", &after.promoted_at);
@@ -61,6 +48,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use sluice_runtime::notify::checks;
 
     fn status(v: serde_json::Value) -> RolloutStatus {
         serde_json::from_value(v).expect("status fixture")
@@ -112,14 +100,6 @@ mod tests {
             (None, &progressing),
             (Some(&aborted), &progressing),
         ];
-        for (before, after) in table {
-            assert_eq!(
-                notice(before, after),
-                None,
-                "{:?} -> {:?}",
-                before.map(|s| s.phase),
-                after.phase
-            );
-        }
+        checks::no_notice(&table, notice, |s| s.phase);
     }
 }

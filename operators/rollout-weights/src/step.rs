@@ -93,6 +93,16 @@ pub enum Action {
     },
 }
 
+impl Action {
+    /// The reason of an Event; `None` for any other action.
+    pub fn event_reason(&self) -> Option<&'static str> {
+        match self {
+            Action::Event { reason, .. } => Some(reason),
+            _ => None,
+        }
+    }
+}
+
 /// The outcome of [`step`].
 pub type Decision = sluice_runtime::decision::Decision<RolloutStatus, Action>;
 
