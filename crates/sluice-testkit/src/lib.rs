@@ -4,10 +4,12 @@
 #![forbid(unsafe_code)]
 
 pub mod control_plane;
+pub mod controller;
 pub mod crds;
 pub mod eventually;
 pub mod git;
 mod http_head;
+pub mod invalid_spec;
 pub mod operator_binary;
 pub mod prereq;
 pub mod prometheus;
@@ -16,4 +18,5 @@ pub mod referrers_api;
 pub mod registry;
 pub mod registry_token;
 pub mod remote_write;
+pub mod secrets;
 pub mod thanos;

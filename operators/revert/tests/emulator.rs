@@ -3,36 +3,16 @@
 //! (`InvalidSpec`) naming the field and a Warning Event, and once fixed, `Ready=True`; the
 //! API server refuses a change of `spec.bundle` or `spec.targets` (CEL transition rules).
 
-use std::{sync::Arc, time::Duration};
-
-use k8s_openapi::api::events::v1::Event;
 use kube::{
     Api,
     api::{Patch, PatchParams, PostParams},
-    runtime::watcher,
 };
-use sluice_api::v1alpha1::{
-    BundlePin, BundlePinPhase,
-    bundle_pin::{conditions, reasons},
-};
-use sluice_revert::{OPERATOR, reconcile};
-use sluice_runtime::{
-    conditions::find,
-    events::EventRecorder,
-    leader::Leadership,
-    operator::{Hooks, drive},
-};
+use sluice_api::v1alpha1::{BundlePin, BundlePinPhase};
+use sluice_revert::reconcile;
+use sluice_runtime::events::EventRecorder;
+use sluice_testkit::controller::RunningController;
 use sluice_testkit::crds::{emulator_with, sluice_crd};
-use sluice_testkit::eventually::object_until;
-use tokio_util::sync::CancellationToken;
-
-/// How long the operator gets to write a status.
-const WAIT: Duration = Duration::from_secs(15);
-
-fn ready(obj: &BundlePin) -> Option<(String, String)> {
-    let c = find(&obj.status.as_ref()?.conditions, conditions::READY)?;
-    Some((c.status.clone(), c.reason.clone()))
-}
+use sluice_testkit::invalid_spec::{ready_once_fixed, refused_naming};
 
 #[tokio::test]
 async fn invalid_bundle_pin_is_named_then_ready_once_fixed() {
@@ -40,26 +20,14 @@ async fn invalid_bundle_pin_is_named_then_ready_once_fixed() {
     let client = emu.client();
     let api: Api<BundlePin> = Api::namespaced(client.clone(), "default");
 
-    let ctx = Arc::new(
-        reconcile::Context::new(
-            client.clone(),
-            EventRecorder::new(client.clone(), OPERATOR),
-            reconcile::Settings::default(),
-            sluice_revert::metrics::register(&mut Default::default()),
-        )
-        .unwrap(),
-    );
-    let (hooks, _registry) = Hooks::standalone();
-    let shutdown = CancellationToken::new();
-    let controller = tokio::spawn(drive(
-        Api::<BundlePin>::all(client.clone()),
-        watcher::Config::default(),
-        ctx,
-        reconcile::reconcile,
-        Leadership::always(),
-        shutdown.clone(),
-        hooks,
-    ));
+    let ctx = reconcile::Context::new(
+        client.clone(),
+        EventRecorder::new(client.clone(), sluice_revert::OPERATOR),
+        reconcile::Settings::default(),
+        sluice_revert::metrics::register(&mut Default::default()),
+    )
+    .unwrap();
+    let controller = RunningController::start(&client, ctx, reconcile::reconcile);
 
     // Given an object the schema accepts but that is invalid (a Secret among the allowed kinds).
     let mut body = serde_json::json!({
@@ -77,58 +45,22 @@ async fn invalid_bundle_pin_is_named_then_ready_once_fixed() {
         .expect("the API server accepts it");
 
     // Then it is refused with a condition naming the field, and a Warning Event.
-    let seen = object_until(&api, "revert-1", "Ready=False InvalidSpec", WAIT, |o| {
-        ready(o) == Some(("False".into(), reasons::INVALID_SPEC.into()))
-    })
-    .await;
-    let status = seen.status.as_ref().unwrap();
-    assert_eq!(status.phase, BundlePinPhase::Refused);
-    assert_eq!(status.observed_generation, seen.metadata.generation);
-    let message = &find(&status.conditions, conditions::READY).unwrap().message;
-    assert!(
-        message.contains("spec.allowedKinds[1]"),
-        "message names the field: {message}"
-    );
-    let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    let warned = events
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .any(|e| {
-            e.reason.as_deref() == Some(reasons::INVALID_SPEC)
-                && e.type_.as_deref() == Some("Warning")
-                && e.note
-                    .as_deref()
-                    .is_some_and(|n| n.contains("spec.allowedKinds[1]"))
-        });
-    assert!(warned, "a Warning InvalidSpec Event names the field");
+    let (seen, _) = refused_naming(&api, "revert-1", "spec.allowedKinds[1]").await;
+    assert_eq!(seen.status.as_ref().unwrap().phase, BundlePinPhase::Refused);
 
     // When the spec is fixed, then it is Ready for the new generation.
-    api.patch(
+    let fixed = ready_once_fixed(
+        &api,
         "revert-1",
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"spec": {"allowedKinds": [{"group": "networking.istio.io", "kind": "VirtualService"}]}})),
+        serde_json::json!({"allowedKinds": [{"group": "networking.istio.io", "kind": "VirtualService"}]}),
     )
-    .await
-    .unwrap();
-    let fixed = object_until(&api, "revert-1", "Ready=True for generation 2", WAIT, |o| {
-        ready(o) == Some(("True".into(), reasons::VALID.into()))
-            && o.status.as_ref().and_then(|s| s.observed_generation) == o.metadata.generation
-    })
     .await;
-    assert_eq!(fixed.metadata.generation, Some(2));
     assert_eq!(
         fixed.status.as_ref().unwrap().phase,
         BundlePinPhase::Verifying
     );
 
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), controller)
-        .await
-        .expect("controller stops on shutdown")
-        .unwrap();
+    controller.stop().await;
     emu.shutdown().await;
 }
 

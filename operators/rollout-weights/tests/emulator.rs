@@ -2,38 +2,22 @@
 //! rollout-weights controller running in-process; an invalid Rollout gets `Ready=False`
 //! (`InvalidSpec`) naming the field, and once fixed, `Ready=True`.
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
 use k8s_openapi::api::events::v1::Event;
 use kube::{
     Api,
     api::{Patch, PatchParams, PostParams},
-    runtime::watcher,
 };
-use sluice_api::v1alpha1::{
-    Rollout, RolloutPhase,
-    rollout::{conditions, reasons},
-};
+use sluice_api::v1alpha1::{Rollout, RolloutPhase};
 use sluice_rollout_weights::{OPERATOR, reconcile};
 use sluice_runtime::{
-    conditions::find,
-    events::EventRecorder,
-    leader::Leadership,
-    operator::{Hooks, drive},
-    server::Readiness,
+    conditions::find, events::EventRecorder, leader::Leadership, server::Readiness,
 };
+use sluice_testkit::controller::RunningController;
 use sluice_testkit::crds::{emulator_with, sluice_crd};
-use sluice_testkit::eventually::object_until;
-use tokio_util::sync::CancellationToken;
-
-/// How long the operator gets to write a status.
-const WAIT: Duration = Duration::from_secs(15);
-
-fn ready_reason(obj: &Rollout) -> Option<(String, String)> {
-    let status = obj.status.as_ref()?;
-    let c = find(&status.conditions, conditions::READY)?;
-    Some((c.status.clone(), c.reason.clone()))
-}
+use sluice_testkit::eventually::eventually_every;
+use sluice_testkit::invalid_spec::{ready_once_fixed, refused_naming};
 
 #[tokio::test]
 async fn invalid_rollout_is_named_then_ready_once_fixed() {
@@ -41,22 +25,8 @@ async fn invalid_rollout_is_named_then_ready_once_fixed() {
     let client = emu.client();
     let api: Api<Rollout> = Api::namespaced(client.clone(), "default");
 
-    let ctx = Arc::new(reconcile::Context::new(
-        client.clone(),
-        EventRecorder::new(client.clone(), OPERATOR),
-    ));
-    let (hooks, registry) = Hooks::standalone();
-    hooks.health.set_leader(true);
-    let shutdown = CancellationToken::new();
-    let controller = tokio::spawn(drive(
-        Api::<Rollout>::all(client.clone()),
-        watcher::Config::default(),
-        ctx,
-        reconcile::reconcile,
-        Leadership::always(),
-        shutdown.clone(),
-        hooks.clone(),
-    ));
+    let ctx = reconcile::Context::new(client.clone(), EventRecorder::new(client.clone(), OPERATOR));
+    let controller = RunningController::start(&client, ctx, reconcile::reconcile);
 
     // Given a Rollout the schema accepts but whose analysis interval is zero.
     let invalid: Rollout = serde_json::from_value(serde_json::json!({
@@ -77,20 +47,9 @@ async fn invalid_rollout_is_named_then_ready_once_fixed() {
         .await
         .expect("the API server accepts it");
 
-    // Then it is Invalid, and the condition names the field.
-    let seen = object_until(&api, "checkout", "Ready=False InvalidSpec", WAIT, |o| {
-        ready_reason(o) == Some(("False".into(), reasons::INVALID_SPEC.into()))
-    })
-    .await;
-    let status = seen.status.as_ref().unwrap();
-    assert_eq!(status.phase, RolloutPhase::Invalid);
-    assert_eq!(status.observed_generation, seen.metadata.generation);
-    let ready = find(&status.conditions, conditions::READY).unwrap();
-    assert!(
-        ready.message.contains("spec.analysisInterval"),
-        "message names the field: {}",
-        ready.message
-    );
+    // Then it is Invalid, and the condition names the field; a Warning Event says so.
+    let (seen, warnings) = refused_naming(&api, "checkout", "spec.analysisInterval").await;
+    assert_eq!(seen.status.as_ref().unwrap().phase, RolloutPhase::Invalid);
     let managers: Vec<_> = seen
         .metadata
         .managed_fields
@@ -102,41 +61,20 @@ async fn invalid_rollout_is_named_then_ready_once_fixed() {
         managers.iter().any(|m| m == OPERATOR),
         "status written by {OPERATOR}: {managers:?}"
     );
+    assert!(
+        warnings
+            .iter()
+            .any(|e| e.reporting_controller.as_deref() == Some(OPERATOR)),
+        "a Warning InvalidSpec Event names the field"
+    );
 
-    // And a Warning Event says so.
-    let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    let warned = events
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .any(|e| {
-            e.reason.as_deref() == Some(reasons::INVALID_SPEC)
-                && e.type_.as_deref() == Some("Warning")
-                && e.reporting_controller.as_deref() == Some(OPERATOR)
-                && e.note
-                    .as_deref()
-                    .is_some_and(|n| n.contains("spec.analysisInterval"))
-        });
-    assert!(warned, "a Warning InvalidSpec Event names the field");
-
-    // When the spec is fixed.
-    api.patch(
+    // When the spec is fixed, then it is Ready for the new generation.
+    let fixed = ready_once_fixed(
+        &api,
         "checkout",
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"spec": {"analysisInterval": "30s"}})),
+        serde_json::json!({"analysisInterval": "30s"}),
     )
-    .await
-    .unwrap();
-
-    // Then it is Ready for the new generation.
-    let fixed = object_until(&api, "checkout", "Ready=True for generation 2", WAIT, |o| {
-        ready_reason(o) == Some(("True".into(), reasons::VALID.into()))
-            && o.status.as_ref().and_then(|s| s.observed_generation) == o.metadata.generation
-    })
     .await;
-    assert_eq!(fixed.metadata.generation, Some(2));
     assert_eq!(fixed.status.as_ref().unwrap().phase, RolloutPhase::Pending);
 
     // And an identical state causes no further writes (no hot loop).
@@ -147,18 +85,18 @@ async fn invalid_rollout_is_named_then_ready_once_fixed() {
         rv
     );
 
-    assert_eq!(hooks.health.readiness(), Readiness::Ready, "caches synced");
-    let metrics = sluice_runtime::metrics::encode(&registry);
+    assert_eq!(
+        controller.hooks.health.readiness(),
+        Readiness::Ready,
+        "caches synced"
+    );
+    let metrics = sluice_runtime::metrics::encode(&controller.registry);
     assert!(
         metrics.contains("sluice_reconciles_total{kind=\"Rollout\"}"),
         "{metrics}"
     );
 
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), controller)
-        .await
-        .expect("controller stops on shutdown")
-        .unwrap();
+    controller.stop().await;
     emu.shutdown().await;
 }
 
@@ -197,15 +135,19 @@ async fn a_gate_template_gets_ready_from_validation() {
             .and_then(|s| find(&s.conditions, "Ready"))
             .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    let seen = loop {
-        let t = api.get("errors").await.unwrap();
-        if ready(&t).is_some() {
-            break t;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no status: {t:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let seen = eventually_every(
+        "a Ready condition",
+        Duration::from_secs(15),
+        Duration::from_millis(50),
+        async || {
+            let t = api.get("errors").await.unwrap();
+            match ready(&t) {
+                Some(_) => Ok(t),
+                None => Err(format!("no status: {t:?}")),
+            }
+        },
+    )
+    .await;
     let (status, reason, message) = ready(&seen).unwrap();
     assert_eq!((status.as_str(), reason.as_str()), ("False", "InvalidSpec"));
     assert!(
@@ -232,25 +174,26 @@ async fn a_gate_template_gets_ready_from_validation() {
     )
     .await
     .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let t = api.get("errors").await.unwrap();
-        if ready(&t).is_some_and(|r| r.0 == "True") {
-            assert_eq!(ready(&t).unwrap().1, "Valid");
-            assert_eq!(
-                t.status.as_ref().unwrap().observed_generation,
-                t.metadata.generation
-            );
-            assert_ne!(t.metadata.generation, seen.metadata.generation);
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never Ready: {:?}",
-            t.status
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let t = eventually_every(
+        "Ready=True",
+        Duration::from_secs(15),
+        Duration::from_millis(50),
+        async || {
+            let t = api.get("errors").await.unwrap();
+            if ready(&t).is_some_and(|r| r.0 == "True") {
+                Ok(t)
+            } else {
+                Err(format!("never Ready: {:?}", t.status))
+            }
+        },
+    )
+    .await;
+    assert_eq!(ready(&t).unwrap().1, "Valid");
+    assert_eq!(
+        t.status.as_ref().unwrap().observed_generation,
+        t.metadata.generation
+    );
+    assert_ne!(t.metadata.generation, seen.metadata.generation);
     controller.abort();
 }
 
@@ -316,55 +259,55 @@ async fn an_orphaned_route_ownership_is_reported_and_removed() {
         Leadership::always(),
         EventRecorder::new(client.clone(), OPERATOR),
     ));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let r = routes.get("orphan").await.unwrap();
-        let a = r.metadata.annotations.clone().unwrap_or_default();
-        if !a.contains_key(ROUTE_OWNER_ANNOTATION) {
-            assert_eq!(a.get("team").map(String::as_str), Some("payments"));
-            assert_eq!(r.spec, created.spec, "rules untouched");
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "annotation kept: {a:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (r, a) = eventually_every(
+        "the orphan's ownership annotation removed",
+        Duration::from_secs(15),
+        Duration::from_millis(50),
+        async || {
+            let r = routes.get("orphan").await.unwrap();
+            let a = r.metadata.annotations.clone().unwrap_or_default();
+            if a.contains_key(ROUTE_OWNER_ANNOTATION) {
+                Err(format!("annotation kept: {a:?}"))
+            } else {
+                Ok((r, a))
+            }
+        },
+    )
+    .await;
+    assert_eq!(a.get("team").map(String::as_str), Some("payments"));
+    assert_eq!(r.spec, created.spec, "rules untouched");
     let events: Api<Event> = Api::namespaced(client.clone(), "shop");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let found = events
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .find(|e| {
-                e.reason.as_deref() == Some(sluice_rollout_weights::orphans::ORPHANED_OWNERSHIP)
-            });
-        if let Some(e) = found {
-            assert_eq!(e.type_.as_deref(), Some("Warning"));
-            assert_eq!(
-                e.regarding.as_ref().and_then(|r| r.name.as_deref()),
-                Some("orphan")
-            );
-            assert!(
-                e.note
-                    .as_deref()
-                    .unwrap_or_default()
-                    .contains("Rollout shop/checkout does not exist"),
-                "{:?}",
-                e.note
-            );
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no OrphanedOwnership Event"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let e = eventually_every(
+        "an OrphanedOwnership Event",
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        async || {
+            events
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some(sluice_rollout_weights::orphans::ORPHANED_OWNERSHIP)
+                })
+                .ok_or_else(|| "no OrphanedOwnership Event".to_string())
+        },
+    )
+    .await;
+    assert_eq!(e.type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        e.regarding.as_ref().and_then(|r| r.name.as_deref()),
+        Some("orphan")
+    );
+    assert!(
+        e.note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("Rollout shop/checkout does not exist"),
+        "{:?}",
+        e.note
+    );
     let kept = routes.get("kept").await.unwrap();
     assert_eq!(
         kept.metadata

@@ -2,36 +2,19 @@
 //! upgrade-revisions controller running in-process; an invalid RevisionUpgrade gets `Ready=False`
 //! (`InvalidSpec`) naming the field and a Warning Event, and once fixed, `Ready=True`.
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
-use k8s_openapi::api::events::v1::Event;
 use kube::{
     Api,
     api::{Patch, PatchParams, PostParams},
-    runtime::watcher,
 };
-use sluice_api::v1alpha1::{
-    RevisionUpgrade, RevisionUpgradePhase,
-    revision_upgrade::{conditions, reasons},
-};
-use sluice_runtime::{
-    conditions::find,
-    events::EventRecorder,
-    leader::Leadership,
-    operator::{Hooks, drive},
-};
+use sluice_api::v1alpha1::{RevisionUpgrade, RevisionUpgradePhase};
+use sluice_runtime::events::EventRecorder;
+use sluice_testkit::controller::RunningController;
 use sluice_testkit::crds::{emulator_with, sluice_crd};
-use sluice_testkit::eventually::object_until;
+use sluice_testkit::eventually::eventually_every;
+use sluice_testkit::invalid_spec::{ready_once_fixed, refused_naming};
 use sluice_upgrade_revisions::{OPERATOR, reconcile};
-use tokio_util::sync::CancellationToken;
-
-/// How long the operator gets to write a status.
-const WAIT: Duration = Duration::from_secs(15);
-
-fn ready(obj: &RevisionUpgrade) -> Option<(String, String)> {
-    let c = find(&obj.status.as_ref()?.conditions, conditions::READY)?;
-    Some((c.status.clone(), c.reason.clone()))
-}
 
 /// An emulator with the RevisionUpgrade CRD from `crds/` installed.
 async fn emulator_with_crd() -> kube_emulator::Emulator {
@@ -44,21 +27,8 @@ async fn invalid_revision_upgrade_is_named_then_ready_once_fixed() {
     let client = emu.client();
     let api: Api<RevisionUpgrade> = Api::all(client.clone());
 
-    let ctx = Arc::new(reconcile::Context::new(
-        client.clone(),
-        EventRecorder::new(client.clone(), OPERATOR),
-    ));
-    let (hooks, _registry) = Hooks::standalone();
-    let shutdown = CancellationToken::new();
-    let controller = tokio::spawn(drive(
-        Api::<RevisionUpgrade>::all(client.clone()),
-        watcher::Config::default(),
-        ctx,
-        reconcile::reconcile,
-        Leadership::always(),
-        shutdown.clone(),
-        hooks,
-    ));
+    let ctx = reconcile::Context::new(client.clone(), EventRecorder::new(client.clone(), OPERATOR));
+    let controller = RunningController::start(&client, ctx, reconcile::reconcile);
 
     // Given an object the schema accepts but that is invalid (a zero analysis interval).
     let mut body = serde_json::json!({
@@ -79,64 +49,25 @@ async fn invalid_revision_upgrade_is_named_then_ready_once_fixed() {
         .expect("the API server accepts it");
 
     // Then it is refused with a condition naming the field, and a Warning Event.
-    let seen = object_until(&api, "istio-1-28", "Ready=False InvalidSpec", WAIT, |o| {
-        ready(o) == Some(("False".into(), reasons::INVALID_SPEC.into()))
-    })
-    .await;
-    let status = seen.status.as_ref().unwrap();
-    assert_eq!(status.phase, RevisionUpgradePhase::Invalid);
-    assert_eq!(status.observed_generation, seen.metadata.generation);
-    let message = &find(&status.conditions, conditions::READY).unwrap().message;
-    assert!(
-        message.contains("spec.analysisInterval"),
-        "message names the field: {message}"
+    let (seen, _) = refused_naming(&api, "istio-1-28", "spec.analysisInterval").await;
+    assert_eq!(
+        seen.status.as_ref().unwrap().phase,
+        RevisionUpgradePhase::Invalid
     );
-    let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    let warned = events
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .any(|e| {
-            e.reason.as_deref() == Some(reasons::INVALID_SPEC)
-                && e.type_.as_deref() == Some("Warning")
-                && e.note
-                    .as_deref()
-                    .is_some_and(|n| n.contains("spec.analysisInterval"))
-        });
-    assert!(warned, "a Warning InvalidSpec Event names the field");
 
     // When the spec is fixed, then it is Ready for the new generation.
-    api.patch(
-        "istio-1-28",
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"spec": {"analysisInterval": "30s"}})),
-    )
-    .await
-    .unwrap();
-    let fixed = object_until(
+    let fixed = ready_once_fixed(
         &api,
         "istio-1-28",
-        "Ready=True for generation 2",
-        WAIT,
-        |o| {
-            ready(o) == Some(("True".into(), reasons::VALID.into()))
-                && o.status.as_ref().and_then(|s| s.observed_generation) == o.metadata.generation
-        },
+        serde_json::json!({"analysisInterval": "30s"}),
     )
     .await;
-    assert_eq!(fixed.metadata.generation, Some(2));
     assert_eq!(
         fixed.status.as_ref().unwrap().phase,
         RevisionUpgradePhase::Pending
     );
 
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), controller)
-        .await
-        .expect("controller stops on shutdown")
-        .unwrap();
+    controller.stop().await;
     emu.shutdown().await;
 }
 
@@ -176,14 +107,16 @@ async fn a_deleted_upgrade_leaves_no_metric_series() {
 
     // When it is deleted, then every series naming it goes.
     api.delete("istio-1-28", &Default::default()).await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while series(&registry) > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "series of the deleted upgrade remain"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_every(
+        "no series of the deleted upgrade",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        async || match series(&registry) {
+            0 => Ok(()),
+            n => Err(format!("series of the deleted upgrade remain: {n}")),
+        },
+    )
+    .await;
     forgetting.abort();
 }
 

@@ -3,36 +3,17 @@
 //! (`InvalidSpec`) naming the field and a Warning Event, and once fixed, `Ready=True` (and,
 //! with no ApplicationSet to govern, refused without publishing a decision).
 
-use std::{sync::Arc, time::Duration};
-
-use k8s_openapi::api::events::v1::Event;
-use kube::{
-    Api,
-    api::{Patch, PatchParams, PostParams},
-    runtime::watcher,
-};
+use kube::{Api, api::PostParams};
 use sluice_api::v1alpha1::{
     WaveGate, WaveGatePhase,
     wave_gate::{conditions, reasons},
 };
-use sluice_runtime::{
-    conditions::find,
-    events::EventRecorder,
-    leader::Leadership,
-    operator::{Hooks, drive},
-};
+use sluice_runtime::{conditions::find, events::EventRecorder};
+use sluice_testkit::controller::RunningController;
 use sluice_testkit::crds::{emulator_with, sluice_crd};
 use sluice_testkit::eventually::object_until;
+use sluice_testkit::invalid_spec::{WAIT, ready_once_fixed, refused_naming};
 use sluice_wave_gate::{OPERATOR, reconcile};
-use tokio_util::sync::CancellationToken;
-
-/// How long the operator gets to write a status.
-const WAIT: Duration = Duration::from_secs(15);
-
-fn ready(obj: &WaveGate) -> Option<(String, String)> {
-    let c = find(&obj.status.as_ref()?.conditions, conditions::READY)?;
-    Some((c.status.clone(), c.reason.clone()))
-}
 
 #[tokio::test]
 async fn invalid_wave_gate_is_named_then_ready_once_fixed() {
@@ -46,21 +27,8 @@ async fn invalid_wave_gate_is_named_then_ready_once_fixed() {
     let client = emu.client();
     let api: Api<WaveGate> = Api::namespaced(client.clone(), "default");
 
-    let ctx = Arc::new(reconcile::Context::new(
-        client.clone(),
-        EventRecorder::new(client.clone(), OPERATOR),
-    ));
-    let (hooks, _registry) = Hooks::standalone();
-    let shutdown = CancellationToken::new();
-    let controller = tokio::spawn(drive(
-        Api::<WaveGate>::all(client.clone()),
-        watcher::Config::default(),
-        ctx,
-        reconcile::reconcile,
-        Leadership::always(),
-        shutdown.clone(),
-        hooks,
-    ));
+    let ctx = reconcile::Context::new(client.clone(), EventRecorder::new(client.clone(), OPERATOR));
+    let controller = RunningController::start(&client, ctx, reconcile::reconcile);
 
     // Given an object the schema accepts but that is invalid (a zero convergence timeout).
     let mut body = serde_json::json!({
@@ -81,48 +49,16 @@ async fn invalid_wave_gate_is_named_then_ready_once_fixed() {
         .expect("the API server accepts it");
 
     // Then it is refused with a condition naming the field, and a Warning Event.
-    let seen = object_until(&api, "site-a", "Ready=False InvalidSpec", WAIT, |o| {
-        ready(o) == Some(("False".into(), reasons::INVALID_SPEC.into()))
-    })
-    .await;
-    let status = seen.status.as_ref().unwrap();
-    assert_eq!(status.phase, WaveGatePhase::Refused);
-    assert_eq!(status.observed_generation, seen.metadata.generation);
-    let message = &find(&status.conditions, conditions::READY).unwrap().message;
-    assert!(
-        message.contains("spec.convergenceTimeout"),
-        "message names the field: {message}"
-    );
-    let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    let warned = events
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .any(|e| {
-            e.reason.as_deref() == Some(reasons::INVALID_SPEC)
-                && e.type_.as_deref() == Some("Warning")
-                && e.note
-                    .as_deref()
-                    .is_some_and(|n| n.contains("spec.convergenceTimeout"))
-        });
-    assert!(warned, "a Warning InvalidSpec Event names the field");
+    let (seen, _) = refused_naming(&api, "site-a", "spec.convergenceTimeout").await;
+    assert_eq!(seen.status.as_ref().unwrap().phase, WaveGatePhase::Refused);
 
     // When the spec is fixed, then it is Ready for the new generation.
-    api.patch(
+    ready_once_fixed(
+        &api,
         "site-a",
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"spec": {"convergenceTimeout": "30m"}})),
+        serde_json::json!({"convergenceTimeout": "30m"}),
     )
-    .await
-    .unwrap();
-    let fixed = object_until(&api, "site-a", "Ready=True for generation 2", WAIT, |o| {
-        ready(o) == Some(("True".into(), reasons::VALID.into()))
-            && o.status.as_ref().and_then(|s| s.observed_generation) == o.metadata.generation
-    })
     .await;
-    assert_eq!(fixed.metadata.generation, Some(2));
     // Valid, but its ApplicationSet does not exist: refused, nothing published.
     let fixed = object_until(&api, "site-a", "ApplicationSetSafe=False", WAIT, |o| {
         o.status.as_ref().is_some_and(|s| {
@@ -135,10 +71,6 @@ async fn invalid_wave_gate_is_named_then_ready_once_fixed() {
     assert_eq!(status.phase, WaveGatePhase::Refused);
     assert!(status.decisions.is_empty(), "nothing published");
 
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), controller)
-        .await
-        .expect("controller stops on shutdown")
-        .unwrap();
+    controller.stop().await;
     emu.shutdown().await;
 }
