@@ -11,6 +11,7 @@ use std::{
     fmt::Debug,
     future::Future,
     hash::Hash,
+    process::ExitCode,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -72,6 +73,19 @@ pub struct Backoff {
     base: Duration,
     max: Duration,
     failures: Mutex<HashMap<String, (u32, Instant)>>,
+}
+
+/// The process's exit code for an operator binary's start-up and run: success, or the error
+/// printed to stderr and logged as `<operator> failed to start`, and failure.
+pub fn exit_code<E: std::fmt::Display>(operator: &str, result: Result<(), E>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("{operator}: {err}");
+            tracing::error!(error = %err, "{operator} failed to start");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// A random delay in `[d/2, d]` ("equal jitter"): retries spread out, yet never sooner than half

@@ -262,12 +262,5 @@ async fn main() -> ExitCode {
         run(rt, ctx).await
     }
     .await;
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("{OPERATOR}: {err}");
-            tracing::error!(error = %err, "{OPERATOR} failed to start");
-            ExitCode::FAILURE
-        }
-    }
+    sluice_runtime::operator::exit_code(OPERATOR, result)
 }

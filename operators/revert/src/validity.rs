@@ -91,18 +91,16 @@ pub fn unreachable_targets(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_runtime::validity::checks;
 
     fn spec(patch: serde_json::Value) -> BundlePinSpec {
-        let mut base = serde_json::json!({
+        let base = serde_json::json!({
             "targets": [{"name": "mesh-config-c1", "namespace": "argocd"}],
             "bundle": {"repository": "oci://registry.example/mesh", "digest": format!("sha256:{}", "b".repeat(64))},
             "publicKeysSecretRef": {"name": "cosign", "keys": ["cosign.pub"]},
             "reason": "bad route",
         });
-        for (k, v) in patch.as_object().unwrap() {
-            base[k] = v.clone();
-        }
-        serde_json::from_value(base).expect("fixture deserializes")
+        checks::patched(base, &patch)
     }
 
     #[test]
@@ -171,10 +169,7 @@ mod tests {
         ];
         for (patch, want) in table {
             let got = problems(&spec(patch.clone()));
-            assert_eq!(got.len(), want.len(), "{patch}: {got:?}");
-            for (g, w) in got.iter().zip(want) {
-                assert!(g.starts_with(&format!("{w}: ")), "{patch}: {g}");
-            }
+            checks::problems_name(&got, &want, &patch);
         }
     }
 }

@@ -83,12 +83,5 @@ async fn main() -> ExitCode {
         Ok(())
     }
     .await;
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("{OPERATOR}: {err}");
-            tracing::error!(error = %err, "{OPERATOR} failed to start");
-            ExitCode::FAILURE
-        }
-    }
+    sluice_runtime::operator::exit_code(OPERATOR, result)
 }

@@ -19,16 +19,14 @@ pub fn problems(spec: &RevisionUpgradeSpec, allow_free_form_promql: bool) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_runtime::validity::checks;
 
     fn spec(patch: serde_json::Value) -> RevisionUpgradeSpec {
-        let mut base = serde_json::json!({
+        let base = serde_json::json!({
             "fromTag": "stable", "fromRevision": "1-27",
             "toTag": "canary", "toRevision": "1-28",
         });
-        for (k, v) in patch.as_object().unwrap() {
-            base[k] = v.clone();
-        }
-        serde_json::from_value(base).expect("fixture deserializes")
+        checks::patched(base, &patch)
     }
 
     #[test]
@@ -49,10 +47,7 @@ mod tests {
         ];
         for (patch, want) in table {
             let got = problems(&spec(patch.clone()), false);
-            assert_eq!(got.len(), want.len(), "{patch}: {got:?}");
-            for (g, w) in got.iter().zip(want) {
-                assert!(g.starts_with(&format!("{w}: ")), "{patch}: {g}");
-            }
+            checks::problems_name(&got, &want, &patch);
         }
     }
 }

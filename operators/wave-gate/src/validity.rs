@@ -27,10 +27,11 @@ pub fn problems(spec: &WaveGateSpec, allow_free_form_promql: bool) -> Vec<String
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_runtime::validity::checks;
 
     fn spec(patch: serde_json::Value) -> WaveGateSpec {
         let digest = format!("sha256:{}", "a".repeat(64));
-        let mut base = serde_json::json!({
+        let base = serde_json::json!({
             "site": "site-a",
             "applicationSetRef": {"name": "mesh-config", "namespace": "argocd"},
             "repository": "oci://registry.example/mesh",
@@ -39,10 +40,7 @@ mod tests {
             "driftGate": {"exporter": "None"},
             "pin": {"publicKeysSecretRef": {"name": "cosign", "keys": ["cosign.pub"]}},
         });
-        for (k, v) in patch.as_object().unwrap() {
-            base[k] = v.clone();
-        }
-        serde_json::from_value(base).expect("fixture deserializes")
+        checks::patched(base, &patch)
     }
 
     #[test]
@@ -68,10 +66,7 @@ mod tests {
         ];
         for (patch, want) in table {
             let got = problems(&spec(patch.clone()), false);
-            assert_eq!(got.len(), want.len(), "{patch}: {got:?}");
-            for (g, w) in got.iter().zip(want) {
-                assert!(g.starts_with(&format!("{w}: ")), "{patch}: {g}");
-            }
+            checks::problems_name(&got, &want, &patch);
         }
     }
 }
