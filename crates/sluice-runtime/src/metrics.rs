@@ -16,7 +16,7 @@ use std::{
     time::Duration,
 };
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{
@@ -125,6 +125,18 @@ impl ObjectSignal {
             progressed_at,
             overdue: BTreeSet::new(),
         }
+    }
+
+    /// The signal with its progress moved to the latest of its own and `moments`, the times
+    /// the status records besides its conditions (a wave's start, a halt, a completion); a
+    /// moment not yet reached (`None`) counts for nothing.
+    pub fn progressed_by<'a>(
+        mut self,
+        moments: impl IntoIterator<Item = Option<&'a Time>>,
+    ) -> Self {
+        let moments = moments.into_iter().flatten().map(|t| t.0.as_second());
+        self.progressed_at = self.progressed_at.into_iter().chain(moments).max();
+        self
     }
 }
 
@@ -367,6 +379,26 @@ pub fn encode(registry: &Registry) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn progress_is_the_latest_of_the_conditions_and_the_moments_reached() {
+        let at = |secs| Time(jiff::Timestamp::from_second(secs).unwrap());
+        let signal = ObjectSignal {
+            progressed_at: Some(100),
+            ..ObjectSignal::default()
+        };
+        let moments = [Some(&at(50)), None, Some(&at(300)), Some(&at(200))];
+        assert_eq!(
+            signal.clone().progressed_by(moments).progressed_at,
+            Some(300)
+        );
+        assert_eq!(
+            signal.clone().progressed_by([None]).progressed_at,
+            Some(100)
+        );
+        let none = ObjectSignal::default().progressed_by([Some(&at(7))]);
+        assert_eq!(none.progressed_at, Some(7));
+    }
 
     #[test]
     fn observations_show_up_with_bounded_labels() {

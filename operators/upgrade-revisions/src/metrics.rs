@@ -363,7 +363,7 @@ pub const OBJECT_KIND: &str = "RevisionUpgrade";
 /// or rolling back); and when it last progressed (the latest of its conditions' transitions,
 /// its waves' starts, soaks and ends, its abort and its completion).
 pub fn object_signal(status: &RevisionUpgradeStatus) -> sluice_runtime::metrics::ObjectSignal {
-    let mut signal = sluice_runtime::metrics::ObjectSignal::from_conditions(
+    let signal = sluice_runtime::metrics::ObjectSignal::from_conditions(
         &format!("{:?}", status.phase),
         &status.conditions,
         None,
@@ -378,11 +378,8 @@ pub fn object_signal(status: &RevisionUpgradeStatus) -> sluice_runtime::metrics:
                 w.finished_at.as_ref(),
             ]
         })
-        .chain([status.aborted_at.as_ref(), status.completed_at.as_ref()])
-        .flatten()
-        .map(|t| t.0.as_second());
-    signal.progressed_at = signal.progressed_at.into_iter().chain(moments).max();
-    signal
+        .chain([status.aborted_at.as_ref(), status.completed_at.as_ref()]);
+    signal.progressed_by(moments)
 }
 
 #[cfg(test)]

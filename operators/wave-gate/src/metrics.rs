@@ -456,7 +456,7 @@ pub fn object_signal(status: &WaveGateStatus) -> sluice_runtime::metrics::Object
         .as_ref()
         .filter(|_| status.phase == WaveGatePhase::Halted)
         .map(|h| format!("{:?}", h.reason));
-    let mut signal = sluice_runtime::metrics::ObjectSignal::from_conditions(
+    let signal = sluice_runtime::metrics::ObjectSignal::from_conditions(
         &format!("{:?}", status.phase),
         &status.conditions,
         halt,
@@ -465,11 +465,8 @@ pub fn object_signal(status: &WaveGateStatus) -> sluice_runtime::metrics::Object
         .waves
         .iter()
         .flat_map(|w| [w.admitted_at.as_ref(), w.finished_at.as_ref()])
-        .chain([status.halt.as_ref().map(|h| &h.halted_at)])
-        .flatten()
-        .map(|t| t.0.as_second());
-    signal.progressed_at = signal.progressed_at.into_iter().chain(moments).max();
-    signal
+        .chain([status.halt.as_ref().map(|h| &h.halted_at)]);
+    signal.progressed_by(moments)
 }
 
 #[cfg(test)]
