@@ -150,7 +150,7 @@ pub fn decide_validity(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_runtime::validity::checks;
+    use sluice_runtime::validity::checks::{self, Seen};
 
     fn t(secs: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + secs).unwrap()
@@ -164,30 +164,20 @@ mod tests {
         vec!["spec.steps[2].setWeight.weight: example problem".to_owned()]
     }
 
-    fn run(
-        problems: &[String],
-        status: Option<&RolloutStatus>,
-        generation: i64,
-        now: Timestamp,
-    ) -> checks::Seen<RolloutStatus> {
-        let d = decide_validity(problems, status, obs(generation), now);
-        checks::Seen {
-            events: checks::event_reasons(&d.actions, Action::event_reason),
-            status: d.status,
-            requeue: d.requeue,
-        }
+    fn run(p: &[String], s: Option<&RolloutStatus>, g: i64, now: Timestamp) -> Seen<RolloutStatus> {
+        let d = decide_validity(p, s, obs(g), now);
+        Seen::new(d.status, &d.actions, d.requeue, Action::event_reason)
     }
 
     #[test]
     fn validity_transitions() {
-        use RolloutPhase::*;
+        use RolloutPhase::{Invalid, Pending};
         // Each shared transition's phase, in order: only a Rollout that never started is Invalid.
         let phases = [Pending, Invalid, Invalid, Pending, Pending, Invalid];
-        let field = "spec.steps[2].setWeight.weight";
-        let outcomes = checks::transitions(&problem(), field, run, VALIDITY_STEP.fields);
-        for ((name, status), want) in outcomes.into_iter().zip(phases) {
-            assert_eq!(status.phase, want, "{name}");
-        }
+        let (problem, field) = (problem(), "spec.steps[2].setWeight.weight");
+        checks::transitions((&problem, field), run, VALIDITY_STEP.fields, phases, |s| {
+            s.phase
+        });
     }
 
     #[test]

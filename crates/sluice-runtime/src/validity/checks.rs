@@ -5,7 +5,7 @@
 //!
 //! Test support only: asserts, never decides anything and never touches the cluster.
 
-use std::fmt::Display;
+use std::fmt::{Debug, Display};
 
 use k8s_openapi::jiff::Timestamp;
 use serde::de::DeserializeOwned;
@@ -22,6 +22,23 @@ pub struct Seen<S> {
     pub events: Vec<&'static str>,
     /// When it asked to look again.
     pub requeue: Requeue,
+}
+
+impl<S> Seen<S> {
+    /// What a step returned: its next status, the reasons of the Events among its `actions`
+    /// (`reason` reads one action's) and its requeue.
+    pub fn new<A>(
+        status: S,
+        actions: &[A],
+        requeue: Requeue,
+        reason: fn(&A) -> Option<&'static str>,
+    ) -> Self {
+        Seen {
+            status,
+            events: actions.iter().filter_map(reason).collect(),
+            requeue,
+        }
+    }
 }
 
 /// The time `secs` seconds after the checks' fixed start.
@@ -116,19 +133,19 @@ const CASES: [Case; 6] = [
 /// transition and asserts what the step owns: the observed generation on the status and on
 /// `Ready`, `Ready`'s status, reason and transition time, the Events, no hot requeue, and a
 /// message that names `field` (the field `problem` is about). `fields` are the step's own
-/// ([`Step::fields`](super::Step::fields)). Returns each case's name and next status, in order (new valid,
-/// new invalid, identical invalid, invalid fixed, valid still valid, valid broken), for the
-/// operator's own assertions on the phase.
-pub fn transitions<S: Clone>(
-    problem: &[String],
-    field: &str,
+/// ([`Step::fields`](super::Step::fields)). What the operator owns is asserted from `phases`:
+/// the phase `phase` reads from each case's next status, in order (new valid, new invalid,
+/// identical invalid, invalid fixed, valid still valid, valid broken).
+pub fn transitions<S: Clone, P: PartialEq + Debug>(
+    (problem, field): (&[String], &str),
     run: impl Fn(&[String], Option<&S>, i64, Timestamp) -> Seen<S>,
     fields: Fields<S>,
-) -> Vec<(&'static str, S)> {
+    phases: [P; 6],
+    phase: fn(&S) -> P,
+) {
     let invalid_at_0 = run(problem, None, 1, t(0)).status;
     let valid_at_0 = run(&[], None, 1, t(0)).status;
-    let mut outcomes = Vec::new();
-    for case in &CASES {
+    for (case, want_phase) in CASES.iter().zip(phases) {
         let name = case.name;
         let problems = if case.invalid { problem } else { &[] };
         let from = match case.from {
@@ -171,14 +188,13 @@ pub fn transitions<S: Clone>(
                 "{name}: message names the field"
             );
         }
-        outcomes.push((name, seen.status));
+        assert_eq!(phase(&seen.status), want_phase, "{name}");
     }
-    outcomes
 }
 
 /// Asserts that reconciling an invalid object again, later, writes an identical status and
 /// publishes nothing.
-pub fn identical_reconcile<S: PartialEq + std::fmt::Debug>(
+pub fn identical_reconcile<S: PartialEq + Debug>(
     problem: &[String],
     run: impl Fn(&[String], Option<&S>, i64, Timestamp) -> Seen<S>,
 ) {
@@ -189,14 +205,6 @@ pub fn identical_reconcile<S: PartialEq + std::fmt::Debug>(
         "no status write on an identical reconcile"
     );
     assert!(second.events.is_empty());
-}
-
-/// The reasons of the Events among `actions`, in order; `reason` reads one action's.
-pub fn event_reasons<A>(
-    actions: &[A],
-    reason: fn(&A) -> Option<&'static str>,
-) -> Vec<&'static str> {
-    actions.iter().filter_map(reason).collect()
 }
 
 /// A spec fixture: `base` with each top-level field of `patch` replaced.

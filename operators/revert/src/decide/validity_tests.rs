@@ -3,7 +3,10 @@ use super::*;
 use k8s_openapi::jiff::Timestamp;
 
 use sluice_api::v1alpha1::{BundlePinPhase, BundlePinSpec, BundlePinStatus, bundle_pin::reasons};
-use sluice_runtime::{conditions as cond, validity::checks};
+use sluice_runtime::{
+    conditions as cond,
+    validity::checks::{self, Seen},
+};
 
 use sluice_api::v1alpha1::bundle_pin::conditions;
 
@@ -71,36 +74,20 @@ fn a_target_outside_the_application_namespace_is_refused() {
     assert_ne!(d.status.phase, BundlePinPhase::Refused);
 }
 
-fn run(
-    problems: &[String],
-    status: Option<&BundlePinStatus>,
-    generation: i64,
-    now: Timestamp,
-) -> checks::Seen<BundlePinStatus> {
-    let d = decide_validity(problems, status, &obs(generation), now);
-    checks::Seen {
-        events: checks::event_reasons(&d.actions, Action::event_reason),
-        status: d.status,
-        requeue: d.requeue,
-    }
+fn run(p: &[String], s: Option<&BundlePinStatus>, g: i64, now: Timestamp) -> Seen<BundlePinStatus> {
+    let d = decide_validity(p, s, &obs(g), now);
+    Seen::new(d.status, &d.actions, d.requeue, Action::event_reason)
 }
 
 #[test]
 fn validity_transitions() {
+    use BundlePinPhase::{Refused, Verifying};
     // Each shared transition's phase, in order: refused while invalid, verifying once fixed.
-    let phases = [
-        BundlePinPhase::Verifying,
-        BundlePinPhase::Refused,
-        BundlePinPhase::Refused,
-        BundlePinPhase::Verifying,
-        BundlePinPhase::Verifying,
-        BundlePinPhase::Refused,
-    ];
-    let field = "spec.bundle.digest";
-    let outcomes = checks::transitions(&problem(), field, run, VALIDITY_STEP.fields);
-    for ((name, status), want) in outcomes.into_iter().zip(phases) {
-        assert_eq!(status.phase, want, "{name}");
-    }
+    let phases = [Verifying, Refused, Refused, Verifying, Verifying, Refused];
+    let (problem, field) = (problem(), "spec.bundle.digest");
+    checks::transitions((&problem, field), run, VALIDITY_STEP.fields, phases, |s| {
+        s.phase
+    });
 }
 
 #[test]

@@ -3,7 +3,7 @@ use super::*;
 use k8s_openapi::jiff::Timestamp;
 
 use sluice_api::v1alpha1::{RevisionUpgradePhase, RevisionUpgradeStatus};
-use sluice_runtime::validity::checks;
+use sluice_runtime::validity::checks::{self, Seen};
 
 fn obs(generation: i64) -> Observations {
     Observations {
@@ -17,35 +17,24 @@ fn problem() -> Vec<String> {
 }
 
 fn run(
-    problems: &[String],
-    status: Option<&RevisionUpgradeStatus>,
-    generation: i64,
+    p: &[String],
+    s: Option<&RevisionUpgradeStatus>,
+    g: i64,
     now: Timestamp,
-) -> checks::Seen<RevisionUpgradeStatus> {
-    let d = decide_validity(problems, status, &obs(generation), now);
-    checks::Seen {
-        events: checks::event_reasons(&d.actions, Action::event_reason),
-        status: d.status,
-        requeue: d.requeue,
-    }
+) -> Seen<RevisionUpgradeStatus> {
+    let d = decide_validity(p, s, &obs(g), now);
+    Seen::new(d.status, &d.actions, d.requeue, Action::event_reason)
 }
 
 #[test]
 fn validity_transitions() {
+    use RevisionUpgradePhase::{Invalid, Pending};
     // Each shared transition's phase, in order: invalid is Invalid, fixed is Pending again.
-    let phases = [
-        RevisionUpgradePhase::Pending,
-        RevisionUpgradePhase::Invalid,
-        RevisionUpgradePhase::Invalid,
-        RevisionUpgradePhase::Pending,
-        RevisionUpgradePhase::Pending,
-        RevisionUpgradePhase::Invalid,
-    ];
-    let field = "spec.waves[0].selector";
-    let outcomes = checks::transitions(&problem(), field, run, VALIDITY_STEP.fields);
-    for ((name, status), want) in outcomes.into_iter().zip(phases) {
-        assert_eq!(status.phase, want, "{name}");
-    }
+    let phases = [Pending, Invalid, Invalid, Pending, Pending, Invalid];
+    let (problem, field) = (problem(), "spec.waves[0].selector");
+    checks::transitions((&problem, field), run, VALIDITY_STEP.fields, phases, |s| {
+        s.phase
+    });
 }
 
 #[test]
