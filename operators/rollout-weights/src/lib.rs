@@ -1,7 +1,8 @@
 //! The rollout-weights operator: canary weights on a Gateway API HTTPRoute for the life of a `Rollout`.
 //!
 //! Pure logic: `decide` (validity, then the state machine), `step` (the state machine),
-//! `route_edit` (route editing), `observe` (route and workload readings), `analysis` (gate
+//! `route` (the route seam: each route kind's resource, ownership and weights), `route_edit`
+//! (HTTPRoute editing), `observe` (route and workload readings), `analysis` (gate
 //! checks and the analysis schedule; its batcher shares one engine). I/O: `reconcile`.
 //! `metrics` registers every metric. `template_status` writes every GateTemplate's `Ready`. Never writes a route it does not own, and never writes
 //! outside its field manager.
@@ -15,6 +16,7 @@ pub mod notice;
 pub mod observe;
 pub mod orphans;
 pub mod reconcile;
+pub mod route;
 pub mod route_edit;
 pub mod step;
 pub mod template_status;

@@ -1,14 +1,16 @@
-//! Turns what the reconcile read (the HTTPRoute, the canary workload) into the state machine's
-//! observations: this operator's parts of the route, who last wrote its rules, whether every
-//! step's route edit fits the route and the installed CRD, and whether the canary is ready.
+//! Turns what the reconcile read (the route of the wired kind, the canary workload) into the
+//! state machine's observations: this operator's parts of the route, who last wrote its rules,
+//! whether every step's route edit fits the route and the installed CRD, and whether the canary
+//! is ready.
 //!
 //! Pure; never reads the cluster and never decides what to do about what it sees.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
-use sluice_api::{external::http_route::HttpRoute, v1alpha1::RolloutSpec};
+use sluice_api::v1alpha1::RolloutSpec;
 
 use crate::{
+    route::{Route, RouteKind, Wired},
     route_edit::{self, CrdSupport, Target},
     step::{RouteObs, RouteState, desired_at},
 };
@@ -45,8 +47,8 @@ pub fn rules_writer(meta: &ObjectMeta) -> Option<String> {
 /// mirror step that would take requests from a rule of one of `others`, the routes that may
 /// share the route's parent and hostname).
 pub fn route(
-    route: &HttpRoute,
-    others: &[HttpRoute],
+    route: &Route,
+    others: &[Route],
     target: &Target,
     spec: &RolloutSpec,
     crd: CrdSupport,
@@ -61,10 +63,9 @@ pub fn route(
             };
         }
     };
-    let managed = &route.rules()[observed.rule_index];
-    let canary_weight = managed
-        .backend(&target.canary)
-        .map_or(0, |b| u32::try_from(b.effective_weight()).unwrap_or(0));
+    // An absent weight is 1 to the data plane.
+    let canary_weight = Wired::weight(route, observed.rule_index, &target.canary)
+        .map_or(0, |w| u32::try_from(w.unwrap_or(1)).unwrap_or(0));
     let state = RouteState {
         resource_version: route.metadata.resource_version.clone(),
         owner: observed.owner,
@@ -207,6 +208,7 @@ pub fn workload_version(obj: &Value) -> Option<String> {
 mod tests {
     use super::*;
     use serde_json::json;
+    use sluice_api::external::http_route::HttpRoute;
 
     fn spec(steps: Value) -> RolloutSpec {
         serde_json::from_value(json!({

@@ -1,4 +1,4 @@
-//! Orphaned route ownership: an HTTPRoute whose `sluice.dev/owned-by-rollout` annotation names a
+//! Orphaned route ownership: a route of the wired kind whose `sluice.dev/owned-by-rollout` annotation names a
 //! Rollout that no longer exists (its finalizer was removed by hand, or it was deleted while this
 //! operator was down and its hand-back never ran) would keep the owned-route admission policy
 //! denying every Git change to it. This controller reports it (a Warning Event on the route,
@@ -6,7 +6,7 @@
 //! field manager, as a hand-back would. It never touches the route's rules: Argo CD's self-heal
 //! applies Git to them once the route is free again.
 //!
-//! Pure: [`owner_of`]. I/O: [`run`], writing only while this replica leads.
+//! Pure: [`owner_of`] (the route seam's). I/O: [`run`], writing only while this replica leads.
 
 use std::{sync::Arc, time::Duration};
 
@@ -15,16 +15,17 @@ use kube::{
     Api, Client, ResourceExt,
     runtime::{Controller, controller::Action, watcher},
 };
-use sluice_api::{
-    external::http_route::HttpRoute,
-    v1alpha1::{Rollout, rollout::ROUTE_OWNER_ANNOTATION},
-};
+use sluice_api::v1alpha1::{Rollout, rollout::ROUTE_OWNER_ANNOTATION};
 use sluice_runtime::{
     events::{EventRecorder, Severity},
     leader::Leadership,
 };
 
-use crate::reconcile::{ReconcileError, hand_back};
+pub use crate::route::owner_of;
+use crate::{
+    reconcile::{ReconcileError, hand_back},
+    route::{self, Route, RouteKind, Wired},
+};
 
 /// Event reason of a removed orphaned ownership.
 pub const ORPHANED_OWNERSHIP: &str = "OrphanedOwnership";
@@ -32,21 +33,14 @@ pub const ORPHANED_OWNERSHIP: &str = "OrphanedOwnership";
 /// How often a standby replica looks again (it writes nothing until it leads).
 const STANDBY_RECHECK: Duration = Duration::from_secs(30);
 
-/// The Rollout (`namespace`, `name`) a route's ownership annotation names, if it names one.
-pub fn owner_of(route: &HttpRoute) -> Option<(String, String)> {
-    let value = route.annotations().get(ROUTE_OWNER_ANNOTATION)?;
-    let (ns, name) = value.split_once('/')?;
-    (!ns.is_empty() && !name.is_empty()).then(|| (ns.to_owned(), name.to_owned()))
-}
-
 struct Ctx {
     client: Client,
     leadership: Leadership,
     recorder: EventRecorder,
 }
 
-async fn reconcile(route: Arc<HttpRoute>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
-    let Some((ns, name)) = owner_of(&route) else {
+async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
+    let Some((ns, name)) = owner_of(route.as_ref()) else {
         return Ok(Action::await_change());
     };
     if !ctx.leadership.is_leader() {
@@ -67,11 +61,11 @@ async fn reconcile(route: Arc<HttpRoute>, ctx: Arc<Ctx>) -> Result<Action, Recon
         return Ok(Action::await_change());
     }
     let route_ns = route.namespace().unwrap_or_default();
-    let routes: Api<HttpRoute> = Api::namespaced(ctx.client.clone(), &route_ns);
+    let routes = route::api(ctx.client.clone(), &route_ns);
     hand_back(&ctx.leadership, &routes, &route.name_any(), &key).await?;
     let note = format!(
-        "HTTPRoute {route_ns}/{} carried {ROUTE_OWNER_ANNOTATION}={key}, but Rollout {key} does not exist: the ownership annotation was removed so Git can change the route again",
-        route.name_any()
+        "{} carried {ROUTE_OWNER_ANNOTATION}={key}, but Rollout {key} does not exist: the ownership annotation was removed so Git can change the route again",
+        Wired::describe(&format!("{route_ns}/{}", route.name_any()))
     );
     tracing::warn!(route = %route.name_any(), namespace = %route_ns, rollout = %key, "{note}");
     ctx.recorder
@@ -86,7 +80,7 @@ async fn reconcile(route: Arc<HttpRoute>, ctx: Arc<Ctx>) -> Result<Action, Recon
     Ok(Action::await_change())
 }
 
-fn error_policy(_: Arc<HttpRoute>, err: &ReconcileError, _: Arc<Ctx>) -> Action {
+fn error_policy(_: Arc<Route>, err: &ReconcileError, _: Arc<Ctx>) -> Action {
     tracing::warn!(error = %err, "orphaned route ownership not removed");
     Action::requeue(Duration::from_secs(5))
 }
@@ -94,7 +88,7 @@ fn error_policy(_: Arc<HttpRoute>, err: &ReconcileError, _: Arc<Ctx>) -> Action 
 /// Runs the orphaned-ownership controller over `routes` (watched with its client) until the
 /// watch ends; reads Rollouts and writes routes with `client`, only while `leadership` holds.
 pub async fn run(
-    routes: Api<HttpRoute>,
+    routes: Api<Route>,
     client: Client,
     leadership: Leadership,
     recorder: EventRecorder,
@@ -117,7 +111,7 @@ mod tests {
     #[test]
     fn the_owner_is_read_from_the_annotation() {
         let route = |v: Option<&str>| {
-            let mut r: HttpRoute = serde_json::from_value(serde_json::json!({
+            let mut r: Route = serde_json::from_value(serde_json::json!({
                 "apiVersion": "gateway.networking.k8s.io/v1",
                 "kind": "HTTPRoute",
                 "metadata": {"name": "checkout", "namespace": "shop"},

@@ -1,5 +1,5 @@
-//! The I/O side of sluice-rollout-weights: reads what `decide` needs (the HTTPRoute through the
-//! field-preserving view, the installed HTTPRoute CRD, the canary workload, the gate verdicts of
+//! The I/O side of sluice-rollout-weights: reads what `decide` needs (the route of the wired
+//! kind through the route seam's field-preserving view, its installed CRD, the canary workload, the gate verdicts of
 //! the shared analysis), writes the status it returns (server-side apply fenced by
 //! resourceVersion), then carries out its route writes and Events.
 //!
@@ -39,13 +39,7 @@ use kube::{
 };
 use prometheus_client::registry::Registry;
 use sluice_analysis::{Engine, EngineOptions, PrometheusConfig, PrometheusSource};
-use sluice_api::{
-    external::http_route::HttpRoute,
-    v1alpha1::{
-        GateTemplate, GateTemplateSpec, Rollout, RolloutPhase, RolloutStatus,
-        rollout::ROUTE_OWNER_ANNOTATION,
-    },
-};
+use sluice_api::v1alpha1::{GateTemplate, GateTemplateSpec, Rollout, RolloutPhase, RolloutStatus};
 use sluice_runtime::{
     Categorized, Category,
     events::EventRecorder,
@@ -60,6 +54,7 @@ use crate::{
     decide::{self, Action, Observations},
     metrics::{self, RolloutMetrics},
     observe,
+    route::{self, Route, RouteKind, Wired},
     route_edit::{self, CrdSupport, Desired, EditError, Target},
     step::RouteObs,
 };
@@ -67,7 +62,7 @@ use crate::{
 /// The finalizer that makes deleting a Rollout hand its route back first.
 pub const FINALIZER: &str = "sluice.dev/route-hand-back";
 /// Name of the HTTPRoute CustomResourceDefinition read to learn which fields it keeps.
-pub const HTTPROUTE_CRD: &str = "httproutes.gateway.networking.k8s.io";
+pub const HTTPROUTE_CRD: &str = <Wired as RouteKind>::CRD;
 /// How far in the past gate queries are evaluated (ingestion of the newest samples).
 pub const QUERY_LAG: Duration = Duration::from_secs(2);
 /// How long the installed CRD's field support is cached.
@@ -215,14 +210,14 @@ impl Context {
             return s;
         }
         let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
-        let support = match api.get_opt(HTTPROUTE_CRD).await {
+        let support = match api.get_opt(Wired::CRD).await {
             Ok(Some(crd)) => match serde_json::to_value(&crd) {
                 Ok(v) => CrdSupport::from_crd(&v),
                 Err(_) => CrdSupport::ALL,
             },
             Ok(None) => CrdSupport::ALL,
             Err(e) => {
-                tracing::warn!(error = %e, crd = HTTPROUTE_CRD, "cannot read the HTTPRoute CRD; assuming it keeps rule names and mirror percent");
+                tracing::warn!(error = %e, crd = Wired::CRD, kind = Wired::KIND, "cannot read the route CRD; assuming it keeps rule names and mirror percent");
                 CrdSupport::ALL
             }
         };
@@ -481,7 +476,7 @@ async fn templates(
 
 /// The outcome of a route write.
 struct Written {
-    route: HttpRoute,
+    route: Route,
     changed: bool,
 }
 
@@ -491,7 +486,7 @@ struct Written {
 #[allow(clippy::too_many_arguments)]
 async fn write_route(
     leadership: &Leadership,
-    api: &Api<HttpRoute>,
+    api: &Api<Route>,
     route_name: &str,
     read: Option<&str>,
     target: &Target,
@@ -508,19 +503,14 @@ async fn write_route(
         FIELD_MANAGER,
         route_name,
         RetryPolicy::default(),
-        |r: &mut HttpRoute| {
+        |r: &mut Route| {
             edit_error = None;
             foreign = false;
             changed_since_read = r.metadata.resource_version.as_deref() != read;
             if changed_since_read {
                 return false;
             }
-            let owner = r
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(ROUTE_OWNER_ANNOTATION));
-            if owner.is_some_and(|o| *o != target.owner) {
+            if route::owner(r).is_some_and(|o| *o != target.owner) {
                 foreign = true;
                 return false;
             }
@@ -569,7 +559,7 @@ async fn write_route(
 
 pub(crate) async fn hand_back(
     leadership: &Leadership,
-    api: &Api<HttpRoute>,
+    api: &Api<Route>,
     route_name: &str,
     me: &str,
 ) -> Result<(), ReconcileError> {
@@ -579,13 +569,8 @@ pub(crate) async fn hand_back(
         FIELD_MANAGER,
         route_name,
         RetryPolicy::default(),
-        |r: &mut HttpRoute| {
-            let owner = r
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(ROUTE_OWNER_ANNOTATION));
-            if owner.is_none_or(|o| o != me) {
+        |r: &mut Route| {
+            if route::owner(r).is_none_or(|o| o != me) {
                 return false;
             }
             let mut next = route_edit::hand_back(r);
@@ -625,7 +610,7 @@ pub(crate) async fn hand_back(
 /// hand-back happen.
 async fn release(
     leadership: &Leadership,
-    api: &Api<HttpRoute>,
+    api: &Api<Route>,
     route_name: &str,
     old: &Target,
     crd: CrdSupport,
@@ -634,16 +619,11 @@ async fn release(
     let Some(route) = api
         .get_opt(route_name)
         .await
-        .map_err(read_err(format!("HTTPRoute {route_name}"), key))?
+        .map_err(read_err(Wired::describe(route_name), key))?
     else {
         return Ok(());
     };
-    let ours = route
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ROUTE_OWNER_ANNOTATION))
-        == Some(&old.owner);
+    let ours = route::owner(&route) == Some(&old.owner);
     if !ours {
         return Ok(());
     }
@@ -728,15 +708,12 @@ pub async fn reconcile(
 
     // Observations.
     let target = observe::target(&obj.spec, &ns, &name);
-    let routes: Api<HttpRoute> = Api::namespaced(ctx.client.clone(), &ns);
+    let routes = route::api(ctx.client.clone(), &ns);
     let crd = ctx.crd_support().await;
     let route = routes
         .get_opt(&obj.spec.route_ref.name)
         .await
-        .map_err(read_err(
-            format!("HTTPRoute {}", obj.spec.route_ref.name),
-            &key,
-        ))?;
+        .map_err(read_err(Wired::describe(&obj.spec.route_ref.name), &key))?;
     // A mirror rule competes with every route on the same parent and hostname: the namespace's
     // routes are read only when a step mirrors.
     let mirrors = obj.spec.steps.iter().any(|s| s.mirror.is_some());
@@ -745,7 +722,7 @@ pub async fn reconcile(
             routes
                 .list(&Default::default())
                 .await
-                .map_err(read_err(format!("HTTPRoutes in {ns}"), &key))?
+                .map_err(read_err(format!("{}s in {ns}", Wired::KIND), &key))?
                 .items
         }
         _ => Vec::new(),
@@ -896,11 +873,7 @@ pub async fn reconcile(
             Action::WriteRoute(d) => {
                 // The route already in that state (the common case between steps): no request.
                 let in_place = latest.as_ref().filter(|r| {
-                    r.metadata
-                        .annotations
-                        .as_ref()
-                        .and_then(|a| a.get(ROUTE_OWNER_ANNOTATION))
-                        == Some(&target.owner)
+                    route::owner(*r) == Some(&target.owner)
                         && route_edit::apply(r, &target, d, crd).as_ref() == Ok(*r)
                 });
                 let written = match in_place {

@@ -1,5 +1,8 @@
 //! Pure editing of a Gateway API HTTPRoute for a Rollout: find the managed rule, set the canary
-//! weight, add or remove the header-cohort and mirror rules, take and hand back ownership.
+//! weight, add or remove the header-cohort and mirror rules, take and hand back ownership. What
+//! every route kind shares (the resource, the ownership annotation, locating the managed rule,
+//! reading a backend's weight) is the route seam's (`crate::route`); this module is the
+//! HTTPRoute-specific editor behind it.
 //!
 //! Owns the shape of the rules this operator adds and the guarantee that everything else on the
 //! route stays exactly as it was (other rules, matches, filters, extra backends, parentRefs,
@@ -28,8 +31,6 @@
 //! A more specific rule elsewhere on the route still wins over both; that traffic is simply
 //! not part of the cohort or mirror.
 
-use std::collections::BTreeMap;
-
 use serde_json::Value;
 use sluice_api::{
     external::http_route::{
@@ -37,10 +38,10 @@ use sluice_api::{
         HttpRouteFilter, HttpRouteMatch, HttpRouteRule, MAX_MATCHES, MAX_RULES, ParentReference,
         RequestMirror,
     },
-    v1alpha1::rollout::{
-        HeaderMatch, HeaderMatchType, HttpMethod, ROUTE_OWNER_ANNOTATION, reasons,
-    },
+    v1alpha1::rollout::{HeaderMatch, HeaderMatchType, HttpMethod, reasons},
 };
+
+use crate::route::{self, Located, RouteKind, http::Http};
 
 /// Name of the header-cohort rule this operator adds.
 pub const COHORT_RULE: &str = "sluice-cohort";
@@ -291,58 +292,52 @@ fn route_name(route: &HttpRoute) -> String {
     route.metadata.name.clone().unwrap_or_default()
 }
 
+/// Whether a rule of that name is one this operator adds.
+fn ours(name: Option<&str>) -> bool {
+    matches!(name, Some(COHORT_RULE | MIRROR_RULE))
+}
+
 fn is_ours(rule: &HttpRouteRule) -> bool {
-    matches!(rule.name.as_deref(), Some(COHORT_RULE | MIRROR_RULE))
+    ours(rule.name.as_deref())
 }
 
 /// Finds the managed rule: the named one, else the single rule (not added by us) whose
 /// backends include the stable Service.
 pub fn locate(route: &HttpRoute, target: &Target) -> Result<usize, EditError> {
-    let name = route_name(route);
-    if let Some(rule_name) = &target.rule_name {
-        return route
-            .rules()
-            .iter()
-            .position(|r| r.name.as_deref() == Some(rule_name))
-            .ok_or_else(|| EditError::RuleNotFound {
-                route: name,
-                detail: format!("no rule named {rule_name}"),
-            });
-    }
-    let candidates: Vec<usize> = route
-        .rules_with_backend(&target.stable)
-        .into_iter()
-        .filter(|&i| !is_ours(&route.rules()[i]))
-        .collect();
-    match candidates.as_slice() {
-        [] => Err(EditError::RuleNotFound {
-            route: name,
-            detail: format!("no rule has Service {} as a backendRef", target.stable),
-        }),
-        [one] => Ok(*one),
-        _ => Err(EditError::Ambiguous {
-            route: name,
-            stable: target.stable.clone(),
-            indices: candidates,
-        }),
-    }
+    route::locate::<Http>(route, target.rule_name.as_deref(), &target.stable, ours).map_err(
+        |located| {
+            let route = route_name(route);
+            match located {
+                Located::NoRuleNamed => EditError::RuleNotFound {
+                    route,
+                    detail: format!(
+                        "no rule named {}",
+                        target.rule_name.as_deref().unwrap_or_default()
+                    ),
+                },
+                Located::NoStableBackend => EditError::RuleNotFound {
+                    route,
+                    detail: format!("no rule has Service {} as a backendRef", target.stable),
+                },
+                Located::Ambiguous(indices) => EditError::Ambiguous {
+                    route,
+                    stable: target.stable.clone(),
+                    indices,
+                },
+            }
+        },
+    )
 }
 
 /// Reads this operator's parts of the route.
 pub fn observe(route: &HttpRoute, target: &Target) -> Result<Observed, EditError> {
     let rule_index = locate(route, target)?;
-    let rules = route.rules();
     Ok(Observed {
         rule_index,
-        weight: rules[rule_index].weight_share_percent(&target.canary),
-        cohort: rules.iter().any(|r| r.name.as_deref() == Some(COHORT_RULE)),
-        mirror: rules.iter().any(|r| r.name.as_deref() == Some(MIRROR_RULE)),
-        owner: route
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ROUTE_OWNER_ANNOTATION))
-            .cloned(),
+        weight: Http::weight_share_percent(route, rule_index, &target.canary),
+        cohort: Http::rule_by_name(route, COHORT_RULE).is_some(),
+        mirror: Http::rule_by_name(route, MIRROR_RULE).is_some(),
+        owner: route::owner(route).cloned(),
     })
 }
 
@@ -723,30 +718,21 @@ pub fn apply(
         }
     }
     out.spec.rules = Some(kept);
-    out.metadata
-        .annotations
-        .get_or_insert_with(BTreeMap::new)
-        .insert(ROUTE_OWNER_ANNOTATION.into(), target.owner.clone());
+    route::set_owner(&mut out, &target.owner);
     Ok(out)
 }
 
 /// Hand-back: the route with the ownership annotation removed (and the annotations map
 /// dropped when it held nothing else); nothing else changes.
 pub fn hand_back(route: &HttpRoute) -> HttpRoute {
-    let mut out = route.clone();
-    if let Some(a) = out.metadata.annotations.as_mut() {
-        a.remove(ROUTE_OWNER_ANNOTATION);
-        if a.is_empty() {
-            out.metadata.annotations = None;
-        }
-    }
-    out
+    route::without_owner(route)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+    use sluice_api::v1alpha1::rollout::ROUTE_OWNER_ANNOTATION;
 
     fn rich() -> Value {
         json!({

@@ -17,12 +17,12 @@ use kube::{
     Api, Resource, ResourceExt,
     runtime::{Controller, reflector::ObjectRef, reflector::Store, watcher},
 };
-use sluice_api::{
-    external::http_route::HttpRoute,
-    v1alpha1::{GateTemplate, Rollout, rollout::ROUTE_OWNER_ANNOTATION},
-};
+use sluice_api::v1alpha1::{GateTemplate, Rollout};
 
-use crate::reconcile::RolloutStore;
+use crate::{
+    reconcile::RolloutStore,
+    route::{self, Route, RouteKind, Wired},
+};
 
 /// The Rollouts whose gates reference the GateTemplate `name`.
 pub fn template_refs(rollouts: &Store<Rollout>, name: &str) -> Vec<ObjectRef<Rollout>> {
@@ -78,15 +78,10 @@ fn workload_refs<K: Resource<DynamicType = ()>>(
 }
 
 /// The Rollouts a route change concerns: its owner (the annotation) and any Rollout naming it.
-pub fn route_refs(rollouts: &Store<Rollout>, route: &HttpRoute) -> Vec<ObjectRef<Rollout>> {
-    let ns = route.metadata.namespace.clone();
-    let name = route.metadata.name.clone().unwrap_or_default();
-    let owner = route
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ROUTE_OWNER_ANNOTATION))
-        .cloned();
+pub fn route_refs<R: Resource>(rollouts: &Store<Rollout>, route: &R) -> Vec<ObjectRef<Rollout>> {
+    let ns = route.meta().namespace.clone();
+    let name = route.meta().name.clone().unwrap_or_default();
+    let owner = route::owner(route).cloned();
     refs(rollouts, ns.clone(), |r| {
         r.spec.route_ref.name == name
             || owner.as_deref()
@@ -107,8 +102,8 @@ pub struct Watched {
     pub statefulsets: Api<StatefulSet>,
     /// Services (canary Services).
     pub services: Api<Service>,
-    /// HTTPRoutes.
-    pub routes: Api<HttpRoute>,
+    /// Routes of the wired kind (HTTPRoutes).
+    pub routes: Api<Route>,
     /// GateTemplates (cluster-scoped).
     pub gate_templates: Api<GateTemplate>,
 }
@@ -129,7 +124,7 @@ impl Watched {
             deployments: api(client, namespace),
             statefulsets: api(client, namespace),
             services: api(client, namespace),
-            routes: api(client, namespace),
+            routes: Wired::api(client.clone(), namespace),
             gate_templates: Api::all(client.clone()),
         }
     }
@@ -171,7 +166,7 @@ pub fn with_triggers(
             .watches(
                 watched.routes.clone(),
                 config.clone(),
-                move |route: HttpRoute| route_refs(&s4, &route),
+                move |route: Route| route_refs(&s4, &route),
             )
             .watches(
                 watched.gate_templates.clone(),
