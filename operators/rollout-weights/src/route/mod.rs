@@ -5,11 +5,13 @@
 //! lives here once: the ownership annotation (read, named owner, removed on hand-back) and
 //! finding the managed rule.
 //!
-//! Implementations: [`http::Http`] (HTTPRoute, the kind a Rollout's `routeRef` names today).
-//! Each kind keeps every field it does not name exactly as read, so a read-modify-write
+//! Implementations: [`http::Http`] (HTTPRoute, the kind a Rollout's `routeRef` names today) and
+//! [`grpc::Grpc`] (GRPCRoute, read and weighted at this seam only; a Rollout does not accept it
+//! yet). Each kind keeps every field it does not name exactly as read, so a read-modify-write
 //! never drops foreign configuration. Must never do I/O beyond building an API handle, and
 //! never touch a rule other than the one it is asked to weight.
 
+pub mod grpc;
 pub mod http;
 
 use std::collections::BTreeMap;
