@@ -70,7 +70,8 @@ pub const CONTROLLERS: &[&str] = &[
 ];
 
 /// Errors of the control-plane fixture.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum ControlPlaneError {
     /// A binary is not installed.
     #[error(transparent)]
@@ -107,15 +108,7 @@ pub enum ControlPlaneError {
 impl ControlPlaneError {
     /// Bounded category of this error, usable as a metric label.
     pub fn category(&self) -> &'static str {
-        match self {
-            ControlPlaneError::Missing(_) => "missing",
-            ControlPlaneError::Io(_) => "io",
-            ControlPlaneError::Certificates(_) => "certificates",
-            ControlPlaneError::NotReady { .. } => "not_ready",
-            ControlPlaneError::Client(_) => "client",
-            ControlPlaneError::Kube(_) => "kube",
-            ControlPlaneError::Manifest(_) => "manifest",
-        }
+        self.into()
     }
 }
 

@@ -18,7 +18,8 @@ pub const COMMITTER_NAME: &str = "sluice test";
 pub const COMMITTER_EMAIL: &str = "sluice-test@example.invalid";
 
 /// Errors of the git fixture.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum GitError {
     /// The binary is not installed.
     #[error(
@@ -50,11 +51,7 @@ pub enum GitError {
 impl GitError {
     /// Bounded category of this error, usable as a metric label.
     pub fn category(&self) -> &'static str {
-        match self {
-            GitError::BinaryMissing => "binary_missing",
-            GitError::Io { .. } => "io",
-            GitError::Command { .. } => "command",
-        }
+        self.into()
     }
 }
 

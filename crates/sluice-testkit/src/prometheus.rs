@@ -31,7 +31,8 @@ const START_ATTEMPTS: usize = 3;
 const OUT_OF_ORDER_WINDOW: &str = "30d";
 
 /// Errors of the Prometheus fixture.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum PrometheusError {
     /// The binary is not installed.
     #[error(
@@ -68,13 +69,7 @@ pub enum PrometheusError {
 impl PrometheusError {
     /// Bounded category of this error, usable as a metric label.
     pub fn category(&self) -> &'static str {
-        match self {
-            PrometheusError::BinaryMissing => "binary_missing",
-            PrometheusError::Io(_) => "io",
-            PrometheusError::NotReady { .. } => "not_ready",
-            PrometheusError::Query { .. } => "query",
-            PrometheusError::RemoteWrite(_) => "remote_write",
-        }
+        self.into()
     }
 }
 

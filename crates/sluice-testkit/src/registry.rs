@@ -28,7 +28,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const START_ATTEMPTS: usize = 3;
 
 /// Errors of the registry fixture.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum RegistryError {
     /// The binary is not installed.
     #[error(
@@ -58,12 +59,7 @@ pub enum RegistryError {
 impl RegistryError {
     /// Bounded category of this error, usable as a metric label.
     pub fn category(&self) -> &'static str {
-        match self {
-            RegistryError::BinaryMissing => "binary_missing",
-            RegistryError::Io(_) => "io",
-            RegistryError::Tls(_) => "tls",
-            RegistryError::NotReady { .. } => "not_ready",
-        }
+        self.into()
     }
 }
 

@@ -52,7 +52,8 @@ pub struct WriteRequest {
 }
 
 /// Errors of the remote-write client.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum RemoteWriteError {
     /// A series has no samples, no metric name, or a duplicate label.
     #[error("invalid synthetic series {series}: {reason}; fix the test's series builder")]
@@ -91,12 +92,7 @@ pub enum RemoteWriteError {
 impl RemoteWriteError {
     /// Bounded category of this error, usable as a metric label.
     pub fn category(&self) -> &'static str {
-        match self {
-            RemoteWriteError::InvalidSeries { .. } => "invalid_series",
-            RemoteWriteError::Transport { .. } => "transport",
-            RemoteWriteError::Rejected { .. } => "rejected",
-            RemoteWriteError::Compress(_) => "compress",
-        }
+        self.into()
     }
 }
 

@@ -24,7 +24,8 @@ pub const VERSION: &str = "v0.42.5";
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Errors of the Thanos fixture.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum ThanosError {
     /// The binary is not installed.
     #[error(transparent)]
@@ -52,11 +53,7 @@ pub enum ThanosError {
 impl ThanosError {
     /// Bounded category.
     pub fn category(&self) -> &'static str {
-        match self {
-            ThanosError::Missing(_) => "missing",
-            ThanosError::Io { .. } => "io",
-            ThanosError::NotReady { .. } => "not_ready",
-        }
+        self.into()
     }
 }
 
