@@ -14,7 +14,7 @@ use kube::{
 use serde::{Serialize, de::DeserializeOwned};
 use sluice_api::v1alpha1::{BundlePin, RevisionUpgrade, Rollout, WaveGate};
 
-use crate::eventually::object_until;
+use crate::{events, eventually::object_until};
 
 /// How long the operator gets to write a status.
 pub const WAIT: Duration = Duration::from_secs(15);
@@ -89,19 +89,15 @@ pub async fn refused_naming<K: Conditioned>(
         "message names the field: {message}"
     );
     let namespace = seen.meta().namespace.as_deref().unwrap_or("default");
-    let events: Api<Event> = Api::namespaced(api.clone().into_client(), namespace);
-    let warnings: Vec<Event> = events
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.reason.as_deref() == Some(K::INVALID_SPEC)
-                && e.type_.as_deref() == Some("Warning")
-                && e.note.as_deref().is_some_and(|n| n.contains(field))
-        })
-        .collect();
+    let warnings: Vec<Event> =
+        events::with_reason(&api.clone().into_client(), namespace, K::INVALID_SPEC)
+            .await
+            .into_iter()
+            .filter(|e| {
+                e.type_.as_deref() == Some("Warning")
+                    && e.note.as_deref().is_some_and(|n| n.contains(field))
+            })
+            .collect();
     assert!(
         !warnings.is_empty(),
         "a Warning InvalidSpec Event names the field"

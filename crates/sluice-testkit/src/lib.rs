@@ -6,10 +6,12 @@
 pub mod control_plane;
 pub mod controller;
 pub mod crds;
+pub mod events;
 pub mod eventually;
 pub mod git;
 mod http_head;
 pub mod invalid_spec;
+pub mod mesh_config;
 pub mod operator_binary;
 pub mod prereq;
 pub mod prometheus;

@@ -79,14 +79,7 @@ fn revert_branch(pin: &BundlePin) -> String {
 }
 
 async fn events(w: &World, reason: &str) -> Vec<Event> {
-    let api: Api<Event> = Api::namespaced(w.mgmt_client.clone(), ARGOCD);
-    api.list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
-        .collect()
+    sluice_testkit::events::with_reason(&w.mgmt_client, ARGOCD, reason).await
 }
 
 fn app_policy(app: &sluice_api::external::argocd::Application) -> Value {

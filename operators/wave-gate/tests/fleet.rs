@@ -27,7 +27,6 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::{
     Api, Client,
     api::{DynamicObject, ListParams, Patch, PatchParams, PostParams},
-    core::{ApiResource, GroupVersionKind},
     runtime::watcher,
 };
 use kube_emulator::{ADMIN_TOKEN, Emulator, Options};
@@ -53,6 +52,8 @@ use sluice_runtime::{
 use sluice_sim::Scenario;
 use sluice_sim::mesh::{Event, ResponseFlag};
 use sluice_testkit::eventually::eventually_every;
+use sluice_testkit::mesh_config::{checkout_route, http_route_resource as route_resource};
+use sluice_testkit::secrets::secret;
 use sluice_testkit::{prometheus::Prometheus, registry::Registry};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -94,33 +95,7 @@ fn upstream() -> Option<PathBuf> {
 /// The mesh configuration of one revision: the checkout route with `canary` percent on the
 /// canary backend.
 fn route(canary: u64) -> String {
-    format!(
-        r#"apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata:
-  name: checkout
-  namespace: {SHOP}
-spec:
-  parentRefs:
-    - name: mesh-gateway
-  rules:
-    - backendRefs:
-        - name: checkout-stable
-          port: 8080
-          weight: {}
-        - name: checkout-canary
-          port: 8080
-          weight: {canary}
-"#,
-        100 - canary
-    )
-}
-
-fn route_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", "HTTPRoute"),
-        "httproutes",
-    )
+    checkout_route(SHOP, "checkout", canary)
 }
 
 /// The simulated mesh: checkout in every cluster, split by the route Argo CD (or revert)
@@ -192,27 +167,6 @@ async fn namespace(client: &Client, name: &str) {
     api.create(&PostParams::default(), &ns)
         .await
         .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
-}
-
-fn secret(name: &str, labels: &[(&str, &str)], data: &[(&str, &str)]) -> Secret {
-    Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.into()),
-            labels: Some(
-                labels
-                    .iter()
-                    .map(|(k, v)| ((*k).into(), (*v).into()))
-                    .collect(),
-            ),
-            ..Default::default()
-        },
-        data: Some(
-            data.iter()
-                .map(|(k, v)| ((*k).into(), k8s_openapi::ByteString(v.as_bytes().to_vec())))
-                .collect(),
-        ),
-        ..Default::default()
-    }
 }
 
 impl Fleet {

@@ -22,7 +22,6 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::{
     Api, Client,
     api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams},
-    core::{ApiResource, GroupVersionKind},
     runtime::watcher,
 };
 use serde_json::{Value, json};
@@ -36,6 +35,7 @@ use sluice_revert::{
     reconcile::{self, Settings},
 };
 use sluice_runtime::{events::EventRecorder, leader::Leadership, operator::Hooks};
+use sluice_testkit::mesh_config::checkout_route;
 use sluice_testkit::{git::GitRepo, registry::Registry};
 use tokio_util::sync::CancellationToken;
 
@@ -47,34 +47,10 @@ pub const CLUSTER: &str = "c1";
 
 /// A route with the canary weight `canary`.
 pub fn route(name: &str, canary: u32) -> String {
-    format!(
-        r#"apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata:
-  name: {name}
-  namespace: shop
-spec:
-  parentRefs:
-    - name: mesh-gateway
-  rules:
-    - backendRefs:
-        - name: checkout-stable
-          port: 8080
-          weight: {}
-        - name: checkout-canary
-          port: 8080
-          weight: {canary}
-"#,
-        100 - canary
-    )
+    checkout_route(SHOP, name, canary)
 }
 
-pub fn route_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", "HTTPRoute"),
-        "httproutes",
-    )
-}
+pub use sluice_testkit::mesh_config::http_route_resource as route_resource;
 
 /// The released Gateway API and Argo CD CRDs (`.tools/crds`); skips (or, under CI, fails)
 /// naming what is missing.
@@ -260,26 +236,7 @@ fn files(objects: &[String]) -> Manifests {
 }
 
 /// A Secret with `data` (what the API server stores).
-pub fn secret(name: &str, labels: &[(&str, &str)], data: &[(&str, &str)]) -> Secret {
-    Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.into()),
-            labels: Some(
-                labels
-                    .iter()
-                    .map(|(k, v)| ((*k).into(), (*v).into()))
-                    .collect(),
-            ),
-            ..Default::default()
-        },
-        data: Some(
-            data.iter()
-                .map(|(k, v)| ((*k).into(), k8s_openapi::ByteString(v.as_bytes().to_vec())))
-                .collect(),
-        ),
-        ..Default::default()
-    }
-}
+pub use sluice_testkit::secrets::secret;
 
 async fn ensure_namespace(client: &Client, name: &str) {
     let api: Api<Namespace> = Api::all(client.clone());

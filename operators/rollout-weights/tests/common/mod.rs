@@ -327,14 +327,7 @@ pub fn rule_names(route: &HttpRoute) -> Vec<String> {
 
 /// Events about the Rollout with `reason`.
 pub async fn events(client: &Client, reason: &str) -> Vec<Event> {
-    let api: Api<Event> = Api::namespaced(client.clone(), NS);
-    api.list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
-        .collect()
+    sluice_testkit::events::with_reason(client, NS, reason).await
 }
 
 /// Deletes the Rollout and waits until it is gone (the finalizer handed the route back).
