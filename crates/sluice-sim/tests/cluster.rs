@@ -212,27 +212,31 @@ async fn rolling_restart_replaces_every_pod_with_the_new_revision_within_budgets
     // Then: pods are replaced within maxSurge 1 / maxUnavailable 1, all on 1-28.
     let old: BTreeSet<String> = first.iter().map(|p| p.name_any()).collect();
     let (mut max_total, mut min_ready) = (0, usize::MAX);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let done = loop {
-        let pods = live_pods(&client, "checkout").await;
-        max_total = max_total.max(pods.len());
-        min_ready = min_ready.min(pods.iter().filter(|p| ready(p)).count());
-        if pods.len() == 4
-            && pods
-                .iter()
-                .all(|p| ready(p) && !old.contains(&p.name_any()))
-        {
-            break pods;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "rolling restart did not finish: {:?}",
-            pods.iter()
-                .map(|p| (p.name_any(), ready(p)))
-                .collect::<Vec<_>>()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let done = eventually_every(
+        "the rolling restart finished",
+        Duration::from_secs(30),
+        Duration::from_millis(10),
+        async || {
+            let pods = live_pods(&client, "checkout").await;
+            max_total = max_total.max(pods.len());
+            min_ready = min_ready.min(pods.iter().filter(|p| ready(p)).count());
+            if pods.len() == 4
+                && pods
+                    .iter()
+                    .all(|p| ready(p) && !old.contains(&p.name_any()))
+            {
+                Ok(pods)
+            } else {
+                Err(format!(
+                    "rolling restart did not finish: {:?}",
+                    pods.iter()
+                        .map(|p| (p.name_any(), ready(p)))
+                        .collect::<Vec<_>>()
+                ))
+            }
+        },
+    )
+    .await;
     for p in &done {
         assert_eq!(
             revision(p).as_deref(),
@@ -320,22 +324,22 @@ async fn eviction_replaces_the_pod_with_the_new_revision_and_the_budget_holds_th
     pods.evict(&first[0].name_any(), &EvictParams::default())
         .await
         .unwrap();
-    let waited = loop {
-        match pods
+    let waited = eventually_every(
+        "the budget to allow the second eviction",
+        Duration::from_secs(30).saturating_sub(t0.elapsed()),
+        Duration::from_millis(100),
+        async || match pods
             .evict(&first[1].name_any(), &EvictParams::default())
             .await
         {
-            Ok(_) => break t0.elapsed(),
+            Ok(_) => Ok(t0.elapsed()),
             Err(kube::Error::Api(s)) if s.code == 429 => {
-                assert!(
-                    t0.elapsed() < Duration::from_secs(30),
-                    "budget never allowed the second eviction"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                Err("budget never allowed the second eviction".to_string())
             }
             Err(e) => panic!("second eviction failed: {e}"),
-        }
-    };
+        },
+    )
+    .await;
     assert!(
         waited >= Duration::from_secs(2),
         "second eviction went through after {waited:?}, before the replacement was Ready"

@@ -6,6 +6,7 @@ use kube::{Api, Client};
 use kube_emulator::Emulator;
 use serde_json::json;
 use sluice_sim::{ClusterConfig, Scenario, World};
+use sluice_testkit::eventually::eventually_every;
 use sluice_testkit::prometheus::{Prometheus, now_ms};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -236,21 +237,24 @@ async fn proxies_per_revision_svids_nacks_and_drift_reach_prometheus() {
                 .map(|s| s.value)
         }
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let proxies = value(r#"pilot_xds{cluster="cluster-1", revision="1-27"}"#.into()).await;
-        let svids =
-            value(r#"sum(citadel_server_success_cert_issuance_count{cluster="cluster-1"})"#.into())
-                .await;
-        if proxies == Some(2.0) && svids == Some(2.0) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "proxies {proxies:?} svids {svids:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    eventually_every(
+        "2 proxies and 2 SVIDs in cluster-1",
+        Duration::from_secs(20),
+        Duration::from_millis(500),
+        async || {
+            let proxies = value(r#"pilot_xds{cluster="cluster-1", revision="1-27"}"#.into()).await;
+            let svids = value(
+                r#"sum(citadel_server_success_cert_issuance_count{cluster="cluster-1"})"#.into(),
+            )
+            .await;
+            if proxies == Some(2.0) && svids == Some(2.0) {
+                Ok(())
+            } else {
+                Err(format!("proxies {proxies:?} svids {svids:?}"))
+            }
+        },
+    )
+    .await;
     let behind_max = value(
         r#"max_over_time(sluice_drift_proxies_behind{cluster="cluster-1", commit="abc123"}[1m])"#
             .into(),

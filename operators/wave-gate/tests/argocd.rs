@@ -5,14 +5,12 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::{
     Api,
     api::{Patch, PatchParams, PostParams},
-    runtime::watcher,
 };
 use kube_emulator::{ADMIN_TOKEN, Emulator, Options};
 use sluice_api::{
@@ -23,13 +21,10 @@ use sluice_api::{
     },
 };
 use sluice_argocd::{ArgoCd, ArgoCdOptions, cluster_secret};
-use sluice_runtime::{
-    events::EventRecorder,
-    leader::Leadership,
-    operator::{Hooks, drive},
-};
+use sluice_runtime::events::EventRecorder;
+use sluice_testkit::controller::RunningController;
+use sluice_testkit::eventually::{eventually_every, object_until};
 use sluice_wave_gate::{OPERATOR, reconcile};
-use tokio_util::sync::CancellationToken;
 
 const NS: &str = "argocd";
 const BUDGET: Duration = Duration::from_secs(30);
@@ -137,21 +132,8 @@ async fn no_decisions_yet_never_makes_argo_cd_delete_applications() {
     let argocd = ArgoCd::start(client.clone(), ArgoCdOptions::default())
         .await
         .expect("simulated Argo CD starts");
-    let ctx = Arc::new(reconcile::Context::new(
-        client.clone(),
-        EventRecorder::new(client.clone(), OPERATOR),
-    ));
-    let (hooks, _r) = Hooks::standalone();
-    let shutdown = CancellationToken::new();
-    let controller = tokio::spawn(drive(
-        Api::<WaveGate>::all(client.clone()),
-        watcher::Config::default(),
-        ctx,
-        reconcile::reconcile,
-        Leadership::always(),
-        shutdown.clone(),
-        hooks,
-    ));
+    let ctx = reconcile::Context::new(client.clone(), EventRecorder::new(client.clone(), OPERATOR));
+    let controller = RunningController::start(&client, ctx, reconcile::reconcile);
 
     // When a WaveGate governs the site but cannot adopt yet (the Applications report no
     // revision and no previousRevision is set): it publishes no decisions.
@@ -168,23 +150,13 @@ async fn no_decisions_yet_never_makes_argo_cd_delete_applications() {
     .unwrap();
     let gates: Api<WaveGate> = Api::namespaced(client.clone(), NS);
     gates.create(&PostParams::default(), &wg).await.unwrap();
-    let deadline = Instant::now() + BUDGET;
-    loop {
-        let g = gates.get("eu").await.unwrap();
-        if g.status
+    let g = object_until(&gates, "eu", "WaveGate Pending", BUDGET, |g| {
+        g.status
             .as_ref()
             .is_some_and(|s| s.phase == WaveGatePhase::Pending)
-        {
-            assert!(g.status.unwrap().decisions.is_empty());
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "WaveGate not Pending: {:#?}",
-            g.status
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
+    assert!(g.status.unwrap().decisions.is_empty());
     // Then several ApplicationSet regenerations later (resync 1 s), every Application is there.
     for _ in 0..5 {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -207,29 +179,29 @@ async fn no_decisions_yet_never_makes_argo_cd_delete_applications() {
         )
         .await
         .unwrap();
-    let deadline = Instant::now() + BUDGET;
-    loop {
-        let now = apps(&client).await;
-        let want = BTreeMap::from([
-            ("mesh-eu-1".to_owned(), Some(rev('b'))),
-            ("mesh-eu-2".to_owned(), Some(rev('a'))),
-        ]);
-        if now == want {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "Applications did not follow the decisions (wave 0 at b, the rest at a): {now:#?}; WaveGate: {:#?}",
-            gates.get("eu").await.unwrap().status
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually_every(
+        "the Applications to follow the decisions (wave 0 at b, the rest at a)",
+        BUDGET,
+        Duration::from_millis(200),
+        async || {
+            let now = apps(&client).await;
+            let want = BTreeMap::from([
+                ("mesh-eu-1".to_owned(), Some(rev('b'))),
+                ("mesh-eu-2".to_owned(), Some(rev('a'))),
+            ]);
+            if now == want {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{now:#?}; WaveGate: {:#?}",
+                    gates.get("eu").await.unwrap().status
+                ))
+            }
+        },
+    )
+    .await;
 
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), controller)
-        .await
-        .expect("controller stops")
-        .unwrap();
+    controller.stop().await;
     argocd.stop().await;
     workload.shutdown().await;
     mgmt.shutdown().await;

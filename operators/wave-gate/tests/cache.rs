@@ -12,6 +12,7 @@ use kube::{Api, api::PostParams};
 use requests::{Counts, NS, counting_client};
 use sluice_api::{external::argocd::Application, v1alpha1::WaveGate};
 use sluice_runtime::events::EventRecorder;
+use sluice_testkit::eventually::eventually_every;
 use sluice_testkit::prereq;
 use sluice_wave_gate::{OPERATOR, reconcile};
 
@@ -76,21 +77,18 @@ async fn reconciles_read_applications_and_pins_from_watch_caches() {
         ..Default::default()
     };
     apps.create(&PostParams::default(), &extra).await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let seen = ctx.caches.applications(NS).await.unwrap();
-        if seen
-            .iter()
-            .any(|a| a.metadata.name.as_deref() == Some("mesh-late"))
-        {
-            assert_eq!(seen.len(), 101);
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the Application cache did not show a new Application within 5 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let seen = eventually_every(
+        "the Application cache to show a new Application within 5 s",
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        async || {
+            let seen = ctx.caches.applications(NS).await.unwrap();
+            seen.iter()
+                .any(|a| a.metadata.name.as_deref() == Some("mesh-late"))
+                .then_some(seen)
+        },
+    )
+    .await;
+    assert_eq!(seen.len(), 101);
     emu.shutdown().await;
 }
