@@ -626,6 +626,39 @@ fn finish(
     }
 }
 
+/// The verdict of a gate that could not be evaluated as configured (a missing GateTemplate, a
+/// variable its owner cannot supply, a query that cannot be built or run): Inconclusive, never a
+/// pass, with why in the message (at most 1,024 characters, cut on a character boundary). The
+/// Inconclusive streak and the Fail count carry over from `previous`, so the gate's sustained-
+/// Inconclusive policy applies after its deadline as for a metrics outage. Every operator that
+/// gates records such a gate through this one function.
+pub fn unevaluated(
+    gate: &str,
+    message: &str,
+    previous: Option<&GateVerdict>,
+    now: Timestamp,
+) -> GateVerdict {
+    GateVerdict {
+        gate: gate.to_owned(),
+        verdict: Verdict::Inconclusive,
+        reason: VerdictReason::QueryError,
+        message: Some(message.chars().take(1024).collect()),
+        value: None,
+        baseline: None,
+        threshold: None,
+        samples: None,
+        min_samples: None,
+        consecutive_failures: previous.map_or(0, |p| p.consecutive_failures),
+        inconclusive_since: Some(
+            previous
+                .filter(|p| p.verdict == Verdict::Inconclusive)
+                .and_then(|p| p.inconclusive_since.clone())
+                .unwrap_or_else(|| time(now)),
+        ),
+        evaluated_at: time(now),
+    }
+}
+
 /// What the owner should do: Pass → Proceed, Fail → Abort, Inconclusive → Wait until it has
 /// lasted the policy's `after`, then the policy's action (Pause, Abort, or Continue = Proceed).
 pub fn action(gate: &ResolvedGate, verdict: &GateVerdict, now: Timestamp) -> GateAction {
@@ -972,6 +1005,47 @@ mod tests {
                 assert_ne!(v.verdict, Verdict::Pass, "{c:?} {o:?}");
             }
         }
+    }
+
+    #[test]
+    fn a_gate_that_cannot_be_evaluated_is_inconclusive_its_streak_carried_and_never_a_pass() {
+        let g = gate(Comparison::absolute(ComparisonOp::LessOrEqual, 0.05));
+        // A message longer than the status allows, with a multi-byte character astride the cut.
+        let long = format!("{}→ GateTemplate absent", "x".repeat(1023));
+        let first = unevaluated("g", &long, None, t(0));
+        assert_eq!(first.verdict, Verdict::Inconclusive);
+        assert_eq!(first.reason, VerdictReason::QueryError);
+        assert_eq!(
+            first.message.as_deref().map(|m| m.chars().count()),
+            Some(1024)
+        );
+        assert!(first.message.as_deref().unwrap().ends_with('→'));
+        assert_eq!(first.inconclusive_since, Some(time(t(0))));
+        assert_eq!(action(&g, &first, t(0)), GateAction::Wait);
+
+        let mut failing = first.clone();
+        failing.verdict = Verdict::Fail;
+        failing.consecutive_failures = 1;
+        failing.inconclusive_since = None;
+        let after_fail = unevaluated("g", "query refused", Some(&failing), t(30));
+        assert_eq!(after_fail.consecutive_failures, 1, "the Fail count carries");
+        assert_eq!(
+            after_fail.inconclusive_since,
+            Some(time(t(30))),
+            "a new Inconclusive streak starts after a Fail"
+        );
+
+        let later = unevaluated("g", "query refused", Some(&first), t(3600));
+        assert_eq!(
+            later.inconclusive_since,
+            Some(time(t(0))),
+            "the streak carries"
+        );
+        assert_ne!(
+            action(&g, &later, t(3600)),
+            GateAction::Proceed,
+            "an unevaluated gate never passes unless its policy says Continue"
+        );
     }
 
     #[test]

@@ -57,6 +57,7 @@ pub use args::MetricsSourceArgs;
 pub use builtin::{Reporter, ServiceScope, SourceWorkloads};
 pub use decide::{
     BaselineReading, DistributionTest, GateAction, Observation, OwnerContext, action, decide,
+    unevaluated,
 };
 pub use engine::{
     CheckError, CheckOutcome, Engine, EngineError, EngineOptions, GateCheck, MannWhitneyOptions,

@@ -24,8 +24,7 @@ use sluice_analysis::{
 };
 use sluice_api::v1alpha1::{
     BuiltinGate, Gate, GateQuery, GateTemplateSpec, GateVerdict, InconclusiveAction,
-    InconclusivePolicy, RolloutPhase, RolloutSpec, RolloutStatus, Verdict, VerdictReason,
-    rollout::StepKind,
+    InconclusivePolicy, RolloutPhase, RolloutSpec, RolloutStatus, rollout::StepKind,
 };
 use tokio::sync::oneshot;
 
@@ -92,30 +91,12 @@ fn misconfigured_verdict(
     previous: Option<&GateVerdict>,
     now: Timestamp,
 ) -> GateVerdict {
-    let at = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now);
-    GateVerdict {
-        gate: gate.to_owned(),
-        verdict: Verdict::Inconclusive,
-        reason: VerdictReason::QueryError,
-        message: Some(
-            format!("configuration error: {message}")
-                .chars()
-                .take(1024)
-                .collect(),
-        ),
-        value: None,
-        baseline: None,
-        threshold: None,
-        samples: None,
-        min_samples: None,
-        consecutive_failures: previous.map_or(0, |p| p.consecutive_failures),
-        inconclusive_since: Some(
-            previous
-                .and_then(|p| p.inconclusive_since.clone())
-                .unwrap_or(at.clone()),
-        ),
-        evaluated_at: at,
-    }
+    sluice_analysis::unevaluated(
+        gate,
+        &format!("configuration error: {message}"),
+        previous,
+        now,
+    )
 }
 
 /// What the analysis produced for the state machine.
@@ -684,6 +665,7 @@ impl<S: MetricsSource + Send + Sync + 'static> Analyzer<S> {
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use sluice_api::v1alpha1::rollout::{OwnedRouteStatus, StepRecord};
+    use sluice_api::v1alpha1::{Verdict, VerdictReason};
 
     use super::*;
 

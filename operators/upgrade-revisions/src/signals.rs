@@ -184,7 +184,8 @@ pub(crate) async fn gates(
                 Err(e) => {
                     problems.push(problem(
                         &gate.name,
-                        format!("reading GateTemplate {t}: {e}"),
+                        &format!("reading GateTemplate {t}: {e}"),
+                        wave.gates.iter().find(|v| v.gate == gate.name),
                         now,
                     ));
                     continue;
@@ -195,7 +196,12 @@ pub(crate) async fn gates(
         let resolved = match gate.resolve(template.as_ref()) {
             Ok(r) => r,
             Err(e) => {
-                problems.push(problem(&gate.name, e.to_string(), now));
+                problems.push(problem(
+                    &gate.name,
+                    &e.to_string(),
+                    wave.gates.iter().find(|v| v.gate == gate.name),
+                    now,
+                ));
                 continue;
             }
         };
@@ -261,15 +267,12 @@ pub(crate) async fn gates(
             Err(e) => {
                 // A query that cannot be built or run is Inconclusive under the gate's own
                 // policy (sustained, it pauses, aborts or continues), never an eternal Wait.
-                let mut v = problem(&check.gate.name, e.to_string(), now);
-                v.inconclusive_since = check
-                    .previous
-                    .as_ref()
-                    .filter(|p| p.verdict == Verdict::Inconclusive)
-                    .and_then(|p| p.inconclusive_since.clone())
-                    .or(Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                        now,
-                    )));
+                let v = problem(
+                    &check.gate.name,
+                    &e.to_string(),
+                    check.previous.as_ref(),
+                    now,
+                );
                 let a = sluice_analysis::action(&check.gate, &v, now);
                 (v, a)
             }
@@ -384,22 +387,18 @@ pub(crate) async fn pre_wave_baselines(
     (kept, why)
 }
 
-/// A gate that could not be evaluated: Inconclusive with the reason in the message.
-pub(crate) fn problem(gate: &str, message: String, now: Timestamp) -> GateVerdict {
-    let mut message = message;
-    message.truncate(1000);
-    GateVerdict {
-        gate: gate.chars().take(63).collect(),
-        verdict: Verdict::Inconclusive,
-        reason: VerdictReason::QueryError,
-        message: Some(message),
-        value: None,
-        baseline: None,
-        threshold: None,
-        samples: None,
-        min_samples: None,
-        consecutive_failures: 0,
-        inconclusive_since: None,
-        evaluated_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now),
-    }
+/// A gate that could not be evaluated: Inconclusive with the reason in the message, its streak
+/// carried from `previous` (the analysis crate's one rule for it).
+pub(crate) fn problem(
+    gate: &str,
+    message: &str,
+    previous: Option<&GateVerdict>,
+    now: Timestamp,
+) -> GateVerdict {
+    sluice_analysis::unevaluated(
+        &gate.chars().take(63).collect::<String>(),
+        message,
+        previous,
+        now,
+    )
 }

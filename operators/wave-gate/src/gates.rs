@@ -9,12 +9,10 @@
 
 use std::collections::BTreeMap;
 
-use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use sluice_analysis::{GateCheck, Vars};
 use sluice_api::v1alpha1::{
     BuiltinGate, Comparison, ComparisonOp, GateQuery, GateTemplateSpec, GateVerdict, ResolvedGate,
-    Verdict, VerdictReason, WaveGateSpec, WaveGateStatus,
+    WaveGateSpec, WaveGateStatus,
     gate::find_verdict,
     wave_gate::{DEFAULT_DRIFT_COMMIT_LABEL, DriftExporter},
 };
@@ -24,34 +22,6 @@ pub const DEFAULT_DRIFT_METRIC: &str = "sluice_drift_proxies_behind";
 
 /// The window the drift reading looks back over (`last_over_time`).
 pub const DRIFT_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// A gate that could not be turned into a check (a missing GateTemplate, a bad duration): it is
-/// recorded as an Inconclusive verdict (never a pass), so the wave holds and says why.
-pub fn unresolved_verdict(
-    gate: &str,
-    message: String,
-    previous: Option<&GateVerdict>,
-    now: Timestamp,
-) -> GateVerdict {
-    GateVerdict {
-        gate: gate.to_owned(),
-        verdict: Verdict::Inconclusive,
-        reason: VerdictReason::QueryError,
-        message: Some(message.chars().take(1024).collect()),
-        value: None,
-        baseline: None,
-        threshold: None,
-        samples: None,
-        min_samples: None,
-        consecutive_failures: previous.map_or(0, |p| p.consecutive_failures),
-        inconclusive_since: Some(
-            previous
-                .and_then(|p| p.inconclusive_since.clone())
-                .unwrap_or(Time(now)),
-        ),
-        evaluated_at: Time(now),
-    }
-}
 
 /// The checks of wave `wave` and the gates that could not be resolved (with their resolved
 /// policy, when known, for the Inconclusive action).

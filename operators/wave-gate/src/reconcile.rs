@@ -344,7 +344,7 @@ async fn evaluate_gates(
     };
     for (gate, why) in w.unresolved {
         let prev = sluice_api::v1alpha1::gate::find_verdict(&previous, &gate);
-        let v = gates::unresolved_verdict(&gate, why, prev, now);
+        let v = sluice_analysis::unevaluated(&gate, &why, prev, now);
         out.push(EvaluatedGate {
             action: unresolved_action(&v),
             verdict: v,
@@ -356,9 +356,9 @@ async fn evaluate_gates(
             for (check, outcome) in w.checks.iter().zip(report.outcomes) {
                 let v = match outcome.verdict {
                     Ok(v) => v,
-                    Err(e) => gates::unresolved_verdict(
+                    Err(e) => sluice_analysis::unevaluated(
                         &check.gate.name,
-                        e.to_string(),
+                        &e.to_string(),
                         check.previous.as_ref(),
                         now,
                     ),
@@ -369,9 +369,9 @@ async fn evaluate_gates(
         }
         None => {
             for check in &w.checks {
-                let v = gates::unresolved_verdict(
+                let v = sluice_analysis::unevaluated(
                     &check.gate.name,
-                    "no metrics source is configured (--prometheus-url); the gate cannot be evaluated".into(),
+                    "no metrics source is configured (--prometheus-url); the gate cannot be evaluated",
                     check.previous.as_ref(),
                     now,
                 );
