@@ -20,7 +20,8 @@ use crate::sequential::{IntervalCounts, RateTest, SequentialState, rate_test, sh
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use sluice_api::v1alpha1::gate::share_min_samples;
 use sluice_api::v1alpha1::{
-    BaselineSource, GateVerdict, InconclusiveAction, ResolvedGate, Verdict, VerdictReason,
+    BaselineSource, GateVerdict, InconclusiveAction, InconclusivePolicy, ResolvedGate, Verdict,
+    VerdictReason,
 };
 
 /// Longest message kept in a verdict (the CRD bounds it at 1024 characters).
@@ -659,6 +660,31 @@ pub fn unevaluated(
     }
 }
 
+/// The action an Inconclusive verdict of a gate that has no resolved policy of its own (it could
+/// not be resolved) calls for under its owner's `policy`: Wait until the Inconclusive streak has
+/// lasted `policy.after` (5 minutes when that does not parse), then Pause, Abort or Continue
+/// (Proceed). A streak that starts in the future (a skewed clock) has not lasted at all.
+pub fn policy_action(
+    policy: &InconclusivePolicy,
+    verdict: &GateVerdict,
+    now: Timestamp,
+) -> GateAction {
+    let since = verdict.inconclusive_since.as_ref().map_or(now, |t| t.0);
+    let after: std::time::Duration = policy
+        .after
+        .parse()
+        .unwrap_or(std::time::Duration::from_secs(300));
+    let after = jiff::SignedDuration::try_from(after).unwrap_or(jiff::SignedDuration::MAX);
+    if now.duration_since(since) < after {
+        return GateAction::Wait;
+    }
+    match policy.action {
+        InconclusiveAction::Pause => GateAction::Pause,
+        InconclusiveAction::Abort => GateAction::Abort,
+        InconclusiveAction::Continue => GateAction::Proceed,
+    }
+}
+
 /// What the owner should do: Pass → Proceed, Fail → Abort, Inconclusive → Wait until it has
 /// lasted the policy's `after`, then the policy's action (Pause, Abort, or Continue = Proceed).
 pub fn action(gate: &ResolvedGate, verdict: &GateVerdict, now: Timestamp) -> GateAction {
@@ -1004,6 +1030,45 @@ mod tests {
                 let v = decide(&g, o, None, owner, t(0));
                 assert_ne!(v.verdict, Verdict::Pass, "{c:?} {o:?}");
             }
+        }
+    }
+
+    #[test]
+    fn an_owners_inconclusive_policy_waits_its_after_then_acts_and_a_future_streak_waits() {
+        let v = unevaluated("g", "GateTemplate absent", None, t(0));
+        let policy = |action, after: &str| InconclusivePolicy {
+            action,
+            after: after.into(),
+        };
+        let table = [
+            (
+                policy(InconclusiveAction::Pause, "2m"),
+                119,
+                GateAction::Wait,
+            ),
+            (
+                policy(InconclusiveAction::Pause, "2m"),
+                120,
+                GateAction::Pause,
+            ),
+            (
+                policy(InconclusiveAction::Abort, "2m"),
+                120,
+                GateAction::Abort,
+            ),
+            (
+                policy(InconclusiveAction::Continue, "2m"),
+                120,
+                GateAction::Proceed,
+            ),
+            (
+                policy(InconclusiveAction::Abort, "2m"),
+                -600,
+                GateAction::Wait,
+            ),
+        ];
+        for (p, at, want) in table {
+            assert_eq!(policy_action(&p, &v, t(at)), want, "{p:?} at {at} s");
         }
     }
 

@@ -57,7 +57,7 @@ pub use args::MetricsSourceArgs;
 pub use builtin::{Reporter, ServiceScope, SourceWorkloads};
 pub use decide::{
     BaselineReading, DistributionTest, GateAction, Observation, OwnerContext, action, decide,
-    unevaluated,
+    policy_action, unevaluated,
 };
 pub use engine::{
     CheckError, CheckOutcome, Engine, EngineError, EngineOptions, GateCheck, MannWhitneyOptions,

@@ -23,8 +23,8 @@ use sluice_analysis::{
     sequential::{DEFAULT_FALSE_ABORT_RATE, per_test_alpha},
 };
 use sluice_api::v1alpha1::{
-    BuiltinGate, Gate, GateQuery, GateTemplateSpec, GateVerdict, InconclusiveAction,
-    InconclusivePolicy, RolloutPhase, RolloutSpec, RolloutStatus, rollout::StepKind,
+    BuiltinGate, Gate, GateQuery, GateTemplateSpec, GateVerdict, InconclusivePolicy, RolloutPhase,
+    RolloutSpec, RolloutStatus, rollout::StepKind,
 };
 use tokio::sync::oneshot;
 
@@ -65,24 +65,7 @@ pub struct Misconfigured {
     pub previous: Option<GateVerdict>,
 }
 
-/// The action an Inconclusive verdict calls for under `policy`: Wait until it has lasted
-/// `policy.after`, then Pause, Abort or Continue (Proceed).
-pub fn policy_action(
-    policy: &InconclusivePolicy,
-    verdict: &GateVerdict,
-    now: Timestamp,
-) -> GateAction {
-    let since = verdict.inconclusive_since.as_ref().map_or(now, |t| t.0);
-    let after: Duration = policy.after.parse().unwrap_or(Duration::from_secs(300));
-    if now.duration_since(since).unsigned_abs() < after {
-        return GateAction::Wait;
-    }
-    match policy.action {
-        InconclusiveAction::Pause => GateAction::Pause,
-        InconclusiveAction::Abort => GateAction::Abort,
-        InconclusiveAction::Continue => GateAction::Proceed,
-    }
-}
+pub use sluice_analysis::policy_action;
 
 /// The Inconclusive verdict of a misconfigured gate, carrying its streak from `previous`.
 fn misconfigured_verdict(
@@ -665,7 +648,7 @@ impl<S: MetricsSource + Send + Sync + 'static> Analyzer<S> {
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use sluice_api::v1alpha1::rollout::{OwnedRouteStatus, StepRecord};
-    use sluice_api::v1alpha1::{Verdict, VerdictReason};
+    use sluice_api::v1alpha1::{InconclusiveAction, Verdict, VerdictReason};
 
     use super::*;
 

@@ -17,7 +17,7 @@ use kube::{
     api::{Patch, PatchParams},
     runtime::controller::Action as ControllerAction,
 };
-use sluice_analysis::{Engine, GateAction, Observation, PrometheusSource, action as gate_action};
+use sluice_analysis::{Engine, Observation, PrometheusSource, action as gate_action};
 use sluice_api::{
     external::argocd::{Application, ApplicationSet},
     v1alpha1::{
@@ -326,21 +326,8 @@ async fn evaluate_gates(
         .map_or("cluster".to_owned(), |e| e.options().cluster_label.clone());
     let w = gates::wave_checks(spec, status, wave, owner, &templates, &cluster_label);
     let mut out = Vec::new();
-    let policy_after = spec
-        .inconclusive
-        .after
-        .parse()
-        .unwrap_or(std::time::Duration::from_secs(300));
     let unresolved_action = |v: &sluice_api::v1alpha1::GateVerdict| {
-        let since = v.inconclusive_since.as_ref().map_or(now, |t| t.0);
-        if now.duration_since(since).as_secs_f64() < policy_after.as_secs_f64() {
-            return GateAction::Wait;
-        }
-        match spec.inconclusive.action {
-            sluice_api::v1alpha1::InconclusiveAction::Pause => GateAction::Pause,
-            sluice_api::v1alpha1::InconclusiveAction::Abort => GateAction::Abort,
-            sluice_api::v1alpha1::InconclusiveAction::Continue => GateAction::Proceed,
-        }
+        sluice_analysis::policy_action(&spec.inconclusive, v, now)
     };
     for (gate, why) in w.unresolved {
         let prev = sluice_api::v1alpha1::gate::find_verdict(&previous, &gate);
