@@ -546,7 +546,7 @@ impl BundleClient {
                 Ok(RegistryAuth::Basic(user, _)) => {
                     format!("the registry refused the credentials of user {user:?}")
                 }
-                _ => "the registry wants credentials and none are configured for it".to_owned(),
+                _ => self.options.credentials.missing_reason(registry),
             };
             return BundleError::Unauthorized {
                 registry: registry.to_owned(),

@@ -4,12 +4,16 @@
 //!
 //! Owns parsing and choosing: which entry of `auths` answers a `registry/repository` (the
 //! longest matching key, so a signature repository or a single repository can have its own
-//! entry), and which PEM certificates are added to the trusted roots. Entries carry `auth`
-//! (base64 of `username:password`), `username` and `password`, or `identitytoken` (an OAuth2
-//! refresh token, as `docker login` stores for registries that issue one). Credential helpers
-//! (`credsStore`, `credHelpers`) are never run: the config must hold the credentials themselves.
-//! It must never put a password, token or `auth` value into an error message or a `Debug`
-//! output.
+//! entry), which credential helper a registry is named to (`credHelpers[host]`, else
+//! `credsStore`, as Docker's CLI chooses), and which PEM certificates are added to the trusted
+//! roots. Entries carry `auth` (base64 of `username:password`), `username` and `password`, or
+//! `identitytoken` (an OAuth2 refresh token, as `docker login` stores for registries that issue
+//! one). Credential helpers run only when a caller asks ([`RegistryCredentials::run_helpers`],
+//! which `kubectl sluice bundle` does on a workstation; revert never does): for a registry with
+//! a helper, the helper's answer replaces the `auths` entries of that host, as in Docker's CLI,
+//! and a helper with nothing for it means anonymous. A helper named but not run is said in the
+//! unauthorized message instead of being silently skipped. It must never put a password, token
+//! or `auth` value into an error message or a `Debug` output.
 
 use std::collections::BTreeMap;
 
@@ -57,13 +61,36 @@ impl std::fmt::Debug for Credential {
 pub struct RegistryCredentials {
     /// Normalized key (`host[:port][/path]`, host lower-cased) → credential.
     entries: BTreeMap<String, Credential>,
+    /// The credential helpers the config names.
+    helpers: Helpers,
+}
+
+/// `credsStore` and `credHelpers`, and what the helpers that ran answered.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Helpers {
+    /// `credsStore`: the helper of every registry without its own in `credHelpers`.
+    store: Option<String>,
+    /// `credHelpers`: normalized host → helper name (empty: the `auths` entries, no helper).
+    per_registry: BTreeMap<String, String>,
+    /// Normalized host → (helper, whether it answered with a credential), for the helpers run.
+    ran: BTreeMap<String, (String, bool)>,
 }
 
 impl std::fmt::Debug for RegistryCredentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RegistryCredentials")
             .field("registries", &self.entries.keys().collect::<Vec<_>>())
+            .field("creds_store", &self.helpers.store)
+            .field("cred_helpers", &self.helpers.per_registry)
             .finish()
+    }
+}
+
+/// The key Docker files a registry's credentials and helper under: `docker.io` is its index.
+fn host_key(registry: &str) -> String {
+    match normalize(registry).as_str() {
+        "docker.io" => "index.docker.io".to_owned(),
+        other => other.to_owned(),
     }
 }
 
@@ -136,6 +163,28 @@ impl RegistryCredentials {
         let object = value
             .as_object()
             .ok_or_else(|| invalid("not a JSON object; expected {\"auths\": {...}}".into()))?;
+        let mut helpers = Helpers::default();
+        match object.get("credsStore") {
+            None | Some(serde_json::Value::Null) => {}
+            Some(serde_json::Value::String(store)) => {
+                helpers.store = Some(store.trim().to_owned()).filter(|s| !s.is_empty());
+            }
+            Some(_) => return Err(invalid("\"credsStore\" is not a string".into())),
+        }
+        match object.get("credHelpers") {
+            None | Some(serde_json::Value::Null) => {}
+            Some(serde_json::Value::Object(map)) => {
+                for (registry, helper) in map {
+                    let helper = helper.as_str().ok_or_else(|| {
+                        invalid(format!("credHelpers[{registry:?}] is not a string"))
+                    })?;
+                    helpers
+                        .per_registry
+                        .insert(host_key(registry), helper.trim().to_owned());
+                }
+            }
+            Some(_) => return Err(invalid("\"credHelpers\" is not an object".into())),
+        }
         let auths = match object.get("auths") {
             Some(serde_json::Value::Object(auths)) => auths,
             Some(_) => return Err(invalid("\"auths\" is not an object".into())),
@@ -144,9 +193,17 @@ impl RegistryCredentials {
             None if !object.contains_key("credsStore") && !object.contains_key("credHelpers") => {
                 object
             }
-            None => return Ok(Self::default()),
+            None => {
+                return Ok(Self {
+                    helpers,
+                    ..Self::default()
+                });
+            }
         };
-        let mut out = Self::default();
+        let mut out = Self {
+            helpers,
+            ..Self::default()
+        };
         for (registry, entry) in auths {
             let field = |name: &str| {
                 entry
@@ -213,9 +270,85 @@ impl RegistryCredentials {
             .max_by_key(|(key, _)| key.len())
             .map(|(_, c)| c)
     }
+
+    /// The credential helper the config names for `registry` (`host[:port]`), as Docker's CLI
+    /// chooses it: its `credHelpers` entry, else `credsStore`; `None` when neither names one
+    /// (an empty `credHelpers` entry means the `auths` entries, even with a `credsStore`).
+    pub fn helper_for(&self, registry: &str) -> Option<&str> {
+        let key = host_key(registry);
+        match self.helpers.per_registry.get(&key) {
+            Some(helper) => Some(helper.as_str()).filter(|h| !h.is_empty()),
+            None => self.helpers.store.as_deref(),
+        }
+    }
+
+    /// Runs the credential helper of each of `registries` (`host[:port]`) that has one, once,
+    /// and uses its answer for that host in place of the host's `auths` entries (Docker's CLI
+    /// does not read `auths` for a host with a helper either). A helper with no credentials for
+    /// the host leaves it anonymous; a helper that is refused (a name with anything but letters,
+    /// digits, `.`, `_`, `-`), missing, failing, silent past the timeout or answering more than
+    /// [`crate::credential_helpers::MAX_HELPER_OUTPUT`] is an error naming it and the registry.
+    pub async fn run_helpers<'a>(
+        &mut self,
+        registries: impl IntoIterator<Item = &'a str>,
+        options: &crate::credential_helpers::HelperOptions,
+    ) -> Result<()> {
+        for registry in registries {
+            let key = host_key(registry);
+            if self.helpers.ran.contains_key(&key) {
+                continue;
+            }
+            let Some(helper) = self.helper_for(registry).map(str::to_owned) else {
+                continue;
+            };
+            let answer = crate::credential_helpers::get(&helper, &key, options).await?;
+            let prefix = format!("{key}/");
+            self.entries
+                .retain(|entry, _| *entry != key && !entry.starts_with(&prefix));
+            self.helpers
+                .ran
+                .insert(key.clone(), (helper, answer.is_some()));
+            if let Some(credential) = answer {
+                self.entries.insert(key, credential);
+            }
+        }
+        Ok(())
+    }
+
+    /// Why a request to `registry` carries no credentials, for an unauthorized message: none
+    /// are configured, and — when the config names a helper for it — whether the helper had
+    /// none or was not run here.
+    pub(crate) fn missing_reason(&self, registry: &str) -> String {
+        let mut reason = "the registry wants credentials and none are configured for it".to_owned();
+        if let Some(note) = self.helper_note(registry) {
+            reason.push_str("; ");
+            reason.push_str(&note);
+        }
+        reason
+    }
+
+    /// What the config's credential helper did for `registry`, when it names one.
+    pub(crate) fn helper_note(&self, registry: &str) -> Option<String> {
+        use crate::credential_helpers::program;
+        let key = host_key(registry);
+        if let Some((helper, found)) = self.helpers.ran.get(&key) {
+            return (!found).then(|| {
+                format!(
+                    "its credential helper {} has none for it (log in to {key} with it, e.g.                      `docker login {key}`)",
+                    program(helper)
+                )
+            });
+        }
+        self.helper_for(registry).map(|helper| {
+            format!(
+                "the registry config names credential helper {} for it, which is not run here                  (revert never runs credential helpers); put the credentials themselves under                  \"auths\"",
+                program(helper)
+            )
+        })
+    }
 }
 
-fn classify(e: &serde_json::Error) -> &'static str {
+pub(crate) fn classify(e: &serde_json::Error) -> &'static str {
     match e.classify() {
         serde_json::error::Category::Io => "unreadable",
         serde_json::error::Category::Syntax => "syntax error",
@@ -406,6 +539,60 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn helpers_are_chosen_as_dockers_cli_chooses_them() {
+        let c = RegistryCredentials::from_docker_config(
+            br#"{"auths": {"plain.example": {"username": "u", "password": "p"}},
+                 "credsStore": "desktop",
+                 "credHelpers": {"https://ECR.example/": "ecr-login", "plain.example": "",
+                                 "https://index.docker.io/v1/": "hub"}}"#,
+            "t",
+        )
+        .unwrap();
+        for (registry, want) in [
+            ("ecr.example", Some("ecr-login")),
+            ("other.example:5000", Some("desktop")),
+            ("plain.example", None),
+            ("docker.io", Some("hub")),
+            ("index.docker.io", Some("hub")),
+        ] {
+            assert_eq!(c.helper_for(registry), want, "{registry}");
+        }
+        let none = RegistryCredentials::from_docker_config(
+            br#"{"auths": {}, "credHelpers": {"a.example": "x"}}"#,
+            "t",
+        )
+        .unwrap();
+        assert_eq!(none.helper_for("b.example"), None);
+        assert!(
+            none.missing_reason("a.example")
+                .contains("names credential helper docker-credential-x for it, which is not run")
+        );
+        assert_eq!(
+            none.missing_reason("b.example"),
+            "the registry wants credentials and none are configured for it"
+        );
+        for (json, want) in [
+            (
+                &br#"{"credsStore": 1}"#[..],
+                "\"credsStore\" is not a string",
+            ),
+            (
+                br#"{"credHelpers": []}"#,
+                "\"credHelpers\" is not an object",
+            ),
+            (
+                br#"{"credHelpers": {"a.example": 1}}"#,
+                "credHelpers[\"a.example\"] is not a string",
+            ),
+        ] {
+            let err = RegistryCredentials::from_docker_config(json, "t")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{err}");
+        }
     }
 
     #[test]

@@ -170,6 +170,17 @@ pub enum BundleError {
         /// What is wrong.
         reason: String,
     },
+    /// A Docker credential helper named by the registry config was refused, missing, failed,
+    /// took too long or answered something unusable.
+    #[error("credential helper {helper} for registry {registry}: {reason}")]
+    CredentialHelper {
+        /// The program (`docker-credential-<name>`), or the refused name, quoted.
+        helper: String,
+        /// `host[:port]` it was asked about.
+        registry: String,
+        /// What went wrong and what to do (never the secret).
+        reason: String,
+    },
     /// The registry is not one the platform lets bundles come from.
     #[error(
         "registry {registry} is not allowed: bundles may come only from {allowed}; push the bundle \
@@ -247,7 +258,8 @@ impl BundleError {
             | BundleError::Registry { .. }
             | BundleError::Io { .. }
             | BundleError::Unauthorized { .. }
-            | BundleError::Credentials { .. } => return None,
+            | BundleError::Credentials { .. }
+            | BundleError::CredentialHelper { .. } => return None,
         })
     }
 

@@ -242,7 +242,7 @@ impl Fetcher {
             action: action.to_owned(),
             reason: match self.credential(registry, repository) {
                 Some(c) => format!("the registry refused {}", describe(&c)),
-                None => "the registry wants credentials and none are configured for it".into(),
+                None => self.credentials.missing_reason(registry),
             },
         })
     }
@@ -403,9 +403,7 @@ impl Fetcher {
                      identitytoken only"
                         .into(),
                 )),
-                None => Err(unauthorized(
-                    "the registry wants credentials and none are configured for it".into(),
-                )),
+                None => Err(unauthorized(self.credentials.missing_reason(registry))),
             };
         }
         if !scheme.eq_ignore_ascii_case("bearer") {
@@ -472,7 +470,10 @@ impl Fetcher {
                 (Some(_), false) => "no credentials (its token service is on another host, \
                                      which is never sent any)"
                     .to_owned(),
-                (None, _) => "no credentials (none are configured for it)".to_owned(),
+                (None, _) => match self.credentials.helper_note(registry) {
+                    Some(note) => format!("no credentials (none are configured for it; {note})"),
+                    None => "no credentials (none are configured for it)".to_owned(),
+                },
             };
             return Err(unauthorized(format!(
                 "its token service answered HTTP {} to {tried}",

@@ -61,6 +61,7 @@ pub mod archive;
 pub mod artifact;
 pub mod cache;
 pub mod client;
+pub mod credential_helpers;
 pub mod credentials;
 pub mod error;
 pub mod fetch;
@@ -77,6 +78,7 @@ pub use client::{
     BundleClient, BundleRef, Inspection, Pushed, RegistryOptions, Signed, VerifiedBundle,
     VerifiedObjects, inspection,
 };
+pub use credential_helpers::HelperOptions;
 pub use credentials::{CaBundle, Credential, RegistryCredentials};
 pub use error::{BundleError, Refusal, Result};
 pub use keyless::{Identity, Keyless, Matcher, TrustedRoot};
