@@ -4,25 +4,24 @@
 //! `docker-registry` has no referrers API, so cosign writes the referrers tag `sha256-<hex>`) and
 //! in the legacy `.sig` tag verify, also through a registry that serves the OCI referrers API
 //! (`sluice_testkit::referrers_api`, in front of the local registry); a tampered, copied or foreign-key signature is refused with
-//! a message that says so. Keyless bundles are judged against a trust root made here (a CA in
-//! Fulcio's role, a key in Rekor's), since nothing can reach a public sigstore instance.
+//! a message that says so. Keyless bundles are judged against a trust root made per test
+//! (`sluice_testkit::sigstore`: a CA in Fulcio's role, a key in Rekor's), since nothing can reach
+//! a public sigstore instance.
 
 use std::path::Path;
 use std::process::Command;
 
 use base64::Engine;
-use sha2::{Digest, Sha256};
 use sluice_bundle::signature::{Policy, verdict};
-use sluice_bundle::sigstore_bundle::{
-    BUNDLE_MEDIA_TYPE, COSIGN_SIGN_PREDICATE_TYPE, INTOTO_PAYLOAD_TYPE, StoredBundle, pae,
-};
+use sluice_bundle::sigstore_bundle::StoredBundle;
 use sluice_bundle::{
     BundleClient, Identity, Keyless, Manifests, Matcher, Metadata, PublicKey, ReadOptions,
-    RegistryOptions, SigningKey, TrustedRoot, render,
+    RegistryOptions, TrustedRoot, render,
 };
 use sluice_testkit::prereq;
 use sluice_testkit::referrers_api::ReferrersApi;
 use sluice_testkit::registry::Registry;
+use sluice_testkit::sigstore::Sigstore;
 
 const PASSWORD: &str = "interop-password";
 
@@ -269,141 +268,9 @@ const D1: &str = "sha256:1111111111111111111111111111111111111111111111111111111
 const ISSUER: &str = "https://token.actions.githubusercontent.com";
 const SUBJECT: &str = "https://github.com/acme/mesh/.github/workflows/sign.yml@refs/heads/main";
 
-fn der_of(pem: &str) -> Vec<u8> {
-    let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
-    base64::engine::general_purpose::STANDARD
-        .decode(body)
-        .unwrap()
-}
-
-struct Sigstore {
-    ca_key: rcgen::KeyPair,
-    ca_params: rcgen::CertificateParams,
-    ca_der: Vec<u8>,
-    rekor: SigningKey,
-}
-
-impl Sigstore {
-    fn new() -> Self {
-        let ca_key = rcgen::KeyPair::generate().unwrap();
-        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "test fulcio");
-        ca_params.key_usages = vec![
-            rcgen::KeyUsagePurpose::KeyCertSign,
-            rcgen::KeyUsagePurpose::CrlSign,
-        ];
-        let ca_der = ca_params.self_signed(&ca_key).unwrap().der().to_vec();
-        Self {
-            ca_key,
-            ca_params,
-            ca_der,
-            rekor: SigningKey::generate().unwrap(),
-        }
-    }
-
-    fn rekor_der(&self) -> Vec<u8> {
-        der_of(self.rekor.public_key().pem())
-    }
-
-    fn trusted_root(&self) -> TrustedRoot {
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let json = serde_json::json!({
-            "mediaType": "application/vnd.dev.sigstore.trustedroot+json;version=0.1",
-            "tlogs": [{
-                "baseUrl": "https://rekor.invalid",
-                "hashAlgorithm": "SHA2_256",
-                "publicKey": {"rawBytes": b64.encode(self.rekor_der()), "keyDetails": "PKIX_ECDSA_P256_SHA_256", "validFor": {"start": "2020-01-01T00:00:00Z"}},
-                "logId": {"keyId": b64.encode(Sha256::digest(self.rekor_der()))},
-            }],
-            "certificateAuthorities": [{
-                "subject": {"organization": "test", "commonName": "test fulcio"},
-                "uri": "https://fulcio.invalid",
-                "certChain": {"certificates": [{"rawBytes": b64.encode(&self.ca_der)}]},
-                "validFor": {"start": "2020-01-01T00:00:00Z"},
-            }],
-            "ctlogs": [],
-            "timestampAuthorities": [],
-        });
-        TrustedRoot::from_json(&serde_json::to_vec(&json).unwrap(), "test").unwrap()
-    }
-
-    /// A Fulcio-like certificate for `subject` from `issuer` and its key.
-    fn certificate(&self, subject: &str, issuer: &str) -> (Vec<u8>, SigningKey) {
-        let key = SigningKey::generate().unwrap();
-        let rc_key = rcgen::KeyPair::from_pem(&key.to_unencrypted_pem().unwrap()).unwrap();
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.subject_alt_names = vec![rcgen::SanType::URI(subject.try_into().unwrap())];
-        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::CodeSigning];
-        params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
-        let mut value = vec![0x0c, issuer.len() as u8];
-        value.extend_from_slice(issuer.as_bytes());
-        params.custom_extensions = vec![rcgen::CustomExtension::from_oid_content(
-            &[1, 3, 6, 1, 4, 1, 57264, 1, 8],
-            value,
-        )];
-        let now = time::OffsetDateTime::now_utc();
-        params.not_before = now - time::Duration::minutes(5);
-        params.not_after = now + time::Duration::minutes(5);
-        let issuer_ca = rcgen::Issuer::new(self.ca_params.clone(), &self.ca_key);
-        let cert = params.signed_by(&rc_key, &issuer_ca).unwrap();
-        (cert.der().to_vec(), key)
-    }
-
-    /// A keyless bundle for `digest`, logged with a SET at `integrated`.
-    fn bundle(&self, digest: &str, cert: &[u8], key: &SigningKey, integrated: i64) -> Vec<u8> {
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let payload = serde_json::to_vec(&serde_json::json!({
-            "_type": "https://in-toto.io/Statement/v1",
-            "subject": [{"digest": {"sha256": digest.trim_start_matches("sha256:")}}],
-            "predicateType": COSIGN_SIGN_PREDICATE_TYPE,
-            "predicate": {},
-        }))
-        .unwrap();
-        let sig_b64 = key.sign(&pae(INTOTO_PAYLOAD_TYPE, &payload)).unwrap();
-        let body = serde_json::to_vec(&serde_json::json!({
-            "apiVersion": "0.0.1",
-            "kind": "dsse",
-            "spec": {
-                "envelopeHash": {"algorithm": "sha256", "value": "00"},
-                "payloadHash": {"algorithm": "sha256", "value": hex::encode(Sha256::digest(&payload))},
-                "signatures": [{"signature": sig_b64, "verifier": b64.encode(cert)}],
-            },
-        }))
-        .unwrap();
-        let body_b64 = b64.encode(&body);
-        let log_id = Sha256::digest(self.rekor_der());
-        let set_message = serde_json::to_vec(&serde_json::json!({
-            "body": body_b64,
-            "integratedTime": integrated,
-            "logID": hex::encode(log_id),
-            "logIndex": 7,
-        }))
-        .unwrap();
-        let set = self.rekor.sign(&set_message).unwrap();
-        serde_json::to_vec(&serde_json::json!({
-            "mediaType": BUNDLE_MEDIA_TYPE,
-            "verificationMaterial": {
-                "certificate": {"rawBytes": b64.encode(cert)},
-                "tlogEntries": [{
-                    "logIndex": "7",
-                    "logId": {"keyId": b64.encode(log_id)},
-                    "kindVersion": {"kind": "dsse", "version": "0.0.1"},
-                    "integratedTime": integrated.to_string(),
-                    "inclusionPromise": {"signedEntryTimestamp": set},
-                    "canonicalizedBody": body_b64,
-                }],
-            },
-            "dsseEnvelope": {
-                "payload": b64.encode(&payload),
-                "payloadType": INTOTO_PAYLOAD_TYPE,
-                "signatures": [{"sig": sig_b64, "keyid": ""}],
-            },
-        }))
-        .unwrap()
-    }
+/// The trusted root of `sigstore`, as a file would give it.
+fn root(sigstore: &Sigstore) -> TrustedRoot {
+    TrustedRoot::from_json(&sigstore.trusted_root_json(), "test").unwrap()
 }
 
 fn keyless_policy(root: TrustedRoot, subject: Matcher, issuer: Matcher) -> Policy {
@@ -432,12 +299,12 @@ fn judge(bytes: Vec<u8>, policy: &Policy) -> sluice_bundle::Result<sluice_bundle
 
 #[test]
 fn keyless_bundles_verify_only_for_the_named_identity_under_the_trusted_root() {
-    let sigstore = Sigstore::new();
+    let sigstore = Sigstore::new().unwrap();
     let now = jiff::Timestamp::now().as_second();
-    let (cert, key) = sigstore.certificate(SUBJECT, ISSUER);
-    let good = sigstore.bundle(D1, &cert, &key, now);
+    let signer = sigstore.certificate(SUBJECT, ISSUER).unwrap();
+    let good = sigstore.bundle(D1, &signer, now).unwrap();
     let exact = keyless_policy(
-        sigstore.trusted_root(),
+        root(&sigstore),
         Matcher::Exact(SUBJECT.into()),
         Matcher::Exact(ISSUER.into()),
     );
@@ -448,7 +315,7 @@ fn keyless_bundles_verify_only_for_the_named_identity_under_the_trusted_root() {
     );
     assert_eq!(verified.format, "sigstore-bundle");
     let by_regex = keyless_policy(
-        sigstore.trusted_root(),
+        root(&sigstore),
         Matcher::regex(r"https://github\.com/acme/.+", "subjectRegExp").unwrap(),
         Matcher::Exact(ISSUER.into()),
     );
@@ -458,7 +325,7 @@ fn keyless_bundles_verify_only_for_the_named_identity_under_the_trusted_root() {
     for (policy, want) in [
         (
             keyless_policy(
-                sigstore.trusted_root(),
+                root(&sigstore),
                 Matcher::Exact(
                     "https://github.com/acme/other/.github/workflows/x.yml@refs/heads/main".into(),
                 ),
@@ -468,7 +335,7 @@ fn keyless_bundles_verify_only_for_the_named_identity_under_the_trusted_root() {
         ),
         (
             keyless_policy(
-                sigstore.trusted_root(),
+                root(&sigstore),
                 Matcher::Exact(SUBJECT.into()),
                 Matcher::Exact("https://accounts.google.com".into()),
             ),
@@ -476,7 +343,7 @@ fn keyless_bundles_verify_only_for_the_named_identity_under_the_trusted_root() {
         ),
         (
             keyless_policy(
-                sigstore.trusted_root(),
+                root(&sigstore),
                 Matcher::regex("acme", "subjectRegExp").unwrap(),
                 Matcher::Exact(ISSUER.into()),
             ),
@@ -496,11 +363,11 @@ fn keyless_bundles_verify_only_for_the_named_identity_under_the_trusted_root() {
     );
 
     // A certificate from a CA the root does not name.
-    let stranger = Sigstore::new();
-    let (foreign_cert, foreign_key) = stranger.certificate(SUBJECT, ISSUER);
-    let mut foreign = stranger.bundle(D1, &foreign_cert, &foreign_key, now);
+    let stranger = Sigstore::new().unwrap();
+    let foreign_signer = stranger.certificate(SUBJECT, ISSUER).unwrap();
+    let mut foreign = stranger.bundle(D1, &foreign_signer, now).unwrap();
     // Logged by the trusted log (so only the chain is wrong).
-    foreign = resign_set(&sigstore, &foreign);
+    foreign = sigstore.resign_set(&foreign).unwrap();
     let err = judge(foreign, &exact).unwrap_err();
     assert!(
         err.to_string()
@@ -518,14 +385,14 @@ fn keyless_bundles_verify_only_for_the_named_identity_under_the_trusted_root() {
             .contains("signed entry timestamp does not verify"),
         "{err}"
     );
-    let err = judge(stranger.bundle(D1, &cert, &key, now), &exact).unwrap_err();
+    let err = judge(stranger.bundle(D1, &signer, now).unwrap(), &exact).unwrap_err();
     assert!(
         err.to_string().contains("not a log of the trusted root"),
         "{err}"
     );
 
     // Logged long after the short-lived certificate expired.
-    let err = judge(sigstore.bundle(D1, &cert, &key, now + 3600), &exact).unwrap_err();
+    let err = judge(sigstore.bundle(D1, &signer, now + 3600).unwrap(), &exact).unwrap_err();
     assert!(
         err.to_string()
             .contains("outside the certificate's validity"),
@@ -534,24 +401,10 @@ fn keyless_bundles_verify_only_for_the_named_identity_under_the_trusted_root() {
 
     // A valid keyless signature of another digest.
     let other_digest = format!("sha256:{}", "2".repeat(64));
-    let err = judge(sigstore.bundle(&other_digest, &cert, &key, now), &exact).unwrap_err();
+    let err = judge(
+        sigstore.bundle(&other_digest, &signer, now).unwrap(),
+        &exact,
+    )
+    .unwrap_err();
     assert_eq!(err.category(), "Tampered", "{err}");
-}
-
-/// `bundle` with its SET signed again by `by`'s log (log id and signature).
-fn resign_set(by: &Sigstore, bundle: &[u8]) -> Vec<u8> {
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let mut v: serde_json::Value = serde_json::from_slice(bundle).unwrap();
-    let entry = &mut v["verificationMaterial"]["tlogEntries"][0];
-    let log_id = Sha256::digest(by.rekor_der());
-    let message = serde_json::to_vec(&serde_json::json!({
-        "body": entry["canonicalizedBody"],
-        "integratedTime": entry["integratedTime"].as_str().unwrap().parse::<i64>().unwrap(),
-        "logID": hex::encode(log_id),
-        "logIndex": 7,
-    }))
-    .unwrap();
-    entry["logId"]["keyId"] = b64.encode(log_id).into();
-    entry["inclusionPromise"]["signedEntryTimestamp"] = by.rekor.sign(&message).unwrap().into();
-    serde_json::to_vec(&v).unwrap()
 }

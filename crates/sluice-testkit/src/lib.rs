@@ -21,4 +21,5 @@ pub mod registry;
 pub mod registry_token;
 pub mod remote_write;
 pub mod secrets;
+pub mod sigstore;
 pub mod thanos;
