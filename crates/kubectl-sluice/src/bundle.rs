@@ -4,8 +4,9 @@
 //! Owns the bundle subcommands' arguments, their output (human text by default, one JSON object
 //! with `--json`/`-o json` for scripts) and their exit codes: 0 success, 1 failure,
 //! [`EXIT_REFUSED`] when a signature check refuses the bundle (unsigned, wrong key, tampered).
-//! All logic lives in `sluice-bundle`; this module only parses, calls, and prints. It must never
-//! print key material or passwords, and never verify a tag.
+//! All logic lives in `sluice-bundle`; this module only parses, calls, and prints; it asks the
+//! Docker config's credential helper for the one registry a command names, as `docker` would.
+//! It must never print key material or passwords, and never verify a tag.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -13,8 +14,8 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 use sluice_bundle::{
-    BundleClient, BundleError, CaBundle, Manifests, Metadata, PublicKey, ReadOptions,
-    RegistryCredentials, RegistryOptions, SigningKey,
+    BundleClient, BundleError, BundleRef, CaBundle, HelperOptions, Manifests, Metadata, PublicKey,
+    ReadOptions, RegistryCredentials, RegistryOptions, SigningKey,
 };
 
 use crate::EXIT_FAILURE;
@@ -48,7 +49,9 @@ struct RegistryArgs {
     registry_password_env: Option<String>,
     /// Docker config with per-registry credentials (`auths`: `auth`, `username`/`password` or
     /// `identitytoken`). Default: `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`,
-    /// when it exists. Credential helpers (`credsStore`, `credHelpers`) are not run.
+    /// when it exists. Its credential helper for the command's registry (`credHelpers`, else
+    /// `credsStore`) is run as `docker` runs it (`docker-credential-<name>` from $PATH, 10 s at
+    /// most), unless --registry-username is given.
     #[arg(long, value_name = "FILE", global = true)]
     registry_config: Option<PathBuf>,
     /// PEM file of CA certificates trusted for registries' TLS, besides the system roots.
@@ -230,8 +233,33 @@ pub async fn run(args: BundleArgs) -> Result<(), u8> {
     }
 }
 
+impl BundleCommand {
+    /// The registry (`host[:port]`) the command talks to, if any.
+    fn registry(&self) -> Option<String> {
+        let reference = match self {
+            BundleCommand::Render(a) => a.push.as_deref()?,
+            BundleCommand::Push(a) => &a.target,
+            BundleCommand::Sign(a) => &a.reference,
+            BundleCommand::Verify(a) => &a.reference,
+            BundleCommand::Inspect(a) if !Path::new(&a.target).exists() => &a.target,
+            BundleCommand::Inspect(_) | BundleCommand::GenerateKeyPair(_) => return None,
+        };
+        BundleRef::parse(reference).ok().map(|r| r.registry)
+    }
+}
+
 async fn dispatch(args: BundleArgs) -> Result<(), Failure> {
-    let options = registry_options(&args.registry)?;
+    let mut options = registry_options(&args.registry)?;
+    // On a workstation the Docker config's credential helper answers for the command's
+    // registry, as it does for `docker push`; explicit --registry-username credentials win.
+    if options.basic_auth.is_none()
+        && let Some(registry) = args.command.registry()
+    {
+        options
+            .credentials
+            .run_helpers([registry.as_str()], &HelperOptions::default())
+            .await?;
+    }
     let client = BundleClient::new(options);
     match args.command {
         BundleCommand::Render(a) => render(&client, a).await,
@@ -673,6 +701,40 @@ mod tests {
             std::fs::read_to_string(prefix.with_extension("key")).unwrap(),
             private,
             "the existing key is kept"
+        );
+    }
+
+    #[test]
+    fn the_registry_a_command_names_is_the_one_its_helper_is_asked_about() {
+        let push = |target: &str| {
+            BundleCommand::Push(PushArgs {
+                layout: "layout".into(),
+                target: target.into(),
+                json: false,
+            })
+            .registry()
+        };
+        assert_eq!(
+            push("registry.example:5000/mesh/config:v1").as_deref(),
+            Some("registry.example:5000")
+        );
+        assert_eq!(push("not-a-reference"), None);
+        let dir = tempfile::tempdir().unwrap();
+        let inspect = |target: &str| {
+            BundleCommand::Inspect(InspectArgs {
+                target: target.into(),
+                output: Format::Text,
+            })
+            .registry()
+        };
+        assert_eq!(
+            inspect(dir.path().to_str().unwrap()),
+            None,
+            "a local layout"
+        );
+        assert_eq!(
+            inspect("127.0.0.1:5000/mesh/config@sha256:0000000000000000000000000000000000000000000000000000000000000000").as_deref(),
+            Some("127.0.0.1:5000")
         );
     }
 
