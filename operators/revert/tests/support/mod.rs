@@ -92,6 +92,9 @@ pub struct World {
     /// revert's `--registry-ca-configmap` (in [`SYSTEM`]), for a private registry: its `ca.crt`
     /// is the fixture's CA.
     pub registry_ca_config_map: Option<String>,
+    /// revert's `--trusted-root`: the sigstore `trusted_root.json` keyless signatures are judged
+    /// against, as the chart mounts `revert.trustedRoot` (`None`: keyless signatures refused).
+    pub trusted_root: Option<std::path::PathBuf>,
 }
 
 /// The Docker config Secret a private-registry world gives revert.
@@ -405,6 +408,7 @@ impl World {
             registry_options,
             registry_credentials,
             registry_ca_config_map,
+            trusted_root: None,
         })
     }
 
@@ -515,7 +519,7 @@ impl World {
                     signature_grace: Some(Duration::from_secs(1)),
                     verified_cache_bytes: None,
                     application_namespace: self.application_namespace.clone(),
-                    trusted_root: None,
+                    trusted_root: self.trusted_root.clone(),
                 },
                 metrics::register(&mut Default::default()),
             )
