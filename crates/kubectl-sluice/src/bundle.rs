@@ -733,7 +733,11 @@ mod tests {
             "a local layout"
         );
         assert_eq!(
-            inspect("127.0.0.1:5000/mesh/config@sha256:0000000000000000000000000000000000000000000000000000000000000000").as_deref(),
+            inspect(&format!(
+                "127.0.0.1:5000/mesh/config@sha256:{}",
+                "0".repeat(64)
+            ))
+            .as_deref(),
             Some("127.0.0.1:5000")
         );
     }

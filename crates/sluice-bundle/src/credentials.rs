@@ -302,14 +302,20 @@ impl RegistryCredentials {
                 continue;
             };
             let answer = crate::credential_helpers::get(&helper, &key, options).await?;
-            let prefix = format!("{key}/");
-            self.entries
-                .retain(|entry, _| *entry != key && !entry.starts_with(&prefix));
-            self.helpers
-                .ran
-                .insert(key.clone(), (helper, answer.is_some()));
+            // Filed under the host as references name it (`docker.io`), not Docker's key.
+            let host = normalize(registry);
+            let own = |entry: &str| {
+                [&host, &key].into_iter().any(|h| {
+                    entry == h
+                        || entry
+                            .strip_prefix(h.as_str())
+                            .is_some_and(|r| r.starts_with('/'))
+                })
+            };
+            self.entries.retain(|entry, _| !own(entry));
+            self.helpers.ran.insert(key, (helper, answer.is_some()));
             if let Some(credential) = answer {
-                self.entries.insert(key, credential);
+                self.entries.insert(host, credential);
             }
         }
         Ok(())
@@ -334,14 +340,17 @@ impl RegistryCredentials {
         if let Some((helper, found)) = self.helpers.ran.get(&key) {
             return (!found).then(|| {
                 format!(
-                    "its credential helper {} has none for it (log in to {key} with it, e.g.                      `docker login {key}`)",
+                    "its credential helper {} has none for it (log in to {key} with it, e.g. \
+                     `docker login {key}`)",
                     program(helper)
                 )
             });
         }
         self.helper_for(registry).map(|helper| {
             format!(
-                "the registry config names credential helper {} for it, which is not run here                  (revert never runs credential helpers); put the credentials themselves under                  \"auths\"",
+                "the registry config names credential helper {} for it, which is not run here \
+                 (revert never runs credential helpers); put the credentials themselves under \
+                 \"auths\"",
                 program(helper)
             )
         })
@@ -593,6 +602,72 @@ mod tests {
                 .to_string();
             assert!(err.contains(want), "{err}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_helpers_answer_replaces_the_hosts_auths_entries() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("docker-credential-t");
+        std::fs::write(
+            &script,
+            r#"#!/bin/sh
+case "$(cat)" in
+  r.example) echo '{"ServerURL":"r.example","Username":"robot","Secret":"s1"}' ;;
+  https://index.docker.io/v1/) echo '{"Username":"<token>","Secret":"refresh-2"}' ;;
+  *) echo "credentials not found in native keychain"; exit 1 ;;
+esac
+"#,
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut c = RegistryCredentials::from_docker_config(
+            br#"{"auths": {"r.example": {"username": "old", "password": "p"},
+                           "r.example/signatures": {"username": "old-sig", "password": "p"},
+                           "empty.example": {"username": "u", "password": "p"},
+                           "other.example": {"username": "u", "password": "p"}},
+                 "credHelpers": {"r.example": "t", "docker.io": "t", "empty.example": "t"}}"#,
+            "t",
+        )
+        .unwrap();
+        let options = crate::HelperOptions {
+            dirs: Some(vec![dir.path().to_owned()]),
+            ..crate::HelperOptions::default()
+        };
+        c.run_helpers(["r.example", "docker.io", "empty.example"], &options)
+            .await
+            .unwrap();
+        assert_eq!(
+            c.for_repository("r.example", "signatures/mesh"),
+            Some(&basic("robot", "s1")),
+            "the helper's answer replaces every auths entry of its host"
+        );
+        assert_eq!(
+            c.for_repository("docker.io", "library/mesh"),
+            Some(&Credential::IdentityToken {
+                token: "refresh-2".into()
+            }),
+            "<token> means an identity token; Docker Hub is asked by its index URL"
+        );
+        assert_eq!(c.for_repository("empty.example", "x"), None);
+        let reason = c.missing_reason("empty.example");
+        assert!(
+            reason.ends_with(
+                "; its credential helper docker-credential-t has none for it (log in to \
+                 empty.example with it, e.g. `docker login empty.example`)"
+            ),
+            "{reason}"
+        );
+        assert_eq!(
+            c.for_repository("other.example", "x"),
+            Some(&basic("u", "p")),
+            "a host without a helper keeps its entry"
+        );
+        let shown = format!("{c:?}");
+        assert!(
+            !shown.contains("s1") && !shown.contains("refresh-2"),
+            "{shown}"
+        );
     }
 
     #[test]
