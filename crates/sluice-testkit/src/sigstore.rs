@@ -531,6 +531,83 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn attached_bundles_are_listed_as_referrers_of_the_image() {
+        let Some(registry) = crate::registry::Registry::start_or_skip().await else {
+            return;
+        };
+        let http = reqwest::Client::new();
+        let base = format!("{}/v2/mesh/signed", registry.url());
+        let config = push_blob(&http, &base, b"{}").await.unwrap();
+        let image = serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "config": {"mediaType": OCI_EMPTY, "digest": config, "size": 2},
+            "layers": [],
+        }))
+        .unwrap();
+        let digest = format!("sha256:{}", hex(&sha256(&image)));
+        put_manifest(&http, &base, &digest, OCI_MANIFEST, image)
+            .await
+            .unwrap();
+        let reference = format!("{}@{digest}", registry.repository("mesh/signed"));
+        let sigstore = Sigstore::new().unwrap();
+        let signer = sigstore
+            .certificate("https://ci.example/sign", "https://issuer.example")
+            .unwrap();
+        let first = attach(&reference, &sigstore.bundle(&digest, &signer, 1).unwrap())
+            .await
+            .unwrap();
+        let second = attach(&reference, &sigstore.bundle(&digest, &signer, 2).unwrap())
+            .await
+            .unwrap();
+
+        // Through the referrers API (in front of the registry), both, as cosign lists them.
+        let front = crate::referrers_api::ReferrersApi::start(&registry.url())
+            .await
+            .unwrap();
+        let index: Value = http
+            .get(format!(
+                "http://{}/v2/mesh/signed/referrers/{digest}",
+                front.host()
+            ))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let listed: Vec<(&str, &str)> = index["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                (
+                    d["digest"].as_str().unwrap(),
+                    d["artifactType"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            listed,
+            vec![
+                (first.as_str(), BUNDLE_MEDIA_TYPE),
+                (second.as_str(), BUNDLE_MEDIA_TYPE)
+            ]
+        );
+        let referrer: Value = http
+            .get(format!("{base}/manifests/{first}"))
+            .header("accept", OCI_MANIFEST)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(referrer["subject"]["digest"], digest.as_str());
+        assert_eq!(referrer["layers"][0]["mediaType"], BUNDLE_MEDIA_TYPE);
+    }
+
     #[test]
     fn references_without_a_digest_are_refused() {
         let rt = tokio::runtime::Builder::new_current_thread()
