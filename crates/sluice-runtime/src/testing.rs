@@ -13,6 +13,7 @@ struct State {
     rv: u64,
     /// Reads after which another writer bumps the resourceVersion.
     races: u32,
+    gets: u32,
     puts: u32,
     last_field_manager: Option<String>,
 }
@@ -52,6 +53,7 @@ impl FakeApi {
                 object,
                 rv: 1,
                 races: 0,
+                gets: 0,
                 puts: 0,
                 last_field_manager: None,
             })),
@@ -62,6 +64,11 @@ impl FakeApi {
     /// After each of the next `n` reads, another writer changes the object.
     pub fn race_next_reads(&self, n: u32) {
         self.state.lock().unwrap().races = n;
+    }
+
+    /// GET requests received.
+    pub fn gets(&self) -> u32 {
+        self.state.lock().unwrap().gets
     }
 
     /// PUT requests received.
@@ -115,6 +122,7 @@ impl FakeApi {
             path == format!("{}/status", self.path),
         ) {
             ("GET", true, _) => {
+                st.gets += 1;
                 let out = st.object.clone();
                 if st.races > 0 {
                     st.races -= 1;

@@ -252,6 +252,45 @@ impl<K> Updated<K> {
     }
 }
 
+/// Modify-write of an object as it was read: lets `mutate` change a copy of `read` (returning
+/// whether it did) and replaces the object with `read`'s resourceVersion as precondition, in one
+/// request and without reading it again. For a writer that has just read the object and must
+/// not act if it changed since (its edit was decided from that read): a 409 is
+/// [`WriteError::Stale`], not retried. Nothing is sent when `mutate` changes nothing.
+pub async fn replace_as_read<K, F>(
+    api: &Api<K>,
+    manager: FieldManager,
+    read: &K,
+    mutate: F,
+) -> Result<Updated<K>, WriteError>
+where
+    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + fmt::Debug,
+    F: FnOnce(&mut K) -> bool,
+{
+    let kind = K::kind(&()).into_owned();
+    let name = read.meta().name.clone().unwrap_or_default();
+    let Some(rv) = read.meta().resource_version.clone() else {
+        return Err(WriteError::MissingResourceVersion { kind, name });
+    };
+    let mut next = read.clone();
+    if !mutate(&mut next) {
+        return Ok(Updated::Unchanged(read.clone()));
+    }
+    next.meta_mut().resource_version = Some(rv.clone());
+    match api.replace(&name, &manager.post_params(), &next).await {
+        Ok(object) => Ok(Updated::Written {
+            object,
+            attempts: 1,
+        }),
+        Err(source) if is_conflict(&source) => Err(WriteError::Stale {
+            kind,
+            name,
+            resource_version: rv,
+        }),
+        Err(source) => Err(WriteError::Api { kind, name, source }),
+    }
+}
+
 /// Read-modify-write: reads `name`, lets `mutate` change it (returning whether it did), and
 /// replaces it with the resourceVersion it read as precondition. On 409 it re-reads and
 /// re-applies `mutate`, at most `policy.max_attempts` times in all. `mutate` must be a pure
@@ -418,6 +457,48 @@ mod tests {
             .unwrap();
         assert!(matches!(got, Updated::Unchanged(_)));
         assert_eq!(fake.puts(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_write_as_read_sends_one_put_and_never_overwrites_a_newer_object() {
+        let fake = FakeApi::with_configmap("ns", "cm", serde_json::json!({"keep": "me"}));
+        let api: Api<ConfigMap> = Api::namespaced(fake.client(), "ns");
+        let read = api.get("cm").await.unwrap();
+        let gets = fake.gets();
+
+        // Unchanged by the edit: nothing sent.
+        let same = replace_as_read(&api, MANAGER, &read, |_| false)
+            .await
+            .unwrap();
+        assert!(matches!(same, Updated::Unchanged(_)));
+        assert_eq!((fake.gets() - gets, fake.puts()), (0, 0));
+
+        // Written from the read, with no second read.
+        let written = replace_as_read(&api, MANAGER, &read, set_key)
+            .await
+            .unwrap();
+        let Updated::Written { object, attempts } = written else {
+            panic!("{written:?}")
+        };
+        assert_eq!(attempts, 1);
+        assert_eq!(object.data.as_ref().unwrap()["owned"], "yes");
+        assert_eq!(object.data.as_ref().unwrap()["keep"], "me");
+        assert_eq!((fake.gets() - gets, fake.puts()), (0, 1));
+        assert_eq!(fake.last_field_manager().as_deref(), Some("sluice-test"));
+
+        // The same read again is stale now: refused, not retried, the stored object kept.
+        let err = replace_as_read(&api, MANAGER, &read, |cm: &mut ConfigMap| {
+            cm.data = None;
+            true
+        })
+        .await
+        .unwrap_err();
+        assert!(matches!(err, WriteError::Stale { .. }), "{err:?}");
+        assert!(err.to_string().contains("is stale (409 Conflict)"), "{err}");
+        assert_eq!(err.category(), Category::Conflict);
+        assert_eq!((fake.gets() - gets, fake.puts()), (0, 2));
+        let stored = api.get("cm").await.unwrap();
+        assert_eq!(stored.data.unwrap()["owned"], "yes");
     }
 
     #[tokio::test]

@@ -488,7 +488,7 @@ async fn write_route(
     leadership: &Leadership,
     api: &Api<Route>,
     route_name: &str,
-    read: Option<&str>,
+    read: Option<&Route>,
     target: &Target,
     desired: &Desired,
     crd: CrdSupport,
@@ -498,36 +498,50 @@ async fn write_route(
     let mut foreign = false;
     let mut changed_since_read = false;
     leadership.ensure()?;
-    let result = write::update_with_retry(
-        api,
-        FIELD_MANAGER,
-        route_name,
-        RetryPolicy::default(),
-        |r: &mut Route| {
-            edit_error = None;
-            foreign = false;
-            changed_since_read = r.metadata.resource_version.as_deref() != read;
-            if changed_since_read {
-                return false;
+    let mut edit = |r: &mut Route| {
+        edit_error = None;
+        foreign = false;
+        if route::owner(r).is_some_and(|o| *o != target.owner) {
+            foreign = true;
+            return false;
+        }
+        match route_edit::apply(r, target, desired, crd) {
+            Ok(next) if next == *r => false,
+            Ok(next) => {
+                *r = next;
+                true
             }
-            if route::owner(r).is_some_and(|o| *o != target.owner) {
-                foreign = true;
-                return false;
+            Err(e) => {
+                edit_error = Some(e);
+                false
             }
-            match route_edit::apply(r, target, desired, crd) {
-                Ok(next) if next == *r => false,
-                Ok(next) => {
-                    *r = next;
-                    true
-                }
-                Err(e) => {
-                    edit_error = Some(e);
-                    false
-                }
+        }
+    };
+    let result = match read {
+        // The route as this reconcile read it (or last wrote it): edited and written in one
+        // request, fenced by its resourceVersion; a 409 means it changed since.
+        Some(read) => match write::replace_as_read(api, FIELD_MANAGER, read, &mut edit).await {
+            Err(WriteError::Stale { .. }) => {
+                changed_since_read = true;
+                Ok(Updated::Unchanged(read.clone()))
             }
+            other => other,
         },
-    )
-    .await;
+        // Not read (absent then): whatever exists now was not what the decision saw.
+        None => {
+            write::update_with_retry(
+                api,
+                FIELD_MANAGER,
+                route_name,
+                RetryPolicy::default(),
+                |_| {
+                    changed_since_read = true;
+                    false
+                },
+            )
+            .await
+        }
+    };
     if let Some(source) = edit_error {
         return Err(ReconcileError::Edit {
             rollout: key.to_owned(),
@@ -541,7 +555,9 @@ async fn write_route(
         return Err(ReconcileError::RouteChanged {
             route: route_name.to_owned(),
             rollout: key.to_owned(),
-            read: read.unwrap_or_default().to_owned(),
+            read: read
+                .and_then(|r| r.metadata.resource_version.clone())
+                .unwrap_or_default(),
         });
     }
     match result {
@@ -627,12 +643,11 @@ async fn release(
     if !ours {
         return Ok(());
     }
-    let read = route.metadata.resource_version.clone();
     match write_route(
         leadership,
         api,
         route_name,
-        read.as_deref(),
+        Some(&route),
         old,
         &Desired::abort(),
         crd,
@@ -882,14 +897,11 @@ pub async fn reconcile(
                         changed: false,
                     })),
                     None => {
-                        let read = latest
-                            .as_ref()
-                            .and_then(|r| r.metadata.resource_version.clone());
                         write_route(
                             &ctx.leadership,
                             &routes,
                             &obj.spec.route_ref.name,
-                            read.as_deref(),
+                            latest.as_ref(),
                             &target,
                             d,
                             crd,
