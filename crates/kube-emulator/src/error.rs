@@ -5,8 +5,8 @@
 
 use serde_json::{Value, json};
 
-/// An error answered to a client as a `metav1.Status`.
-#[derive(Debug, Clone, thiserror::Error)]
+/// An error answered to a client as a `metav1.Status`; the variant's name is its `reason`.
+#[derive(Debug, Clone, thiserror::Error, strum::IntoStaticStr)]
 pub enum ApiError {
     /// 404: the object or resource does not exist.
     #[error("{message}")]
@@ -59,6 +59,7 @@ pub enum ApiError {
     MethodNotAllowed(String),
     /// 410 Expired / Gone.
     #[error("{0}")]
+    #[strum(serialize = "Expired")]
     Gone(String),
     /// 415 UnsupportedMediaType.
     #[error("{0}")]
@@ -73,6 +74,7 @@ pub enum ApiError {
     },
     /// 500 InternalError: the emulator could not do what the request needs.
     #[error("{0}")]
+    #[strum(serialize = "InternalError")]
     Internal(String),
     /// A complete Status built elsewhere (validation, RBAC, admission).
     #[error("{}", .0.get("message").and_then(Value::as_str).unwrap_or_default())]
@@ -173,7 +175,8 @@ impl ApiError {
         }
     }
 
-    /// The Status `reason`; also the bounded category for logs and metrics.
+    /// The Status `reason`; also the bounded category for logs and metrics. A Status built
+    /// elsewhere keeps the reasons the emulator answers with, any other is an `InternalError`.
     pub fn category(&self) -> &'static str {
         match self {
             ApiError::Status(s) => match s.get("reason").and_then(Value::as_str) {
@@ -184,18 +187,7 @@ impl ApiError {
                 Some("BadRequest") => "BadRequest",
                 _ => "InternalError",
             },
-            ApiError::NotFound { .. } => "NotFound",
-            ApiError::AlreadyExists { .. } => "AlreadyExists",
-            ApiError::Conflict { .. } => "Conflict",
-            ApiError::Invalid { .. } => "Invalid",
-            ApiError::BadRequest(_) => "BadRequest",
-            ApiError::Unauthorized => "Unauthorized",
-            ApiError::Forbidden { .. } => "Forbidden",
-            ApiError::MethodNotAllowed(_) => "MethodNotAllowed",
-            ApiError::Gone(_) => "Expired",
-            ApiError::UnsupportedMediaType(_) => "UnsupportedMediaType",
-            ApiError::TooManyRequests { .. } => "TooManyRequests",
-            ApiError::Internal(_) => "InternalError",
+            other => other.into(),
         }
     }
 
@@ -229,6 +221,93 @@ impl ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_error_has_its_status_reason() {
+        let message = String::new;
+        let details = || json!({});
+        let cases = [
+            (
+                ApiError::NotFound {
+                    message: message(),
+                    details: details(),
+                },
+                "NotFound",
+            ),
+            (
+                ApiError::AlreadyExists {
+                    message: message(),
+                    details: details(),
+                },
+                "AlreadyExists",
+            ),
+            (
+                ApiError::Conflict {
+                    message: message(),
+                    details: details(),
+                },
+                "Conflict",
+            ),
+            (
+                ApiError::Invalid {
+                    message: message(),
+                    details: details(),
+                },
+                "Invalid",
+            ),
+            (ApiError::BadRequest(message()), "BadRequest"),
+            (ApiError::Unauthorized, "Unauthorized"),
+            (
+                ApiError::Forbidden {
+                    message: message(),
+                    details: details(),
+                },
+                "Forbidden",
+            ),
+            (ApiError::MethodNotAllowed(message()), "MethodNotAllowed"),
+            (ApiError::Gone(message()), "Expired"),
+            (
+                ApiError::UnsupportedMediaType(message()),
+                "UnsupportedMediaType",
+            ),
+            (
+                ApiError::TooManyRequests {
+                    message: message(),
+                    details: details(),
+                },
+                "TooManyRequests",
+            ),
+            (ApiError::Internal(message()), "InternalError"),
+            (
+                ApiError::from_status(json!({"reason": "Invalid"})),
+                "Invalid",
+            ),
+            (
+                ApiError::from_status(json!({"reason": "Forbidden"})),
+                "Forbidden",
+            ),
+            (
+                ApiError::from_status(json!({"reason": "NotFound"})),
+                "NotFound",
+            ),
+            (
+                ApiError::from_status(json!({"reason": "Conflict"})),
+                "Conflict",
+            ),
+            (
+                ApiError::from_status(json!({"reason": "BadRequest"})),
+                "BadRequest",
+            ),
+            (
+                ApiError::from_status(json!({"reason": "Gone"})),
+                "InternalError",
+            ),
+            (ApiError::from_status(json!({})), "InternalError"),
+        ];
+        for (err, want) in cases {
+            assert_eq!(err.category(), want, "{err:?}");
+        }
+    }
 
     #[test]
     fn messages_match_apiserver_wording() {
