@@ -3,10 +3,12 @@
 //! ```text
 //! cargo build --release -p sluice-rollout-weights --bins --examples
 //! cargo run --release -p sluice-rollout-weights --example scale -- revert 1 100 1000
+//! cargo run --release -p sluice-rollout-weights --example scale -- revert 1000 --interval 30s --control-plane real
 //! cargo run --release -p sluice-rollout-weights --example scale -- memory 10000
 //! ```
 //!
-//! `revert N... [--interval 30s]`: N Rollouts at a 5% step on the API emulator, the controller
+//! `revert N... [--interval 30s] [--control-plane emulator|real]`: N Rollouts at a 5% step on
+//! the API emulator (in this process) or a real kube-apiserver and etcd, the controller
 //! in-process as the binary runs it (triggers, GateTemplate cache) with the real Prometheus,
 //! synthetic Istio request counters written by remote write every second. The Rollouts'
 //! analysis interval is `--interval` (default 1s; windows 4 intervals). Once every share is
@@ -16,7 +18,7 @@
 //! `reconcile_ms` p50/p99 (every reconcile of the run, from the runtime's histogram),
 //! the analysis ticks and queries it took and the queries per analysis interval, and where the
 //! time went: seconds until every share was confirmed, CPU seconds of this process (operator,
-//! emulator and telemetry writer) and of Prometheus, and the remote writes' durations.
+//! emulator and telemetry writer), of Prometheus and of the real API server and etcd, and the remote writes' durations.
 //!
 //! `memory N`: N HTTPRoutes, N canary Deployments and N Rollouts, the operator *binary* against
 //! the emulator; prints the binary's resident memory (now and peak) once every Rollout has a
@@ -51,6 +53,7 @@ use sluice_runtime::{
     operator::{Hooks, drive_with},
 };
 use sluice_testkit::{
+    control_plane::ControlPlane,
     prometheus::{Prometheus, now_ms},
     remote_write::Series,
 };
@@ -67,14 +70,7 @@ fn repo() -> PathBuf {
 
 async fn emulator() -> Emulator {
     let emu = Emulator::start().await;
-    let crd = sluice_testkit::prereq::httproute_crd()
-        .unwrap_or_else(|missing| panic!("the scale benchmark needs {missing}"));
-    emu.load_manifest_file(crd)
-        .expect("the released HTTPRoute CRD (.tools/crds) loads");
-    emu.load_manifest_file(repo().join("crds/rollouts.sluice.dev.yaml"))
-        .unwrap();
-    emu.load_manifest_file(repo().join("crds/gatetemplates.sluice.dev.yaml"))
-        .unwrap();
+    emu.load_yaml(&definitions()).expect("the CRDs load");
     emu.load_yaml(&format!(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"
     ))
@@ -82,16 +78,94 @@ async fn emulator() -> Emulator {
     emu
 }
 
+/// The released HTTPRoute CRD and sluice's Rollout and GateTemplate CRDs, as one YAML stream.
+fn definitions() -> String {
+    let crd = sluice_testkit::prereq::httproute_crd()
+        .unwrap_or_else(|missing| panic!("the scale benchmark needs {missing}"));
+    let read =
+        |p: PathBuf| std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    [
+        read(crd),
+        read(repo().join("crds/rollouts.sluice.dev.yaml")),
+        read(repo().join("crds/gatetemplates.sluice.dev.yaml")),
+    ]
+    .join("\n---\n")
+}
+
+/// Where the benchmark's objects live: the embedded API emulator (in this process, sharing its
+/// two cores with the controller), or a real kube-apiserver and etcd (`--control-plane real`,
+/// separate processes, built by scripts/install-tools.sh).
+enum World {
+    Emulator(Emulator),
+    Real(Box<ControlPlane>),
+}
+
+impl World {
+    async fn start(real: bool) -> Self {
+        if !real {
+            return World::Emulator(emulator().await);
+        }
+        let cp = ControlPlane::start()
+            .await
+            .unwrap_or_else(|e| panic!("the real control plane did not start: {e}"));
+        cp.install_crds(&definitions())
+            .await
+            .expect("the CRDs install on the real API server");
+        cp.apply_yaml(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"
+        ))
+        .await
+        .expect("namespace");
+        World::Real(Box::new(cp))
+    }
+
+    async fn client(&self) -> Client {
+        match self {
+            World::Emulator(emu) => emu.client(),
+            World::Real(cp) => cp.client().await.expect("client of the real API server"),
+        }
+    }
+
+    async fn load_yaml(&self, yaml: &str) {
+        match self {
+            World::Emulator(emu) => {
+                emu.load_yaml(yaml).expect("objects load");
+            }
+            World::Real(cp) => {
+                // One request per object: applied 32 at a time.
+                let docs: Vec<String> = yaml
+                    .split("\n---\n")
+                    .filter(|d| !d.trim().is_empty())
+                    .map(str::to_owned)
+                    .collect();
+                stream::iter(docs)
+                    .for_each_concurrent(32, |d| async move {
+                        cp.apply_yaml(&d).await.expect("object applies");
+                    })
+                    .await;
+            }
+        }
+    }
+
+    /// The API server's process, for its CPU seconds (none for the in-process emulator).
+    fn api_pids(&self) -> Vec<u32> {
+        match self {
+            World::Emulator(_) => Vec::new(),
+            World::Real(cp) => cp.pids(),
+        }
+    }
+}
+
 /// Creates route, ready canary Deployment, canary Service (without it the canary is held at
 /// weight 0) and (when `rollouts`) Rollout number `i`.
-async fn objects(emu: &Emulator, client: &Client, n: usize, rollouts: bool) {
+async fn objects(world: &World, client: &Client, n: usize, rollouts: bool) {
     let mut yaml = String::new();
     for i in 0..n {
         yaml.push_str(&format!(
             "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: r{i}\n  namespace: {NS}\nspec:\n  parentRefs: [{{name: gw}}]\n  rules:\n  - name: main\n    backendRefs: [{{name: stable-{i}, port: 80, weight: 100}}]\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: canary-{i}\n  namespace: {NS}\nspec:\n  replicas: 1\n  selector: {{matchLabels: {{app: c{i}}}}}\n  template:\n    metadata: {{labels: {{app: c{i}}}}}\n    spec: {{containers: [{{name: a, image: x}}]}}\n---\napiVersion: v1\nkind: Service\nmetadata:\n  name: canary-{i}\n  namespace: {NS}\nspec:\n  selector: {{app: c{i}}}\n  ports: [{{port: 80}}]\n---\n"
         ));
     }
-    emu.load_yaml(&yaml).expect("routes and deployments load");
+    world.load_yaml(&yaml).await;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
     stream::iter(0..n)
         .for_each_concurrent(32, |i| {
@@ -286,12 +360,20 @@ fn cpu_seconds(pid: &str) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-async fn revert(n: usize, interval: Duration) {
+async fn revert(n: usize, interval: Duration, real: bool) {
     let prom = Prometheus::start().await.expect("prometheus binary");
     let prom_pid = prom.pid().to_string();
-    let emu = emulator().await;
-    let client = emu.client();
-    objects(&emu, &client, n, false).await;
+    let world = World::start(real).await;
+    let client = world.client().await;
+    objects(&world, &client, n, false).await;
+    // CPU seconds of the real API server and its etcd (0 with the in-process emulator).
+    let api_cpu = || {
+        world
+            .api_pids()
+            .iter()
+            .map(|p| cpu_seconds(&p.to_string()))
+            .sum::<f64>()
+    };
     let fault = Arc::new(AtomicBool::new(false));
     let writes = Arc::new(Writes::default());
     let writer = telemetry(prom.url(), n, fault.clone(), writes.clone());
@@ -451,6 +533,7 @@ async fn revert(n: usize, interval: Duration) {
         steady_per_interval("sluice_rollout_analysis_ticks"),
     );
     let cpu1 = (cpu_seconds("self"), cpu_seconds(&prom_pid));
+    let api_cpu1 = api_cpu();
     let before = registry_text(&registry);
     let (ticks0, queries0) = (
         gauge(&before, "sluice_rollout_analysis_ticks"),
@@ -497,6 +580,7 @@ async fn revert(n: usize, interval: Duration) {
     }
     let elapsed = analysis_started.elapsed();
     let cpu2 = (cpu_seconds("self"), cpu_seconds(&prom_pid));
+    let api_cpu2 = api_cpu();
     let text = registry_text(&registry);
     reverted.sort_by(f64::total_cmp);
     let ticks = gauge(&text, "sluice_rollout_analysis_ticks") - ticks0;
@@ -529,8 +613,8 @@ async fn revert(n: usize, interval: Duration) {
     println!(
         "rollouts={n} interval_s={} queries_per_interval={:.2} confirmed_all_after_s={:.1} \
          cpu_s_until_confirmed(this process, prometheus)=({:.1}, {:.1}) \
-         cpu_s_fault_to_all_reverted(this process, prometheus)=({:.1}, {:.1}) over {:.1} s \
-         remote_write_ms mean={:.0} max={} writes={count}",
+         cpu_s_fault_to_all_reverted(this process, prometheus, api server and etcd)=({:.1}, {:.1}, {:.1}) \
+         over {:.1} s world={} remote_write_ms mean={:.0} max={} writes={count}",
         interval.as_secs(),
         queries / (elapsed.as_secs_f64() / interval.as_secs_f64()).max(1.0),
         confirmed_after.as_secs_f64(),
@@ -538,7 +622,9 @@ async fn revert(n: usize, interval: Duration) {
         cpu1.1 - cpu0.1,
         cpu2.0 - cpu1.0,
         cpu2.1 - cpu1.1,
+        api_cpu2 - api_cpu1,
         elapsed.as_secs_f64(),
+        if real { "real" } else { "emulator" },
         writes.sum_ms.load(Ordering::Relaxed) as f64 / count as f64,
         writes.max_ms.load(Ordering::Relaxed),
     );
@@ -576,16 +662,19 @@ fn sockets(pid: u32) -> usize {
 }
 
 async fn memory(n: usize) {
-    let emu = emulator().await;
-    let client = emu.client();
+    let world = World::Emulator(emulator().await);
+    let client = world.client().await;
     let t = Instant::now();
-    objects(&emu, &client, n, true).await;
+    objects(&world, &client, n, true).await;
     println!(
         "created {n} routes, deployments and rollouts in {:?}",
         t.elapsed()
     );
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
+    let World::Emulator(emu) = &world else {
+        unreachable!("memory runs on the emulator")
+    };
     emu.write_kubeconfig(&kubeconfig).unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -673,6 +762,15 @@ async fn main() {
         interval = Duration::from_secs(secs.max(1));
         args.drain(at..at + 2);
     }
+    let mut real = false;
+    if let Some(at) = args.iter().position(|a| a == "--control-plane") {
+        real = match args.get(at + 1).map(String::as_str) {
+            Some("real") => true,
+            Some("emulator") => false,
+            other => panic!("--control-plane emulator|real, not {other:?}"),
+        };
+        args.drain(at..at + 2);
+    }
     let (mode, sizes) = match args.split_first() {
         Some((m, rest)) if !rest.is_empty() => (
             m.clone(),
@@ -683,7 +781,7 @@ async fn main() {
     };
     for n in sizes {
         match mode.as_str() {
-            "revert" => revert(n, interval).await,
+            "revert" => revert(n, interval, real).await,
             "memory" => memory(n).await,
             other => panic!("unknown mode {other}: use revert or memory"),
         }
