@@ -158,7 +158,7 @@ impl GateCheck {
 }
 
 /// Why a check could not be planned: a configuration problem of the gate or its owner.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
 pub enum CheckError {
     /// The template does not parse or a variable is missing.
     #[error("gate {gate:?} of {owner}: {source}")]
@@ -184,11 +184,12 @@ pub enum CheckError {
 }
 
 impl CheckError {
-    /// Bounded category, usable as a metric label or Event reason.
+    /// Bounded category, usable as a metric label or Event reason: a template's own category,
+    /// else the variant's name.
     pub fn category(&self) -> &'static str {
         match self {
             CheckError::Template { source, .. } => source.category(),
-            CheckError::InlinePromqlRefused { .. } => "InlinePromqlRefused",
+            other => other.into(),
         }
     }
 }
@@ -754,7 +755,7 @@ struct Counted {
 }
 
 /// Why an engine could not be built.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
 pub enum EngineError {
     /// The cluster label is not a valid label name.
     #[error(
@@ -766,9 +767,7 @@ pub enum EngineError {
 impl EngineError {
     /// Bounded category.
     pub fn category(&self) -> &'static str {
-        match self {
-            EngineError::BadClusterLabel(_) => "BadClusterLabel",
-        }
+        self.into()
     }
 }
 

@@ -48,7 +48,8 @@ pub struct RangeValues {
 }
 
 /// Why a query failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
 pub enum SourceError {
     /// No answer within the timeout.
     #[error(
@@ -100,6 +101,7 @@ pub enum SourceError {
         "query to {url} answered with warnings, so the answer may be incomplete and is not used: {}",
         warnings.join("; ")
     )]
+    #[strum(serialize = "warnings")]
     Warned {
         /// The query endpoint.
         url: String,
@@ -120,14 +122,7 @@ pub enum SourceError {
 impl SourceError {
     /// Bounded category of this error, usable as a metric label.
     pub fn category(&self) -> &'static str {
-        match self {
-            SourceError::Timeout { .. } => "timeout",
-            SourceError::Transport { .. } => "transport",
-            SourceError::Rejected { .. } => "rejected",
-            SourceError::Decode { .. } => "decode",
-            SourceError::Warned { .. } => "warnings",
-            SourceError::Config { .. } => "config",
-        }
+        self.into()
     }
 
     /// Whether this is a timeout (the verdict reason is then `Timeout`, otherwise `QueryError`).
@@ -776,6 +771,63 @@ impl MetricsSource for PrometheusSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_error_has_its_category() {
+        let url = || "http://prometheus:9090/api/v1/query".to_owned();
+        let message = String::new;
+        let cases = [
+            (
+                SourceError::Timeout {
+                    url: url(),
+                    timeout: Duration::from_secs(1),
+                    attempts: 1,
+                },
+                "timeout",
+            ),
+            (
+                SourceError::Transport {
+                    url: url(),
+                    attempts: 1,
+                    message: message(),
+                },
+                "transport",
+            ),
+            (
+                SourceError::Rejected {
+                    url: url(),
+                    status: 400,
+                    error_type: "bad_data".into(),
+                    message: message(),
+                },
+                "rejected",
+            ),
+            (
+                SourceError::Decode {
+                    url: url(),
+                    message: message(),
+                },
+                "decode",
+            ),
+            (
+                SourceError::Warned {
+                    url: url(),
+                    warnings: Vec::new(),
+                },
+                "warnings",
+            ),
+            (
+                SourceError::Config {
+                    url: url(),
+                    message: message(),
+                },
+                "config",
+            ),
+        ];
+        for (err, want) in cases {
+            assert_eq!(err.category(), want, "{err:?}");
+        }
+    }
 
     #[test]
     fn parse_answer_table() {

@@ -21,7 +21,7 @@ use std::time::Duration;
 pub const ENGINE_VARIABLES: &[&str] = &["window", "by"];
 
 /// Errors of template parsing and rendering.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
 pub enum TemplateError {
     /// `{{name}}` is neither a known variable nor one the gate declares.
     #[error(
@@ -71,6 +71,7 @@ pub enum TemplateError {
     },
     /// `{{` without a closing `}}`, or an unterminated string.
     #[error("template is malformed at byte {offset}: {what}")]
+    #[strum(serialize = "MalformedTemplate")]
     Malformed {
         /// Byte offset in the template.
         offset: usize,
@@ -91,6 +92,7 @@ pub enum TemplateError {
     },
     /// With its variables given values, the template is not PromQL.
     #[error("template is not valid PromQL once its variables have values: {message}")]
+    #[strum(serialize = "InvalidPromQL")]
     InvalidPromql {
         /// The PromQL parser's message.
         message: String,
@@ -100,16 +102,7 @@ pub enum TemplateError {
 impl TemplateError {
     /// Bounded category of this error, usable as a metric label or Event reason.
     pub fn category(&self) -> &'static str {
-        match self {
-            TemplateError::UnknownVariable { .. } => "UnknownVariable",
-            TemplateError::MissingVariable { .. } => "MissingVariable",
-            TemplateError::EmptyKeyValue { .. } => "EmptyKeyValue",
-            TemplateError::OutsideString { .. } => "OutsideString",
-            TemplateError::WrongQuotes { .. } => "WrongQuotes",
-            TemplateError::Malformed { .. } => "MalformedTemplate",
-            TemplateError::ConflictingKey { .. } => "ConflictingKey",
-            TemplateError::InvalidPromql { .. } => "InvalidPromQL",
-        }
+        self.into()
     }
 }
 
