@@ -16,9 +16,13 @@
 //! traffic: the share cannot be confirmed), and a plan without any `setWeight` (it would go from
 //! 0% to 100% with no live weight ever judged).
 //!
+//! A GRPCRoute (`spec.routeRef.kind: GRPCRoute`) takes weight steps only
+//! (`route_kind_problems`): header-cohort and mirror steps are refused for it, each naming its
+//! field; until the reconcile drives GRPCRoutes the kind itself is refused too.
+//!
 //! Pure; never reads the cluster.
 
-use sluice_api::v1alpha1::{RolloutSpec, gate::template_variables};
+use sluice_api::v1alpha1::{RolloutSpec, gate::template_variables, rollout::RouteKindName};
 
 /// The spec's problems, each `path: what is wrong`; empty when it is valid.
 /// `allow_free_form_promql` is the platform's policy for free-form PromQL gates.
@@ -29,6 +33,7 @@ pub fn problems(spec: &RolloutSpec, allow_free_form_promql: bool) -> Vec<String>
         .chain(&spec.telemetry_problems())
         .map(ToString::to_string)
         .chain(weight_plan_problems(spec))
+        .chain(route_kind_problems(spec))
         .collect();
     for (i, gate) in spec.gates.iter().enumerate() {
         let path = format!("spec.gates[{i}].promql");
@@ -70,6 +75,37 @@ pub fn weight_plan_problems(spec: &RolloutSpec) -> Vec<String> {
              weight ever being judged; add a setWeight step (e.g. 1 or 5) before promotion"
                 .to_owned(),
         );
+    }
+    out
+}
+
+/// What the route kind cannot carry, each naming its field: on a GRPCRoute, header-cohort and
+/// mirror steps (gRPC has no idempotent method to mirror by, and the cohort and mirror rules
+/// are built for HTTPRoute only), and for now the kind itself (the reconcile is wired to
+/// HTTPRoute; the route seam's GRPCRoute kind is not yet reached from it).
+pub fn route_kind_problems(spec: &RolloutSpec) -> Vec<String> {
+    if spec.route_ref.kind != RouteKindName::GrpcRoute {
+        return Vec::new();
+    }
+    let mut out = vec![
+        "spec.routeRef.kind: GRPCRoute is not driven yet: the reconcile reads and writes \
+         HTTPRoutes only, so it would weight an HTTPRoute of that name instead; use an HTTPRoute"
+            .to_owned(),
+    ];
+    for (i, step) in spec.steps.iter().enumerate() {
+        if step.header_cohort.is_some() {
+            out.push(format!(
+                "spec.steps[{i}].headerCohort: not supported for a GRPCRoute (spec.routeRef.kind): \
+                 header-cohort rules are built for HTTPRoute only; use setWeight steps"
+            ));
+        }
+        if step.mirror.is_some() {
+            out.push(format!(
+                "spec.steps[{i}].mirror: not supported for a GRPCRoute (spec.routeRef.kind): gRPC \
+                 has no idempotent method to mirror by, and mirror rules are built for HTTPRoute \
+                 only; use setWeight steps"
+            ));
+        }
     }
     out
 }
@@ -193,6 +229,49 @@ mod tests {
             {"promote": {}}
         ]));
         assert_eq!(problems(&usual, false), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_grpc_route_takes_weight_steps_only() {
+        let on = |kind: &str| {
+            spec(serde_json::json!({
+                "routeRef": {"kind": kind, "name": "payments"},
+                "steps": [
+                    {"headerCohort": {"header": {"name": "x-cohort", "value": "staff"}, "duration": "1m"}},
+                    {"mirror": {"percent": 100, "duration": "1m"}},
+                    {"setWeight": {"weight": 5}}
+                ]
+            }))
+        };
+        assert_eq!(problems(&on("HTTPRoute"), false), Vec::<String>::new());
+        let not_driven = "spec.routeRef.kind: GRPCRoute is not driven yet: the reconcile reads \
+                          and writes HTTPRoutes only, so it would weight an HTTPRoute of that \
+                          name instead; use an HTTPRoute";
+        assert_eq!(
+            problems(&on("GRPCRoute"), false),
+            vec![
+                not_driven.to_owned(),
+                "spec.steps[0].headerCohort: not supported for a GRPCRoute (spec.routeRef.kind): \
+                 header-cohort rules are built for HTTPRoute only; use setWeight steps"
+                    .to_owned(),
+                "spec.steps[1].mirror: not supported for a GRPCRoute (spec.routeRef.kind): gRPC \
+                 has no idempotent method to mirror by, and mirror rules are built for HTTPRoute \
+                 only; use setWeight steps"
+                    .to_owned(),
+            ]
+        );
+        let weights =
+            spec(serde_json::json!({"routeRef": {"kind": "GRPCRoute", "name": "payments"}}));
+        assert_eq!(problems(&weights, false), vec![not_driven.to_owned()]);
+        // Absent kind: HTTPRoute, and it is not written back.
+        let default = spec(serde_json::json!({}));
+        assert_eq!(default.route_ref.kind, RouteKindName::HttpRoute);
+        assert!(
+            serde_json::to_value(&default.route_ref)
+                .unwrap()
+                .get("kind")
+                .is_none()
+        );
     }
 
     #[test]

@@ -76,7 +76,7 @@ pub const FIELD_MANAGER: &str = "sluice-rollout-weights";
     {"rule": "!has(self.promoteThroughStep) || self.promoteThroughStep < size(self.steps)", "message": "promoteThroughStep must be an index into spec.steps", "fieldPath": ".promoteThroughStep"}
 ]))]
 pub struct RolloutSpec {
-    /// The HTTPRoute (same namespace) whose weights this rollout governs.
+    /// The Gateway API route (same namespace) whose weights this rollout governs.
     pub route_ref: RouteRef,
     /// The backend Service of the current (stable) version; it must be a backendRef of the route.
     pub stable_service: BackendService,
@@ -227,11 +227,17 @@ impl RolloutSpec {
     }
 }
 
-/// The HTTPRoute a Rollout governs.
+/// The Gateway API route a Rollout governs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RouteRef {
-    /// Name of the HTTPRoute, in the Rollout's namespace.
+    /// Kind of the route (gateway.networking.k8s.io/v1): `HTTPRoute` or `GRPCRoute`. Default:
+    /// HTTPRoute. A GRPCRoute takes weight steps only (header-cohort and mirror steps are
+    /// refused for it), and rollout-weights refuses it as InvalidSpec until its reconcile
+    /// drives GRPCRoutes.
+    #[serde(default, skip_serializing_if = "RouteKindName::is_http")]
+    pub kind: RouteKindName,
+    /// Name of the route, in the Rollout's namespace.
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
     /// Name of the rule to manage (`spec.rules[].name`). Absent: the single rule whose
@@ -239,6 +245,34 @@ pub struct RouteRef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub rule_name: Option<String>,
+}
+
+/// The kinds of Gateway API route a Rollout can govern.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = super::common::drop_type_description)]
+pub enum RouteKindName {
+    /// HTTPRoute (every step form).
+    #[default]
+    #[serde(rename = "HTTPRoute")]
+    HttpRoute,
+    /// GRPCRoute (weight steps only).
+    #[serde(rename = "GRPCRoute")]
+    GrpcRoute,
+}
+
+impl RouteKindName {
+    /// Whether this is the default kind, HTTPRoute.
+    pub fn is_http(&self) -> bool {
+        *self == RouteKindName::HttpRoute
+    }
+
+    /// The kind as written in `kind:` and in messages.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RouteKindName::HttpRoute => "HTTPRoute",
+            RouteKindName::GrpcRoute => "GRPCRoute",
+        }
+    }
 }
 
 /// A backend Service of the route.
