@@ -1,5 +1,6 @@
 //! The pure verdict logic: (resolved gate, observation, previous verdict, now) → next verdict,
-//! and (gate, verdict, now) → what the owner should do.
+//! (gate, verdict, now) → what the owner should do, and several gates' actions → the one the
+//! owner takes ([`combined_action`]).
 //!
 //! Owns the rules every operator shares: an error, an empty result or a NaN is never a Pass;
 //! below the minimum sample count the verdict is Inconclusive; a breach becomes Fail only after
@@ -77,8 +78,9 @@ pub struct OwnerContext {
     pub share_tolerance: f64,
 }
 
-/// What the owner should do with a gate's verdict.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What the owner should do with a gate's verdict. Declared from the mildest to the most severe,
+/// which is the order [`combined_action`] compares them in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum GateAction {
     /// The gate passed (or a sustained Inconclusive with policy Continue).
     Proceed,
@@ -685,6 +687,22 @@ pub fn policy_action(
     }
 }
 
+/// What several gates call for together: the most severe of their actions (Abort over Pause
+/// over Wait over Proceed; Proceed when there is none) and the position of the first gate that
+/// calls for it (`None` when there is none), so that an owner halted by a gate can name it. One
+/// Abort stops the owner whatever the others say; it goes on only when every gate says Proceed.
+pub fn combined_action(
+    actions: impl IntoIterator<Item = GateAction>,
+) -> (GateAction, Option<usize>) {
+    let mut combined = (GateAction::Proceed, None);
+    for (i, action) in actions.into_iter().enumerate() {
+        if combined.1.is_none() || action > combined.0 {
+            combined = (action, Some(i));
+        }
+    }
+    combined
+}
+
 /// What the owner should do: Pass → Proceed, Fail → Abort, Inconclusive → Wait until it has
 /// lasted the policy's `after`, then the policy's action (Pause, Abort, or Continue = Proceed).
 pub fn action(gate: &ResolvedGate, verdict: &GateVerdict, now: Timestamp) -> GateAction {
@@ -1243,6 +1261,31 @@ mod tests {
             let v = decide(&g, &with(p, median), None, OWNER, t(0));
             assert_eq!(v.reason, want, "p={p} median={median}: {:?}", v.message);
             assert!(v.message.unwrap().contains("Mann-Whitney"));
+        }
+    }
+
+    #[test]
+    fn combined_action_table() {
+        use GateAction::{Abort, Pause, Proceed, Wait};
+        type Case = (&'static [GateAction], (GateAction, Option<usize>));
+        let cases: &[Case] = &[
+            (&[], (Proceed, None)),
+            (&[Proceed], (Proceed, Some(0))),
+            (&[Proceed, Proceed], (Proceed, Some(0))),
+            (&[Proceed, Wait], (Wait, Some(1))),
+            (&[Wait, Proceed, Wait], (Wait, Some(0))),
+            (&[Wait, Pause, Proceed], (Pause, Some(1))),
+            (&[Pause, Wait], (Pause, Some(0))),
+            (&[Proceed, Abort, Pause, Abort], (Abort, Some(1))),
+            (&[Abort, Proceed], (Abort, Some(0))),
+            (&[Pause, Wait, Proceed, Abort], (Abort, Some(3))),
+        ];
+        for (actions, want) in cases {
+            assert_eq!(
+                combined_action(actions.iter().copied()),
+                *want,
+                "{actions:?}"
+            );
         }
     }
 

@@ -7,7 +7,8 @@
 //!
 //! - [`template`]: `{{variable}}` templates, escaping, batched rendering.
 //! - [`builtin`]: the built-in gates on Istio's standard metrics (PromQL in `GATES.md`).
-//! - [`decide`](mod@decide): pure verdict and sustained-Inconclusive rules.
+//! - [`decide`](mod@decide): pure verdict and sustained-Inconclusive rules, and one action for
+//!   several gates.
 //! - [`source`]: the Prometheus / Thanos Query HTTP provider.
 //! - [`args`]: the flags every operator takes to reach it (credentials, headers, CA, timeout).
 //! - [`engine`]: planning, batching and the tick.
@@ -56,8 +57,8 @@ pub mod template;
 pub use args::MetricsSourceArgs;
 pub use builtin::{Reporter, ServiceScope, SourceWorkloads};
 pub use decide::{
-    BaselineReading, DistributionTest, GateAction, Observation, OwnerContext, action, decide,
-    policy_action, unevaluated,
+    BaselineReading, DistributionTest, GateAction, Observation, OwnerContext, action,
+    combined_action, decide, policy_action, unevaluated,
 };
 pub use engine::{
     CheckError, CheckOutcome, Engine, EngineError, EngineOptions, GateCheck, MannWhitneyOptions,

@@ -241,12 +241,6 @@ pub(crate) async fn gates(
     let (baselines, missing_baselines) =
         pre_wave_baselines(m, status, wave, &mut checks, now).await;
     let report = m.engine.tick(&checks, now).await;
-    let severity = |a: GateAction| match a {
-        GateAction::Proceed => 0,
-        GateAction::Wait => 1,
-        GateAction::Pause => 2,
-        GateAction::Abort => 3,
-    };
     // Per gate, the worst of its checks: Fail, then Inconclusive, then Pass; a namespace with no
     // traffic at all (NoData) is no news unless every namespace of the gate has none.
     let rank = |v: &GateVerdict| match (v.verdict, v.reason) {
@@ -294,17 +288,14 @@ pub(crate) async fn gates(
             *slot = Some((verdict, a));
         }
     }
-    let mut verdicts = Vec::new();
-    let mut action = GateAction::Proceed;
-    for (v, a) in worst.into_iter().flatten() {
-        if severity(a) > severity(action) {
-            action = a;
-        }
-        verdicts.push(v);
-    }
-    if !problems.is_empty() && severity(GateAction::Wait) > severity(action) {
-        action = GateAction::Wait;
-    }
+    let (mut verdicts, actions): (Vec<GateVerdict>, Vec<GateAction>) =
+        worst.into_iter().flatten().unzip();
+    // A gate that cannot be configured holds the wave (Wait) but stops nothing.
+    let (action, _) = sluice_analysis::combined_action(
+        actions
+            .into_iter()
+            .chain(problems.iter().map(|_| GateAction::Wait)),
+    );
     verdicts.extend(problems);
     let report = GateReport {
         wave: wave.name.clone(),

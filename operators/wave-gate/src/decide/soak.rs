@@ -92,7 +92,10 @@ pub(super) fn soak_step(cx: &mut Ctx<'_>, i: usize) -> Option<Requeue> {
             }
         }
         cx.next.waves[i].gates = verdicts;
-        if let Some(bad) = evaluated.iter().find(|g| g.action == GateAction::Abort) {
+        if let (GateAction::Abort, Some(first)) =
+            sluice_analysis::combined_action(evaluated.iter().map(|g| g.action))
+        {
+            let bad = &evaluated[first];
             let reason = if bad.verdict.verdict == Verdict::Fail {
                 HaltReason::GateFailed
             } else {
@@ -136,11 +139,9 @@ pub(super) fn soak_step(cx: &mut Ctx<'_>, i: usize) -> Option<Requeue> {
             .iter()
             .filter(|g| g.reason != VerdictReason::Skipped)
             .all(|g| ts(&g.evaluated_at) >= end);
-    let green = cx
-        .obs
-        .gates
-        .as_ref()
-        .is_some_and(|gs| gs.iter().all(|g| g.action == GateAction::Proceed));
+    let green = cx.obs.gates.as_ref().is_some_and(|gs| {
+        sluice_analysis::combined_action(gs.iter().map(|g| g.action)).0 == GateAction::Proceed
+    });
     if fresh && green && c.ok {
         let ws = &mut cx.next.waves[i];
         ws.state = WaveState::Passed;
