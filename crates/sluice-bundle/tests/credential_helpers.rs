@@ -10,33 +10,15 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use base64::Engine;
-use sluice_bundle::{
-    BundleClient, CaBundle, HelperOptions, Manifests, Metadata, ReadOptions, RegistryCredentials,
-    RegistryOptions, SigningKey, render,
-};
-use sluice_testkit::registry::{Auth, PASSWORD, Registry, USERNAME};
+mod common;
 
-const ROUTE: &str = "\
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata:
-  name: checkout
-  namespace: shop
-spec:
-  parentRefs:
-  - name: mesh-gateway
-";
+use base64::Engine;
+use common::bundle;
+use sluice_bundle::{BundleClient, HelperOptions, RegistryCredentials};
+use sluice_testkit::registry::{Auth, PASSWORD, Registry, USERNAME};
 
 /// A password no registry accepts, and that must never show in a message.
 const WRONG_SECRET: &str = "helper-secret-never-shown";
-
-fn bundle() -> sluice_bundle::Artifact {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("route.yaml"), ROUTE).unwrap();
-    let (manifests, _) = Manifests::read_dir(dir.path(), &ReadOptions::default()).unwrap();
-    render(&manifests, &Metadata::default()).unwrap()
-}
 
 /// Writes the executable helper `docker-credential-<name>` running `body` (sh) into `dir`.
 fn helper(dir: &Path, name: &str, body: &str) {
@@ -75,38 +57,14 @@ fn config(json: serde_json::Value) -> RegistryCredentials {
     RegistryCredentials::from_docker_config(json.to_string().as_bytes(), "test config").unwrap()
 }
 
+/// A client of `registry` trusting its CA.
 fn client(registry: &Registry, credentials: RegistryCredentials) -> BundleClient {
-    BundleClient::new(RegistryOptions {
-        tls_hosts: vec![registry.host()],
-        credentials,
-        ca_bundle: Some(
-            CaBundle::from_pem(registry.ca_pem().unwrap().as_bytes(), "test CA").unwrap(),
-        ),
-        ..RegistryOptions::default()
-    })
+    common::client(registry, credentials, true)
 }
 
 /// Push, sign, verify and pull: the whole path a bundle takes.
 async fn round_trip(registry: &Registry, credentials: RegistryCredentials) {
-    let client = client(registry, credentials);
-    let artifact = bundle();
-    let pushed = client
-        .push(
-            &artifact,
-            &format!("{}:v1", registry.repository("mesh/config")),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("push: {e}\n{}", registry.log()));
-    let key = SigningKey::generate().unwrap();
-    client.sign(&pushed.reference, &key).await.unwrap();
-    let verified = client
-        .verify_and_pull(&pushed.reference, std::slice::from_ref(key.public_key()))
-        .await
-        .unwrap();
-    assert_eq!(
-        verified.artifact.content_digest(),
-        artifact.content_digest()
-    );
+    common::round_trip(registry, credentials).await;
 }
 
 fn assert_no_secret(text: &str) {

@@ -6,30 +6,12 @@
 //! and "unauthorized"; an untrusted CA is a TLS error that says what to configure; and
 //! credentials go to the registry and its token service only.
 
+mod common;
+
 use base64::Engine;
-use sluice_bundle::{
-    BundleClient, CaBundle, Manifests, Metadata, ReadOptions, RegistryCredentials, RegistryOptions,
-    SigningKey, render,
-};
+use common::{bundle, client};
+use sluice_bundle::RegistryCredentials;
 use sluice_testkit::registry::{Auth, IDENTITY_TOKEN, PASSWORD, Registry, USERNAME};
-
-const ROUTE: &str = "\
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata:
-  name: checkout
-  namespace: shop
-spec:
-  parentRefs:
-  - name: mesh-gateway
-";
-
-fn bundle() -> sluice_bundle::Artifact {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("route.yaml"), ROUTE).unwrap();
-    let (manifests, _) = Manifests::read_dir(dir.path(), &ReadOptions::default()).unwrap();
-    render(&manifests, &Metadata::default()).unwrap()
-}
 
 /// A Docker config with `entry` for the fixture's registry.
 fn docker_config(registry: &Registry, entry: serde_json::Value) -> RegistryCredentials {
@@ -43,38 +25,10 @@ fn auth_entry(username: &str, password: &str) -> serde_json::Value {
     })
 }
 
-fn client(registry: &Registry, credentials: RegistryCredentials, trust: bool) -> BundleClient {
-    BundleClient::new(RegistryOptions {
-        tls_hosts: vec![registry.host()],
-        credentials,
-        ca_bundle: trust
-            .then(|| CaBundle::from_pem(registry.ca_pem().unwrap().as_bytes(), "test CA").unwrap()),
-        ..RegistryOptions::default()
-    })
-}
-
-/// Push, sign, verify and pull with `credentials`: the whole path a pin takes.
+/// Push, sign, verify and pull with `credentials` (the whole path a pin takes), then inspect.
 async fn round_trip(registry: &Registry, credentials: RegistryCredentials) {
-    let client = client(registry, credentials, true);
-    let artifact = bundle();
-    let pushed = client
-        .push(
-            &artifact,
-            &format!("{}:v1", registry.repository("mesh/config")),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("push: {e}\n{}", registry.log()));
-    let key = SigningKey::generate().unwrap();
-    client.sign(&pushed.reference, &key).await.unwrap();
-    let verified = client
-        .verify_and_pull(&pushed.reference, std::slice::from_ref(key.public_key()))
-        .await
-        .unwrap();
-    assert_eq!(
-        verified.artifact.content_digest(),
-        artifact.content_digest()
-    );
-    let inspected = client.inspect(&pushed.reference).await.unwrap();
+    let (client, reference) = common::round_trip(registry, credentials).await;
+    let inspected = client.inspect(&reference).await.unwrap();
     assert_eq!(inspected.signatures, Some(1));
 }
 
