@@ -5,32 +5,18 @@
 //! and inspects; one that has none leaves the plugin anonymous, and the registry's refusal says
 //! the helper had nothing; one that answers a wrong secret is refused without the secret shown.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
+use common::{ROUTE, p};
 use sluice_testkit::registry::{Auth, PASSWORD, Registry, USERNAME};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubectl-sluice");
 
-const ROUTE: &str = "\
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata:
-  name: checkout
-  namespace: shop
-spec:
-  rules:
-  - backendRefs:
-    - name: checkout-v1
-      weight: 100
-";
-
 /// A secret no registry accepts, and that must never show in the plugin's output.
 const WRONG_SECRET: &str = "helper-secret-never-shown";
-
-fn p(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
 
 /// Writes `docker-credential-desktop` into `bin`: answers `username`/`secret` for `host` only,
 /// "not found" (Docker's wording, exit 1) for any other server URL.

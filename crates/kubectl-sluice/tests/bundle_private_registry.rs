@@ -4,29 +4,15 @@
 //! `--registry-ca`. Push, inspect and verify work; a wrong password and an untrusted CA fail
 //! with messages that name the registry and what to fix.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
+use common::{ROUTE, p};
 use sluice_testkit::registry::{Auth, PASSWORD, Registry, USERNAME};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubectl-sluice");
-
-const ROUTE: &str = "\
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata:
-  name: checkout
-  namespace: shop
-spec:
-  rules:
-  - backendRefs:
-    - name: checkout-v1
-      weight: 100
-";
-
-fn p(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
 
 /// Runs the plugin with `docker_config_dir` as `$DOCKER_CONFIG`.
 fn run(docker_config_dir: &Path, args: &[&str]) -> Output {

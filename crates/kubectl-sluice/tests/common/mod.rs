@@ -1,6 +1,6 @@
 //! What the CLI tests share: the Kubernetes API emulator started with the generated sluice
 //! CRDs, an admin kubeconfig for it, the sluice kinds' dynamic APIs and the plugin binary run
-//! against a kubeconfig.
+//! against a kubeconfig; for the bundle tests, a one-route manifest and paths as arguments.
 
 #![allow(dead_code)]
 
@@ -86,4 +86,23 @@ pub async fn ok(kubeconfig: &Path, args: &[&str]) -> String {
     let (code, out, err) = run(kubeconfig, args).await;
     assert_eq!(code, 0, "kubectl sluice {args:?} failed: {err}{out}");
     out
+}
+
+/// A manifest of one HTTPRoute, for the bundle commands.
+pub const ROUTE: &str = "\
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata:
+  name: checkout
+  namespace: shop
+spec:
+  rules:
+  - backendRefs:
+    - name: checkout-v1
+      weight: 100
+";
+
+/// `path` as a command-line argument.
+pub fn p(path: &Path) -> &str {
+    path.to_str().unwrap()
 }
