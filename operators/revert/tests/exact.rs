@@ -109,17 +109,6 @@ async fn synced(w: &World, digest: &str, what: &str) {
     .await;
 }
 
-async fn point_at(w: &World, digest: &str) {
-    w.apps()
-        .patch(
-            APP,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"source": {"targetRevision": digest}}})),
-        )
-        .await
-        .unwrap();
-}
-
 /// (connectionPool of the DestinationRule, debug annotation of the route).
 async fn bad_fields(w: &World) -> (Option<Value>, Option<Value>) {
     let dr = destination_rules(w).get("checkout").await.unwrap();
@@ -168,7 +157,7 @@ async fn given_the_bad_change_synced(
             Some(&w.signer),
         )
         .await;
-    point_at(&w, &bad.digest).await;
+    w.point_at(&bad.digest).await;
     synced(&w, &bad.digest, "Argo CD synced the bad revision").await;
     let (pool, annotation) = bad_fields(&w).await;
     assert!(
@@ -226,7 +215,7 @@ async fn pin_restores_fields_outside_atomic_lists(server_side: bool) {
             Some(&w.signer),
         )
         .await;
-    point_at(&w, &same.digest).await;
+    w.point_at(&same.digest).await;
     let released = pin_phase(&w, "pin-exact", BundlePinPhase::Released).await;
     assert_eq!(
         find(&released.status.unwrap().conditions, conditions::RELEASED)
@@ -336,7 +325,7 @@ async fn an_object_the_bad_change_deleted_comes_back_tracked_so_argo_cd_agrees_a
     let (bad, _) = w
         .bundle(&[checkout_route(false)], "2222222", Some(&w.signer))
         .await;
-    point_at(&w, &bad.digest).await;
+    w.point_at(&bad.digest).await;
     synced(&w, &bad.digest, "Argo CD synced the bad revision").await;
     assert!(
         destination_rules(&w)
@@ -362,7 +351,7 @@ async fn an_object_the_bad_change_deleted_comes_back_tracked_so_argo_cd_agrees_a
 
     // Git agrees (the same content, a new digest): Argo CD reports Synced, the pin releases.
     let (same, _) = w.bundle(&good_objects, "3333333", Some(&w.signer)).await;
-    point_at(&w, &same.digest).await;
+    w.point_at(&same.digest).await;
     pin_phase(&w, "pin-tracked", BundlePinPhase::Released).await;
     synced(&w, &same.digest, "Argo CD Synced at the merged revert").await;
     drop(argocd);

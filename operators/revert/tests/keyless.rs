@@ -13,10 +13,9 @@ mod support;
 
 use std::{path::Path, time::Duration};
 
-use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
 use sluice_api::v1alpha1::{
-    BundlePin, BundlePinPhase,
+    BundlePinPhase,
     bundle_pin::{conditions, reasons},
 };
 use sluice_runtime::conditions::find;
@@ -80,32 +79,9 @@ async fn sign_keyless(w: &World, digest: &str, sigstore: &Sigstore, subject: &st
         .unwrap();
 }
 
-async fn phase_is(w: &World, pin: &str, want: BundlePinPhase) -> BundlePin {
-    eventually_every(&format!("{pin} {want:?}"), BUDGET, POLL, async || {
-        let p = w.pins().get(pin).await.unwrap();
-        if p.status.as_ref().is_some_and(|s| s.phase == want) {
-            Ok(p)
-        } else {
-            Err(format!("status: {:#?}", p.status))
-        }
-    })
-    .await
-}
-
-fn app_policy(app: &sluice_api::external::argocd::Application) -> Value {
-    serde_json::to_value(app.spec.sync_policy.as_ref().unwrap()).unwrap()
-}
-
 /// Argo CD synced `digest` (its target revision set to it first).
 async fn argo_runs(w: &World, digest: &str) {
-    w.apps()
-        .patch(
-            APP,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"source": {"targetRevision": digest}}})),
-        )
-        .await
-        .unwrap();
+    w.point_at(digest).await;
     eventually_every(
         &format!("Argo CD synced {digest}"),
         BUDGET,
@@ -125,7 +101,7 @@ async fn argo_runs(w: &World, digest: &str) {
 /// The pin is Refused as [`reasons::UNTRUSTED_SIGNER`]: Verified False with a message naming
 /// `why` and the signer the pin trusts, a Warning Event; returns the Verified message.
 async fn refused_as_untrusted(w: &World, pin: &str, why: &str) -> String {
-    let p = phase_is(w, pin, BundlePinPhase::Refused).await;
+    let p = w.phase_is(pin, BundlePinPhase::Refused, BUDGET).await;
     let status = p.status.unwrap();
     let verified = find(&status.conditions, conditions::VERIFIED)
         .unwrap_or_else(|| panic!("{pin}: no Verified condition"))
@@ -254,7 +230,7 @@ async fn keyless_pins_verify_only_the_named_identity_under_the_installed_root() 
 
     // When a pin names the release workflow and the bundle it signed: pinned.
     w.create_pin("keyless", &good.digest, keyless()).await;
-    let pinned = phase_is(&w, "keyless", BundlePinPhase::Pinned).await;
+    let pinned = w.phase_is("keyless", BundlePinPhase::Pinned, BUDGET).await;
     let status = pinned.status.unwrap();
     let verified = find(&status.conditions, conditions::VERIFIED).unwrap();
     assert_eq!(verified.status, "True", "{}", verified.message);

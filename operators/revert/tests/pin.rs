@@ -33,18 +33,6 @@ const BUDGET: Duration = Duration::from_secs(60);
 /// (30 s) misses this.
 const RELEASE_WITHIN: Duration = Duration::from_secs(3);
 
-async fn phase_is(w: &World, pin: &str, want: BundlePinPhase) -> BundlePin {
-    eventually_every(&format!("{pin} {want:?}"), BUDGET, POLL, async || {
-        let p = w.pins().get(pin).await.unwrap();
-        if p.status.as_ref().is_some_and(|s| s.phase == want) {
-            Ok(p)
-        } else {
-            Err(format!("status: {:#?}", p.status))
-        }
-    })
-    .await
-}
-
 /// Waits until the pin records its pushed git revert (a failure is recorded too, and retried).
 async fn git_recorded(w: &World, pin: &str) -> BundlePin {
     let pins = w.pins();
@@ -80,10 +68,6 @@ fn revert_branch(pin: &BundlePin) -> String {
 
 async fn events(w: &World, reason: &str) -> Vec<Event> {
     sluice_testkit::events::with_reason(&w.mgmt_client, ARGOCD, reason).await
-}
-
-fn app_policy(app: &sluice_api::external::argocd::Application) -> Value {
-    serde_json::to_value(app.spec.sync_policy.as_ref().unwrap()).unwrap()
 }
 
 /// Given the bad change synced by Argo CD: the good bundle, the bad one (weight 90 and an extra
@@ -174,7 +158,7 @@ async fn pin_holds_against_argo_cd_then_releases_on_matching_content() {
         json!({"gitRevert": {"commit": bad_commit, "pullRequest": false}}),
     )
     .await;
-    let pinned = phase_is(&w, "pin-1", BundlePinPhase::Pinned).await;
+    let pinned = w.phase_is("pin-1", BundlePinPhase::Pinned, BUDGET).await;
     let pin_ms = started.elapsed().as_millis();
     println!("pin_ms={pin_ms} (BundlePin created → every object applied, signature verified)");
 
@@ -323,7 +307,7 @@ async fn a_forward_fix_waits_for_an_explicit_release() {
     let (good, _bad, _) = given_bad_change(&w).await;
     w.start_revert();
     w.create_pin("pin-2", &good.digest, json!({})).await;
-    phase_is(&w, "pin-2", BundlePinPhase::Pinned).await;
+    w.phase_is("pin-2", BundlePinPhase::Pinned, BUDGET).await;
 
     // A forward fix (different content) becomes Argo CD's target.
     let (fix, _) = w
@@ -365,7 +349,7 @@ async fn a_forward_fix_waits_for_an_explicit_release() {
         )
         .await
         .unwrap();
-    let released = phase_is(&w, "pin-2", BundlePinPhase::Released).await;
+    let released = w.phase_is("pin-2", BundlePinPhase::Released, BUDGET).await;
     let rc = find(&released.status.unwrap().conditions, conditions::RELEASED)
         .unwrap()
         .clone();
@@ -500,7 +484,7 @@ async fn refused_bundles_and_targets_touch_nothing() {
     ];
     for (name, digest, extra, want) in &table {
         w.create_pin(name, digest, extra.clone()).await;
-        let p = phase_is(&w, name, BundlePinPhase::Refused).await;
+        let p = w.phase_is(name, BundlePinPhase::Refused, BUDGET).await;
         let c = find(&p.status.as_ref().unwrap().conditions, conditions::VERIFIED)
             .unwrap_or_else(|| panic!("{name}: no Verified condition"))
             .clone();
@@ -598,7 +582,7 @@ async fn a_restart_mid_apply_finishes_the_pin_with_one_revert_branch_and_one_pul
 
     // A new process finishes the pin.
     w.start_revert();
-    let pinned = phase_is(&w, "pin-3", BundlePinPhase::Pinned).await;
+    let pinned = w.phase_is("pin-3", BundlePinPhase::Pinned, BUDGET).await;
     assert_eq!(pinned.status.as_ref().unwrap().applied_objects, 301);
     assert_eq!(
         w.routes()

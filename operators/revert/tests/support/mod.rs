@@ -25,7 +25,10 @@ use kube::{
     runtime::watcher,
 };
 use serde_json::{Value, json};
-use sluice_api::{external::argocd::Application, v1alpha1::BundlePin};
+use sluice_api::{
+    external::argocd::Application,
+    v1alpha1::{BundlePin, BundlePinPhase},
+};
 use sluice_bundle::{
     Artifact, BundleClient, ManifestFile, Manifests, Metadata, RegistryOptions, SigningKey, render,
 };
@@ -545,6 +548,37 @@ impl World {
         }
     }
 
+    /// Waits up to `budget` for pin `pin` to reach phase `want`, and returns it; the timeout
+    /// shows its last status.
+    pub async fn phase_is(&self, pin: &str, want: BundlePinPhase, budget: Duration) -> BundlePin {
+        sluice_testkit::eventually::eventually_every(
+            &format!("{pin} {want:?}"),
+            budget,
+            POLL,
+            async || {
+                let p = self.pins().get(pin).await.unwrap();
+                if p.status.as_ref().is_some_and(|s| s.phase == want) {
+                    Ok(p)
+                } else {
+                    Err(format!("status: {:#?}", p.status))
+                }
+            },
+        )
+        .await
+    }
+
+    /// Points Application [`APP`] at `digest` (its target revision), as a Git change does.
+    pub async fn point_at(&self, digest: &str) {
+        self.apps()
+            .patch(
+                APP,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"source": {"targetRevision": digest}}})),
+            )
+            .await
+            .unwrap();
+    }
+
     pub fn pins(&self) -> Api<BundlePin> {
         Api::namespaced(self.mgmt_client.clone(), ARGOCD)
     }
@@ -616,6 +650,11 @@ pub fn original_policy() -> Value {
         "syncOptions": ["ServerSideApply=true", "RespectIgnoreDifferences=true"],
         "retry": {"limit": 3, "backoff": {"duration": "5s", "factor": 2}}
     })
+}
+
+/// An Application's sync policy as JSON.
+pub fn app_policy(app: &Application) -> Value {
+    serde_json::to_value(app.spec.sync_policy.as_ref().unwrap()).unwrap()
 }
 
 /// How often the scenarios poll the world: a pin's timing is seen to within this.
