@@ -267,7 +267,23 @@ where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + fmt::Debug,
     F: FnOnce(&mut K) -> bool,
 {
-    let kind = K::kind(&()).into_owned();
+    replace_as_read_with(api, &(), manager, read, mutate).await
+}
+
+/// [`replace_as_read`] for any resource, a `DynamicObject` included: `dt` is the resource's
+/// dynamic type (its `ApiResource` for a dynamic object), used only to name the kind in errors.
+pub async fn replace_as_read_with<K, F>(
+    api: &Api<K>,
+    dt: &K::DynamicType,
+    manager: FieldManager,
+    read: &K,
+    mutate: F,
+) -> Result<Updated<K>, WriteError>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + fmt::Debug,
+    F: FnOnce(&mut K) -> bool,
+{
+    let kind = K::kind(dt).into_owned();
     let name = read.meta().name.clone().unwrap_or_default();
     let Some(rv) = read.meta().resource_version.clone() else {
         return Err(WriteError::MissingResourceVersion { kind, name });
@@ -300,13 +316,30 @@ pub async fn update_with_retry<K, F>(
     manager: FieldManager,
     name: &str,
     policy: RetryPolicy,
-    mut mutate: F,
+    mutate: F,
 ) -> Result<Updated<K>, WriteError>
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + fmt::Debug,
     F: FnMut(&mut K) -> bool,
 {
-    let kind = K::kind(&()).into_owned();
+    update_with_retry_with(api, &(), manager, name, policy, mutate).await
+}
+
+/// [`update_with_retry`] for any resource, a `DynamicObject` included: `dt` is the resource's
+/// dynamic type (its `ApiResource` for a dynamic object), used only to name the kind in errors.
+pub async fn update_with_retry_with<K, F>(
+    api: &Api<K>,
+    dt: &K::DynamicType,
+    manager: FieldManager,
+    name: &str,
+    policy: RetryPolicy,
+    mut mutate: F,
+) -> Result<Updated<K>, WriteError>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + fmt::Debug,
+    F: FnMut(&mut K) -> bool,
+{
+    let kind = K::kind(dt).into_owned();
     let api_err = |source: kube::Error| WriteError::Api {
         kind: kind.clone(),
         name: name.to_owned(),
@@ -499,6 +532,134 @@ mod tests {
         assert_eq!((fake.gets() - gets, fake.puts()), (0, 2));
         let stored = api.get("cm").await.unwrap();
         assert_eq!(stored.data.unwrap()["owned"], "yes");
+    }
+
+    /// A GRPCRoute CRD whose spec keeps fields no schema names, so the emulator stores them.
+    const GRPCROUTE_CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: grpcroutes.gateway.networking.k8s.io
+spec:
+  group: gateway.networking.k8s.io
+  scope: Namespaced
+  names: {kind: GRPCRoute, listKind: GRPCRouteList, plural: grpcroutes, singular: grpcroute}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec: {type: object, x-kubernetes-preserve-unknown-fields: true}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: shop}
+"#;
+
+    #[tokio::test]
+    async fn a_dynamic_route_write_keeps_every_field_and_a_stale_one_is_refused() {
+        use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+
+        let emu = kube_emulator::Emulator::start().await;
+        emu.load_yaml(GRPCROUTE_CRD).unwrap();
+        let ar = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", "GRPCRoute"),
+            "grpcroutes",
+        );
+        let api: Api<DynamicObject> = Api::namespaced_with(emu.client(), "shop", &ar);
+        let doc: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "GRPCRoute",
+            "metadata": {"name": "payments", "namespace": "shop", "annotations": {"team": "payments"}},
+            "spec": {
+                "parentRefs": [{"name": "edge"}],
+                "rules": [{
+                    "matches": [{"method": {"service": "pay.v1.Payments"}}],
+                    "filters": [{"type": "RequestHeaderModifier", "requestHeaderModifier": {"add": [{"name": "x", "value": "1"}]}}],
+                    "backendRefs": [
+                        {"name": "stable", "port": 9000, "weight": 100, "futureBackendField": "kept"},
+                        {"name": "canary", "port": 9000, "weight": 0}
+                    ],
+                    "futureRuleField": {"kept": true}
+                }],
+                "futureSpecField": 3
+            }
+        }))
+        .unwrap();
+        api.create(&PostParams::default(), &doc).await.unwrap();
+        let read = api.get("payments").await.unwrap();
+        let set_weights = |r: &mut DynamicObject| {
+            let refs = &mut r.data["spec"]["rules"][0]["backendRefs"];
+            refs[0]["weight"] = serde_json::json!(90);
+            refs[1]["weight"] = serde_json::json!(10);
+            true
+        };
+
+        // Written from the read: only the weights change, every field no type names stays.
+        let written = replace_as_read_with(&api, &ar, MANAGER, &read, set_weights)
+            .await
+            .unwrap();
+        let Updated::Written { object, attempts } = written else {
+            panic!("{written:?}")
+        };
+        assert_eq!(attempts, 1);
+        let mut expect = read.data.clone();
+        expect["spec"]["rules"][0]["backendRefs"][0]["weight"] = serde_json::json!(90);
+        expect["spec"]["rules"][0]["backendRefs"][1]["weight"] = serde_json::json!(10);
+        let stored = api.get("payments").await.unwrap();
+        for got in [&object, &stored] {
+            assert_eq!(
+                serde_json::to_string(&got.data["spec"]).unwrap(),
+                serde_json::to_string(&expect["spec"]).unwrap()
+            );
+            assert_eq!(got.metadata.annotations, read.metadata.annotations);
+        }
+        assert_eq!(stored.data["spec"]["futureSpecField"], 3);
+
+        // The same read again is stale now: refused, not retried, naming the kind.
+        let err = replace_as_read_with(&api, &ar, MANAGER, &read, |r: &mut DynamicObject| {
+            r.data["spec"]["rules"] = serde_json::json!([]);
+            true
+        })
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(&err, WriteError::Stale { kind, name, .. } if kind == "GRPCRoute" && name == "payments"),
+            "{err:?}"
+        );
+        assert_eq!(err.category(), Category::Conflict);
+        assert_eq!(
+            api.get("payments").await.unwrap().data["spec"],
+            stored.data["spec"]
+        );
+
+        // The read-modify-write re-reads and lands on the newer object.
+        let updated = update_with_retry_with(
+            &api,
+            &ar,
+            MANAGER,
+            "payments",
+            fast(3),
+            |r: &mut DynamicObject| {
+                let w = &mut r.data["spec"]["rules"][0]["backendRefs"][1]["weight"];
+                let changed = *w != serde_json::json!(20);
+                *w = serde_json::json!(20);
+                changed
+            },
+        )
+        .await
+        .unwrap();
+        let Updated::Written { object, .. } = updated else {
+            panic!("{updated:?}")
+        };
+        expect["spec"]["rules"][0]["backendRefs"][1]["weight"] = serde_json::json!(20);
+        assert_eq!(
+            serde_json::to_string(&object.data["spec"]).unwrap(),
+            serde_json::to_string(&expect["spec"]).unwrap()
+        );
     }
 
     #[tokio::test]
