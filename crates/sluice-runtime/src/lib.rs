@@ -6,6 +6,7 @@
 //! This crate only wires I/O; it never decides anything about a sluice kind.
 #![forbid(unsafe_code)]
 
+pub mod changes;
 pub mod client;
 pub mod conditions;
 pub mod config;

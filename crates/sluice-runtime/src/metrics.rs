@@ -28,13 +28,24 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::error::Category;
+use crate::{changes::Change, error::Category};
 
 /// Labels of reconcile series: the kind reconciled.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct KindLabels {
     /// The reconciled kind, e.g. `Rollout`.
     pub kind: String,
+}
+
+/// Labels of the watch-change series.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ChangeLabels {
+    /// The watched kind, e.g. `Rollout`.
+    pub kind: String,
+    /// What the event changed ([`Change::label`]).
+    pub change: &'static str,
+    /// `true` when the event started a reconcile.
+    pub reconciled: &'static str,
 }
 
 /// Labels of the error series.
@@ -289,6 +300,7 @@ fn deadline_labels(key: &ObjectLabels, deadline: &str) -> ObjectDeadlineLabels {
 #[derive(Debug, Clone)]
 pub struct Metrics {
     reconciles: Family<KindLabels, Counter>,
+    changes: Family<ChangeLabels, Counter>,
     durations: Family<KindLabels, Histogram>,
     errors: Family<ErrorLabels, Counter>,
     leader: Gauge,
@@ -305,6 +317,7 @@ impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self {
             reconciles: Family::default(),
+            changes: Family::default(),
             durations: Family::new_with_constructor(duration_histogram as fn() -> Histogram),
             errors: Family::default(),
             leader: Gauge::default(),
@@ -316,6 +329,13 @@ impl Metrics {
             "reconciles",
             "Reconciles run, by kind",
             m.reconciles.clone(),
+        );
+        sub.register(
+            "watch_changes",
+            "Events of an operator's watch on its own kind, by what they changed (listed, control: \
+             spec, labels, annotations, finalizers or deletion; status_only) and whether they \
+             started a reconcile",
+            m.changes.clone(),
         );
         sub.register(
             "reconcile_duration_seconds",
@@ -352,6 +372,18 @@ impl Metrics {
                 })
                 .inc();
         }
+    }
+
+    /// Records one event of the watch on `kind` itself: what it changed and whether it started
+    /// a reconcile.
+    pub fn watch_change(&self, kind: &str, change: Change, reconciled: bool) {
+        self.changes
+            .get_or_create(&ChangeLabels {
+                kind: kind.to_owned(),
+                change: change.label(),
+                reconciled: if reconciled { "true" } else { "false" },
+            })
+            .inc();
     }
 
     /// Sets the leader gauge; a replica that stops leading drops every per-object series.

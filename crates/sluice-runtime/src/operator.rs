@@ -22,6 +22,7 @@ use kube::{
     runtime::{
         Controller,
         controller::{Action, Config as ControllerConfig, Error as ControllerError},
+        reflector::{self, ObjectRef, Store, reflector},
         watcher,
     },
 };
@@ -30,6 +31,7 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    changes::{Change, PrimaryChanges, classify, control_fingerprint},
     client::ClientError,
     config::{ConfigError, DEFAULT_MAX_CONCURRENT_RECONCILES, RuntimeArgs},
     error::{Categorized, Category},
@@ -166,6 +168,8 @@ pub struct Hooks {
     pub max_concurrent_reconciles: u16,
     /// What happens when a deposed controller does not stop in time.
     pub step_down: StepDownWatchdog,
+    /// Which changes of the operator's own objects start a reconcile.
+    pub primary_changes: PrimaryChanges,
 }
 
 /// Exit status of an operator whose controller did not stop within the step-down limit after it
@@ -252,9 +256,16 @@ impl Hooks {
                 backoff: Arc::new(Backoff::default()),
                 max_concurrent_reconciles: DEFAULT_MAX_CONCURRENT_RECONCILES,
                 step_down: StepDownWatchdog::off(),
+                primary_changes: PrimaryChanges::Every,
             },
             registry,
         )
+    }
+
+    /// The same hooks starting reconciles only on the changes `changes` names.
+    pub fn with_primary_changes(mut self, changes: PrimaryChanges) -> Self {
+        self.primary_changes = changes;
+        self
     }
 
     /// The same hooks running at most `n` reconciles at once (0 is taken as 1: kube-runtime
@@ -315,6 +326,55 @@ pub async fn drive<K, Ctx, F, Fut, E>(
     .await;
 }
 
+/// The watch of the operator's own kind as the controller's trigger and store: every event is
+/// reflected into the store (so a reconcile always reads the newest object) and counted by what it
+/// changed; an event starts a reconcile when `mode` says so.
+fn primary_trigger<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    mode: PrimaryChanges,
+    metrics: Metrics,
+    kind: String,
+) -> (
+    Store<K>,
+    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store();
+    // The fingerprint of each object as last seen, to tell a status-only change from the rest.
+    let mut seen: HashMap<ObjectRef<K>, u64> = HashMap::new();
+    let trigger = reflector(writer, watcher(api, config)).filter_map(move |event| {
+        let out = match event {
+            Err(e) => Some(Err(e)),
+            Ok(watcher::Event::Init) => {
+                seen.clear();
+                None
+            }
+            Ok(watcher::Event::InitDone) => None,
+            Ok(watcher::Event::Delete(obj)) => {
+                seen.remove(&ObjectRef::from_obj(&obj));
+                None
+            }
+            Ok(watcher::Event::InitApply(obj)) => {
+                seen.insert(ObjectRef::from_obj(&obj), control_fingerprint(obj.meta()));
+                metrics.watch_change(&kind, Change::Listed, true);
+                Some(Ok(obj))
+            }
+            Ok(watcher::Event::Apply(obj)) => {
+                let now = control_fingerprint(obj.meta());
+                let change = classify(seen.insert(ObjectRef::from_obj(&obj), now), now);
+                let reconciles = mode.reconciles(change);
+                metrics.watch_change(&kind, change, reconciles);
+                reconciles.then_some(Ok(obj))
+            }
+        };
+        std::future::ready(out)
+    });
+    (reader, trigger)
+}
+
 /// [`drive`], with `extend` applied to each new controller before it runs: an operator adds
 /// its second triggers there (`Controller::watches`, `owns`), reading the controller's own
 /// store if it maps by what the primary objects say.
@@ -372,8 +432,15 @@ pub async fn drive_with<K, Ctx, F, Fut, E, X>(
             })
         };
 
+        let (reader, trigger) = primary_trigger(
+            api.clone(),
+            watcher_config.clone(),
+            hooks.primary_changes,
+            hooks.metrics.clone(),
+            kind.clone(),
+        );
         let controller = extend(
-            Controller::new(api.clone(), watcher_config.clone())
+            Controller::for_stream(trigger, reader)
                 .with_config(hooks.controller_config())
                 .graceful_shutdown_on(stop.clone().cancelled_owned()),
         );
@@ -512,6 +579,8 @@ pub struct Runtime {
     /// Webhook notifications (disabled without `--notifications-secret`); operators call
     /// [`Notifier::notify`] after a status write that made a transition worth a notice.
     pub notifier: Notifier,
+    /// Which changes of the operator's own objects start a reconcile (default: every one).
+    pub primary_changes: PrimaryChanges,
     /// The leader election, once started by [`Runtime::leadership`] or [`Runtime::run`].
     election: Option<Election>,
 }
@@ -611,6 +680,7 @@ impl Runtime {
             registry,
             metrics,
             health: Health::default(),
+            primary_changes: PrimaryChanges::Every,
             election: None,
         })
     }
@@ -739,6 +809,7 @@ impl Runtime {
             backoff: Arc::new(Backoff::default()),
             max_concurrent_reconciles: self.args.max_concurrent_reconciles,
             step_down,
+            primary_changes: self.primary_changes,
         };
         tracing::info!(
             max_concurrent_reconciles = hooks.max_concurrent_reconciles,
