@@ -33,7 +33,8 @@ pub fn real_mode() -> bool {
 static ETCD: tokio::sync::OnceCell<Arc<Etcd>> = tokio::sync::OnceCell::const_new();
 
 /// Setting up the target failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum TargetError {
     /// The emulator did not start.
     #[error("the Kubernetes API emulator did not start: {0}")]
@@ -57,12 +58,7 @@ pub enum TargetError {
 impl TargetError {
     /// Bounded category.
     pub fn category(&self) -> &'static str {
-        match self {
-            TargetError::Emulator(_) => "emulator",
-            TargetError::Load { .. } => "load",
-            TargetError::Cluster(_) => "cluster",
-            TargetError::ControlPlane(_) => "control_plane",
-        }
+        self.into()
     }
 }
 
@@ -416,6 +412,31 @@ impl Target {
     pub async fn stop(self) {
         if let Target::Emulated { emu, .. } = self {
             emu.shutdown().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_has_its_category() {
+        let message = String::new;
+        let cases = [
+            (TargetError::Emulator(message()), "emulator"),
+            (
+                TargetError::Load {
+                    what: message(),
+                    message: message(),
+                },
+                "load",
+            ),
+            (TargetError::Cluster(message()), "cluster"),
+            (TargetError::ControlPlane(message()), "control_plane"),
+        ];
+        for (err, want) in cases {
+            assert_eq!(err.category(), want, "{err:?}");
         }
     }
 }

@@ -17,7 +17,7 @@ use sluice_api::v1alpha1::{BundlePin, BundlePinPhase, BundlePinStatus};
 const POLL: Duration = Duration::from_millis(20);
 
 /// Why a scenario step did not complete.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
 pub enum ScenarioError {
     /// The API refused a read or write.
     #[error("BundlePin {namespace}/{name}: {source}")]
@@ -64,11 +64,7 @@ pub enum ScenarioError {
 impl ScenarioError {
     /// Bounded category.
     pub fn category(&self) -> &'static str {
-        match self {
-            ScenarioError::Api { .. } => "Api",
-            ScenarioError::Timeout { .. } => "Timeout",
-            ScenarioError::Ended { .. } => "Ended",
-        }
+        self.into()
     }
 }
 
@@ -240,6 +236,44 @@ mod tests {
                 pin.spec.git_revert.as_ref().map(|g| g.commit.as_str()),
                 commit
             );
+        }
+    }
+
+    #[test]
+    fn every_error_has_its_category() {
+        let name = || "pin".to_owned();
+        let cases = [
+            (
+                ScenarioError::Api {
+                    namespace: name(),
+                    name: name(),
+                    source: kube::Error::LinesCodecMaxLineLengthExceeded,
+                },
+                "Api",
+            ),
+            (
+                ScenarioError::Timeout {
+                    namespace: name(),
+                    name: name(),
+                    want: BundlePinPhase::Pinned,
+                    budget: Duration::from_secs(1),
+                    last: None,
+                },
+                "Timeout",
+            ),
+            (
+                ScenarioError::Ended {
+                    namespace: name(),
+                    name: name(),
+                    phase: BundlePinPhase::Failed,
+                    want: BundlePinPhase::Pinned,
+                    message: String::new(),
+                },
+                "Ended",
+            ),
+        ];
+        for (err, want) in cases {
+            assert_eq!(err.category(), want, "{err:?}");
         }
     }
 }
