@@ -9,6 +9,8 @@
 //! - [`builtin`]: the built-in gates on Istio's standard metrics (PromQL in `GATES.md`).
 //! - [`decide`](mod@decide): pure verdict and sustained-Inconclusive rules, and one action for
 //!   several gates.
+//! - [`gate_templates`]: an owner's gates against the GateTemplates they name, each read once,
+//!   resolved with the owner's Inconclusive policy.
 //! - [`source`]: the Prometheus / Thanos Query HTTP provider.
 //! - [`args`]: the flags every operator takes to reach it (credentials, headers, CA, timeout).
 //! - [`engine`]: planning, batching and the tick.
@@ -49,6 +51,7 @@ pub mod args;
 pub mod builtin;
 pub mod decide;
 pub mod engine;
+pub mod gate_templates;
 pub mod mann_whitney;
 pub mod sequential;
 pub mod source;
@@ -64,6 +67,7 @@ pub use engine::{
     CheckError, CheckOutcome, Engine, EngineError, EngineOptions, GateCheck, MannWhitneyOptions,
     TickReport, Vars,
 };
+pub use gate_templates::{GateTemplates, read_templates, resolve_gate, template_names};
 pub use source::{
     BasicAuth, MetricsSource, PrometheusConfig, PrometheusSource, RangeValues, SeriesValue,
     SourceError,
