@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use sluice_analysis::{GateCheck, Vars};
+use sluice_analysis::{GateCheck, Vars, resolve_gate};
 use sluice_api::v1alpha1::{
     BuiltinGate, Comparison, ComparisonOp, GateQuery, GateTemplateSpec, GateVerdict, ResolvedGate,
     WaveGateSpec, WaveGateStatus,
@@ -97,19 +97,14 @@ pub fn wave_checks(
         .map(|w| w.gates.as_slice())
         .unwrap_or_default();
     let vars = base_vars(spec, wave);
-    for mut gate in spec.effective_gates() {
+    for gate in spec.effective_gates() {
         let template = gate.template_ref.as_ref().and_then(|t| templates.get(t));
         let is_drift = gate.definition.builtin == Some(BuiltinGate::ProxiesBehind)
             || template.is_some_and(|t| t.definition.builtin == Some(BuiltinGate::ProxiesBehind));
         if is_drift && spec.drift_gate.exporter == DriftExporter::None {
             continue;
         }
-        if gate.definition.inconclusive.is_none()
-            && template.is_none_or(|t| t.definition.inconclusive.is_none())
-        {
-            gate.definition.inconclusive = Some(spec.inconclusive.clone());
-        }
-        let mut resolved = match gate.resolve(template) {
+        let mut resolved = match resolve_gate(&gate, template, Some(&spec.inconclusive)) {
             Ok(r) => r,
             Err(e) => {
                 out.unresolved.push((gate.name.clone(), e.to_string()));

@@ -21,8 +21,7 @@ use sluice_analysis::{Engine, Observation, PrometheusSource, action as gate_acti
 use sluice_api::{
     external::argocd::{Application, ApplicationSet},
     v1alpha1::{
-        BundlePin, GateTemplate, GateTemplateSpec, WaveGate, WaveGateSpec, WaveGateStatus,
-        wave_gate::WaveState,
+        BundlePin, GateTemplate, WaveGate, WaveGateSpec, WaveGateStatus, wave_gate::WaveState,
     },
 };
 use sluice_runtime::{
@@ -301,20 +300,12 @@ async fn evaluate_gates(
     owner: &str,
     now: Timestamp,
 ) -> Result<Vec<EvaluatedGate>, kube::Error> {
-    let refs: BTreeSet<String> = spec
-        .effective_gates()
-        .into_iter()
-        .filter_map(|g| g.template_ref)
-        .collect();
-    let mut templates: BTreeMap<String, GateTemplateSpec> = BTreeMap::new();
-    if !refs.is_empty() {
-        let api: Api<GateTemplate> = Api::all(ctx.client.clone());
-        for r in refs {
-            if let Some(t) = api.get_opt(&r).await? {
-                templates.insert(r, t.spec);
-            }
-        }
-    }
+    let api: Api<GateTemplate> = Api::all(ctx.client.clone());
+    let templates = sluice_analysis::read_templates(&spec.effective_gates(), |name| {
+        let api = api.clone();
+        async move { Ok::<_, kube::Error>(api.get_opt(&name).await?.map(|t| t.spec)) }
+    })
+    .await?;
     let previous = status
         .waves
         .get(wave)
