@@ -1,6 +1,7 @@
 //! Binary entry point of sluice-rollout-weights: flags, then the shared runtime runs the Rollout
-//! controller (with its triggers: canary workloads, canary Services, routes) while this replica
-//! holds the Lease.
+//! controller (with its triggers: canary workloads, canary Services, routes) and the orphaned
+//! ownership controllers (HTTPRoutes, and GRPCRoutes when their CRD is installed at start) while
+//! this replica holds the Lease.
 #![forbid(unsafe_code)]
 
 use std::{process::ExitCode, sync::Arc, time::Duration};
@@ -8,10 +9,12 @@ use std::{process::ExitCode, sync::Arc, time::Duration};
 use clap::Parser;
 use kube::runtime::watcher;
 use sluice_analysis::MetricsSourceArgs;
-use sluice_rollout_weights::{OPERATOR, metrics, orphans, reconcile, template_status, triggers};
+use sluice_rollout_weights::{
+    OPERATOR, metrics, orphans, reconcile, route::grpc::Grpc, template_status, triggers,
+};
 use sluice_runtime::{Runtime, RuntimeArgs};
 
-/// Sole writer of canary weights on a Gateway API HTTPRoute for the life of a Rollout.
+/// Sole writer of canary weights on a Gateway API HTTPRoute or GRPCRoute for the life of a Rollout.
 #[derive(Debug, Parser)]
 #[command(name = OPERATOR, version)]
 struct Cli {
@@ -59,8 +62,15 @@ async fn main() -> ExitCode {
             statefulsets: rt.namespaced_api(),
             services: rt.namespaced_api(),
             routes: rt.namespaced_api(),
+            grpc_routes: triggers::grpc_routes(
+                &rt.client,
+                &rt.watch_client,
+                rt.args.namespace_scope(),
+            )
+            .await,
             gate_templates: kube::Api::all(rt.watch_client.clone()),
         };
+        let grpc_routes = watched.grpc_routes.clone();
         let extend = triggers::sharing_store(
             ctx.rollouts.clone(),
             triggers::with_triggers(watched, watcher::Config::default()),
@@ -78,6 +88,14 @@ async fn main() -> ExitCode {
             ctx.leadership.clone(),
             rt.recorder.clone(),
         ));
+        if let Some(grpc_routes) = grpc_routes {
+            tokio::spawn(orphans::run_kind::<Grpc>(
+                grpc_routes,
+                rt.client.clone(),
+                ctx.leadership.clone(),
+                rt.recorder.clone(),
+            ));
+        }
         rt.run_with(api, Arc::new(ctx), reconcile::reconcile, extend)
             .await?;
         Ok(())

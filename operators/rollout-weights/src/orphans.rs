@@ -1,18 +1,19 @@
-//! Orphaned route ownership: a route of the wired kind whose `sluice.dev/owned-by-rollout` annotation names a
-//! Rollout that no longer exists (its finalizer was removed by hand, or it was deleted while this
+//! Orphaned route ownership: a route (HTTPRoute, and GRPCRoute where its CRD is installed) whose
+//! `sluice.dev/owned-by-rollout` annotation names a Rollout that no longer exists (its finalizer was removed by hand, or it was deleted while this
 //! operator was down and its hand-back never ran) would keep the owned-route admission policy
 //! denying every Git change to it. This controller reports it (a Warning Event on the route,
 //! reason `OrphanedOwnership`, and a log line) and removes the annotation under this operator's
 //! field manager, as a hand-back would. It never touches the route's rules: Argo CD's self-heal
 //! applies Git to them once the route is free again.
 //!
-//! Pure: [`owner_of`] (the route seam's). I/O: [`run`], writing only while this replica leads.
+//! Pure: [`owner_of`] (the route seam's). I/O: [`run`] (one controller per route kind), writing
+//! only while this replica leads.
 
-use std::{sync::Arc, time::Duration};
+use std::{marker::PhantomData, sync::Arc, time::Duration};
 
 use futures::StreamExt;
 use kube::{
-    Api, Client, ResourceExt,
+    Api, Client, Resource, ResourceExt,
     runtime::{Controller, controller::Action, watcher},
 };
 use sluice_api::v1alpha1::{Rollout, rollout::ROUTE_OWNER_ANNOTATION};
@@ -24,7 +25,7 @@ use sluice_runtime::{
 pub use crate::route::owner_of;
 use crate::{
     reconcile::{ReconcileError, hand_back},
-    route::{self, Route, RouteKind, Wired},
+    route::{Driven, Route, http::Http},
 };
 
 /// Event reason of a removed orphaned ownership.
@@ -33,13 +34,17 @@ pub const ORPHANED_OWNERSHIP: &str = "OrphanedOwnership";
 /// How often a standby replica looks again (it writes nothing until it leads).
 const STANDBY_RECHECK: Duration = Duration::from_secs(30);
 
-struct Ctx {
+struct Ctx<K> {
     client: Client,
     leadership: Leadership,
     recorder: EventRecorder,
+    kind: PhantomData<fn() -> K>,
 }
 
-async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
+async fn reconcile<K: Driven>(
+    route: Arc<K::Route>,
+    ctx: Arc<Ctx<K>>,
+) -> Result<Action, ReconcileError> {
     let Some((ns, name)) = owner_of(route.as_ref()) else {
         return Ok(Action::await_change());
     };
@@ -61,16 +66,16 @@ async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>) -> Result<Action, Reconcile
         return Ok(Action::await_change());
     }
     let route_ns = route.namespace().unwrap_or_default();
-    let routes = route::api(ctx.client.clone(), &route_ns);
-    hand_back(&ctx.leadership, &routes, &route.name_any(), &key).await?;
+    let routes = K::api(ctx.client.clone(), Some(&route_ns));
+    hand_back::<K>(&ctx.leadership, &routes, &route.name_any(), &key).await?;
     let note = format!(
         "{} carried {ROUTE_OWNER_ANNOTATION}={key}, but Rollout {key} does not exist: the ownership annotation was removed so Git can change the route again",
-        Wired::describe(&format!("{route_ns}/{}", route.name_any()))
+        K::describe(&format!("{route_ns}/{}", route.name_any()))
     );
     tracing::warn!(route = %route.name_any(), namespace = %route_ns, rollout = %key, "{note}");
     ctx.recorder
-        .publish(
-            route.as_ref(),
+        .publish_ref(
+            &route.object_ref(&K::dynamic_type()),
             Severity::Warning,
             ORPHANED_OWNERSHIP,
             "HandBack",
@@ -80,26 +85,38 @@ async fn reconcile(route: Arc<Route>, ctx: Arc<Ctx>) -> Result<Action, Reconcile
     Ok(Action::await_change())
 }
 
-fn error_policy(_: Arc<Route>, err: &ReconcileError, _: Arc<Ctx>) -> Action {
+fn error_policy<K: Driven>(_: Arc<K::Route>, err: &ReconcileError, _: Arc<Ctx<K>>) -> Action {
     tracing::warn!(error = %err, "orphaned route ownership not removed");
     Action::requeue(Duration::from_secs(5))
 }
 
-/// Runs the orphaned-ownership controller over `routes` (watched with its client) until the
-/// watch ends; reads Rollouts and writes routes with `client`, only while `leadership` holds.
+/// Runs the orphaned-ownership controller over the HTTPRoutes `routes` (watched with its
+/// client) until the watch ends; reads Rollouts and writes routes with `client`, only while
+/// `leadership` holds.
 pub async fn run(
     routes: Api<Route>,
     client: Client,
     leadership: Leadership,
     recorder: EventRecorder,
 ) {
-    let ctx = Arc::new(Ctx {
+    run_kind::<Http>(routes, client, leadership, recorder).await;
+}
+
+/// [`run`] over `routes` of kind `K` (for GRPCRoutes: when their CRD is installed).
+pub async fn run_kind<K: Driven>(
+    routes: Api<K::Route>,
+    client: Client,
+    leadership: Leadership,
+    recorder: EventRecorder,
+) {
+    let ctx = Arc::new(Ctx::<K> {
         client,
         leadership,
         recorder,
+        kind: PhantomData,
     });
-    Controller::new(routes, watcher::Config::default())
-        .run(reconcile, error_policy, ctx)
+    Controller::new_with(routes, watcher::Config::default(), K::dynamic_type())
+        .run(reconcile::<K>, error_policy::<K>, ctx)
         .for_each(|_| async {})
         .await;
 }
@@ -111,7 +128,7 @@ mod tests {
     #[test]
     fn the_owner_is_read_from_the_annotation() {
         let route = |v: Option<&str>| {
-            let mut r: Route = serde_json::from_value(serde_json::json!({
+            let mut r: crate::route::Route = serde_json::from_value(serde_json::json!({
                 "apiVersion": "gateway.networking.k8s.io/v1",
                 "kind": "HTTPRoute",
                 "metadata": {"name": "checkout", "namespace": "shop"},

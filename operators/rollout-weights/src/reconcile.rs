@@ -1,6 +1,6 @@
-//! The I/O side of sluice-rollout-weights: reads what `decide` needs (the route of the wired
-//! kind through the route seam's field-preserving view, its installed CRD, the canary workload, the gate verdicts of
-//! the shared analysis), writes the status it returns (server-side apply fenced by
+//! The I/O side of sluice-rollout-weights: reads what `decide` needs (the route of the kind
+//! `spec.routeRef.kind` names, through the route seam's field-preserving view, and its installed
+//! CRD; the canary workload; the gate verdicts of the shared analysis), writes the status it returns (server-side apply fenced by
 //! resourceVersion), then carries out its route writes and Events.
 //!
 //! Owns the order of effects: the status decision first (a deposed leader's stale decision is
@@ -28,7 +28,7 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 use kube::{
-    Api, Client, ResourceExt,
+    Api, Client, Resource, ResourceExt,
     api::{ApiResource, DynamicObject, GroupVersionKind},
     runtime::{
         WatchStreamExt,
@@ -39,7 +39,9 @@ use kube::{
 };
 use prometheus_client::registry::Registry;
 use sluice_analysis::{Engine, EngineOptions, PrometheusConfig, PrometheusSource};
-use sluice_api::v1alpha1::{GateTemplate, GateTemplateSpec, Rollout, RolloutPhase, RolloutStatus};
+use sluice_api::v1alpha1::{
+    GateTemplate, GateTemplateSpec, Rollout, RolloutPhase, RolloutStatus, rollout::RouteKindName,
+};
 use sluice_runtime::{
     Categorized, Category,
     events::EventRecorder,
@@ -54,8 +56,8 @@ use crate::{
     decide::{self, Action, Observations},
     metrics::{self, RolloutMetrics},
     observe,
-    route::{self, Route, RouteKind, Wired},
-    route_edit::{self, CrdSupport, Desired, EditError, Target},
+    route::{self, Driven, RouteKind, Wired, grpc::Grpc, http::Http},
+    route_edit::{CrdSupport, Desired, EditError, Target},
     step::RouteObs,
 };
 
@@ -65,7 +67,7 @@ pub const FINALIZER: &str = "sluice.dev/route-hand-back";
 pub const HTTPROUTE_CRD: &str = <Wired as RouteKind>::CRD;
 /// How far in the past gate queries are evaluated (ingestion of the newest samples).
 pub const QUERY_LAG: Duration = Duration::from_secs(2);
-/// How long the installed CRD's field support is cached.
+/// How long the installed CRDs' field support (and whether they are installed) is cached.
 const CRD_TTL: Duration = Duration::from_secs(60);
 
 /// What every reconcile shares.
@@ -100,7 +102,8 @@ pub struct Context {
     /// Every GateTemplate, from a watch ([`Context::with_gate_template_cache`]); `None`: read
     /// with a GET when needed.
     gate_templates: Option<(Store<GateTemplate>, Arc<AtomicBool>)>,
-    crd: Mutex<Option<(Instant, CrdSupport)>>,
+    /// Per route CRD: when it was read, and its field support (`None`: not installed).
+    crd: Mutex<HashMap<&'static str, (Instant, Option<CrdSupport>)>>,
 }
 
 /// Where the Rollout controller publishes its store for the reconciles.
@@ -139,7 +142,7 @@ impl Context {
             leadership: Leadership::always(),
             rollouts: RolloutStore::default(),
             gate_templates: None,
-            crd: Mutex::new(None),
+            crd: Mutex::new(HashMap::new()),
         }
     }
 
@@ -203,25 +206,35 @@ impl Context {
         Ok(self)
     }
 
-    async fn crd_support(&self) -> CrdSupport {
-        if let Some((at, s)) = *self.crd.lock().unwrap_or_else(|e| e.into_inner())
+    /// The field support of kind `K`'s installed CRD; `None` when it is not installed. A CRD
+    /// that cannot be read is assumed installed, keeping rule names and mirror percent.
+    async fn crd_support<K: RouteKind>(&self) -> Option<CrdSupport> {
+        if let Some((at, s)) = self
+            .crd
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(K::CRD)
+            .copied()
             && at.elapsed() < CRD_TTL
         {
             return s;
         }
         let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
-        let support = match api.get_opt(Wired::CRD).await {
-            Ok(Some(crd)) => match serde_json::to_value(&crd) {
+        let support = match api.get_opt(K::CRD).await {
+            Ok(Some(crd)) => Some(match serde_json::to_value(&crd) {
                 Ok(v) => CrdSupport::from_crd(&v),
                 Err(_) => CrdSupport::ALL,
-            },
-            Ok(None) => CrdSupport::ALL,
+            }),
+            Ok(None) => None,
             Err(e) => {
-                tracing::warn!(error = %e, crd = Wired::CRD, kind = Wired::KIND, "cannot read the route CRD; assuming it keeps rule names and mirror percent");
-                CrdSupport::ALL
+                tracing::warn!(error = %e, crd = K::CRD, kind = K::KIND, "cannot read the route CRD; assuming it keeps rule names and mirror percent");
+                Some(CrdSupport::ALL)
             }
         };
-        *self.crd.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), support));
+        self.crd
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(K::CRD, (Instant::now(), support));
         support
     }
 }
@@ -259,10 +272,10 @@ pub enum ReconcileError {
     #[error("writing Rollout status: {0}")]
     Status(WriteError),
     /// Writing the route failed.
-    #[error("writing HTTPRoute: {0}")]
+    #[error("writing the route: {0}")]
     Route(WriteError),
     /// The route changed between the read and the write so that the edit no longer applies.
-    #[error("editing HTTPRoute for Rollout {rollout}: {source}")]
+    #[error("editing the route for Rollout {rollout}: {source}")]
     Edit {
         /// `<namespace>/<name>` of the Rollout.
         rollout: String,
@@ -272,9 +285,11 @@ pub enum ReconcileError {
     },
     /// The route changed after it was read for the decision; the decision is not carried out.
     #[error(
-        "HTTPRoute {route} changed after Rollout {rollout} read it (resourceVersion {read} is stale); deciding again from the new route"
+        "{kind} {route} changed after Rollout {rollout} read it (resourceVersion {read} is stale); deciding again from the new route"
     )]
     RouteChanged {
+        /// Route kind.
+        kind: &'static str,
         /// Route name.
         route: String,
         /// `<namespace>/<name>` of the Rollout.
@@ -475,8 +490,8 @@ async fn templates(
 }
 
 /// The outcome of a route write.
-struct Written {
-    route: Route,
+struct Written<R> {
+    route: R,
     changed: bool,
 }
 
@@ -484,28 +499,29 @@ struct Written {
 /// resourceVersion the decision was made from): a route rewritten in between (by a BundlePin,
 /// by a person) is decided on again, never overwritten blindly.
 #[allow(clippy::too_many_arguments)]
-async fn write_route(
+async fn write_route<K: Driven>(
     leadership: &Leadership,
-    api: &Api<Route>,
+    api: &Api<K::Route>,
     route_name: &str,
-    read: Option<&Route>,
+    read: Option<&K::Route>,
     target: &Target,
     desired: &Desired,
     crd: CrdSupport,
     key: &str,
-) -> Result<Option<Written>, ReconcileError> {
+) -> Result<Option<Written<K::Route>>, ReconcileError> {
     let mut edit_error = None;
     let mut foreign = false;
     let mut changed_since_read = false;
     leadership.ensure()?;
-    let mut edit = |r: &mut Route| {
+    let dt = K::dynamic_type();
+    let mut edit = |r: &mut K::Route| {
         edit_error = None;
         foreign = false;
         if route::owner(r).is_some_and(|o| *o != target.owner) {
             foreign = true;
             return false;
         }
-        match route_edit::apply(r, target, desired, crd) {
+        match K::apply(r, target, desired, crd) {
             Ok(next) if next == *r => false,
             Ok(next) => {
                 *r = next;
@@ -520,17 +536,20 @@ async fn write_route(
     let result = match read {
         // The route as this reconcile read it (or last wrote it): edited and written in one
         // request, fenced by its resourceVersion; a 409 means it changed since.
-        Some(read) => match write::replace_as_read(api, FIELD_MANAGER, read, &mut edit).await {
-            Err(WriteError::Stale { .. }) => {
-                changed_since_read = true;
-                Ok(Updated::Unchanged(read.clone()))
+        Some(read) => {
+            match write::replace_as_read_with(api, &dt, FIELD_MANAGER, read, &mut edit).await {
+                Err(WriteError::Stale { .. }) => {
+                    changed_since_read = true;
+                    Ok(Updated::Unchanged(read.clone()))
+                }
+                other => other,
             }
-            other => other,
-        },
+        }
         // Not read (absent then): whatever exists now was not what the decision saw.
         None => {
-            write::update_with_retry(
+            write::update_with_retry_with(
                 api,
+                &dt,
                 FIELD_MANAGER,
                 route_name,
                 RetryPolicy::default(),
@@ -553,10 +572,11 @@ async fn write_route(
     }
     if changed_since_read {
         return Err(ReconcileError::RouteChanged {
+            kind: K::KIND,
             route: route_name.to_owned(),
             rollout: key.to_owned(),
             read: read
-                .and_then(|r| r.metadata.resource_version.clone())
+                .and_then(|r| r.meta().resource_version.clone())
                 .unwrap_or_default(),
         });
     }
@@ -573,25 +593,28 @@ async fn write_route(
     }
 }
 
-pub(crate) async fn hand_back(
+/// Hands route `route_name` back if `me` owns it: the ownership annotation and this manager's
+/// managedFields entry removed, nothing else.
+pub(crate) async fn hand_back<K: Driven>(
     leadership: &Leadership,
-    api: &Api<Route>,
+    api: &Api<K::Route>,
     route_name: &str,
     me: &str,
 ) -> Result<(), ReconcileError> {
     leadership.ensure()?;
-    let result = write::update_with_retry(
+    let result = write::update_with_retry_with(
         api,
+        &K::dynamic_type(),
         FIELD_MANAGER,
         route_name,
         RetryPolicy::default(),
-        |r: &mut Route| {
+        |r: &mut K::Route| {
             if route::owner(r).is_none_or(|o| o != me) {
                 return false;
             }
-            let mut next = route_edit::hand_back(r);
+            let mut next = route::without_owner(r);
             let kept: Vec<ManagedFieldsEntry> = next
-                .metadata
+                .meta_mut()
                 .managed_fields
                 .take()
                 .unwrap_or_default()
@@ -599,7 +622,7 @@ pub(crate) async fn hand_back(
                 .filter(|e| e.manager.as_deref() != Some(FIELD_MANAGER.as_str()))
                 .collect();
             // An empty list would leave managedFields as they were; one empty entry clears them.
-            next.metadata.managed_fields = Some(if kept.is_empty() {
+            next.meta_mut().managed_fields = Some(if kept.is_empty() {
                 vec![ManagedFieldsEntry::default()]
             } else {
                 kept
@@ -624,9 +647,9 @@ pub(crate) async fn hand_back(
 /// then the ownership annotation and this manager's entry. Nothing to do on a route that is
 /// gone or not ours; an abort that no longer applies (its managed rule is gone) still lets the
 /// hand-back happen.
-async fn release(
+async fn release<K: Driven>(
     leadership: &Leadership,
-    api: &Api<Route>,
+    api: &Api<K::Route>,
     route_name: &str,
     old: &Target,
     crd: CrdSupport,
@@ -635,7 +658,7 @@ async fn release(
     let Some(route) = api
         .get_opt(route_name)
         .await
-        .map_err(read_err(Wired::describe(route_name), key))?
+        .map_err(read_err(K::describe(route_name), key))?
     else {
         return Ok(());
     };
@@ -643,7 +666,7 @@ async fn release(
     if !ours {
         return Ok(());
     }
-    match write_route(
+    match write_route::<K>(
         leadership,
         api,
         route_name,
@@ -661,7 +684,7 @@ async fn release(
         }
         Err(e) => return Err(e),
     }
-    hand_back(leadership, api, route_name, &old.owner).await
+    hand_back::<K>(leadership, api, route_name, &old.owner).await
 }
 
 /// Whole milliseconds of `d`, saturating.
@@ -698,9 +721,20 @@ async fn control_arrives(
     }
 }
 
-/// Reconciles one Rollout.
+/// Reconciles one Rollout, on the kind of route its `spec.routeRef.kind` names.
 #[tracing::instrument(skip_all, fields(kind = "Rollout", namespace = obj.namespace().unwrap_or_default(), name = obj.name_any()))]
 pub async fn reconcile(
+    obj: Arc<Rollout>,
+    ctx: Arc<Context>,
+) -> Result<ControllerAction, ReconcileError> {
+    match obj.spec.route_ref.kind {
+        RouteKindName::HttpRoute => reconcile_on::<Http>(obj, ctx).await,
+        RouteKindName::GrpcRoute => reconcile_on::<Grpc>(obj, ctx).await,
+    }
+}
+
+/// [`reconcile`] on a route of kind `K`.
+async fn reconcile_on<K: Driven>(
     obj: Arc<Rollout>,
     ctx: Arc<Context>,
 ) -> Result<ControllerAction, ReconcileError> {
@@ -723,12 +757,21 @@ pub async fn reconcile(
 
     // Observations.
     let target = observe::target(&obj.spec, &ns, &name);
-    let routes = route::api(ctx.client.clone(), &ns);
-    let crd = ctx.crd_support().await;
-    let route = routes
-        .get_opt(&obj.spec.route_ref.name)
-        .await
-        .map_err(read_err(Wired::describe(&obj.spec.route_ref.name), &key))?;
+    let routes = K::api(ctx.client.clone(), Some(&ns));
+    let installed = ctx.crd_support::<K>().await;
+    let not_installed = installed
+        .is_none()
+        .then(|| K::not_installed(&obj.spec.route_ref.name))
+        .flatten();
+    let crd = installed.unwrap_or(CrdSupport::ALL);
+    let route = match not_installed {
+        // No such resource to read: the condition says why.
+        Some(_) => None,
+        None => routes
+            .get_opt(&obj.spec.route_ref.name)
+            .await
+            .map_err(read_err(K::describe(&obj.spec.route_ref.name), &key))?,
+    };
     // A mirror rule competes with every route on the same parent and hostname: the namespace's
     // routes are read only when a step mirrors.
     let mirrors = obj.spec.steps.iter().any(|s| s.mirror.is_some());
@@ -737,14 +780,15 @@ pub async fn reconcile(
             routes
                 .list(&Default::default())
                 .await
-                .map_err(read_err(format!("{}s in {ns}", Wired::KIND), &key))?
+                .map_err(read_err(format!("{}s in {ns}", K::KIND), &key))?
                 .items
         }
         _ => Vec::new(),
     };
-    let route_obs = match &route {
-        None => RouteObs::Missing,
-        Some(r) => observe::route(r, &others, &target, &obj.spec, crd),
+    let route_obs = match (&route, not_installed) {
+        (_, Some(obs)) => obs,
+        (None, None) => K::missing(&obj.spec.route_ref.name),
+        (Some(r), None) => K::observe(r, &others, &target, &obj.spec, crd),
     };
     let current = obj.status.clone().unwrap_or_default();
     // Readiness before any live weight; the version whenever a plan runs (a new version
@@ -889,7 +933,7 @@ pub async fn reconcile(
                 // The route already in that state (the common case between steps): no request.
                 let in_place = latest.as_ref().filter(|r| {
                     route::owner(*r) == Some(&target.owner)
-                        && route_edit::apply(r, &target, d, crd).as_ref() == Ok(*r)
+                        && K::apply(r, &target, d, crd).as_ref() == Ok(*r)
                 });
                 let written = match in_place {
                     Some(r) => Ok(Some(Written {
@@ -897,7 +941,7 @@ pub async fn reconcile(
                         changed: false,
                     })),
                     None => {
-                        write_route(
+                        write_route::<K>(
                             &ctx.leadership,
                             &routes,
                             &obj.spec.route_ref.name,
@@ -933,7 +977,7 @@ pub async fn reconcile(
                 }
                 let reverted_at = (ctx.clock)();
                 let owned = status.owned_route.get_or_insert_with(Default::default);
-                owned.last_written_resource_version = w.route.metadata.resource_version.clone();
+                owned.last_written_resource_version = w.route.meta().resource_version.clone();
                 // The weight is in force from here (cleared by the decision when it changed).
                 if owned.weight_written_at.is_none() {
                     owned.weight_written_at = Some(Time(reverted_at));
@@ -962,7 +1006,7 @@ pub async fn reconcile(
                 }
             }
             Action::HandBack => {
-                hand_back(
+                hand_back::<K>(
                     &ctx.leadership,
                     &routes,
                     &obj.spec.route_ref.name,
@@ -988,7 +1032,7 @@ pub async fn reconcile(
                     rule_name: rule_name.clone(),
                     zero_other_backends: false,
                 };
-                release(&ctx.leadership, &routes, route, &old, crd, &key).await?;
+                release::<K>(&ctx.leadership, &routes, route, &old, crd, &key).await?;
                 ctx.metrics.route_write("Released");
                 // Released: the next reconcile takes the new target from Pending.
                 status.owned_route = None;

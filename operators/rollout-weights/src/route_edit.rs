@@ -31,6 +31,7 @@
 //! A more specific rule elsewhere on the route still wins over both; that traffic is simply
 //! not part of the cohort or mirror.
 
+use kube::Resource;
 use serde_json::Value;
 use sluice_api::{
     external::http_route::{
@@ -142,8 +143,10 @@ impl CrdSupport {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EditError {
     /// No rule has the stable Service as a backend (or the named rule is absent).
-    #[error("HTTPRoute {route}: {detail}; fix spec.routeRef or spec.stableService of the Rollout")]
+    #[error("{kind} {route}: {detail}; fix spec.routeRef or spec.stableService of the Rollout")]
     RuleNotFound {
+        /// Route kind (`HTTPRoute`, `GRPCRoute`).
+        kind: &'static str,
         /// Route name.
         route: String,
         /// What was looked for.
@@ -151,9 +154,11 @@ pub enum EditError {
     },
     /// Several rules have the stable backend and no rule name was given.
     #[error(
-        "HTTPRoute {route}: rules {indices:?} all send to Service {stable}; name the managed rule in spec.routeRef.ruleName"
+        "{kind} {route}: rules {indices:?} all send to Service {stable}; name the managed rule in spec.routeRef.ruleName"
     )]
     Ambiguous {
+        /// Route kind (`HTTPRoute`, `GRPCRoute`).
+        kind: &'static str,
         /// Route name.
         route: String,
         /// Stable Service.
@@ -236,9 +241,11 @@ pub enum EditError {
     /// Another backend of the managed rule carries weight: a canary weight would not be the
     /// canary's share, and an abort would leave that backend live.
     #[error(
-        "HTTPRoute {route}: the managed rule also sends to Service {backend} with weight {weight}; the canary weight would not be its share. Remove that backend in Git, or set spec.zeroOtherBackends: true to have it set to 0"
+        "{kind} {route}: the managed rule also sends to Service {backend} with weight {weight}; the canary weight would not be its share. Remove that backend in Git, or set spec.zeroOtherBackends: true to have it set to 0"
     )]
     OtherBackendWeighted {
+        /// Route kind (`HTTPRoute`, `GRPCRoute`).
+        kind: &'static str,
         /// Route name.
         route: String,
         /// The other backend.
@@ -248,13 +255,26 @@ pub enum EditError {
     },
     /// The route has too many backends to add the canary.
     #[error(
-        "HTTPRoute {route}: the managed rule has 16 backendRefs, no room for canary Service {canary}"
+        "{kind} {route}: the managed rule has 16 backendRefs, no room for canary Service {canary}"
     )]
     NoBackendRoom {
+        /// Route kind (`HTTPRoute`, `GRPCRoute`).
+        kind: &'static str,
         /// Route name.
         route: String,
         /// Canary Service.
         canary: String,
+    },
+    /// A step the route kind cannot carry (a header-cohort or mirror step on a GRPCRoute;
+    /// validation refuses those specs, so this is only reached by a spec it did not see).
+    #[error("{kind} {route}: a {what} step is not supported for a {kind}; use setWeight steps")]
+    Unsupported {
+        /// Route kind.
+        kind: &'static str,
+        /// Route name.
+        route: String,
+        /// headerCohort or mirror.
+        what: &'static str,
     },
 }
 
@@ -265,7 +285,7 @@ impl EditError {
             EditError::RuleNotFound { .. } | EditError::Ambiguous { .. } => "RouteNotFound",
             EditError::RouteFull { .. } | EditError::NoBackendRoom { .. } => "RouteFull",
             EditError::FieldPruned { .. } => "RouteFieldPruned",
-            EditError::CohortHeaderTaken { .. } => "InvalidSpec",
+            EditError::CohortHeaderTaken { .. } | EditError::Unsupported { .. } => "InvalidSpec",
             EditError::MirrorWouldCapture { .. }
             | EditError::MirrorWouldCaptureOtherRoute { .. } => reasons::MIRROR_WOULD_CAPTURE,
             EditError::OtherBackendWeighted { .. } => reasons::OTHER_BACKEND_WEIGHTED,
@@ -293,7 +313,7 @@ fn route_name(route: &HttpRoute) -> String {
 }
 
 /// Whether a rule of that name is one this operator adds.
-fn ours(name: Option<&str>) -> bool {
+pub fn ours(name: Option<&str>) -> bool {
     matches!(name, Some(COHORT_RULE | MIRROR_RULE))
 }
 
@@ -304,11 +324,18 @@ fn is_ours(rule: &HttpRouteRule) -> bool {
 /// Finds the managed rule: the named one, else the single rule (not added by us) whose
 /// backends include the stable Service.
 pub fn locate(route: &HttpRoute, target: &Target) -> Result<usize, EditError> {
-    route::locate::<Http>(route, target.rule_name.as_deref(), &target.stable, ours).map_err(
+    locate_in::<Http>(route, target)
+}
+
+/// [`locate`] on a route of any kind.
+pub fn locate_in<K: RouteKind>(route: &K::Route, target: &Target) -> Result<usize, EditError> {
+    route::locate::<K>(route, target.rule_name.as_deref(), &target.stable, ours).map_err(
         |located| {
-            let route = route_name(route);
+            let route = route.meta().name.clone().unwrap_or_default();
+            let kind = K::KIND;
             match located {
                 Located::NoRuleNamed => EditError::RuleNotFound {
+                    kind,
                     route,
                     detail: format!(
                         "no rule named {}",
@@ -316,10 +343,12 @@ pub fn locate(route: &HttpRoute, target: &Target) -> Result<usize, EditError> {
                     ),
                 },
                 Located::NoStableBackend => EditError::RuleNotFound {
+                    kind,
                     route,
                     detail: format!("no rule has Service {} as a backendRef", target.stable),
                 },
                 Located::Ambiguous(indices) => EditError::Ambiguous {
+                    kind,
                     route,
                     stable: target.stable.clone(),
                     indices,
@@ -459,6 +488,7 @@ fn set_weights(
                 b.weight = Some(0);
             } else if canary > 0 {
                 return Err(EditError::OtherBackendWeighted {
+                    kind: Http::KIND,
                     route: route.into(),
                     backend: b.name.clone(),
                     weight: b.effective_weight(),
@@ -475,6 +505,7 @@ fn set_weights(
         let refs = rule.backend_refs.get_or_insert_with(Vec::new);
         if refs.len() >= sluice_api::external::http_route::MAX_BACKEND_REFS {
             return Err(EditError::NoBackendRoom {
+                kind: Http::KIND,
                 route: route.into(),
                 canary: target.canary.clone(),
             });

@@ -1,6 +1,7 @@
 //! The Rollout controller's second triggers: a change of a Rollout's canary workload (a new
-//! version, readiness), of its canary Service (gone or back), or of its route (a foreign edit, a
-//! BundlePin's rewrite) reconciles that Rollout at once, instead of at its next analysis or
+//! version, readiness), of its canary Service (gone or back), or of its route (an HTTPRoute, or a
+//! GRPCRoute when that CRD was installed at start; a foreign edit, a BundlePin's rewrite)
+//! reconciles that Rollout at once, instead of at its next analysis or
 //! deadline — during a `pause: {untilPromoted: true}` step or after promotion there may be none
 //! for a long time.
 //!
@@ -9,19 +10,23 @@
 //! Owns only the mapping from those objects to the Rollouts that reference them, read from the
 //! controller's own store. Never decides and never writes.
 
-use k8s_openapi::api::{
-    apps::v1::{Deployment, StatefulSet},
-    core::v1::Service,
+use k8s_openapi::{
+    api::{
+        apps::v1::{Deployment, StatefulSet},
+        core::v1::Service,
+    },
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
 };
 use kube::{
     Api, Resource, ResourceExt,
+    api::DynamicObject,
     runtime::{Controller, reflector::ObjectRef, reflector::Store, watcher},
 };
 use sluice_api::v1alpha1::{GateTemplate, Rollout};
 
 use crate::{
     reconcile::RolloutStore,
-    route::{self, Route, RouteKind, Wired},
+    route::{self, Route, RouteKind, Wired, grpc::Grpc},
 };
 
 /// The Rollouts whose gates reference the GateTemplate `name`.
@@ -102,14 +107,43 @@ pub struct Watched {
     pub statefulsets: Api<StatefulSet>,
     /// Services (canary Services).
     pub services: Api<Service>,
-    /// Routes of the wired kind (HTTPRoutes).
+    /// HTTPRoutes.
     pub routes: Api<Route>,
+    /// GRPCRoutes, when their CRD is installed (see [`grpc_routes`]); `None`: not watched.
+    pub grpc_routes: Option<Api<DynamicObject>>,
     /// GateTemplates (cluster-scoped).
     pub gate_templates: Api<GateTemplate>,
 }
 
+/// The GRPCRoutes to watch with `watch_client` (cluster-wide or in `namespace`) when the
+/// GRPCRoute CRD is installed, as `client` reads it now; `None` when it is not, or cannot be
+/// read (a watch would fail until it is: the Rollouts on a GRPCRoute say so in their condition,
+/// they are still reconciled on their own schedule, and a restart picks the CRD up).
+pub async fn grpc_routes(
+    client: &kube::Client,
+    watch_client: &kube::Client,
+    namespace: Option<&str>,
+) -> Option<Api<DynamicObject>> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    match crds.get_opt(Grpc::CRD).await {
+        Ok(Some(_)) => Some(Grpc::api(watch_client.clone(), namespace)),
+        Ok(None) => {
+            tracing::info!(
+                crd = Grpc::CRD,
+                "GRPCRoute CRD not installed; GRPCRoutes are not watched"
+            );
+            None
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, crd = Grpc::CRD, "cannot read the GRPCRoute CRD (check the operator's RBAC); GRPCRoutes are not watched, and orphaned GRPCRoute ownership is not swept");
+            None
+        }
+    }
+}
+
 impl Watched {
-    /// Every watched API on `client`, cluster-wide or in `namespace`.
+    /// Every watched API on `client`, cluster-wide or in `namespace`; GRPCRoutes not watched
+    /// (set [`Watched::grpc_routes`] from [`grpc_routes`]).
     pub fn new(client: &kube::Client, namespace: Option<&str>) -> Self {
         fn api<K>(client: &kube::Client, namespace: Option<&str>) -> Api<K>
         where
@@ -125,6 +159,7 @@ impl Watched {
             statefulsets: api(client, namespace),
             services: api(client, namespace),
             routes: Wired::api(client.clone(), namespace),
+            grpc_routes: None,
             gate_templates: Api::all(client.clone()),
         }
     }
@@ -137,13 +172,23 @@ pub fn with_triggers(
 ) -> impl Fn(Controller<Rollout>) -> Controller<Rollout> {
     move |controller| {
         let store = controller.store();
-        let (s1, s2, s3, s4, s5) = (
+        let (s1, s2, s3, s4, s5, s6) = (
+            store.clone(),
             store.clone(),
             store.clone(),
             store.clone(),
             store.clone(),
             store,
         );
+        let controller = match watched.grpc_routes.clone() {
+            Some(api) => controller.watches_with(
+                api,
+                Grpc::api_resource(),
+                config.clone(),
+                move |route: DynamicObject| route_refs(&s6, &route),
+            ),
+            None => controller,
+        };
         controller
             .watches(
                 watched.deployments.clone(),

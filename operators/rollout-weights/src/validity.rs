@@ -18,7 +18,7 @@
 //!
 //! A GRPCRoute (`spec.routeRef.kind: GRPCRoute`) takes weight steps only
 //! (`route_kind_problems`): header-cohort and mirror steps are refused for it, each naming its
-//! field; until the reconcile drives GRPCRoutes the kind itself is refused too.
+//! field.
 //!
 //! Pure; never reads the cluster.
 
@@ -81,17 +81,12 @@ pub fn weight_plan_problems(spec: &RolloutSpec) -> Vec<String> {
 
 /// What the route kind cannot carry, each naming its field: on a GRPCRoute, header-cohort and
 /// mirror steps (gRPC has no idempotent method to mirror by, and the cohort and mirror rules
-/// are built for HTTPRoute only), and for now the kind itself (the reconcile is wired to
-/// HTTPRoute; the route seam's GRPCRoute kind is not yet reached from it).
+/// are built for HTTPRoute only).
 pub fn route_kind_problems(spec: &RolloutSpec) -> Vec<String> {
     if spec.route_ref.kind != RouteKindName::GrpcRoute {
         return Vec::new();
     }
-    let mut out = vec![
-        "spec.routeRef.kind: GRPCRoute is not driven yet: the reconcile reads and writes \
-         HTTPRoutes only, so it would weight an HTTPRoute of that name instead; use an HTTPRoute"
-            .to_owned(),
-    ];
+    let mut out = Vec::new();
     for (i, step) in spec.steps.iter().enumerate() {
         if step.header_cohort.is_some() {
             out.push(format!(
@@ -244,13 +239,9 @@ mod tests {
             }))
         };
         assert_eq!(problems(&on("HTTPRoute"), false), Vec::<String>::new());
-        let not_driven = "spec.routeRef.kind: GRPCRoute is not driven yet: the reconcile reads \
-                          and writes HTTPRoutes only, so it would weight an HTTPRoute of that \
-                          name instead; use an HTTPRoute";
         assert_eq!(
             problems(&on("GRPCRoute"), false),
             vec![
-                not_driven.to_owned(),
                 "spec.steps[0].headerCohort: not supported for a GRPCRoute (spec.routeRef.kind): \
                  header-cohort rules are built for HTTPRoute only; use setWeight steps"
                     .to_owned(),
@@ -262,7 +253,7 @@ mod tests {
         );
         let weights =
             spec(serde_json::json!({"routeRef": {"kind": "GRPCRoute", "name": "payments"}}));
-        assert_eq!(problems(&weights, false), vec![not_driven.to_owned()]);
+        assert_eq!(problems(&weights, false), Vec::<String>::new());
         // Absent kind: HTTPRoute, and it is not written back.
         let default = spec(serde_json::json!({}));
         assert_eq!(default.route_ref.kind, RouteKindName::HttpRoute);

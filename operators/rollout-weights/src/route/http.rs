@@ -5,9 +5,14 @@
 //! Never does I/O.
 
 use kube::{Api, Client};
-use sluice_api::external::http_route::HttpRoute;
+use sluice_api::{external::http_route::HttpRoute, v1alpha1::RolloutSpec};
 
-use super::RouteKind;
+use super::{Driven, RouteKind};
+use crate::{
+    observe,
+    route_edit::{self, CrdSupport, Desired, EditError, Target},
+    step::RouteObs,
+};
 
 /// The HTTPRoute kind.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -67,6 +72,38 @@ impl RouteKind for Http {
             }
             None => false,
         }
+    }
+}
+
+impl Driven for Http {
+    fn dynamic_type() {}
+
+    fn observe(
+        route: &HttpRoute,
+        others: &[HttpRoute],
+        target: &Target,
+        spec: &RolloutSpec,
+        crd: CrdSupport,
+    ) -> RouteObs {
+        observe::route(route, others, target, spec, crd)
+    }
+
+    fn apply(
+        route: &HttpRoute,
+        target: &Target,
+        desired: &Desired,
+        crd: CrdSupport,
+    ) -> Result<HttpRoute, EditError> {
+        route_edit::apply(route, target, desired, crd)
+    }
+
+    fn missing(_: &str) -> RouteObs {
+        RouteObs::Missing
+    }
+
+    fn not_installed(_: &str) -> Option<RouteObs> {
+        // As before GRPCRoute: an HTTPRoute CRD that cannot be read is assumed to be there.
+        None
     }
 }
 

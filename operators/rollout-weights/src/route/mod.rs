@@ -5,10 +5,12 @@
 //! lives here once: the ownership annotation (read, named owner, removed on hand-back) and
 //! finding the managed rule.
 //!
-//! Implementations: [`http::Http`] (HTTPRoute, the kind a Rollout's `routeRef` names today) and
-//! [`grpc::Grpc`] (GRPCRoute, read and weighted at this seam only; a Rollout does not accept it
-//! yet). Each kind keeps every field it does not name exactly as read, so a read-modify-write
-//! never drops foreign configuration. Must never do I/O beyond building an API handle, and
+//! Implementations: [`http::Http`] (HTTPRoute, the default of a Rollout's `routeRef.kind`) and
+//! [`grpc::Grpc`] (GRPCRoute: weight steps only). Each kind keeps every field it does not name
+//! exactly as read, so a read-modify-write never drops foreign configuration. [`Driven`] is
+//! what the reconcile needs of a kind on top (its observations, its editor, what a missing route
+//! or CRD looks like); the reconcile, the triggers and the orphan controller are generic over
+//! it and dispatch on `spec.routeRef.kind`. Must never do I/O beyond building an API handle, and
 //! never touch a rule other than the one it is asked to weight.
 
 pub mod grpc;
@@ -16,8 +18,14 @@ pub mod http;
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::serde::{Serialize, de::DeserializeOwned};
 use kube::{Api, Client, Resource};
-use sluice_api::v1alpha1::rollout::ROUTE_OWNER_ANNOTATION;
+use sluice_api::v1alpha1::{RolloutSpec, rollout::ROUTE_OWNER_ANNOTATION};
+
+use crate::{
+    route_edit::{CrdSupport, Desired, EditError, Target},
+    step::RouteObs,
+};
 
 /// The API group of every Gateway API route kind.
 pub const GATEWAY_GROUP: &str = "gateway.networking.k8s.io";
@@ -25,7 +33,15 @@ pub const GATEWAY_GROUP: &str = "gateway.networking.k8s.io";
 /// One kind of Gateway API route the operator can weight.
 pub trait RouteKind {
     /// The view of a route of this kind; keeps every field it does not name.
-    type Route: Resource + Clone + std::fmt::Debug + Send + Sync + 'static;
+    type Route: Resource<DynamicType: Clone + Eq + std::hash::Hash + std::fmt::Debug + Unpin + Send + Sync>
+        + Clone
+        + PartialEq
+        + Serialize
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static;
 
     /// API group.
     const GROUP: &'static str = GATEWAY_GROUP;
@@ -75,13 +91,47 @@ pub trait RouteKind {
     }
 }
 
-/// The kind a Rollout's `routeRef` names today.
+/// A route kind the reconcile drives end to end: weights per step, abort, hand-back.
+pub trait Driven: RouteKind + 'static {
+    /// The dynamic type of [`RouteKind::Route`] (`()` for a typed route, the `ApiResource` of a
+    /// dynamic one), for writes and watches.
+    fn dynamic_type() -> <Self::Route as Resource>::DynamicType;
+
+    /// The state machine's view of `route` for the Rollout `spec` aims at `target`: this
+    /// operator's parts, or why the route cannot be governed. `others`: the routes of the
+    /// namespace that may compete with a mirror rule (empty unless a step mirrors).
+    fn observe(
+        route: &Self::Route,
+        others: &[Self::Route],
+        target: &Target,
+        spec: &RolloutSpec,
+        crd: CrdSupport,
+    ) -> RouteObs;
+
+    /// `route` with this operator's parts set to `desired` and ownership taken; every other
+    /// field carried over unchanged.
+    fn apply(
+        route: &Self::Route,
+        target: &Target,
+        desired: &Desired,
+        crd: CrdSupport,
+    ) -> Result<Self::Route, EditError>;
+
+    /// The observation when no route named `name` exists.
+    fn missing(name: &str) -> RouteObs;
+
+    /// The observation when the kind's CRD is not installed; `None` when that is not told
+    /// apart from a missing route (the route read then finds nothing).
+    fn not_installed(name: &str) -> Option<RouteObs>;
+}
+
+/// The kind of Rollouts that name none: HTTPRoute.
 pub type Wired = http::Http;
 
-/// A route of the wired kind, as the reconcile, the triggers and the orphan controller see it.
+/// An HTTPRoute, as the HTTPRoute-only parts (the cohort and mirror editor) see it.
 pub type Route = <Wired as RouteKind>::Route;
 
-/// The API of routes of the wired kind in `namespace`.
+/// The API of HTTPRoutes in `namespace`.
 pub fn api(client: Client, namespace: &str) -> Api<Route> {
     Wired::api(client, Some(namespace))
 }
