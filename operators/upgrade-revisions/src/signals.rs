@@ -10,7 +10,7 @@ use std::{
 
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use sluice_analysis::{GateAction, GateCheck};
+use sluice_analysis::{GateAction, GateCheck, GateTemplates};
 use sluice_api::v1alpha1::GateQuery;
 use sluice_api::v1alpha1::{
     BaselineSource, CapturedBaseline, GateTemplate, GateVerdict, RevisionUpgradeSpec,
@@ -174,31 +174,21 @@ pub(crate) async fn gates(
     let mut of_gate: Vec<usize> = Vec::new();
     let mut names: Vec<String> = Vec::new();
     let mut problems: Vec<GateVerdict> = Vec::new();
-    for gate in spec.effective_gates() {
-        let template = match &gate.template_ref {
-            Some(t) => match Api::<GateTemplate>::all(ctx.client.clone())
-                .get_opt(t)
-                .await
-            {
-                Ok(found) => found.map(|g| g.spec),
-                Err(e) => {
-                    problems.push(problem(
-                        &gate.name,
-                        &format!("reading GateTemplate {t}: {e}"),
-                        wave.gates.iter().find(|v| v.gate == gate.name),
-                        now,
-                    ));
-                    continue;
-                }
-            },
-            None => None,
-        };
-        let resolved = match gate.resolve(template.as_ref()) {
+    let gates = spec.effective_gates();
+    let api = Api::<GateTemplate>::all(ctx.client.clone());
+    let templates = GateTemplates::read(&gates, |name| {
+        let api = api.clone();
+        async move { Ok::<_, kube::Error>(api.get_opt(&name).await?.map(|t| t.spec)) }
+    })
+    .await;
+    for gate in gates {
+        // Each gate's own Inconclusive policy or the default: spec.inconclusive is not passed.
+        let resolved = match templates.resolve(&gate, None) {
             Ok(r) => r,
-            Err(e) => {
+            Err(why) => {
                 problems.push(problem(
                     &gate.name,
-                    &e.to_string(),
+                    &why,
                     wave.gates.iter().find(|v| v.gate == gate.name),
                     now,
                 ));
