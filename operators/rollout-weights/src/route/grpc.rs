@@ -19,8 +19,7 @@ use sluice_api::{
 
 use super::{Driven, RouteKind};
 use crate::{
-    observe,
-    route::{self},
+    observe, route,
     route_edit::{self, CrdSupport, Desired, EditError, Target},
     step::{RouteObs, RouteState, desired_at},
 };
