@@ -20,6 +20,7 @@ use sluice_analysis::{
     ServiceScope, SourceWorkloads, Vars, action,
     decide::{SequentialKind, sequential_kind},
     engine::SequentialScope,
+    resolve_gate,
     sequential::{DEFAULT_FALSE_ABORT_RATE, per_test_alpha},
 };
 use sluice_api::v1alpha1::{
@@ -269,14 +270,7 @@ pub fn plan(
                 overrides.join(", ")
             ));
         }
-        let mut g = gate.clone();
-        // A locked template keeps its own policy (or the default): the Rollout's does not apply.
-        if g.definition.inconclusive.is_none()
-            && template.is_none_or(|t| t.definition.inconclusive.is_none() && !t.locked)
-        {
-            g.definition.inconclusive = Some(spec.inconclusive.clone());
-        }
-        let mut resolved = match g.resolve(template) {
+        let mut resolved = match resolve_gate(&gate, template, Some(&spec.inconclusive)) {
             Ok(r) => r,
             Err(e) => {
                 problems.push(Misconfigured {
