@@ -117,7 +117,7 @@ pub enum RouteObs {
     /// Not read (the decision then only validates).
     #[default]
     Unknown,
-    /// No HTTPRoute of that name.
+    /// No route of that name (of the Rollout's kind).
     Missing,
     /// The route exists but cannot be governed (no managed rule, ambiguous, a step whose edit
     /// does not fit, ...).
@@ -773,8 +773,9 @@ impl Machine<'_> {
         if !moved || pinned {
             return false;
         }
+        let kind = spec.route_ref.kind.as_str();
         let note = format!(
-            "the rollout's target changed (HTTPRoute {} with {} / {} -> HTTPRoute {} with {} / {}): the canary is aborted on HTTPRoute {} and it is handed back; the rollout starts over",
+            "the rollout's target changed ({kind} {} with {} / {} -> {kind} {} with {} / {}): the canary is aborted on {kind} {} and it is handed back; the rollout starts over",
             owned.name,
             owned.stable_service.as_deref().unwrap_or("?"),
             owned.canary_service.as_deref().unwrap_or("?"),
@@ -832,7 +833,8 @@ impl Machine<'_> {
             RouteObs::Unknown => return,
             RouteObs::Missing => {
                 let msg = format!(
-                    "HTTPRoute {} not found in the Rollout's namespace",
+                    "{} {} not found in the Rollout's namespace",
+                    spec.route_ref.kind.as_str(),
                     spec.route_ref.name
                 );
                 self.route_problem(reasons::ROUTE_NOT_FOUND, msg);
@@ -863,7 +865,8 @@ impl Machine<'_> {
         let blocked = matches!(self.obs.route, RouteObs::Unusable { .. });
         if let Some(other) = route.owner.as_ref().filter(|o| **o != route.me) {
             let msg = format!(
-                "HTTPRoute {} is owned by Rollout {other}; one Rollout per route",
+                "{} {} is owned by Rollout {other}; one Rollout per route",
+                spec.route_ref.kind.as_str(),
                 spec.route_ref.name
             );
             self.route_problem(reasons::ROUTE_OWNED_BY_OTHER, msg);
@@ -889,7 +892,8 @@ impl Machine<'_> {
                         reasons::ABORTED_ON_DELETE,
                         event_actions::ABORT,
                         format!(
-                            "deleted before promotion: canary weight 0 and cohort and mirror rules removed on HTTPRoute {} before hand-back",
+                            "deleted before promotion: canary weight 0 and cohort and mirror rules removed on {} {} before hand-back",
+                            spec.route_ref.kind.as_str(),
                             spec.route_ref.name
                         ),
                     );
@@ -918,7 +922,8 @@ impl Machine<'_> {
             // wrote still outranks it.
             if route.last_writer.as_deref() == Some(REVERT_FIELD_MANAGER) {
                 let msg = format!(
-                    "a BundlePin rewrote HTTPRoute {}; the pin wins and this rollout stops",
+                    "a BundlePin rewrote {} {}; the pin wins and this rollout stops",
+                    spec.route_ref.kind.as_str(),
                     spec.route_ref.name
                 );
                 if self.next.phase == RolloutPhase::Aborted {
@@ -938,7 +943,8 @@ impl Machine<'_> {
             }
             if drifted {
                 self.event(Severity::Warning, reasons::FOREIGN_EDIT_RESTORED, event_actions::RESTORE, format!(
-                    "HTTPRoute {} was edited by {}: canary weight {} (wrote {:?}), cohort {}, mirror {}; restoring",
+                    "{} {} was edited by {}: canary weight {} (wrote {:?}), cohort {}, mirror {}; restoring",
+                    spec.route_ref.kind.as_str(),
                     spec.route_ref.name,
                     route.last_writer.clone().unwrap_or_else(|| "an unknown writer".into()),
                     route.canary_weight,
@@ -975,7 +981,11 @@ impl Machine<'_> {
                 conditions::ROUTE_OWNED,
                 Status::True,
                 "Owned",
-                format!("HTTPRoute {} is owned by this Rollout", spec.route_ref.name),
+                format!(
+                    "{} {} is owned by this Rollout",
+                    spec.route_ref.kind.as_str(),
+                    spec.route_ref.name
+                ),
             );
         }
 
@@ -1029,7 +1039,11 @@ impl Machine<'_> {
                     Severity::Normal,
                     "Owned",
                     event_actions::OWN,
-                    format!("took ownership of HTTPRoute {}", spec.route_ref.name),
+                    format!(
+                        "took ownership of {} {}",
+                        spec.route_ref.kind.as_str(),
+                        spec.route_ref.name
+                    ),
                 );
                 self.write(Desired::abort());
                 self.waiting();
@@ -1392,7 +1406,11 @@ impl Machine<'_> {
             Severity::Normal,
             "HandedBack",
             event_actions::OWN,
-            format!("HTTPRoute {} handed back", self.spec.route_ref.name),
+            format!(
+                "{} {} handed back",
+                self.spec.route_ref.kind.as_str(),
+                self.spec.route_ref.name
+            ),
         );
     }
 

@@ -233,8 +233,7 @@ impl RolloutSpec {
 pub struct RouteRef {
     /// Kind of the route (gateway.networking.k8s.io/v1): `HTTPRoute` or `GRPCRoute`. Default:
     /// HTTPRoute. A GRPCRoute takes weight steps only (header-cohort and mirror steps are
-    /// refused for it), and rollout-weights refuses it as InvalidSpec until its reconcile
-    /// drives GRPCRoutes.
+    /// refused for it).
     #[serde(default, skip_serializing_if = "RouteKindName::is_http")]
     pub kind: RouteKindName,
     /// Name of the route, in the Rollout's namespace.
