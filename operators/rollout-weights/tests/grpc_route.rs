@@ -352,15 +352,31 @@ async fn a_rollout_on_a_grpcroute_goes_through_its_weights_to_promotion_then_han
     .await;
     assert_eq!(spec_text(&at_full), expected_spec(&original, 0, 100));
     assert_eq!(owner(&at_full).as_deref(), Some("shop/checkout"));
-    let status = promoted.status.unwrap();
-    assert_eq!(
-        status
-            .owned_route
-            .as_ref()
-            .and_then(|o| o.last_written_resource_version.clone()),
-        at_full.metadata.resource_version,
-        "the last route write is recorded"
-    );
+    assert!(promoted.status.is_some_and(|s| s.owned_route.is_some()));
+    // The status records the route's last write; the write and its record are two requests, so
+    // the two are compared until they meet.
+    eventually("the last route write is recorded", BUDGET, async || {
+        let route = grpc_routes(&client)
+            .get(ROUTE)
+            .await
+            .map_err(|e| e.to_string())?;
+        let recorded = rollouts(&client)
+            .get("checkout")
+            .await
+            .map_err(|e| e.to_string())?
+            .status
+            .and_then(|s| s.owned_route)
+            .and_then(|o| o.last_written_resource_version);
+        if recorded.is_some() && recorded == route.metadata.resource_version {
+            Ok(())
+        } else {
+            Err(format!(
+                "recorded {recorded:?}, route at {:?}",
+                route.metadata.resource_version
+            ))
+        }
+    })
+    .await;
 
     // Deleting the promoted Rollout hands the route back: ownership annotation and this
     // manager's entry removed, nothing else.
