@@ -7,7 +7,7 @@
 //! cargo run --release -p sluice-rollout-weights --example scale -- memory 10000
 //! ```
 //!
-//! `revert N... [--interval 30s] [--control-plane emulator|real]`: N Rollouts at a 5% step on
+//! `revert N... [--interval 30s] [--control-plane emulator|real] [--status-echoes reconcile|ignore]`: N Rollouts at a 5% step on
 //! the API emulator (in this process) or a real kube-apiserver and etcd, the controller
 //! in-process as the binary runs it (triggers, GateTemplate cache) with the real Prometheus,
 //! synthetic Istio request counters written by remote write every second. The Rollouts'
@@ -48,6 +48,7 @@ use serde_json::json;
 use sluice_api::v1alpha1::{Rollout, RolloutPhase};
 use sluice_rollout_weights::{OPERATOR, metrics, reconcile, triggers};
 use sluice_runtime::{
+    changes::PrimaryChanges,
     events::EventRecorder,
     leader::Leadership,
     operator::{Hooks, drive_with},
@@ -360,7 +361,7 @@ fn cpu_seconds(pid: &str) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-async fn revert(n: usize, interval: Duration, real: bool) {
+async fn revert(n: usize, interval: Duration, real: bool, changes: PrimaryChanges) {
     let prom = Prometheus::start().await.expect("prometheus binary");
     let prom_pid = prom.pid().to_string();
     let world = World::start(real).await;
@@ -394,6 +395,7 @@ async fn revert(n: usize, interval: Duration, real: bool) {
         ),
     );
     let (hooks, runtime_registry) = Hooks::standalone();
+    let hooks = hooks.with_primary_changes(changes);
     let shutdown = CancellationToken::new();
     let ctl = tokio::spawn(drive_with(
         Api::<Rollout>::all(client.clone()),
@@ -609,6 +611,15 @@ async fn revert(n: usize, interval: Duration, real: bool) {
             .and_then(|l| l.split_whitespace().nth(1))
             .unwrap_or("0"),
     );
+    // What started them: the events of the Rollout watch by what they changed (the rest are
+    // requeues and the triggers of other kinds).
+    println!("rollouts={n} status_echoes={changes:?} watch_changes:");
+    for l in rt
+        .lines()
+        .filter(|l| l.starts_with("sluice_watch_changes_total"))
+    {
+        println!("  {l}");
+    }
     let count = writes.count.load(Ordering::Relaxed).max(1);
     println!(
         "rollouts={n} interval_s={} queries_per_interval={:.2} confirmed_all_after_s={:.1} \
@@ -771,6 +782,15 @@ async fn main() {
         };
         args.drain(at..at + 2);
     }
+    let mut changes = sluice_rollout_weights::PRIMARY_CHANGES;
+    if let Some(at) = args.iter().position(|a| a == "--status-echoes") {
+        changes = match args.get(at + 1).map(String::as_str) {
+            Some("reconcile") => PrimaryChanges::Every,
+            Some("ignore") => PrimaryChanges::IgnoreStatusOnly,
+            other => panic!("--status-echoes reconcile|ignore, not {other:?}"),
+        };
+        args.drain(at..at + 2);
+    }
     let (mode, sizes) = match args.split_first() {
         Some((m, rest)) if !rest.is_empty() => (
             m.clone(),
@@ -781,7 +801,7 @@ async fn main() {
     };
     for n in sizes {
         match mode.as_str() {
-            "revert" => revert(n, interval, real).await,
+            "revert" => revert(n, interval, real, changes).await,
             "memory" => memory(n).await,
             other => panic!("unknown mode {other}: use revert or memory"),
         }

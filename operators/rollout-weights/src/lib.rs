@@ -28,5 +28,13 @@ use sluice_runtime::FieldManager;
 /// The operator's name: Lease name, Event reporter, binary name.
 pub const OPERATOR: &str = "sluice-rollout-weights";
 
+/// Which changes of a Rollout start a reconcile: every one, including the echo of the operator's
+/// own status writes. Measured at 1,000 Rollouts and 30 s (`examples/scale.rs`, `--status-echoes`):
+/// the echoes are about half of all reconciles, but they make no request (the status read back is
+/// the one written, so nothing is written again) and leaving them out changed neither the CPU
+/// used nor the abort's delay, so the operator keeps kube-runtime's default.
+pub const PRIMARY_CHANGES: sluice_runtime::changes::PrimaryChanges =
+    sluice_runtime::changes::PrimaryChanges::Every;
+
 /// The one field manager this operator writes under.
 pub const FIELD_MANAGER: FieldManager = FieldManager::new("sluice-rollout-weights");

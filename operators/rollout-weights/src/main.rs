@@ -96,6 +96,7 @@ async fn main() -> ExitCode {
                 rt.recorder.clone(),
             ));
         }
+        rt.primary_changes = sluice_rollout_weights::PRIMARY_CHANGES;
         rt.run_with(api, Arc::new(ctx), reconcile::reconcile, extend)
             .await?;
         Ok(())

@@ -129,6 +129,7 @@ async fn a_gate_abort_is_notified_once_and_a_dead_target_does_not_hold_the_rever
         .expect("engine starts");
     ctx.notifier = notifier;
     let (hooks, _) = Hooks::standalone();
+    let hooks = hooks.with_primary_changes(sluice_rollout_weights::PRIMARY_CHANGES);
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(drive_with(
         Api::<Rollout>::all(g.client.clone()),

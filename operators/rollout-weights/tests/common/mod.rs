@@ -234,6 +234,7 @@ impl Controller {
                 .expect("engine starts")
                 .with_gate_template_cache(client.clone());
         let (hooks, _) = Hooks::standalone();
+        let hooks = hooks.with_primary_changes(sluice_rollout_weights::PRIMARY_CHANGES);
         hooks.health.set_leader(true);
         let shutdown = CancellationToken::new();
         let extend = triggers::sharing_store(
