@@ -183,7 +183,7 @@ def check_rbac(docs: list[dict], enabled: list[str], release_ns: str, argocd_ns:
                         f"else only get by name: {line}")
             if res == "pods/eviction":
                 f.check(op == "upgrade-revisions", f"{where}: must not evict pods: {line}")
-            if res == "httproutes" and verb in WRITE_VERBS:
+            if res in ("httproutes", "grpcroutes") and verb in WRITE_VERBS:
                 f.check(op == "rollout-weights", f"{where}: must not write routes: {line}")
             if op in ("wave-gate", "revert") and not res.startswith("gatetemplates") and res != "leases" \
                     and not (op == "revert" and res == "secrets" and scope == f"ns/{identity_ns}"):
