@@ -182,8 +182,7 @@ pub(crate) async fn gates(
     })
     .await;
     for gate in gates {
-        // Each gate's own Inconclusive policy or the default: spec.inconclusive is not passed.
-        let resolved = match templates.resolve(&gate, None) {
+        let resolved = match resolve(&templates, &gate, spec) {
             Ok(r) => r,
             Err(why) => {
                 problems.push(problem(
@@ -382,4 +381,58 @@ pub(crate) fn problem(
         previous,
         now,
     )
+}
+
+/// `gate` resolved against the wave's GateTemplates, under the RevisionUpgrade's `inconclusive`
+/// policy where neither the gate nor an unlocked template sets one (as the field documents).
+fn resolve<E: std::fmt::Display>(
+    templates: &GateTemplates<E>,
+    gate: &sluice_api::v1alpha1::Gate,
+    spec: &RevisionUpgradeSpec,
+) -> Result<sluice_api::v1alpha1::ResolvedGate, String> {
+    templates.resolve(gate, Some(&spec.inconclusive))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use sluice_api::v1alpha1::{Gate, InconclusiveAction};
+
+    use super::*;
+
+    #[test]
+    fn the_upgrades_inconclusive_policy_applies_where_a_gate_sets_none() {
+        let spec: RevisionUpgradeSpec = serde_json::from_value(serde_json::json!({
+            "fromTag": "stable", "fromRevision": "1-27",
+            "toTag": "canary", "toRevision": "1-28",
+            "inconclusive": {"action": "Abort", "after": "1m"},
+        }))
+        .unwrap();
+        let templates = GateTemplates::<String> {
+            found: BTreeMap::new(),
+            unreadable: BTreeMap::new(),
+        };
+        let plain: Gate = serde_json::from_value(serde_json::json!({
+            "name": "errors", "builtin": "ErrorRatioVsStable"
+        }))
+        .unwrap();
+        let r = resolve(&templates, &plain, &spec).unwrap();
+        assert_eq!(
+            (r.inconclusive_action, r.inconclusive_after),
+            (InconclusiveAction::Abort, Duration::from_secs(60)),
+            "the RevisionUpgrade's policy"
+        );
+        let own: Gate = serde_json::from_value(serde_json::json!({
+            "name": "errors", "builtin": "ErrorRatioVsStable",
+            "inconclusive": {"action": "Continue", "after": "2m"},
+        }))
+        .unwrap();
+        let r = resolve(&templates, &own, &spec).unwrap();
+        assert_eq!(
+            (r.inconclusive_action, r.inconclusive_after),
+            (InconclusiveAction::Continue, Duration::from_secs(120)),
+            "the gate's own policy wins"
+        );
+    }
 }
