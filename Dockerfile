@@ -23,7 +23,9 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY crates ./crates
 COPY operators ./operators
-# Every workspace member's manifest must be present for cargo to load the workspace.
+# Every workspace member must be present for cargo to load the workspace; none of these is built
+# into the image (no shipped binary depends on the test world).
+COPY testing ./testing
 COPY e2e/suite ./e2e/suite
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \

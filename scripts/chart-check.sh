@@ -166,20 +166,20 @@ image_inputs() {
   local uid
   uid="$(sed -n 's/^ *runAsUser: \([0-9]*\)$/\1/p' "$OUT/default.yaml" | sort -u)"
   grep -qx "USER $uid:$uid" Dockerfile || { echo "Dockerfile USER is not the chart's runAsUser ($uid)"; rc=1; }
-  for path in Cargo.toml Cargo.lock crates/ operators/ e2e/suite/; do
+  for path in Cargo.toml Cargo.lock crates/ operators/ testing/ e2e/suite/; do
     grep -qx "!$path" .dockerignore || { echo ".dockerignore excludes $path, which the Dockerfile copies"; rc=1; }
   done
   # cargo loads every workspace member's manifest, so the build context must hold each of them.
   local member
   for member in $(sed -n '/^members = \[/,/^\]/s/^ *"\([^"]*\)",\{0,1\}$/\1/p' Cargo.toml); do
     case "$member" in crates/*|operators/*) continue ;; esac
-    grep -q "^COPY $member " Dockerfile || { echo "Dockerfile does not copy workspace member $member (cargo cannot load the workspace without it)"; rc=1; }
+    grep -q -e "^COPY $member " -e "^COPY ${member%%/*} " Dockerfile || { echo "Dockerfile does not copy workspace member $member (cargo cannot load the workspace without it)"; rc=1; }
   done
   return "$rc"
 }
 
 # The rendered argocd-cm snippet holds each sluice kind's Lua health check exactly as
-# charts/sluice/argocd/health/<Kind>.lua (the file crates/sluice-chart-tests runs) and the
+# charts/sluice/argocd/health/<Kind>.lua (the file testing/sluice-chart-tests runs) and the
 # HTTPRoute ignoreDifferences naming sluice-api's field managers.
 argocd_customizations() {
   "$PY" - "$OUT/default.yaml" "$CHART/argocd/health" <<'PYEOF'

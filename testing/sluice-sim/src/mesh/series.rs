@@ -1,6 +1,6 @@
 //! The metric series the simulated mesh exports: Istio's request counters and duration
 //! histograms per reporter, control-plane counters and gauges, the drift contract and the SVID
-//! counter (all documented in `crates/sluice-sim/CONTRACT.md`). Owns the cumulative counter
+//! counter (all documented in `testing/sluice-sim/CONTRACT.md`). Owns the cumulative counter
 //! state and the fixed label sets; pure (the telemetry loop feeds it elapsed time and
 //! observations and ships the series).
 //!

@@ -62,7 +62,7 @@ pub fn strict() -> bool {
     on("CI") || on("SLUICE_REQUIRE_ALL")
 }
 
-/// The repository root (this crate lives at `crates/sluice-testkit`).
+/// The repository root (this crate lives at `testing/sluice-testkit`).
 pub fn repo_root() -> PathBuf {
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
     here.join("../..")

@@ -32,7 +32,7 @@
 //! writes a decision, an Application, a BundlePin or a workload object: only Argo CD, wave-gate
 //! and revert do.
 //!
-//! The fault is the mesh simulator's own (`crates/sluice-sim/CONTRACT.md`, mesh-attributed
+//! The fault is the mesh simulator's own (`testing/sluice-sim/CONTRACT.md`, mesh-attributed
 //! failures): from a known instant a share of `east-1`'s requests fail in the mesh with Envoy's
 //! `UT` flag (upstream request timeout), reported by the source proxy with
 //! `failure_origin="mesh"`; it is lifted once the previous bundle is back.

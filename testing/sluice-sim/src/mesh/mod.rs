@@ -2,7 +2,7 @@
 //! services, written to a real Prometheus by remote write. Traffic follows the HTTPRoute rules
 //! stored in the API (read every tick), after a propagation delay, optionally distorted; faults
 //! and control-plane signals come from scenario data files. Metric names, labels and the write
-//! interval are a contract, documented in `crates/sluice-sim/CONTRACT.md`. Never writes to the
+//! interval are a contract, documented in `testing/sluice-sim/CONTRACT.md`. Never writes to the
 //! Kubernetes API.
 
 pub mod latency;
