@@ -6,8 +6,10 @@
 //! Owns the order of effects: the status decision first (a deposed leader's stale decision is
 //! refused there and nothing else happens), then the route write (read-modify-write with a
 //! resourceVersion precondition under this operator's field manager), then a second fenced
-//! status write recording the route's resourceVersion and, on abort, when the route was
-//! reverted; Events and the transition log line last. Holds a finalizer so that deleting a
+//! status write recording the route's resourceVersion; Events and the transition log line last.
+//! An abort is the exception: its route write comes first (fenced by leadership and the route's
+//! resourceVersion; weight 0 is never the unsafe direction), and one status write then records
+//! the decision and when the route was reverted, so the revert waits for no other request. Holds a finalizer so that deleting a
 //! Rollout hands its route back (ownership annotation and this manager's managedFields entry
 //! removed, nothing else). Must never decide anything and never write a route another Rollout
 //! owns.
@@ -692,6 +694,54 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// Whether this decision reverts the route of an abort not yet carried out: its route write then
+/// goes first.
+fn reverts_first(actions: &[Action], next: &RolloutStatus) -> bool {
+    next.phase == RolloutPhase::Aborted
+        && next
+            .abort
+            .as_ref()
+            .is_some_and(|a| a.route_reverted_at.is_none())
+        && actions
+            .iter()
+            .any(|a| matches!(a, Action::WriteRoute(d) if *d == Desired::abort()))
+}
+
+/// Records an abort decided from `obj` (its route already reverted, or its route write failed).
+/// When a newer Rollout is stored (this operator's own last status write not yet seen), the abort
+/// is recorded on that one, as long as its spec, phase and step are the ones the abort was decided
+/// from: what changed in between is this operator's own bookkeeping of the same step, which the
+/// abort supersedes. Otherwise `false`: the newer Rollout is to be decided again at once.
+async fn record_abort(
+    api: &Api<Rollout>,
+    obj: &Rollout,
+    status: &RolloutStatus,
+) -> Result<bool, ReconcileError> {
+    match write::apply_status(api, FIELD_MANAGER, obj, status).await {
+        Ok(_) => return Ok(true),
+        Err(WriteError::Stale { .. }) => {}
+        Err(e) => return Err(ReconcileError::Status(e)),
+    }
+    let newer = api
+        .get(&obj.name_any())
+        .await
+        .map_err(|source| ReconcileError::Read {
+            what: "the Rollout, to record its abort".into(),
+            rollout: format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any()),
+            source,
+        })?;
+    let place = |r: &Rollout| r.status.as_ref().map(|s| (s.phase, s.current_step_index));
+    if newer.metadata.generation != obj.metadata.generation || place(&newer) != place(obj) {
+        tracing::info!("the Rollout changed while its route was reverted; deciding again");
+        return Ok(false);
+    }
+    match write::apply_status(api, FIELD_MANAGER, &newer, status).await {
+        Ok(_) => Ok(true),
+        Err(WriteError::Stale { .. }) => Ok(false),
+        Err(e) => Err(ReconcileError::Status(e)),
+    }
+}
+
 fn same_status(a: Option<&RolloutStatus>, b: &RolloutStatus) -> bool {
     // Compared as stored: times are kept to the second.
     serde_json::to_value(a.cloned().unwrap_or_default()).ok() == serde_json::to_value(b).ok()
@@ -901,10 +951,12 @@ async fn reconcile_on<K: Driven>(
         ),
     };
     let mut status = decision.status.clone();
+    // An abort reverts the route before anything else is written (see the module's order).
+    let abort_first = !deleting && reverts_first(&decision.actions, &status);
 
     // 1. The decision, fenced by the resourceVersion it was made from.
     let mut stored = obj.as_ref().clone();
-    if !deleting && !same_status(obj.status.as_ref(), &status) {
+    if !deleting && !abort_first && !same_status(obj.status.as_ref(), &status) {
         stored = match write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &status).await {
             Ok(s) => s,
             // Decided from a Rollout older than the stored one (its own last status write not
@@ -964,6 +1016,13 @@ async fn reconcile_on<K: Driven>(
                     }
                     Err(e) => {
                         ctx.metrics.route_write("Failed");
+                        if abort_first {
+                            // The abort is recorded all the same, so it is retried from the
+                            // status rather than decided again on the next analysis tick.
+                            if let Err(record) = record_abort(&api, &obj, &status).await {
+                                tracing::warn!(error = %record, "could not record the abort whose route write failed");
+                            }
+                        }
                         return Err(e);
                     }
                 };
@@ -1057,11 +1116,21 @@ async fn reconcile_on<K: Driven>(
         ctx.metrics.abort(&format!("{:?}", a.reason));
     }
 
-    // 3. What the route write left behind, fenced by the first write.
+    // 3. What the route write left behind, fenced by the first write (for an abort, the one
+    // status write: the decision and the revert together).
     if !deleting && !same_status(stored.status.as_ref(), &status) {
-        write::apply_status(&api, FIELD_MANAGER, &stored, &status)
-            .await
-            .map_err(ReconcileError::Status)?;
+        if abort_first {
+            if !record_abort(&api, &obj, &status).await? {
+                return Ok(ControllerAction::requeue(Duration::ZERO));
+            }
+            if let Some(n) = crate::notice::notice(obj.status.as_ref(), &status) {
+                ctx.notifier.notify(obj.as_ref(), n);
+            }
+        } else {
+            write::apply_status(&api, FIELD_MANAGER, &stored, &status)
+                .await
+                .map_err(ReconcileError::Status)?;
+        }
     }
 
     // 4. Events and one log line per transition, only after the writes succeeded.

@@ -185,3 +185,101 @@ async fn p99_breach_aborts() {
             .expect("event parses");
     abort_scenario(s, Duration::from_secs(20), "latency-p99").await;
 }
+
+/// Every stored version of `api`'s objects from now on, in the order written: (resourceVersion,
+/// object). The emulator's resourceVersions are one counter across kinds, so two logs compare.
+fn log_writes<K>(api: kube::Api<K>) -> (Arc<Mutex<Vec<(u64, K)>>>, tokio::task::JoinHandle<()>)
+where
+    K: kube::Resource
+        + Clone
+        + k8s_openapi::serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+{
+    use futures::StreamExt;
+    let log: Arc<Mutex<Vec<(u64, K)>>> = Arc::default();
+    let out = log.clone();
+    let task = tokio::spawn(async move {
+        let mut stream = api
+            .watch(&kube::api::WatchParams::default(), "0")
+            .await
+            .expect("watch starts")
+            .boxed();
+        while let Some(Ok(event)) = stream.next().await {
+            if let kube::api::WatchEvent::Added(o) | kube::api::WatchEvent::Modified(o) = event {
+                let rv = o.meta().resource_version.as_deref().unwrap_or("0");
+                let rv = rv.parse().expect("a numeric resourceVersion");
+                out.lock().unwrap_or_else(|e| e.into_inner()).push((rv, o));
+            }
+        }
+    });
+    (log, task)
+}
+
+/// An abort's route write is the first write of the reconcile that decides it: the first stored
+/// status that says Aborted already records when the route was reverted (decision and revert in
+/// one status write, after the route), so the revert waits for no other request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_route_is_reverted_before_the_abort_is_recorded() {
+    let budget = Duration::from_secs(100);
+    let mut s = scenario("canary-abort", 4000.0);
+    s.events.clear();
+    let Some(g) = given(s).await else {
+        return;
+    };
+    let prom = g.prometheus.as_ref().unwrap().url().to_owned();
+    let ctl = Controller::start(&g.client, &prom);
+    let steps = json!([
+        {"setWeight": {"weight": 1, "duration": "600s"}},
+        {"promote": {}}
+    ]);
+    rollouts(&g.client)
+        .create(&PostParams::default(), &rollout(steps, json!({})))
+        .await
+        .unwrap();
+    share_confirmed_at_step(&g.client, "1% confirmed by telemetry", 0, budget).await;
+    let (statuses, watch_rollouts) = log_writes(rollouts(&g.client));
+    let (route_versions, watch_routes) = log_writes(routes(&g.client));
+
+    g.canary_errors_at(3.0);
+    rollout_until(&g.client, "aborted and recorded", budget, |r| {
+        r.status
+            .as_ref()
+            .and_then(|s| s.abort.as_ref())
+            .is_some_and(|a| a.route_reverted_at.is_some())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    watch_rollouts.abort();
+    watch_routes.abort();
+    ctl.stop().await;
+
+    let statuses = statuses.lock().unwrap().clone();
+    let (aborted_rv, first_aborted) = statuses
+        .iter()
+        .find(|(_, r)| {
+            r.status
+                .as_ref()
+                .is_some_and(|s| s.phase == RolloutPhase::Aborted)
+        })
+        .cloned()
+        .expect("an Aborted status was stored");
+    let st = first_aborted.status.unwrap();
+    let abort = st.abort.expect("an Aborted status says why");
+    assert!(
+        abort.route_reverted_at.is_some() && st.abort_detect_to_revert_ms.is_some(),
+        "the first status saying Aborted was written before the route was reverted: {abort:?}"
+    );
+    let reverted_rv = route_versions
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(_, r)| weights(r).1 == 0)
+        .map(|(rv, _)| *rv)
+        .expect("the route was reverted to canary weight 0");
+    assert!(
+        reverted_rv < aborted_rv,
+        "route reverted at resourceVersion {reverted_rv}, after the abort was recorded at {aborted_rv}"
+    );
+}
