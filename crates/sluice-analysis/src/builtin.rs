@@ -35,6 +35,15 @@
 //! share never counts mirrored copies). A **source-workload filter** (`source_workload` one of a
 //! list, optionally `source_workload_namespace`) restricts all three to requests from given
 //! clients, e.g. the gateway of a north-south route.
+//! ErrorRatioVsStable's `errors` are the requests answered with an HTTP 5xx **or**, on another
+//! HTTP status, with a gRPC status that is a server error ([`GRPC_SERVER_ERRORS`]): gRPC carries
+//! its errors as `grpc-status` on HTTP 200, which Istio reports as `response_code="200"` beside
+//! `grpc_response_status` (istio/proxy `source/extensions/filters/http/istio_stats/istio_stats.cc`,
+//! `IstioStatsFilter::log`: the trailer's code for a gRPC request, `""` for any other). The gRPC
+//! part is grouped by `grpc_response_status` as well, so its series stay apart from the 5xx ones in
+//! the `or` and the engine sums both into `errors`; a 5xx that also carries a gRPC status (Envoy's
+//! own UNAVAILABLE on 503) is counted once, by the 5xx part. No flag says a gate judges gRPC:
+//! HTTP requests never match the gRPC part.
 //! MeshErrorRatio counts `failure_origin="mesh"` where the platform adds that label (seed ADR-30)
 //! and, on series without it, any Envoy response flag except `-` and `DC` (the client went away).
 //! ProxiesBehind reads the drift exporter contract (seed ADR-31), which sluice defines and does not
@@ -62,6 +71,13 @@ pub const SAMPLES_PART: &str = "samples";
 /// The cluster label name inside the built-in templates, replaced by the engine's setting.
 pub const TEMPLATE_CLUSTER_LABEL: &str = "cluster";
 
+/// The gRPC status codes ErrorRatioVsStable counts as errors (the `grpc_response_status` regex of
+/// its gRPC part): exactly those Envoy translates to an HTTP 5xx (`Grpc::Utility::grpcToHttpStatus`)
+/// — UNKNOWN 2, DEADLINE_EXCEEDED 4, UNIMPLEMENTED 12, INTERNAL 13, UNAVAILABLE 14, DATA_LOSS 15 —
+/// so a gRPC service is judged by the rule an HTTP one is. The codes that map to a 4xx (the
+/// client's request was wrong or not allowed) and CANCELLED (the client went away) are not.
+pub const GRPC_SERVER_ERRORS: &str = "2|4|12|13|14|15";
+
 /// The drift exporter contract: proxies behind a commit.
 pub const DRIFT_BEHIND_METRIC: &str = "sluice_drift_proxies_behind";
 /// The drift exporter contract: proxies evaluated for a commit.
@@ -71,7 +87,9 @@ const APPLIED_SHARE: &str = r#"label_replace(sum by ({{by}}) (increase(istio_req
 
 const ERROR_RATIO: &str = r#"label_replace(sum by ({{by}}) (increase(istio_requests_total{reporter="source", cluster="{{cluster}}", destination_service_namespace="{{namespace}}", destination_service_name="{{service}}"}[{{window}}])), "sluice_part", "requests", "", "")
 or
-label_replace(sum by ({{by}}) (increase(istio_requests_total{reporter="source", cluster="{{cluster}}", destination_service_namespace="{{namespace}}", destination_service_name="{{service}}", response_code=~"5.."}[{{window}}])), "sluice_part", "errors", "", "")"#;
+label_replace(sum by ({{by}}) (increase(istio_requests_total{reporter="source", cluster="{{cluster}}", destination_service_namespace="{{namespace}}", destination_service_name="{{service}}", response_code=~"5.."}[{{window}}])), "sluice_part", "errors", "", "")
+or
+label_replace(sum by ({{by}}, grpc_response_status) (increase(istio_requests_total{reporter="source", cluster="{{cluster}}", destination_service_namespace="{{namespace}}", destination_service_name="{{service}}", response_code!~"5..", grpc_response_status=~"2|4|12|13|14|15"}[{{window}}])), "sluice_part", "errors", "", "")"#;
 
 const LATENCY_P99: &str = r#"label_replace(histogram_quantile(0.99, sum by (le, {{by}}) (rate(istio_request_duration_milliseconds_bucket{reporter="source", cluster="{{cluster}}", destination_service_namespace="{{namespace}}", destination_service_name="{{service}}"}[{{window}}]))), "sluice_part", "p99", "", "")
 or
@@ -97,12 +115,14 @@ const SVID_ISSUANCE_RATE: &str = r#"label_replace(sum by ({{by}}) (rate(citadel_
 or
 label_replace(sum by ({{by}}) (increase(citadel_server_csr_count{cluster="{{cluster}}"}[{{window}}])), "sluice_part", "csrs", "", "")"#;
 
-/// The request and 5xx counters of the canary or stable Service, read at aligned instants by the
+/// The request and error (5xx or a gRPC server error) counters of the canary or stable Service, read at aligned instants by the
 /// sequential tests of ErrorRatioVsStable and AppliedShare: the counts of an interval are the
 /// difference of two consecutive readings, so every request falls in exactly one interval.
 const REQUEST_COUNTERS: &str = r#"label_replace(sum by ({{by}}) (istio_requests_total{reporter="source", cluster="{{cluster}}", destination_service_namespace="{{namespace}}", destination_service_name="{{service}}"}), "sluice_part", "requests", "", "")
 or
-label_replace(sum by ({{by}}) (istio_requests_total{reporter="source", cluster="{{cluster}}", destination_service_namespace="{{namespace}}", destination_service_name="{{service}}", response_code=~"5.."}), "sluice_part", "errors", "", "")"#;
+label_replace(sum by ({{by}}) (istio_requests_total{reporter="source", cluster="{{cluster}}", destination_service_namespace="{{namespace}}", destination_service_name="{{service}}", response_code=~"5.."}), "sluice_part", "errors", "", "")
+or
+label_replace(sum by ({{by}}, grpc_response_status) (istio_requests_total{reporter="source", cluster="{{cluster}}", destination_service_namespace="{{namespace}}", destination_service_name="{{service}}", response_code!~"5..", grpc_response_status=~"2|4|12|13|14|15"}), "sluice_part", "errors", "", "")"#;
 
 /// The duration histogram's cumulative bucket counters, one part per bound (`le_<bound>`): what
 /// the sequential test of LatencyP99VsStable counts slow requests from.
@@ -110,7 +130,9 @@ const BUCKET_COUNTERS: &str = r#"label_replace(sum by (le, {{by}}) (istio_reques
 
 const DESTINATION_ERROR_RATIO: &str = r#"label_replace(sum by ({{by}}) (increase(istio_requests_total{reporter="destination", cluster="{{cluster}}", destination_workload_namespace="{{namespace}}", destination_workload="{{workload}}"}[{{window}}])), "sluice_part", "requests", "", "")
 or
-label_replace(sum by ({{by}}) (increase(istio_requests_total{reporter="destination", cluster="{{cluster}}", destination_workload_namespace="{{namespace}}", destination_workload="{{workload}}", response_code=~"5.."}[{{window}}])), "sluice_part", "errors", "", "")"#;
+label_replace(sum by ({{by}}) (increase(istio_requests_total{reporter="destination", cluster="{{cluster}}", destination_workload_namespace="{{namespace}}", destination_workload="{{workload}}", response_code=~"5.."}[{{window}}])), "sluice_part", "errors", "", "")
+or
+label_replace(sum by ({{by}}, grpc_response_status) (increase(istio_requests_total{reporter="destination", cluster="{{cluster}}", destination_workload_namespace="{{namespace}}", destination_workload="{{workload}}", response_code!~"5..", grpc_response_status=~"2|4|12|13|14|15"}[{{window}}])), "sluice_part", "errors", "", "")"#;
 
 const DESTINATION_LATENCY_P99: &str = r#"label_replace(histogram_quantile(0.99, sum by (le, {{by}}) (rate(istio_request_duration_milliseconds_bucket{reporter="destination", cluster="{{cluster}}", destination_workload_namespace="{{namespace}}", destination_workload="{{workload}}"}[{{window}}]))), "sluice_part", "p99", "", "")
 or
@@ -118,7 +140,9 @@ label_replace(sum by ({{by}}) (increase(istio_request_duration_milliseconds_coun
 
 const DESTINATION_REQUEST_COUNTERS: &str = r#"label_replace(sum by ({{by}}) (istio_requests_total{reporter="destination", cluster="{{cluster}}", destination_workload_namespace="{{namespace}}", destination_workload="{{workload}}"}), "sluice_part", "requests", "", "")
 or
-label_replace(sum by ({{by}}) (istio_requests_total{reporter="destination", cluster="{{cluster}}", destination_workload_namespace="{{namespace}}", destination_workload="{{workload}}", response_code=~"5.."}), "sluice_part", "errors", "", "")"#;
+label_replace(sum by ({{by}}) (istio_requests_total{reporter="destination", cluster="{{cluster}}", destination_workload_namespace="{{namespace}}", destination_workload="{{workload}}", response_code=~"5.."}), "sluice_part", "errors", "", "")
+or
+label_replace(sum by ({{by}}, grpc_response_status) (istio_requests_total{reporter="destination", cluster="{{cluster}}", destination_workload_namespace="{{namespace}}", destination_workload="{{workload}}", response_code!~"5..", grpc_response_status=~"2|4|12|13|14|15"}), "sluice_part", "errors", "", "")"#;
 
 const DESTINATION_BUCKET_COUNTERS: &str = r#"label_replace(sum by (le, {{by}}) (istio_request_duration_milliseconds_bucket{reporter="destination", cluster="{{cluster}}", destination_workload_namespace="{{namespace}}", destination_workload="{{workload}}"}), "sluice_part", "le_$1", "le", "(.+)")"#;
 
@@ -208,7 +232,7 @@ fn scoped(template: &str, cluster_label: &str, scope: &ServiceScope) -> String {
 }
 
 /// The counter query of a sequential test (`buckets`: the latency histogram; otherwise requests
-/// and 5xx), with the cluster label renamed.
+/// and errors), with the cluster label renamed.
 pub fn counters_for(buckets: bool, cluster_label: &str) -> String {
     counters_in(buckets, cluster_label, &ServiceScope::default())
 }
@@ -665,6 +689,43 @@ mod tests {
         for buckets in [false, true] {
             assert!(doc.contains(&counters_in(buckets, "cluster", &destination)));
         }
+    }
+
+    #[test]
+    fn every_error_query_counts_5xx_and_grpc_server_errors_once() {
+        let destination = ServiceScope {
+            reporter: Reporter::Destination,
+            sources: None,
+        };
+        let grpc =
+            format!("response_code!~\"5..\", grpc_response_status=~\"{GRPC_SERVER_ERRORS}\"");
+        for text in [
+            template_for(BuiltinGate::ErrorRatioVsStable, "cluster"),
+            template_in(BuiltinGate::ErrorRatioVsStable, "cluster", &destination),
+            counters_for(false, "cluster"),
+            counters_in(false, "cluster", &destination),
+        ] {
+            // Two error parts, apart in the `or` by the gRPC part's extra grouping label.
+            assert_eq!(
+                text.matches("\"sluice_part\", \"errors\"").count(),
+                2,
+                "{text}"
+            );
+            assert_eq!(text.matches("response_code=~\"5..\"").count(), 1, "{text}");
+            assert_eq!(text.matches(&grpc).count(), 1, "{text}");
+            assert_eq!(
+                text.matches("sum by ({{by}}, grpc_response_status)")
+                    .count(),
+                1,
+                "{text}"
+            );
+        }
+        // The codes Envoy maps to a 5xx, and no other.
+        let codes: BTreeSet<u8> = GRPC_SERVER_ERRORS
+            .split('|')
+            .map(|c| c.parse().unwrap())
+            .collect();
+        assert_eq!(codes, BTreeSet::from([2, 4, 12, 13, 14, 15]));
     }
 
     #[test]

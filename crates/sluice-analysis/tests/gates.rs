@@ -219,6 +219,84 @@ async fn error_ratio_vs_stable_passes_then_fails_after_consecutive_breaches() {
     );
 }
 
+/// A gRPC request counter as Istio reports it: `request_protocol="grpc"`, the HTTP status in
+/// `response_code` (200 for every answer that reached the application) and the gRPC status code
+/// in `grpc_response_status`.
+fn grpc_requests(
+    now: i64,
+    cluster: &str,
+    service: &str,
+    http_code: &str,
+    grpc_status: &str,
+    rps: f64,
+) -> Series {
+    requests(now, cluster, service, http_code, "-", rps)
+        .label("request_protocol", "grpc")
+        .label("grpc_response_status", grpc_status)
+}
+
+#[tokio::test]
+async fn a_grpc_canary_answering_unavailable_on_http_200_fails_error_ratio_vs_stable() {
+    let w = World::start().await;
+    let n = w.now_ms;
+    let series = vec![
+        // bad: the canary answers 10% UNAVAILABLE (14) on HTTP 200, the stable 1%.
+        grpc_requests(n, "c1", "bad-canary", "200", "0", 4.5),
+        grpc_requests(n, "c1", "bad-canary", "200", "14", 0.5),
+        grpc_requests(n, "c1", "bad-stable", "200", "0", 4.95),
+        grpc_requests(n, "c1", "bad-stable", "200", "14", 0.05),
+        // good: 20% NOT_FOUND (5) is the clients' business, not an error; Envoy's own UNAVAILABLE
+        // (HTTP 503 carrying grpc-status 14) counts once, on each side at 1%.
+        grpc_requests(n, "c1", "good-canary", "200", "0", 3.95),
+        grpc_requests(n, "c1", "good-canary", "200", "5", 1.0),
+        grpc_requests(n, "c1", "good-canary", "503", "14", 0.05),
+        grpc_requests(n, "c1", "good-stable", "200", "0", 4.95),
+        grpc_requests(n, "c1", "good-stable", "503", "14", 0.05),
+    ];
+    w.write(series).await;
+    let gate = builtin_gate(BuiltinGate::ErrorRatioVsStable, |_| {});
+    let mut checks = vec![
+        check(
+            "Rollout shop/good",
+            gate.clone(),
+            rollout_vars("c1", "good"),
+        ),
+        check("Rollout shop/bad", gate, rollout_vars("c1", "bad")),
+    ];
+    let engine = w.engine();
+
+    let first = engine.tick(&checks, w.now()).await;
+    let good = verdict(&first.outcomes[0]);
+    assert!(
+        (good.value.unwrap() - 0.01).abs() < 0.003,
+        "NOT_FOUND is no error and a 503 is counted once: {:?}",
+        good.value
+    );
+    let bad = verdict(&first.outcomes[1]);
+    assert!(
+        (bad.value.unwrap() - 0.10).abs() < 0.01,
+        "UNAVAILABLE on HTTP 200 is an error: {:?}",
+        bad.value
+    );
+    assert!(
+        (bad.baseline.unwrap() - 0.01).abs() < 0.003,
+        "stable ratio {:?}",
+        bad.baseline
+    );
+    for (c, o) in checks.iter_mut().zip(&first.outcomes) {
+        c.previous = Some(verdict(o).clone());
+    }
+    let second = engine.tick(&checks, w.now()).await;
+    assert_eq!(
+        summary(&second),
+        [
+            (Verdict::Pass, VerdictReason::ThresholdMet),
+            (Verdict::Fail, VerdictReason::ThresholdBreached)
+        ]
+    );
+    assert_eq!(second.queries, 1, "gRPC and HTTP errors share one query");
+}
+
 #[tokio::test]
 async fn too_few_samples_and_no_data_are_inconclusive_never_pass() {
     let w = World::start().await;
