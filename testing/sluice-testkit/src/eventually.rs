@@ -54,17 +54,94 @@ pub async fn eventually_every<P: Poll>(
     what: &str,
     budget: Duration,
     every: Duration,
-    mut check: impl AsyncFnMut() -> P,
+    check: impl AsyncFnMut() -> P,
 ) -> P::Value {
-    let deadline = Instant::now() + budget;
-    loop {
-        match check().await.poll() {
-            Ok(value) => return value,
-            Err(last) if Instant::now() >= deadline => {
-                panic!("timed out after {budget:?} waiting for {what}; last seen: {last}")
-            }
-            Err(_) => tokio::time::sleep(every).await,
+    Wait::within(budget).every(every).until(what, check).await
+}
+
+/// How a test waits: for at most a budget, polling every so often, and whether it prints how long
+/// the wait took. For a test that waits the same way many times:
+/// `const WAIT: Wait = Wait::within(Duration::from_secs(60)).every(Duration::from_millis(200));`.
+#[derive(Clone, Copy, Debug)]
+pub struct Wait {
+    budget: Duration,
+    every: Duration,
+    timed: bool,
+}
+
+impl Wait {
+    /// At most `budget`, polling every [`POLL`], printing nothing.
+    pub const fn within(budget: Duration) -> Self {
+        Self {
+            budget,
+            every: POLL,
+            timed: false,
         }
+    }
+
+    /// Polling every `every` instead.
+    pub const fn every(self, every: Duration) -> Self {
+        Self { every, ..self }
+    }
+
+    /// Printing "{what}: {how long it took}" once the check holds.
+    pub const fn timed(self) -> Self {
+        Self {
+            timed: true,
+            ..self
+        }
+    }
+
+    /// Polls `check` until it holds and returns its value, or panics once the budget is spent
+    /// with "timed out after {budget} waiting for {what}; last seen: {what the last poll saw}".
+    pub async fn until<P: Poll>(self, what: &str, check: impl AsyncFnMut() -> P) -> P::Value {
+        let start = Instant::now();
+        match self.poll(check).await {
+            Ok(value) => self.done(what, start, value),
+            Err(last) => self.timed_out(what, &last),
+        }
+    }
+
+    /// [`Wait::until`], the timeout message showing what `seen` reads instead of what the last
+    /// poll saw: for a check whose failure is best explained by something it does not read
+    /// itself. `seen` is read once, after the budget is spent, never at a poll.
+    pub async fn until_seeing<P: Poll>(
+        self,
+        what: &str,
+        check: impl AsyncFnMut() -> P,
+        seen: impl AsyncFnOnce() -> String,
+    ) -> P::Value {
+        let start = Instant::now();
+        match self.poll(check).await {
+            Ok(value) => self.done(what, start, value),
+            Err(_) => self.timed_out(what, &seen().await),
+        }
+    }
+
+    /// The check's value once it holds, or what the last poll saw once the budget is spent.
+    async fn poll<P: Poll>(self, mut check: impl AsyncFnMut() -> P) -> Result<P::Value, String> {
+        let deadline = Instant::now() + self.budget;
+        loop {
+            match check().await.poll() {
+                Ok(value) => return Ok(value),
+                Err(last) if Instant::now() >= deadline => return Err(last),
+                Err(_) => tokio::time::sleep(self.every).await,
+            }
+        }
+    }
+
+    fn done<T>(self, what: &str, start: Instant, value: T) -> T {
+        if self.timed {
+            println!("{what}: {:.1?}", start.elapsed());
+        }
+        value
+    }
+
+    fn timed_out(self, what: &str, last: &str) -> ! {
+        panic!(
+            "timed out after {:?} waiting for {what}; last seen: {last}",
+            self.budget
+        )
     }
 }
 
@@ -158,6 +235,27 @@ mod tests {
             "{message}"
         );
         assert!(message.ends_with(": Pending"), "{message}");
+    }
+
+    #[test]
+    fn until_seeing_shows_what_seen_reads_once_after_the_budget() {
+        let mut seen_reads = 0;
+        let message = panic_of(
+            Wait::within(Duration::from_millis(20))
+                .every(Duration::from_millis(5))
+                .until_seeing(
+                    "a value",
+                    async || None::<()>,
+                    async || {
+                        seen_reads += 1;
+                        format!("status read {seen_reads} time(s)")
+                    },
+                ),
+        );
+        assert_eq!(
+            message,
+            "timed out after 20ms waiting for a value; last seen: status read 1 time(s)"
+        );
     }
 
     #[test]
