@@ -51,7 +51,7 @@ use sluice_runtime::{
 };
 use sluice_sim::Scenario;
 use sluice_sim::mesh::{Event, ResponseFlag};
-use sluice_testkit::eventually::eventually_every;
+use sluice_testkit::eventually::Wait;
 use sluice_testkit::mesh_config::{checkout_route, http_route_resource as route_resource};
 use sluice_testkit::secrets::secret;
 use sluice_testkit::{prometheus::Prometheus, registry::Registry};
@@ -78,6 +78,9 @@ const WEIGHT_B: u64 = 10;
 const RPS: f64 = 100.0;
 /// Time budget of one scenario, setup included.
 const SCENARIO_BUDGET: Duration = Duration::from_secs(58);
+/// How a scenario waits: every 20 ms within the scenario's budget (the outer timeout catches the
+/// rest), failing with the WaveGate's status ([`Fleet::status_seen`]).
+const WAIT: Wait = Wait::within(SCENARIO_BUDGET).every(Duration::from_millis(20));
 
 /// The scenarios share the machine's two cores: one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -378,17 +381,17 @@ impl Fleet {
             .await
             .expect("the API server accepts the WaveGate");
         let a = fleet.a.digest.clone();
-        fleet
-            .eventually("every Application Synced at a and Healthy", |f| {
-                let a = a.clone();
-                async move {
-                    let apps = f.apps().await;
-                    (apps.len() == CLUSTERS.len()
-                        && apps.values().all(|x| x.is_synced_at(&a) && x.is_healthy()))
-                    .then_some(())
-                }
-            })
-            .await;
+        WAIT.until_seeing(
+            "every Application Synced at a and Healthy",
+            async || {
+                let apps = fleet.apps().await;
+                (apps.len() == CLUSTERS.len()
+                    && apps.values().all(|x| x.is_synced_at(&a) && x.is_healthy()))
+                .then_some(())
+            },
+            async || fleet.status_seen().await,
+        )
+        .await;
         for c in CLUSTERS {
             assert_eq!(fleet.canary_weight(c).await, Some(WEIGHT_A), "{c} runs a");
         }
@@ -553,29 +556,9 @@ impl Fleet {
             .expect("the spec patch is accepted");
     }
 
-    /// Polls `check` every 20 ms until it returns `Some`; fails with the WaveGate's status
-    /// once the scenario's budget would be exceeded (the outer timeout catches the rest).
-    async fn eventually<'a, T, F, Fut>(&'a self, what: &str, check: F) -> T
-    where
-        F: Fn(&'a Fleet) -> Fut,
-        Fut: std::future::Future<Output = Option<T>>,
-    {
-        // The status is read only once the budget is spent, for the timeout message.
-        let deadline = Instant::now() + SCENARIO_BUDGET;
-        eventually_every(
-            what,
-            SCENARIO_BUDGET,
-            Duration::from_millis(20),
-            async || match check(self).await {
-                Some(v) => Ok(v),
-                None if Instant::now() >= deadline => Err(format!(
-                    "WaveGate status: {:#?}",
-                    self.wave_gate().await.status
-                )),
-                None => Err("not yet".to_string()),
-            },
-        )
-        .await
+    /// What a timed-out [`WAIT`] shows: the WaveGate's status, read once the budget is spent.
+    async fn status_seen(&self) -> String {
+        format!("WaveGate status: {:#?}", self.wave_gate().await.status)
     }
 
     async fn stop(mut self) {
@@ -773,10 +756,14 @@ async fn breach_in_the_canary_halts_pins_back_through_revert_and_releases() {
         };
         let (a, b) = (f.a.digest.clone(), f.b.digest.clone());
         f.change_to(&f.b).await;
-        f.eventually("wave 0 soaking at b", |f| async move {
-            let g = f.wave_gate().await;
-            (wave_state(&g, 0) == Some(WaveState::Soaking)).then_some(())
-        })
+        WAIT.until_seeing(
+            "wave 0 soaking at b",
+            async || {
+                let g = f.wave_gate().await;
+                (wave_state(&g, 0) == Some(WaveState::Soaking)).then_some(())
+            },
+            async || f.status_seen().await,
+        )
         .await;
         assert_eq!(f.canary_weight("eu-1").await, Some(WEIGHT_B), "the canary runs b");
 
@@ -825,15 +812,19 @@ async fn breach_in_the_canary_halts_pins_back_through_revert_and_releases() {
         }
         // revert's own application of the pinned bundle: the pin in force (Pinned, or already
         // Released when Argo CD agreed within one poll).
-        let pin_in_force = f
-            .eventually("the pin in force", |f| async move {
-                let in_force = f.pins().await.iter().any(|p| {
-                    p.status.as_ref().is_some_and(|s| {
-                        matches!(s.phase, BundlePinPhase::Pinned | BundlePinPhase::Released)
-                    })
-                });
-                in_force.then(Instant::now)
-            })
+        let pin_in_force = WAIT
+            .until_seeing(
+                "the pin in force",
+                async || {
+                    let in_force = f.pins().await.iter().any(|p| {
+                        p.status.as_ref().is_some_and(|s| {
+                            matches!(s.phase, BundlePinPhase::Pinned | BundlePinPhase::Released)
+                        })
+                    });
+                    in_force.then(Instant::now)
+                },
+                async || f.status_seen().await,
+            )
             .await;
         // Argo CD's automation is suspended before the decision goes back, so the first write
         // of a's route in the canary is revert's.
@@ -852,15 +843,19 @@ async fn breach_in_the_canary_halts_pins_back_through_revert_and_releases() {
         );
 
         // Then the change halted in wave 0 on the mesh error ratio, with its value.
-        let halted = f
-            .eventually("halted and pinned back", |f| async move {
-                let g = f.wave_gate().await;
-                g.status
-                    .as_ref()
-                    .and_then(|s| s.halt.as_ref())
-                    .is_some_and(|h| h.pinned_at.is_some())
-                    .then_some(g)
-            })
+        let halted = WAIT
+            .until_seeing(
+                "halted and pinned back",
+                async || {
+                    let g = f.wave_gate().await;
+                    g.status
+                        .as_ref()
+                        .and_then(|s| s.halt.as_ref())
+                        .is_some_and(|h| h.pinned_at.is_some())
+                        .then_some(g)
+                },
+                async || f.status_seen().await,
+            )
             .await;
         let s = halted.status.clone().unwrap();
         let h = s.halt.as_ref().unwrap();
@@ -887,17 +882,18 @@ async fn breach_in_the_canary_halts_pins_back_through_revert_and_releases() {
 
         // And the pin releases once Argo CD reports the canary's Application Synced at a.
         let name = pin.metadata.name.clone().unwrap();
-        let released = f
-            .eventually("the pin Released", |f| {
-                let name = name.clone();
-                async move {
+        let released = WAIT
+            .until_seeing(
+                "the pin Released",
+                async || {
                     let p = Api::<BundlePin>::namespaced(f.client.clone(), ARGOCD)
                         .get(&name)
                         .await
                         .ok()?;
                     (p.status.as_ref()?.phase == BundlePinPhase::Released).then_some(p)
-                }
-            })
+                },
+                async || f.status_seen().await,
+            )
             .await;
         let app = f.apps().await.remove("eu-1").expect("the canary's Application");
         assert!(
