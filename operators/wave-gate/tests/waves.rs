@@ -16,6 +16,7 @@ use sluice_api::v1alpha1::{
     wave_gate::{HaltReason, WaveState, conditions, reasons},
 };
 use sluice_runtime::conditions::find;
+use sluice_testkit::eventually::object_until;
 
 /// Per step: a step takes seconds alone, but under a loaded 2-core CI machine a step of the
 /// clean change was seen past 40 s.
@@ -104,26 +105,23 @@ async fn clean_change_crosses_every_wave_of_both_sites_in_order() {
         .await;
 
     // Then eu waits for us once its canary passed.
-    let eu = w
-        .eventually("eu", "eu waits for us", BUDGET, |g| {
-            wave_state(g, 1) == Some(WaveState::Waiting)
-                || wave_state(g, 1) == Some(WaveState::Converging)
-        })
-        .await;
+    let eu = object_until(&w.wave_gates(), "eu", "eu waits for us", BUDGET, |g| {
+        wave_state(g, 1) == Some(WaveState::Waiting)
+            || wave_state(g, 1) == Some(WaveState::Converging)
+    })
+    .await;
     let eu_status = eu.status.as_ref().unwrap();
     assert_eq!(eu_status.waves[0].state, WaveState::Passed);
 
     // And both complete, every Application at b.
-    let us = w
-        .eventually("us", "us Complete", BUDGET, |g| {
-            phase(g) == Some(WaveGatePhase::Complete)
-        })
-        .await;
-    let eu = w
-        .eventually("eu", "eu Complete", BUDGET, |g| {
-            phase(g) == Some(WaveGatePhase::Complete)
-        })
-        .await;
+    let us = object_until(&w.wave_gates(), "us", "us Complete", BUDGET, |g| {
+        phase(g) == Some(WaveGatePhase::Complete)
+    })
+    .await;
+    let eu = object_until(&w.wave_gates(), "eu", "eu Complete", BUDGET, |g| {
+        phase(g) == Some(WaveGatePhase::Complete)
+    })
+    .await;
     let (eu_s, us_s) = (eu.status.unwrap(), us.status.unwrap());
     for s in [&eu_s, &us_s] {
         assert!(s.decisions.iter().all(|d| d.revision == rev('b')));
@@ -174,7 +172,7 @@ async fn breach_in_wave_zero_halts_and_pins_back_only_wave_zero() {
     else {
         return;
     };
-    w.eventually("eu", "wave 0 soaking", BUDGET, |g| {
+    object_until(&w.wave_gates(), "eu", "wave 0 soaking", BUDGET, |g| {
         wave_state(g, 0) == Some(WaveState::Soaking)
     })
     .await;
@@ -207,14 +205,19 @@ async fn breach_in_wave_zero_halts_and_pins_back_only_wave_zero() {
         ms(reverted_seen),
         w.sync_delay
     );
-    let halted = w
-        .eventually("eu", "halted and pinned back", BUDGET, |g| {
+    let halted = object_until(
+        &w.wave_gates(),
+        "eu",
+        "halted and pinned back",
+        BUDGET,
+        |g| {
             g.status
                 .as_ref()
                 .and_then(|s| s.halt.as_ref())
                 .is_some_and(|h| h.pinned_at.is_some())
-        })
-        .await;
+        },
+    )
+    .await;
     let s = halted.status.clone().unwrap();
     let h = s.halt.as_ref().unwrap();
     assert_eq!(h.reason, HaltReason::GateFailed);
@@ -264,27 +267,25 @@ async fn breach_in_wave_zero_halts_and_pins_back_only_wave_zero() {
         serde_json::json!({"revision": rev('c'), "sourceCommit": commit(&rev('c'))}),
     )
     .await;
-    let blocked = w
-        .eventually("eu", "blocked by the halt", BUDGET, |g| {
-            g.status.as_ref().is_some_and(|s| {
-                find(&s.conditions, conditions::PROGRESSING)
-                    .is_some_and(|c| c.reason == reasons::BLOCKED_BY_HALT)
-            })
+    let blocked = object_until(&w.wave_gates(), "eu", "blocked by the halt", BUDGET, |g| {
+        g.status.as_ref().is_some_and(|s| {
+            find(&s.conditions, conditions::PROGRESSING)
+                .is_some_and(|c| c.reason == reasons::BLOCKED_BY_HALT)
         })
-        .await;
+    })
+    .await;
     assert_eq!(phase(&blocked), Some(WaveGatePhase::Halted));
     // ...and starts from wave 0 once the WaveGate says so.
     w.patch_spec("eu", serde_json::json!({"supersedeHalted": true}))
         .await;
-    let superseded = w
-        .eventually("eu", "c admitted in wave 0", BUDGET, |g| {
-            g.status.as_ref().is_some_and(|s| {
-                s.current_revision.as_deref() == Some(rev('c').as_str())
-                    && s.halt.is_none()
-                    && s.waves[0].state != WaveState::Pending
-            })
+    let superseded = object_until(&w.wave_gates(), "eu", "c admitted in wave 0", BUDGET, |g| {
+        g.status.as_ref().is_some_and(|s| {
+            s.current_revision.as_deref() == Some(rev('c').as_str())
+                && s.halt.is_none()
+                && s.waves[0].state != WaveState::Pending
         })
-        .await;
+    })
+    .await;
     let d = decided(&superseded);
     let s = superseded.status.unwrap();
     assert_eq!(s.previous_revision, Some(rev('a')));
@@ -312,16 +313,15 @@ async fn xds_nacks_in_the_canary_halt_the_change() {
     else {
         return;
     };
-    w.eventually("eu", "wave 0 soaking", BUDGET, |g| {
+    object_until(&w.wave_gates(), "eu", "wave 0 soaking", BUDGET, |g| {
         wave_state(g, 0) == Some(WaveState::Soaking)
     })
     .await;
     w.mesh("eu-1", |m| m.nacks_per_s = 2.0);
-    let halted = w
-        .eventually("eu", "halted on NACKs", BUDGET, |g| {
-            g.status.as_ref().and_then(|s| s.halt.as_ref()).is_some()
-        })
-        .await;
+    let halted = object_until(&w.wave_gates(), "eu", "halted on NACKs", BUDGET, |g| {
+        g.status.as_ref().and_then(|s| s.halt.as_ref()).is_some()
+    })
+    .await;
     let h = halted.status.unwrap().halt.unwrap();
     assert_eq!(h.reason, HaltReason::GateFailed);
     assert_eq!(h.gate.unwrap().gate, "xds-nack-increase");
@@ -339,11 +339,10 @@ async fn proxies_that_never_acknowledge_time_out_and_halt() {
     else {
         return;
     };
-    let halted = w
-        .eventually("eu", "convergence timeout", BUDGET, |g| {
-            g.status.as_ref().and_then(|s| s.halt.as_ref()).is_some()
-        })
-        .await;
+    let halted = object_until(&w.wave_gates(), "eu", "convergence timeout", BUDGET, |g| {
+        g.status.as_ref().and_then(|s| s.halt.as_ref()).is_some()
+    })
+    .await;
     let s = halted.status.unwrap();
     let h = s.halt.as_ref().unwrap();
     assert_eq!(h.reason, HaltReason::ConvergenceTimeout);
@@ -375,21 +374,19 @@ async fn restart_during_a_soak_continues_the_same_soak() {
     else {
         return;
     };
-    let soaking = w
-        .eventually("eu", "wave 0 soaking", BUDGET, |g| {
-            wave_state(g, 0) == Some(WaveState::Soaking)
-        })
-        .await;
+    let soaking = object_until(&w.wave_gates(), "eu", "wave 0 soaking", BUDGET, |g| {
+        wave_state(g, 0) == Some(WaveState::Soaking)
+    })
+    .await;
     let before = soaking.status.unwrap().waves[0].clone();
     // When the operator restarts in the middle of the soak.
     op.stop().await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let op = w.operator();
-    let passed = w
-        .eventually("eu", "wave 0 passed", BUDGET, |g| {
-            wave_state(g, 0) == Some(WaveState::Passed)
-        })
-        .await;
+    let passed = object_until(&w.wave_gates(), "eu", "wave 0 passed", BUDGET, |g| {
+        wave_state(g, 0) == Some(WaveState::Passed)
+    })
+    .await;
     let after = passed.status.unwrap().waves[0].clone();
     // Then the same soak continued: no clock reset, no re-admission.
     assert_eq!(after.admitted_at, before.admitted_at);
@@ -429,11 +426,10 @@ async fn emergency_admits_every_wave_at_once_audited() {
     else {
         return;
     };
-    let done = w
-        .eventually("eu", "emergency complete", BUDGET, |g| {
-            phase(g) == Some(WaveGatePhase::Complete)
-        })
-        .await;
+    let done = object_until(&w.wave_gates(), "eu", "emergency complete", BUDGET, |g| {
+        phase(g) == Some(WaveGatePhase::Complete)
+    })
+    .await;
     let s = done.status.unwrap();
     assert!(s.decisions.iter().all(|d| d.revision == rev('b')));
     assert!(s.waves.iter().all(|w| w.state == WaveState::Skipped));
@@ -461,11 +457,10 @@ async fn partitioned_site_is_released_explicitly() {
     else {
         return;
     };
-    let waiting = w
-        .eventually("eu", "waiting for us", BUDGET, |g| {
-            phase(g) == Some(WaveGatePhase::WaitingForSite)
-        })
-        .await;
+    let waiting = object_until(&w.wave_gates(), "eu", "waiting for us", BUDGET, |g| {
+        phase(g) == Some(WaveGatePhase::WaitingForSite)
+    })
+    .await;
     assert!(
         waiting.status.unwrap().waves[1]
             .waiting_for
@@ -485,11 +480,14 @@ async fn partitioned_site_is_released_explicitly() {
         serde_json::json!({"waitReleases": [{"site": "us", "revision": rev('b'), "reason": "us partitioned; approved by on-call"}]}),
     )
     .await;
-    let done = w
-        .eventually("eu", "complete after the release", BUDGET, |g| {
-            phase(g) == Some(WaveGatePhase::Complete)
-        })
-        .await;
+    let done = object_until(
+        &w.wave_gates(),
+        "eu",
+        "complete after the release",
+        BUDGET,
+        |g| phase(g) == Some(WaveGatePhase::Complete),
+    )
+    .await;
     let s = done.status.unwrap();
     assert!(
         s.history
@@ -523,11 +521,10 @@ async fn application_set_without_create_update_is_refused() {
     .await;
     w.wave_gate(object("eu", spec("eu", one_site_waves(), &rev('b'))))
         .await;
-    let refused = w
-        .eventually("eu", "refused", BUDGET, |g| {
-            phase(g) == Some(WaveGatePhase::Refused)
-        })
-        .await;
+    let refused = object_until(&w.wave_gates(), "eu", "refused", BUDGET, |g| {
+        phase(g) == Some(WaveGatePhase::Refused)
+    })
+    .await;
     let s = refused.status.unwrap();
     let c = find(&s.conditions, conditions::APPLICATION_SET_SAFE).unwrap();
     assert_eq!(c.reason, reasons::APPLICATIONS_SYNC_UNSAFE);
@@ -566,11 +563,10 @@ async fn application_set_not_ignoring_sync_policy_is_refused() {
     .await;
     w.wave_gate(object("eu", spec("eu", one_site_waves(), &rev('b'))))
         .await;
-    let refused = w
-        .eventually("eu", "refused", BUDGET, |g| {
-            phase(g) == Some(WaveGatePhase::Refused)
-        })
-        .await;
+    let refused = object_until(&w.wave_gates(), "eu", "refused", BUDGET, |g| {
+        phase(g) == Some(WaveGatePhase::Refused)
+    })
+    .await;
     let s = refused.status.unwrap();
     let c = find(&s.conditions, conditions::APPLICATION_SET_SAFE).unwrap();
     assert_eq!(c.status, "False");

@@ -33,7 +33,7 @@ use sluice_runtime::{
     operator::{Hooks, drive},
 };
 use sluice_testkit::crds::{emulator_with, sluice_crd};
-use sluice_testkit::eventually::{eventually, object_until};
+use sluice_testkit::eventually::eventually;
 use sluice_testkit::{
     prometheus::{Prometheus, now_ms},
     remote_write::Series,
@@ -295,17 +295,6 @@ impl World {
             hooks,
         ));
         Operator { shutdown, task }
-    }
-
-    /// Waits until `check` holds for WaveGate `name` ([`object_until`] on [`Self::wave_gates`]).
-    pub async fn eventually(
-        &self,
-        name: &str,
-        what: &str,
-        budget: Duration,
-        check: impl Fn(&WaveGate) -> bool,
-    ) -> WaveGate {
-        object_until(&self.wave_gates(), name, what, budget, check).await
     }
 
     /// Events with `reason` about WaveGate `name`.
