@@ -21,21 +21,12 @@ use sluice_sim::ClusterConfig;
 use sluice_sim::cluster::webhook::InjectorWebhook;
 use sluice_sim::cluster::{ClusterTasks, SvidCounter};
 use sluice_testkit::control_plane::{self, ControlPlane, Options};
-use sluice_testkit::eventually::eventually_every;
+use sluice_testkit::eventually::Wait;
 
-/// [`eventually_every`] within 60 s, printing how long `what` took.
-async fn eventually<T>(what: &str, check: impl AsyncFnMut() -> Result<T, String>) -> T {
-    let start = Instant::now();
-    let value = eventually_every(
-        what,
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        check,
-    )
-    .await;
-    println!("{what}: {:.1?}", start.elapsed());
-    value
-}
+/// How the scenarios wait: within 60 s, polling every 200 ms, printing how long each wait took.
+const WAIT: Wait = Wait::within(Duration::from_secs(60))
+    .every(Duration::from_millis(200))
+    .timed();
 
 async fn running_ready(pods: &Api<Pod>) -> Result<Vec<Pod>, String> {
     let list = pods
@@ -124,20 +115,21 @@ async fn real_controllers_and_evictions_with_the_simulated_kubelet() {
 
     // Then the real controllers create the pods, the simulated kubelet binds them and makes them
     // Ready, and the real Deployment controller reports them available.
-    let ready = eventually("two pods bound, Running and Ready", || async {
-        let ready = running_ready(&pods).await?;
-        (ready.len() == 2)
-            .then_some(ready.clone())
-            .ok_or(format!("{} ready", ready.len()))
-    })
-    .await;
+    let ready = WAIT
+        .until("two pods bound, Running and Ready", || async {
+            let ready = running_ready(&pods).await?;
+            (ready.len() == 2)
+                .then_some(ready.clone())
+                .ok_or(format!("{} ready", ready.len()))
+        })
+        .await;
     assert!(
         ready
             .iter()
             .all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()),
         "bound to a node"
     );
-    eventually("the Deployment available", || async {
+    WAIT.until("the Deployment available", || async {
         let d = deployments.get("web").await.map_err(|e| e.to_string())?;
         let available = d.status.and_then(|s| s.available_replicas);
         (available == Some(2))
@@ -145,7 +137,7 @@ async fn real_controllers_and_evictions_with_the_simulated_kubelet() {
             .ok_or(format!("{available:?}"))
     })
     .await;
-    eventually("the real disruption controller allows none", || {
+    WAIT.until("the real disruption controller allows none", || {
         pdb_allowed(&pdbs, 0)
     })
     .await;
@@ -174,9 +166,10 @@ async fn real_controllers_and_evictions_with_the_simulated_kubelet() {
     )
     .await
     .unwrap();
-    eventually("the budget allows one", || pdb_allowed(&pdbs, 1)).await;
+    WAIT.until("the budget allows one", || pdb_allowed(&pdbs, 1))
+        .await;
     pods.evict(&victim, &EvictParams::default()).await.unwrap();
-    eventually("the evicted pod gone and replaced", || async {
+    WAIT.until("the evicted pod gone and replaced", || async {
         let gone = pods
             .get_opt(&victim)
             .await
@@ -195,7 +188,7 @@ async fn real_controllers_and_evictions_with_the_simulated_kubelet() {
         .delete("web", &DeleteParams::background())
         .await
         .unwrap();
-    eventually("every pod gone", || async {
+    WAIT.until("every pod gone", || async {
         let left = pods
             .list(&ListParams::default().labels("app=web"))
             .await
@@ -272,13 +265,14 @@ async fn the_injector_is_a_real_mutating_webhook() {
 
     // Then the API server has the webhook inject them at admission, each counting one SVID.
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let ready = eventually("two injected pods Ready", || async {
-        let ready = running_ready(&pods).await?;
-        (ready.len() == 2)
-            .then_some(ready.clone())
-            .ok_or(format!("{} ready", ready.len()))
-    })
-    .await;
+    let ready = WAIT
+        .until("two injected pods Ready", || async {
+            let ready = running_ready(&pods).await?;
+            (ready.len() == 2)
+                .then_some(ready.clone())
+                .ok_or(format!("{} ready", ready.len()))
+        })
+        .await;
     for pod in &ready {
         let annotations = pod.metadata.annotations.clone().unwrap_or_default();
         assert_eq!(
@@ -327,34 +321,35 @@ async fn simulated_nodes_are_ready_renew_their_leases_and_take_the_pods() {
 
     // Then every simulated node is registered Ready with its InternalIP.
     let nodes: Api<Node> = Api::all(client.clone());
-    let ips = eventually("three Nodes Ready with an InternalIP", || async {
-        let list = nodes
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut ips = std::collections::BTreeMap::new();
-        for n in &list.items {
-            let status = n.status.clone().unwrap_or_default();
-            let ready = status
-                .conditions
-                .iter()
-                .flatten()
-                .any(|c| c.type_ == "Ready" && c.status == "True");
-            let ip = status
-                .addresses
-                .iter()
-                .flatten()
-                .find(|a| a.type_ == "InternalIP")
-                .map(|a| a.address.clone());
-            if let (true, Some(ip)) = (ready, ip) {
-                ips.insert(n.name_any(), ip);
+    let ips = WAIT
+        .until("three Nodes Ready with an InternalIP", || async {
+            let list = nodes
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut ips = std::collections::BTreeMap::new();
+            for n in &list.items {
+                let status = n.status.clone().unwrap_or_default();
+                let ready = status
+                    .conditions
+                    .iter()
+                    .flatten()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                let ip = status
+                    .addresses
+                    .iter()
+                    .flatten()
+                    .find(|a| a.type_ == "InternalIP")
+                    .map(|a| a.address.clone());
+                if let (true, Some(ip)) = (ready, ip) {
+                    ips.insert(n.name_any(), ip);
+                }
             }
-        }
-        (ips.keys().cloned().collect::<Vec<_>>() == names)
-            .then_some(ips.clone())
-            .ok_or(format!("{ips:?}"))
-    })
-    .await;
+            (ips.keys().cloned().collect::<Vec<_>>() == names)
+                .then_some(ips.clone())
+                .ok_or(format!("{ips:?}"))
+        })
+        .await;
 
     // And each node's Lease is held by the node and renewed.
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
@@ -365,10 +360,11 @@ async fn simulated_nodes_are_ready_renew_their_leases_and_take_the_pods() {
             .and_then(|s| s.renew_time.clone())
             .map(|t| t.0)
     };
-    let first = eventually("node-0's Lease", || async {
-        leases.get("node-0").await.map_err(|e| e.to_string())
-    })
-    .await;
+    let first = WAIT
+        .until("node-0's Lease", || async {
+            leases.get("node-0").await.map_err(|e| e.to_string())
+        })
+        .await;
     let spec = first.spec.clone().unwrap();
     assert_eq!(spec.holder_identity.as_deref(), Some("node-0"));
     assert_eq!(spec.lease_duration_seconds, Some(40));
@@ -378,7 +374,7 @@ async fn simulated_nodes_are_ready_renew_their_leases_and_take_the_pods() {
         ("Node", "node-0")
     );
     let before = renew_time(&first).expect("a renew time");
-    eventually("node-0's Lease renewed", || async {
+    WAIT.until("node-0's Lease renewed", || async {
         let now = leases.get("node-0").await.map_err(|e| e.to_string())?;
         let t = renew_time(&now).ok_or("no renew time")?;
         (t > before)
@@ -409,13 +405,14 @@ async fn simulated_nodes_are_ready_renew_their_leases_and_take_the_pods() {
         .await
         .unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let ready = eventually("a Ready pod on each node", || async {
-        let ready = running_ready(&pods).await?;
-        (ready.len() == 3)
-            .then_some(ready.clone())
-            .ok_or(format!("{} ready", ready.len()))
-    })
-    .await;
+    let ready = WAIT
+        .until("a Ready pod on each node", || async {
+            let ready = running_ready(&pods).await?;
+            (ready.len() == 3)
+                .then_some(ready.clone())
+                .ok_or(format!("{} ready", ready.len()))
+        })
+        .await;
     let mut placed: Vec<(String, String)> = ready
         .iter()
         .map(|p| {
