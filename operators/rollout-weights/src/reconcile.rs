@@ -689,6 +689,22 @@ async fn release<K: Driven>(
     hand_back::<K>(leadership, api, route_name, &old.owner).await
 }
 
+/// [`release`] on a route of kind `K` other than the Rollout's own (its `routeRef.kind` changed):
+/// nothing to do when that kind's CRD is not installed.
+async fn release_of<K: Driven>(
+    ctx: &Context,
+    ns: &str,
+    route_name: &str,
+    old: &Target,
+    key: &str,
+) -> Result<(), ReconcileError> {
+    let Some(crd) = ctx.crd_support::<K>().await else {
+        return Ok(());
+    };
+    let api = K::api(ctx.client.clone(), Some(ns));
+    release::<K>(&ctx.leadership, &api, route_name, old, crd, key).await
+}
+
 /// Whole milliseconds of `d`, saturating.
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -1074,6 +1090,7 @@ async fn reconcile_on<K: Driven>(
                 .await?;
             }
             Action::Release {
+                kind,
                 route,
                 rule_name,
                 stable,
@@ -1091,7 +1108,18 @@ async fn reconcile_on<K: Driven>(
                     rule_name: rule_name.clone(),
                     zero_other_backends: false,
                 };
-                release::<K>(&ctx.leadership, &routes, route, &old, crd, &key).await?;
+                match kind {
+                    k if k.as_str() == K::KIND => {
+                        release::<K>(&ctx.leadership, &routes, route, &old, crd, &key).await?
+                    }
+                    // routeRef.kind changed: the old route is of the other kind.
+                    RouteKindName::HttpRoute => {
+                        release_of::<Http>(&ctx, &ns, route, &old, &key).await?
+                    }
+                    RouteKindName::GrpcRoute => {
+                        release_of::<Grpc>(&ctx, &ns, route, &old, &key).await?
+                    }
+                }
                 ctx.metrics.route_write("Released");
                 // Released: the next reconcile takes the new target from Pending.
                 status.owned_route = None;

@@ -15,8 +15,8 @@ use sluice_api::v1alpha1::{
     GateVerdict, RolloutPhase, RolloutSpec, RolloutStatus, Verdict,
     bundle_pin::FIELD_MANAGER as REVERT_FIELD_MANAGER,
     rollout::{
-        AbortReason, AbortStatus, OwnedRouteStatus, StepKind, StepOutcome, StepRecord, conditions,
-        reasons,
+        AbortReason, AbortStatus, OwnedRouteStatus, RouteKindName, StepKind, StepOutcome,
+        StepRecord, conditions, reasons,
     },
 };
 use sluice_runtime::{
@@ -82,6 +82,8 @@ pub enum Action {
     /// route the weights were written to (with the Services they were written for), then hand
     /// that route back. The reconcile forgets `status.ownedRoute` once both succeeded.
     Release {
+        /// The kind of the route the weights were written to.
+        kind: RouteKindName,
         /// The route the weights were written to.
         route: String,
         /// Its managed rule's name, if named.
@@ -286,6 +288,7 @@ impl Machine<'_> {
             .owned_route
             .get_or_insert_with(OwnedRouteStatus::default);
         owned.name = self.spec.route_ref.name.clone();
+        owned.kind = Some(self.spec.route_ref.kind);
         owned.rule_name = self.spec.route_ref.rule_name.clone();
         owned.stable_service = Some(self.spec.stable_service.name.clone());
         owned.canary_service = Some(self.spec.canary_service.name.clone());
@@ -763,6 +766,7 @@ impl Machine<'_> {
         // An empty name is a status that never recorded one: nothing to compare.
         let moved = (!owned.name.is_empty()
             && (owned.name != spec.route_ref.name || owned.rule_name != spec.route_ref.rule_name))
+            || owned.kind.is_some_and(|k| k != spec.route_ref.kind)
             || differs(&owned.stable_service, &spec.stable_service.name)
             || differs(&owned.canary_service, &spec.canary_service.name);
         let pinned = self
@@ -774,8 +778,10 @@ impl Machine<'_> {
             return false;
         }
         let kind = spec.route_ref.kind.as_str();
+        let old_kind = owned.kind.unwrap_or(spec.route_ref.kind);
+        let was = old_kind.as_str();
         let note = format!(
-            "the rollout's target changed ({kind} {} with {} / {} -> {kind} {} with {} / {}): the canary is aborted on {kind} {} and it is handed back; the rollout starts over",
+            "the rollout's target changed ({was} {} with {} / {} -> {kind} {} with {} / {}): the canary is aborted on {was} {} and it is handed back; the rollout starts over",
             owned.name,
             owned.stable_service.as_deref().unwrap_or("?"),
             owned.canary_service.as_deref().unwrap_or("?"),
@@ -785,6 +791,7 @@ impl Machine<'_> {
             owned.name
         );
         self.actions.push(Action::Release {
+            kind: old_kind,
             route: owned.name.clone(),
             rule_name: owned.rule_name.clone(),
             stable: owned.stable_service.clone(),
@@ -2168,7 +2175,9 @@ mod tests {
             .filter_map(|a| match a {
                 Action::WriteRoute(w) => Some(format!("write {}", w.weight)),
                 Action::HandBack => Some("hand back".into()),
-                Action::Release { route, .. } => Some(format!("release {route}")),
+                Action::Release { kind, route, .. } => {
+                    Some(format!("release {} {route}", kind.as_str()))
+                }
                 Action::Event { .. } => None,
             })
             .collect()
@@ -2665,11 +2674,13 @@ mod tests {
         let mut st = live(&s, 2, Progressing, true);
         if let Some(o) = st.owned_route.as_mut() {
             o.name = "checkout".into();
+            o.kind = Some(RouteKindName::HttpRoute);
             o.stable_service = Some("v1".into());
             o.canary_service = Some("v2".into());
         }
         let mut unrecorded = st.clone();
         if let Some(o) = unrecorded.owned_route.as_mut() {
+            o.kind = None;
             o.stable_service = None;
             o.canary_service = None;
         }
@@ -2695,7 +2706,7 @@ mod tests {
                 with(serde_json::json!({"canaryService": {"name": "v3"}})),
                 st.clone(),
                 false,
-                vec!["release checkout"],
+                vec!["release HTTPRoute checkout"],
                 Pending,
             ),
             (
@@ -2703,7 +2714,7 @@ mod tests {
                 with(serde_json::json!({"stableService": {"name": "v0"}})),
                 st.clone(),
                 false,
-                vec!["release checkout"],
+                vec!["release HTTPRoute checkout"],
                 Pending,
             ),
             (
@@ -2711,7 +2722,7 @@ mod tests {
                 with(serde_json::json!({"routeRef": {"name": "checkout-b"}})),
                 st.clone(),
                 false,
-                vec!["release checkout"],
+                vec!["release HTTPRoute checkout"],
                 Pending,
             ),
             (
@@ -2719,8 +2730,16 @@ mod tests {
                 with(serde_json::json!({"routeRef": {"name": "checkout-b"}})),
                 st.clone(),
                 true,
-                vec!["release checkout"],
+                vec!["release HTTPRoute checkout"],
                 Progressing,
+            ),
+            (
+                "same name, new kind",
+                with(serde_json::json!({"routeRef": {"name": "checkout", "kind": "GRPCRoute"}})),
+                st.clone(),
+                false,
+                vec!["release HTTPRoute checkout"],
+                Pending,
             ),
             (
                 "status from before the Services were recorded",

@@ -720,8 +720,13 @@ pub struct AbortStatus {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct OwnedRouteStatus {
-    /// Name of the owned HTTPRoute.
+    /// Name of the owned route.
     pub name: String,
+    /// Kind of the owned route (absent in a status written before the kind was recorded). A
+    /// different `spec.routeRef.kind` mid-rollout aborts on this route and hands it back before
+    /// starting over, even when the new route has the same name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<RouteKindName>,
     /// Name of the managed rule, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rule_name: Option<String>,
