@@ -9,213 +9,44 @@
 
 mod common;
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
-use common::{NS, delete_rollout, deployment, eventually, rollout_until, rollouts};
-use k8s_openapi::api::apps::v1::Deployment;
-use kube::{
-    Api, Client,
-    api::{DynamicObject, Patch, PatchParams, PostParams},
-    runtime::watcher,
+use common::{
+    Controller, GRPC_CANARY as CANARY, GRPC_ROUTE as ROUTE, GRPC_STABLE as STABLE, RouteCrd,
+    RouteKindName, create_rollout, delete_rollout, eventually, given_route, grpc_routes,
+    rollout_on, rollout_until, rollouts,
 };
-use kube_emulator::Emulator;
+use kube::{
+    Client,
+    api::{DynamicObject, Patch, PatchParams, PostParams},
+};
 use serde_json::{Value, json};
 use sluice_api::v1alpha1::{
     Rollout, RolloutPhase,
     rollout::{ROUTE_OWNER_ANNOTATION, conditions, reasons},
 };
 use sluice_rollout_weights::{
-    FIELD_MANAGER, OPERATOR, orphans, reconcile,
+    FIELD_MANAGER, orphans,
     route::{RouteKind, grpc::Grpc},
-    triggers,
 };
-use sluice_runtime::{
-    conditions::find,
-    events::EventRecorder,
-    leader::Leadership,
-    operator::{Hooks, drive_with},
-};
-use sluice_testkit::{
-    crds::{emulator_with, sluice_crd},
-    prereq::{Upstream, httproute_crd, or_skip, upstream_file},
-};
-use tokio_util::sync::CancellationToken;
+use sluice_runtime::conditions::find;
 
-const GRPCROUTE_FILE: &str = "gateway.networking.k8s.io_grpcroutes.yaml";
-const STABLE: &str = "payments-v1";
-const CANARY: &str = "payments-v2";
-const ROUTE: &str = "payments";
+const GRPC: RouteKindName = RouteKindName::GrpcRoute;
 const BUDGET: Duration = Duration::from_secs(30);
 
-/// A GRPCRoute with every part of the v1.6.1 schema the operator must carry over: parentRefs,
-/// hostnames, method and header matches, filters (a RequestMirror among them), a second backend
-/// at weight 0 with filters of its own, and a second rule.
-fn payments() -> Value {
-    json!({
-        "apiVersion": "gateway.networking.k8s.io/v1",
-        "kind": "GRPCRoute",
-        "metadata": {
-            "name": ROUTE, "namespace": NS,
-            "labels": {"app": "payments"},
-            "annotations": {"team": "payments"}
-        },
-        "spec": {
-            "parentRefs": [{"name": "mesh-gw", "namespace": "gateways", "sectionName": "grpc"}],
-            "hostnames": ["payments.example.com"],
-            "rules": [
-                {
-                    "name": "charge",
-                    "matches": [{
-                        "method": {"type": "Exact", "service": "pay.v1.Payments", "method": "Charge"},
-                        "headers": [{"type": "Exact", "name": "x-tenant", "value": "a"}]
-                    }],
-                    "filters": [
-                        {"type": "RequestHeaderModifier", "requestHeaderModifier": {"add": [{"name": "x-route", "value": "grpc"}]}},
-                        {"type": "RequestMirror", "requestMirror": {"backendRef": {"name": "shadow", "port": 9000}, "percent": 5}}
-                    ],
-                    "backendRefs": [
-                        {"name": STABLE, "port": 80, "weight": 100},
-                        {"name": "audit", "port": 9000, "weight": 0, "filters": [
-                            {"type": "RequestHeaderModifier", "requestHeaderModifier": {"set": [{"name": "x-audit", "value": "1"}]}}
-                        ]}
-                    ]
-                },
-                {
-                    "name": "health",
-                    "matches": [{"method": {"service": "grpc.health.v1.Health"}}],
-                    "backendRefs": [{"name": "health", "port": 9000}]
-                }
-            ]
-        }
-    })
-}
-
-fn grpc_routes(client: &Client) -> Api<DynamicObject> {
-    Grpc::api(client.clone(), Some(NS))
-}
-
-/// The Rollout `shop/checkout` of the payments GRPCRoute; `patch` overrides spec fields.
-fn rollout(patch: Value) -> Rollout {
-    let mut spec = json!({
-        "routeRef": {"kind": "GRPCRoute", "name": ROUTE, "ruleName": "charge"},
-        "stableService": {"name": STABLE},
-        "canaryService": {"name": CANARY},
-        "canaryWorkload": {"name": CANARY},
-        "analysisInterval": "1s",
-        "stepDuration": "600s",
-        "appliedShareDeadline": "600s",
-        "canaryReadyDeadline": "60s",
-        "steps": [
+/// The Rollout on the payments GRPCRoute: 5%, 50%, then promotion, each step passed by hand.
+/// No gates (there is no metrics source), and a step duration and an applied-share deadline no
+/// test reaches.
+fn rollout() -> Rollout {
+    rollout_on(
+        GRPC,
+        json!([
             {"setWeight": {"weight": 5}},
             {"setWeight": {"weight": 50}},
             {"promote": {}}
-        ],
-    });
-    for (k, v) in patch.as_object().unwrap() {
-        spec[k] = v.clone();
-    }
-    serde_json::from_value(json!({
-        "apiVersion": "sluice.dev/v1alpha1",
-        "kind": "Rollout",
-        "metadata": {"name": "checkout", "namespace": NS},
-        "spec": spec,
-    }))
-    .unwrap()
-}
-
-/// The emulator with the released Gateway API CRDs (`grpc`: the GRPCRoute one too) and
-/// sluice's, the namespace, both versions' Deployments (ready) and Services, and the payments
-/// GRPCRoute when `grpc`. `None` when a prerequisite is missing.
-async fn world(grpc: bool) -> Option<(Emulator, Client)> {
-    let http = or_skip(httproute_crd())?;
-    let mut files = vec![
-        http,
-        sluice_crd("rollouts.sluice.dev.yaml"),
-        sluice_crd("gatetemplates.sluice.dev.yaml"),
-    ];
-    if grpc {
-        files.push(or_skip(upstream_file(
-            Upstream::GatewayApi,
-            GRPCROUTE_FILE,
-        ))?);
-    }
-    let emu = emulator_with(files).await;
-    emu.load_yaml(&format!(
-        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"
-    ))
-    .unwrap();
-    let client = emu.client();
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
-    for name in [STABLE, CANARY] {
-        emu.load_yaml(&deployment(name)).unwrap();
-        let d = deployments.get(name).await.unwrap();
-        let status = json!({"status": {
-            "observedGeneration": d.metadata.generation.unwrap_or(1),
-            "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1, "availableReplicas": 1
-        }});
-        deployments
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-            .await
-            .unwrap();
-    }
-    if grpc {
-        let route: DynamicObject = serde_json::from_value(payments()).unwrap();
-        grpc_routes(&client)
-            .create(&PostParams::default(), &route)
-            .await
-            .expect("the released schema accepts the route");
-    }
-    Some((emu, client))
-}
-
-/// The Rollout controller (with its triggers, GRPCRoutes watched when their CRD is installed)
-/// and the GRPCRoute orphan controller, in-process, without a metrics source.
-struct Running {
-    shutdown: CancellationToken,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Running {
-    async fn start(client: &Client) -> Running {
-        let ctx =
-            reconcile::Context::new(client.clone(), EventRecorder::new(client.clone(), OPERATOR));
-        let (hooks, _) = Hooks::standalone();
-        hooks.health.set_leader(true);
-        let shutdown = CancellationToken::new();
-        let mut watched = triggers::Watched::new(client, None);
-        watched.grpc_routes = triggers::grpc_routes(client, client, None).await;
-        let mut tasks = Vec::new();
-        if let Some(api) = watched.grpc_routes.clone() {
-            tasks.push(tokio::spawn(orphans::run_kind::<Grpc>(
-                api,
-                client.clone(),
-                Leadership::always(),
-                EventRecorder::new(client.clone(), OPERATOR),
-            )));
-        }
-        let extend = triggers::sharing_store(
-            ctx.rollouts.clone(),
-            triggers::with_triggers(watched, watcher::Config::default()),
-        );
-        tasks.push(tokio::spawn(drive_with(
-            Api::<Rollout>::all(client.clone()),
-            watcher::Config::default(),
-            Arc::new(ctx),
-            reconcile::reconcile,
-            Leadership::always(),
-            shutdown.clone(),
-            hooks,
-            extend,
-        )));
-        Running { shutdown, tasks }
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        for t in self.tasks {
-            t.abort();
-        }
-    }
+        ]),
+        json!({"stepDuration": "600s", "appliedShareDeadline": "600s", "gates": []}),
+    )
 }
 
 /// The charge rule's backendRefs as `(name, weight)`.
@@ -304,15 +135,13 @@ async fn control(client: &Client, patch: Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollout_on_a_grpcroute_goes_through_its_weights_to_promotion_then_hands_back() {
-    let Some((_emu, client)) = world(true).await else {
+    let Some(g) = given_route(GRPC, RouteCrd::Installed).await else {
         return;
     };
+    let client = g.client.clone();
     let original = grpc_routes(&client).get(ROUTE).await.unwrap();
-    let ctl = Running::start(&client).await;
-    rollouts(&client)
-        .create(&PostParams::default(), &rollout(json!({})))
-        .await
-        .unwrap();
+    let ctl = Controller::start_on(&client, GRPC, None).await;
+    create_rollout(&client, &rollout()).await;
 
     // Step 0: 5% to the canary, its backendRef added after stable; the route owned.
     let at_five = route_at(
@@ -395,15 +224,13 @@ async fn a_rollout_on_a_grpcroute_goes_through_its_weights_to_promotion_then_han
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abort_on_a_grpcroute_sets_the_canary_to_zero_and_the_route_is_handed_back() {
-    let Some((_emu, client)) = world(true).await else {
+    let Some(g) = given_route(GRPC, RouteCrd::Installed).await else {
         return;
     };
+    let client = g.client.clone();
     let original = grpc_routes(&client).get(ROUTE).await.unwrap();
-    let ctl = Running::start(&client).await;
-    rollouts(&client)
-        .create(&PostParams::default(), &rollout(json!({})))
-        .await
-        .unwrap();
+    let ctl = Controller::start_on(&client, GRPC, None).await;
+    create_rollout(&client, &rollout()).await;
     route_at(
         &client,
         "5% on the GRPCRoute",
@@ -448,9 +275,10 @@ async fn an_abort_on_a_grpcroute_sets_the_canary_to_zero_and_the_route_is_handed
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orphaned_grpcroute_ownership_is_removed_and_nothing_else() {
-    let Some((_emu, client)) = world(true).await else {
+    let Some(g) = given_route(GRPC, RouteCrd::Installed).await else {
         return;
     };
+    let client = g.client.clone();
     let api = grpc_routes(&client);
     let mut orphan = api.get(ROUTE).await.unwrap();
     orphan
@@ -462,7 +290,7 @@ async fn an_orphaned_grpcroute_ownership_is_removed_and_nothing_else() {
         .replace(ROUTE, &PostParams::default(), &orphan)
         .await
         .unwrap();
-    let ctl = Running::start(&client).await;
+    let ctl = Controller::start_on(&client, GRPC, None).await;
     let freed = eventually(
         "the orphan's ownership annotation removed",
         BUDGET,
@@ -501,14 +329,12 @@ async fn an_orphaned_grpcroute_ownership_is_removed_and_nothing_else() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_grpcroute_crd_the_rollout_says_so() {
-    let Some((_emu, client)) = world(false).await else {
+    let Some(g) = given_route(GRPC, RouteCrd::Missing).await else {
         return;
     };
-    let ctl = Running::start(&client).await;
-    rollouts(&client)
-        .create(&PostParams::default(), &rollout(json!({})))
-        .await
-        .unwrap();
+    let client = g.client.clone();
+    let ctl = Controller::start_on(&client, GRPC, None).await;
+    create_rollout(&client, &rollout()).await;
     let r = rollout_until(&client, "RouteOwned=False naming the CRD", BUDGET, |r| {
         r.status.as_ref().is_some_and(|s| {
             find(&s.conditions, conditions::ROUTE_OWNED).is_some_and(|c| {

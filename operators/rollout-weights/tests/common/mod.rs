@@ -1,7 +1,10 @@
 //! Given/When/Then fixtures of the rollout-weights end-to-end tests: the API emulator serving
 //! the released Gateway API HTTPRoute CRD and sluice's Rollout CRD, a real Prometheus, the
 //! simulated world (cluster behaviour + mesh telemetry from the routes actually stored), a rich
-//! `shop/checkout` route, and the controller in-process or as the binary.
+//! `shop/checkout` route, and the controller in-process or as the binary. A world without a
+//! metrics source ([`given_route`]) serves either route kind: the `shop/checkout` HTTPRoute or
+//! the `shop/payments` GRPCRoute (the released GRPCRoute CRD), for the Rollout of that kind
+//! ([`rollout_on`]) and the controller started for that kind ([`Controller::start_on`]).
 #![allow(dead_code)]
 
 use std::{
@@ -11,17 +14,21 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::{apps::v1::Deployment, events::v1::Event};
 use kube::{
     Api, Client,
-    api::{DeleteParams, PostParams},
+    api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
 use kube_emulator::Emulator;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use sluice_api::{external::http_route::HttpRoute, v1alpha1::Rollout};
-use sluice_rollout_weights::{OPERATOR, metrics, reconcile, triggers};
+use sluice_rollout_weights::{
+    OPERATOR, metrics, orphans, reconcile,
+    route::{RouteKind, grpc::Grpc},
+    triggers,
+};
 use sluice_runtime::{
     events::EventRecorder,
     leader::Leadership,
@@ -29,16 +36,29 @@ use sluice_runtime::{
 };
 use sluice_sim::{ClusterConfig, Scenario, World};
 use sluice_testkit::crds::{emulator_with, sluice_crd};
+use sluice_testkit::prereq::{Upstream, or_skip, upstream_file};
 use sluice_testkit::prometheus::Prometheus;
 use tokio_util::sync::CancellationToken;
 
 /// The one wait of the test kit, for the scenarios that `use common::*`.
 pub use sluice_testkit::eventually::eventually;
 
+/// The route kinds a fixture Rollout can govern.
+pub use sluice_api::v1alpha1::rollout::RouteKindName;
+
 pub const NS: &str = "shop";
 pub const STABLE: &str = "checkout-v2-13";
 pub const CANARY: &str = "checkout-v2-14";
 pub const CLUSTER: &str = "cluster-1";
+
+/// The GRPCRoute of the GRPCRoute kind's world, its managed rule and its two Services.
+pub const GRPC_ROUTE: &str = "payments";
+pub const GRPC_RULE: &str = "charge";
+pub const GRPC_STABLE: &str = "payments-v1";
+pub const GRPC_CANARY: &str = "payments-v2";
+
+/// The released GRPCRoute CRD (Gateway API v1.6.1), fetched by the install script.
+const GRPCROUTE_FILE: &str = "gateway.networking.k8s.io_grpcroutes.yaml";
 
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -98,14 +118,78 @@ pub fn rich_route() -> Value {
     })
 }
 
-/// A Rollout of `shop/checkout` from v2.13 to v2.14 with seconds-scale settings and `steps`;
-/// `patch` overrides top-level spec fields.
+/// A GRPCRoute with every part of the v1.6.1 schema the operator must carry over: parentRefs,
+/// hostnames, method and header matches, filters (a RequestMirror among them), a second backend
+/// at weight 0 with filters of its own, and a second rule.
+pub fn payments_route() -> Value {
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "GRPCRoute",
+        "metadata": {
+            "name": GRPC_ROUTE, "namespace": NS,
+            "labels": {"app": "payments"},
+            "annotations": {"team": "payments"}
+        },
+        "spec": {
+            "parentRefs": [{"name": "mesh-gw", "namespace": "gateways", "sectionName": "grpc"}],
+            "hostnames": ["payments.example.com"],
+            "rules": [
+                {
+                    "name": GRPC_RULE,
+                    "matches": [{
+                        "method": {"type": "Exact", "service": "pay.v1.Payments", "method": "Charge"},
+                        "headers": [{"type": "Exact", "name": "x-tenant", "value": "a"}]
+                    }],
+                    "filters": [
+                        {"type": "RequestHeaderModifier", "requestHeaderModifier": {"add": [{"name": "x-route", "value": "grpc"}]}},
+                        {"type": "RequestMirror", "requestMirror": {"backendRef": {"name": "shadow", "port": 9000}, "percent": 5}}
+                    ],
+                    "backendRefs": [
+                        {"name": GRPC_STABLE, "port": 80, "weight": 100},
+                        {"name": "audit", "port": 9000, "weight": 0, "filters": [
+                            {"type": "RequestHeaderModifier", "requestHeaderModifier": {"set": [{"name": "x-audit", "value": "1"}]}}
+                        ]}
+                    ]
+                },
+                {
+                    "name": "health",
+                    "matches": [{"method": {"service": "grpc.health.v1.Health"}}],
+                    "backendRefs": [{"name": "health", "port": 9000}]
+                }
+            ]
+        }
+    })
+}
+
+/// The `routeRef` of a fixture Rollout on `kind`, and that route's stable and canary Services:
+/// the HTTPRoute `checkout` (its managed rule found by the stable backend) from checkout-v2-13
+/// to checkout-v2-14, or the GRPCRoute `payments`' rule `charge` from payments-v1 to payments-v2.
+pub fn route_of(kind: RouteKindName) -> (Value, &'static str, &'static str) {
+    match kind {
+        RouteKindName::HttpRoute => (json!({"name": "checkout"}), STABLE, CANARY),
+        RouteKindName::GrpcRoute => (
+            json!({"kind": "GRPCRoute", "name": GRPC_ROUTE, "ruleName": GRPC_RULE}),
+            GRPC_STABLE,
+            GRPC_CANARY,
+        ),
+    }
+}
+
+/// A Rollout of `shop/checkout` on the `checkout` HTTPRoute from v2.13 to v2.14 with
+/// seconds-scale settings and `steps`; `patch` overrides top-level spec fields.
 pub fn rollout(steps: Value, patch: Value) -> Rollout {
+    rollout_on(RouteKindName::HttpRoute, steps, patch)
+}
+
+/// A Rollout `shop/checkout` on the route of `kind` ([`route_of`]) with seconds-scale settings
+/// and `steps`; `patch` overrides top-level spec fields.
+pub fn rollout_on(kind: RouteKindName, steps: Value, patch: Value) -> Rollout {
+    let (route_ref, stable, canary) = route_of(kind);
     let mut spec = json!({
-        "routeRef": {"name": "checkout"},
-        "stableService": {"name": STABLE},
-        "canaryService": {"name": CANARY},
-        "canaryWorkload": {"name": CANARY},
+        "routeRef": route_ref,
+        "stableService": {"name": stable},
+        "canaryService": {"name": canary},
+        "canaryWorkload": {"name": canary},
         "analysisInterval": "1s",
         "stepDuration": "2s",
         "appliedShareDeadline": "60s",
@@ -208,12 +292,99 @@ pub async fn given(scenario: Scenario) -> Option<Given> {
     })
 }
 
+/// Whether the released CRD of a world's route kind is served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouteCrd {
+    /// Served, and the kind's route stored.
+    Installed,
+    /// Not served, and no route of the kind.
+    Missing,
+}
+
+/// The emulator alone, without a metrics source or a simulated world (the steps are passed with
+/// `promoteThroughStep`), for Rollouts on `kind` ([`route_of`]): the released HTTPRoute CRD (the
+/// controller watches HTTPRoutes whatever the kind), sluice's CRDs, the namespace, and the
+/// kind's two Deployments (ready) and Services; with `crd` installed, the kind's released CRD
+/// and its route ([`rich_route`], [`payments_route`]). `None` when a prerequisite is missing.
+pub async fn given_route(kind: RouteKindName, crd: RouteCrd) -> Option<Given> {
+    let installed = crd == RouteCrd::Installed;
+    let mut files = Vec::new();
+    if kind != RouteKindName::HttpRoute || installed {
+        files.push(or_skip(sluice_testkit::prereq::httproute_crd())?);
+    }
+    files.push(sluice_crd("rollouts.sluice.dev.yaml"));
+    files.push(sluice_crd("gatetemplates.sluice.dev.yaml"));
+    if kind == RouteKindName::GrpcRoute && installed {
+        files.push(or_skip(upstream_file(
+            Upstream::GatewayApi,
+            GRPCROUTE_FILE,
+        ))?);
+    }
+    let emu = emulator_with(files).await;
+    emu.load_yaml(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"
+    ))
+    .unwrap();
+    let client = emu.client();
+    let (_, stable, canary) = route_of(kind);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    for name in [stable, canary] {
+        emu.load_yaml(&deployment(name)).unwrap();
+        let d = deployments.get(name).await.unwrap();
+        let status = json!({"status": {
+            "observedGeneration": d.metadata.generation.unwrap_or(1),
+            "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1, "availableReplicas": 1
+        }});
+        deployments
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+    }
+    if installed {
+        match kind {
+            RouteKindName::HttpRoute => {
+                let route: HttpRoute = serde_json::from_value(rich_route()).unwrap();
+                routes(&client)
+                    .create(&PostParams::default(), &route)
+                    .await
+                    .expect("the released schema accepts the route");
+            }
+            RouteKindName::GrpcRoute => {
+                let route: DynamicObject = serde_json::from_value(payments_route()).unwrap();
+                grpc_routes(&client)
+                    .create(&PostParams::default(), &route)
+                    .await
+                    .expect("the released schema accepts the route");
+            }
+        }
+    }
+    Some(Given {
+        emu,
+        prometheus: None,
+        world: None,
+        client,
+        started: Instant::now(),
+    })
+}
+
 pub fn routes(client: &Client) -> Api<HttpRoute> {
     Api::namespaced(client.clone(), NS)
 }
 
+pub fn grpc_routes(client: &Client) -> Api<DynamicObject> {
+    Grpc::api(client.clone(), Some(NS))
+}
+
 pub fn rollouts(client: &Client) -> Api<Rollout> {
     Api::namespaced(client.clone(), NS)
+}
+
+/// Creates `rollout`.
+pub async fn create_rollout(client: &Client, rollout: &Rollout) {
+    rollouts(client)
+        .create(&PostParams::default(), rollout)
+        .await
+        .expect("Rollout created");
 }
 
 /// The controller running in-process.
@@ -221,28 +392,73 @@ pub struct Controller {
     pub registry: Registry,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
+    /// The orphaned-ownership sweeps; they have no shutdown of their own, so `stop` aborts them.
+    sweeps: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Controller {
-    /// Starts the controller on `client`, judging with metrics from `prometheus_url`.
+    /// Starts the controller on `client` for Rollouts on HTTPRoutes, judging with metrics from
+    /// `prometheus_url`.
     pub fn start(client: &Client, prometheus_url: &str) -> Controller {
+        Controller::spawn(
+            client,
+            Some(prometheus_url),
+            triggers::Watched::new(client, None),
+            Vec::new(),
+        )
+    }
+
+    /// Starts the controller on `client` for Rollouts on routes of `kind`, judging with metrics
+    /// from `prometheus_url` or, when `None`, without a metrics source (no weight step is
+    /// judged: the steps are passed with `promoteThroughStep`). For GRPCRoutes, as `main`
+    /// wires them: watched when their CRD is installed, and then their orphaned-ownership sweep.
+    pub async fn start_on(
+        client: &Client,
+        kind: RouteKindName,
+        prometheus_url: Option<&str>,
+    ) -> Controller {
+        let mut watched = triggers::Watched::new(client, None);
+        let mut sweeps = Vec::new();
+        if kind == RouteKindName::GrpcRoute {
+            watched.grpc_routes = triggers::grpc_routes(client, client, None).await;
+            if let Some(api) = watched.grpc_routes.clone() {
+                sweeps.push(tokio::spawn(orphans::run_kind::<Grpc>(
+                    api,
+                    client.clone(),
+                    Leadership::always(),
+                    EventRecorder::new(client.clone(), OPERATOR),
+                )));
+            }
+        }
+        Controller::spawn(client, prometheus_url, watched, sweeps)
+    }
+
+    /// The Rollout controller with its triggers on `watched`, beside the running `sweeps`.
+    fn spawn(
+        client: &Client,
+        prometheus_url: Option<&str>,
+        watched: triggers::Watched,
+        sweeps: Vec<tokio::task::JoinHandle<()>>,
+    ) -> Controller {
         let mut registry = Registry::default();
         let m = metrics::register(&mut registry);
-        let ctx =
-            reconcile::Context::new(client.clone(), EventRecorder::new(client.clone(), OPERATOR))
-                .with_analysis(prometheus_url, CLUSTER, m)
-                .expect("engine starts")
-                .with_gate_template_cache(client.clone());
+        let mut ctx =
+            reconcile::Context::new(client.clone(), EventRecorder::new(client.clone(), OPERATOR));
+        ctx = match prometheus_url {
+            Some(url) => ctx.with_analysis(url, CLUSTER, m).expect("engine starts"),
+            None => {
+                ctx.metrics = m;
+                ctx
+            }
+        };
+        let ctx = ctx.with_gate_template_cache(client.clone());
         let (hooks, _) = Hooks::standalone();
         let hooks = hooks.with_primary_changes(sluice_rollout_weights::PRIMARY_CHANGES);
         hooks.health.set_leader(true);
         let shutdown = CancellationToken::new();
         let extend = triggers::sharing_store(
             ctx.rollouts.clone(),
-            triggers::with_triggers(
-                triggers::Watched::new(client, None),
-                watcher::Config::default(),
-            ),
+            triggers::with_triggers(watched, watcher::Config::default()),
         );
         let task = tokio::spawn(drive_with(
             Api::<Rollout>::all(client.clone()),
@@ -258,6 +474,7 @@ impl Controller {
             registry,
             shutdown,
             task,
+            sweeps,
         }
     }
 
@@ -266,10 +483,13 @@ impl Controller {
         sluice_runtime::metrics::encode(&self.registry)
     }
 
-    /// Stops the controller.
+    /// Stops the controller, then the sweeps.
     pub async fn stop(self) {
         self.shutdown.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+        for sweep in self.sweeps {
+            sweep.abort();
+        }
     }
 }
 
