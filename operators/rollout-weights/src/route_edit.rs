@@ -39,7 +39,7 @@ use sluice_api::{
         HttpRouteFilter, HttpRouteMatch, HttpRouteRule, MAX_MATCHES, MAX_RULES, ParentReference,
         RequestMirror,
     },
-    v1alpha1::rollout::{HeaderMatch, HeaderMatchType, HttpMethod, reasons},
+    v1alpha1::rollout::{HeaderMatch, HeaderMatchType, HttpMethod},
 };
 
 use crate::route::{self, Located, RouteKind, http::Http};
@@ -139,10 +139,12 @@ impl CrdSupport {
     }
 }
 
-/// Why a route cannot be edited as asked.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why a route cannot be edited as asked. The variant's category ([`EditError::category`]) is
+/// its name, or the condition reason it shares (`reasons` in sluice-api).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
 pub enum EditError {
     /// No rule has the stable Service as a backend (or the named rule is absent).
+    #[strum(serialize = "RouteNotFound")]
     #[error("{kind} {route}: {detail}; fix spec.routeRef or spec.stableService of the Rollout")]
     RuleNotFound {
         /// Route kind (`HTTPRoute`, `GRPCRoute`).
@@ -153,6 +155,7 @@ pub enum EditError {
         detail: String,
     },
     /// Several rules have the stable backend and no rule name was given.
+    #[strum(serialize = "RouteNotFound")]
     #[error(
         "{kind} {route}: rules {indices:?} all send to Service {stable}; name the managed rule in spec.routeRef.ruleName"
     )]
@@ -185,6 +188,7 @@ pub enum EditError {
         max_matches: usize,
     },
     /// The installed CRD would prune a field a step needs.
+    #[strum(serialize = "RouteFieldPruned")]
     #[error(
         "the installed HTTPRoute CRD prunes {field}, which the {what} step needs; install Gateway API CRDs v1.2 or later, or remove the step"
     )]
@@ -195,6 +199,7 @@ pub enum EditError {
         what: &'static str,
     },
     /// A match of the managed rule already matches on the cohort header.
+    #[strum(serialize = "InvalidSpec")]
     #[error(
         "HTTPRoute {route}: the managed rule already matches on header {header}; choose another cohort header"
     )]
@@ -223,6 +228,7 @@ pub enum EditError {
     /// A rule of another HTTPRoute on the same parent and hostname matches the same path
     /// without a method: Gateway API precedence spans every rule of the routes attached to a
     /// parent for a hostname, so the mirror rule would take that route's requests too.
+    #[strum(serialize = "MirrorWouldCapture")]
     #[error(
         "HTTPRoute {route}: HTTPRoute {other} on the same parent and hostname has rule {rule} matching path {path} without a method, so the mirror rule (that path plus method {method}) would take its requests under Gateway API precedence (precedence spans every route on a parent and hostname); remove the mirror step or give that rule a distinct path or its own method match"
     )]
@@ -254,6 +260,7 @@ pub enum EditError {
         weight: i32,
     },
     /// The route has too many backends to add the canary.
+    #[strum(serialize = "RouteFull")]
     #[error(
         "{kind} {route}: the managed rule has 16 backendRefs, no room for canary Service {canary}"
     )]
@@ -267,6 +274,7 @@ pub enum EditError {
     },
     /// A step the route kind cannot carry (a header-cohort or mirror step on a GRPCRoute;
     /// validation refuses those specs, so this is only reached by a spec it did not see).
+    #[strum(serialize = "InvalidSpec")]
     #[error("{kind} {route}: a {what} step is not supported for a {kind}; use setWeight steps")]
     Unsupported {
         /// Route kind.
@@ -281,15 +289,7 @@ pub enum EditError {
 impl EditError {
     /// Bounded category for metrics and condition reasons.
     pub fn category(&self) -> &'static str {
-        match self {
-            EditError::RuleNotFound { .. } | EditError::Ambiguous { .. } => "RouteNotFound",
-            EditError::RouteFull { .. } | EditError::NoBackendRoom { .. } => "RouteFull",
-            EditError::FieldPruned { .. } => "RouteFieldPruned",
-            EditError::CohortHeaderTaken { .. } | EditError::Unsupported { .. } => "InvalidSpec",
-            EditError::MirrorWouldCapture { .. }
-            | EditError::MirrorWouldCaptureOtherRoute { .. } => reasons::MIRROR_WOULD_CAPTURE,
-            EditError::OtherBackendWeighted { .. } => reasons::OTHER_BACKEND_WEIGHTED,
-        }
+        self.into()
     }
 }
 
@@ -763,7 +763,128 @@ pub fn hand_back(route: &HttpRoute) -> HttpRoute {
 mod tests {
     use super::*;
     use serde_json::json;
-    use sluice_api::v1alpha1::rollout::ROUTE_OWNER_ANNOTATION;
+    use sluice_api::v1alpha1::rollout::{ROUTE_OWNER_ANNOTATION, reasons};
+
+    /// Every variant's category, the metric label and condition reason dashboards key on.
+    #[test]
+    fn each_error_has_its_category() {
+        let route = || "checkout".to_owned();
+        let table = [
+            (
+                EditError::RuleNotFound {
+                    kind: "HTTPRoute",
+                    route: route(),
+                    detail: "no rule".into(),
+                },
+                "RouteNotFound",
+            ),
+            (
+                EditError::Ambiguous {
+                    kind: "HTTPRoute",
+                    route: route(),
+                    stable: "checkout-v1".into(),
+                    indices: vec![0, 1],
+                },
+                "RouteNotFound",
+            ),
+            (
+                EditError::RouteFull {
+                    route: route(),
+                    what: "cohort",
+                    rules: 17,
+                    matches: 65,
+                    max_rules: MAX_RULES,
+                    max_matches: MAX_MATCHES,
+                },
+                "RouteFull",
+            ),
+            (
+                EditError::FieldPruned {
+                    field: "spec.rules[].name",
+                    what: "cohort",
+                },
+                "RouteFieldPruned",
+            ),
+            (
+                EditError::CohortHeaderTaken {
+                    route: route(),
+                    header: "x-canary".into(),
+                },
+                "InvalidSpec",
+            ),
+            (
+                EditError::MirrorWouldCapture {
+                    route: route(),
+                    rule: "admin".into(),
+                    path: "/".into(),
+                    method: "GET".into(),
+                },
+                "MirrorWouldCapture",
+            ),
+            (
+                EditError::MirrorWouldCaptureOtherRoute {
+                    route: route(),
+                    other: "search".into(),
+                    rule: "0".into(),
+                    path: "/".into(),
+                    method: "GET".into(),
+                },
+                "MirrorWouldCapture",
+            ),
+            (
+                EditError::OtherBackendWeighted {
+                    kind: "GRPCRoute",
+                    route: route(),
+                    backend: "audit".into(),
+                    weight: 10,
+                },
+                "OtherBackendWeighted",
+            ),
+            (
+                EditError::NoBackendRoom {
+                    kind: "HTTPRoute",
+                    route: route(),
+                    canary: "checkout-v2".into(),
+                },
+                "RouteFull",
+            ),
+            (
+                EditError::Unsupported {
+                    kind: "GRPCRoute",
+                    route: route(),
+                    what: "mirror",
+                },
+                "InvalidSpec",
+            ),
+        ];
+        for (e, category) in &table {
+            // Every variant named: a new one fails to compile here until it has a row above.
+            match e {
+                EditError::RuleNotFound { .. }
+                | EditError::Ambiguous { .. }
+                | EditError::RouteFull { .. }
+                | EditError::FieldPruned { .. }
+                | EditError::CohortHeaderTaken { .. }
+                | EditError::MirrorWouldCapture { .. }
+                | EditError::MirrorWouldCaptureOtherRoute { .. }
+                | EditError::OtherBackendWeighted { .. }
+                | EditError::NoBackendRoom { .. }
+                | EditError::Unsupported { .. } => {}
+            }
+            assert_eq!(e.category(), *category, "{e:?}");
+        }
+        // The categories that are condition reasons are the reasons' own constants.
+        for reason in [
+            reasons::ROUTE_NOT_FOUND,
+            reasons::ROUTE_FULL,
+            reasons::ROUTE_FIELD_PRUNED,
+            reasons::INVALID_SPEC,
+            reasons::MIRROR_WOULD_CAPTURE,
+            reasons::OTHER_BACKEND_WEIGHTED,
+        ] {
+            assert!(table.iter().any(|(_, c)| *c == reason), "{reason}");
+        }
+    }
 
     fn rich() -> Value {
         json!({
