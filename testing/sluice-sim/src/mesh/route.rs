@@ -1,5 +1,6 @@
-//! The part of a stored Gateway API HTTPRoute that decides where requests go: rules, their
-//! matches, weighted backendRefs and RequestMirror filters. Parsed from the object's JSON as the
+//! The part of a stored Gateway API HTTPRoute or GRPCRoute that decides where requests go: rules,
+//! their matches, weighted backendRefs and RequestMirror filters. A GRPCRoute's method match
+//! becomes the path match of its HTTP/2 request (`/<service>/<method>`). Parsed from the object's JSON as the
 //! API returns it, so it works with whatever Gateway API version is installed. Pure; never
 //! writes a route.
 
@@ -63,7 +64,7 @@ fn str_at<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
 }
 
 impl RouteModel {
-    /// Reads the rules of an HTTPRoute object (`{"spec": {"rules": [...]}}`).
+    /// Reads the rules of an HTTPRoute or GRPCRoute object (`{"spec": {"rules": [...]}}`).
     pub fn from_object(route: &Value) -> Self {
         let rules = route
             .pointer("/spec/rules")
@@ -140,9 +141,25 @@ fn mirror_fraction(m: &Value) -> f64 {
 
 impl MatchModel {
     fn from_value(m: &Value) -> Self {
-        let path = match m.get("path") {
-            None => PathMatch::Prefix("/".into()),
-            Some(p) => {
+        let grpc_method = m.get("method").filter(|v| v.is_object());
+        let path = match (grpc_method, m.get("path")) {
+            // GRPCRoute: the call's path is `/<service>/<method>`.
+            (Some(g), _) => {
+                let service = str_at(g, "service");
+                let method = str_at(g, "method");
+                match (str_at(g, "type").unwrap_or("Exact"), service, method) {
+                    ("Exact", Some(s), Some(m)) => PathMatch::Exact(format!("/{s}/{m}")),
+                    ("Exact", Some(s), None) => PathMatch::Prefix(format!("/{s}")),
+                    // A method of any service, or a regular expression: never matched here.
+                    (_, s, m) => PathMatch::Regex(format!(
+                        "/{}/{}",
+                        s.unwrap_or_default(),
+                        m.unwrap_or_default()
+                    )),
+                }
+            }
+            (None, None) => PathMatch::Prefix("/".into()),
+            (None, Some(p)) => {
                 let value = str_at(p, "value").unwrap_or("/").to_string();
                 match str_at(p, "type").unwrap_or("PathPrefix") {
                     "Exact" => PathMatch::Exact(value),
@@ -182,6 +199,35 @@ impl MatchModel {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_grpc_method_match_is_the_path_of_the_call() {
+        let route = json!({"spec": {"rules": [
+            {"matches": [{"method": {"service": "shop.Checkout", "method": "Pay"}}],
+             "backendRefs": [{"name": "c-v1", "port": 9000}]},
+            {"matches": [{"method": {"service": "shop.Checkout"}, "headers": [{"name": "X-Cohort", "value": "staff"}]}],
+             "backendRefs": [{"name": "c-v2", "port": 9000}]},
+            {"matches": [{"method": {"method": "Pay"}}]},
+            {"backendRefs": [{"name": "c-v1", "weight": 99}, {"name": "c-v2", "weight": 1}]}
+        ]}});
+        let m = RouteModel::from_object(&route);
+        let paths: Vec<&PathMatch> = m.rules.iter().map(|r| &r.matches[0].path).collect();
+        assert_eq!(
+            paths,
+            [
+                &PathMatch::Exact("/shop.Checkout/Pay".into()),
+                &PathMatch::Prefix("/shop.Checkout".into()),
+                &PathMatch::Regex("//Pay".into()),
+                &PathMatch::Prefix("/".into()),
+            ]
+        );
+        assert!(m.rules.iter().all(|r| r.matches[0].method.is_none()));
+        assert_eq!(m.rules[1].matches[0].headers.len(), 1);
+        assert_eq!(
+            m.rules[3].backends,
+            vec![("c-v1".to_string(), 99), ("c-v2".to_string(), 1)]
+        );
+    }
 
     #[test]
     fn parses_weights_matches_and_mirrors() {

@@ -187,8 +187,12 @@ pub struct ServiceScenario {
     /// Cluster the service runs in. Default: the first cluster given to the world.
     #[serde(default)]
     pub cluster: Option<String>,
-    /// HTTPRoute (in `namespace`) whose stored rules split the traffic. Absent: all traffic goes
-    /// to the first version.
+    /// What the service speaks: `http` (the default) or `grpc`. A gRPC service is routed by a
+    /// GRPCRoute and reports as Istio does for gRPC (see [`Protocol`]).
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// HTTPRoute (a GRPCRoute for a gRPC service; in `namespace`) whose stored rules split the
+    /// traffic. Absent: all traffic goes to the first version.
     #[serde(default)]
     pub route: Option<String>,
     /// `source_workload` of the source reporter (the gateway or client). Default
@@ -228,6 +232,51 @@ fn default_idempotent() -> f64 {
     0.8
 }
 
+/// The protocol a service speaks, which decides how its answers are reported.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// HTTP: an error is a 500 (`response_code`), no `request_protocol` or
+    /// `grpc_response_status` label.
+    #[default]
+    Http,
+    /// gRPC: `request_protocol="grpc"`; every answer the application gives is HTTP 200 with its
+    /// status in `grpc_response_status` (0 OK, an error 14 UNAVAILABLE), and a failure the mesh
+    /// answers itself keeps its HTTP code with the gRPC status Envoy derives from it (istio/proxy
+    /// `source/extensions/filters/http/istio_stats/istio_stats.cc`, `IstioStatsFilter::log`).
+    Grpc,
+}
+
+impl Protocol {
+    /// The `request_protocol` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Http => "http",
+            Protocol::Grpc => "grpc",
+        }
+    }
+}
+
+/// gRPC status OK.
+pub const GRPC_OK: u8 = 0;
+/// gRPC status UNAVAILABLE: what a failing gRPC version answers.
+pub const GRPC_UNAVAILABLE: u8 = 14;
+
+/// The gRPC status Envoy reports for an HTTP status without a `grpc-status` (Envoy's
+/// `Grpc::Utility::httpToGrpcStatus`): what a gRPC request the mesh failed carries.
+pub fn grpc_status_of_http(code: u16) -> u8 {
+    match code {
+        400 => 13,
+        401 => 16,
+        403 => 7,
+        404 => 12,
+        429 | 502 | 503 | 504 => GRPC_UNAVAILABLE,
+        _ => 2,
+    }
+}
+
 /// A cohort header some requests carry (e.g. `x-cohort: staff`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -251,7 +300,8 @@ pub struct VersionScenario {
     /// `destination_workload`. Default: the backend name.
     #[serde(default)]
     pub workload: Option<String>,
-    /// Share of responses that are 5xx (0..1). Default 0.
+    /// Share of responses that are errors (0..1): 5xx for HTTP, UNAVAILABLE on HTTP 200 for gRPC.
+    /// Default 0.
     #[serde(default)]
     pub error_ratio: f64,
     /// Median latency in ms. Default 20.

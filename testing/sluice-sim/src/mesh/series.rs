@@ -8,7 +8,10 @@
 //! propagation and rate-window effects that a real mesh also shows.
 
 use super::latency::{ISTIO_BUCKETS_MS, LogNormal};
-use super::scenario::{FAILURE_ORIGIN_MESH, MeshFailure, ServiceScenario, VersionScenario};
+use super::scenario::{
+    FAILURE_ORIGIN_MESH, GRPC_OK, GRPC_UNAVAILABLE, MeshFailure, Protocol, ServiceScenario,
+    VersionScenario, grpc_status_of_http,
+};
 use super::split::Split;
 use sluice_testkit::remote_write::{Label, Sample, TimeSeries};
 use std::collections::BTreeMap;
@@ -60,6 +63,9 @@ pub struct RequestKey {
     pub flags: &'static str,
     /// `failure_origin`, only on requests the mesh failed (absent from every other series).
     pub failure_origin: Option<&'static str>,
+    /// `grpc_response_status`, with `request_protocol="grpc"`, on the requests of a gRPC service
+    /// only (HTTP series carry neither label, as before gRPC services existed).
+    pub grpc_status: Option<u8>,
 }
 
 fn label(name: &str, value: &str) -> Label {
@@ -123,6 +129,16 @@ impl RequestKey {
         ];
         if let Some(origin) = self.failure_origin {
             labels.insert(7, label("failure_origin", origin));
+        }
+        if let Some(status) = self.grpc_status {
+            // Sorted: `grpc_response_status` right before `reporter`, `request_protocol` right
+            // after it.
+            let at = labels
+                .iter()
+                .position(|l| l.name == "reporter")
+                .expect("reporter is always there");
+            labels.insert(at, label("grpc_response_status", &status.to_string()));
+            labels.insert(at + 2, label("request_protocol", Protocol::Grpc.as_str()));
         }
         labels
     }
@@ -230,7 +246,8 @@ impl MeshCounters {
             let failed = attempted * failed_share;
             let served = attempted - failed;
             let mirrored = total * split.mirrored.get(backend).copied().unwrap_or(0.0);
-            let key = |reporter, code, flags, failure_origin| RequestKey {
+            let grpc = svc.protocol == Protocol::Grpc;
+            let key = |reporter, code, grpc_status, flags, failure_origin| RequestKey {
                 reporter,
                 cluster: cluster.to_string(),
                 source_workload: svc.source_workload.clone(),
@@ -242,18 +259,38 @@ impl MeshCounters {
                 code,
                 flags,
                 failure_origin,
+                grpc_status,
             };
             if let Some(f) = failure {
                 let origin = f.origin.then_some(FAILURE_ORIGIN_MESH);
+                let code = f.flag.response_code();
+                let status = grpc.then(|| grpc_status_of_http(code));
                 self.count(
-                    key("source", f.flag.response_code(), f.flag.as_str(), origin),
+                    key("source", code, status, f.flag.as_str(), origin),
                     failed,
                     &dist,
                 );
             }
-            for (code, share) in [(200u16, 1.0 - error_ratio), (500u16, error_ratio)] {
+            // What the application answers: HTTP 500 on error, or, for gRPC, HTTP 200 with the
+            // call's status (UNAVAILABLE on error).
+            let answers = if grpc {
+                [
+                    (200u16, Some(GRPC_OK), 1.0 - error_ratio),
+                    (200u16, Some(GRPC_UNAVAILABLE), error_ratio),
+                ]
+            } else {
+                [
+                    (200u16, None, 1.0 - error_ratio),
+                    (500u16, None, error_ratio),
+                ]
+            };
+            for (code, status, share) in answers {
                 for reporter in ["source", "destination"] {
-                    self.count(key(reporter, code, "-", None), served * share, &dist);
+                    self.count(
+                        key(reporter, code, status, "-", None),
+                        served * share,
+                        &dist,
+                    );
                 }
                 // A mirrored copy reaches only the receiving proxy, which labels it with the
                 // request's host plus Envoy's `-shadow` suffix, not the backend Service: only
@@ -261,7 +298,7 @@ impl MeshCounters {
                 if mirrored > 0.0 {
                     let shadow = RequestKey {
                         service: shadow_host(svc),
-                        ..key("destination", code, "-", None)
+                        ..key("destination", code, status, "-", None)
                     };
                     self.count(shadow, mirrored * share, &dist);
                 }
@@ -430,6 +467,7 @@ services:
             code,
             flags: "-",
             failure_origin: None,
+            grpc_status: None,
         }
     }
 
@@ -475,6 +513,82 @@ services:
                 "{k:?}: {}",
                 c.requests(&k)
             );
+        }
+    }
+
+    #[test]
+    fn a_grpc_service_reports_its_errors_as_unavailable_on_http_200() {
+        use crate::mesh::scenario::{Protocol, ResponseFlag};
+        let mut grpc = svc();
+        grpc.protocol = Protocol::Grpc;
+        let split = Split {
+            served: BTreeMap::from([("c-v1".into(), 0.9), ("c-v2".into(), 0.1)]),
+            ..Default::default()
+        };
+        let failure = MeshFailure {
+            ratio: 0.5,
+            flag: ResponseFlag::UF,
+            origin: true,
+        };
+        let mut c = MeshCounters::default();
+        c.add_service_in(&grpc, "east", &split, 2.0, Some(failure));
+        let with = |k: RequestKey, status: u8| RequestKey {
+            grpc_status: Some(status),
+            ..k
+        };
+        // 200 requests in 2 s, half failed by the mesh before the destination.
+        let cases = [
+            (with(key("source", "c-v1", "v1", 200), 0), 81.0),
+            (with(key("source", "c-v1", "v1", 200), 14), 9.0),
+            (with(key("destination", "c-v2", "v2", 200), 0), 5.0),
+            (with(key("destination", "c-v2", "v2", 200), 14), 5.0),
+            (
+                RequestKey {
+                    flags: "UF",
+                    failure_origin: Some(FAILURE_ORIGIN_MESH),
+                    ..with(key("source", "c-v2", "v2", 503), 14)
+                },
+                10.0,
+            ),
+            // Never a 500, never a series without its gRPC status.
+            (key("source", "c-v1", "v1", 500), 0.0),
+            (key("source", "c-v1", "v1", 200), 0.0),
+        ];
+        for (k, want) in cases {
+            assert!(
+                (c.requests(&k) - want).abs() < 1e-9,
+                "{k:?}: {}",
+                c.requests(&k)
+            );
+        }
+        let series = c.series(1_000, &BTreeMap::new());
+        let unavailable = series
+            .iter()
+            .find(|s| {
+                name_of(s) == REQUESTS_TOTAL
+                    && s.labels
+                        .iter()
+                        .any(|l| l.name == "grpc_response_status" && l.value == "14")
+                    && s.labels
+                        .iter()
+                        .any(|l| l.name == "response_code" && l.value == "200")
+            })
+            .expect("an UNAVAILABLE series on HTTP 200");
+        let labels: Vec<(&str, &str)> = unavailable
+            .labels
+            .iter()
+            .map(|l| (l.name.as_str(), l.value.as_str()))
+            .collect();
+        let mut sorted = labels.clone();
+        sorted.sort();
+        assert_eq!(labels, sorted, "labels must be sorted for remote write");
+        assert!(labels.contains(&("request_protocol", "grpc")), "{labels:?}");
+        // Buckets keep `le` in order with the two labels added.
+        for s in &series {
+            let names: Vec<&str> = s.labels.iter().map(|l| l.name.as_str()).collect();
+            let mut sorted = names.clone();
+            sorted.sort();
+            assert_eq!(names, sorted);
         }
     }
 

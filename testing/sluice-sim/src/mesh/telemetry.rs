@@ -5,7 +5,7 @@
 //! writes to the Kubernetes API.
 
 use super::route::RouteModel;
-use super::scenario::{Event, Scenario};
+use super::scenario::{Event, Protocol, Scenario};
 use super::series::{ClusterGauges, MeshCounters, drift_behind};
 use super::split::{Propagation, Split, request_classes, split};
 use crate::cluster::SvidCounter;
@@ -89,10 +89,15 @@ impl std::fmt::Debug for MeshTelemetry {
     }
 }
 
-fn http_route_resource() -> ApiResource {
+/// The route kind a service of `protocol` is routed by: HTTPRoute, or GRPCRoute for gRPC.
+fn route_resource(protocol: Protocol) -> ApiResource {
+    let (kind, plural) = match protocol {
+        Protocol::Http => ("HTTPRoute", "httproutes"),
+        Protocol::Grpc => ("GRPCRoute", "grpcroutes"),
+    };
     ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", "HTTPRoute"),
-        "httproutes",
+        &GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", kind),
+        plural,
     )
 }
 
@@ -188,7 +193,8 @@ impl Drop for MeshTelemetry {
     }
 }
 
-type RouteKey = (String, String, String);
+/// (cluster, namespace, route name, the kind by its protocol).
+type RouteKey = (String, String, String, Protocol);
 
 /// Series per remote-write request: large enough to amortise HTTP, small enough to stay far
 /// below Prometheus' request size limits.
@@ -243,8 +249,9 @@ impl RemoteWriter {
 
 async fn list_routes(
     client: &Client,
+    protocol: Protocol,
 ) -> Result<BTreeMap<(String, String), RouteModel>, kube::Error> {
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &http_route_resource());
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &route_resource(protocol));
     let list = api.list(&ListParams::default()).await?;
     Ok(list
         .items
@@ -318,37 +325,49 @@ async fn run(
         let t = now.duration_since(shared.started);
         let extra = shared.events.lock().expect("events lock").clone();
         let state = scenario.state_at(t, &extra);
-        // Read the stored routes of every cluster that has routed services.
+        // Read the stored routes of every cluster that has routed services, of each kind its
+        // services are routed by (GRPCRoutes only where a gRPC service runs).
         for c in &clusters {
-            let routed = state.services.iter().any(|s| {
-                s.route.is_some() && s.cluster.as_deref().unwrap_or(&default_cluster) == c.name
-            });
-            if !routed {
-                continue;
-            }
-            match list_routes(&c.client).await {
-                Ok(listed) => {
-                    last_read_error.remove(&c.name);
-                    for svc in state
-                        .services
-                        .iter()
-                        .filter(|s| s.cluster.as_deref().unwrap_or(&default_cluster) == c.name)
-                    {
-                        let Some(route) = &svc.route else { continue };
-                        let stored = listed.get(&(svc.namespace.clone(), route.clone())).cloned();
-                        routes
-                            .entry((c.name.clone(), svc.namespace.clone(), route.clone()))
-                            .or_default()
-                            .observe(now, stored);
-                    }
+            for protocol in [Protocol::Http, Protocol::Grpc] {
+                let in_cluster = |s: &&super::scenario::ServiceScenario| {
+                    s.route.is_some()
+                        && s.protocol == protocol
+                        && s.cluster.as_deref().unwrap_or(&default_cluster) == c.name
+                };
+                if !state.services.iter().any(|s| in_cluster(&s)) {
+                    continue;
                 }
-                Err(e) => {
-                    let msg = format!("listing HTTPRoutes in cluster {}: {e}", c.name);
-                    if last_read_error.get(&c.name) != Some(&msg) {
-                        tracing::warn!(error = %msg, "mesh telemetry keeps the routes it last read");
-                        last_read_error.insert(c.name.clone(), msg.clone());
+                let reader = format!("{}/{}", c.name, protocol.as_str());
+                match list_routes(&c.client, protocol).await {
+                    Ok(listed) => {
+                        last_read_error.remove(&reader);
+                        for svc in state.services.iter().filter(in_cluster) {
+                            let Some(route) = &svc.route else { continue };
+                            let stored =
+                                listed.get(&(svc.namespace.clone(), route.clone())).cloned();
+                            routes
+                                .entry((
+                                    c.name.clone(),
+                                    svc.namespace.clone(),
+                                    route.clone(),
+                                    protocol,
+                                ))
+                                .or_default()
+                                .observe(now, stored);
+                        }
                     }
-                    shared.stats.lock().expect("stats lock").last_error = Some(msg);
+                    Err(e) => {
+                        let msg = format!(
+                            "listing {}s in cluster {}: {e}",
+                            route_resource(protocol).kind,
+                            c.name
+                        );
+                        if last_read_error.get(&reader) != Some(&msg) {
+                            tracing::warn!(error = %msg, "mesh telemetry keeps the routes it last read");
+                            last_read_error.insert(reader, msg.clone());
+                        }
+                        shared.stats.lock().expect("stats lock").last_error = Some(msg);
+                    }
                 }
             }
         }
@@ -374,7 +393,12 @@ async fn run(
             let s = match &svc.route {
                 None => split(None, &classes, &svc.versions[0].backend, factor),
                 Some(route) => {
-                    let key = (cluster.clone(), svc.namespace.clone(), route.clone());
+                    let key = (
+                        cluster.clone(),
+                        svc.namespace.clone(),
+                        route.clone(),
+                        svc.protocol,
+                    );
                     match routes
                         .get_mut(&key)
                         .and_then(|p| p.effective(now, state.propagation_delay))
