@@ -186,9 +186,12 @@ async fn p99_breach_aborts() {
     abort_scenario(s, Duration::from_secs(20), "latency-p99").await;
 }
 
-/// Every stored version of `api`'s objects from now on, in the order written: (resourceVersion,
-/// object). The emulator's resourceVersions are one counter across kinds, so two logs compare.
-fn log_writes<K>(api: kube::Api<K>) -> (Arc<Mutex<Vec<(u64, K)>>>, tokio::task::JoinHandle<()>)
+/// Stored versions of objects in the order written: (resourceVersion, object).
+type Log<K> = Arc<Mutex<Vec<(u64, K)>>>;
+
+/// Every stored version of `api`'s objects from now on, in the order written. The emulator's
+/// resourceVersions are one counter across kinds, so two logs compare.
+fn log_writes<K>(api: kube::Api<K>) -> (Log<K>, tokio::task::JoinHandle<()>)
 where
     K: kube::Resource
         + Clone
@@ -198,7 +201,7 @@ where
         + 'static,
 {
     use futures::StreamExt;
-    let log: Arc<Mutex<Vec<(u64, K)>>> = Arc::default();
+    let log: Log<K> = Arc::default();
     let out = log.clone();
     let task = tokio::spawn(async move {
         let mut stream = api
