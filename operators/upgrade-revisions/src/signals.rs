@@ -1,7 +1,9 @@
 //! The signals a tick reads from the metrics source: the issuance counter (the sum over every CA
 //! replica, over a window) and, when due, the current wave's gate verdicts with their pre-wave
-//! baselines. A gate that could not be evaluated is reported Inconclusive naming why; never
-//! writes anything.
+//! baselines. A gate whose query cannot be built is reported Inconclusive naming why, under its
+//! own policy; one that cannot be resolved is reported to `decide`, which judges it under the
+//! upgrade's `spec.inconclusive`; each configuration problem is reported naming the gate and
+//! the field. Never writes anything.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -10,7 +12,7 @@ use std::{
 
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use sluice_analysis::{GateAction, GateCheck, GateTemplates};
+use sluice_analysis::{CheckError, GateAction, GateCheck, GateTemplates};
 use sluice_api::v1alpha1::GateQuery;
 use sluice_api::v1alpha1::{
     BaselineSource, CapturedBaseline, GateTemplate, GateVerdict, RevisionUpgradeSpec,
@@ -20,7 +22,7 @@ use sluice_api::v1alpha1::{
 
 use crate::{
     context::{Context, Metrics},
-    decide::{GateReport, Observations},
+    decide::{GateReport, Observations, UnresolvedGate},
     pacing::IssuanceReading,
 };
 
@@ -173,7 +175,8 @@ pub(crate) async fn gates(
     // The gate (index into `names`) each check judges.
     let mut of_gate: Vec<usize> = Vec::new();
     let mut names: Vec<String> = Vec::new();
-    let mut problems: Vec<GateVerdict> = Vec::new();
+    let mut unresolved: Vec<UnresolvedGate> = Vec::new();
+    let mut misconfigured: Vec<String> = Vec::new();
     let gates = spec.effective_gates();
     let api = Api::<GateTemplate>::all(ctx.client.clone());
     let templates = GateTemplates::read(&gates, |name| {
@@ -185,12 +188,20 @@ pub(crate) async fn gates(
         let resolved = match resolve(&templates, &gate, spec) {
             Ok(r) => r,
             Err(why) => {
-                problems.push(problem(
-                    &gate.name,
-                    &why,
-                    wave.gates.iter().find(|v| v.gate == gate.name),
-                    now,
-                ));
+                // Judged by `decide` under spec.inconclusive; only a failed read of the
+                // template is not a configuration problem (it is read again next time).
+                let read_failed = gate
+                    .template_ref
+                    .as_deref()
+                    .is_some_and(|t| templates.unreadable.contains_key(t));
+                let message = format!("spec.gates {}: {why}", gate.name);
+                if !read_failed {
+                    misconfigured.push(message.clone());
+                }
+                unresolved.push(UnresolvedGate {
+                    gate: gate.name.clone(),
+                    message,
+                });
                 continue;
             }
         };
@@ -248,8 +259,17 @@ pub(crate) async fn gates(
                 (v, a)
             }
             Err(e) => {
-                // A query that cannot be built or run is Inconclusive under the gate's own
-                // policy (sustained, it pauses, aborts or continues), never an eternal Wait.
+                // A query that cannot be built (an unknown `{{variable}}`, PromQL that does not
+                // parse) is a configuration problem, Inconclusive under the gate's own policy
+                // (sustained, it pauses, aborts or continues), never an eternal Wait.
+                let why = match &e {
+                    CheckError::Template { source, .. } => source.to_string(),
+                    other => other.to_string(),
+                };
+                let message = format!("spec.gates {}: {why}", check.gate.name);
+                if !misconfigured.contains(&message) {
+                    misconfigured.push(message);
+                }
                 let v = problem(
                     &check.gate.name,
                     &e.to_string(),
@@ -277,20 +297,16 @@ pub(crate) async fn gates(
             *slot = Some((verdict, a));
         }
     }
-    let (mut verdicts, actions): (Vec<GateVerdict>, Vec<GateAction>) =
+    let (verdicts, actions): (Vec<GateVerdict>, Vec<GateAction>) =
         worst.into_iter().flatten().unzip();
-    // A gate that cannot be configured holds the wave (Wait) but stops nothing.
-    let (action, _) = sluice_analysis::combined_action(
-        actions
-            .into_iter()
-            .chain(problems.iter().map(|_| GateAction::Wait)),
-    );
-    verdicts.extend(problems);
+    let (action, _) = sluice_analysis::combined_action(actions);
     let report = GateReport {
         wave: wave.name.clone(),
         verdicts,
         action: Some(action),
         baselines,
+        unresolved,
+        misconfigured,
     };
     ctx.memory
         .lock()

@@ -22,7 +22,7 @@ impl Tick<'_> {
             .iter()
             .any(|x| x.state == NamespaceState::RollingBack);
         let throttled = n.issuance_budget.as_ref().is_some_and(|b| b.throttled);
-        let gate_pause = self.obs.gates.as_ref().and_then(|g| g.action) == Some(GateAction::Pause);
+        let gate_pause = self.gates.and_then(|g| g.action) == Some(GateAction::Pause);
         let current = n
             .current_wave_index
             .and_then(|i| n.waves.get(i as usize))

@@ -146,7 +146,7 @@ impl Tick<'_> {
         self.update_counts(&target);
         let wave_name = self.next.waves[index].name.clone();
         // Gates judge the wave from its start; a Fail aborts at any point.
-        if let Some(report) = self.obs.gates.as_ref().filter(|g| g.wave == wave_name) {
+        if let Some(report) = self.gates.filter(|g| g.wave == wave_name) {
             self.next.waves[index].gates = report.verdicts.clone();
             self.next.captured_baselines = report.baselines.clone();
             if report.action == Some(GateAction::Abort) {

@@ -13,8 +13,10 @@
 //!
 //! One file per phase of a tick, the shared model below them: `model` (observations, actions,
 //! the decision, constants, the `Tick` and its counting helpers), `validate`, `reports`,
-//! `controls` (abort, resume), `relabel`, `forward` (waves in order), `restart` (issuance
-//! budget, availability floor), `soak`, `rollback` and `complete`; this module holds
+//! `controls` (abort, resume), `relabel`, `forward` (waves in order), `gates` (the wave's
+//! gates as judged: unresolved ones under `spec.inconclusive`, `Ready` from their
+//! configuration), `restart` (issuance budget, availability floor), `soak`, `rollback` and
+//! `complete`; this module holds
 //! [`decide`] and the order a tick runs them in. Unit tests sit beside them in `tests.rs` and
 //! `upgrade_tests.rs`.
 
@@ -34,6 +36,7 @@ use crate::{
 mod complete;
 mod controls;
 mod forward;
+mod gates;
 mod model;
 mod relabel;
 mod reports;
@@ -56,15 +59,18 @@ pub fn decide(
     obs: &Observations,
     now: Timestamp,
 ) -> Decision {
-    let mut d = decide_validity(
-        &validity::problems(spec, obs.allow_free_form_promql),
-        status,
-        obs,
-        now,
-    );
+    let problems = validity::problems(spec, obs.allow_free_form_promql);
+    let mut d = decide_validity(&problems, gates::masked(status).as_ref(), obs, now);
     if d.status.phase == RevisionUpgradePhase::Invalid {
         return d;
     }
+    if problems.is_empty() {
+        gates::set_ready(&mut d, status, obs, now);
+    }
+    let judged = obs
+        .gates
+        .as_ref()
+        .map(|r| gates::judge(spec, &d.status, r, now));
     if let Some(fleet) = &obs.fleet {
         let mut by_ns: BTreeMap<&str, Vec<&Arc<PodView>>> = BTreeMap::new();
         let mut by_workload: BTreeMap<(&str, &Workload), u32> = BTreeMap::new();
@@ -81,6 +87,7 @@ pub fn decide(
             by_ns,
             by_workload,
             now,
+            gates: judged.as_ref(),
             next: &mut d.status,
             actions: &mut d.actions,
             busy_for: &mut d.busy_for,

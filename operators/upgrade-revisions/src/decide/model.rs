@@ -114,7 +114,31 @@ pub struct GateReport {
     /// The pre-wave baselines the verdicts were judged against (window ending at the wave's
     /// start), kept in `status.capturedBaselines`.
     pub baselines: Vec<CapturedBaseline>,
+    /// Gates that could not be resolved (a missing or unreadable GateTemplate, a field that does
+    /// not parse): absent from `verdicts` and `action`. [`decide`](super::decide) judges each
+    /// Inconclusive under the upgrade's `spec.inconclusive`, its streak carried in the status,
+    /// so the policy applies once its deadline passes.
+    pub unresolved: Vec<UnresolvedGate>,
+    /// What is wrong with the gates' configuration, one message per problem naming the gate and
+    /// the field (`spec.gates <name>: ...`): the upgrade reports `Ready=False` (reason
+    /// [`GATE_MISCONFIGURED`]) until an evaluation finds none. A failed read of a GateTemplate
+    /// is not one (it is retried at the next evaluation).
+    pub misconfigured: Vec<String>,
 }
+
+/// A gate of the current wave that could not be resolved.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UnresolvedGate {
+    /// The gate's name.
+    pub gate: String,
+    /// Why, naming the field: the message of its Inconclusive verdict.
+    pub message: String,
+}
+
+/// `Ready=False` reason while a gate of the current wave cannot be evaluated as configured (a
+/// missing GateTemplate, an unknown `{{variable}}`, a query that does not parse); the message
+/// names the gate and the field. The same reason a Rollout reports.
+pub const GATE_MISCONFIGURED: &str = "GateMisconfigured";
 
 /// Something the reconcile must do after the status is written.
 #[derive(Debug, Clone, PartialEq)]
@@ -262,6 +286,9 @@ pub(super) struct Tick<'a> {
     /// Non-terminating pods per workload (namespace, workload), built once per tick.
     pub(super) by_workload: BTreeMap<(&'a str, &'a Workload), u32>,
     pub(super) now: Timestamp,
+    /// The current wave's gates as judged this tick ([`Observations::gates`] with its
+    /// unresolved gates judged under `spec.inconclusive`).
+    pub(super) gates: Option<&'a GateReport>,
     pub(super) next: &'a mut RevisionUpgradeStatus,
     pub(super) actions: &'a mut Vec<Action>,
     pub(super) busy_for: &'a mut Duration,

@@ -22,7 +22,7 @@ impl Tick<'_> {
             .soak_started_at
             .clone()
             .unwrap_or(Time(self.now));
-        let gates = self.obs.gates.as_ref().filter(|g| g.wave == wave);
+        let gates = self.gates.filter(|g| g.wave == wave);
         let action = gates.and_then(|g| g.action);
         if action == Some(GateAction::Pause) {
             self.condition(
@@ -62,7 +62,7 @@ impl Tick<'_> {
             Some(g) => g.verdicts.is_empty() || action == Some(GateAction::Proceed),
         };
         if !passed {
-            let why = if self.obs.gates.is_none() {
+            let why = if self.gates.is_none() {
                 "no metrics source is configured (--prometheus-url), so gates cannot pass"
             } else if gates.is_none() {
                 "gates are evaluated next"

@@ -198,7 +198,7 @@ fn gates(wave: Option<&str>, action: GateAction) -> Option<GateReport> {
         wave: wave.unwrap_or_default().to_owned(),
         verdicts: Vec::new(),
         action: Some(action),
-        baselines: Vec::new(),
+        ..GateReport::default()
     })
 }
 
@@ -1483,5 +1483,159 @@ fn the_old_revision_is_not_retirable_while_a_namespace_still_selects_it() {
         d.status.completed_at.is_some(),
         "{:#?}",
         d.status.conditions
+    );
+}
+
+/// The current wave's report with one gate, `errors`, whose GateTemplate does not exist (or,
+/// `fixed`, with every gate resolved and passing).
+fn unresolvable(status: Option<&RevisionUpgradeStatus>, fixed: bool) -> Option<GateReport> {
+    let why = "spec.gates errors: gate \"errors\" references GateTemplate \"absent\", which does \
+               not exist; create it or fix templateRef";
+    Some(GateReport {
+        wave: status
+            .and_then(|s| s.current_wave.clone())
+            .unwrap_or_default(),
+        action: Some(GateAction::Proceed),
+        unresolved: (!fixed)
+            .then(|| UnresolvedGate {
+                gate: "errors".into(),
+                message: why.into(),
+            })
+            .into_iter()
+            .collect(),
+        misconfigured: (!fixed).then(|| why.to_owned()).into_iter().collect(),
+        ..GateReport::default()
+    })
+}
+
+#[test]
+fn an_unresolvable_gate_is_not_ready_and_the_upgrades_inconclusive_policy_applies_after_its_deadline()
+ {
+    use sluice_api::v1alpha1::Verdict;
+    // (spec.inconclusive.action, after its 60s: the phase, and the Progressing reason)
+    let table = [
+        (
+            "Abort",
+            RevisionUpgradePhase::RollingBack,
+            reasons::GATE_FAILED,
+        ),
+        ("Pause", RevisionUpgradePhase::Paused, reasons::PAUSED),
+        (
+            "Continue",
+            RevisionUpgradePhase::Progressing,
+            reasons::WAVE_RESTARTING,
+        ),
+    ];
+    for (policy, phase, reason) in table {
+        let mut s = spec();
+        s.inconclusive =
+            serde_json::from_value(serde_json::json!({"action": policy, "after": "60s"})).unwrap();
+        let mut model = Model::new();
+        let mut status: Option<RevisionUpgradeStatus> = None;
+        let mut warned = 0;
+        // The wave starts at 0 s; its gates are first evaluated at 1 s, so the deadline is 61 s.
+        for tick in 0..=61 {
+            let mut o = observe(&model, status.as_ref(), GateAction::Proceed);
+            o.gates = unresolvable(status.as_ref(), false);
+            let d = decide(&s, status.as_ref(), &o, t(tick * 1000));
+            model.apply(&d.actions);
+            warned += event_reasons(&d)
+                .iter()
+                .filter(|r| **r == GATE_MISCONFIGURED)
+                .count();
+            let st = d.status;
+            if tick >= 1 {
+                let ready = cond::find(&st.conditions, conditions::READY).unwrap();
+                assert_eq!(
+                    (ready.status.as_str(), ready.reason.as_str()),
+                    ("False", GATE_MISCONFIGURED),
+                    "{policy} at {tick}s: Ready names the misconfigured gate"
+                );
+                assert!(
+                    ready.message.contains("spec.gates errors")
+                        && ready.message.contains("templateRef"),
+                    "{policy}: {}",
+                    ready.message
+                );
+                let v = st.waves[0].gates.iter().find(|v| v.gate == "errors");
+                let v = v.unwrap_or_else(|| {
+                    panic!("{policy} at {tick}s: the gate's verdict is recorded")
+                });
+                assert_eq!(v.verdict, Verdict::Inconclusive, "{policy} at {tick}s");
+                assert_eq!(
+                    v.inconclusive_since.as_ref().map(|t| t.0),
+                    Some(t(1000)),
+                    "{policy} at {tick}s: the streak runs from the first evaluation"
+                );
+            }
+            if tick < 61 {
+                assert_ne!(
+                    st.waves[0].state,
+                    UpgradeWaveState::Passed,
+                    "{policy} at {tick}s: the wave holds while the gate is Inconclusive"
+                );
+                assert!(
+                    st.aborted_at.is_none() && st.phase != RevisionUpgradePhase::Paused,
+                    "{policy} at {tick}s: nothing before the deadline ({:?})",
+                    st.phase
+                );
+            } else {
+                assert_eq!(st.phase, phase, "{policy}: after the deadline");
+                let c = cond::find(&st.conditions, conditions::PROGRESSING).unwrap();
+                assert_eq!(c.reason, reason, "{policy}: {}", c.message);
+                if policy == "Abort" {
+                    assert!(c.message.contains("errors"), "{}", c.message);
+                }
+                if policy == "Continue" {
+                    assert_eq!(st.waves[0].state, UpgradeWaveState::Passed);
+                }
+            }
+            status = Some(st);
+        }
+        assert_eq!(
+            warned, 1,
+            "{policy}: one Warning Event when the problem is found"
+        );
+    }
+}
+
+#[test]
+fn a_fixed_gate_makes_the_upgrade_ready_again_at_its_next_evaluation() {
+    let s = spec();
+    let model = Model::new();
+    let mut status: Option<RevisionUpgradeStatus> = None;
+    for tick in 0..3 {
+        let mut o = observe(&model, status.as_ref(), GateAction::Proceed);
+        o.gates = unresolvable(status.as_ref(), false);
+        status = Some(decide(&s, status.as_ref(), &o, t(tick * 1000)).status);
+    }
+    let ready = |st: &RevisionUpgradeStatus| {
+        let c = cond::find(&st.conditions, conditions::READY).unwrap();
+        (c.status.clone(), c.reason.clone())
+    };
+    assert_eq!(
+        ready(status.as_ref().unwrap()),
+        ("False".to_owned(), GATE_MISCONFIGURED.to_owned())
+    );
+    // Not evaluated this tick: the finding stands.
+    let mut o = observe(&model, status.as_ref(), GateAction::Proceed);
+    o.gates = None;
+    let d = decide(&s, status.as_ref(), &o, t(3000));
+    assert_eq!(ready(&d.status).1, GATE_MISCONFIGURED);
+    assert!(event_reasons(&d).is_empty(), "{:?}", event_reasons(&d));
+    // Evaluated with every gate resolved: Ready again, from now, and no "spec accepted" again.
+    let mut o = observe(&model, Some(&d.status), GateAction::Proceed);
+    o.gates = unresolvable(Some(&d.status), true);
+    let d = decide(&s, Some(&d.status), &o, t(4000));
+    assert_eq!(
+        ready(&d.status),
+        ("True".to_owned(), cond::VALID.to_owned())
+    );
+    let c = cond::find(&d.status.conditions, conditions::READY).unwrap();
+    assert_eq!(c.last_transition_time.0, t(4000));
+    assert!(
+        !event_reasons(&d).contains(&cond::VALID),
+        "{:?}",
+        event_reasons(&d)
     );
 }
