@@ -1,5 +1,6 @@
 //! The mesh configuration end-to-end tests put in a bundle and apply: the checkout HTTPRoute
-//! split between its stable and canary backends. Builds manifests only; never applies them.
+//! split between its stable and canary backends; and the Istio revision webhooks a meshed cluster
+//! starts with. Builds manifests only; never applies them.
 
 use kube::api::{ApiResource, GroupVersionKind};
 
@@ -35,6 +36,36 @@ pub fn http_route_resource() -> ApiResource {
         &GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", "HTTPRoute"),
         "httproutes",
     )
+}
+
+/// The MutatingWebhookConfigurations of a meshed cluster on two Istio revisions: revision tag
+/// `stable` on 1-27 and `canary` on 1-28 (`istio.io/tag` and `istio.io/rev` labels, as `istioctl
+/// tag set` writes them) and each revision's sidecar injector, as JSON objects.
+pub fn revision_tag_webhooks() -> Vec<serde_json::Value> {
+    [
+        (
+            "istio-revision-tag-stable",
+            serde_json::json!({"istio.io/tag": "stable", "istio.io/rev": "1-27"}),
+        ),
+        (
+            "istio-revision-tag-canary",
+            serde_json::json!({"istio.io/tag": "canary", "istio.io/rev": "1-28"}),
+        ),
+        (
+            "istio-sidecar-injector-1-27",
+            serde_json::json!({"istio.io/rev": "1-27"}),
+        ),
+        (
+            "istio-sidecar-injector-1-28",
+            serde_json::json!({"istio.io/rev": "1-28"}),
+        ),
+    ]
+    .into_iter()
+    .map(|(name, labels)| {
+        serde_json::json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+                           "metadata": {"name": name, "labels": labels}})
+    })
+    .collect()
 }
 
 #[cfg(test)]
