@@ -14,6 +14,7 @@ use serde_json::json;
 use sluice_sim::cluster::injection::injected_revision;
 use sluice_sim::{ClusterConfig, World};
 use sluice_testkit::eventually::eventually_every;
+use sluice_testkit::mesh_config::revision_tag_webhooks;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
@@ -25,26 +26,8 @@ async fn given_a_meshed_cluster() -> (Emulator, Client) {
     let emu = Emulator::start().await;
     let client = emu.client();
     let mwcs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    for (name, labels) in [
-        (
-            "istio-revision-tag-stable",
-            json!({"istio.io/tag": "stable", "istio.io/rev": "1-27"}),
-        ),
-        (
-            "istio-revision-tag-canary",
-            json!({"istio.io/tag": "canary", "istio.io/rev": "1-28"}),
-        ),
-        (
-            "istio-sidecar-injector-1-27",
-            json!({"istio.io/rev": "1-27"}),
-        ),
-        (
-            "istio-sidecar-injector-1-28",
-            json!({"istio.io/rev": "1-28"}),
-        ),
-    ] {
-        let mwc: MutatingWebhookConfiguration =
-            serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap();
+    for mwc in revision_tag_webhooks() {
+        let mwc: MutatingWebhookConfiguration = serde_json::from_value(mwc).unwrap();
         mwcs.create(&PostParams::default(), &mwc).await.unwrap();
     }
     let nss: Api<Namespace> = Api::all(client.clone());
