@@ -34,6 +34,7 @@ use sluice_sim::cluster::pods::is_ready;
 use sluice_sim::{ClusterConfig, Scenario, SvidCounter, World};
 use sluice_testkit::crds::{emulator_with, sluice_crd};
 use sluice_testkit::eventually::{eventually_every, object_until};
+use sluice_testkit::mesh_config::revision_tag_webhooks;
 use sluice_testkit::prometheus::Prometheus;
 use sluice_upgrade_revisions::{
     OPERATOR,
@@ -199,30 +200,8 @@ impl Harness {
         ])
         .await;
         let client = emu.client();
-        for (name, labels) in [
-            (
-                "istio-revision-tag-stable",
-                json!({"istio.io/tag": "stable", "istio.io/rev": "1-27"}),
-            ),
-            (
-                "istio-revision-tag-canary",
-                json!({"istio.io/tag": "canary", "istio.io/rev": "1-28"}),
-            ),
-            (
-                "istio-sidecar-injector-1-27",
-                json!({"istio.io/rev": "1-27"}),
-            ),
-            (
-                "istio-sidecar-injector-1-28",
-                json!({"istio.io/rev": "1-28"}),
-            ),
-        ] {
-            create(
-                &client,
-                json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-                       "metadata": {"name": name, "labels": labels}}),
-            )
-            .await;
+        for mwc in revision_tag_webhooks() {
+            create(&client, mwc).await;
         }
         for ns in fleet {
             let mut labels = json!({"istio.io/rev": "stable"});
