@@ -2,7 +2,10 @@
 //! beside Argo CD the `argocd` namespace and the chart's duck ConfigMap; in workload clusters
 //! the Istio revision tags (`stable` → 1-27, `canary` → 1-28), the `shop` namespace with
 //! checkout v2.13 (stable) and v2.14 (canary) as Deployments and one Service per version, and
-//! the HTTPRoute `shop/checkout` sending everything to stable. Pure text; never applies it.
+//! the HTTPRoute `shop/checkout` sending everything to stable. Also the gRPC service `payments`
+//! (v1 stable, v2 canary, the GRPCRoute `shop/payments` sending everything to v1), which the
+//! `canary-grpc` scenario applies (the mesh simulator knows it in every workload cluster from the
+//! start; it carries traffic once its GRPCRoute exists). Pure text; never applies it.
 
 use sluice_api::v1alpha1::wave_gate::{DUCK_MATCH_KEY, DUCK_RESOURCE, DUCK_STATUS_LIST_KEY};
 
@@ -16,6 +19,17 @@ pub const ROUTE: &str = "checkout";
 pub const STABLE: &str = "checkout-v2-13";
 /// Canary backend Service.
 pub const CANARY: &str = "checkout-v2-14";
+/// The GRPCRoute splitting the gRPC service's calls.
+pub const GRPC_ROUTE: &str = "payments";
+/// The GRPCRoute's rule the Rollout manages (`spec.rules[].name`).
+pub const GRPC_RULE: &str = "charge";
+/// The gRPC service's stable backend Service (and Deployment), version `v1`.
+pub const GRPC_STABLE: &str = "payments-v1";
+/// The gRPC service's canary backend Service (and Deployment), version `v2`.
+pub const GRPC_CANARY: &str = "payments-v2";
+/// The gRPC method the GRPCRoute's rule matches (`/<service>/<method>` is the call's path).
+pub const GRPC_METHOD: (&str, &str) = ("shop.Payments", "Charge");
+
 /// The chart's default name of the duck ConfigMap (`waveGate.decisionConfigMap.name`).
 pub const DUCK_CONFIGMAP: &str = "sluice-wavegate-decisions";
 
@@ -54,6 +68,41 @@ fn version(backend: &str, version: &str) -> String {
          spec:\n      containers:\n      - name: checkout\n        image: registry.invalid/checkout:{version}\n        \
          ports:\n        - containerPort: 8080\n"
     )
+}
+
+fn grpc_version(backend: &str, version: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {backend}\n  namespace: {SHOP}\nspec:\n  \
+         selector:\n    app: payments\n    version: {version}\n  ports:\n  - name: grpc\n    port: 9000\n    targetPort: 9000\n    appProtocol: grpc\n---\n\
+         apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {backend}\n  namespace: {SHOP}\nspec:\n  \
+         replicas: 2\n  selector:\n    matchLabels:\n      app: payments\n      version: {version}\n  \
+         template:\n    metadata:\n      labels:\n        app: payments\n        version: {version}\n    \
+         spec:\n      containers:\n      - name: payments\n        image: registry.invalid/payments:{version}\n        \
+         ports:\n        - containerPort: 9000\n"
+    )
+}
+
+/// The payments GRPCRoute: its rule `charge` (the method [`GRPC_METHOD`]) with the given weights
+/// for stable and canary.
+pub fn grpc_route(stable_weight: u32, canary_weight: u32) -> String {
+    let (service, method) = GRPC_METHOD;
+    format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata:\n  name: {GRPC_ROUTE}\n  namespace: {SHOP}\n\
+         spec:\n  parentRefs:\n  - name: gateway\n    namespace: istio-ingress\n  rules:\n  - name: {GRPC_RULE}\n    \
+         matches:\n    - method:\n        service: {service}\n        method: {method}\n    backendRefs:\n    \
+         - name: {GRPC_STABLE}\n      port: 9000\n      weight: {stable_weight}\n    - name: {GRPC_CANARY}\n      port: 9000\n      weight: {canary_weight}\n"
+    )
+}
+
+/// The gRPC service `payments` of a workload cluster: v1 and v2 (a Service and a Deployment
+/// each) and the GRPCRoute sending every call to v1.
+pub fn grpc_service() -> String {
+    [
+        grpc_version(GRPC_STABLE, "v1"),
+        grpc_version(GRPC_CANARY, "v2"),
+        grpc_route(100, 0),
+    ]
+    .join("---\n")
 }
 
 /// The checkout route with the given weights for stable and canary.
@@ -129,6 +178,31 @@ mod tests {
                 "HTTPRoute/checkout",
             ]
         );
+    }
+
+    #[test]
+    fn the_grpc_service_is_two_versions_and_a_grpcroute_on_its_method() {
+        assert_eq!(
+            kinds(&grpc_service()),
+            [
+                "Service/payments-v1",
+                "Deployment/payments-v1",
+                "Service/payments-v2",
+                "Deployment/payments-v2",
+                "GRPCRoute/payments",
+            ]
+        );
+        let route = &docs(&grpc_route(99, 1))[0];
+        let rule = &route["spec"]["rules"][0];
+        assert_eq!(rule["name"], GRPC_RULE);
+        assert_eq!(rule["matches"][0]["method"]["service"], "shop.Payments");
+        assert_eq!(rule["matches"][0]["method"]["method"], "Charge");
+        assert_eq!(rule["backendRefs"][0]["name"], GRPC_STABLE);
+        assert_eq!(rule["backendRefs"][0]["weight"], 99);
+        assert_eq!(rule["backendRefs"][1]["name"], GRPC_CANARY);
+        assert_eq!(rule["backendRefs"][1]["weight"], 1);
+        let svc = &docs(&grpc_service())[0];
+        assert_eq!(svc["spec"]["ports"][0]["appProtocol"], "grpc");
     }
 
     #[test]

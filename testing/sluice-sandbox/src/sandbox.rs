@@ -22,6 +22,7 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use kube_emulator::{Emulator, EmulatorError};
 use sluice_argocd::{ArgoCd, ArgoCdOptions};
+use sluice_sim::mesh::scenario::{Protocol, ServiceScenario, VersionScenario};
 use sluice_sim::{ClusterConfig, Scenario, World};
 use sluice_testkit::control_plane::{self, ControlPlane, Etcd};
 use sluice_testkit::git::{GitError, GitRepo};
@@ -447,7 +448,8 @@ pub fn public_keys_secret(pem: &str) -> Secret {
 }
 
 /// The mesh scenario of one workload cluster: the repository's `world` scenario (checkout
-/// stable and canary, 200 requests/s) played in that cluster.
+/// stable and canary, 200 requests/s) played in that cluster, plus the gRPC service `payments`
+/// ([`grpc_service`]).
 pub fn mesh_scenario(options: &Options, cluster: &str) -> Result<Scenario, String> {
     let mut s = Scenario::from_file(options.repo.join("scenarios/world.yaml"))
         .map_err(|e| e.to_string())?;
@@ -459,7 +461,43 @@ pub fn mesh_scenario(options: &Options, cluster: &str) -> Result<Scenario, Strin
         svc.namespace = baseline::SHOP.to_string();
         svc.route = Some(baseline::ROUTE.to_string());
     }
+    s.services.push(grpc_service(cluster));
     Ok(s)
+}
+
+/// The gRPC service `payments` of a workload cluster's mesh: 200 calls/s of
+/// `/shop.Payments/Charge` through the GRPCRoute `shop/payments`, v1 stable and v2 canary, both
+/// healthy (1% UNAVAILABLE). Until the GRPCRoute exists (`canary-grpc` applies it) the calls go
+/// nowhere and its series stay at 0.
+pub fn grpc_service(cluster: &str) -> ServiceScenario {
+    let (service, method) = baseline::GRPC_METHOD;
+    let version = |name: &str, backend: &str| VersionScenario {
+        name: name.to_string(),
+        backend: backend.to_string(),
+        workload: None,
+        error_ratio: 0.01,
+        p50_ms: 10.0,
+        p99_ms: 40.0,
+        weight_factor: 1.0,
+    };
+    ServiceScenario {
+        name: baseline::GRPC_ROUTE.to_string(),
+        namespace: baseline::SHOP.to_string(),
+        cluster: Some(cluster.to_string()),
+        protocol: Protocol::Grpc,
+        route: Some(baseline::GRPC_ROUTE.to_string()),
+        source_workload: "istio-ingressgateway".to_string(),
+        source_namespace: "istio-system".to_string(),
+        requests_per_second: 200.0,
+        path: format!("/{service}/{method}"),
+        // gRPC calls are POSTs; no rule here matches a method.
+        idempotent_share: 0.0,
+        cohort: None,
+        versions: vec![
+            version("v1", baseline::GRPC_STABLE),
+            version("v2", baseline::GRPC_CANARY),
+        ],
+    }
 }
 
 async fn start_cluster(

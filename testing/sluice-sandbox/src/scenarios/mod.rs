@@ -6,6 +6,7 @@
 
 pub mod bundles;
 pub mod canary_abort;
+pub mod canary_grpc;
 pub mod canary_pause_abort;
 pub mod canary_promote;
 pub mod canary_store_down;
@@ -108,6 +109,7 @@ impl std::fmt::Debug for ScenarioDef {
 pub const REGISTRY: &[ScenarioDef] = &[
     world::SCENARIO,
     canary_abort::SCENARIO,
+    canary_grpc::SCENARIO,
     canary_pause_abort::SCENARIO,
     canary_promote::SCENARIO,
     canary_store_down::SCENARIO,
