@@ -7,9 +7,9 @@
 //! confirm from telemetry that the canary share fell to ~0.
 //! Figures: `abort_latency_ms` (fault injected → GRPCRoute reverted), `detect_to_revert_ms`,
 //! `revert_verified_ms` (as canary-abort), `canary_unavailable` and `canary_5xx` (the canary's
-//! requests with `grpc_response_status="14"` and with a 5xx `response_code` from the fault to the
-//! revert, as the source reporter counts them: the abort must stand on the first, with the second
-//! at 0). Never writes the route itself: only the operator does; the scenario reads it.
+//! requests with `grpc_response_status="14"` and with a 5xx `response_code` since the fault, read
+//! once the revert is confirmed, as the source reporter counts them: the abort must stand on the
+//! first, with the second at 0). Never writes the route itself: only the operator does; the scenario reads it.
 
 use std::time::{Duration, Instant};
 
