@@ -3,7 +3,8 @@
 //! Pure logic: `decide` (validity, then the state machine), `step` (the state machine),
 //! `route` (the route seam: each route kind's resource, ownership and weights), `route_edit`
 //! (HTTPRoute editing), `observe` (route and workload readings), `analysis` (gate
-//! checks and the analysis schedule; its batcher shares one engine). I/O: `reconcile`.
+//! checks and the analysis schedule; its batcher shares one engine), `record` (the outcomes of
+//! the reconcile's writes folded into the decided status). I/O: `reconcile`.
 //! `metrics` registers every metric. `template_status` writes every GateTemplate's `Ready`. Never writes a route it does not own, and never writes
 //! outside its field manager.
 #![forbid(unsafe_code)]
@@ -16,6 +17,7 @@ pub mod notice;
 pub mod observe;
 pub mod orphans;
 pub mod reconcile;
+pub mod record;
 pub mod route;
 pub mod route_edit;
 pub mod step;

@@ -26,8 +26,7 @@ use std::{
 use k8s_openapi::{
     api::core::v1::Service,
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-    apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time},
-    jiff::Timestamp,
+    apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry, jiff::Timestamp,
 };
 use kube::{
     Api, Client, Resource, ResourceExt,
@@ -58,6 +57,7 @@ use crate::{
     decide::{self, Action, Observations},
     metrics::{self, RolloutMetrics},
     observe,
+    record::{self, Outcome},
     route::{self, Driven, RouteKind, Wired, grpc::Grpc, http::Http},
     route_edit::{CrdSupport, Desired, EditError, Target},
     step::RouteObs,
@@ -705,11 +705,6 @@ async fn release_of<K: Driven>(
     release::<K>(&ctx.leadership, &api, route_name, old, crd, key).await
 }
 
-/// Whole milliseconds of `d`, saturating.
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 /// Whether this decision reverts the route of an abort not yet carried out: its route write then
 /// goes first.
 fn reverts_first(actions: &[Action], next: &RolloutStatus) -> bool {
@@ -1050,34 +1045,18 @@ async fn reconcile_on<K: Driven>(
                     ctx.metrics.weight_written(d.weight);
                     route_changed = true;
                 }
-                let reverted_at = (ctx.clock)();
-                let owned = status.owned_route.get_or_insert_with(Default::default);
-                owned.last_written_resource_version = w.route.meta().resource_version.clone();
-                // The weight is in force from here (cleared by the decision when it changed).
-                if owned.weight_written_at.is_none() {
-                    owned.weight_written_at = Some(Time(reverted_at));
-                }
-                if status.phase == RolloutPhase::Aborted
-                    && *d == Desired::abort()
-                    && let Some(a) = status.abort.as_mut()
-                    && a.route_reverted_at.is_none()
-                {
-                    a.route_reverted_at = Some(Time(reverted_at));
-                    // The decision is taken the moment the failing verdict comes back.
-                    let from_decision = a.decided_at.0;
-                    let took = |from: Timestamp| reverted_at.duration_since(from).unsigned_abs();
-                    ctx.metrics.reverted(
-                        a.first_failed_at.as_ref().map(|t| took(t.0)),
-                        took(from_decision),
-                    );
-                    let detect_to_revert_ms = millis(took(from_decision));
+                let outcome = Outcome::RouteWritten {
+                    resource_version: w.route.meta().resource_version.clone(),
+                    at: (ctx.clock)(),
+                    abort: *d == Desired::abort(),
+                };
+                if let Some(r) = record::record(&mut status, &outcome) {
+                    ctx.metrics.reverted(r.from_first_failure, r.from_decision);
                     tracing::info!(
-                        reason = ?a.reason,
-                        detect_to_revert_ms,
+                        reason = ?status.abort.as_ref().map(|a| a.reason),
+                        detect_to_revert_ms = record::millis(r.from_decision),
                         "route reverted: canary weight 0, cohort and mirror rules removed"
                     );
-                    // Stored as a duration: the times above are kept to the second.
-                    status.abort_detect_to_revert_ms = Some(detect_to_revert_ms);
                 }
             }
             Action::HandBack => {
@@ -1121,8 +1100,7 @@ async fn reconcile_on<K: Driven>(
                     }
                 }
                 ctx.metrics.route_write("Released");
-                // Released: the next reconcile takes the new target from Pending.
-                status.owned_route = None;
+                record::record(&mut status, &Outcome::Released);
             }
             Action::Event { .. } => {}
         }
