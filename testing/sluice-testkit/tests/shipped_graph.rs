@@ -106,7 +106,8 @@ fn no_shipped_package_depends_on_the_test_world() {
             continue;
         };
         for dep in node["deps"].as_array().into_iter().flatten() {
-            let Some((to, to_dir, Side::TestWorld)) = members.get(dep["pkg"].as_str().unwrap_or(""))
+            let Some((to, to_dir, Side::TestWorld)) =
+                members.get(dep["pkg"].as_str().unwrap_or(""))
             else {
                 continue;
             };
