@@ -136,7 +136,8 @@ pub struct RevisionUpgradeSpec {
     #[serde(default = "default_analysis_interval")]
     pub analysis_interval: DurationString,
     /// What a sustained Inconclusive verdict does when a gate sets no policy. Default: Pause
-    /// after 5m.
+    /// after 5m. A gate that cannot be evaluated as configured (a missing GateTemplate, an
+    /// unknown `{{variable}}`, a query that does not parse) is Inconclusive under this policy.
     #[serde(default)]
     pub inconclusive: InconclusivePolicy,
     /// Control: set true to abort: moved namespaces are retagged back and restarted (paced).
@@ -705,6 +706,10 @@ pub mod reasons {
     pub const SOAKING: &str = "Soaking";
     /// A gate failed.
     pub const GATE_FAILED: &str = "GateFailed";
+    /// `Ready=False` while a gate of the current wave cannot be evaluated as configured (a
+    /// missing GateTemplate, an unknown `{{variable}}`, a query that does not parse); the message
+    /// names the gate and the field. The same reason a Rollout reports.
+    pub const GATE_MISCONFIGURED: &str = "GateMisconfigured";
     /// Aborted by spec.abort.
     pub const ABORTED_MANUALLY: &str = "AbortedManually";
     /// Rolled back.

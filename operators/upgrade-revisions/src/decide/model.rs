@@ -135,10 +135,7 @@ pub struct UnresolvedGate {
     pub message: String,
 }
 
-/// `Ready=False` reason while a gate of the current wave cannot be evaluated as configured (a
-/// missing GateTemplate, an unknown `{{variable}}`, a query that does not parse); the message
-/// names the gate and the field. The same reason a Rollout reports.
-pub const GATE_MISCONFIGURED: &str = "GateMisconfigured";
+pub use sluice_api::v1alpha1::revision_upgrade::reasons::GATE_MISCONFIGURED;
 
 /// Something the reconcile must do after the status is written.
 #[derive(Debug, Clone, PartialEq)]
