@@ -343,7 +343,7 @@ pub fn decide(
 /// the threshold rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SequentialKind {
-    /// ErrorRatioVsStable: 5xx counts, canary vs stable.
+    /// ErrorRatioVsStable: error counts (5xx and gRPC server errors), canary vs stable.
     Errors,
     /// LatencyP99VsStable: requests slower than the stable's p99 bucket bound, canary vs stable.
     SlowRequests,
@@ -429,7 +429,7 @@ pub fn decide_rate(
     let test = rate_test_of(gate, kind, scope.alpha, scope.max_intervals);
     let o = rate_test(intervals, &test);
     let what = match kind {
-        SequentialKind::Errors => "5xx",
+        SequentialKind::Errors => "errors (5xx, gRPC server errors)",
         _ => "requests slower than the stable's p99 bucket",
     };
     let at = |i: usize| {

@@ -8,9 +8,10 @@
 //!
 //! # Errors and slow requests: a one-sided SPRT on the canary's bad-request count
 //!
-//! In interval `i` the canary served `n_c` requests of which `x_c` were bad (5xx, or slower than
-//! the stable's p99 bucket bound); the stable served `n_s` with `x_s` bad. The stable's rate,
-//! accumulated since the step began, is taken as `r = max((X_s + √X_s + 1) / N_s, floor)`: an
+//! In interval `i` the canary served `n_c` requests of which `x_c` were bad (5xx or a gRPC server
+//! error, or slower than the stable's p99 bucket bound); the stable served `n_s` with `x_s` bad.
+//! The stable's rate, accumulated since the step began, is taken as
+//! `r = max((X_s + √X_s + 1) / N_s, floor)`: an
 //! upper bound of the stable's rate (its noise early in a step never counts against the canary),
 //! and at least the floor, so a stable with no bad requests at all never turns one canary error
 //! into a verdict. The canary's bad
@@ -57,7 +58,7 @@ pub const SHARE_FAIL_Z: f64 = 4.0;
 pub struct IntervalCounts {
     /// Requests the canary served.
     pub canary_requests: f64,
-    /// Bad canary requests (5xx, or slower than the stable's p99 bound).
+    /// Bad canary requests (5xx or gRPC server errors, or slower than the stable's p99 bound).
     pub canary_bad: f64,
     /// Requests the stable served.
     pub stable_requests: f64,
