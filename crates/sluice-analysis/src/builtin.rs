@@ -115,9 +115,10 @@ const SVID_ISSUANCE_RATE: &str = r#"label_replace(sum by ({{by}}) (rate(citadel_
 or
 label_replace(sum by ({{by}}) (increase(citadel_server_csr_count{cluster="{{cluster}}"}[{{window}}])), "sluice_part", "csrs", "", "")"#;
 
-/// The request and error (5xx or a gRPC server error) counters of the canary or stable Service, read at aligned instants by the
-/// sequential tests of ErrorRatioVsStable and AppliedShare: the counts of an interval are the
-/// difference of two consecutive readings, so every request falls in exactly one interval.
+/// The request and error (5xx or a gRPC server error) counters of the canary or stable Service,
+/// read at aligned instants by the sequential tests of ErrorRatioVsStable and AppliedShare: the
+/// counts of an interval are the difference of two consecutive readings, so every request falls
+/// in exactly one interval.
 const REQUEST_COUNTERS: &str = r#"label_replace(sum by ({{by}}) (istio_requests_total{reporter="source", cluster="{{cluster}}", destination_service_namespace="{{namespace}}", destination_service_name="{{service}}"}), "sluice_part", "requests", "", "")
 or
 label_replace(sum by ({{by}}) (istio_requests_total{reporter="source", cluster="{{cluster}}", destination_service_namespace="{{namespace}}", destination_service_name="{{service}}", response_code=~"5.."}), "sluice_part", "errors", "", "")
