@@ -39,7 +39,7 @@ use sluice_api::{
         HttpRouteFilter, HttpRouteMatch, HttpRouteRule, MAX_MATCHES, MAX_RULES, ParentReference,
         RequestMirror,
     },
-    v1alpha1::rollout::{HeaderMatch, HeaderMatchType, HttpMethod},
+    v1alpha1::rollout::{GrpcMethod, HeaderMatch, HeaderMatchType, HttpMethod},
 };
 
 use crate::route::{self, Located, RouteKind, http::Http};
@@ -71,8 +71,10 @@ pub struct Target {
 pub struct Mirror {
     /// Percent of matching requests copied, 1..100.
     pub percent: u32,
-    /// Methods mirrored (idempotent only).
+    /// Methods mirrored (idempotent only) on an HTTPRoute.
     pub methods: Vec<HttpMethod>,
+    /// gRPC methods mirrored on a GRPCRoute (the ones the Rollout declares safe).
+    pub grpc_methods: Vec<GrpcMethod>,
 }
 
 /// What the operator's parts of the route should be.
@@ -171,9 +173,11 @@ pub enum EditError {
     },
     /// The route has no room for the extra rules.
     #[error(
-        "HTTPRoute {route}: adding the {what} rule needs {rules} rules and {matches} matches, over the limit of {max_rules} rules and {max_matches} matches; remove the {what} step or split the route"
+        "{kind} {route}: adding the {what} rule needs {rules} rules and {matches} matches, over the limit of {max_rules} rules and {max_matches} matches; remove the {what} step or split the route"
     )]
     RouteFull {
+        /// Route kind (`HTTPRoute`, `GRPCRoute`).
+        kind: &'static str,
         /// Route name.
         route: String,
         /// cohort or mirror.
@@ -190,9 +194,11 @@ pub enum EditError {
     /// The installed CRD would prune a field a step needs.
     #[strum(serialize = "RouteFieldPruned")]
     #[error(
-        "the installed HTTPRoute CRD prunes {field}, which the {what} step needs; install Gateway API CRDs v1.2 or later, or remove the step"
+        "the installed {kind} CRD prunes {field}, which the {what} step needs; install Gateway API CRDs v1.2 or later, or remove the step"
     )]
     FieldPruned {
+        /// Route kind (`HTTPRoute`, `GRPCRoute`).
+        kind: &'static str,
         /// The pruned field.
         field: &'static str,
         /// cohort or mirror.
@@ -243,6 +249,37 @@ pub enum EditError {
         path: String,
         /// A mirrored method.
         method: String,
+    },
+    /// A rule of the GRPCRoute (or of another GRPCRoute on the same parent and hostname) matches
+    /// the mirrored service without naming a method: the mirror rule (its matches plus a method)
+    /// would outrank it under Gateway API precedence and take its requests.
+    #[strum(serialize = "MirrorWouldCapture")]
+    #[error(
+        "GRPCRoute {route}: rule {rule} of {whose} matches service {service} without naming method {method}, so the mirror rule (method {service}/{method}) would take its requests under Gateway API precedence (a longer method match outranks header matches, across every route on a parent and hostname); remove the mirror step or give that rule its own method match"
+    )]
+    GrpcMirrorWouldCapture {
+        /// Route name.
+        route: String,
+        /// Whose rule: `this route`, or `GRPCRoute <name> on the same parent and hostname`.
+        whose: String,
+        /// The other rule's name, or its index.
+        rule: String,
+        /// The mirrored service, or `any` when the rule matches every service.
+        service: String,
+        /// The mirrored method.
+        method: String,
+    },
+    /// No match of the managed rule covers a mirrored gRPC method, so the mirror rule would
+    /// match nothing.
+    #[strum(serialize = "InvalidSpec")]
+    #[error(
+        "GRPCRoute {route}: no match of the managed rule covers the mirrored methods {methods}; name methods the rule serves in spec.steps[].mirror.grpcMethods"
+    )]
+    MirrorMatchesNothing {
+        /// Route name.
+        route: String,
+        /// The mirrored methods, `service/method`, comma-separated.
+        methods: String,
     },
     /// Another backend of the managed rule carries weight: a canary weight would not be the
     /// canary's share, and an abort would leave that backend live.
@@ -524,47 +561,69 @@ fn set_weights(
     Ok(())
 }
 
-/// Whether two routes compete for the same requests: they share a parent (same group, kind,
-/// namespace and name; a listener named or numbered on both must be the same) and a hostname
-/// (a route without hostnames takes every hostname of its listener; `*.example.com` takes
-/// every subdomain).
-fn share_parent_and_hostname(a: &HttpRoute, b: &HttpRoute) -> bool {
-    let ns = |r: &HttpRoute| r.metadata.namespace.clone().unwrap_or_default();
-    let key = |r: &HttpRoute, p: &ParentReference| {
-        (
-            p.group
-                .clone()
-                .unwrap_or_else(|| "gateway.networking.k8s.io".into()),
-            p.kind.clone().unwrap_or_else(|| "Gateway".into()),
-            p.namespace.clone().unwrap_or_else(|| ns(r)),
-            p.name.clone(),
-        )
-    };
-    let same_listener = |x: &ParentReference, y: &ParentReference| {
-        let agree = |u: &Option<String>, v: &Option<String>| u.is_none() || v.is_none() || u == v;
-        let port = |p: &ParentReference| p.port.map(|n| n.to_string());
-        agree(&x.section_name, &y.section_name) && agree(&port(x), &port(y))
-    };
-    let parents = |r: &HttpRoute| r.spec.parent_refs.clone().unwrap_or_default();
-    let shared_parent = parents(a).iter().any(|x| {
-        parents(b)
-            .iter()
-            .any(|y| key(a, x) == key(b, y) && same_listener(x, y))
-    });
-    if !shared_parent {
-        return false;
+/// Where a route attaches: its namespace, parents and hostnames (the part of a route, of any
+/// kind, that decides which requests it competes for).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Attachment {
+    /// The route's namespace (a parentRef without one is in it).
+    pub namespace: String,
+    /// `spec.parentRefs`.
+    pub parents: Vec<ParentReference>,
+    /// `spec.hostnames`.
+    pub hostnames: Vec<String>,
+}
+
+impl Attachment {
+    /// An HTTPRoute's attachment.
+    pub fn of_http(r: &HttpRoute) -> Self {
+        Self {
+            namespace: r.metadata.namespace.clone().unwrap_or_default(),
+            parents: r.spec.parent_refs.clone().unwrap_or_default(),
+            hostnames: r.spec.hostnames.clone().unwrap_or_default(),
+        }
     }
-    let hosts = |r: &HttpRoute| r.spec.hostnames.clone().unwrap_or_default();
-    let (ha, hb) = (hosts(a), hosts(b));
-    if ha.is_empty() || hb.is_empty() {
-        return true;
+
+    /// Whether two routes compete for the same requests: they share a parent (same group,
+    /// kind, namespace and name; a listener named or numbered on both must be the same) and a
+    /// hostname (a route without hostnames takes every hostname of its listener;
+    /// `*.example.com` takes every subdomain).
+    pub fn shared_with(&self, other: &Attachment) -> bool {
+        let key = |a: &Attachment, p: &ParentReference| {
+            (
+                p.group
+                    .clone()
+                    .unwrap_or_else(|| "gateway.networking.k8s.io".into()),
+                p.kind.clone().unwrap_or_else(|| "Gateway".into()),
+                p.namespace.clone().unwrap_or_else(|| a.namespace.clone()),
+                p.name.clone(),
+            )
+        };
+        let same_listener = |x: &ParentReference, y: &ParentReference| {
+            let agree =
+                |u: &Option<String>, v: &Option<String>| u.is_none() || v.is_none() || u == v;
+            let port = |p: &ParentReference| p.port.map(|n| n.to_string());
+            agree(&x.section_name, &y.section_name) && agree(&port(x), &port(y))
+        };
+        let shared_parent = self.parents.iter().any(|x| {
+            other
+                .parents
+                .iter()
+                .any(|y| key(self, x) == key(other, y) && same_listener(x, y))
+        });
+        if !shared_parent {
+            return false;
+        }
+        let (ha, hb) = (&self.hostnames, &other.hostnames);
+        if ha.is_empty() || hb.is_empty() {
+            return true;
+        }
+        let covers = |pattern: &str, host: &str| match pattern.strip_prefix('*') {
+            Some(suffix) => host.ends_with(suffix) && host.len() > suffix.len(),
+            None => pattern == host,
+        };
+        ha.iter()
+            .any(|x| hb.iter().any(|y| x == y || covers(x, y) || covers(y, x)))
     }
-    let covers = |pattern: &str, host: &str| match pattern.strip_prefix('*') {
-        Some(suffix) => host.ends_with(suffix) && host.len() > suffix.len(),
-        None => pattern == host,
-    };
-    ha.iter()
-        .any(|x| hb.iter().any(|y| x == y || covers(x, y) || covers(y, x)))
 }
 
 /// Refuses a mirror that would take requests from a rule of another route on the same parent
@@ -585,7 +644,7 @@ pub fn mirror_clash(
     for other in others {
         let same = other.metadata.name == route.metadata.name
             && other.metadata.namespace == route.metadata.namespace;
-        if same || !share_parent_and_hostname(route, other) {
+        if same || !Attachment::of_http(route).shared_with(&Attachment::of_http(other)) {
             continue;
         }
         for (i, rule) in other.rules().iter().enumerate() {
@@ -616,6 +675,7 @@ pub fn apply(
     let name = route_name(route);
     if (desired.cohort.is_some() || desired.mirror.is_some()) && !crd.rule_name {
         return Err(EditError::FieldPruned {
+            kind: Http::KIND,
             field: "spec.rules[].name",
             what: if desired.cohort.is_some() {
                 "headerCohort"
@@ -629,6 +689,7 @@ pub fn apply(
         && !crd.mirror_percent
     {
         return Err(EditError::FieldPruned {
+            kind: Http::KIND,
             field: "spec.rules[].filters[].requestMirror.percent",
             what: "mirror",
         });
@@ -739,6 +800,7 @@ pub fn apply(
         let matches: usize = kept.iter().map(HttpRouteRule::match_count).sum();
         if kept.len() > MAX_RULES || matches > MAX_MATCHES {
             return Err(EditError::RouteFull {
+                kind: Http::KIND,
                 route: name,
                 what,
                 rules: kept.len(),
@@ -789,6 +851,7 @@ mod tests {
             ),
             (
                 EditError::RouteFull {
+                    kind: "HTTPRoute",
                     route: route(),
                     what: "cohort",
                     rules: 17,
@@ -800,6 +863,7 @@ mod tests {
             ),
             (
                 EditError::FieldPruned {
+                    kind: "HTTPRoute",
                     field: "spec.rules[].name",
                     what: "cohort",
                 },
@@ -830,6 +894,23 @@ mod tests {
                     method: "GET".into(),
                 },
                 "MirrorWouldCapture",
+            ),
+            (
+                EditError::GrpcMirrorWouldCapture {
+                    route: route(),
+                    whose: "this route".into(),
+                    rule: "admin".into(),
+                    service: "payments.v1.Ledger".into(),
+                    method: "GetBalance".into(),
+                },
+                "MirrorWouldCapture",
+            ),
+            (
+                EditError::MirrorMatchesNothing {
+                    route: route(),
+                    methods: "payments.v1.Ledger/GetBalance".into(),
+                },
+                "InvalidSpec",
             ),
             (
                 EditError::OtherBackendWeighted {
@@ -867,6 +948,8 @@ mod tests {
                 | EditError::CohortHeaderTaken { .. }
                 | EditError::MirrorWouldCapture { .. }
                 | EditError::MirrorWouldCaptureOtherRoute { .. }
+                | EditError::GrpcMirrorWouldCapture { .. }
+                | EditError::MirrorMatchesNothing { .. }
                 | EditError::OtherBackendWeighted { .. }
                 | EditError::NoBackendRoom { .. }
                 | EditError::Unsupported { .. } => {}
@@ -947,6 +1030,7 @@ mod tests {
         Mirror {
             percent: 10,
             methods: vec![HttpMethod::Get, HttpMethod::Head],
+            grpc_methods: Vec::new(),
         }
     }
 

@@ -188,6 +188,7 @@ pub fn desired_at(spec: &RolloutSpec, index: usize) -> Desired {
                     .copied()
                     .filter(|x| x.is_idempotent_read())
                     .collect(),
+                grpc_methods: m.grpc_methods.clone(),
             });
         }
         if let Some(c) = &step.header_cohort {

@@ -16,9 +16,10 @@
 //! traffic: the share cannot be confirmed), and a plan without any `setWeight` (it would go from
 //! 0% to 100% with no live weight ever judged).
 //!
-//! A GRPCRoute (`spec.routeRef.kind: GRPCRoute`) takes weight steps only
-//! (`route_kind_problems`): header-cohort and mirror steps are refused for it, each naming its
-//! field.
+//! The steps must fit the route kind (`route_kind_problems`), each problem naming its field: a
+//! GRPCRoute (`spec.routeRef.kind: GRPCRoute`) refuses header-cohort steps and mirror steps that
+//! name no `grpcMethods` (gRPC has no idempotent verb: only the methods the Rollout declares safe
+//! to receive twice are mirrored); an HTTPRoute refuses `grpcMethods`.
 //!
 //! Pure; never reads the cluster.
 
@@ -79,14 +80,26 @@ pub fn weight_plan_problems(spec: &RolloutSpec) -> Vec<String> {
     out
 }
 
-/// What the route kind cannot carry, each naming its field: on a GRPCRoute, header-cohort and
-/// mirror steps (gRPC has no idempotent method to mirror by, and the cohort and mirror rules
-/// are built for HTTPRoute only).
+/// What the route kind cannot carry, each naming its field: on a GRPCRoute, header-cohort steps
+/// (the cohort rule is built for HTTPRoute only) and mirror steps without `grpcMethods` (gRPC has
+/// no idempotent verb to mirror by); on an HTTPRoute, `grpcMethods`.
 pub fn route_kind_problems(spec: &RolloutSpec) -> Vec<String> {
-    if spec.route_ref.kind != RouteKindName::GrpcRoute {
-        return Vec::new();
-    }
     let mut out = Vec::new();
+    if spec.route_ref.kind != RouteKindName::GrpcRoute {
+        for (i, step) in spec.steps.iter().enumerate() {
+            if step
+                .mirror
+                .as_ref()
+                .is_some_and(|m| !m.grpc_methods.is_empty())
+            {
+                out.push(format!(
+                    "spec.steps[{i}].mirror.grpcMethods: only for a GRPCRoute (spec.routeRef.kind); \
+                     an HTTPRoute mirrors by spec.steps[{i}].mirror.methods"
+                ));
+            }
+        }
+        return out;
+    }
     for (i, step) in spec.steps.iter().enumerate() {
         if step.header_cohort.is_some() {
             out.push(format!(
@@ -94,11 +107,15 @@ pub fn route_kind_problems(spec: &RolloutSpec) -> Vec<String> {
                  header-cohort rules are built for HTTPRoute only; use setWeight steps"
             ));
         }
-        if step.mirror.is_some() {
+        if step
+            .mirror
+            .as_ref()
+            .is_some_and(|m| m.grpc_methods.is_empty())
+        {
             out.push(format!(
-                "spec.steps[{i}].mirror: not supported for a GRPCRoute (spec.routeRef.kind): gRPC \
-                 has no idempotent method to mirror by, and mirror rules are built for HTTPRoute \
-                 only; use setWeight steps"
+                "spec.steps[{i}].mirror.grpcMethods: required for a GRPCRoute \
+                 (spec.routeRef.kind): gRPC has no idempotent method to mirror by, so name each \
+                 method that is safe to receive twice (service and method), or remove the step"
             ));
         }
     }
@@ -227,7 +244,7 @@ mod tests {
     }
 
     #[test]
-    fn a_grpc_route_takes_weight_steps_only() {
+    fn a_grpc_route_takes_weight_steps_and_mirrors_only_declared_methods() {
         let on = |kind: &str| {
             spec(serde_json::json!({
                 "routeRef": {"kind": kind, "name": "payments"},
@@ -245,10 +262,31 @@ mod tests {
                 "spec.steps[0].headerCohort: not supported for a GRPCRoute (spec.routeRef.kind): \
                  header-cohort rules are built for HTTPRoute only; use setWeight steps"
                     .to_owned(),
-                "spec.steps[1].mirror: not supported for a GRPCRoute (spec.routeRef.kind): gRPC \
-                 has no idempotent method to mirror by, and mirror rules are built for HTTPRoute \
-                 only; use setWeight steps"
+                "spec.steps[1].mirror.grpcMethods: required for a GRPCRoute \
+                 (spec.routeRef.kind): gRPC has no idempotent method to mirror by, so name each \
+                 method that is safe to receive twice (service and method), or remove the step"
                     .to_owned(),
+            ]
+        );
+        let declared = |kind: &str| {
+            spec(serde_json::json!({
+                "routeRef": {"kind": kind, "name": "payments"},
+                "steps": [
+                    {"mirror": {"grpcMethods": [{"service": "pay.v1.Ledger", "method": "GetBalance"}], "duration": "1m"}},
+                    {"setWeight": {"weight": 5}}
+                ]
+            }))
+        };
+        assert_eq!(
+            problems(&declared("GRPCRoute"), false),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            problems(&declared("HTTPRoute"), false),
+            vec![
+                "spec.steps[0].mirror.grpcMethods: only for a GRPCRoute (spec.routeRef.kind); an \
+                 HTTPRoute mirrors by spec.steps[0].mirror.methods"
+                    .to_owned()
             ]
         );
         let weights =

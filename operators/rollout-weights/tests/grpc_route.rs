@@ -2,8 +2,9 @@
 //! the API emulator and the controller in-process (no metrics source: the steps are passed with
 //! `promoteThroughStep`, the manual promotion): a Rollout whose `routeRef.kind` is GRPCRoute goes
 //! 0 → 5% → 50% → 100% promoted, an abort sets the canary weight to 0 and the deletion then
-//! hands the route back, an orphaned ownership annotation is removed, and a missing GRPCRoute
-//! CRD is a condition naming it. Every field the operator does not own (parentRefs, hostnames,
+//! hands the route back, a mirror step copies only the methods it declares and goes with the
+//! first weight, an orphaned ownership annotation is removed, and a missing GRPCRoute CRD is a
+//! condition naming it. Every field the operator does not own (parentRefs, hostnames,
 //! matches, filters, the other backendRefs and their fields, the other rule) is compared with
 //! the route as first stored, as serialized JSON text.
 
@@ -270,6 +271,102 @@ async fn an_abort_on_a_grpcroute_sets_the_canary_to_zero_and_the_route_is_handed
     assert!(!managers(&back).contains(&FIELD_MANAGER.as_str().to_owned()));
     assert_eq!(spec_text(&back), expected_spec(&original, 100, 0));
     assert_eq!(foreign_metadata(&back), foreign_metadata(&original));
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_step_on_a_grpcroute_copies_only_the_declared_methods_then_goes() {
+    let Some(g) = given_route(GRPC, RouteCrd::Installed).await else {
+        return;
+    };
+    let client = g.client.clone();
+    // The charge rule serves the whole Payments service (reads and writes).
+    let api = grpc_routes(&client);
+    api.patch(
+        ROUTE,
+        &PatchParams::default(),
+        &Patch::Json::<()>(
+            serde_json::from_value(json!([{
+                "op": "replace",
+                "path": "/spec/rules/0/matches/0/method",
+                "value": {"type": "Exact", "service": "pay.v1.Payments"}
+            }]))
+            .unwrap(),
+        ),
+    )
+    .await
+    .expect("the charge rule serves the whole service");
+    let original = api.get(ROUTE).await.unwrap();
+    let ctl = Controller::start_on(&client, GRPC, None).await;
+    create_rollout(
+        &client,
+        &rollout_on(
+            GRPC,
+            json!([
+                {"mirror": {"percent": 50, "grpcMethods": [
+                    {"service": "pay.v1.Payments", "method": "GetReceipt"},
+                    {"service": "pay.v1.Payments", "method": "ListCharges"}
+                ]}},
+                {"setWeight": {"weight": 5}},
+                {"promote": {}}
+            ]),
+            json!({"stepDuration": "600s", "appliedShareDeadline": "600s", "gates": []}),
+        ),
+    )
+    .await;
+
+    // The mirror rule: the charge rule (backends, filters) narrowed to the declared methods,
+    // with a copy of each request to the canary, just before the charge rule; the rest as read.
+    let mut mirror = original.data["spec"]["rules"][0].clone();
+    mirror["name"] = json!("sluice-mirror");
+    let base = mirror["matches"][0].clone();
+    mirror["matches"] = json!(
+        ["GetReceipt", "ListCharges"]
+            .iter()
+            .map(|m| {
+                let mut narrowed = base.clone();
+                narrowed["method"] =
+                    json!({"type": "Exact", "service": "pay.v1.Payments", "method": m});
+                narrowed
+            })
+            .collect::<Vec<_>>()
+    );
+    mirror["filters"].as_array_mut().unwrap().push(json!({
+        "type": "RequestMirror",
+        "requestMirror": {
+            "backendRef": {"group": "", "kind": "Service", "name": CANARY, "port": 80},
+            "percent": 50
+        }
+    }));
+    let mut expected = original.data["spec"].clone();
+    expected["rules"].as_array_mut().unwrap().insert(0, mirror);
+    let expected = serde_json::to_string(&expected).unwrap();
+    let mirrored = eventually("the mirror rule on the GRPCRoute", BUDGET, async || {
+        let r = api.get(ROUTE).await.map_err(|e| e.to_string())?;
+        if r.data["spec"]["rules"][0]["name"] == "sluice-mirror" {
+            Ok(r)
+        } else {
+            Err(spec_text(&r))
+        }
+    })
+    .await;
+    assert_eq!(spec_text(&mirrored), expected);
+    assert_eq!(owner(&mirrored).as_deref(), Some("shop/checkout"));
+    assert_eq!(foreign_metadata(&mirrored), foreign_metadata(&original));
+    rollout_until(&client, "the mirror recorded", BUDGET, |r| {
+        r.status.as_ref().is_some_and(|s| s.mirror_active)
+    })
+    .await;
+
+    // The first weight step removes the mirror rule in the same write that sets 5%.
+    control(&client, json!({"promoteThroughStep": 0})).await;
+    let at_five = route_at(
+        &client,
+        "5% on the GRPCRoute",
+        &[(STABLE, 95), (CANARY, 5), ("audit", 0)],
+    )
+    .await;
+    assert_eq!(spec_text(&at_five), expected_spec(&original, 95, 5));
     ctl.stop().await;
 }
 

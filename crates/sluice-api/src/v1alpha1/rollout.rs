@@ -232,8 +232,8 @@ impl RolloutSpec {
 #[serde(rename_all = "camelCase")]
 pub struct RouteRef {
     /// Kind of the route (gateway.networking.k8s.io/v1): `HTTPRoute` or `GRPCRoute`. Default:
-    /// HTTPRoute. A GRPCRoute takes weight steps only (header-cohort and mirror steps are
-    /// refused for it).
+    /// HTTPRoute. A GRPCRoute takes weight steps and mirror steps that name their
+    /// `grpcMethods` (header-cohort steps are refused for it).
     #[serde(default, skip_serializing_if = "RouteKindName::is_http")]
     pub kind: RouteKindName,
     /// Name of the route, in the Rollout's namespace.
@@ -254,7 +254,7 @@ pub enum RouteKindName {
     #[default]
     #[serde(rename = "HTTPRoute")]
     HttpRoute,
-    /// GRPCRoute (weight steps only).
+    /// GRPCRoute (weight steps, and mirror steps naming their gRPC methods).
     #[serde(rename = "GRPCRoute")]
     GrpcRoute,
 }
@@ -539,7 +539,25 @@ impl HttpMethod {
     }
 }
 
-/// Mirror idempotent requests to the canary.
+/// A gRPC method, named in full (a Gateway API GRPCMethodMatch of type Exact with both parts).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GrpcMethod {
+    /// The fully qualified service, e.g. `payments.v1.Ledger`.
+    #[schemars(
+        length(min = 1, max = 1024),
+        regex(pattern = r"^\.?[A-Za-z_][A-Za-z_0-9]*(\.[A-Za-z_][A-Za-z_0-9]*)*$")
+    )]
+    pub service: String,
+    /// The method of that service, e.g. `GetBalance`.
+    #[schemars(
+        length(min = 1, max = 1024),
+        regex(pattern = r"^[A-Za-z_][A-Za-z_0-9]*$")
+    )]
+    pub method: String,
+}
+
+/// Mirror requests that are safe to receive twice to the canary.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MirrorStep {
@@ -556,6 +574,16 @@ pub struct MirrorStep {
         {"rule": "self.all(a, self.filter(b, b == a).size() == 1)", "message": "methods must be unique"}
     ]))]
     pub methods: Vec<HttpMethod>,
+    /// The gRPC methods mirrored on a GRPCRoute, each named in full: only methods the owner
+    /// declares safe to receive twice (reads without side effects), since gRPC has no
+    /// idempotent verb to mirror by. Required for a mirror step on a GRPCRoute, where `methods`
+    /// is not used; refused on an HTTPRoute. At most 16, unique.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self.all(a, self.filter(b, b.service == a.service && b.method == a.method).size() == 1)", "message": "grpcMethods must be unique"}
+    ]))]
+    pub grpc_methods: Vec<GrpcMethod>,
     /// How long to mirror before the next step. Default: spec.stepDuration (5m).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration: Option<DurationString>,

@@ -1,28 +1,44 @@
 //! GRPCRoute (gateway.networking.k8s.io/v1, Gateway API v1.6.1 standard channel), the second
-//! [`RouteKind`], driven by weight steps only (validation refuses header-cohort and mirror steps
-//! on it: gRPC has no idempotent method to mirror by). A GRPCRoute is handled as a dynamic
-//! object: only `spec.rules[].name` and `spec.rules[].backendRefs[]` (name, group, kind,
-//! namespace, weight) are read, only a backendRef's `weight` is written (and the canary's
-//! backendRef added when a live weight needs it), and everything else (parentRefs, hostnames,
-//! matches by `method`/`headers`, filters including `RequestMirror`, other backendRefs' fields,
-//! unknown fields) stays as read. Never does I/O.
+//! [`RouteKind`], driven by weight steps and by mirror steps that name their gRPC methods
+//! (validation refuses header-cohort steps on it, and a mirror step without `grpcMethods`: gRPC
+//! has no idempotent verb, so only the methods the Rollout declares safe to receive twice are
+//! mirrored). A GRPCRoute is handled as a dynamic object: only `spec.rules[].name`,
+//! `spec.rules[].backendRefs[]` (name, group, kind, namespace, weight), the managed rule's
+//! `matches[].method` and, to rule out a clash, the other rules' matches and the routes'
+//! parentRefs and hostnames are read. Only a backendRef's `weight` is written (and the canary's
+//! backendRef added when a live weight needs it), plus the mirror rule `sluice-mirror` while a
+//! mirror step runs: a copy of the managed rule whose matches are narrowed to the mirrored
+//! methods (`method: {type: Exact, service, method}`), with a `RequestMirror` filter to the
+//! canary Service, placed just before the managed rule. Everything else (parentRefs, hostnames,
+//! other matches, filters, other backendRefs' fields, unknown fields) stays as read. Never does
+//! I/O.
 
 use kube::{
     Api, Client,
     api::{ApiResource, DynamicObject, GroupVersionKind},
 };
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 use sluice_api::{
-    external::http_route::MAX_BACKEND_REFS,
-    v1alpha1::{RolloutSpec, rollout::reasons},
+    external::http_route::{FILTER_REQUEST_MIRROR, MAX_BACKEND_REFS, ParentReference},
+    v1alpha1::{
+        RolloutSpec,
+        rollout::{GrpcMethod, reasons},
+    },
 };
 
 use super::{Driven, RouteKind};
 use crate::{
     observe, route,
-    route_edit::{self, CrdSupport, Desired, EditError, Target},
+    route_edit::{self, Attachment, CrdSupport, Desired, EditError, MIRROR_RULE, Mirror, Target},
     step::{RouteObs, RouteState, desired_at},
 };
+
+/// Most rules a GRPCRoute holds (the v1.6.1 CRD's `maxItems`).
+const MAX_RULES: usize = 16;
+/// Most matches one GRPCRoute rule holds (v1.6.1).
+const MAX_RULE_MATCHES: usize = 64;
+/// Most matches across a GRPCRoute's rules (the v1.6.1 CRD's rule on `spec.rules`).
+const MAX_MATCHES: usize = 128;
 
 /// The GRPCRoute kind.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -151,14 +167,17 @@ fn canary_backend(stable: Option<&Value>, target: &Target, weight: i32) -> Value
 }
 
 /// Returns the GRPCRoute with the managed rule's canary weight set to `desired.weight` percent
-/// (stable gets the rest) and ownership taken; every other field is carried over unchanged.
-/// Like the HTTPRoute editor: another weighted backend of the managed rule is refused (or set
-/// to 0 with `zeroOtherBackends`) unless the weight is 0, and the canary's backendRef is added
-/// only for a live weight.
+/// (stable gets the rest), the mirror rule present exactly when `desired.mirror` asks for it,
+/// and ownership taken; every other field is carried over unchanged. Like the HTTPRoute
+/// editor: another weighted backend of the managed rule is refused (or set to 0 with
+/// `zeroOtherBackends`) unless the weight is 0, the canary's backendRef is added only for a
+/// live weight, and a mirror rule that would take requests another rule of the route serves
+/// today is refused.
 pub fn apply(
     route: &DynamicObject,
     target: &Target,
     desired: &Desired,
+    crd: CrdSupport,
 ) -> Result<DynamicObject, EditError> {
     let name = route_name(route);
     let unsupported = |what| EditError::Unsupported {
@@ -169,8 +188,21 @@ pub fn apply(
     if desired.cohort.is_some() {
         return Err(unsupported("headerCohort"));
     }
-    if desired.mirror.is_some() {
-        return Err(unsupported("mirror"));
+    if let Some(m) = &desired.mirror {
+        let pruned = if !crd.rule_name {
+            Some("spec.rules[].name")
+        } else if m.percent < 100 && !crd.mirror_percent {
+            Some("spec.rules[].filters[].requestMirror.percent")
+        } else {
+            None
+        };
+        if let Some(field) = pruned {
+            return Err(EditError::FieldPruned {
+                kind: Grpc::KIND,
+                field,
+                what: "mirror",
+            });
+        }
     }
     let index = route_edit::locate_in::<Grpc>(route, target)?;
     let canary = i32::try_from(desired.weight.min(100)).unwrap_or(100);
@@ -216,8 +248,266 @@ pub fn apply(
             Grpc::set_weight(&mut out, index, &target.stable, 100 - canary);
         }
     }
+    if let Some(mirror) = &desired.mirror {
+        with_mirror_rule(&mut out, index, target, mirror, &name)?;
+    } else {
+        without_our_rules(&mut out);
+    }
     route::set_owner(&mut out, &target.owner);
     Ok(out)
+}
+
+/// Whether a rule is one this operator adds.
+fn is_ours(rule: &Value) -> bool {
+    route_edit::ours(rule["name"].as_str())
+}
+
+/// The route without the rules this operator adds.
+fn without_our_rules(route: &mut DynamicObject) {
+    if let Some(rules) = route.data["spec"]["rules"].as_array_mut() {
+        rules.retain(|r| !is_ours(r));
+    }
+}
+
+/// The matches of a rule; a rule without any matches every request (one empty match).
+fn matches_of(rule: &Value) -> Vec<Value> {
+    match rule["matches"].as_array() {
+        Some(m) if !m.is_empty() => m.clone(),
+        _ => vec![json!({})],
+    }
+}
+
+/// A match's method part as (type, service, method), `None` when it matches every method.
+fn method_of(m: &Value) -> Option<(&str, Option<&str>, Option<&str>)> {
+    let method = m.get("method").filter(|v| v.is_object())?;
+    let part = |k: &str| method[k].as_str().filter(|v| !v.is_empty());
+    Some((
+        method["type"].as_str().unwrap_or("Exact"),
+        part("service"),
+        part("method"),
+    ))
+}
+
+/// The mirror rule's matches: each match of the managed rule narrowed to each mirrored method
+/// it covers. A match without a method part covers every method, an Exact one the methods it
+/// names (a service alone: every method of it); a RegularExpression one is not narrowed, so
+/// nothing it matches is mirrored.
+fn mirror_matches(base: &[Value], methods: &[GrpcMethod]) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::new();
+    for b in base {
+        for g in methods {
+            let covers = match method_of(b) {
+                None => true,
+                Some(("Exact", service, method)) => {
+                    service.is_none_or(|s| s == g.service) && method.is_none_or(|m| m == g.method)
+                }
+                Some(_) => false,
+            };
+            if !covers {
+                continue;
+            }
+            let mut m = b.clone();
+            m["method"] = json!({"type": "Exact", "service": g.service, "method": g.method});
+            if !out.contains(&m) {
+                out.push(m);
+            }
+        }
+    }
+    out
+}
+
+/// Whether the generated mirror match `mirror` (an exact service and method) would win a
+/// request that `other`, a match of another rule, wins today. GRPCRoute precedence: the longest
+/// matching service, then the longest matching method, then the most header matches, across
+/// every route on a parent and hostname. A match naming another service or method never meets
+/// the mirrored requests; one naming the same service and method loses them only with fewer
+/// header matches; one that names less (no method part, a service or a method alone) loses
+/// them; a regular expression may match them, so it counts as losing them.
+fn mirror_captures(mirror: &Value, other: &Value) -> bool {
+    let named = |k: &str| mirror["method"][k].as_str();
+    let headers = |m: &Value| m["headers"].as_array().map_or(0, Vec::len);
+    match method_of(other) {
+        None => true,
+        Some(("Exact", service, method)) => {
+            if service.is_some_and(|s| Some(s) != named("service"))
+                || method.is_some_and(|m| Some(m) != named("method"))
+            {
+                return false;
+            }
+            service.is_none() || method.is_none() || headers(other) <= headers(mirror)
+        }
+        Some(_) => true,
+    }
+}
+
+/// The first match of `rules` (skipping `managed` and this operator's rules) that a generated
+/// match would take requests from, as (rule name or index, the mirrored method).
+fn captured<'a>(
+    rules: &[Value],
+    managed: Option<usize>,
+    generated: &'a [Value],
+) -> Option<(String, &'a Value)> {
+    rules.iter().enumerate().find_map(|(i, rule)| {
+        if Some(i) == managed || is_ours(rule) {
+            return None;
+        }
+        let name = rule["name"]
+            .as_str()
+            .map_or_else(|| format!("#{i}"), str::to_owned);
+        matches_of(rule).iter().find_map(|m| {
+            generated
+                .iter()
+                .find(|g| mirror_captures(g, m))
+                .map(|g| (name.clone(), g))
+        })
+    })
+}
+
+fn capture_error(route: &str, whose: String, rule: String, generated: &Value) -> EditError {
+    let part = |k: &str| {
+        generated["method"][k]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    EditError::GrpcMirrorWouldCapture {
+        route: route.to_owned(),
+        whose,
+        rule,
+        service: part("service"),
+        method: part("method"),
+    }
+}
+
+/// Rebuilds the mirror rule from the managed rule (index `index`, already weighted) just before
+/// it: its matches narrowed to the mirrored methods, a RequestMirror filter to the canary added.
+fn with_mirror_rule(
+    route: &mut DynamicObject,
+    index: usize,
+    target: &Target,
+    mirror: &Mirror,
+    name: &str,
+) -> Result<(), EditError> {
+    let mut kept: Vec<Value> = Vec::new();
+    let mut managed_at = 0;
+    for (i, r) in rules(route).iter().enumerate() {
+        if is_ours(r) {
+            continue;
+        }
+        if i == index {
+            managed_at = kept.len();
+        }
+        kept.push(r.clone());
+    }
+    let managed = kept[managed_at].clone();
+    let generated = mirror_matches(&matches_of(&managed), &mirror.grpc_methods);
+    if generated.is_empty() {
+        return Err(EditError::MirrorMatchesNothing {
+            route: name.to_owned(),
+            methods: mirror
+                .grpc_methods
+                .iter()
+                .map(|g| format!("{}/{}", g.service, g.method))
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    }
+    if let Some((rule, g)) = captured(&kept, Some(managed_at), &generated) {
+        return Err(capture_error(name, "this route".into(), rule, g));
+    }
+    let stable = managed["backendRefs"]
+        .as_array()
+        .and_then(|refs| refs.iter().find(|b| is_service(b, &target.stable)));
+    let mut backend = Map::new();
+    backend.insert("group".into(), Value::from(""));
+    backend.insert("kind".into(), Value::from("Service"));
+    backend.insert("name".into(), Value::from(target.canary.clone()));
+    if let Some(port) = canary_backend(stable, target, 0).get("port") {
+        backend.insert("port".into(), port.clone());
+    }
+    let mut request_mirror = Map::new();
+    request_mirror.insert("backendRef".into(), Value::Object(backend));
+    if mirror.percent < 100 {
+        request_mirror.insert("percent".into(), Value::from(mirror.percent));
+    }
+    let mut rule = managed;
+    rule["name"] = Value::from(MIRROR_RULE);
+    let count = generated.len();
+    rule["matches"] = Value::Array(generated);
+    let filter = json!({"type": FILTER_REQUEST_MIRROR, "requestMirror": request_mirror});
+    match rule["filters"].as_array_mut() {
+        Some(filters) => filters.push(filter),
+        None => rule["filters"] = json!([filter]),
+    }
+    kept.insert(managed_at, rule);
+    let matches: usize = kept.iter().map(|r| matches_of(r).len()).sum();
+    if kept.len() > MAX_RULES || matches > MAX_MATCHES || count > MAX_RULE_MATCHES {
+        return Err(EditError::RouteFull {
+            kind: Grpc::KIND,
+            route: name.to_owned(),
+            what: "mirror",
+            rules: kept.len(),
+            matches,
+            max_rules: MAX_RULES,
+            max_matches: MAX_MATCHES,
+        });
+    }
+    route.data["spec"]["rules"] = Value::Array(kept);
+    Ok(())
+}
+
+/// Where a GRPCRoute attaches (parentRefs and hostnames read as Gateway API defines them;
+/// entries that do not parse are left out).
+fn attachment(route: &DynamicObject) -> Attachment {
+    let spec = &route.data["spec"];
+    Attachment {
+        namespace: route.metadata.namespace.clone().unwrap_or_default(),
+        parents: spec["parentRefs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| serde_json::from_value::<ParentReference>(p.clone()).ok())
+            .collect(),
+        hostnames: spec["hostnames"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|h| h.as_str().map(str::to_owned))
+            .collect(),
+    }
+}
+
+/// Refuses a mirror that would take requests from a rule of another GRPCRoute on the same
+/// parent and hostname (`others`; the route itself is skipped). The route's own rules are
+/// checked by [`apply`].
+pub fn mirror_clash(
+    route: &DynamicObject,
+    others: &[DynamicObject],
+    target: &Target,
+    desired: &Desired,
+) -> Result<(), EditError> {
+    let Some(mirror) = &desired.mirror else {
+        return Ok(());
+    };
+    let index = route_edit::locate_in::<Grpc>(route, target)?;
+    let generated = mirror_matches(&matches_of(&rules(route)[index]), &mirror.grpc_methods);
+    let name = route_name(route);
+    let here = attachment(route);
+    for other in others {
+        let same = other.metadata.name == route.metadata.name
+            && other.metadata.namespace == route.metadata.namespace;
+        if same || !here.shared_with(&attachment(other)) {
+            continue;
+        }
+        if let Some((rule, g)) = captured(rules(other), None, &generated) {
+            let whose = format!(
+                "GRPCRoute {} on the same parent and hostname",
+                route_name(other)
+            );
+            return Err(capture_error(&name, whose, rule, g));
+        }
+    }
+    Ok(())
 }
 
 impl Driven for Grpc {
@@ -227,10 +517,10 @@ impl Driven for Grpc {
 
     fn observe(
         route: &DynamicObject,
-        _others: &[DynamicObject],
+        others: &[DynamicObject],
         target: &Target,
         spec: &RolloutSpec,
-        _crd: CrdSupport,
+        crd: CrdSupport,
     ) -> RouteObs {
         let rule = match route_edit::locate_in::<Grpc>(route, target) {
             Ok(i) => i,
@@ -251,11 +541,14 @@ impl Driven for Grpc {
             me: target.owner.clone(),
             canary_weight,
             cohort: false,
-            mirror: false,
+            mirror: Self::rule_by_name(route, MIRROR_RULE).is_some(),
             last_writer: observe::rules_writer(&route.metadata),
         };
         for index in 0..spec.steps.len() {
-            if let Err(e) = apply(route, target, &desired_at(spec, index)) {
+            let desired = desired_at(spec, index);
+            let fits = apply(route, target, &desired, crd)
+                .and_then(|_| mirror_clash(route, others, target, &desired));
+            if let Err(e) = fits {
                 return RouteObs::Unusable {
                     reason: e.category(),
                     message: format!("step {index}: {e}"),
@@ -270,9 +563,9 @@ impl Driven for Grpc {
         route: &DynamicObject,
         target: &Target,
         desired: &Desired,
-        _crd: CrdSupport,
+        crd: CrdSupport,
     ) -> Result<DynamicObject, EditError> {
-        apply(route, target, desired)
+        apply(route, target, desired, crd)
     }
 
     fn missing(name: &str) -> RouteObs {
@@ -467,7 +760,7 @@ mod tests {
     #[test]
     fn a_weight_sets_stable_and_canary_takes_ownership_and_changes_nothing_else() {
         let r: DynamicObject = serde_json::from_value(two_backends()).unwrap();
-        let out = apply(&r, &target("payments-canary"), &weight(10)).unwrap();
+        let out = apply(&r, &target("payments-canary"), &weight(10), CrdSupport::ALL).unwrap();
         let mut expect = two_backends();
         expect["metadata"]["annotations"][sluice_api::v1alpha1::rollout::ROUTE_OWNER_ANNOTATION] =
             json!("shop/payments");
@@ -477,11 +770,22 @@ mod tests {
         assert_eq!(serde_json::to_value(&out).unwrap(), expect);
         // The same state again is the same route: no write.
         assert_eq!(
-            apply(&out, &target("payments-canary"), &weight(10)),
+            apply(
+                &out,
+                &target("payments-canary"),
+                &weight(10),
+                CrdSupport::ALL
+            ),
             Ok(out.clone())
         );
         // Abort: canary 0, stable 100, still owned.
-        let aborted = apply(&out, &target("payments-canary"), &Desired::abort()).unwrap();
+        let aborted = apply(
+            &out,
+            &target("payments-canary"),
+            &Desired::abort(),
+            CrdSupport::ALL,
+        )
+        .unwrap();
         let refs = &aborted.data["spec"]["rules"][0]["backendRefs"];
         assert_eq!(
             (refs[0]["weight"].clone(), refs[1]["weight"].clone()),
@@ -503,9 +807,9 @@ mod tests {
         let r: DynamicObject = serde_json::from_value(d.clone()).unwrap();
         let t = target("payments-next");
         // Weight 0 (ownership): nothing to send it, the rule stays as it is.
-        let owned = apply(&r, &t, &weight(0)).unwrap();
+        let owned = apply(&r, &t, &weight(0), CrdSupport::ALL).unwrap();
         assert_eq!(owned.data["spec"], d["spec"]);
-        let live = apply(&r, &t, &weight(5)).unwrap();
+        let live = apply(&r, &t, &weight(5), CrdSupport::ALL).unwrap();
         let refs = &live.data["spec"]["rules"][0]["backendRefs"];
         assert_eq!(refs[0]["weight"], 95);
         assert_eq!(
@@ -516,19 +820,19 @@ mod tests {
     }
 
     #[test]
-    fn another_weighted_backend_is_refused_or_zeroed_and_cohort_and_mirror_are_unsupported() {
+    fn another_weighted_backend_is_refused_or_zeroed_and_cohort_is_unsupported() {
         let r = grpc_route();
         let t = target("payments-canary");
-        let err = apply(&r, &t, &weight(5)).unwrap_err();
+        let err = apply(&r, &t, &weight(5), CrdSupport::ALL).unwrap_err();
         assert_eq!(err.category(), reasons::OTHER_BACKEND_WEIGHTED);
         assert!(err.to_string().starts_with("GRPCRoute payments: the managed rule also sends to Service payments-canary with weight 7"), "{err}");
         // Weight 0 only takes from the canary: never refused.
-        assert!(apply(&r, &t, &Desired::abort()).is_ok());
+        assert!(apply(&r, &t, &Desired::abort(), CrdSupport::ALL).is_ok());
         let zeroing = Target {
             zero_other_backends: true,
             ..t.clone()
         };
-        let out = apply(&r, &zeroing, &weight(5)).unwrap();
+        let out = apply(&r, &zeroing, &weight(5), CrdSupport::ALL).unwrap();
         let refs = &out.data["spec"]["rules"][0]["backendRefs"];
         assert_eq!(
             refs.as_array()
@@ -544,7 +848,7 @@ mod tests {
             ),
             ..weight(5)
         };
-        let err = apply(&r, &t, &cohort).unwrap_err();
+        let err = apply(&r, &t, &cohort, CrdSupport::ALL).unwrap_err();
         assert_eq!(err.category(), "InvalidSpec");
         assert_eq!(
             err.to_string(),
@@ -554,12 +858,264 @@ mod tests {
             rule_name: Some("refund".into()),
             ..t
         };
-        let err = apply(&r, &missing, &weight(5)).unwrap_err();
+        let err = apply(&r, &missing, &weight(5), CrdSupport::ALL).unwrap_err();
         assert_eq!(err.category(), "RouteNotFound");
         assert!(
             err.to_string()
                 .starts_with("GRPCRoute payments: no rule named refund"),
             "{err}"
+        );
+    }
+
+    /// A GRPCRoute serving the Ledger service (read and write methods) and a health check.
+    fn ledger() -> Value {
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "GRPCRoute",
+            "metadata": {"name": "ledger", "namespace": "shop", "resourceVersion": "7"},
+            "spec": {
+                "parentRefs": [{"name": "mesh-edge"}],
+                "hostnames": ["ledger.example.com"],
+                "rules": [
+                    {
+                        "name": "ledger",
+                        "matches": [
+                            {"method": {"service": "pay.v1.Ledger"}},
+                            {"method": {"type": "Exact", "service": "pay.v1.Ledger", "method": "Post"}, "headers": [{"name": "x-tenant", "value": "a"}]}
+                        ],
+                        "filters": [{"type": "RequestHeaderModifier", "requestHeaderModifier": {"add": [{"name": "x-route", "value": "grpc"}]}}],
+                        "backendRefs": [
+                            {"name": "payments-stable", "port": 9000, "weight": 100},
+                            {"name": "payments-canary", "port": 9000, "weight": 0}
+                        ]
+                    },
+                    {
+                        "name": "health",
+                        "matches": [{"method": {"service": "grpc.health.v1.Health", "method": "Check"}}],
+                        "backendRefs": [{"name": "health", "port": 9000}]
+                    }
+                ]
+            }
+        })
+    }
+
+    fn grpc_method(service: &str, method: &str) -> GrpcMethod {
+        GrpcMethod {
+            service: service.into(),
+            method: method.into(),
+        }
+    }
+
+    fn mirroring(percent: u32, methods: &[(&str, &str)]) -> Desired {
+        Desired {
+            mirror: Some(Mirror {
+                percent,
+                methods: Vec::new(),
+                grpc_methods: methods.iter().map(|(s, m)| grpc_method(s, m)).collect(),
+            }),
+            ..weight(0)
+        }
+    }
+
+    fn ledger_target() -> Target {
+        Target {
+            rule_name: None,
+            ..target("payments-canary")
+        }
+    }
+
+    #[test]
+    fn a_mirror_step_adds_one_rule_narrowed_to_the_declared_methods_and_abort_removes_it() {
+        let r: DynamicObject = serde_json::from_value(ledger()).unwrap();
+        let t = ledger_target();
+        let d = mirroring(
+            10,
+            &[
+                ("pay.v1.Ledger", "GetBalance"),
+                ("pay.v1.Ledger", "ListEntries"),
+                // Not served by the managed rule: nothing of it is mirrored.
+                ("pay.v1.Payments", "Get"),
+            ],
+        );
+        let out = apply(&r, &t, &d, CrdSupport::ALL).unwrap();
+        let rules = out.data["spec"]["rules"].as_array().unwrap();
+        assert_eq!(rules.len(), 3, "{rules:#?}");
+        // The mirror rule: the managed rule (backends, filters) with the matches narrowed to
+        // the declared methods and a RequestMirror filter to the canary, just before it.
+        let mut expect = ledger()["spec"]["rules"][0].clone();
+        expect["name"] = json!("sluice-mirror");
+        expect["matches"] = json!([
+            {"method": {"type": "Exact", "service": "pay.v1.Ledger", "method": "GetBalance"}},
+            {"method": {"type": "Exact", "service": "pay.v1.Ledger", "method": "ListEntries"}}
+        ]);
+        expect["filters"].as_array_mut().unwrap().push(json!({
+            "type": "RequestMirror",
+            "requestMirror": {
+                "backendRef": {"group": "", "kind": "Service", "name": "payments-canary", "port": 9000},
+                "percent": 10
+            }
+        }));
+        assert_eq!(rules[0], expect);
+        assert_eq!(rules[1], ledger()["spec"]["rules"][0]);
+        assert_eq!(rules[2], ledger()["spec"]["rules"][1]);
+        // The same state again is the same route: no write.
+        assert_eq!(apply(&out, &t, &d, CrdSupport::ALL), Ok(out.clone()));
+        // At 100 percent the filter carries no percent (every matching request is copied).
+        let all = apply(
+            &r,
+            &t,
+            &mirroring(100, &[("pay.v1.Ledger", "GetBalance")]),
+            CrdSupport::ALL,
+        )
+        .unwrap();
+        assert_eq!(
+            all.data["spec"]["rules"][0]["filters"][1]["requestMirror"],
+            json!({"backendRef": {"group": "", "kind": "Service", "name": "payments-canary", "port": 9000}})
+        );
+        // Abort: the mirror rule goes in the same write; everything else is as read.
+        let aborted = apply(&out, &t, &Desired::abort(), CrdSupport::ALL).unwrap();
+        assert_eq!(aborted.data["spec"], ledger()["spec"]);
+        let spec: RolloutSpec = serde_json::from_value(json!({
+            "routeRef": {"kind": "GRPCRoute", "name": "ledger"},
+            "stableService": {"name": "payments-stable"},
+            "canaryService": {"name": "payments-canary"},
+            "canaryWorkload": {"name": "payments-canary"},
+            "steps": [
+                {"mirror": {"percent": 10, "grpcMethods": [{"service": "pay.v1.Ledger", "method": "GetBalance"}]}},
+                {"setWeight": {"weight": 5}}
+            ]
+        }))
+        .unwrap();
+        let RouteObs::Present(state) = Grpc::observe(&out, &[], &t, &spec, CrdSupport::ALL) else {
+            panic!("governable")
+        };
+        assert!(state.mirror);
+        let RouteObs::Present(state) = Grpc::observe(&aborted, &[], &t, &spec, CrdSupport::ALL)
+        else {
+            panic!("governable")
+        };
+        assert!(!state.mirror);
+    }
+
+    #[test]
+    fn a_mirror_that_would_take_requests_another_rule_serves_is_refused() {
+        let t = ledger_target();
+        let d = mirroring(10, &[("pay.v1.Ledger", "GetBalance")]);
+        // A catch-all rule of the same route: the mirror rule would outrank it.
+        let mut doc = ledger();
+        doc["spec"]["rules"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "fallback", "backendRefs": [{"name": "legacy", "port": 9000}]}));
+        let r: DynamicObject = serde_json::from_value(doc).unwrap();
+        let err = apply(&r, &t, &d, CrdSupport::ALL).unwrap_err();
+        assert_eq!(err.category(), "MirrorWouldCapture");
+        assert_eq!(
+            err.to_string(),
+            "GRPCRoute ledger: rule fallback of this route matches service pay.v1.Ledger without \
+             naming method GetBalance, so the mirror rule (method pay.v1.Ledger/GetBalance) would \
+             take its requests under Gateway API precedence (a longer method match outranks \
+             header matches, across every route on a parent and hostname); remove the mirror \
+             step or give that rule its own method match"
+        );
+        // A rule naming the same method with more headers keeps its requests.
+        let mut doc = ledger();
+        doc["spec"]["rules"].as_array_mut().unwrap().push(json!({
+            "name": "vip",
+            "matches": [{"method": {"service": "pay.v1.Ledger", "method": "GetBalance"}, "headers": [{"name": "x-vip", "value": "1"}]}],
+            "backendRefs": [{"name": "vip", "port": 9000}]
+        }));
+        let r: DynamicObject = serde_json::from_value(doc).unwrap();
+        assert!(apply(&r, &t, &d, CrdSupport::ALL).is_ok());
+        // Another GRPCRoute on the same parent and hostname serving the service without a
+        // method: refused with its name; on another hostname it does not compete.
+        let r: DynamicObject = serde_json::from_value(ledger()).unwrap();
+        let other = |hostname: &str| -> DynamicObject {
+            serde_json::from_value(json!({
+                "apiVersion": "gateway.networking.k8s.io/v1",
+                "kind": "GRPCRoute",
+                "metadata": {"name": "ledger-admin", "namespace": "shop"},
+                "spec": {
+                    "parentRefs": [{"name": "mesh-edge"}],
+                    "hostnames": [hostname],
+                    "rules": [{"matches": [{"method": {"service": "pay.v1.Ledger"}, "headers": [{"name": "x-admin", "value": "1"}]}], "backendRefs": [{"name": "admin", "port": 9000}]}]
+                }
+            }))
+            .unwrap()
+        };
+        let err = mirror_clash(&r, &[r.clone(), other("ledger.example.com")], &t, &d).unwrap_err();
+        assert!(
+            err.to_string().starts_with(
+                "GRPCRoute ledger: rule #0 of GRPCRoute ledger-admin on the same parent and \
+                 hostname matches service pay.v1.Ledger without naming method GetBalance"
+            ),
+            "{err}"
+        );
+        assert_eq!(
+            mirror_clash(&r, &[other("admin.example.com")], &t, &d),
+            Ok(())
+        );
+        assert_eq!(
+            mirror_clash(&r, &[other("ledger.example.com")], &t, &weight(5)),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_mirror_the_route_cannot_carry_says_why() {
+        let r: DynamicObject = serde_json::from_value(ledger()).unwrap();
+        let t = ledger_target();
+        let err = apply(
+            &r,
+            &t,
+            &mirroring(10, &[("pay.v1.Payments", "Get")]),
+            CrdSupport::ALL,
+        )
+        .unwrap_err();
+        assert_eq!(err.category(), "InvalidSpec");
+        assert_eq!(
+            err.to_string(),
+            "GRPCRoute ledger: no match of the managed rule covers the mirrored methods \
+             pay.v1.Payments/Get; name methods the rule serves in spec.steps[].mirror.grpcMethods"
+        );
+        let old = CrdSupport {
+            rule_name: false,
+            mirror_percent: false,
+        };
+        let err = apply(
+            &r,
+            &t,
+            &mirroring(10, &[("pay.v1.Ledger", "GetBalance")]),
+            old,
+        )
+        .unwrap_err();
+        assert_eq!(err.category(), "RouteFieldPruned");
+        assert_eq!(
+            err.to_string(),
+            "the installed GRPCRoute CRD prunes spec.rules[].name, which the mirror step needs; \
+             install Gateway API CRDs v1.2 or later, or remove the step"
+        );
+        let no_percent = CrdSupport {
+            mirror_percent: false,
+            ..CrdSupport::ALL
+        };
+        assert!(
+            apply(
+                &r,
+                &t,
+                &mirroring(10, &[("pay.v1.Ledger", "GetBalance")]),
+                no_percent
+            )
+            .is_err()
+        );
+        assert!(
+            apply(
+                &r,
+                &t,
+                &mirroring(100, &[("pay.v1.Ledger", "GetBalance")]),
+                no_percent
+            )
+            .is_ok()
         );
     }
 
