@@ -407,6 +407,28 @@ impl RolloutSpec {
                             errs.push(format!("{p}.mirror.methods[{j}]"), "is listed twice");
                         }
                     }
+                    if m.grpc_methods.len() > 16 {
+                        errs.push(format!("{p}.mirror.grpcMethods"), "at most 16 methods");
+                    }
+                    let mut seen = BTreeSet::new();
+                    for (j, g) in m.grpc_methods.iter().enumerate() {
+                        let at = format!("{p}.mirror.grpcMethods[{j}]");
+                        if !is_grpc_service(&g.service) {
+                            errs.push(
+                                format!("{at}.service"),
+                                "must be a fully qualified gRPC service (e.g. pay.v1.Ledger): dot-separated identifiers of letters, digits and _",
+                            );
+                        }
+                        if !is_grpc_identifier(&g.method) {
+                            errs.push(
+                                format!("{at}.method"),
+                                "must be a gRPC method name (e.g. GetBalance): letters, digits and _, not starting with a digit",
+                            );
+                        }
+                        if !seen.insert((g.service.as_str(), g.method.as_str())) {
+                            errs.push(at, "is listed twice");
+                        }
+                    }
                     if let Some(d) = &m.duration {
                         errs.duration(&format!("{p}.mirror.duration"), d, true);
                     }
@@ -916,6 +938,23 @@ impl RevisionUpgrade {
     }
 }
 
+/// A gRPC identifier as the GRPCRoute CRD accepts it: `[A-Za-z_][A-Za-z_0-9]*`, at most 1024.
+fn is_grpc_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    s.len() <= 1024
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// A fully qualified gRPC service as the GRPCRoute CRD accepts it: identifiers joined by dots,
+/// optionally led by one dot, at most 1024 characters.
+fn is_grpc_service(s: &str) -> bool {
+    let body = s.strip_prefix('.').unwrap_or(s);
+    s.len() <= 1024 && body.split('.').all(is_grpc_identifier)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1035,6 +1074,39 @@ mod tests {
                 set(rollout(), "/steps/0/mirror/methods", json!(["GET", "POST"])),
                 "spec.steps[0].mirror.methods[1]",
                 "cannot be mirrored",
+            ),
+            (
+                "gRPC service with a slash",
+                set(
+                    rollout(),
+                    "/steps/0/mirror/grpcMethods",
+                    json!([{"service": "pay.v1/Ledger", "method": "GetBalance"}]),
+                ),
+                "spec.steps[0].mirror.grpcMethods[0].service",
+                "fully qualified gRPC service",
+            ),
+            (
+                "gRPC method starting with a digit",
+                set(
+                    rollout(),
+                    "/steps/0/mirror/grpcMethods",
+                    json!([{"service": ".pay.v1.Ledger", "method": "1Get"}]),
+                ),
+                "spec.steps[0].mirror.grpcMethods[0].method",
+                "gRPC method name",
+            ),
+            (
+                "gRPC method twice",
+                set(
+                    rollout(),
+                    "/steps/0/mirror/grpcMethods",
+                    json!([
+                        {"service": "pay.v1.Ledger", "method": "GetBalance"},
+                        {"service": "pay.v1.Ledger", "method": "GetBalance"}
+                    ]),
+                ),
+                "spec.steps[0].mirror.grpcMethods[1]",
+                "listed twice",
             ),
             (
                 "mirror after weight",

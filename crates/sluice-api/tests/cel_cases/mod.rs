@@ -118,6 +118,31 @@ pub fn rejections() -> Vec<Case> {
             "idempotent methods",
         ),
         (
+            "gRPC method twice",
+            "rollouts",
+            "Rollout",
+            set(
+                rollout(),
+                "/steps/0/mirror/grpcMethods",
+                json!([
+                    {"service": "pay.v1.Ledger", "method": "GetBalance"},
+                    {"service": "pay.v1.Ledger", "method": "GetBalance"}
+                ]),
+            ),
+            "grpcMethods must be unique",
+        ),
+        (
+            "gRPC service that is not a service name",
+            "rollouts",
+            "Rollout",
+            set(
+                rollout(),
+                "/steps/0/mirror/grpcMethods",
+                json!([{"service": "pay.v1/Ledger", "method": "GetBalance"}]),
+            ),
+            "should match",
+        ),
+        (
             "two kinds in one step",
             "rollouts",
             "Rollout",
