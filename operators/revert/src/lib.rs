@@ -3,7 +3,7 @@
 //! `decide` holds the pure logic (the state machine), `reconcile` the I/O, `verify` the verification of the pinned bundle (signature, keys, kinds) and its cache, `binding` what ties a pin to its Application, `validity` the checks
 //! CEL cannot express, `clusters` revert's own identity per destination cluster, `controller` the controller loop
 //! with its Application watch, `apply` the
-//! writes to a destination, `restore` what an exact restore removes and compares, `tracking` Argo CD's resource tracking on written objects, `metrics` the `sluice_revert_*` metrics.
+//! writes to a destination, `restore` what an exact restore removes and compares, `tracking` Argo CD's resource tracking on written objects, `record` the pure fold of what the effects report into the status, `metrics` the `sluice_revert_*` metrics.
 //! Never applies anything before the signature and the bundle's kinds are verified.
 #![forbid(unsafe_code)]
 
@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod notice;
 pub mod policy;
 pub mod reconcile;
+pub mod record;
 pub mod registry;
 pub mod restore;
 pub mod tracking;

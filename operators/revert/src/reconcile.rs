@@ -1,12 +1,14 @@
 //! The I/O side of sluice-revert: gathers what `decide` needs (the verified bundle, the target
 //! Applications and their ApplicationSets, the content of the revision Argo CD reports), carries
-//! out the decision's effects in order, then writes the status it returns (server-side apply
-//! fenced by resourceVersion), then publishes Events and audit lines.
+//! out the decision's effects in order, each reporting an [`Outcome`] that the pure
+//! [`record::record`] folds into the status the decision returned, then writes that status
+//! (server-side apply fenced by resourceVersion), then publishes Events and audit lines.
 //!
-//! Owns the order of effects and what a failed effect leaves behind (a condition naming it; the
-//! reconcile is retried with back-off; every effect is idempotent). Must never decide anything,
-//! never apply a bundle that did not verify in this process, and never use Argo CD's cluster
-//! credentials (destinations are reached through [`crate::clusters`]).
+//! Owns the order of effects and what a failed effect leaves behind (a condition naming it,
+//! folded by [`record::record`] into the status the pin had; the reconcile is retried with
+//! back-off; every effect is idempotent). Must never decide anything, never edit a status by
+//! hand, never apply a bundle that did not verify in this process, and never use Argo CD's
+//! cluster credentials (destinations are reached through [`crate::clusters`]).
 
 use std::{
     sync::{Arc, Mutex},
@@ -30,8 +32,7 @@ use sluice_api::{
 use sluice_bundle::{BundleRef, ByteLru, RegistryOptions, VerifiedObjects};
 use sluice_gitops::{ForgeClient, GitConfig, PullRequestRequest, RevertBranch};
 use sluice_runtime::{
-    Categorized, Category,
-    conditions::{self as cond, Status},
+    Categorized, Category, conditions as cond,
     events::{EventRecorder, Severity},
     leader::{Leadership, NotLeader},
     write::{self, WriteError},
@@ -42,10 +43,11 @@ use crate::{
     apply::{self, Kinds},
     clusters::Clusters,
     decide::{
-        self, Action, AppKey, AppObservation, AppView, GitOutcome, ObjectKey, Observations,
+        self, Action, AppKey, AppObservation, AppView, ObjectKey, Observations,
         OwningApplicationSet,
     },
     metrics::RevertMetrics,
+    record::{self, GitOutcome, Outcome},
     registry::Registries,
     tracking::{self, Tracking},
     verify::Verifier,
@@ -481,15 +483,16 @@ impl Context {
         Tracking::from_config(data.as_ref(), &ns)
     }
 
-    /// Carries out one effect.
+    /// Carries out one effect of the decision whose status is `status`; returns what the
+    /// status must record of it, if anything (folded in by [`record::record`]).
     async fn effect(
         &self,
         action: &Action,
         pin: &BundlePin,
         bundle: Option<&VerifiedObjects>,
-        status: &mut BundlePinStatus,
+        status: &BundlePinStatus,
         now: Timestamp,
-    ) -> Result<(), ReconcileError> {
+    ) -> Result<Option<Outcome>, ReconcileError> {
         let need_bundle = || {
             bundle.ok_or_else(|| {
                 ReconcileError::Effect(
@@ -673,7 +676,7 @@ impl Context {
                 owner,
             } => {
                 // Not fatal: the pin holds either way; the decision says when to ask again.
-                let outcome = match self
+                let result = match self
                     .push_revert(commit, base, branch, message, *pull_request, owner, pin)
                     .await
                 {
@@ -709,10 +712,14 @@ impl Context {
                         }
                     }
                 };
-                decide::record_git_outcome(status, outcome, pin.metadata.generation, now);
+                return Ok(Some(Outcome::GitRevert {
+                    result,
+                    generation: pin.metadata.generation,
+                    at: now,
+                }));
             }
         }
-        Ok(())
+        Ok(None)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -981,63 +988,69 @@ pub async fn reconcile(
         return Ok(ControllerAction::requeue(Duration::ZERO));
     }
 
-    // Act: effects first, in order; a failure is recorded on the current status and retried.
+    // Act: effects first, in order, what each reports folded into the decided status as it
+    // comes; a failure is recorded on the current status and retried.
     for action in decision.actions.iter().filter(|a| a.is_effect()) {
-        if let Err(err) = ctx
-            .effect(action, &obj, bundle.as_deref(), &mut decision.status, now)
+        let err = match ctx
+            .effect(action, &obj, bundle.as_deref(), &decision.status, now)
             .await
         {
-            let mut failed = obj.status.clone().unwrap_or_default();
-            let message = err.to_string();
-            let reason = match err {
-                ReconcileError::NotRestored(_) => reasons::NOT_RESTORED,
-                ReconcileError::Preflight(_) => reasons::PREFLIGHT_FAILED,
-                _ => reasons::APPLY_FAILED,
-            };
-            let changed = cond::set(
-                &mut failed.conditions,
-                cond::new(
-                    conditions::PINNED,
-                    Status::False,
-                    reason,
-                    message.clone(),
-                    obj.metadata.generation,
-                    now,
-                ),
-            );
-            if changed {
-                write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &failed).await?;
-                ctx.recorder
-                    .publish(
-                        obj.as_ref(),
-                        Severity::Warning,
-                        reason,
-                        decide::PIN,
-                        &message,
-                    )
-                    .await;
+            Ok(outcome) => {
+                if let Some(outcome) = outcome {
+                    record::record(&mut decision.status, &outcome);
+                }
+                continue;
             }
-            tracing::warn!(error = %message, "effect failed; retrying with back-off");
-            // A pin whose effects keep failing is still in force: it stays on the page.
-            let current = obj.status.as_ref();
-            ctx.metrics.observe_holding(
-                &format!("{ns}/{name}"),
-                current.map(|s| s.phase).unwrap_or_default(),
-                current.is_some_and(|s| !decide::is_over(Some(s))),
-                obj.metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .map(|t| t.0.as_second()),
-                now.as_second(),
-            );
-            return Err(before_deadline(
-                err,
-                decide::deadline_left(&spec, &decision.status, now),
-            ));
+            Err(err) => err,
+        };
+        let mut failed = obj.status.clone().unwrap_or_default();
+        let message = err.to_string();
+        let reason = match err {
+            ReconcileError::NotRestored(_) => reasons::NOT_RESTORED,
+            ReconcileError::Preflight(_) => reasons::PREFLIGHT_FAILED,
+            _ => reasons::APPLY_FAILED,
+        };
+        let changed = record::record(
+            &mut failed,
+            &Outcome::EffectFailed {
+                reason,
+                message: message.clone(),
+                generation: obj.metadata.generation,
+                at: now,
+            },
+        );
+        if changed {
+            write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &failed).await?;
+            ctx.recorder
+                .publish(
+                    obj.as_ref(),
+                    Severity::Warning,
+                    reason,
+                    decide::PIN,
+                    &message,
+                )
+                .await;
         }
+        tracing::warn!(error = %message, "effect failed; retrying with back-off");
+        // A pin whose effects keep failing is still in force: it stays on the page.
+        let current = obj.status.as_ref();
+        ctx.metrics.observe_holding(
+            &format!("{ns}/{name}"),
+            current.map(|s| s.phase).unwrap_or_default(),
+            current.is_some_and(|s| !decide::is_over(Some(s))),
+            obj.metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.as_second()),
+            now.as_second(),
+        );
+        return Err(before_deadline(
+            err,
+            decide::deadline_left(&spec, &decision.status, now),
+        ));
     }
 
-    // Record.
+    // Write the status.
     if obj.status.as_ref() != Some(&decision.status) {
         write::apply_status(&api, FIELD_MANAGER, obj.as_ref(), &decision.status).await?;
         tracing::info!(phase = ?decision.status.phase, "status written");

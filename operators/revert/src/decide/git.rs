@@ -1,15 +1,15 @@
-//! The git revert a pin asks for: its branch name, the back-off between attempts, and how an
-//! attempt's outcome is recorded in the status (one that may pass is asked again; one that cannot
-//! waits for a change of the spec).
+//! The git revert a pin asks for: its branch name, the back-off between attempts, and when an
+//! attempt is asked for again, from what [`crate::record`] recorded of the last one (one that may
+//! pass is asked again; one that cannot waits for a change of the spec).
 
 use std::time::Duration;
 
-use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use sluice_api::v1alpha1::{
-    BundlePinSpec, BundlePinStatus,
-    bundle_pin::{GitRevertStatus, conditions, reasons},
+    BundlePinSpec,
+    bundle_pin::{conditions, reasons},
 };
-use sluice_runtime::conditions::{self as cond, Status};
+use sluice_runtime::conditions::Status;
 
 use super::model::{
     Action, BRANCH_PREFIX, Decision, GIT_RETRY_MAX, GIT_RETRY_MIN, Observations, PIN, Requeue,
@@ -41,108 +41,6 @@ pub fn git_retry_after(failed_attempts: u32) -> Duration {
     GIT_RETRY_MIN
         .saturating_mul(1 << doublings)
         .min(GIT_RETRY_MAX)
-}
-
-/// What an attempt at the git revert came to (the reconcile's I/O result).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum GitOutcome {
-    /// The branch is in the repository (and the pull request open, when asked).
-    Pushed(GitRevertStatus),
-    /// It failed.
-    Failed {
-        /// Bounded CamelCase kind of the failure (`RevertConflict`, `ForgeUnavailable`, ...).
-        reason: &'static str,
-        /// What failed, where, and what to do.
-        message: String,
-        /// Whether it may pass without a change of the spec (the forge or the repository was
-        /// unreachable); otherwise it waits for the spec to change.
-        retryable: bool,
-    },
-}
-
-/// Records an attempt at the git revert in the status: the branch once pushed; otherwise the
-/// failure, whether it is retried (and when) or waits for a change of the spec, with the
-/// `GitRevert` condition saying so. [`git_revert`] reads it back to decide the next attempt.
-pub fn record_git_outcome(
-    status: &mut BundlePinStatus,
-    outcome: GitOutcome,
-    generation: Option<i64>,
-    now: Timestamp,
-) {
-    let (condition_status, reason, message) = match outcome {
-        GitOutcome::Pushed(revert) => {
-            let note = format!(
-                "revert branch {} at {}{}",
-                revert.branch.as_deref().unwrap_or_default(),
-                revert.commit.as_deref().unwrap_or_default(),
-                revert
-                    .pull_request_url
-                    .as_deref()
-                    .map(|u| format!(", pull request {u}"))
-                    .unwrap_or_default()
-            );
-            status.git_revert = Some(GitRevertStatus {
-                pushed_at: Some(Time(now)),
-                attempted_generation: generation,
-                failure: None,
-                failure_reason: None,
-                retryable: false,
-                failed_attempts: 0,
-                last_attempt_at: None,
-                ..revert
-            });
-            (Status::True, reasons::REVERT_PUSHED, note)
-        }
-        GitOutcome::Failed {
-            reason,
-            message,
-            retryable,
-        } => {
-            let previous = status.git_revert.take().unwrap_or_default();
-            let attempts = if previous.attempted_generation == generation {
-                previous.failed_attempts.saturating_add(1)
-            } else {
-                1
-            };
-            let (condition_reason, message) = if retryable {
-                (
-                    reasons::GIT_REVERT_FAILED,
-                    format!(
-                        "{message}; attempt {attempts} failed, tried again in {} s",
-                        git_retry_after(attempts).as_secs()
-                    ),
-                )
-            } else {
-                (
-                    reasons::GIT_REVERT_NOT_POSSIBLE,
-                    format!(
-                        "{message}; not tried again until the spec changes: revert the change in Git by hand, or correct spec.gitRevert"
-                    ),
-                )
-            };
-            status.git_revert = Some(GitRevertStatus {
-                failure: Some(message.chars().take(1024).collect()),
-                failure_reason: Some(reason.to_owned()),
-                retryable,
-                failed_attempts: attempts,
-                last_attempt_at: Some(Time(now)),
-                attempted_generation: generation,
-                ..GitRevertStatus::default()
-            });
-            (Status::False, condition_reason, message)
-        }
-    };
-    cond::set(
-        &mut status.conditions,
-        cond::new(
-            conditions::GIT_REVERT,
-            condition_status,
-            reason,
-            message,
-            generation,
-            now,
-        ),
-    );
 }
 
 /// Asks for the git revert until the status records its branch: at once for a spec not tried
@@ -201,7 +99,7 @@ pub(super) fn git_revert(
         return;
     }
     let (ns, name) = &obs.pin;
-    // The effect runs before the status write; its result is recorded by the reconcile.
+    // The effect runs before the status write; its result is folded in by `crate::record`.
     d.actions.push(Action::PushRevert {
         commit: git.commit.clone(),
         base: git.base_branch.clone(),

@@ -7,7 +7,7 @@
 //! before any Application is touched, effects are idempotent (suspend, server-side apply, prune,
 //! restore), and the git revert is asked for until the status records it (the git client never
 //! pushes a branch twice, nor reports a branch another pin pushed): a failure that may pass is
-//! asked again after a growing back-off, one that cannot ([`record_git_outcome`] tells them
+//! asked again after a growing back-off, one that cannot ([`crate::record`] tells them
 //! apart) waits for a change of the spec. Must never do I/O or read the clock; never emits an effect before the
 //! bundle's signature and kinds are verified and every target is found suitable.
 //!

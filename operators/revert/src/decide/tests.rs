@@ -10,6 +10,7 @@ use sluice_api::v1alpha1::{
 use sluice_runtime::{conditions as cond, events::Severity};
 
 use crate::binding;
+use crate::record::{GitOutcome, record_git_outcome};
 use serde_json::json;
 use sluice_api::v1alpha1::bundle_pin::conditions;
 
