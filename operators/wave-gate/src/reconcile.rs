@@ -7,6 +7,11 @@
 //! a deposed leader whose write is refused publishes nothing and pins nothing. Refuses to write
 //! a status whose decision list misses a cluster once the list was published. Must never decide
 //! anything, and never writes an Argo CD object beyond the refresh annotation.
+//!
+//! Writes the status as `decide` returned it (the apply body only names dropped fields as nulls):
+//! what the actions leave behind (pins created or deleted) is observed from the caches on the
+//! next reconcile, never folded into the status here. Holds no finalizer: the pins carry the
+//! WaveGate's ownerReference, so deleting it leaves their deletion to the garbage collector.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
