@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 use std::{
+    collections::{BTreeMap, BTreeSet},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -33,7 +34,7 @@ use sluice_runtime::{
 use sluice_sim::cluster::pods::is_ready;
 use sluice_sim::{ClusterConfig, Scenario, SvidCounter, World};
 use sluice_testkit::crds::{emulator_with, sluice_crd};
-use sluice_testkit::eventually::{eventually_every, object_until};
+use sluice_testkit::eventually::{eventually, eventually_every, object_until};
 use sluice_testkit::mesh_config::revision_tag_webhooks;
 use sluice_testkit::prometheus::Prometheus;
 use sluice_upgrade_revisions::{
@@ -490,6 +491,150 @@ impl Harness {
         let Harness { world, emu, .. } = self;
         world.stop();
         emu.shutdown().await;
+    }
+}
+
+/// A pod as the deletion log records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodSeen {
+    pub uid: String,
+    pub name: String,
+    /// The revision the injector recorded (`None`: not injected).
+    pub revision: Option<String>,
+}
+
+impl PodSeen {
+    fn of(p: &Pod) -> PodSeen {
+        PodSeen {
+            uid: p.metadata.uid.clone().unwrap_or_default(),
+            name: p.name_any(),
+            revision: p.metadata.annotations.as_ref().and_then(injected_revision),
+        }
+    }
+}
+
+/// What the API reported about a namespace's pods since the watch started.
+#[derive(Debug, Clone, Default)]
+pub struct DeletionLog {
+    /// The pods of the watch's first listing (the fleet before anything was restarted).
+    pub initial: Vec<PodSeen>,
+    /// Every pod deleted since, in the order the API reported it (a pod that went while the
+    /// watch was relisting is recorded when the relist misses it).
+    pub deleted: Vec<PodSeen>,
+    /// The first listing is in.
+    pub synced: bool,
+}
+
+impl DeletionLog {
+    /// Deleted pods by uid: how many times each was reported deleted.
+    pub fn deletions_by_uid(&self) -> BTreeMap<&str, u32> {
+        let mut out = BTreeMap::new();
+        for p in &self.deleted {
+            *out.entry(p.uid.as_str()).or_default() += 1;
+        }
+        out
+    }
+}
+
+/// A watch of a namespace's pods recording every deletion the API reports: the evictions that
+/// happened, counted from the cluster rather than from whoever sent them (an eviction in flight
+/// when its operator stops is carried out but never reported back to it).
+pub struct PodDeletions {
+    log: Arc<Mutex<DeletionLog>>,
+    task: JoinHandle<()>,
+}
+
+impl PodDeletions {
+    /// What the watch recorded so far.
+    pub fn log(&self) -> DeletionLog {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl Drop for PodDeletions {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Applies one watch event to `log`; `alive` is what the watch last knew to exist, `relist` the
+/// pods of a listing in progress.
+fn record_pod_event(
+    log: &Mutex<DeletionLog>,
+    alive: &mut BTreeMap<String, PodSeen>,
+    relist: &mut Option<BTreeSet<String>>,
+    event: watcher::Event<Pod>,
+) {
+    let mut log = log.lock().unwrap();
+    match event {
+        watcher::Event::Init => *relist = Some(BTreeSet::new()),
+        watcher::Event::InitApply(p) => {
+            let seen = PodSeen::of(&p);
+            if let Some(r) = relist.as_mut() {
+                r.insert(seen.uid.clone());
+            }
+            if !log.synced {
+                log.initial.push(seen.clone());
+            }
+            alive.insert(seen.uid.clone(), seen);
+        }
+        watcher::Event::InitDone => {
+            let listed = relist.take().unwrap_or_default();
+            let gone: Vec<String> = alive
+                .keys()
+                .filter(|uid| !listed.contains(*uid))
+                .cloned()
+                .collect();
+            for uid in gone {
+                if let Some(p) = alive.remove(&uid) {
+                    log.deleted.push(p);
+                }
+            }
+            log.synced = true;
+        }
+        watcher::Event::Apply(p) => {
+            let seen = PodSeen::of(&p);
+            alive.insert(seen.uid.clone(), seen);
+        }
+        watcher::Event::Delete(p) => {
+            let seen = PodSeen::of(&p);
+            alive.remove(&seen.uid);
+            log.deleted.push(seen);
+        }
+    }
+}
+
+impl Harness {
+    /// Starts recording the pods of namespace `ns` deleted from now on; returns once the
+    /// watch's first listing is in.
+    pub async fn watch_pod_deletions(&self, ns: &str) -> PodDeletions {
+        let log = Arc::new(Mutex::new(DeletionLog::default()));
+        let events = watcher(
+            Api::<Pod>::namespaced(self.client.clone(), ns),
+            watcher::Config::default(),
+        )
+        .default_backoff();
+        let task = tokio::spawn({
+            let log = log.clone();
+            async move {
+                let mut alive = BTreeMap::new();
+                let mut relist = None;
+                let mut events = std::pin::pin!(events);
+                while let Some(event) = events.next().await {
+                    if let Ok(event) = event {
+                        record_pod_event(&log, &mut alive, &mut relist, event);
+                    }
+                }
+            }
+        });
+        let deletions = PodDeletions { log, task };
+        eventually(
+            "the pod watch's first listing",
+            Duration::from_secs(10),
+            || async { deletions.log().synced.then_some(()) },
+        )
+        .await;
+        deletions
     }
 }
 
