@@ -3,7 +3,8 @@
 //! upgrade's `spec.inconclusive`, its streak carried in the status, so that policy applies once
 //! its deadline passes (never an endless wait); and a gate that cannot be evaluated as
 //! configured makes the upgrade `Ready=False` (reason [`GATE_MISCONFIGURED`]) naming the gate
-//! and the field, until an evaluation finds none. Must never judge a resolved gate (the signals
+//! and the field, until an evaluation finds none or the upgrade finishes (Complete, Aborted: no
+//! gate is evaluated any more). Must never judge a resolved gate (the signals
 //! did, under its own policy) nor read the clock.
 
 use k8s_openapi::{
@@ -11,7 +12,8 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 use sluice_api::v1alpha1::{
-    RevisionUpgradeSpec, RevisionUpgradeStatus, gate::find_verdict, revision_upgrade::conditions,
+    RevisionUpgradePhase, RevisionUpgradeSpec, RevisionUpgradeStatus, gate::find_verdict,
+    revision_upgrade::conditions,
 };
 use sluice_runtime::{
     conditions::{self as cond, Status},
@@ -125,6 +127,24 @@ pub(super) fn set_ready(
         }
         (None, Some(before)) => replace(&mut d.status.conditions, before),
         _ => {}
+    }
+}
+
+/// A finished upgrade (Complete, or Aborted until a resume) evaluates no gate any more: its
+/// `Ready` says whether the spec is valid, not what the run's last gate evaluation found, so a
+/// `GateMisconfigured` finding does not stay on the finished object. Ready again from `now`; a
+/// resume evaluates the gates again and finds it again if it still holds.
+pub(super) fn settle_when_finished(d: &mut Decision, generation: Option<i64>, now: Timestamp) {
+    if !matches!(
+        d.status.phase,
+        RevisionUpgradePhase::Complete | RevisionUpgradePhase::Aborted
+    ) {
+        return;
+    }
+    let misconfigured = cond::find(&d.status.conditions, conditions::READY)
+        .is_some_and(|c| c.reason == GATE_MISCONFIGURED);
+    if misconfigured {
+        cond::set_validity(&mut d.status.conditions, &[], generation, now);
     }
 }
 

@@ -100,6 +100,7 @@ pub fn decide(
             _ => TICK,
         });
     }
+    gates::settle_when_finished(&mut d, obs.generation, now);
     d
 }
 

@@ -1639,3 +1639,70 @@ fn a_fixed_gate_makes_the_upgrade_ready_again_at_its_next_evaluation() {
         event_reasons(&d)
     );
 }
+
+#[test]
+fn a_finished_upgrade_does_not_keep_a_gate_misconfigured_ready_false() {
+    // (spec.inconclusive.action, the finished phase): the unresolvable gate lets the waves pass
+    // (Continue) or aborts the upgrade (Abort); either way the run ends with no gate evaluated.
+    let table = [
+        ("Continue", RevisionUpgradePhase::Complete),
+        ("Abort", RevisionUpgradePhase::Aborted),
+    ];
+    for (policy, finished) in table {
+        let mut s = spec();
+        s.inconclusive =
+            serde_json::from_value(serde_json::json!({"action": policy, "after": "2s"})).unwrap();
+        let mut model = Model::new();
+        let mut status: Option<RevisionUpgradeStatus> = None;
+        let mut misconfigured_seen = false;
+        let mut tick = 0;
+        let d = loop {
+            assert!(tick < 300, "{policy}: not {finished:?} after 300 ticks");
+            let mut o = observe(&model, status.as_ref(), GateAction::Proceed);
+            // As the reconcile does: the current wave's gates, none once the run is over.
+            let over = status
+                .as_ref()
+                .is_some_and(|s| s.completed_at.is_some() || s.aborted_at.is_some());
+            o.gates = (!over)
+                .then(|| unresolvable(status.as_ref(), false))
+                .flatten();
+            let d = decide(&s, status.as_ref(), &o, t(tick * 1000));
+            model.apply(&d.actions);
+            misconfigured_seen |= cond::find(&d.status.conditions, conditions::READY)
+                .is_some_and(|c| c.reason == GATE_MISCONFIGURED);
+            if d.status.phase == finished {
+                break d;
+            }
+            status = Some(d.status);
+            tick += 1;
+        };
+        assert!(misconfigured_seen, "{policy}: Ready=False during the run");
+        let ready = cond::find(&d.status.conditions, conditions::READY).unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("True", cond::VALID),
+            "{policy}: {finished:?} with Ready {}",
+            ready.message
+        );
+        assert_eq!(
+            ready.last_transition_time.0,
+            t(tick * 1000),
+            "{policy}: Ready again from the tick the run finished"
+        );
+        // The next ticks keep it (no flapping, no Event).
+        let mut o = observe(&model, Some(&d.status), GateAction::Proceed);
+        o.gates = None;
+        let next = decide(&s, Some(&d.status), &o, t((tick + 30) * 1000));
+        assert_eq!(next.status.phase, finished, "{policy}");
+        assert_eq!(
+            cond::find(&next.status.conditions, conditions::READY),
+            Some(ready),
+            "{policy}"
+        );
+        assert!(
+            !event_reasons(&next).contains(&GATE_MISCONFIGURED),
+            "{policy}: {:?}",
+            event_reasons(&next)
+        );
+    }
+}
