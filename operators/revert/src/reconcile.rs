@@ -9,6 +9,11 @@
 //! back-off; every effect is idempotent). Must never decide anything, never edit a status by
 //! hand, never apply a bundle that did not verify in this process, and never use Argo CD's
 //! cluster credentials (destinations are reached through [`crate::clusters`]).
+//!
+//! The finalizer is revert's own (`set_finalizer`), not `kube::runtime::finalizer`, which adds it
+//! to every object at once and removes it only on deletion, after one cleanup call: a pin takes it
+//! lazily, before its first effect on an Application, and lets it go only once the pin is over
+//! (deleted or not), having restored what it holds, which a release does over several reconciles.
 
 use std::{
     sync::{Arc, Mutex},
