@@ -14,9 +14,11 @@
 //! after 2 s Inconclusive: before the fault, the scenario waits until the Rollout is Paused with
 //! reason Inconclusive (what `SluiceRolloutAnalysisInconclusive` reports); the hold holds
 //! progress, never safety, so the abort on error-ratio's Fail is the same.
-//! Also holds the helpers the canary scenarios share. Never writes the route itself: only the
-//! operator does; the scenario reads it.
+//! Also holds the helpers the canary scenarios share, among them the abort scenarios' common step
+//! ([`fault_until_reverted`]: fault → route reverted → revert verified). Never writes the route
+//! itself: only the operator does; the scenario reads it.
 
+use std::fmt::Display;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
@@ -26,6 +28,7 @@ use kube::api::PostParams;
 use serde_json::{Map, Value, json};
 use sluice_api::external::http_route::HttpRoute;
 use sluice_api::v1alpha1::Rollout;
+use sluice_api::v1alpha1::rollout::AbortStatus;
 use sluice_api::v1alpha1::{RolloutPhase, RolloutStatus};
 use sluice_sim::mesh::scenario::Event;
 
@@ -174,11 +177,20 @@ pub(super) async fn create(sandbox: &Sandbox, rollout: &Rollout) -> Result<(), S
 /// Polls the Rollout until `check` gives a value.
 pub(super) async fn rollout_until<T>(
     sandbox: &Sandbox,
+    check: impl FnMut(&Rollout) -> Option<T>,
+) -> Result<T, ScenarioError> {
+    rollout_named_until(sandbox, ROUTE, check).await
+}
+
+/// Polls the Rollout `name` of the canary cluster's shop namespace until `check` gives a value.
+pub(super) async fn rollout_named_until<T>(
+    sandbox: &Sandbox,
+    name: &str,
     mut check: impl FnMut(&Rollout) -> Option<T>,
 ) -> Result<T, ScenarioError> {
     let api = rollouts(sandbox)?;
     loop {
-        if let Ok(r) = api.get(ROUTE).await
+        if let Ok(r) = api.get(name).await
             && let Some(v) = check(&r)
         {
             return Ok(v);
@@ -208,6 +220,189 @@ pub(super) async fn route_until<T>(
 pub(super) async fn measured_share(sandbox: &Sandbox) -> Result<Option<f64>, ScenarioError> {
     let m = share::measure(sandbox.prometheus(), CLUSTER, SHOP, WINDOW_S).await?;
     Ok(share::canary_share(&m, STABLE, CANARY))
+}
+
+/// The canary's fault on checkout v2.14 as `scenario` narrates it: the route named `route`,
+/// nothing said of the step.
+pub(super) fn checkout_fault(scenario: &str) -> Fault<'_> {
+    Fault {
+        scenario,
+        rollout: ROUTE,
+        service: "checkout",
+        version: "v2.14",
+        route: "route",
+        reverted_note: "",
+        aborted: None,
+    }
+}
+
+/// The route's (stable, canary) weights, None when it cannot be read this time.
+pub(super) async fn route_weights(api: &Api<HttpRoute>) -> Option<(i32, i32)> {
+    api.get(ROUTE).await.ok().map(|r| weights(&r))
+}
+
+/// What differs between the abort scenarios' shared step (fault → route reverted → revert
+/// verified → the gate said), besides how the route's weights are read.
+pub(super) struct Fault<'a> {
+    /// The scenario's name, which starts each line the step says.
+    pub scenario: &'a str,
+    /// The Rollout's name in [`SHOP`].
+    pub rollout: &'a str,
+    /// The mesh service whose canary version fails.
+    pub service: &'a str,
+    /// The canary version that starts answering errors at [`ERROR_FACTOR`]× stable.
+    pub version: &'a str,
+    /// The route as the narration names it (`route`, `GRPCRoute`).
+    pub route: &'a str,
+    /// Said after the abort latency (`, while paused`), or empty.
+    pub reverted_note: &'a str,
+    /// How the narration names the aborted canary, said with its step (`the paused canary`).
+    pub aborted: Option<&'a str>,
+}
+
+/// What the shared abort step saw.
+pub(super) struct Reverted<T> {
+    /// When the fault started.
+    pub fault_at: Instant,
+    /// When the route was seen reverted.
+    pub reverted_at: Instant,
+    /// The route's (stable, canary) weights once reverted.
+    pub route: (T, T),
+    /// Fault started → route seen reverted.
+    pub abort_latency: Duration,
+    /// Route seen reverted → the operator's telemetry check confirmed the revert.
+    pub revert_verified: Duration,
+    /// The Rollout's status once the revert is verified.
+    pub status: RolloutStatus,
+    /// The abort in that status.
+    pub abort: AbortStatus,
+    /// The gate the abort stood on.
+    pub gate: Option<String>,
+}
+
+impl<T> Reverted<T> {
+    /// Waits until a full share window has passed since the revert took effect in the mesh, so
+    /// that the scenario's own reading sees only the reverted route.
+    pub async fn full_window(&self) {
+        tokio::time::sleep(
+            Duration::from_secs(2 + WINDOW_S + 1).saturating_sub(self.reverted_at.elapsed()),
+        )
+        .await;
+    }
+
+    /// The figures every abort scenario reports: `abort_latency_ms`, `detect_to_revert_ms`,
+    /// `revert_verified_ms`, `failed_gate` and `canary_share_after` (the scenario's own reading
+    /// `share_after`, to four decimals).
+    pub fn figures(&self, share_after: Option<f64>) -> Map<String, Value> {
+        let mut figures = Map::new();
+        figures.insert(
+            "abort_latency_ms".into(),
+            Value::from(ms(self.abort_latency)),
+        );
+        figures.insert(
+            "detect_to_revert_ms".into(),
+            detect_to_revert_ms(&self.status).map_or(Value::Null, Value::from),
+        );
+        figures.insert(
+            "revert_verified_ms".into(),
+            Value::from(ms(self.revert_verified)),
+        );
+        figures.insert(
+            "failed_gate".into(),
+            self.gate.clone().map_or(Value::Null, Value::from),
+        );
+        figures.insert(
+            "canary_share_after".into(),
+            share_after
+                .map(|s| (s * 10_000.0).round() / 10_000.0)
+                .map_or(Value::Null, Value::from),
+        );
+        figures
+    }
+}
+
+/// The abort scenarios' shared step: injects `fault` into the canary cluster's mesh at a known
+/// instant, polls the route's weights with `read` (None: not readable this time) every 15 ms
+/// until the canary's is 0, waits for the operator to confirm the revert from telemetry and
+/// says the gate it aborted on.
+pub(super) async fn fault_until_reverted<T, F>(
+    sandbox: &Sandbox,
+    fault: &Fault<'_>,
+    mut read: impl FnMut() -> F,
+) -> Result<Reverted<T>, ScenarioError>
+where
+    T: Copy + Default + PartialEq + Display,
+    F: Future<Output = Option<(T, T)>>,
+{
+    let scenario = fault.scenario;
+    // The fault, from a known instant.
+    let mesh = sandbox
+        .world(CLUSTER)
+        .and_then(|w| w.mesh())
+        .ok_or_else(|| ScenarioError::Missing(format!("mesh simulator of {CLUSTER}")))?;
+    mesh.apply_now(Event {
+        service: Some(fault.service.into()),
+        version: Some(fault.version.into()),
+        error_ratio_factor: Some(ERROR_FACTOR),
+        ..Event::default()
+    });
+    let started = Instant::now();
+
+    // The route reverted, seen by a fast poller.
+    let route = loop {
+        if let Some(w) = read().await
+            && w.1 == T::default()
+        {
+            break w;
+        }
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    };
+    let reverted = Instant::now();
+    let abort_latency = reverted.duration_since(started);
+    sandbox.say(format!(
+        "{scenario}: {} reverted to {}/{} {} ms after the fault started{}",
+        fault.route,
+        route.0,
+        route.1,
+        ms(abort_latency),
+        fault.reverted_note
+    ));
+
+    // The operator confirms the revert from telemetry.
+    let status = rollout_named_until(sandbox, fault.rollout, |r| {
+        r.status.clone().filter(|s| {
+            s.abort
+                .as_ref()
+                .is_some_and(|a| a.revert_verified_at.is_some())
+        })
+    })
+    .await?;
+    let revert_verified = reverted.elapsed();
+    let Some(abort) = status.abort.clone() else {
+        return Err(ScenarioError::Missing("the Rollout's abort status".into()));
+    };
+    let gate = abort.gate.as_ref().map(|g| g.gate.clone());
+    let aborted = fault.aborted.map_or_else(String::new, |what| {
+        format!(" {what} at step {:?}", abort.step_index)
+    });
+    sandbox.say(format!(
+        "{scenario}: rollout-weights aborted{aborted} on gate {} (value {:?}, stable {:?}, threshold {:?}) and confirmed the revert {} ms after it",
+        gate.as_deref().unwrap_or("none"),
+        abort.gate.as_ref().and_then(|g| g.value),
+        abort.gate.as_ref().and_then(|g| g.baseline),
+        abort.gate.as_ref().and_then(|g| g.threshold),
+        ms(revert_verified)
+    ));
+    Ok(Reverted {
+        fault_at: started,
+        reverted_at: reverted,
+        route,
+        abort_latency,
+        revert_verified,
+        status,
+        abort,
+        gate,
+    })
 }
 
 /// Milliseconds of a duration, saturating.
@@ -331,86 +526,22 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
         at_one.0, at_one.1
     ));
 
-    // The fault, from a known instant.
-    let mesh = sandbox
-        .world(CLUSTER)
-        .and_then(|w| w.mesh())
-        .ok_or_else(|| ScenarioError::Missing(format!("mesh simulator of {CLUSTER}")))?;
-    mesh.apply_now(Event {
-        service: Some("checkout".into()),
-        version: Some("v2.14".into()),
-        error_ratio_factor: Some(ERROR_FACTOR),
-        ..Event::default()
-    });
-    let fault = Instant::now();
-
-    // The route reverted, seen by a fast poller.
-    let route = route_until(sandbox, Duration::from_millis(15), |r| {
-        (weights(r).1 == 0).then(|| weights(r))
+    let api = routes(sandbox)?;
+    let reverted = fault_until_reverted(sandbox, &checkout_fault("canary-abort"), || {
+        route_weights(&api)
     })
     .await?;
-    let reverted = Instant::now();
-    let abort_latency = reverted.duration_since(fault);
-    sandbox.say(format!(
-        "canary-abort: route reverted to {}/{} {} ms after the fault started",
-        route.0,
-        route.1,
-        ms(abort_latency)
-    ));
-
-    // The operator confirms the revert from telemetry.
-    let status = rollout_until(sandbox, |r| {
-        r.status.clone().filter(|s| {
-            s.abort
-                .as_ref()
-                .is_some_and(|a| a.revert_verified_at.is_some())
-        })
-    })
-    .await?;
-    let revert_verified = reverted.elapsed();
-    let Some(abort) = status.abort.clone() else {
-        return Err(ScenarioError::Missing("the Rollout's abort status".into()));
-    };
-    let gate = abort.gate.as_ref().map(|g| g.gate.clone());
-    sandbox.say(format!(
-        "canary-abort: rollout-weights aborted on gate {} (value {:?}, stable {:?}, threshold {:?}) and confirmed the revert {} ms after it",
-        gate.as_deref().unwrap_or("none"),
-        abort.gate.as_ref().and_then(|g| g.value),
-        abort.gate.as_ref().and_then(|g| g.baseline),
-        abort.gate.as_ref().and_then(|g| g.threshold),
-        ms(revert_verified)
-    ));
 
     // The scenario's own reading: a full window after the revert took effect in the mesh.
-    tokio::time::sleep(Duration::from_secs(2 + WINDOW_S + 1).saturating_sub(reverted.elapsed()))
-        .await;
+    reverted.full_window().await;
     let share_after = measured_share(sandbox).await?;
-    let (pass, summary) = judge(gate.as_deref(), route, true, share_after);
+    let (pass, summary) = judge(reverted.gate.as_deref(), reverted.route, true, share_after);
     sandbox.say(format!("canary-abort: {summary}"));
 
-    let mut figures = Map::new();
-    figures.insert("abort_latency_ms".into(), Value::from(ms(abort_latency)));
-    figures.insert(
-        "detect_to_revert_ms".into(),
-        detect_to_revert_ms(&status).map_or(Value::Null, Value::from),
-    );
-    figures.insert(
-        "revert_verified_ms".into(),
-        Value::from(ms(revert_verified)),
-    );
+    let mut figures = reverted.figures(share_after);
     figures.insert(
         "inconclusive_hold_ms".into(),
         Value::from(ms(inconclusive_hold)),
-    );
-    figures.insert(
-        "failed_gate".into(),
-        gate.clone().map_or(Value::Null, Value::from),
-    );
-    figures.insert(
-        "canary_share_after".into(),
-        share_after
-            .map(|s| (s * 10_000.0).round() / 10_000.0)
-            .map_or(Value::Null, Value::from),
     );
     Ok(Outcome {
         pass,

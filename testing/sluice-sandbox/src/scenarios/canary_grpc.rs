@@ -11,19 +11,20 @@
 //! once the revert is confirmed, as the source reporter counts them: the abort must stand on the
 //! first, with the second at 0). Never writes the route itself: only the operator does; the scenario reads it.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::{Api, Client};
 use serde::Deserialize;
-use serde_json::{Map, Value, json};
-use sluice_api::v1alpha1::{Rollout, RolloutStatus};
+use serde_json::{Value, json};
+use sluice_api::v1alpha1::Rollout;
 use sluice_sim::mesh::scenario::Event;
 
 use super::canary_abort::{
-    CLUSTER, ERROR_FACTOR, REQUESTS_PER_SECOND, WINDOW_S, detect_to_revert_ms, gates, judge, ms,
+    CLUSTER, ERROR_FACTOR, Fault, REQUESTS_PER_SECOND, WINDOW_S, fault_until_reverted, gates,
+    judge, rollout_named_until,
 };
 use super::{Outcome, ScenarioDef, ScenarioError};
 use crate::baseline::{self, GRPC_CANARY, GRPC_ROUTE, GRPC_RULE, GRPC_STABLE, SHOP};
@@ -113,14 +114,23 @@ pub fn weights(route: &Value) -> (i64, i64) {
     (w(GRPC_STABLE), w(GRPC_CANARY))
 }
 
+/// The GRPCRoute API of the canary cluster's shop namespace.
+fn grpc_routes(sandbox: &Sandbox) -> Result<Api<DynamicObject>, ScenarioError> {
+    let ar = resource("GRPCRoute").ok_or_else(|| ScenarioError::Missing("GRPCRoute".into()))?;
+    Ok(Api::<DynamicObject>::namespaced_with(
+        client(sandbox)?,
+        SHOP,
+        &ar,
+    ))
+}
+
 /// Polls the GRPCRoute until `check` gives a value.
 async fn route_until<T>(
     sandbox: &Sandbox,
     poll: Duration,
     mut check: impl FnMut(&Value) -> Option<T>,
 ) -> Result<T, ScenarioError> {
-    let ar = resource("GRPCRoute").ok_or_else(|| ScenarioError::Missing("GRPCRoute".into()))?;
-    let api = Api::<DynamicObject>::namespaced_with(client(sandbox)?, SHOP, &ar);
+    let api = grpc_routes(sandbox)?;
     loop {
         if let Ok(r) = api.get(GRPC_ROUTE).await
             && let Ok(v) = serde_json::to_value(&r)
@@ -135,17 +145,9 @@ async fn route_until<T>(
 /// Polls the payments Rollout until `check` gives a value.
 async fn rollout_until<T>(
     sandbox: &Sandbox,
-    mut check: impl FnMut(&Rollout) -> Option<T>,
+    check: impl FnMut(&Rollout) -> Option<T>,
 ) -> Result<T, ScenarioError> {
-    let api: Api<Rollout> = Api::namespaced(client(sandbox)?, SHOP);
-    loop {
-        if let Ok(r) = api.get(GRPC_ROUTE).await
-            && let Some(v) = check(&r)
-        {
-            return Ok(v);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    rollout_named_until(sandbox, GRPC_ROUTE, check).await
 }
 
 /// The Rollout of `shop/payments` from v1 to v2 on its GRPCRoute, with canary-abort's
@@ -269,57 +271,29 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
         at_one.0, at_one.1
     ));
 
-    // The fault, from a known instant.
-    mesh.apply_now(Event {
-        service: Some(GRPC_ROUTE.into()),
-        version: Some("v2".into()),
-        error_ratio_factor: Some(ERROR_FACTOR),
-        ..Event::default()
-    });
-    let fault = Instant::now();
-
-    let route = route_until(sandbox, Duration::from_millis(15), |r| {
-        (weights(r).1 == 0).then(|| weights(r))
-    })
-    .await?;
-    let reverted = Instant::now();
-    let abort_latency = reverted.duration_since(fault);
-    sandbox.say(format!(
-        "canary-grpc: GRPCRoute reverted to {}/{} {} ms after the fault started",
-        route.0,
-        route.1,
-        ms(abort_latency)
-    ));
-
-    let status: RolloutStatus = rollout_until(sandbox, |r| {
-        r.status.clone().filter(|s| {
-            s.abort
-                .as_ref()
-                .is_some_and(|a| a.revert_verified_at.is_some())
-        })
-    })
-    .await?;
-    let revert_verified = reverted.elapsed();
-    let Some(abort) = status.abort.clone() else {
-        return Err(ScenarioError::Missing("the Rollout's abort status".into()));
+    let api = grpc_routes(sandbox)?;
+    let fault = Fault {
+        scenario: "canary-grpc",
+        rollout: GRPC_ROUTE,
+        service: GRPC_ROUTE,
+        version: "v2",
+        route: "GRPCRoute",
+        reverted_note: "",
+        aborted: None,
     };
-    let gate = abort.gate.as_ref().map(|g| g.gate.clone());
-    sandbox.say(format!(
-        "canary-grpc: rollout-weights aborted on gate {} (value {:?}, stable {:?}, threshold {:?}) and confirmed the revert {} ms after it",
-        gate.as_deref().unwrap_or("none"),
-        abort.gate.as_ref().and_then(|g| g.value),
-        abort.gate.as_ref().and_then(|g| g.baseline),
-        abort.gate.as_ref().and_then(|g| g.threshold),
-        ms(revert_verified)
-    ));
+    let api = &api;
+    let reverted = fault_until_reverted(sandbox, &fault, || async move {
+        let route = api.get(GRPC_ROUTE).await.ok()?;
+        serde_json::to_value(&route).ok().map(|v| weights(&v))
+    })
+    .await?;
 
     // A full window after the revert took effect in the mesh: the share, and what the canary
     // answered since the fault.
-    tokio::time::sleep(Duration::from_secs(2 + WINDOW_S + 1).saturating_sub(reverted.elapsed()))
-        .await;
+    reverted.full_window().await;
     let m = share::measure(sandbox.prometheus(), CLUSTER, SHOP, WINDOW_S).await?;
     let share_after = share::canary_share(&m, GRPC_STABLE, GRPC_CANARY);
-    let since_fault = fault.elapsed().as_secs() + 2;
+    let since_fault = reverted.fault_at.elapsed().as_secs() + 2;
     let unavailable = canary_requests(
         sandbox,
         r#"response_code="200", grpc_response_status="14""#,
@@ -328,8 +302,8 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
     .await?;
     let five_xx = canary_requests(sandbox, r#"response_code=~"5..""#, since_fault).await?;
     let (pass, summary) = judge_grpc(
-        gate.as_deref(),
-        route,
+        reverted.gate.as_deref(),
+        reverted.route,
         true,
         share_after,
         unavailable,
@@ -337,31 +311,12 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
     );
     sandbox.say(format!("canary-grpc: {summary}"));
 
-    let mut figures = Map::new();
-    figures.insert("abort_latency_ms".into(), Value::from(ms(abort_latency)));
-    figures.insert(
-        "detect_to_revert_ms".into(),
-        detect_to_revert_ms(&status).map_or(Value::Null, Value::from),
-    );
-    figures.insert(
-        "revert_verified_ms".into(),
-        Value::from(ms(revert_verified)),
-    );
-    figures.insert(
-        "failed_gate".into(),
-        gate.clone().map_or(Value::Null, Value::from),
-    );
+    let mut figures = reverted.figures(share_after);
     figures.insert(
         "canary_unavailable".into(),
         Value::from(unavailable.round()),
     );
     figures.insert("canary_5xx".into(), Value::from(five_xx.round()));
-    figures.insert(
-        "canary_share_after".into(),
-        share_after
-            .map(|s| (s * 10_000.0).round() / 10_000.0)
-            .map_or(Value::Null, Value::from),
-    );
     Ok(Outcome {
         pass,
         figures,

@@ -16,11 +16,11 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::{Map, Value, json};
 use sluice_api::v1alpha1::RolloutPhase;
-use sluice_sim::mesh::scenario::Event;
 
 use super::canary_abort::{
-    CLUSTER, ERROR_FACTOR, REQUESTS_PER_SECOND, WINDOW_S, create, detect_to_revert_ms, judge,
-    measured_share, ms, raise_traffic, rollout, rollout_until, route_until, weights,
+    CLUSTER, ERROR_FACTOR, Fault, REQUESTS_PER_SECOND, checkout_fault, create,
+    fault_until_reverted, judge, measured_share, ms, raise_traffic, rollout, rollout_until,
+    route_until, route_weights, routes, weights,
 };
 use super::{Outcome, ScenarioDef, ScenarioError};
 use crate::sandbox::Sandbox;
@@ -89,93 +89,29 @@ async fn run(sandbox: &Sandbox) -> Result<Outcome, ScenarioError> {
         ms(paused.elapsed())
     ));
 
-    // The fault, from a known instant.
-    let mesh = sandbox
-        .world(CLUSTER)
-        .and_then(|w| w.mesh())
-        .ok_or_else(|| ScenarioError::Missing(format!("mesh simulator of {CLUSTER}")))?;
-    mesh.apply_now(Event {
-        service: Some("checkout".into()),
-        version: Some("v2.14".into()),
-        error_ratio_factor: Some(ERROR_FACTOR),
-        ..Event::default()
-    });
-    let fault = Instant::now();
-    let paused_ms = ms(fault.duration_since(paused));
-
-    // The route reverted, seen by a fast poller.
-    let route = route_until(sandbox, Duration::from_millis(15), |r| {
-        (weights(r).1 == 0).then(|| weights(r))
-    })
-    .await?;
-    let reverted = Instant::now();
-    let abort_latency = reverted.duration_since(fault);
-    sandbox.say(format!(
-        "canary-pause-abort: route reverted to {}/{} {} ms after the fault started, while paused",
-        route.0,
-        route.1,
-        ms(abort_latency)
-    ));
-
-    // The operator confirms the revert from telemetry.
-    let status = rollout_until(sandbox, |r| {
-        r.status.clone().filter(|s| {
-            s.abort
-                .as_ref()
-                .is_some_and(|a| a.revert_verified_at.is_some())
-        })
-    })
-    .await?;
-    let revert_verified = reverted.elapsed();
-    let Some(abort) = status.abort.clone() else {
-        return Err(ScenarioError::Missing("the Rollout's abort status".into()));
+    let api = routes(sandbox)?;
+    let fault = Fault {
+        reverted_note: ", while paused",
+        aborted: Some("the paused canary"),
+        ..checkout_fault("canary-pause-abort")
     };
-    let gate = abort.gate.as_ref().map(|g| g.gate.clone());
-    sandbox.say(format!(
-        "canary-pause-abort: rollout-weights aborted the paused canary at step {:?} on gate {} (value {:?}, stable {:?}, threshold {:?}) and confirmed the revert {} ms after it",
-        abort.step_index,
-        gate.as_deref().unwrap_or("none"),
-        abort.gate.as_ref().and_then(|g| g.value),
-        abort.gate.as_ref().and_then(|g| g.baseline),
-        abort.gate.as_ref().and_then(|g| g.threshold),
-        ms(revert_verified)
-    ));
+    let reverted = fault_until_reverted(sandbox, &fault, || route_weights(&api)).await?;
+    let paused_ms = ms(reverted.fault_at.duration_since(paused));
+    let step_index = reverted.abort.step_index;
 
     // The scenario's own reading: a full window after the revert took effect in the mesh.
-    tokio::time::sleep(Duration::from_secs(2 + WINDOW_S + 1).saturating_sub(reverted.elapsed()))
-        .await;
+    reverted.full_window().await;
     let share_after = measured_share(sandbox).await?;
-    let (mut pass, mut summary) = judge(gate.as_deref(), route, true, share_after);
-    if pass && abort.step_index != Some(1) {
+    let (mut pass, mut summary) =
+        judge(reverted.gate.as_deref(), reverted.route, true, share_after);
+    if pass && step_index != Some(1) {
         pass = false;
-        summary = format!(
-            "aborted at step {:?}, not in the pause step",
-            abort.step_index
-        );
+        summary = format!("aborted at step {step_index:?}, not in the pause step");
     }
     sandbox.say(format!("canary-pause-abort: {summary}"));
 
-    let mut figures = Map::new();
-    figures.insert("abort_latency_ms".into(), Value::from(ms(abort_latency)));
-    figures.insert(
-        "detect_to_revert_ms".into(),
-        detect_to_revert_ms(&status).map_or(Value::Null, Value::from),
-    );
-    figures.insert(
-        "revert_verified_ms".into(),
-        Value::from(ms(revert_verified)),
-    );
+    let mut figures = reverted.figures(share_after);
     figures.insert("paused_ms".into(), Value::from(paused_ms));
-    figures.insert(
-        "failed_gate".into(),
-        gate.clone().map_or(Value::Null, Value::from),
-    );
-    figures.insert(
-        "canary_share_after".into(),
-        share_after
-            .map(|s| (s * 10_000.0).round() / 10_000.0)
-            .map_or(Value::Null, Value::from),
-    );
     Ok(Outcome {
         pass,
         figures,
