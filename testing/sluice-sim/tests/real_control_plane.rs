@@ -50,6 +50,17 @@ async fn running_ready(pods: &Api<Pod>) -> Result<Vec<Pod>, String> {
     Ok(ready)
 }
 
+/// Waits until `n` pods labelled `app=web` are Running and Ready, and returns them.
+async fn wait_running_ready(pods: &Api<Pod>, n: usize, what: &str) -> Vec<Pod> {
+    WAIT.until(what, || async {
+        let ready = running_ready(pods).await?;
+        (ready.len() == n)
+            .then_some(ready.clone())
+            .ok_or(format!("{} ready", ready.len()))
+    })
+    .await
+}
+
 async fn pdb_allowed(pdbs: &Api<PodDisruptionBudget>, want: i32) -> Result<(), String> {
     let pdb = pdbs.get("web").await.map_err(|e| e.to_string())?;
     let status = pdb.status.unwrap_or_default();
@@ -115,14 +126,7 @@ async fn real_controllers_and_evictions_with_the_simulated_kubelet() {
 
     // Then the real controllers create the pods, the simulated kubelet binds them and makes them
     // Ready, and the real Deployment controller reports them available.
-    let ready = WAIT
-        .until("two pods bound, Running and Ready", || async {
-            let ready = running_ready(&pods).await?;
-            (ready.len() == 2)
-                .then_some(ready.clone())
-                .ok_or(format!("{} ready", ready.len()))
-        })
-        .await;
+    let ready = wait_running_ready(&pods, 2, "two pods bound, Running and Ready").await;
     assert!(
         ready
             .iter()
@@ -265,14 +269,7 @@ async fn the_injector_is_a_real_mutating_webhook() {
 
     // Then the API server has the webhook inject them at admission, each counting one SVID.
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let ready = WAIT
-        .until("two injected pods Ready", || async {
-            let ready = running_ready(&pods).await?;
-            (ready.len() == 2)
-                .then_some(ready.clone())
-                .ok_or(format!("{} ready", ready.len()))
-        })
-        .await;
+    let ready = wait_running_ready(&pods, 2, "two injected pods Ready").await;
     for pod in &ready {
         let annotations = pod.metadata.annotations.clone().unwrap_or_default();
         assert_eq!(
@@ -405,14 +402,7 @@ async fn simulated_nodes_are_ready_renew_their_leases_and_take_the_pods() {
         .await
         .unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let ready = WAIT
-        .until("a Ready pod on each node", || async {
-            let ready = running_ready(&pods).await?;
-            (ready.len() == 3)
-                .then_some(ready.clone())
-                .ok_or(format!("{} ready", ready.len()))
-        })
-        .await;
+    let ready = wait_running_ready(&pods, 3, "a Ready pod on each node").await;
     let mut placed: Vec<(String, String)> = ready
         .iter()
         .map(|p| {
