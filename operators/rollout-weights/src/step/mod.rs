@@ -1,0 +1,323 @@
+//! The Rollout state machine: given a valid spec, the status decided so far, what the route and
+//! the mesh look like, and `now`, decides the next status and the route writes.
+//!
+//! Owns ownership, waiting for the canary, step progression, the applied-share check that must
+//! pass before a weight step's analysis clock starts, acting on gate verdicts, the controls
+//! (abort, paused, promoteThroughStep, promoteFull, retry), abort and its verification, pin
+//! detection and hand-back. Everything it needs to resume lives in the status it returns, so a
+//! restarted operator reaches the same decision. Must never do I/O or read the clock.
+//!
+//! One file per phase, the shared model below them: `model` (observations, actions, the
+//! decision, the route parts a step wants, and the `Machine` every phase writes into with its
+//! helpers), `target_changed` (the route or a Service changed under a running rollout),
+//! `controls` (abort, retry), `plan_changes` (a new canary version, new steps), `waiting`
+//! (Pending, WaitingForCanary), `progressing` (the steps in order; pause, mirror and cohort
+//! steps; the canary Service gone), `weight` (a weight step: the applied share, then the
+//! gates), `held` (the verdicts judged while a step is held), `aborted` (the abort and its
+//! verification), `promoted` (promotion, the hand-back deadline, hand-back) and `invalid_spec`
+//! (a started Rollout whose spec became invalid); this module holds [`step`], [`invalid`] and
+//! the step between phases: reading the route, its ownership, deletion, foreign edits and pins.
+//! Unit tests sit beside them in `tests.rs`.
+
+mod aborted;
+mod controls;
+mod held;
+mod invalid_spec;
+mod model;
+mod plan_changes;
+mod progressing;
+mod promoted;
+mod target_changed;
+#[cfg(test)]
+mod tests;
+mod waiting;
+mod weight;
+
+pub use invalid_spec::JUDGED_FIELDS;
+pub use model::*;
+
+use k8s_openapi::jiff::Timestamp;
+use sluice_api::v1alpha1::{
+    RolloutPhase, RolloutSpec, RolloutStatus,
+    bundle_pin::FIELD_MANAGER as REVERT_FIELD_MANAGER,
+    rollout::{AbortReason, conditions, reasons},
+};
+use sluice_runtime::{
+    conditions::{self as cond, Status},
+    events::Severity,
+};
+
+use crate::route_edit::Desired;
+
+/// Runs the state machine for a Rollout that already started while its spec is invalid
+/// (`problems`, each `path: what is wrong`): progress stops; a live canary keeps being judged
+/// when the gates' own fields are valid and is aborted otherwise; an abort keeps being
+/// verified; `spec.abort` is honoured.
+pub fn invalid(
+    spec: &RolloutSpec,
+    status: RolloutStatus,
+    obs: &Observations,
+    now: Timestamp,
+    problems: &[String],
+) -> Decision {
+    let mut m = Machine {
+        spec,
+        obs,
+        now,
+        next: status,
+        actions: Vec::new(),
+        requeue: None,
+    };
+    m.run_invalid(problems);
+    Decision {
+        actions: m.actions,
+        status: m.next,
+        requeue: m.requeue.map_or(Requeue::AwaitChange, Requeue::After),
+    }
+}
+
+/// Runs the state machine for a valid spec from `status`.
+pub fn step(
+    spec: &RolloutSpec,
+    status: RolloutStatus,
+    obs: &Observations,
+    now: Timestamp,
+) -> Decision {
+    let mut m = Machine {
+        spec,
+        obs,
+        now,
+        next: status,
+        actions: Vec::new(),
+        requeue: None,
+    };
+    m.run();
+    Decision {
+        actions: m.actions,
+        status: m.next,
+        requeue: m.requeue.map_or(Requeue::AwaitChange, Requeue::After),
+    }
+}
+
+impl Machine<'_> {
+    /// The step between phases: a changed target first, then the route as read, its ownership,
+    /// deletion, foreign edits and pins, the controls and plan changes, then the phase.
+    fn run(&mut self) {
+        let spec = self.spec;
+        if self.target_changed() {
+            return;
+        }
+        let route = match &self.obs.route {
+            RouteObs::Unknown => return,
+            RouteObs::Missing => {
+                let msg = format!(
+                    "{} {} not found in the Rollout's namespace",
+                    spec.route_ref.kind.as_str(),
+                    spec.route_ref.name
+                );
+                self.route_problem(reasons::ROUTE_NOT_FOUND, msg);
+                return;
+            }
+            RouteObs::Unusable {
+                reason,
+                message,
+                state,
+            } => {
+                let (r, m) = (*reason, message.clone());
+                self.route_problem(r, m);
+                match state {
+                    Some(st) => st.clone(),
+                    None => {
+                        if self.obs.deleting {
+                            // The reconcile hands back only a route this Rollout owns.
+                            self.hand_back();
+                        }
+                        return;
+                    }
+                }
+            }
+            RouteObs::Present(r) => r.clone(),
+        };
+        // Only the steps are refused on a route they do not fit: a live canary is still judged,
+        // aborted and handed back.
+        let blocked = matches!(self.obs.route, RouteObs::Unusable { .. });
+        if let Some(other) = route.owner.as_ref().filter(|o| **o != route.me) {
+            let msg = format!(
+                "{} {} is owned by Rollout {other}; one Rollout per route",
+                spec.route_ref.kind.as_str(),
+                spec.route_ref.name
+            );
+            self.route_problem(reasons::ROUTE_OWNED_BY_OTHER, msg);
+            return;
+        }
+        let pinned = self
+            .next
+            .abort
+            .as_ref()
+            .is_some_and(|a| a.reason == AbortReason::PinnedByBundlePin);
+        if self.obs.deleting {
+            if route.owner.is_some() {
+                // Deleting a Rollout before promotion cancels it: the canary is aborted in the
+                // same way as any abort, then the route is handed back. A promoted canary is
+                // the new stable and stays until Git says otherwise; a pinned route is the
+                // pin's.
+                let live = route.canary_weight > 0 || route.cohort || route.mirror;
+                let pin = pinned || route.last_writer.as_deref() == Some(REVERT_FIELD_MANAGER);
+                if live && self.next.phase != RolloutPhase::Promoted && !pin {
+                    self.actions.push(Action::WriteRoute(Desired::abort()));
+                    self.event(
+                        Severity::Warning,
+                        reasons::ABORTED_ON_DELETE,
+                        event_actions::ABORT,
+                        format!(
+                            "deleted before promotion: canary weight 0 and cohort and mirror rules removed on {} {} before hand-back",
+                            spec.route_ref.kind.as_str(),
+                            spec.route_ref.name
+                        ),
+                    );
+                }
+                self.hand_back();
+            }
+            return;
+        }
+        let last_written = self
+            .next
+            .owned_route
+            .as_ref()
+            .and_then(|o| o.last_written_resource_version.clone());
+        let changed_by_other = last_written.is_some() && route.resource_version != last_written;
+        if changed_by_other && !pinned {
+            let drifted = Some(route.canary_weight)
+                != self
+                    .next
+                    .owned_route
+                    .as_ref()
+                    .and_then(|o| o.written_weight)
+                || route.cohort != self.next.cohort_active
+                || route.mirror != self.next.mirror_active;
+            // A BundlePin is recognised by who rewrote spec.rules since our last write, whether
+            // or not the owned weights changed: a pin restoring the very weights this Rollout
+            // wrote still outranks it.
+            if route.last_writer.as_deref() == Some(REVERT_FIELD_MANAGER) {
+                let msg = format!(
+                    "a BundlePin rewrote {} {}; the pin wins and this rollout stops",
+                    spec.route_ref.kind.as_str(),
+                    spec.route_ref.name
+                );
+                if self.next.phase == RolloutPhase::Aborted {
+                    if let Some(a) = self.next.abort.as_mut() {
+                        a.reason = AbortReason::PinnedByBundlePin;
+                    }
+                } else {
+                    self.abort(AbortReason::PinnedByBundlePin, msg.clone(), None);
+                }
+                self.condition(
+                    conditions::ROUTE_OWNED,
+                    Status::False,
+                    reasons::PINNED_BY_BUNDLE_PIN,
+                    msg,
+                );
+                return;
+            }
+            if drifted {
+                self.event(Severity::Warning, reasons::FOREIGN_EDIT_RESTORED, event_actions::RESTORE, format!(
+                    "{} {} was edited by {}: canary weight {} (wrote {:?}), cohort {}, mirror {}; restoring",
+                    spec.route_ref.kind.as_str(),
+                    spec.route_ref.name,
+                    route.last_writer.clone().unwrap_or_else(|| "an unknown writer".into()),
+                    route.canary_weight,
+                    self.next.owned_route.as_ref().and_then(|o| o.written_weight),
+                    route.cohort,
+                    route.mirror
+                ));
+                self.condition(
+                    conditions::ROUTE_OWNED,
+                    Status::True,
+                    reasons::FOREIGN_EDIT_RESTORED,
+                    "a foreign edit of owned weights was restored",
+                );
+            }
+        }
+        if pinned {
+            // The pin wins while revert holds the route. Once it released it (its field
+            // ownership is gone), an explicit retry starts the rollout again from here.
+            let released = route.last_writer.as_deref() != Some(REVERT_FIELD_MANAGER);
+            if !(released && !spec.abort && spec.retry > self.next.retries_handled) {
+                return;
+            }
+            if let Some(o) = self.next.owned_route.as_mut() {
+                // The route as the pin left it is the starting point, not a foreign edit.
+                o.last_written_resource_version = route.resource_version.clone();
+            }
+        }
+        // A restore stays reported (RouteOwned=True, ForeignEditRestored) until ownership
+        // changes; otherwise the route is simply owned.
+        let restored = cond::find(&self.next.conditions, conditions::ROUTE_OWNED)
+            .is_some_and(|c| c.status == "True" && c.reason == reasons::FOREIGN_EDIT_RESTORED);
+        if route.owner.is_some() && !restored && !blocked {
+            self.condition(
+                conditions::ROUTE_OWNED,
+                Status::True,
+                "Owned",
+                format!(
+                    "{} {} is owned by this Rollout",
+                    spec.route_ref.kind.as_str(),
+                    spec.route_ref.name
+                ),
+            );
+        }
+
+        self.controls();
+        self.plan_changes();
+        if blocked && self.next.phase != RolloutPhase::Aborted {
+            let live = matches!(
+                self.next.phase,
+                RolloutPhase::Progressing | RolloutPhase::Paused
+            );
+            let index = self.next.current_step_index.unwrap_or(0) as usize;
+            if !live || !self.judge_live(index, "the route does not fit the steps") {
+                return;
+            }
+        }
+        match self.next.phase {
+            RolloutPhase::Aborted => self.aborted(&route),
+            RolloutPhase::Invalid => {}
+            RolloutPhase::Pending => {
+                self.next.phase = RolloutPhase::WaitingForCanary;
+                self.event(
+                    Severity::Normal,
+                    "Owned",
+                    event_actions::OWN,
+                    format!(
+                        "took ownership of {} {}",
+                        spec.route_ref.kind.as_str(),
+                        spec.route_ref.name
+                    ),
+                );
+                self.write(Desired::abort());
+                self.waiting();
+            }
+            RolloutPhase::WaitingForCanary => {
+                self.write(Desired::abort());
+                self.waiting();
+            }
+            RolloutPhase::Promoted => self.promoted(),
+            RolloutPhase::Progressing | RolloutPhase::Paused => self.progressing(),
+        }
+    }
+
+    fn route_problem(&mut self, reason: &'static str, message: String) {
+        let before =
+            cond::find(&self.next.conditions, conditions::ROUTE_OWNED).map(|c| c.reason.clone());
+        self.condition(
+            conditions::ROUTE_OWNED,
+            Status::False,
+            reason,
+            message.clone(),
+        );
+        if before.as_deref() != Some(reason) {
+            self.event(Severity::Warning, reason, event_actions::OWN, message);
+        }
+        self.wake(self.interval());
+    }
+}

@@ -1,0 +1,119 @@
+//! What changed under a running plan: a new canary version restarts from step 0 once it is
+//! ready; new `spec.steps` restart the plan at the step matching the current weight. Never goes
+//! further than the weight already judged.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use sluice_api::v1alpha1::{
+    RolloutPhase,
+    rollout::{StepKind, StepOutcome, conditions, reasons},
+};
+use sluice_runtime::{
+    conditions::{self as cond, Status},
+    events::Severity,
+};
+
+use super::model::{Machine, desired_at, event_actions};
+
+impl Machine<'_> {
+    /// What changed under a running plan: a new canary version (from the canary workload's
+    /// pod template) sets the canary weight to 0 and restarts from step 0 once the new version
+    /// is ready, also after promotion (a promoted canary serving a version nobody judged is
+    /// what the rollout exists to prevent); new `spec.steps` restart the plan at the step that
+    /// matches the current weight (see [`Machine::replan`]).
+    pub(super) fn plan_changes(&mut self) {
+        let spec = self.spec;
+        let hash = crate::observe::steps_hash(spec);
+        let running = matches!(
+            self.next.phase,
+            RolloutPhase::Progressing | RolloutPhase::Paused | RolloutPhase::Promoted
+        );
+        if running
+            && let (Some(was), Some(seen)) = (&self.next.canary_version, &self.obs.canary_version)
+            && was != seen
+        {
+            let note = format!(
+                "new canary version of {} {} (pod template {was} -> {seen}): canary weight 0; the rollout starts over from step 0 once it is ready",
+                spec.canary_workload.kind, spec.canary_workload.name
+            );
+            self.finish_step(StepOutcome::Restarted);
+            self.next.phase = RolloutPhase::WaitingForCanary;
+            self.next.current_step_index = None;
+            self.next.current_step_started_at = Some(Time(self.now));
+            self.next.canary_version = None;
+            self.next.promoted_at = None;
+            self.next.cohort_share = None;
+            self.next.gates.clear();
+            self.next.applied_share = None;
+            self.next.applied_share_observed_at = None;
+            cond::remove(&mut self.next.conditions, conditions::HAND_BACK_OVERDUE);
+            cond::remove(
+                &mut self.next.conditions,
+                conditions::APPLIED_SHARE_CONFIRMED,
+            );
+            self.condition(
+                conditions::PROGRESSING,
+                Status::True,
+                reasons::CANARY_VERSION_CHANGED,
+                note.clone(),
+            );
+            self.event(
+                Severity::Warning,
+                reasons::CANARY_VERSION_CHANGED,
+                event_actions::STEP,
+                note,
+            );
+            self.next.steps_hash = Some(hash);
+            return;
+        }
+        match self.next.steps_hash.clone() {
+            None => self.next.steps_hash = Some(hash),
+            Some(was) if was != hash => {
+                self.next.steps_hash = Some(hash);
+                if matches!(
+                    self.next.phase,
+                    RolloutPhase::Progressing | RolloutPhase::Paused
+                ) {
+                    self.replan();
+                }
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// New `spec.steps` mid-rollout: the plan restarts at the weight step whose weight is the
+    /// current one, else at the last weight step below it, else at step 0 — never further than
+    /// the weight already judged, never straight to 100%. The restarted step is judged in full.
+    fn replan(&mut self) {
+        let spec = self.spec;
+        let current = self.next.desired_weight.unwrap_or(0);
+        let weight_steps: Vec<usize> = (0..spec.steps.len())
+            .filter(|i| spec.steps[*i].kind() == Some(StepKind::SetWeight))
+            .collect();
+        let index = if current == 0 {
+            0
+        } else {
+            weight_steps
+                .iter()
+                .copied()
+                .find(|i| desired_at(spec, *i).weight == current)
+                .or_else(|| {
+                    weight_steps
+                        .iter()
+                        .copied()
+                        .rfind(|i| desired_at(spec, *i).weight < current)
+                })
+                .unwrap_or(0)
+        };
+        self.finish_step(StepOutcome::Restarted);
+        let note = format!(
+            "spec.steps changed at canary weight {current}%: the plan restarts at step {index}"
+        );
+        self.event(
+            Severity::Normal,
+            reasons::STEPS_CHANGED,
+            event_actions::STEP,
+            note,
+        );
+        self.start_step(index);
+    }
+}

@@ -1,0 +1,97 @@
+//! The Promoted phase and hand-back: promotion to 100%, the hand-back deadline (`HandBackOverdue`)
+//! and giving the route back. Never removes a promoted canary: Git makes it stable.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use sluice_api::v1alpha1::{
+    RolloutPhase,
+    rollout::{conditions, reasons},
+};
+use sluice_runtime::{
+    conditions::{self as cond, Status},
+    events::Severity,
+};
+
+use crate::route_edit::Desired;
+
+use super::model::{Action, Machine, dur, event_actions, since};
+
+impl Machine<'_> {
+    pub(super) fn promote(&mut self, why: String) {
+        self.next.phase = RolloutPhase::Promoted;
+        self.next.promoted_at = Some(Time(self.now));
+        self.condition(
+            conditions::PROGRESSING,
+            Status::False,
+            reasons::PROMOTED,
+            why.clone(),
+        );
+        self.event(
+            Severity::Normal,
+            reasons::PROMOTED,
+            event_actions::PROMOTE,
+            format!("promoted to 100%: {why}"),
+        );
+        self.write(Desired {
+            weight: 100,
+            cohort: None,
+            mirror: None,
+        });
+    }
+
+    /// Promoted: holds the canary at 100% and, once `spec.handBackDeadline` passed without
+    /// the Git change that deletes this Rollout, reports the hand-back overdue.
+    pub(super) fn promoted(&mut self) {
+        let spec = self.spec;
+        self.write(desired_promoted());
+        let deadline = dur(&spec.hand_back_deadline, Duration::from_secs(86_400));
+        let waited = since(self.next.promoted_at.as_ref(), self.now);
+        if waited >= deadline {
+            let already = cond::find(&self.next.conditions, conditions::HAND_BACK_OVERDUE)
+                .is_some_and(|c| c.status == "True");
+            let note = format!(
+                "promoted {}s ago; the Git change making the canary stable should delete this Rollout",
+                waited.as_secs()
+            );
+            self.condition(
+                conditions::HAND_BACK_OVERDUE,
+                Status::True,
+                reasons::HAND_BACK_OVERDUE,
+                note.clone(),
+            );
+            if !already {
+                self.event(
+                    Severity::Warning,
+                    reasons::HAND_BACK_OVERDUE,
+                    event_actions::PROMOTE,
+                    note,
+                );
+            }
+        } else {
+            self.wake(deadline - waited);
+        }
+    }
+
+    pub(super) fn hand_back(&mut self) {
+        self.actions.push(Action::HandBack);
+        self.event(
+            Severity::Normal,
+            "HandedBack",
+            event_actions::OWN,
+            format!(
+                "{} {} handed back",
+                self.spec.route_ref.kind.as_str(),
+                self.spec.route_ref.name
+            ),
+        );
+    }
+}
+
+fn desired_promoted() -> Desired {
+    Desired {
+        weight: 100,
+        cohort: None,
+        mirror: None,
+    }
+}

@@ -1,0 +1,91 @@
+//! The release check: the route, its rule or a Service changed under a running rollout, so the
+//! canary is aborted on the route the weights were written to, that route is handed back, and
+//! the rollout starts over from Pending. Never releases a route a BundlePin holds.
+
+use std::time::Duration;
+
+use sluice_api::v1alpha1::{
+    RolloutPhase,
+    rollout::{AbortReason, StepOutcome, conditions, reasons},
+};
+use sluice_runtime::{conditions::Status, events::Severity};
+
+use super::model::{Action, Machine, event_actions};
+
+impl Machine<'_> {
+    /// Whether the route or a Service changed under a running rollout; if so, releases the
+    /// route the weights were written to and starts over from Pending.
+    pub(super) fn target_changed(&mut self) -> bool {
+        let spec = self.spec;
+        let Some(owned) = self.next.owned_route.clone() else {
+            return false;
+        };
+        let differs = |was: &Option<String>, now: &str| was.as_deref().is_some_and(|w| w != now);
+        // An empty name is a status that never recorded one: nothing to compare.
+        let moved = (!owned.name.is_empty()
+            && (owned.name != spec.route_ref.name || owned.rule_name != spec.route_ref.rule_name))
+            || owned.kind.is_some_and(|k| k != spec.route_ref.kind)
+            || differs(&owned.stable_service, &spec.stable_service.name)
+            || differs(&owned.canary_service, &spec.canary_service.name);
+        let pinned = self
+            .next
+            .abort
+            .as_ref()
+            .is_some_and(|a| a.reason == AbortReason::PinnedByBundlePin);
+        if !moved || pinned {
+            return false;
+        }
+        let kind = spec.route_ref.kind.as_str();
+        let old_kind = owned.kind.unwrap_or(spec.route_ref.kind);
+        let was = old_kind.as_str();
+        let note = format!(
+            "the rollout's target changed ({was} {} with {} / {} -> {kind} {} with {} / {}): the canary is aborted on {was} {} and it is handed back; the rollout starts over",
+            owned.name,
+            owned.stable_service.as_deref().unwrap_or("?"),
+            owned.canary_service.as_deref().unwrap_or("?"),
+            spec.route_ref.name,
+            spec.stable_service.name,
+            spec.canary_service.name,
+            owned.name
+        );
+        self.actions.push(Action::Release {
+            kind: old_kind,
+            route: owned.name.clone(),
+            rule_name: owned.rule_name.clone(),
+            stable: owned.stable_service.clone(),
+            canary: owned.canary_service.clone(),
+        });
+        self.event(
+            Severity::Warning,
+            reasons::TARGET_CHANGED,
+            event_actions::OWN,
+            note.clone(),
+        );
+        if self.obs.deleting {
+            return true;
+        }
+        self.finish_step(StepOutcome::Restarted);
+        self.next.phase = RolloutPhase::Pending;
+        self.next.current_step_index = None;
+        self.next.current_step_started_at = None;
+        self.next.desired_weight = Some(0);
+        self.next.cohort_active = false;
+        self.next.mirror_active = false;
+        self.next.gates.clear();
+        self.next.applied_share = None;
+        self.next.applied_share_observed_at = None;
+        self.next.cohort_share = None;
+        self.next.promoted_at = None;
+        self.next.canary_version = None;
+        self.next.abort = None;
+        self.next.abort_detect_to_revert_ms = None;
+        self.condition(
+            conditions::PROGRESSING,
+            Status::True,
+            reasons::TARGET_CHANGED,
+            note,
+        );
+        self.wake(Duration::from_millis(200));
+        true
+    }
+}
