@@ -337,6 +337,12 @@ fn read_err(what: impl Into<String>, rollout: &str) -> impl FnOnce(kube::Error) 
     }
 }
 
+/// Adds or removes [`FINALIZER`]: read-modify-write under [`FIELD_MANAGER`], re-read on a 409.
+// Not `kube::runtime::finalizer`: its JSON patches carry no field manager (the entry would be
+// owned by a manager named after the client's User-Agent, not this operator's one manager), and
+// its `test` of the cached finalizer list (by index, on removal) turns a list changed since the
+// watch read it into a failed reconcile (422, `Rejected`, back-off; on deletion the hand-back
+// runs again) instead of a re-read.
 async fn set_finalizer(
     api: &Api<Rollout>,
     name: &str,
