@@ -49,6 +49,7 @@ pub(crate) async fn act(
     let name = obj.name_any();
     let mut first_error = None;
     let mut restarts = Vec::new();
+    let mut busy_for = Duration::ZERO;
     for action in &decision.actions {
         match action {
             Action::Event {
@@ -72,6 +73,7 @@ pub(crate) async fn act(
                 }
             }
             Action::Evict { .. } | Action::RolloutRestart { .. } => restarts.push(action.clone()),
+            Action::ScheduleBusy(d) => busy_for = *d,
         }
     }
     let base = tokio::time::Instant::now();
@@ -84,7 +86,7 @@ pub(crate) async fn act(
             m.next_free = None;
         }
         if !restarts.is_empty() {
-            m.next_free = Some(base + decision.busy_for);
+            m.next_free = Some(base + busy_for);
             let at = (ctx.clock)().as_millisecond();
             for r in &restarts {
                 match r {

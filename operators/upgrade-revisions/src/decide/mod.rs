@@ -90,7 +90,6 @@ pub fn decide(
             gates: judged.as_ref(),
             next: &mut d.status,
             actions: &mut d.actions,
-            busy_for: &mut d.busy_for,
             held_by_floor: 0,
         }
         .run();

@@ -183,6 +183,10 @@ pub enum Action {
         /// When, after the tick: the issuance budget's schedule.
         after: Duration,
     },
+    /// Restarts were granted: the next grant's first restart may start this long after the
+    /// tick (the schedule's last slot plus one peak spacing), so consecutive grants never
+    /// overlap. The last one of a decision counts.
+    ScheduleBusy(Duration),
 }
 
 impl Action {
@@ -198,19 +202,9 @@ impl Action {
 /// When to look at the object again.
 pub use sluice_runtime::decision::Requeue;
 
-/// The outcome of [`decide`](super::decide).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Decision {
-    /// Effects to carry out after the status write succeeded.
-    pub actions: Vec<Action>,
-    /// The status to write (equal to the current one when nothing changed).
-    pub status: RevisionUpgradeStatus,
-    /// When to reconcile again.
-    pub requeue: Requeue,
-    /// When restarts were granted: how long after the tick the next grant may start its first
-    /// restart (the schedule's last slot plus one peak spacing). Zero otherwise.
-    pub busy_for: Duration,
-}
+/// The outcome of [`decide`](super::decide): the effects to carry out after the status write
+/// succeeded, the status to write, and when to reconcile again.
+pub type Decision = sluice_runtime::decision::Decision<RevisionUpgradeStatus, Action>;
 
 /// The Event action name of validation outcomes.
 pub const VALIDATE: &str = sluice_runtime::validity::VALIDATE;
@@ -288,7 +282,6 @@ pub(super) struct Tick<'a> {
     pub(super) gates: Option<&'a GateReport>,
     pub(super) next: &'a mut RevisionUpgradeStatus,
     pub(super) actions: &'a mut Vec<Action>,
-    pub(super) busy_for: &'a mut Duration,
     /// Pods this tick did not offer for restart because their workload is at its
     /// availability floor.
     pub(super) held_by_floor: u32,

@@ -240,7 +240,7 @@ impl Tick<'_> {
             self.actions.push(action);
         }
         if g.restarts > 0 {
-            *self.busy_for = g.busy_for;
+            self.actions.push(Action::ScheduleBusy(g.busy_for));
         }
         if wanted > 0 || g.held_by != Some(Hold::NoReading) {
             self.budget_conditions(g.held_by, &g.state);

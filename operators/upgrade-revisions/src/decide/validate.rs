@@ -1,8 +1,6 @@
 //! The validity step of [`super::decide`]: a spec with problems CEL cannot express is held
 //! Pending (Ready False) before anything moves; a fixed spec clears it.
 
-use std::time::Duration;
-
 use k8s_openapi::jiff::Timestamp;
 use sluice_api::v1alpha1::{RevisionUpgradePhase, RevisionUpgradeStatus};
 use sluice_runtime::validity::Step;
@@ -47,6 +45,5 @@ pub fn decide_validity(
         // An invalid spec is waited on (no requeue loop); a valid one without a fleet reading
         // has nothing timed to do.
         requeue: d.requeue,
-        busy_for: Duration::ZERO,
     }
 }
