@@ -9,9 +9,7 @@ use std::{process::ExitCode, sync::Arc, time::Duration};
 use clap::Parser;
 use kube::runtime::watcher;
 use sluice_analysis::MetricsSourceArgs;
-use sluice_rollout_weights::{
-    OPERATOR, metrics, orphans, reconcile, route::grpc::Grpc, template_status, triggers,
-};
+use sluice_rollout_weights::{OPERATOR, metrics, orphans, reconcile, template_status, triggers};
 use sluice_runtime::{Runtime, RuntimeArgs};
 
 /// Sole writer of canary weights on a Gateway API HTTPRoute or GRPCRoute for the life of a Rollout.
@@ -62,12 +60,11 @@ async fn main() -> ExitCode {
             statefulsets: rt.namespaced_api(),
             services: rt.namespaced_api(),
             routes: rt.namespaced_api(),
-            grpc_routes: triggers::grpc_routes(
+            grpc_routes: Some(triggers::GrpcRoutes::new(
                 &rt.client,
                 &rt.watch_client,
                 rt.args.namespace_scope(),
-            )
-            .await,
+            )),
             gate_templates: kube::Api::all(rt.watch_client.clone()),
         };
         let grpc_routes = watched.grpc_routes.clone();
@@ -89,7 +86,7 @@ async fn main() -> ExitCode {
             rt.recorder.clone(),
         ));
         if let Some(grpc_routes) = grpc_routes {
-            tokio::spawn(orphans::run_kind::<Grpc>(
+            tokio::spawn(orphans::run_when_installed(
                 grpc_routes,
                 rt.client.clone(),
                 ctx.leadership.clone(),

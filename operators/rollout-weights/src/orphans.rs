@@ -102,7 +102,18 @@ pub async fn run(
     run_kind::<Http>(routes, client, leadership, recorder).await;
 }
 
-/// [`run`] over `routes` of kind `K` (for GRPCRoutes: when their CRD is installed).
+/// [`run`] over the GRPCRoutes, from the moment their CRD is installed.
+pub async fn run_when_installed(
+    routes: crate::triggers::GrpcRoutes,
+    client: Client,
+    leadership: Leadership,
+    recorder: EventRecorder,
+) {
+    routes.installed().await;
+    run_kind::<crate::route::grpc::Grpc>(routes.api, client, leadership, recorder).await;
+}
+
+/// [`run`] over `routes` of kind `K`.
 pub async fn run_kind<K: Driven>(
     routes: Api<K::Route>,
     client: Client,

@@ -209,9 +209,12 @@ impl Context {
     }
 
     /// The field support of kind `K`'s installed CRD; `None` when it is not installed. A CRD
-    /// that cannot be read is assumed installed, keeping rule names and mirror percent.
+    /// that cannot be read is assumed installed, keeping rule names and mirror percent. An
+    /// installed CRD's support is kept for [`CRD_TTL`]; a missing one is read again on every
+    /// call (only the Rollouts on that kind pay for it), so a CRD installed later is used by the
+    /// next reconcile, which its routes' watch triggers at once.
     async fn crd_support<K: RouteKind>(&self) -> Option<CrdSupport> {
-        if let Some((at, s)) = self
+        if let Some((at, Some(s))) = self
             .crd
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -219,7 +222,7 @@ impl Context {
             .copied()
             && at.elapsed() < CRD_TTL
         {
-            return s;
+            return Some(s);
         }
         let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
         let support = match api.get_opt(K::CRD).await {

@@ -1,7 +1,7 @@
 //! The Rollout controller's second triggers: a change of a Rollout's canary workload (a new
 //! version, readiness), of its canary Service (gone or back), or of its route (an HTTPRoute, or a
-//! GRPCRoute when that CRD was installed at start; a foreign edit, a BundlePin's rewrite)
-//! reconciles that Rollout at once, instead of at its next analysis or
+//! GRPCRoute once that CRD is installed, at start or later; a foreign edit, a BundlePin's
+//! rewrite) reconciles that Rollout at once, instead of at its next analysis or
 //! deadline — during a `pause: {untilPromoted: true}` step or after promotion there may be none
 //! for a long time.
 //!
@@ -10,6 +10,9 @@
 //! Owns only the mapping from those objects to the Rollouts that reference them, read from the
 //! controller's own store. Never decides and never writes.
 
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
 use k8s_openapi::{
     api::{
         apps::v1::{Deployment, StatefulSet},
@@ -20,7 +23,7 @@ use k8s_openapi::{
 use kube::{
     Api, Resource, ResourceExt,
     api::DynamicObject,
-    runtime::{Controller, reflector::ObjectRef, reflector::Store, watcher},
+    runtime::{Controller, WatchStreamExt, reflector::ObjectRef, reflector::Store, watcher},
 };
 use sluice_api::v1alpha1::{GateTemplate, Rollout};
 
@@ -109,41 +112,96 @@ pub struct Watched {
     pub services: Api<Service>,
     /// HTTPRoutes.
     pub routes: Api<Route>,
-    /// GRPCRoutes, when their CRD is installed (see [`grpc_routes`]); `None`: not watched.
-    pub grpc_routes: Option<Api<DynamicObject>>,
+    /// GRPCRoutes, watched once their CRD is installed ([`GrpcRoutes`]); `None`: not watched.
+    pub grpc_routes: Option<GrpcRoutes>,
     /// GateTemplates (cluster-scoped).
     pub gate_templates: Api<GateTemplate>,
 }
 
-/// The GRPCRoutes to watch with `watch_client` (cluster-wide or in `namespace`) when the
-/// GRPCRoute CRD is installed, as `client` reads it now; `None` when it is not, or cannot be
-/// read (a watch would fail until it is: the Rollouts on a GRPCRoute say so in their condition,
-/// they are still reconciled on their own schedule, and a restart picks the CRD up).
-pub async fn grpc_routes(
-    client: &kube::Client,
-    watch_client: &kube::Client,
-    namespace: Option<&str>,
-) -> Option<Api<DynamicObject>> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    match crds.get_opt(Grpc::CRD).await {
-        Ok(Some(_)) => Some(Grpc::api(watch_client.clone(), namespace)),
-        Ok(None) => {
-            tracing::info!(
-                crd = Grpc::CRD,
-                "GRPCRoute CRD not installed; GRPCRoutes are not watched"
-            );
-            None
+/// How often a missing GRPCRoute CRD is looked for again.
+pub const GRPC_ROUTE_CRD_POLL: Duration = Duration::from_secs(30);
+
+/// The GRPCRoutes to watch, once their CRD is installed: the CRD may come after the operator
+/// (Gateway API's experimental or later standard bundle applied to a running cluster), so it is
+/// looked for every `poll` until it is there, and only then watched. Until then the Rollouts on
+/// a GRPCRoute say why in their condition and are reconciled on their own schedule.
+#[derive(Clone)]
+pub struct GrpcRoutes {
+    /// The GRPCRoutes (cluster-wide or in the operator's namespace), on the watch client.
+    pub api: Api<DynamicObject>,
+    /// Reads the GRPCRoute CRD.
+    pub client: kube::Client,
+    /// How often a missing CRD is looked for again.
+    pub poll: Duration,
+}
+
+impl GrpcRoutes {
+    /// The GRPCRoutes of `namespace` (all: `None`) on `watch_client`, their CRD read with
+    /// `client` every [`GRPC_ROUTE_CRD_POLL`] until it is installed.
+    pub fn new(
+        client: &kube::Client,
+        watch_client: &kube::Client,
+        namespace: Option<&str>,
+    ) -> Self {
+        Self {
+            api: Grpc::api(watch_client.clone(), namespace),
+            client: client.clone(),
+            poll: GRPC_ROUTE_CRD_POLL,
         }
-        Err(e) => {
-            tracing::warn!(error = %e, crd = Grpc::CRD, "cannot read the GRPCRoute CRD (check the operator's RBAC); GRPCRoutes are not watched, and orphaned GRPCRoute ownership is not swept");
-            None
+    }
+
+    /// Resolves once the GRPCRoute CRD is installed; says once why it waits.
+    pub async fn installed(&self) {
+        let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        let mut waited = false;
+        loop {
+            match crds.get_opt(Grpc::CRD).await {
+                Ok(Some(_)) => {
+                    if waited {
+                        tracing::info!(
+                            crd = Grpc::CRD,
+                            "GRPCRoute CRD installed; watching GRPCRoutes"
+                        );
+                    }
+                    return;
+                }
+                Ok(None) if !waited => tracing::info!(
+                    crd = Grpc::CRD,
+                    every = ?self.poll,
+                    "GRPCRoute CRD not installed; GRPCRoutes are watched once it is"
+                ),
+                Err(e) if !waited => tracing::warn!(
+                    error = %e,
+                    crd = Grpc::CRD,
+                    every = ?self.poll,
+                    "cannot read the GRPCRoute CRD (check the operator's RBAC); GRPCRoutes are watched, and orphaned GRPCRoute ownership swept, once it can be read"
+                ),
+                _ => {}
+            }
+            waited = true;
+            tokio::time::sleep(self.poll).await;
         }
+    }
+
+    /// The changes of GRPCRoutes, from the moment their CRD is installed.
+    pub fn changes(
+        &self,
+        config: watcher::Config,
+    ) -> impl Stream<Item = Result<DynamicObject, watcher::Error>> + Send + 'static {
+        let this = self.clone();
+        futures::stream::once(async move {
+            this.installed().await;
+            watcher(this.api, config)
+                .default_backoff()
+                .touched_objects()
+        })
+        .flatten()
     }
 }
 
 impl Watched {
     /// Every watched API on `client`, cluster-wide or in `namespace`; GRPCRoutes not watched
-    /// (set [`Watched::grpc_routes`] from [`grpc_routes`]).
+    /// (set [`Watched::grpc_routes`] to watch them).
     pub fn new(client: &kube::Client, namespace: Option<&str>) -> Self {
         fn api<K>(client: &kube::Client, namespace: Option<&str>) -> Api<K>
         where
@@ -180,12 +238,11 @@ pub fn with_triggers(
             store.clone(),
             store,
         );
-        let controller = match watched.grpc_routes.clone() {
-            Some(api) => controller.watches_with(
-                api,
-                Grpc::api_resource(),
-                config.clone(),
+        let controller = match &watched.grpc_routes {
+            Some(grpc) => controller.watches_stream_with(
+                grpc.changes(config.clone()),
                 move |route: DynamicObject| route_refs(&s6, &route),
+                Grpc::api_resource(),
             ),
             None => controller,
         };

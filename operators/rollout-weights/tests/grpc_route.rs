@@ -4,7 +4,7 @@
 //! 0 → 5% → 50% → 100% promoted, an abort sets the canary weight to 0 and the deletion then
 //! hands the route back, a mirror step copies only the methods it declares and goes with the
 //! first weight, an orphaned ownership annotation is removed, and a missing GRPCRoute CRD is a
-//! condition naming it. Every field the operator does not own (parentRefs, hostnames,
+//! condition naming it until it is installed (then GRPCRoutes are watched without a restart). Every field the operator does not own (parentRefs, hostnames,
 //! matches, filters, the other backendRefs and their fields, the other rule) is compared with
 //! the route as first stored, as serialized JSON text.
 
@@ -15,7 +15,7 @@ use std::time::Duration;
 use common::{
     Controller, GRPC_CANARY as CANARY, GRPC_ROUTE as ROUTE, GRPC_STABLE as STABLE, RouteCrd,
     RouteKindName, create_rollout, delete_rollout, eventually, given_route, grpc_routes,
-    rollout_on, rollout_until, rollouts,
+    install_grpc_route_crd, payments_route, rollout_on, rollout_until, rollouts,
 };
 use kube::{
     Client,
@@ -444,5 +444,47 @@ async fn without_the_grpcroute_crd_the_rollout_says_so() {
     .await;
     let status = r.status.unwrap();
     assert!(status.owned_route.is_none(), "{:?}", status.owned_route);
+
+    // When the CRD is installed after the operator started, with a GRPCRoute carrying the
+    // ownership of a Rollout that is gone: the GRPCRoutes are watched from then on, so the
+    // orphan is freed (only a watch finds it) and the Rollout takes its route.
+    install_grpc_route_crd(&g.emu);
+    let api = grpc_routes(&client);
+    let mut orphan = payments_route();
+    orphan["metadata"]["name"] = json!("payments-legacy");
+    orphan["metadata"]["annotations"][ROUTE_OWNER_ANNOTATION] = json!("shop/gone");
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(orphan).unwrap(),
+    )
+    .await
+    .expect("the released schema accepts the route");
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(payments_route()).unwrap(),
+    )
+    .await
+    .expect("the released schema accepts the route");
+    eventually(
+        "the orphan's ownership annotation removed",
+        BUDGET,
+        async || {
+            let r = api
+                .get("payments-legacy")
+                .await
+                .map_err(|e| e.to_string())?;
+            match owner(&r) {
+                None => Ok(()),
+                Some(o) => Err(format!("still owned by {o}")),
+            }
+        },
+    )
+    .await;
+    route_at(
+        &client,
+        "5% on the GRPCRoute installed later",
+        &[(STABLE, 95), (CANARY, 5), ("audit", 0)],
+    )
+    .await;
     ctl.stop().await;
 }

@@ -367,6 +367,15 @@ pub async fn given_route(kind: RouteKindName, crd: RouteCrd) -> Option<Given> {
     })
 }
 
+/// Installs the released GRPCRoute CRD into the running emulator, as a cluster's owner would
+/// after the operator started.
+pub fn install_grpc_route_crd(emu: &Emulator) {
+    let file = upstream_file(Upstream::GatewayApi, GRPCROUTE_FILE)
+        .expect("the GRPCRoute CRD was there when the test started");
+    emu.load_manifest_file(&file)
+        .unwrap_or_else(|e| panic!("loading {}: {e}", file.display()));
+}
+
 pub fn routes(client: &Client) -> Api<HttpRoute> {
     Api::namespaced(client.clone(), NS)
 }
@@ -411,7 +420,8 @@ impl Controller {
     /// Starts the controller on `client` for Rollouts on routes of `kind`, judging with metrics
     /// from `prometheus_url` or, when `None`, without a metrics source (no weight step is
     /// judged: the steps are passed with `promoteThroughStep`). For GRPCRoutes, as `main`
-    /// wires them: watched when their CRD is installed, and then their orphaned-ownership sweep.
+    /// wires them: watched, and their orphaned ownership swept, once their CRD is installed
+    /// (looked for every 200 ms).
     pub async fn start_on(
         client: &Client,
         kind: RouteKindName,
@@ -420,15 +430,17 @@ impl Controller {
         let mut watched = triggers::Watched::new(client, None);
         let mut sweeps = Vec::new();
         if kind == RouteKindName::GrpcRoute {
-            watched.grpc_routes = triggers::grpc_routes(client, client, None).await;
-            if let Some(api) = watched.grpc_routes.clone() {
-                sweeps.push(tokio::spawn(orphans::run_kind::<Grpc>(
-                    api,
-                    client.clone(),
-                    Leadership::always(),
-                    EventRecorder::new(client.clone(), OPERATOR),
-                )));
-            }
+            let grpc = triggers::GrpcRoutes {
+                poll: Duration::from_millis(200),
+                ..triggers::GrpcRoutes::new(client, client, None)
+            };
+            watched.grpc_routes = Some(grpc.clone());
+            sweeps.push(tokio::spawn(orphans::run_when_installed(
+                grpc,
+                client.clone(),
+                Leadership::always(),
+                EventRecorder::new(client.clone(), OPERATOR),
+            )));
         }
         Controller::spawn(client, prometheus_url, watched, sweeps)
     }
