@@ -8,7 +8,7 @@
 //! invalid edit never resets it and a live canary keeps being judged (or is aborted). Must never
 //! do I/O or read the clock.
 
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use sluice_api::v1alpha1::{
     RolloutPhase, RolloutSpec, RolloutStatus,
     rollout::{conditions, reasons},
@@ -71,8 +71,10 @@ pub fn decide(
 /// A valid spec whose gates cannot be evaluated as configured (a missing GateTemplate, a
 /// variable the Rollout cannot supply, refused inline PromQL) is not Ready: `Ready=False`,
 /// reason `GateMisconfigured`, naming the gate and field. Learned only when an analysis runs;
-/// between analyses the last finding stands. The gates themselves are Inconclusive, so their
-/// policy applies after its deadline.
+/// between analyses the last finding stands, except once the rollout is over (Promoted or
+/// Aborted): no gate is evaluated any more, so Ready says whether the spec is valid (a retry
+/// analyses again and finds it again if it still holds). The gates themselves are Inconclusive,
+/// so their policy applies after its deadline.
 fn gate_configuration(
     checked: &mut Decision,
     status: Option<&RolloutStatus>,
@@ -83,6 +85,8 @@ fn gate_configuration(
         .and_then(|s| cond::find(&s.conditions, conditions::READY))
         .filter(|c| c.reason == reasons::GATE_MISCONFIGURED)
         .cloned();
+    let over =
+        status.is_some_and(|s| matches!(s.phase, RolloutPhase::Promoted | RolloutPhase::Aborted));
     match (&obs.config_problems, before) {
         (Some(found), before) if !found.is_empty() => {
             let message = found.join("; ");
@@ -104,9 +108,20 @@ fn gate_configuration(
                 });
             }
         }
-        // Not analysed this time: the last finding stands.
-        (None, Some(before)) => {
+        // Not analysed this time: the last finding stands while gates are still evaluated.
+        (None, Some(before)) if !over => {
             cond::set(&mut checked.status.conditions, before);
+        }
+        // Found fixed, or no longer evaluated: Ready again, from now.
+        (_, Some(_)) => {
+            if let Some(c) = checked
+                .status
+                .conditions
+                .iter_mut()
+                .find(|c| c.type_ == conditions::READY && c.status == "True")
+            {
+                c.last_transition_time = Time(now);
+            }
         }
         _ => {}
     }
@@ -426,9 +441,31 @@ mod tests {
             !d.actions.iter().any(|a| matches!(a, Action::Event { .. })),
             "no Event while nothing changes"
         );
-        // An analysis without problems: Ready again.
+        // Once the rollout is over no gate is evaluated: the finding does not stay.
+        for phase in [RolloutPhase::Aborted, RolloutPhase::Promoted] {
+            let mut over = d.status.clone();
+            over.phase = phase;
+            let after = decide(&s, Some(&over), &o, false, t(75));
+            assert_eq!(
+                ready(&after),
+                ("True".to_owned(), reasons::VALID.to_owned()),
+                "{phase:?}"
+            );
+            let c = cond::find(&after.status.conditions, conditions::READY).unwrap();
+            assert_eq!(c.last_transition_time, Time(t(75)), "{phase:?}");
+            assert!(
+                !after
+                    .actions
+                    .iter()
+                    .any(|a| matches!(a, Action::Event { .. })),
+                "{phase:?}: no Event"
+            );
+        }
+        // An analysis without problems: Ready again, from then.
         o.config_problems = Some(vec![]);
         let d = decide(&s, Some(&d.status), &o, false, t(90));
         assert_eq!(ready(&d), ("True".to_owned(), reasons::VALID.to_owned()));
+        let c = cond::find(&d.status.conditions, conditions::READY).unwrap();
+        assert_eq!(c.last_transition_time, Time(t(90)));
     }
 }
