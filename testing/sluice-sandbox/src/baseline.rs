@@ -27,8 +27,12 @@ pub const GRPC_RULE: &str = "charge";
 pub const GRPC_STABLE: &str = "payments-v1";
 /// The gRPC service's canary backend Service (and Deployment), version `v2`.
 pub const GRPC_CANARY: &str = "payments-v2";
-/// The gRPC method the GRPCRoute's rule matches (`/<service>/<method>` is the call's path).
-pub const GRPC_METHOD: (&str, &str) = ("shop.Payments", "Charge");
+/// The gRPC service whose every method the GRPCRoute's rule matches.
+pub const GRPC_SERVICE: &str = "shop.Payments";
+/// The gRPC service's write method, most of its calls (`/<service>/<method>` is the call's path).
+pub const GRPC_METHOD: (&str, &str) = (GRPC_SERVICE, "Charge");
+/// The gRPC service's read method, safe to receive twice: what a mirror step may copy.
+pub const GRPC_READ_METHOD: (&str, &str) = (GRPC_SERVICE, "GetReceipt");
 
 /// The chart's default name of the duck ConfigMap (`waveGate.decisionConfigMap.name`).
 pub const DUCK_CONFIGMAP: &str = "sluice-wavegate-decisions";
@@ -82,14 +86,13 @@ fn grpc_version(backend: &str, version: &str) -> String {
     )
 }
 
-/// The payments GRPCRoute: its rule `charge` (the method [`GRPC_METHOD`]) with the given weights
-/// for stable and canary.
+/// The payments GRPCRoute: its rule `charge` (every method of [`GRPC_SERVICE`]) with the given
+/// weights for stable and canary.
 pub fn grpc_route(stable_weight: u32, canary_weight: u32) -> String {
-    let (service, method) = GRPC_METHOD;
     format!(
         "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata:\n  name: {GRPC_ROUTE}\n  namespace: {SHOP}\n\
          spec:\n  parentRefs:\n  - name: gateway\n    namespace: istio-ingress\n  rules:\n  - name: {GRPC_RULE}\n    \
-         matches:\n    - method:\n        service: {service}\n        method: {method}\n    backendRefs:\n    \
+         matches:\n    - method:\n        service: {GRPC_SERVICE}\n    backendRefs:\n    \
          - name: {GRPC_STABLE}\n      port: 9000\n      weight: {stable_weight}\n    - name: {GRPC_CANARY}\n      port: 9000\n      weight: {canary_weight}\n"
     )
 }
@@ -196,7 +199,11 @@ mod tests {
         let rule = &route["spec"]["rules"][0];
         assert_eq!(rule["name"], GRPC_RULE);
         assert_eq!(rule["matches"][0]["method"]["service"], "shop.Payments");
-        assert_eq!(rule["matches"][0]["method"]["method"], "Charge");
+        // The whole service: a mirror step may narrow it to a read method.
+        assert_eq!(
+            rule["matches"][0]["method"].as_object().map(|m| m.len()),
+            Some(1)
+        );
         assert_eq!(rule["backendRefs"][0]["name"], GRPC_STABLE);
         assert_eq!(rule["backendRefs"][0]["weight"], 99);
         assert_eq!(rule["backendRefs"][1]["name"], GRPC_CANARY);

@@ -22,7 +22,7 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use kube_emulator::{Emulator, EmulatorError};
 use sluice_argocd::{ArgoCd, ArgoCdOptions};
-use sluice_sim::mesh::scenario::{Protocol, ServiceScenario, VersionScenario};
+use sluice_sim::mesh::scenario::{PathShare, Protocol, ServiceScenario, VersionScenario};
 use sluice_sim::{ClusterConfig, Scenario, World};
 use sluice_testkit::control_plane::{self, ControlPlane, Etcd};
 use sluice_testkit::git::{GitError, GitRepo};
@@ -465,12 +465,17 @@ pub fn mesh_scenario(options: &Options, cluster: &str) -> Result<Scenario, Strin
     Ok(s)
 }
 
-/// The gRPC service `payments` of a workload cluster's mesh: 200 calls/s of
-/// `/shop.Payments/Charge` through the GRPCRoute `shop/payments`, v1 stable and v2 canary, both
+/// The share of the gRPC service's calls that are its read method ([`baseline::GRPC_READ_METHOD`]).
+pub const GRPC_READ_SHARE: f64 = 0.25;
+
+/// The gRPC service `payments` of a workload cluster's mesh: 200 calls/s, three in four of
+/// `/shop.Payments/Charge` and one in four of `/shop.Payments/GetReceipt`
+/// ([`GRPC_READ_SHARE`]), through the GRPCRoute `shop/payments`, v1 stable and v2 canary, both
 /// healthy (1% UNAVAILABLE). Until the GRPCRoute exists (`canary-grpc` applies it) the calls go
 /// nowhere and its series stay at 0.
 pub fn grpc_service(cluster: &str) -> ServiceScenario {
     let (service, method) = baseline::GRPC_METHOD;
+    let (_, read) = baseline::GRPC_READ_METHOD;
     let version = |name: &str, backend: &str| VersionScenario {
         name: name.to_string(),
         backend: backend.to_string(),
@@ -490,6 +495,10 @@ pub fn grpc_service(cluster: &str) -> ServiceScenario {
         source_namespace: "istio-system".to_string(),
         requests_per_second: 200.0,
         path: format!("/{service}/{method}"),
+        other_paths: vec![PathShare {
+            path: format!("/{service}/{read}"),
+            share: GRPC_READ_SHARE,
+        }],
         // gRPC calls are POSTs; no rule here matches a method.
         idempotent_share: 0.0,
         cohort: None,

@@ -208,6 +208,10 @@ pub struct ServiceScenario {
     /// Request path (matched against path matches). Default `/`.
     #[serde(default = "default_path")]
     pub path: String,
+    /// Further request paths, each with its share of the requests; `path` takes the rest. For a
+    /// gRPC service, the calls of its other methods (`/<service>/<method>`). Default none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub other_paths: Vec<PathShare>,
     /// Share of requests that are idempotent (GET); method matches see the rest as POST.
     /// Default 0.8.
     #[serde(default = "default_idempotent")]
@@ -217,6 +221,27 @@ pub struct ServiceScenario {
     pub cohort: Option<Cohort>,
     /// Versions; the first is stable.
     pub versions: Vec<VersionScenario>,
+}
+
+/// A request path and its share of a service's requests.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathShare {
+    /// Request path.
+    pub path: String,
+    /// Share of the service's requests (0..1).
+    pub share: f64,
+}
+
+impl ServiceScenario {
+    /// Every request path with its share of the requests: `path` with what [`Self::other_paths`]
+    /// leaves, then each of those.
+    pub fn path_shares(&self) -> Vec<(&str, f64)> {
+        let others: f64 = self.other_paths.iter().map(|p| p.share).sum();
+        std::iter::once((self.path.as_str(), (1.0 - others).max(0.0)))
+            .chain(self.other_paths.iter().map(|p| (p.path.as_str(), p.share)))
+            .collect()
+    }
 }
 
 fn default_source() -> String {
@@ -478,6 +503,19 @@ impl Scenario {
             {
                 return Err(bad(format!("{at}.cohort.share must be within 0..1")));
             }
+            for p in &s.other_paths {
+                if !p.path.starts_with('/') || !ratio(p.share) {
+                    return Err(bad(format!(
+                        "{at}.other_paths[{}]: need a path starting with / and a share within 0..1",
+                        p.path
+                    )));
+                }
+            }
+            if s.other_paths.iter().map(|p| p.share).sum::<f64>() > 1.0 {
+                return Err(bad(format!(
+                    "{at}.other_paths: the shares add up to more than 1"
+                )));
+            }
             for v in &s.versions {
                 let at = format!("{at}.versions[{}]", v.name);
                 if !ratio(v.error_ratio) {
@@ -666,6 +704,7 @@ events:
         assert_eq!(svc.source_workload, "istio-ingressgateway");
         assert_eq!(svc.source_namespace, "istio-system");
         assert_eq!(svc.idempotent_share, 0.8);
+        assert_eq!(svc.path_shares(), [("/", 1.0)]);
         assert_eq!(svc.versions[1].weight_factor, 1.0);
         assert_eq!(s.clusters[0].xds_pushes_per_second, 1.0);
     }
@@ -846,6 +885,20 @@ events:
             (
                 CANARY.replace("route: checkout", "route: checkout\n    colour: blue"),
                 "unknown field",
+            ),
+            (
+                CANARY.replace(
+                    "route: checkout",
+                    "route: checkout\n    other_paths: [{path: /a, share: 0.6}, {path: /b, share: 0.6}]",
+                ),
+                "add up to more than 1",
+            ),
+            (
+                CANARY.replace(
+                    "route: checkout",
+                    "route: checkout\n    other_paths: [{path: a, share: 0.1}]",
+                ),
+                "other_paths[a]",
             ),
         ];
         for (text, want) in cases {

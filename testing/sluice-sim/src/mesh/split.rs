@@ -59,6 +59,27 @@ pub fn request_classes(
     out
 }
 
+/// The request mix of a service whose requests go to several paths (`(path, share)`, shares
+/// adding up to 1): [`request_classes`] of each path, scaled by its share.
+pub fn request_classes_by_path(
+    paths: &[(&str, f64)],
+    idempotent_share: f64,
+    cohort: Option<(&str, &str, f64)>,
+) -> Vec<RequestClass> {
+    paths
+        .iter()
+        .filter(|(_, share)| *share > 0.0)
+        .flat_map(|(path, share)| {
+            request_classes(path, idempotent_share, cohort)
+                .into_iter()
+                .map(move |mut c| {
+                    c.share *= share;
+                    c
+                })
+        })
+        .collect()
+}
+
 /// Where a service's requests go, as shares of all its requests.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Split {
@@ -337,6 +358,37 @@ mod tests {
             );
             assert!(close(s.unrouted, unrouted), "unrouted {s:?} for {rules}");
         }
+    }
+
+    #[test]
+    fn a_method_mirror_copies_only_the_calls_of_that_method() {
+        // A gRPC service's calls: 75% Charge, 25% GetReceipt; the managed rule serves the whole
+        // service, the mirror rule copies half of GetReceipt's calls to the canary.
+        let r = route(json!([
+            {"name": "sluice-mirror",
+             "matches": [{"method": {"type": "Exact", "service": "pay.Payments", "method": "GetReceipt"}}],
+             "filters": [{"type": "RequestMirror", "requestMirror": {"backendRef": {"name": "canary"}, "percent": 50}}],
+             "backendRefs": [{"name": "stable", "weight": 100}, {"name": "canary", "weight": 0}]},
+            {"matches": [{"method": {"service": "pay.Payments"}}],
+             "backendRefs": [{"name": "stable", "weight": 100}, {"name": "canary", "weight": 0}]}
+        ]));
+        let classes = request_classes_by_path(
+            &[
+                ("/pay.Payments/Charge", 0.75),
+                ("/pay.Payments/GetReceipt", 0.25),
+            ],
+            0.0,
+            None,
+        );
+        assert!(close(classes.iter().map(|c| c.share).sum(), 1.0));
+        let s = split(Some(&r), &classes, "stable", |_| 1.0);
+        assert!(close(s.served["stable"], 1.0), "{s:?}");
+        assert!(
+            close(s.served.get("canary").copied().unwrap_or(0.0), 0.0),
+            "{s:?}"
+        );
+        assert!(close(s.mirrored["canary"], 0.125), "{s:?}");
+        assert!(close(s.unrouted, 0.0), "{s:?}");
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use super::route::RouteModel;
 use super::scenario::{Event, Protocol, Scenario};
 use super::series::{ClusterGauges, MeshCounters, drift_behind};
-use super::split::{Propagation, Split, request_classes, split};
+use super::split::{Propagation, Split, request_classes_by_path, split};
 use crate::cluster::SvidCounter;
 use crate::cluster::injection::injected_revision;
 use futures::StreamExt;
@@ -377,8 +377,8 @@ async fn run(
                 .cluster
                 .clone()
                 .unwrap_or_else(|| default_cluster.clone());
-            let classes = request_classes(
-                &svc.path,
+            let classes = request_classes_by_path(
+                &svc.path_shares(),
                 svc.idempotent_share,
                 svc.cohort
                     .as_ref()
