@@ -4,7 +4,7 @@
 //! checkout v2.13 (stable) and v2.14 (canary) as Deployments and one Service per version, and
 //! the HTTPRoute `shop/checkout` sending everything to stable. Also the gRPC service `payments`
 //! (v1 stable, v2 canary, the GRPCRoute `shop/payments` sending everything to v1), which the
-//! `canary-grpc` scenario applies (the mesh simulator knows it in every workload cluster from the
+//! `canary-grpc` and `canary-grpc-mirror` scenarios apply (the mesh simulator knows it in every workload cluster from the
 //! start; it carries traffic once its GRPCRoute exists). Pure text; never applies it.
 
 use sluice_api::v1alpha1::wave_gate::{DUCK_MATCH_KEY, DUCK_RESOURCE, DUCK_STATUS_LIST_KEY};

@@ -471,8 +471,8 @@ pub const GRPC_READ_SHARE: f64 = 0.25;
 /// The gRPC service `payments` of a workload cluster's mesh: 200 calls/s, three in four of
 /// `/shop.Payments/Charge` and one in four of `/shop.Payments/GetReceipt`
 /// ([`GRPC_READ_SHARE`]), through the GRPCRoute `shop/payments`, v1 stable and v2 canary, both
-/// healthy (1% UNAVAILABLE). Until the GRPCRoute exists (`canary-grpc` applies it) the calls go
-/// nowhere and its series stay at 0.
+/// healthy (1% UNAVAILABLE). Until the GRPCRoute exists (`canary-grpc` and `canary-grpc-mirror`
+/// apply it) the calls go nowhere and its series stay at 0.
 pub fn grpc_service(cluster: &str) -> ServiceScenario {
     let (service, method) = baseline::GRPC_METHOD;
     let (_, read) = baseline::GRPC_READ_METHOD;

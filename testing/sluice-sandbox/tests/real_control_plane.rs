@@ -45,6 +45,11 @@ fn canary_grpc_on_a_real_control_plane() {
 }
 
 #[test]
+fn canary_grpc_mirror_on_a_real_control_plane() {
+    run_real("canary-grpc-mirror");
+}
+
+#[test]
 fn canary_pause_abort_on_a_real_control_plane() {
     run_real("canary-pause-abort");
 }

@@ -46,13 +46,13 @@ fn start(sandbox: &Sandbox) -> BoxFuture<'_, Result<Outcome, ScenarioError>> {
     run(sandbox).boxed()
 }
 
-fn client(sandbox: &Sandbox) -> Result<Client, ScenarioError> {
+pub(super) fn client(sandbox: &Sandbox) -> Result<Client, ScenarioError> {
     sandbox
         .client(CLUSTER)
         .ok_or_else(|| ScenarioError::Missing(format!("cluster {CLUSTER}")))
 }
 
-fn api_error(action: String) -> impl FnOnce(kube::Error) -> ScenarioError {
+pub(super) fn api_error(action: String) -> impl FnOnce(kube::Error) -> ScenarioError {
     move |source| ScenarioError::Api {
         action,
         cluster: CLUSTER.into(),
@@ -75,7 +75,7 @@ fn resource(kind: &str) -> Option<ApiResource> {
 }
 
 /// Creates the gRPC service's objects ([`baseline::grpc_service`]) in the canary cluster.
-async fn apply_grpc_service(sandbox: &Sandbox) -> Result<(), ScenarioError> {
+pub(super) async fn apply_grpc_service(sandbox: &Sandbox) -> Result<(), ScenarioError> {
     let client = client(sandbox)?;
     // Parsed before the first request: the YAML parser is not `Send`.
     let docs: Vec<Value> = serde_yaml::Deserializer::from_str(&baseline::grpc_service())
@@ -115,7 +115,7 @@ pub fn weights(route: &Value) -> (i64, i64) {
 }
 
 /// The GRPCRoute API of the canary cluster's shop namespace.
-fn grpc_routes(sandbox: &Sandbox) -> Result<Api<DynamicObject>, ScenarioError> {
+pub(super) fn grpc_routes(sandbox: &Sandbox) -> Result<Api<DynamicObject>, ScenarioError> {
     let ar = resource("GRPCRoute").ok_or_else(|| ScenarioError::Missing("GRPCRoute".into()))?;
     Ok(Api::<DynamicObject>::namespaced_with(
         client(sandbox)?,
@@ -185,7 +185,7 @@ pub fn canary_requests_query(matcher: &str, window_s: u64) -> String {
     )
 }
 
-async fn canary_requests(
+pub(super) async fn canary_requests(
     sandbox: &Sandbox,
     matcher: &str,
     window_s: u64,

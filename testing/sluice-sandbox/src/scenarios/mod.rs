@@ -7,6 +7,7 @@
 pub mod bundles;
 pub mod canary_abort;
 pub mod canary_grpc;
+pub mod canary_grpc_mirror;
 pub mod canary_pause_abort;
 pub mod canary_promote;
 pub mod canary_store_down;
@@ -110,6 +111,7 @@ pub const REGISTRY: &[ScenarioDef] = &[
     world::SCENARIO,
     canary_abort::SCENARIO,
     canary_grpc::SCENARIO,
+    canary_grpc_mirror::SCENARIO,
     canary_pause_abort::SCENARIO,
     canary_promote::SCENARIO,
     canary_store_down::SCENARIO,
