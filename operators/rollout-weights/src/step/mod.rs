@@ -60,20 +60,7 @@ pub fn invalid(
     now: Timestamp,
     problems: &[String],
 ) -> Decision {
-    let mut m = Machine {
-        spec,
-        obs,
-        now,
-        next: status,
-        actions: Vec::new(),
-        requeue: None,
-    };
-    m.run_invalid(problems);
-    Decision {
-        actions: m.actions,
-        status: m.next,
-        requeue: m.requeue.map_or(Requeue::AwaitChange, Requeue::After),
-    }
+    drive(spec, status, obs, now, |m| m.run_invalid(problems))
 }
 
 /// Runs the state machine for a valid spec from `status`.
@@ -83,6 +70,17 @@ pub fn step(
     obs: &Observations,
     now: Timestamp,
 ) -> Decision {
+    drive(spec, status, obs, now, |m| m.run())
+}
+
+/// A machine from `status`, moved by `run`, as the decision it reached.
+fn drive(
+    spec: &RolloutSpec,
+    status: RolloutStatus,
+    obs: &Observations,
+    now: Timestamp,
+    run: impl FnOnce(&mut Machine<'_>),
+) -> Decision {
     let mut m = Machine {
         spec,
         obs,
@@ -91,7 +89,7 @@ pub fn step(
         actions: Vec::new(),
         requeue: None,
     };
-    m.run();
+    run(&mut m);
     Decision {
         actions: m.actions,
         status: m.next,
