@@ -18,7 +18,7 @@ use common::{
     install_grpc_route_crd, payments_route, rollout_on, rollout_until, rollouts,
 };
 use kube::{
-    Client,
+    Api, Client,
     api::{DynamicObject, Patch, PatchParams, PostParams},
 };
 use serde_json::{Value, json};
@@ -111,6 +111,22 @@ fn foreign_metadata(route: &DynamicObject) -> String {
     let mut annotations = route.metadata.annotations.clone().unwrap_or_default();
     annotations.remove(ROUTE_OWNER_ANNOTATION);
     format!("{:?} {annotations:?}", route.metadata.labels)
+}
+
+/// Waits until the GRPCRoute `name` carries no ownership annotation.
+async fn unowned(api: &Api<DynamicObject>, name: &str) -> DynamicObject {
+    eventually(
+        "the orphan's ownership annotation removed",
+        BUDGET,
+        async || {
+            let r = api.get(name).await.map_err(|e| e.to_string())?;
+            match owner(&r) {
+                None => Ok(r),
+                Some(o) => Err(format!("still owned by {o}")),
+            }
+        },
+    )
+    .await
 }
 
 fn managers(route: &DynamicObject) -> Vec<String> {
@@ -388,18 +404,7 @@ async fn an_orphaned_grpcroute_ownership_is_removed_and_nothing_else() {
         .await
         .unwrap();
     let ctl = Controller::start_on(&client, GRPC, None).await;
-    let freed = eventually(
-        "the orphan's ownership annotation removed",
-        BUDGET,
-        async || {
-            let r = api.get(ROUTE).await.map_err(|e| e.to_string())?;
-            match owner(&r) {
-                None => Ok(r),
-                Some(o) => Err(format!("still owned by {o}")),
-            }
-        },
-    )
-    .await;
+    let freed = unowned(&api, ROUTE).await;
     assert_eq!(spec_text(&freed), spec_text(&orphan));
     assert_eq!(foreign_metadata(&freed), foreign_metadata(&orphan));
     let e = eventually("an OrphanedOwnership Event", BUDGET, async || {
@@ -465,21 +470,7 @@ async fn without_the_grpcroute_crd_the_rollout_says_so() {
     )
     .await
     .expect("the released schema accepts the route");
-    eventually(
-        "the orphan's ownership annotation removed",
-        BUDGET,
-        async || {
-            let r = api
-                .get("payments-legacy")
-                .await
-                .map_err(|e| e.to_string())?;
-            match owner(&r) {
-                None => Ok(()),
-                Some(o) => Err(format!("still owned by {o}")),
-            }
-        },
-    )
-    .await;
+    unowned(&api, "payments-legacy").await;
     route_at(
         &client,
         "5% on the GRPCRoute installed later",
