@@ -25,6 +25,69 @@ pub enum Severity {
     Warning,
 }
 
+/// One Event a decide step asks for about the object it decided on; the reconcile publishes it
+/// with [`EventRecorder::announce`]. Every operator's actions carry their Events as this one type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    /// Normal or Warning.
+    pub severity: Severity,
+    /// CamelCase reason.
+    pub reason: &'static str,
+    /// CamelCase action.
+    pub action: &'static str,
+    /// Human-readable note.
+    pub note: String,
+}
+
+impl Notice {
+    /// A Normal Event.
+    pub fn normal(reason: &'static str, action: &'static str, note: impl Into<String>) -> Self {
+        Self {
+            severity: Severity::Normal,
+            reason,
+            action,
+            note: note.into(),
+        }
+    }
+
+    /// A Warning Event.
+    pub fn warning(reason: &'static str, action: &'static str, note: impl Into<String>) -> Self {
+        Self {
+            severity: Severity::Warning,
+            reason,
+            action,
+            note: note.into(),
+        }
+    }
+}
+
+/// An operator's action type, some of whose actions are Events.
+pub trait Announces {
+    /// The Event this action is; `None` for an effect.
+    fn notice(&self) -> Option<&Notice>;
+
+    /// The reason of the Event this action is; `None` for an effect.
+    fn event_reason(&self) -> Option<&'static str> {
+        self.notice().map(|n| n.reason)
+    }
+}
+
+/// Implements [`Announces`] for an operator's action enum, whose Events are its
+/// `Event(Notice)` variant: `sluice_runtime::announces!(Action);`.
+#[macro_export]
+macro_rules! announces {
+    ($action:ident) => {
+        impl $crate::events::Announces for $action {
+            fn notice(&self) -> Option<&$crate::events::Notice> {
+                match self {
+                    $action::Event(notice) => Some(notice),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
 /// Records Events for one operator (the reporting controller), optionally naming the pod as
 /// the reporting instance.
 #[derive(Clone)]
@@ -126,6 +189,32 @@ impl EventRecorder {
         }
     }
 
+    /// Publishes the Event a decide step asked for about `obj`.
+    pub async fn announce<K>(&self, obj: &K, notice: &Notice)
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        self.publish(
+            obj,
+            notice.severity,
+            notice.reason,
+            notice.action,
+            &notice.note,
+        )
+        .await;
+    }
+
+    /// Publishes, in order, every Event among a decision's actions.
+    pub async fn announce_all<K, A>(&self, obj: &K, actions: &[A])
+    where
+        K: Resource<DynamicType = ()>,
+        A: Announces,
+    {
+        for notice in actions.iter().filter_map(A::notice) {
+            self.announce(obj, notice).await;
+        }
+    }
+
     /// Publishes a Normal Event.
     pub async fn normal<K: Resource<DynamicType = ()>>(
         &self,
@@ -154,6 +243,32 @@ impl EventRecorder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_notice_is_found_among_actions_and_keeps_its_fields() {
+        enum Act {
+            Event(Notice),
+            Write,
+        }
+        crate::announces!(Act);
+        let acts = [
+            Act::Write,
+            Act::Event(Notice::warning("Aborted", "Abort", "gate failed")),
+        ];
+        let found: Vec<_> = acts.iter().filter_map(Announces::notice).collect();
+        assert_eq!(
+            found,
+            [&Notice {
+                severity: Severity::Warning,
+                reason: "Aborted",
+                action: "Abort",
+                note: "gate failed".into(),
+            }]
+        );
+        assert_eq!(acts[0].event_reason(), None);
+        assert_eq!(acts[1].event_reason(), Some("Aborted"));
+        assert_eq!(Notice::normal("R", "A", "n").severity, Severity::Normal);
+    }
 
     #[test]
     fn limits_are_applied() {

@@ -12,7 +12,7 @@ use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Condition, jiff::Timestamp}
 use crate::{
     conditions::{self as cond, Validity},
     decision::{Decision, Requeue},
-    events::Severity,
+    events::Notice,
 };
 
 /// The Event action of the validity step.
@@ -38,8 +38,8 @@ pub struct Step<S> {
 
 impl<S: Clone + Default> Step<S> {
     /// The validity part of a decide step, given the spec's problems (empty when valid): the
-    /// next status, the Event when `Ready` changed (`event` builds the operator's own effect
-    /// from severity, reason and note), and [`Requeue::AwaitChange`] — an invalid spec is
+    /// next status, the Event when `Ready` changed (`event` wraps its [`Notice`] into the
+    /// operator's own action), and [`Requeue::AwaitChange`] — an invalid spec is
     /// waited on, and validity alone has nothing timed to do.
     pub fn decide<A>(
         &self,
@@ -47,7 +47,7 @@ impl<S: Clone + Default> Step<S> {
         status: Option<&S>,
         generation: Option<i64>,
         now: Timestamp,
-        event: impl FnOnce(Severity, &'static str, String) -> A,
+        event: impl FnOnce(Notice) -> A,
     ) -> Decision<S, A> {
         let mut next = status.cloned().unwrap_or_default();
         let (observed, conditions) = (self.fields)(&mut next);
@@ -56,11 +56,11 @@ impl<S: Clone + Default> Step<S> {
         (self.phase)(&mut next, &validity);
         let mut actions = Vec::new();
         if validity.transitioned {
-            actions.push(if validity.valid {
-                event(Severity::Normal, cond::VALID, ACCEPTED.to_owned())
+            actions.push(event(if validity.valid {
+                Notice::normal(cond::VALID, VALIDATE, ACCEPTED)
             } else {
-                event(Severity::Warning, cond::INVALID_SPEC, validity.message)
-            });
+                Notice::warning(cond::INVALID_SPEC, VALIDATE, validity.message)
+            }));
         }
         Decision {
             actions,
@@ -73,6 +73,7 @@ impl<S: Clone + Default> Step<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::Severity;
     use checks::Seen;
 
     /// A status with only what the step writes and a phase that follows `Ready`.
@@ -89,7 +90,7 @@ mod tests {
     };
 
     fn run(p: &[String], s: Option<&Status>, g: i64, now: Timestamp) -> Seen<Status> {
-        let d = STEP.decide(p, s, Some(g), now, |_, reason, _| reason);
+        let d = STEP.decide(p, s, Some(g), now, |n| n.reason);
         Seen::new(d.status, &d.actions, d.requeue, |reason| Some(reason))
     }
 
@@ -112,19 +113,21 @@ mod tests {
 
     #[test]
     fn events_carry_the_validate_action_severity_and_note() {
-        let d = STEP.decide(&problem(), None, Some(1), checks::t(0), |s, r, n| (s, r, n));
-        let (severity, reason, note) = &d.actions[0];
+        let d = STEP.decide(&problem(), None, Some(1), checks::t(0), |n| n);
+        let n = &d.actions[0];
         assert_eq!(
-            (*severity, *reason),
-            (Severity::Warning, cond::INVALID_SPEC)
+            (n.severity, n.reason, n.action),
+            (Severity::Warning, cond::INVALID_SPEC, VALIDATE)
         );
-        assert!(note.contains("spec.example: example problem"), "{note}");
-        let d = STEP.decide(&[], Some(&d.status), Some(2), checks::t(60), |s, r, n| {
-            (s, r, n)
-        });
+        assert!(
+            n.note.contains("spec.example: example problem"),
+            "{}",
+            n.note
+        );
+        let d = STEP.decide(&[], Some(&d.status), Some(2), checks::t(60), |n| n);
         assert_eq!(
             d.actions,
-            vec![(Severity::Normal, cond::VALID, ACCEPTED.to_owned())]
+            vec![Notice::normal(cond::VALID, VALIDATE, ACCEPTED)]
         );
     }
 }

@@ -507,13 +507,13 @@ impl Context {
             })
         };
         let dest_err = |e: String, c: Category| ReconcileError::Effect(e, c);
-        if !matches!(action, Action::Event { .. } | Action::Audit { .. }) {
+        if !matches!(action, Action::Event(_) | Action::Audit { .. }) {
             // Right before the side effect: a deposed leader neither patches, applies, prunes
             // nor pushes (and a reconcile in flight is dropped, killing its git, on the loss).
             self.leadership.ensure()?;
         }
         match action {
-            Action::Event { .. } | Action::Audit { .. } => {}
+            Action::Event(_) | Action::Audit { .. } => {}
             Action::TerminateSync { app } => {
                 self.patch_app(
                     app,
@@ -1127,16 +1127,7 @@ pub async fn reconcile(
     }
     for action in &decision.actions {
         match action {
-            Action::Event {
-                severity,
-                reason,
-                action,
-                note,
-            } => {
-                ctx.recorder
-                    .publish(obj.as_ref(), *severity, reason, action, note)
-                    .await
-            }
+            Action::Event(notice) => ctx.recorder.announce(obj.as_ref(), notice).await,
             Action::Audit {
                 reason,
                 from_digest,

@@ -13,7 +13,7 @@ use sluice_api::v1alpha1::{
     RolloutPhase, RolloutSpec, RolloutStatus,
     rollout::{conditions, reasons},
 };
-use sluice_runtime::{conditions as cond, events::Severity, validity::Step};
+use sluice_runtime::{conditions as cond, events::Notice, validity::Step};
 
 pub use crate::step::{Action, Decision, Observations, Requeue};
 use crate::{step, validity};
@@ -100,12 +100,11 @@ fn gate_configuration(
             );
             cond::set(&mut checked.status.conditions, c);
             if before.is_none() {
-                checked.actions.push(Action::Event {
-                    severity: Severity::Warning,
-                    reason: reasons::GATE_MISCONFIGURED,
-                    action: VALIDATE,
-                    note: message,
-                });
+                checked.actions.push(Action::Event(Notice::warning(
+                    reasons::GATE_MISCONFIGURED,
+                    VALIDATE,
+                    message,
+                )));
             }
         }
         // Not analysed this time: the last finding stands while gates are still evaluated.
@@ -148,24 +147,16 @@ pub fn decide_validity(
     generation: Option<i64>,
     now: Timestamp,
 ) -> Decision {
-    VALIDITY_STEP.decide(
-        problems,
-        status,
-        generation,
-        now,
-        |severity, reason, note| Action::Event {
-            severity,
-            reason,
-            action: VALIDATE,
-            note,
-        },
-    )
+    VALIDITY_STEP.decide(problems, status, generation, now, Action::Event)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_runtime::validity::checks::{self, Seen};
+    use sluice_runtime::{
+        events::Announces,
+        validity::checks::{self, Seen},
+    };
 
     fn t(secs: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + secs).unwrap()
@@ -181,7 +172,7 @@ mod tests {
 
     fn run(p: &[String], s: Option<&RolloutStatus>, g: i64, now: Timestamp) -> Seen<RolloutStatus> {
         let d = decide_validity(p, s, obs(g), now);
-        Seen::new(d.status, &d.actions, d.requeue, Action::event_reason)
+        Seen::new(d.status, &d.actions, d.requeue, Announces::event_reason)
     }
 
     #[test]
@@ -438,7 +429,7 @@ mod tests {
         let d = decide(&s, Some(&d.status), &o, false, t(61));
         assert_eq!(ready(&d).1, reasons::GATE_MISCONFIGURED);
         assert!(
-            !d.actions.iter().any(|a| matches!(a, Action::Event { .. })),
+            !d.actions.iter().any(|a| matches!(a, Action::Event(_))),
             "no Event while nothing changes"
         );
         // Once the rollout is over no gate is evaluated: the finding does not stay.
@@ -454,10 +445,7 @@ mod tests {
             let c = cond::find(&after.status.conditions, conditions::READY).unwrap();
             assert_eq!(c.last_transition_time, Time(t(75)), "{phase:?}");
             assert!(
-                !after
-                    .actions
-                    .iter()
-                    .any(|a| matches!(a, Action::Event { .. })),
+                !after.actions.iter().any(|a| matches!(a, Action::Event(_))),
                 "{phase:?}: no Event"
             );
         }

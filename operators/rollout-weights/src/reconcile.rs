@@ -45,7 +45,7 @@ use sluice_api::v1alpha1::{
 };
 use sluice_runtime::{
     Categorized, Category,
-    events::EventRecorder,
+    events::{Announces, EventRecorder},
     leader::{Leadership, NotLeader},
     metrics::ObjectSignals,
     write::{self, RetryPolicy, Updated, WriteError},
@@ -1111,7 +1111,7 @@ async fn reconcile_on<K: Driven>(
                 ctx.metrics.route_write("Released");
                 record::record(&mut status, &Outcome::Released);
             }
-            Action::Event { .. } => {}
+            Action::Event(_) => {}
         }
     }
     let was_verified = current
@@ -1149,28 +1149,19 @@ async fn reconcile_on<K: Driven>(
     }
 
     // 4. Events and one log line per transition, only after the writes succeeded.
-    for action in &decision.actions {
-        if let Action::Event {
-            severity,
-            reason,
-            action,
-            note,
-        } = action
-        {
-            tracing::info!(
-                reason,
-                action,
-                phase = ?status.phase,
-                step = status.current_step_index,
-                desired_weight = status.desired_weight,
-                applied_share = status.applied_share,
-                route_changed,
-                "{note}"
-            );
-            ctx.recorder
-                .publish(obj.as_ref(), *severity, reason, action, note)
-                .await;
-        }
+    for notice in decision.actions.iter().filter_map(Action::notice) {
+        tracing::info!(
+            reason = notice.reason,
+            action = notice.action,
+            phase = ?status.phase,
+            step = status.current_step_index,
+            desired_weight = status.desired_weight,
+            applied_share = status.applied_share,
+            route_changed,
+            "{}",
+            notice.note
+        );
+        ctx.recorder.announce(obj.as_ref(), notice).await;
     }
 
     if deleting {

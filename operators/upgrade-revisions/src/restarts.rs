@@ -52,16 +52,7 @@ pub(crate) async fn act(
     let mut busy_for = Duration::ZERO;
     for action in &decision.actions {
         match action {
-            Action::Event {
-                severity,
-                reason,
-                action,
-                note,
-            } => {
-                ctx.recorder
-                    .publish(obj, *severity, reason, action, note)
-                    .await;
-            }
+            Action::Event(notice) => ctx.recorder.announce(obj, notice).await,
             Action::Relabel {
                 namespace,
                 from,

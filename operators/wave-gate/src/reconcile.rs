@@ -593,16 +593,7 @@ pub async fn reconcile(
     }
     for action in &decision.actions {
         match action {
-            Action::Event {
-                severity,
-                reason,
-                action,
-                note,
-            } => {
-                ctx.recorder
-                    .publish(obj.as_ref(), *severity, reason, action, note)
-                    .await
-            }
+            Action::Event(notice) => ctx.recorder.announce(obj.as_ref(), notice).await,
             Action::NudgeApplicationSet => {
                 let set_ns = spec
                     .application_set_ref

@@ -13,7 +13,7 @@ use sluice_api::v1alpha1::{
 };
 use sluice_runtime::{
     conditions::{self as cond, Status},
-    events::Severity,
+    events::{Notice, Severity},
 };
 
 use crate::binding;
@@ -276,16 +276,7 @@ pub struct AppKey {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
     /// Publish a Kubernetes Event about the BundlePin.
-    Event {
-        /// Normal or Warning.
-        severity: Severity,
-        /// CamelCase reason.
-        reason: &'static str,
-        /// CamelCase action.
-        action: &'static str,
-        /// Human-readable note.
-        note: String,
-    },
+    Event(Notice),
     /// Terminate the Application's running sync (`status.operationState.phase: Terminating`).
     TerminateSync {
         /// The Application.
@@ -371,17 +362,11 @@ pub enum Action {
 impl Action {
     /// Whether this action changes something outside the BundlePin.
     pub fn is_effect(&self) -> bool {
-        !matches!(self, Action::Event { .. } | Action::Audit { .. })
-    }
-
-    /// The reason of an Event; `None` for any other action.
-    pub fn event_reason(&self) -> Option<&'static str> {
-        match self {
-            Action::Event { reason, .. } => Some(reason),
-            _ => None,
-        }
+        !matches!(self, Action::Event(_) | Action::Audit { .. })
     }
 }
+
+sluice_runtime::announces!(Action);
 
 pub use sluice_runtime::decision::Requeue;
 
@@ -415,20 +400,6 @@ pub fn suspended_policy(policy: Option<&Value>) -> Option<Value> {
         automated.insert("enabled".into(), Value::Bool(false));
     }
     Some(policy)
-}
-
-pub(super) fn event(
-    severity: Severity,
-    reason: &'static str,
-    action: &'static str,
-    note: String,
-) -> Action {
-    Action::Event {
-        severity,
-        reason,
-        action,
-        note,
-    }
 }
 
 pub(super) fn app_key(a: &PinnedApplication) -> AppKey {
@@ -467,6 +438,11 @@ pub(super) fn condition(
         cond::new(type_, status, reason, message.clone(), generation, now),
     );
     if changed {
-        d.actions.push(event(severity, reason, action, message));
+        d.actions.push(Action::Event(Notice {
+            severity,
+            reason,
+            action,
+            note: message,
+        }));
     }
 }

@@ -8,12 +8,12 @@ use sluice_api::v1alpha1::{
     BundlePinSpec,
     bundle_pin::{ApplicationPinState, ReleasePolicy, conditions, reasons},
 };
-use sluice_runtime::{conditions::Status, events::Severity};
+use sluice_runtime::{conditions::Status, events::Notice};
 
 use super::git::git_revert;
 use super::model::{
     Action, Decision, FIGHT_WINDOW, MAX_RESUSPEND_BACKOFF, MAX_RESUSPENSIONS, Observations, PIN,
-    POLL, RELEASE, Requeue, app_key, condition, event, policy_prunes, view,
+    POLL, RELEASE, Requeue, app_key, condition, policy_prunes, view,
 };
 use super::release::release;
 
@@ -70,15 +70,14 @@ pub(super) fn pinned(
     }
     if !resuspend.is_empty() {
         let names: Vec<String> = resuspend.iter().map(|(_, w)| w.clone()).collect();
-        d.actions.push(event(
-            Severity::Warning,
+        d.actions.push(Action::Event(Notice::warning(
             reasons::RESUSPENDED,
             PIN,
             format!(
                 "automated sync was turned back on for {} while pinned; suspended again",
                 names.join(", ")
             ),
-        ));
+        )));
         d.actions
             .splice(0..0, resuspend.into_iter().map(|(a, _)| a));
     }

@@ -7,7 +7,10 @@ use sluice_api::v1alpha1::{
     BundlePinPhase, BundlePinSpec, BundlePinStatus,
     bundle_pin::{ApplicationPinState, GitRevertStatus, GroupKind, reasons},
 };
-use sluice_runtime::{conditions as cond, events::Severity};
+use sluice_runtime::{
+    conditions as cond,
+    events::{Notice, Severity},
+};
 
 use crate::binding;
 use crate::record::{GitOutcome, record_git_outcome};
@@ -174,7 +177,7 @@ impl World {
                 }
                 Action::DropOwnership { .. } => self.dropped += 1,
                 Action::PushRevert { .. } => self.pushes += 1,
-                Action::Event { .. } | Action::Audit { .. } => continue,
+                Action::Event(_) | Action::Audit { .. } => continue,
             }
             n += 1;
         }
@@ -233,7 +236,7 @@ fn reasons_of(d: &Decision) -> Vec<&'static str> {
     d.actions
         .iter()
         .filter_map(|a| match a {
-            Action::Event { reason, .. } | Action::Audit { reason, .. } => Some(*reason),
+            Action::Event(Notice { reason, .. }) | Action::Audit { reason, .. } => Some(*reason),
             _ => None,
         })
         .collect()
@@ -725,7 +728,7 @@ fn a_spec_changed_after_verification_applies_nothing_new_and_is_reported() {
             c.message
         );
         assert!(
-                d.actions.iter().any(|a| matches!(a, Action::Event { severity: Severity::Warning, reason, .. } if *reason == row.want_reason)),
+                d.actions.iter().any(|a| matches!(a, Action::Event(Notice { severity: Severity::Warning, reason, .. }) if *reason == row.want_reason)),
                 "{}: a Warning Event names it",
                 row.name
             );

@@ -5,7 +5,7 @@ use k8s_openapi::jiff::Timestamp;
 use sluice_api::v1alpha1::{BundlePinPhase, BundlePinStatus};
 use sluice_runtime::validity::Step;
 
-use super::model::{Action, Decision, Observations, VALIDATE};
+use super::model::{Action, Decision, Observations};
 
 /// BundlePin's validity step: only a pin that has not touched anything may be refused for its
 /// spec, and only a pin refused for its spec goes back to verifying when it is fixed.
@@ -33,16 +33,5 @@ pub fn decide_validity(
     obs: &Observations,
     now: Timestamp,
 ) -> Decision {
-    VALIDITY_STEP.decide(
-        problems,
-        status,
-        obs.generation,
-        now,
-        |severity, reason, note| Action::Event {
-            severity,
-            reason,
-            action: VALIDATE,
-            note,
-        },
-    )
+    VALIDITY_STEP.decide(problems, status, obs.generation, now, Action::Event)
 }

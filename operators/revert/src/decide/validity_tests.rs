@@ -1,6 +1,7 @@
 use super::*;
 
 use k8s_openapi::jiff::Timestamp;
+use sluice_runtime::events::Announces;
 
 use sluice_api::v1alpha1::{BundlePinPhase, BundlePinSpec, BundlePinStatus, bundle_pin::reasons};
 use sluice_runtime::{
@@ -60,7 +61,7 @@ fn a_target_outside_the_application_namespace_is_refused() {
         ready.message
     );
     assert!(
-        d.actions.iter().all(|a| matches!(a, Action::Event { .. })),
+        d.actions.iter().all(|a| matches!(a, Action::Event(_))),
         "a refused pin touches nothing: {:?}",
         d.actions
     );
@@ -76,7 +77,7 @@ fn a_target_outside_the_application_namespace_is_refused() {
 
 fn run(p: &[String], s: Option<&BundlePinStatus>, g: i64, now: Timestamp) -> Seen<BundlePinStatus> {
     let d = decide_validity(p, s, &obs(g), now);
-    Seen::new(d.status, &d.actions, d.requeue, Action::event_reason)
+    Seen::new(d.status, &d.actions, d.requeue, Announces::event_reason)
 }
 
 #[test]

@@ -9,11 +9,11 @@ use sluice_api::v1alpha1::{
     BundlePinPhase, BundlePinSpec,
     bundle_pin::{ApplicationPinState, PinnedApplication, PinnedObject, conditions, reasons},
 };
-use sluice_runtime::{conditions::Status, events::Severity};
+use sluice_runtime::{conditions::Status, events::Notice};
 
 use super::model::{
-    AppView, BundleSummary, Decision, MAX_OBJECTS, Observations, OtherPin, RETRY, Requeue, SHORT,
-    VERIFY, Verification, allowed_kinds, condition, event, holds_application, policy_prunes,
+    Action, AppView, BundleSummary, Decision, MAX_OBJECTS, Observations, OtherPin, RETRY, Requeue,
+    SHORT, VERIFY, Verification, allowed_kinds, condition, holds_application, policy_prunes,
 };
 use super::pinning::to_prune;
 use crate::binding;
@@ -197,15 +197,12 @@ pub(super) fn verifying(
                     app.message = Some(m);
                 }
                 if spec.allow_any_revision && !v.history.contains(&summary.digest) {
-                    d.actions.push(event(
-                        Severity::Warning,
-                        reasons::ANY_REVISION_ALLOWED,
+                    d.actions.push(Action::Event(Notice::warning(reasons::ANY_REVISION_ALLOWED,
                         VERIFY,
                         format!(
                             "{who}: pinning {}, a digest Argo CD never deployed for it (spec.allowAnyRevision)",
                             summary.digest
-                        ),
-                    ));
+                        ))));
                 }
             }
         }

@@ -7,7 +7,7 @@ use sluice_api::v1alpha1::{
     GateVerdict, RolloutPhase,
     rollout::{AbortReason, AbortStatus, StepOutcome, conditions, reasons},
 };
-use sluice_runtime::{conditions::Status, events::Severity};
+use sluice_runtime::{conditions::Status, events::Notice};
 
 use crate::route_edit::Desired;
 
@@ -57,12 +57,11 @@ impl Machine<'_> {
         if reason != AbortReason::PinnedByBundlePin {
             self.write(Desired::abort());
         }
-        self.event(
-            Severity::Warning,
+        self.event(Notice::warning(
             why,
             event_actions::ABORT,
             format!("rollout aborted: {message}"),
-        );
+        ));
     }
 
     pub(super) fn aborted(&mut self, route: &RouteState) {
@@ -88,12 +87,11 @@ impl Machine<'_> {
                         && a.route_reverted_at.as_ref().is_some_and(|t| t.0 < self.now) =>
                 {
                     a.revert_verified_at = Some(Time(self.now));
-                    self.event(
-                        Severity::Normal,
+                    self.event(Notice::normal(
                         "RevertVerified",
                         event_actions::ABORT,
                         format!("the mesh reports canary share {s:.2}% after the abort"),
-                    );
+                    ));
                 }
                 _ => self.wake(self.interval()),
             }

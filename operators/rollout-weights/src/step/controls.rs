@@ -6,7 +6,7 @@ use sluice_api::v1alpha1::{
     RolloutPhase,
     rollout::{AbortReason, reasons},
 };
-use sluice_runtime::events::Severity;
+use sluice_runtime::events::Notice;
 
 use super::model::{Machine, event_actions};
 
@@ -38,12 +38,11 @@ impl Machine<'_> {
             self.next.cohort_share = None;
             self.next.promoted_at = None;
             self.next.captured_baselines.clear();
-            self.event(
-                Severity::Normal,
+            self.event(Notice::normal(
                 reasons::STEP_IN_PROGRESS,
                 event_actions::STEP,
                 format!("retry {} from the first step", spec.retry),
-            );
+            ));
         }
     }
 }

@@ -44,7 +44,7 @@ use sluice_api::v1alpha1::{
 };
 use sluice_runtime::{
     conditions::{self as cond, Status},
-    events::Severity,
+    events::Notice,
 };
 
 use crate::route_edit::Desired;
@@ -163,16 +163,13 @@ impl Machine<'_> {
                 let pin = pinned || route.last_writer.as_deref() == Some(REVERT_FIELD_MANAGER);
                 if live && self.next.phase != RolloutPhase::Promoted && !pin {
                     self.actions.push(Action::WriteRoute(Desired::abort()));
-                    self.event(
-                        Severity::Warning,
-                        reasons::ABORTED_ON_DELETE,
+                    self.event(Notice::warning(reasons::ABORTED_ON_DELETE,
                         event_actions::ABORT,
                         format!(
                             "deleted before promotion: canary weight 0 and cohort and mirror rules removed on {} {} before hand-back",
                             spec.route_ref.kind.as_str(),
                             spec.route_ref.name
-                        ),
-                    );
+                        )));
                 }
                 self.hand_back();
             }
@@ -218,7 +215,7 @@ impl Machine<'_> {
                 return;
             }
             if drifted {
-                self.event(Severity::Warning, reasons::FOREIGN_EDIT_RESTORED, event_actions::RESTORE, format!(
+                self.event(Notice::warning(reasons::FOREIGN_EDIT_RESTORED, event_actions::RESTORE, format!(
                     "{} {} was edited by {}: canary weight {} (wrote {:?}), cohort {}, mirror {}; restoring",
                     spec.route_ref.kind.as_str(),
                     spec.route_ref.name,
@@ -227,7 +224,7 @@ impl Machine<'_> {
                     self.next.owned_route.as_ref().and_then(|o| o.written_weight),
                     route.cohort,
                     route.mirror
-                ));
+                )));
                 self.condition(
                     conditions::ROUTE_OWNED,
                     Status::True,
@@ -282,8 +279,7 @@ impl Machine<'_> {
             RolloutPhase::Invalid => {}
             RolloutPhase::Pending => {
                 self.next.phase = RolloutPhase::WaitingForCanary;
-                self.event(
-                    Severity::Normal,
+                self.event(Notice::normal(
                     "Owned",
                     event_actions::OWN,
                     format!(
@@ -291,7 +287,7 @@ impl Machine<'_> {
                         spec.route_ref.kind.as_str(),
                         spec.route_ref.name
                     ),
-                );
+                ));
                 self.write(Desired::abort());
                 self.waiting();
             }
@@ -314,7 +310,7 @@ impl Machine<'_> {
             message.clone(),
         );
         if before.as_deref() != Some(reason) {
-            self.event(Severity::Warning, reason, event_actions::OWN, message);
+            self.event(Notice::warning(reason, event_actions::OWN, message));
         }
         self.wake(self.interval());
     }

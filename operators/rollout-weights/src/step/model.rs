@@ -14,7 +14,7 @@ use sluice_api::v1alpha1::{
 };
 use sluice_runtime::{
     conditions::{self as cond, Status},
-    events::Severity,
+    events::Notice,
 };
 
 use crate::route_edit::{Desired, Mirror};
@@ -57,16 +57,7 @@ pub struct Observations {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
     /// Publish a Kubernetes Event about the Rollout.
-    Event {
-        /// Normal or Warning.
-        severity: Severity,
-        /// CamelCase reason.
-        reason: &'static str,
-        /// CamelCase action.
-        action: &'static str,
-        /// Human-readable note.
-        note: String,
-    },
+    Event(Notice),
     /// Bring the route's owned parts to this state (a no-op write is skipped), taking ownership.
     WriteRoute(Desired),
     /// Remove the ownership annotation from the route.
@@ -88,15 +79,7 @@ pub enum Action {
     },
 }
 
-impl Action {
-    /// The reason of an Event; `None` for any other action.
-    pub fn event_reason(&self) -> Option<&'static str> {
-        match self {
-            Action::Event { reason, .. } => Some(reason),
-            _ => None,
-        }
-    }
-}
+sluice_runtime::announces!(Action);
 
 /// The outcome of [`step`](super::step).
 pub type Decision = sluice_runtime::decision::Decision<RolloutStatus, Action>;
@@ -238,19 +221,8 @@ pub(super) struct Machine<'a> {
 }
 
 impl Machine<'_> {
-    pub(super) fn event(
-        &mut self,
-        severity: Severity,
-        reason: &'static str,
-        action: &'static str,
-        note: String,
-    ) {
-        self.actions.push(Action::Event {
-            severity,
-            reason,
-            action,
-            note,
-        });
+    pub(super) fn event(&mut self, notice: Notice) {
+        self.actions.push(Action::Event(notice));
     }
 
     pub(super) fn wake(&mut self, after: Duration) {

@@ -9,7 +9,7 @@ use sluice_api::v1alpha1::{
 };
 use sluice_runtime::{
     conditions::{self as cond, Status},
-    events::Severity,
+    events::Notice,
 };
 
 use super::model::{Machine, desired_at, event_actions};
@@ -56,12 +56,11 @@ impl Machine<'_> {
                 reasons::CANARY_VERSION_CHANGED,
                 note.clone(),
             );
-            self.event(
-                Severity::Warning,
+            self.event(Notice::warning(
                 reasons::CANARY_VERSION_CHANGED,
                 event_actions::STEP,
                 note,
-            );
+            ));
             self.next.steps_hash = Some(hash);
             return;
         }
@@ -108,12 +107,11 @@ impl Machine<'_> {
         let note = format!(
             "spec.steps changed at canary weight {current}%: the plan restarts at step {index}"
         );
-        self.event(
-            Severity::Normal,
+        self.event(Notice::normal(
             reasons::STEPS_CHANGED,
             event_actions::STEP,
             note,
-        );
+        ));
         self.start_step(index);
     }
 }

@@ -11,7 +11,7 @@ use sluice_api::v1alpha1::{
 };
 use sluice_runtime::{
     conditions::{self as cond, Status},
-    events::Severity,
+    events::Notice,
 };
 
 use crate::route_edit::Desired;
@@ -196,12 +196,11 @@ impl Machine<'_> {
             reasons::STEP_IN_PROGRESS,
             note.clone(),
         );
-        self.event(
-            Severity::Normal,
+        self.event(Notice::normal(
             reasons::STEP_IN_PROGRESS,
             event_actions::STEP,
             note,
-        );
+        ));
         self.write(d);
     }
 
@@ -243,12 +242,11 @@ impl Machine<'_> {
             msg.clone(),
         );
         if before.as_deref() != Some(reasons::CANARY_SERVICE_MISSING) {
-            self.event(
-                Severity::Warning,
+            self.event(Notice::warning(
                 reasons::CANARY_SERVICE_MISSING,
                 event_actions::STEP,
                 msg,
-            );
+            ));
         }
         self.next.phase = RolloutPhase::Paused;
         self.next.current_step_started_at = Some(Time(self.now));

@@ -10,7 +10,7 @@ use sluice_api::v1alpha1::{
 };
 use sluice_runtime::{
     conditions::{self as cond, Status},
-    events::Severity,
+    events::Notice,
 };
 
 use crate::route_edit::Desired;
@@ -27,12 +27,11 @@ impl Machine<'_> {
             reasons::PROMOTED,
             why.clone(),
         );
-        self.event(
-            Severity::Normal,
+        self.event(Notice::normal(
             reasons::PROMOTED,
             event_actions::PROMOTE,
             format!("promoted to 100%: {why}"),
-        );
+        ));
         self.write(Desired {
             weight: 100,
             cohort: None,
@@ -61,12 +60,11 @@ impl Machine<'_> {
                 note.clone(),
             );
             if !already {
-                self.event(
-                    Severity::Warning,
+                self.event(Notice::warning(
                     reasons::HAND_BACK_OVERDUE,
                     event_actions::PROMOTE,
                     note,
-                );
+                ));
             }
         } else {
             self.wake(deadline - waited);
@@ -75,8 +73,7 @@ impl Machine<'_> {
 
     pub(super) fn hand_back(&mut self) {
         self.actions.push(Action::HandBack);
-        self.event(
-            Severity::Normal,
+        self.event(Notice::normal(
             "HandedBack",
             event_actions::OWN,
             format!(
@@ -84,7 +81,7 @@ impl Machine<'_> {
                 self.spec.route_ref.kind.as_str(),
                 self.spec.route_ref.name
             ),
-        );
+        ));
     }
 }
 

@@ -8,7 +8,7 @@ use sluice_api::v1alpha1::{
     RolloutPhase,
     rollout::{AbortReason, StepOutcome, conditions, reasons},
 };
-use sluice_runtime::{conditions::Status, events::Severity};
+use sluice_runtime::{conditions::Status, events::Notice};
 
 use super::model::{Action, Machine, event_actions};
 
@@ -55,12 +55,11 @@ impl Machine<'_> {
             stable: owned.stable_service.clone(),
             canary: owned.canary_service.clone(),
         });
-        self.event(
-            Severity::Warning,
+        self.event(Notice::warning(
             reasons::TARGET_CHANGED,
             event_actions::OWN,
             note.clone(),
-        );
+        ));
         if self.obs.deleting {
             return true;
         }

@@ -9,7 +9,7 @@ use sluice_api::v1alpha1::{
         AbortReason, AbortStatus, OwnedRouteStatus, RouteKindName, StepRecord, conditions, reasons,
     },
 };
-use sluice_runtime::conditions as cond;
+use sluice_runtime::{conditions as cond, events::Announces};
 
 use crate::route_edit::Desired;
 
@@ -627,7 +627,7 @@ fn kinds(d: &Decision) -> Vec<String> {
             Action::Release { kind, route, .. } => {
                 Some(format!("release {} {route}", kind.as_str()))
             }
-            Action::Event { .. } => None,
+            Action::Event(_) => None,
         })
         .collect()
 }
@@ -1239,7 +1239,7 @@ fn an_overdue_hand_back_emits_one_event() {
     let overdue = |d: &Decision| {
         d.actions
             .iter()
-            .filter(|a| matches!(a, Action::Event { reason, .. } if *reason == reasons::HAND_BACK_OVERDUE))
+            .filter(|a| a.event_reason() == Some(reasons::HAND_BACK_OVERDUE))
             .count()
     };
     let d = step(&s, st.clone(), &obs, t(3_600));

@@ -13,7 +13,7 @@ use sluice_api::v1alpha1::{
 };
 use sluice_runtime::{
     conditions::{self as cond, Status},
-    events::Severity,
+    events::Notice,
 };
 
 use super::model::{Machine, dur, event_actions, expected_share, since};
@@ -65,12 +65,11 @@ impl Machine<'_> {
                     reasons::SHARE_WITHIN_TOLERANCE,
                     note.clone(),
                 );
-                self.event(
-                    Severity::Normal,
+                self.event(Notice::normal(
                     reasons::SHARE_WITHIN_TOLERANCE,
                     event_actions::SHARE,
                     note,
-                );
+                ));
                 self.wake(interval);
                 return false;
             }
@@ -128,12 +127,11 @@ impl Machine<'_> {
                 note.clone(),
             );
             if was.as_deref() != Some(reasons::SHARE_NOT_YET_APPLIED) && elapsed >= interval * 2 {
-                self.event(
-                    Severity::Warning,
+                self.event(Notice::warning(
                     reasons::SHARE_NOT_YET_APPLIED,
                     event_actions::SHARE,
                     note,
-                );
+                ));
             }
             self.wake(interval);
             return false;

@@ -9,7 +9,7 @@ use sluice_api::v1alpha1::{
 };
 use sluice_runtime::{
     conditions::{self as cond, Status},
-    events::Severity,
+    events::Notice,
 };
 
 use super::model::{COMPLETE, REPORT_LIMIT, Tick};
@@ -99,7 +99,7 @@ impl Tick<'_> {
                 reasons::NO_OLD_PROXIES,
                 format!("complete: {} proxies on {}", p.new, self.spec.to_revision),
             );
-            self.event(Severity::Normal, reasons::NO_OLD_PROXIES, COMPLETE, msg);
+            self.event(Notice::normal(reasons::NO_OLD_PROXIES, COMPLETE, msg));
             return;
         }
         let mut where_ = Vec::new();

@@ -3,7 +3,7 @@
 use sluice_api::v1alpha1::revision_upgrade::{
     NamespaceState, UpgradeWaveState, UpgradeWaveStatus, reasons,
 };
-use sluice_runtime::events::Severity;
+use sluice_runtime::events::Notice;
 
 use super::model::{RESUME, Tick, event_reasons};
 
@@ -58,6 +58,6 @@ impl Tick<'_> {
             self.spec.resume,
             restarted.as_deref().unwrap_or("(none)")
         );
-        self.event(Severity::Normal, event_reasons::RESUMED, RESUME, note);
+        self.event(Notice::normal(event_reasons::RESUMED, RESUME, note));
     }
 }

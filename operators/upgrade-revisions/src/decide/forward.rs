@@ -9,7 +9,7 @@ use sluice_api::v1alpha1::revision_upgrade::{
 };
 use sluice_runtime::{
     conditions::{self as cond, Status},
-    events::Severity,
+    events::Notice,
 };
 
 use super::model::{Tick, WAVE, event_reasons};
@@ -29,12 +29,11 @@ impl Tick<'_> {
             let known = cond::find(&self.next.conditions, conditions::PROGRESSING)
                 .is_some_and(|c| c.reason == reasons::WAITING_FOR_UPGRADE && c.message == msg);
             if !known {
-                self.event(
-                    Severity::Normal,
+                self.event(Notice::normal(
                     reasons::WAITING_FOR_UPGRADE,
                     WAVE,
                     msg.clone(),
-                );
+                ));
             }
             self.condition(
                 conditions::PROGRESSING,
@@ -80,12 +79,11 @@ impl Tick<'_> {
             let known = cond::find(&self.next.conditions, conditions::PROGRESSING)
                 .is_some_and(|c| c.reason == reasons::STARTED_WAVE_REMOVED && c.message == msg);
             if !known {
-                self.event(
-                    Severity::Warning,
+                self.event(Notice::warning(
                     reasons::STARTED_WAVE_REMOVED,
                     WAVE,
                     msg.clone(),
-                );
+                ));
             }
             self.condition(
                 conditions::PROGRESSING,
@@ -211,9 +209,7 @@ impl Tick<'_> {
             });
         }
         let proxies: u32 = members.iter().map(|m| self.count(m, "").pods).sum();
-        self.event(
-            Severity::Normal,
-            event_reasons::WAVE_STARTED,
+        self.event(Notice::normal(event_reasons::WAVE_STARTED,
             WAVE,
             format!(
                 "wave {name} started: {} namespace(s), {proxies} proxies, moving from tag {} ({}) to {} ({})",
@@ -222,7 +218,6 @@ impl Tick<'_> {
                 self.spec.from_revision,
                 self.spec.to_tag,
                 self.spec.to_revision
-            ),
-        );
+            )));
     }
 }

@@ -17,7 +17,7 @@ use sluice_api::v1alpha1::{
 };
 use sluice_runtime::{
     conditions::{self as cond, Status},
-    events::Severity,
+    events::Notice,
 };
 
 use super::model::{Action, Decision, GATE_MISCONFIGURED, GateReport, Observations, VALIDATE};
@@ -104,14 +104,13 @@ pub(super) fn set_ready(
             }
             replace(&mut d.status.conditions, c);
             if changed {
-                d.actions.push(Action::Event {
-                    severity: Severity::Warning,
-                    reason: GATE_MISCONFIGURED,
-                    action: VALIDATE,
-                    note: format!(
+                d.actions.push(Action::Event(Notice::warning(
+                    GATE_MISCONFIGURED,
+                    VALIDATE,
+                    format!(
                         "a gate cannot be evaluated as configured; it stays Inconclusive under its Inconclusive policy: {message}"
                     ),
-                });
+                )));
             }
         }
         (Some(_), Some(_)) => {

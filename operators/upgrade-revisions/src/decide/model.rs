@@ -17,7 +17,7 @@ use sluice_api::v1alpha1::{
 };
 use sluice_runtime::{
     conditions::{self as cond, Status},
-    events::Severity,
+    events::Notice,
 };
 
 use crate::{
@@ -141,16 +141,7 @@ pub use sluice_api::v1alpha1::revision_upgrade::reasons::GATE_MISCONFIGURED;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
     /// Publish a Kubernetes Event about the RevisionUpgrade.
-    Event {
-        /// Normal or Warning.
-        severity: Severity,
-        /// CamelCase reason.
-        reason: &'static str,
-        /// CamelCase action.
-        action: &'static str,
-        /// Human-readable note.
-        note: String,
-    },
+    Event(Notice),
     /// Change a namespace's `istio.io/rev` label from `from` to `to` (only if it still is
     /// `from`).
     Relabel {
@@ -189,15 +180,7 @@ pub enum Action {
     ScheduleBusy(Duration),
 }
 
-impl Action {
-    /// The reason of an Event; `None` for any other action.
-    pub fn event_reason(&self) -> Option<&'static str> {
-        match self {
-            Action::Event { reason, .. } => Some(reason),
-            _ => None,
-        }
-    }
-}
+sluice_runtime::announces!(Action);
 
 /// When to look at the object again.
 pub use sluice_runtime::decision::Requeue;
@@ -305,19 +288,8 @@ impl Tick<'_> {
         self.obs.generation
     }
 
-    pub(super) fn event(
-        &mut self,
-        severity: Severity,
-        reason: &'static str,
-        action: &'static str,
-        note: String,
-    ) {
-        self.actions.push(Action::Event {
-            severity,
-            reason,
-            action,
-            note,
-        });
+    pub(super) fn event(&mut self, notice: Notice) {
+        self.actions.push(Action::Event(notice));
     }
 
     pub(super) fn condition(&mut self, type_: &str, status: Status, reason: &str, message: String) {

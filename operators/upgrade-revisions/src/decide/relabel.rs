@@ -10,7 +10,7 @@ use sluice_api::v1alpha1::revision_upgrade::{
 };
 use sluice_runtime::{
     conditions::{self as cond, Status},
-    events::Severity,
+    events::Notice,
 };
 
 use super::model::{
@@ -56,15 +56,12 @@ impl Tick<'_> {
                 continue;
             }
             if !before.contains(&namespace) {
-                self.event(
-                    Severity::Warning,
-                    reasons::NAMESPACE_RELABELLED_BACK,
+                self.event(Notice::warning(reasons::NAMESPACE_RELABELLED_BACK,
                     RELABEL,
                     format!(
                         "namespace {namespace} was relabelled istio.io/rev={rev:?} by someone else after sluice set {}; its pods are not restarted until the label is {} again (with Argo CD, see the README's ignoreDifferences setting)",
                         self.spec.to_tag, self.spec.to_tag
-                    ),
-                );
+                    )));
             }
             list.push(RelabelDetection {
                 namespace,
@@ -121,7 +118,7 @@ impl Tick<'_> {
         let known = cond::find(&self.next.conditions, conditions::PROGRESSING)
             .is_some_and(|c| c.reason == reasons::TAG_MISMATCH && c.message == msg);
         if !known {
-            self.event(Severity::Warning, reasons::TAG_MISMATCH, WAVE, msg.clone());
+            self.event(Notice::warning(reasons::TAG_MISMATCH, WAVE, msg.clone()));
         }
         self.condition(
             conditions::PROGRESSING,
@@ -236,15 +233,12 @@ impl Tick<'_> {
             if self.next.reinjected_by_old_revision.len() >= REPORT_LIMIT {
                 break;
             }
-            self.event(
-                Severity::Warning,
-                reasons::REINJECTED_BY_OLD_REVISION,
+            self.event(Notice::warning(reasons::REINJECTED_BY_OLD_REVISION,
                 RELABEL,
                 format!(
                     "{} {}/{}: pod {} was created after namespace {} carried istio.io/rev={label} and was injected by revision {}, not {target}; the workload is not restarted again (check a pod-level istio.io/rev label added at admission, or the {label} tag's injector)",
                     r.kind, r.namespace, r.name, r.pod, r.namespace, r.found
-                ),
-            );
+                )));
             self.next.reinjected_by_old_revision.push(r);
         }
         if self.next.reinjected_by_old_revision.is_empty() {

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use sluice_api::v1alpha1::revision_upgrade::{WorkloadReport, conditions, reasons};
-use sluice_runtime::{conditions::Status, events::Severity};
+use sluice_runtime::{conditions::Status, events::Notice};
 
 use super::model::{RELABEL, REPORT_LIMIT, Tick};
 use crate::fleet::{self};
@@ -29,12 +29,11 @@ impl Tick<'_> {
                 self.spec.from_tag
             );
             if self.next.injection_enabled_namespaces != legacy {
-                self.event(
-                    Severity::Warning,
+                self.event(Notice::warning(
                     reasons::LEGACY_INJECTION_LABEL,
                     RELABEL,
                     msg.clone(),
-                );
+                ));
             }
             self.condition(
                 conditions::INJECTION_LABEL_FOUND,
@@ -116,16 +115,13 @@ impl Tick<'_> {
             })
             .collect();
         if !new.is_empty() {
-            self.event(
-                Severity::Warning,
-                reasons::POD_REVISION_OVERRIDE,
+            self.event(Notice::warning(reasons::POD_REVISION_OVERRIDE,
                 RELABEL,
                 format!(
                     "pods pin their revision with their own istio.io/rev label, which wins over the namespace's, so they are not restarted: {}; set their label to {} (or remove it) to move them",
                     new.join(", "),
                     self.spec.to_tag
-                ),
-            );
+                )));
         }
         if overrides.is_empty() {
             self.condition(
@@ -183,12 +179,11 @@ impl Tick<'_> {
                     .collect::<Vec<_>>()
                     .join(", ")
             );
-            self.event(
-                Severity::Warning,
+            self.event(Notice::warning(
                 reasons::ARGO_CD_MANAGES_NAMESPACE_LABELS,
                 RELABEL,
                 note,
-            );
+            ));
         }
         if argo.is_empty() {
             self.condition(

@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use sluice_api::v1alpha1::revision_upgrade::{
     IssuanceBudgetStatus, NamespaceState, RestartMode, UpgradeWaveState, conditions, reasons,
 };
-use sluice_runtime::{conditions::Status, events::Severity};
+use sluice_runtime::{conditions::Status, events::Notice};
 
 use super::model::{Action, Tick, WAVE, elapsed, workload_key};
 use crate::{
@@ -351,7 +351,7 @@ impl Tick<'_> {
                 reasons::SOAKING,
                 msg.clone(),
             );
-            self.event(Severity::Normal, reasons::SOAKING, WAVE, msg);
+            self.event(Notice::normal(reasons::SOAKING, WAVE, msg));
         } else if blocked {
             self.condition(
                 conditions::PROGRESSING,

@@ -9,7 +9,7 @@ use sluice_api::v1alpha1::revision_upgrade::{
 };
 use sluice_runtime::{
     conditions::{self as cond, Status},
-    events::Severity,
+    events::Notice,
 };
 
 use super::model::{ABORT, Tick};
@@ -64,7 +64,7 @@ impl Tick<'_> {
             self.spec.to_revision
         );
         self.condition(conditions::PROGRESSING, Status::True, reason, msg.clone());
-        self.event(Severity::Warning, reason, ABORT, msg);
+        self.event(Notice::warning(reason, ABORT, msg));
     }
 
     pub(super) fn roll_back(&mut self) {
@@ -130,7 +130,7 @@ impl Tick<'_> {
             msg.clone(),
         );
         if !was {
-            self.event(Severity::Warning, reasons::ROLLED_BACK, ABORT, msg);
+            self.event(Notice::warning(reasons::ROLLED_BACK, ABORT, msg));
         }
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use sluice_analysis::GateAction;
 use sluice_api::v1alpha1::revision_upgrade::{UpgradeWaveState, conditions, reasons};
-use sluice_runtime::{conditions::Status, events::Severity};
+use sluice_runtime::{conditions::Status, events::Notice};
 
 use super::model::{Tick, WAVE, elapsed, event_reasons};
 
@@ -80,12 +80,11 @@ impl Tick<'_> {
         let w = &mut self.next.waves[index];
         w.state = UpgradeWaveState::Passed;
         w.finished_at = Some(Time(self.now));
-        self.event(
-            Severity::Normal,
+        self.event(Notice::normal(
             event_reasons::WAVE_PASSED,
             WAVE,
             format!("wave {wave} passed its soak with every gate green"),
-        );
+        ));
         // Start the next wave in the same tick, so no tick is lost between waves.
         if index + 1 < self.next.waves.len() {
             self.forward();

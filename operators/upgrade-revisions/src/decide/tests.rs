@@ -1,6 +1,7 @@
 use super::*;
 
 use k8s_openapi::jiff::Timestamp;
+use sluice_runtime::events::Announces;
 
 use sluice_api::v1alpha1::{RevisionUpgradePhase, RevisionUpgradeStatus};
 use sluice_runtime::validity::checks::{self, Seen};
@@ -23,7 +24,7 @@ fn run(
     now: Timestamp,
 ) -> Seen<RevisionUpgradeStatus> {
     let d = decide_validity(p, s, &obs(g), now);
-    Seen::new(d.status, &d.actions, d.requeue, Action::event_reason)
+    Seen::new(d.status, &d.actions, d.requeue, Announces::event_reason)
 }
 
 #[test]

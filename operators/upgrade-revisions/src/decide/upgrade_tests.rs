@@ -243,7 +243,7 @@ fn event_reasons(d: &Decision) -> Vec<&'static str> {
     d.actions
         .iter()
         .filter_map(|a| match a {
-            Action::Event { reason, .. } => Some(*reason),
+            Action::Event(n) => Some(n.reason),
             _ => None,
         })
         .collect()
@@ -517,7 +517,7 @@ fn a_gate_failure_in_the_second_wave_retags_it_back_and_keeps_the_first() {
     assert_eq!(
         d.actions
             .iter()
-            .filter(|a| !matches!(a, Action::Event { .. }))
+            .filter(|a| !matches!(a, Action::Event(_)))
             .count(),
         0
     );
@@ -859,7 +859,7 @@ fn holds_nothing_moves_without_tags_reading_or_while_paused() {
         .tags
         .insert("canary".into(), "1-26".into());
     let d = decide(&s, None, &o, t(0));
-    assert!(d.actions.iter().all(|a| matches!(a, Action::Event { .. })));
+    assert!(d.actions.iter().all(|a| matches!(a, Action::Event(_))));
     assert!(event_reasons(&d).contains(&reasons::TAG_MISMATCH));
     assert_eq!(d.status.phase, RevisionUpgradePhase::Pending);
     // Paused.
@@ -871,7 +871,7 @@ fn holds_nothing_moves_without_tags_reading_or_while_paused() {
         &observe(&model, None, GateAction::Proceed),
         t(0),
     );
-    assert!(d.actions.iter().all(|a| matches!(a, Action::Event { .. })));
+    assert!(d.actions.iter().all(|a| matches!(a, Action::Event(_))));
     assert_eq!(d.status.phase, RevisionUpgradePhase::Paused);
     // No issuance reading: relabels happen, restarts do not.
     let first = decide(&s, None, &observe(&model, None, GateAction::Proceed), t(0));
@@ -1132,7 +1132,7 @@ impl FloorModel {
                     self.pods.retain(|p| p.workload.as_ref() != Some(w));
                     self.pods.push(r);
                 }
-                Action::Event { .. } | Action::ScheduleBusy(_) => {}
+                Action::Event(_) | Action::ScheduleBusy(_) => {}
             }
         }
     }

@@ -5,7 +5,7 @@ use k8s_openapi::jiff::Timestamp;
 use sluice_api::v1alpha1::{RevisionUpgradePhase, RevisionUpgradeStatus};
 use sluice_runtime::validity::Step;
 
-use super::model::{Action, Decision, Observations, VALIDATE};
+use super::model::{Action, Decision, Observations};
 
 /// RevisionUpgrade's validity step: an invalid spec is Invalid whatever it was doing; a fixed
 /// one starts again from Pending.
@@ -27,18 +27,7 @@ pub fn decide_validity(
     obs: &Observations,
     now: Timestamp,
 ) -> Decision {
-    let d = VALIDITY_STEP.decide(
-        problems,
-        status,
-        obs.generation,
-        now,
-        |severity, reason, note| Action::Event {
-            severity,
-            reason,
-            action: VALIDATE,
-            note,
-        },
-    );
+    let d = VALIDITY_STEP.decide(problems, status, obs.generation, now, Action::Event);
     Decision {
         actions: d.actions,
         status: d.status,

@@ -3,7 +3,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use sluice_api::v1alpha1::wave_gate::{WaveState, conditions as types, reasons};
-use sluice_runtime::{conditions::Status, events::Severity};
+use sluice_runtime::{conditions::Status, events::Notice};
 
 use crate::decisions;
 
@@ -44,24 +44,22 @@ pub(super) fn admit(cx: &mut Ctx<'_>, i: usize) -> Requeue {
             reasons::WAITING_FOR_SITE,
             note.clone(),
         ) {
-            cx.event(
-                Severity::Normal,
+            cx.event(Notice::normal(
                 reasons::WAITING_FOR_SITE,
                 actions::ADMIT,
                 note,
-            );
+            ));
         }
         return Requeue::After(interval(spec));
     }
     for r in &released {
         let note = format!("wave {}: cross-site wait {r}", wave.name);
         cx.history_note(&note);
-        cx.event(
-            Severity::Warning,
+        cx.event(Notice::warning(
             reasons::WAIT_RELEASED,
             actions::ADMIT,
             note,
-        );
+        ));
     }
     let ws = &mut cx.next.waves[i];
     ws.state = WaveState::Converging;
@@ -80,12 +78,7 @@ pub(super) fn admit(cx: &mut Ctx<'_>, i: usize) -> Requeue {
         reasons::WAVE_ADMITTED,
         note.clone(),
     );
-    cx.event(
-        Severity::Normal,
-        reasons::WAVE_ADMITTED,
-        actions::ADMIT,
-        note,
-    );
+    cx.event(Notice::normal(reasons::WAVE_ADMITTED, actions::ADMIT, note));
     cx.actions.push(Action::NudgeApplicationSet);
     Requeue::After(interval(spec).min(convergence_timeout(spec)))
 }

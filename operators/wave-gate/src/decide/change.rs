@@ -6,7 +6,7 @@ use sluice_api::v1alpha1::wave_gate::{
 };
 use sluice_runtime::{
     conditions::{self as cond, Status},
-    events::Severity,
+    events::Notice,
 };
 
 use crate::decisions;
@@ -29,12 +29,11 @@ pub(super) fn start_change(cx: &mut Ctx<'_>) -> Option<Requeue> {
             reasons::BLOCKED_BY_HALT,
             note.clone(),
         ) {
-            cx.event(
-                Severity::Warning,
+            cx.event(Notice::warning(
                 reasons::BLOCKED_BY_HALT,
                 actions::CHANGE,
                 note,
-            );
+            ));
         }
         return Some(Requeue::AwaitChange);
     }
@@ -56,12 +55,11 @@ pub(super) fn start_change(cx: &mut Ctx<'_>) -> Option<Requeue> {
             reasons::SOURCE_COMMIT_UNCHANGED,
             note.clone(),
         ) {
-            cx.event(
-                Severity::Warning,
+            cx.event(Notice::warning(
                 reasons::SOURCE_COMMIT_UNCHANGED,
                 actions::CHANGE,
                 note,
-            );
+            ));
         }
         return Some(Requeue::AwaitChange);
     }
@@ -75,7 +73,7 @@ pub(super) fn start_change(cx: &mut Ctx<'_>) -> Option<Requeue> {
             spec.revision,
             spec.waves[0].name
         );
-        cx.event(Severity::Normal, reasons::SUPERSEDED, actions::CHANGE, note);
+        cx.event(Notice::normal(reasons::SUPERSEDED, actions::CHANGE, note));
     }
     // What a breach pins back to: the spec's word, else the last completed revision.
     let previous = spec.previous_revision.clone().or_else(|| {

@@ -9,7 +9,7 @@ use sluice_api::v1alpha1::WaveGateSpec;
 use sluice_api::v1alpha1::wave_gate::{
     DriftExporter, HaltReason, WaveState, conditions as types, reasons,
 };
-use sluice_runtime::{conditions::Status, events::Severity};
+use sluice_runtime::{conditions::Status, events::Notice};
 
 use super::halt::{finish_halt, halt};
 use super::model::{
@@ -126,7 +126,7 @@ pub(super) fn converge(cx: &mut Ctx<'_>, i: usize) -> Option<Requeue> {
             reasons::SOAKING,
             note.clone(),
         );
-        cx.event(Severity::Normal, reasons::SOAKING, actions::SOAK, note);
+        cx.event(Notice::normal(reasons::SOAKING, actions::SOAK, note));
         // Gates are due at once.
         return Some(Requeue::After(Duration::ZERO));
     }

@@ -8,7 +8,7 @@ use sluice_api::v1alpha1::wave_gate::{
     ChangeOutcome, HaltReason, HaltStatus, WaveState, conditions as types, reasons,
 };
 use sluice_api::v1alpha1::{BundlePinPhase, GateVerdict, WaveGateSpec, WaveGateStatus};
-use sluice_runtime::{conditions::Status, events::Severity};
+use sluice_runtime::{conditions::Status, events::Notice};
 
 use crate::{
     decisions,
@@ -122,7 +122,7 @@ pub(super) fn halt(
     cx.condition(types::HALTED, Status::True, r, note.clone());
     cx.condition(types::PROGRESSING, Status::False, r, note.clone());
     cx.history_finish(ChangeOutcome::Halted);
-    cx.event(Severity::Warning, r, actions::HALT, note);
+    cx.event(Notice::warning(r, actions::HALT, note));
 }
 
 /// Pins first; once every pin exists, the admitted clusters' decisions go back to the previous
@@ -143,7 +143,7 @@ pub(super) fn finish_halt(cx: &mut Ctx<'_>) -> Requeue {
             reasons::GATE_FAILED,
             note.clone(),
         ) {
-            cx.event(Severity::Warning, reasons::GATE_FAILED, actions::PIN, note);
+            cx.event(Notice::warning(reasons::GATE_FAILED, actions::PIN, note));
         }
         return Requeue::AwaitChange;
     };
@@ -228,7 +228,7 @@ pub(super) fn finish_halt(cx: &mut Ctx<'_>) -> Requeue {
         reasons::PINNED_BACK,
         note.clone(),
     );
-    cx.event(Severity::Warning, reasons::PINNED_BACK, actions::PIN, note);
+    cx.event(Notice::warning(reasons::PINNED_BACK, actions::PIN, note));
     cx.actions.push(Action::NudgeApplicationSet);
     Requeue::AwaitChange
 }

@@ -26,7 +26,7 @@ use sluice_api::v1alpha1::wave_gate::{
 use sluice_api::v1alpha1::{WaveGatePhase, WaveGateSpec, WaveGateStatus};
 use sluice_runtime::{
     conditions::{self as cond, Status},
-    events::Severity,
+    events::{Notice, Severity},
 };
 
 use crate::{decisions, validity};
@@ -127,19 +127,17 @@ fn step(cx: &mut Ctx<'_>) -> Requeue {
     );
     if v.transitioned {
         if v.valid {
-            cx.event(
-                Severity::Normal,
+            cx.event(Notice::normal(
                 reasons::VALID,
                 actions::VALIDATE,
-                "spec accepted".into(),
-            );
+                "spec accepted",
+            ));
         } else {
-            cx.event(
-                Severity::Warning,
+            cx.event(Notice::warning(
                 reasons::INVALID_SPEC,
                 actions::VALIDATE,
                 v.message,
-            );
+            ));
         }
     }
     if !v.valid {
@@ -208,12 +206,16 @@ fn step(cx: &mut Ctx<'_>) -> Requeue {
     };
     let status = if safe { Status::True } else { Status::False };
     if cx.condition(types::APPLICATION_SET_SAFE, status, reason, message.clone()) {
-        let severity = if safe {
-            Severity::Normal
-        } else {
-            Severity::Warning
-        };
-        cx.event(severity, reason, actions::CHECK_APPLICATION_SET, message);
+        cx.event(Notice {
+            severity: if safe {
+                Severity::Normal
+            } else {
+                Severity::Warning
+            },
+            reason,
+            action: actions::CHECK_APPLICATION_SET,
+            note: message,
+        });
     }
     if !safe {
         return Requeue::After(every);
@@ -268,7 +270,7 @@ fn step(cx: &mut Ctx<'_>) -> Requeue {
                     reasons::ADOPTED,
                     note.clone(),
                 );
-                cx.event(Severity::Normal, reasons::ADOPTED, actions::ADOPT, note);
+                cx.event(Notice::normal(reasons::ADOPTED, actions::ADOPT, note));
                 cx.actions.push(Action::NudgeApplicationSet);
             }
             Err(why) => {
@@ -278,12 +280,11 @@ fn step(cx: &mut Ctx<'_>) -> Requeue {
                     reasons::ADOPTION_PENDING,
                     why.clone(),
                 ) {
-                    cx.event(
-                        Severity::Warning,
+                    cx.event(Notice::warning(
                         reasons::ADOPTION_PENDING,
                         actions::ADOPT,
                         why,
-                    );
+                    ));
                 }
                 return Requeue::After(every);
             }

@@ -15,7 +15,7 @@ use sluice_api::v1alpha1::wave_gate::{ChangeOutcome, ChangeRecord, WaveState};
 use sluice_api::v1alpha1::{BundlePinPhase, GateVerdict, WaveGateSpec, WaveGateStatus};
 use sluice_runtime::{
     conditions::{self as cond, Status},
-    events::Severity,
+    events::Notice,
 };
 
 use crate::pins::PinPlan;
@@ -174,16 +174,7 @@ impl Default for Observations {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
     /// Publish a Kubernetes Event about the WaveGate.
-    Event {
-        /// Normal or Warning.
-        severity: Severity,
-        /// CamelCase reason.
-        reason: &'static str,
-        /// CamelCase action.
-        action: &'static str,
-        /// Human-readable note.
-        note: String,
-    },
+    Event(Notice),
     /// Annotate the ApplicationSet so Argo CD regenerates its Applications now.
     NudgeApplicationSet,
     /// Create a BundlePin (already existing is fine: names are deterministic).
@@ -191,6 +182,8 @@ pub enum Action {
     /// Delete a BundlePin this WaveGate created that revert released (already gone is fine).
     DeletePin(String),
 }
+
+sluice_runtime::announces!(Action);
 
 /// When to look at the object again.
 pub use sluice_runtime::decision::Requeue;
@@ -293,19 +286,8 @@ pub(super) struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    pub(super) fn event(
-        &mut self,
-        severity: Severity,
-        reason: &'static str,
-        action: &'static str,
-        note: String,
-    ) {
-        self.actions.push(Action::Event {
-            severity,
-            reason,
-            action,
-            note,
-        });
+    pub(super) fn event(&mut self, notice: Notice) {
+        self.actions.push(Action::Event(notice));
     }
 
     /// Sets a condition; true when it changed status, reason or message.

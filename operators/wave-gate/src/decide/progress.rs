@@ -4,7 +4,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use sluice_api::v1alpha1::WaveGateSpec;
 use sluice_api::v1alpha1::wave_gate::{ChangeOutcome, WaveState, conditions as types, reasons};
-use sluice_runtime::{conditions::Status, events::Severity};
+use sluice_runtime::{conditions::Status, events::Notice};
 
 use crate::decisions;
 
@@ -51,7 +51,7 @@ pub(super) fn progress(cx: &mut Ctx<'_>) -> Requeue {
             reasons::EMERGENCY,
             note.clone(),
         );
-        cx.event(Severity::Warning, reasons::EMERGENCY, actions::ADMIT, note);
+        cx.event(Notice::warning(reasons::EMERGENCY, actions::ADMIT, note));
         cx.actions.push(Action::NudgeApplicationSet);
         return Requeue::AwaitChange;
     }
@@ -68,7 +68,7 @@ pub(super) fn progress(cx: &mut Ctx<'_>) -> Requeue {
                     note.clone(),
                 ) {
                     cx.history_finish(ChangeOutcome::Complete);
-                    cx.event(Severity::Normal, reasons::COMPLETE, actions::ADMIT, note);
+                    cx.event(Notice::normal(reasons::COMPLETE, actions::ADMIT, note));
                 }
             }
             return Requeue::AwaitChange;

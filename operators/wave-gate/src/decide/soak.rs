@@ -9,7 +9,7 @@ use sluice_api::v1alpha1::wave_gate::{
     DriftExporter, HaltReason, WaveState, conditions as types, reasons,
 };
 use sluice_api::v1alpha1::{GateVerdict, Verdict, VerdictReason, WaveGateSpec, WaveGateStatus};
-use sluice_runtime::{conditions::Status, events::Severity};
+use sluice_runtime::{conditions::Status, events::Notice};
 
 use super::converge::convergence;
 use super::halt::{finish_halt, halt};
@@ -156,7 +156,7 @@ pub(super) fn soak_step(cx: &mut Ctx<'_>, i: usize) -> Option<Requeue> {
             reasons::WAVE_PASSED,
             note.clone(),
         );
-        cx.event(Severity::Normal, reasons::WAVE_PASSED, actions::SOAK, note);
+        cx.event(Notice::normal(reasons::WAVE_PASSED, actions::SOAK, note));
         return None;
     }
     // Say what holds the wave past its soak (readable in `kubectl describe`).

@@ -126,7 +126,7 @@ fn events(d: &Decision) -> Vec<&'static str> {
     d.actions
         .iter()
         .filter_map(|a| match a {
-            Action::Event { reason, .. } => Some(*reason),
+            Action::Event(n) => Some(n.reason),
             _ => None,
         })
         .collect()
