@@ -6,19 +6,25 @@
 //! a message or anything else unbounded: `kind` and `category` come from fixed sets. The
 //! per-object series (`sluice_object_*`) are the one exception, bounded by the number of objects:
 //! one state series, one progress timestamp and at most one series per passed deadline per
-//! object, removed when the object is deleted and all dropped when this replica stops leading
-//! (only the leader exports them). Their labels are `kind`, `object_namespace` and `object_name`,
-//! never a bare `namespace` or `name`, which a scrape's own target labels would overwrite.
+//! object. They are read at scrape time from the objects the controller's store holds, so a
+//! deleted object has none, and only while this replica leads (only the leader exports them);
+//! nothing records or removes them one by one. Their labels are `kind`, `object_namespace` and
+//! `object_name`, never a bare `namespace` or `name`, which a scrape's own target labels would
+//! overwrite.
 
 use std::{
-    collections::{BTreeSet, HashMap},
-    sync::{Arc, Mutex},
+    any::Any,
+    collections::BTreeSet,
+    sync::{Arc, RwLock},
     time::Duration,
 };
 
+use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{Resource, runtime::reflector::Store};
 use prometheus_client::{
-    encoding::EncodeLabelSet,
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
     metrics::{
         counter::Counter,
         family::Family,
@@ -151,129 +157,220 @@ impl ObjectSignal {
     }
 }
 
-/// The platform's per-object series, shared by every operator: `sluice_object_state` (1 with
-/// the object's phase and reason), `sluice_object_progressed_timestamp_seconds` and
-/// `sluice_object_overdue` (1 per deadline passed). Cheap to clone; clones share the series.
-#[derive(Debug, Clone, Default)]
-pub struct ObjectSignals {
-    state: Family<ObjectStateLabels, Gauge>,
-    progressed: Family<ObjectLabels, Gauge>,
-    overdue: Family<ObjectDeadlineLabels, Gauge>,
-    current: Arc<Mutex<HashMap<ObjectLabels, ObjectSignal>>>,
+/// How an operator decides the signal of one object of its kind `K` at a scrape's time: `None`
+/// when the object says nothing yet (no status written).
+pub type SignalOf<K> = Arc<dyn Fn(&K, Timestamp) -> Option<ObjectSignal> + Send + Sync>;
+
+/// The objects a scrape reads the per-object series from: the leader's store of the operator's
+/// kind and the operator's signal for it.
+trait LedObjects: Send + Sync {
+    /// The kind's name (the `kind` label).
+    fn kind(&self) -> &str;
+    /// `(namespace, name)` of every object the store holds.
+    fn names(&self) -> Vec<(String, String)>;
+    /// Every object's signal at `now`, with its labels.
+    fn signals(&self, now: Timestamp) -> Vec<(ObjectLabels, ObjectSignal)>;
 }
 
-impl ObjectSignals {
-    fn register(&self, sub: &mut Registry) {
-        sub.register(
-            "object_state",
-            "1 per object with its phase and reason (kind, object_namespace, object_name); leader only",
-            self.state.clone(),
-        );
-        sub.register(
-            "object_progressed_timestamp_seconds",
-            "When the object last made progress (entered its step, phase or state), Unix seconds; leader only",
-            self.progressed.clone(),
-        );
-        sub.register(
-            "object_overdue",
-            "1 per object and deadline it is past (e.g. HandBack); leader only",
-            self.overdue.clone(),
-        );
-    }
+struct Led<K: Resource<DynamicType = ()> + Clone + 'static> {
+    kind: String,
+    store: Store<K>,
+    signal: SignalOf<K>,
+}
 
-    /// Records `signal` for the object, replacing the series of its previous signal.
-    pub fn set(&self, kind: &str, namespace: &str, name: &str, signal: ObjectSignal) {
-        let key = ObjectLabels {
-            kind: kind.to_owned(),
-            object_namespace: namespace.to_owned(),
-            object_name: name.to_owned(),
-        };
-        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        if current.get(&key) == Some(&signal) {
-            return;
-        }
-        if let Some(before) = current.remove(&key) {
-            self.drop_series(&key, &before);
-        }
-        self.state
-            .get_or_create(&state_labels(&key, &signal))
-            .set(1);
-        if let Some(at) = signal.progressed_at {
-            self.progressed.get_or_create(&key).set(at);
-        }
-        for deadline in &signal.overdue {
-            self.overdue
-                .get_or_create(&deadline_labels(&key, deadline))
-                .set(1);
-        }
-        current.insert(key, signal);
-    }
-
-    /// Removes every series of the object (it was deleted).
-    pub fn remove(&self, kind: &str, namespace: &str, name: &str) {
-        let key = ObjectLabels {
-            kind: kind.to_owned(),
-            object_namespace: namespace.to_owned(),
-            object_name: name.to_owned(),
-        };
-        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(before) = current.remove(&key) {
-            self.drop_series(&key, &before);
+impl<K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static> Led<K> {
+    fn labels(&self, obj: &K) -> ObjectLabels {
+        ObjectLabels {
+            kind: self.kind.clone(),
+            object_namespace: obj.meta().namespace.clone().unwrap_or_default(),
+            object_name: obj.meta().name.clone().unwrap_or_default(),
         }
     }
+}
 
-    /// Removes every object's series (this replica stopped leading).
-    pub fn clear(&self) {
-        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        current.clear();
-        self.state.clear();
-        self.progressed.clear();
-        self.overdue.clear();
+impl<K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static> LedObjects for Led<K> {
+    fn kind(&self) -> &str {
+        &self.kind
     }
 
-    /// `(namespace, name)` of every object of `kind` that has series.
-    pub fn objects_of(&self, kind: &str) -> Vec<(String, String)> {
-        let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out: Vec<(String, String)> = current
-            .keys()
-            .filter(|k| k.kind == kind)
-            .map(|k| (k.object_namespace.clone(), k.object_name.clone()))
+    fn names(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = self
+            .store
+            .state()
+            .iter()
+            .map(|o| {
+                let l = self.labels(o);
+                (l.object_namespace, l.object_name)
+            })
             .collect();
         out.sort();
         out
     }
 
-    /// Removes the series of every object of `kind` for which `exists(namespace, name)` says
-    /// no (the controller's cache no longer holds it: deleted, with or without a finalizer).
-    /// Returns how many objects were removed.
-    pub fn sweep(&self, kind: &str, exists: impl Fn(&str, &str) -> bool) -> usize {
-        let gone: Vec<(String, String)> = self
-            .objects_of(kind)
-            .into_iter()
-            .filter(|(ns, name)| !exists(ns, name))
-            .collect();
-        for (ns, name) in &gone {
-            self.remove(kind, ns, name);
+    fn signals(&self, now: Timestamp) -> Vec<(ObjectLabels, ObjectSignal)> {
+        self.store
+            .state()
+            .iter()
+            .filter_map(|o| (self.signal)(o, now).map(|s| (self.labels(o), s)))
+            .collect()
+    }
+}
+
+/// The platform's per-object series, shared by every operator: `sluice_object_state` (1 with
+/// the object's phase and reason), `sluice_object_progressed_timestamp_seconds` and
+/// `sluice_object_overdue` (1 per deadline passed). Read at each scrape from the controller's
+/// store of the operator's own kind while this replica leads ([`ObjectSignals::lead`]), each
+/// object's signal decided then ([`ObjectSignals::decided_by`]): a deleted object has no series
+/// at the next scrape, a deadline is judged at the scrape's time, and a replica that does not
+/// lead exports none. Cheap to clone; clones share the store.
+#[derive(Clone)]
+pub struct ObjectSignals {
+    /// The scrape's time.
+    clock: fn() -> Timestamp,
+    /// The operator's [`SignalOf`] of its kind, behind `Any` (the kind is known where the store is
+    /// made, not here).
+    decide: Arc<RwLock<Option<Arc<dyn Any + Send + Sync>>>>,
+    /// What a scrape reads while this replica leads.
+    led: Arc<RwLock<Option<Arc<dyn LedObjects>>>>,
+}
+
+impl Default for ObjectSignals {
+    fn default() -> Self {
+        Self {
+            clock: Timestamp::now,
+            decide: Arc::default(),
+            led: Arc::default(),
         }
-        gone.len()
+    }
+}
+
+impl std::fmt::Debug for ObjectSignals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let led = read(&self.led).as_ref().map(|l| l.kind().to_owned());
+        f.debug_struct("ObjectSignals")
+            .field("led", &led)
+            .finish_non_exhaustive()
+    }
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Name and help text of each per-object family (the registry adds the `sluice_` prefix).
+const OBJECT_STATE: (&str, &str) = (
+    "object_state",
+    "1 per object with its phase and reason (kind, object_namespace, object_name); leader only",
+);
+const OBJECT_PROGRESSED: (&str, &str) = (
+    "object_progressed_timestamp_seconds",
+    "When the object last made progress (entered its step, phase or state), Unix seconds; leader only",
+);
+const OBJECT_OVERDUE: (&str, &str) = (
+    "object_overdue",
+    "1 per object and deadline it is past (e.g. HandBack); leader only",
+);
+
+impl ObjectSignals {
+    /// Decides each object's signal of kind `K` with `signal` at every scrape (`now`: the
+    /// scrape's time). The operator calls it once at start-up, for the kind its controller
+    /// reconciles.
+    pub fn decided_by<K>(
+        &self,
+        signal: impl Fn(&K, Timestamp) -> Option<ObjectSignal> + Send + Sync + 'static,
+    ) where
+        K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    {
+        let signal: SignalOf<K> = Arc::new(signal);
+        *write(&self.decide) = Some(Arc::new(signal));
     }
 
-    /// How many objects have series.
-    pub fn len(&self) -> usize {
-        self.current.lock().unwrap_or_else(|e| e.into_inner()).len()
+    /// This replica leads over the objects `store` holds: scrapes read their series from it
+    /// until [`ObjectSignals::step_down`]. The controller loop calls it with its store each
+    /// time it starts. An object has series only when the signal of `K`
+    /// ([`ObjectSignals::decided_by`]) says something about it.
+    pub fn lead<K>(&self, store: Store<K>)
+    where
+        K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    {
+        let signal = read(&self.decide)
+            .as_ref()
+            .and_then(|d| d.downcast_ref::<SignalOf<K>>().cloned())
+            .unwrap_or_else(|| Arc::new(|_: &K, _| None));
+        *write(&self.led) = Some(Arc::new(Led {
+            kind: K::kind(&()).into_owned(),
+            store,
+            signal,
+        }));
     }
 
-    /// Whether no object has series.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// This replica stopped leading: scrapes export no per-object series.
+    pub fn step_down(&self) {
+        *write(&self.led) = None;
     }
 
-    fn drop_series(&self, key: &ObjectLabels, before: &ObjectSignal) {
-        self.state.remove(&state_labels(key, before));
-        self.progressed.remove(key);
-        for deadline in &before.overdue {
-            self.overdue.remove(&deadline_labels(key, deadline));
+    /// `(namespace, name)` of every object of `kind` the leader's store holds (none while this
+    /// replica does not lead).
+    pub fn objects_of(&self, kind: &str) -> Vec<(String, String)> {
+        match read(&self.led).as_ref() {
+            Some(led) if led.kind() == kind => led.names(),
+            _ => Vec::new(),
         }
+    }
+
+    /// The three families as they read at `now`.
+    fn families(
+        &self,
+        now: Timestamp,
+    ) -> (
+        Family<ObjectStateLabels, Gauge>,
+        Family<ObjectLabels, Gauge>,
+        Family<ObjectDeadlineLabels, Gauge>,
+    ) {
+        let state = Family::<ObjectStateLabels, Gauge>::default();
+        let progressed = Family::<ObjectLabels, Gauge>::default();
+        let overdue = Family::<ObjectDeadlineLabels, Gauge>::default();
+        let led = read(&self.led).clone();
+        for (key, signal) in led.map(|l| l.signals(now)).unwrap_or_default() {
+            state.get_or_create(&state_labels(&key, &signal)).set(1);
+            if let Some(at) = signal.progressed_at {
+                progressed.get_or_create(&key).set(at);
+            }
+            for deadline in &signal.overdue {
+                overdue
+                    .get_or_create(&deadline_labels(&key, deadline))
+                    .set(1);
+            }
+        }
+        (state, progressed, overdue)
+    }
+}
+
+/// Encodes `family` under `name` with `help` (ended with a period, as the registry does for
+/// the metrics registered in it).
+fn encode_gauges<L>(
+    encoder: &mut DescriptorEncoder,
+    (name, help): (&str, &str),
+    family: &Family<L, Gauge>,
+) -> Result<(), std::fmt::Error>
+where
+    L: EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static,
+{
+    let metric =
+        encoder.encode_descriptor(name, &format!("{help}."), None, family.metric_type())?;
+    family.encode(metric)
+}
+
+impl Collector for ObjectSignals {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let (state, progressed, overdue) = self.families((self.clock)());
+        encode_gauges(&mut encoder, OBJECT_STATE, &state)?;
+        encode_gauges(&mut encoder, OBJECT_PROGRESSED, &progressed)?;
+        encode_gauges(&mut encoder, OBJECT_OVERDUE, &overdue)
     }
 }
 
@@ -324,7 +421,7 @@ impl Metrics {
             objects: ObjectSignals::default(),
         };
         let sub = registry.sub_registry_with_prefix("sluice");
-        m.objects.register(sub);
+        sub.register_collector(Box::new(m.objects.clone()));
         sub.register(
             "reconciles",
             "Reconciles run, by kind",
@@ -386,11 +483,11 @@ impl Metrics {
             .inc();
     }
 
-    /// Sets the leader gauge; a replica that stops leading drops every per-object series.
+    /// Sets the leader gauge; a replica that stops leading exports no per-object series.
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
         if !leader {
-            self.objects.clear();
+            self.objects.step_down();
         }
     }
 
@@ -458,116 +555,235 @@ mod tests {
         assert!(encode(&registry).contains("sluice_leader 0"));
     }
 
-    fn signal(phase: &str, reason: &str, at: i64, overdue: &[&str]) -> ObjectSignal {
-        ObjectSignal {
-            phase: phase.into(),
-            reason: reason.into(),
-            progressed_at: Some(at),
-            overdue: overdue.iter().map(|s| s.to_string()).collect(),
-        }
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::{reflector, watcher};
+    use std::sync::atomic::{AtomicI64, Ordering};
+
+    /// An object whose data says its phase, reason, progress (`at`) and hand-back deadline.
+    fn object(ns: &str, name: &str, fields: &[(&str, &str)]) -> ConfigMap {
+        let mut cm = ConfigMap::default();
+        cm.metadata.namespace = Some(ns.into());
+        cm.metadata.name = Some(name.into());
+        cm.data = Some(
+            fields
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        cm
+    }
+
+    /// The test kind's signal: none without a phase; `HandBack` once `now` passes `deadline`.
+    fn decide(cm: &ConfigMap, now: Timestamp) -> Option<ObjectSignal> {
+        let data = cm.data.as_ref()?;
+        let field = |k: &str| data.get(k).cloned().unwrap_or_default();
+        let deadline = data.get("deadline").and_then(|d| d.parse::<i64>().ok());
+        Some(ObjectSignal {
+            phase: data.get("phase")?.clone(),
+            reason: field("reason"),
+            progressed_at: data.get("at").and_then(|a| a.parse().ok()),
+            overdue: deadline
+                .filter(|d| now.as_second() >= *d)
+                .map(|_| "HandBack".to_owned())
+                .into_iter()
+                .collect(),
+        })
+    }
+
+    /// The scrapes' time in the tests, Unix seconds.
+    static SCRAPE_AT: AtomicI64 = AtomicI64::new(1_000);
+
+    fn scrape_at() -> Timestamp {
+        Timestamp::from_second(SCRAPE_AT.load(Ordering::SeqCst)).unwrap()
+    }
+
+    /// A registry with the shared metrics, the per-object series decided by [`decide`] at
+    /// [`scrape_at`], and a store writer for the leader's objects.
+    fn leading() -> (Registry, Metrics, reflector::store::Writer<ConfigMap>) {
+        let mut registry = Registry::default();
+        let mut m = Metrics::register(&mut Registry::default());
+        m.objects = ObjectSignals {
+            clock: scrape_at,
+            ..ObjectSignals::default()
+        };
+        registry
+            .sub_registry_with_prefix("sluice")
+            .register_collector(Box::new(m.objects.clone()));
+        m.objects().decided_by(decide);
+        let (store, writer) = reflector::store();
+        m.set_leader(true);
+        m.objects().lead(store);
+        (registry, m, writer)
+    }
+
+    fn apply(writer: &mut reflector::store::Writer<ConfigMap>, cm: ConfigMap) {
+        writer.apply_watcher_event(&watcher::Event::Apply(cm));
     }
 
     #[test]
-    fn one_state_series_per_object_replaced_on_change_and_removed_on_delete() {
-        let mut registry = Registry::default();
-        let m = Metrics::register(&mut registry);
-        m.set_leader(true);
-        let o = m.objects();
-        o.set(
-            "Rollout",
-            "shop",
-            "checkout",
-            signal("Progressing", "StepInProgress", 100, &[]),
+    fn the_leaders_objects_have_one_state_series_each_read_from_its_store_at_scrape_time() {
+        let (registry, m, mut w) = leading();
+        apply(
+            &mut w,
+            object(
+                "shop",
+                "checkout",
+                &[
+                    ("phase", "Progressing"),
+                    ("reason", "StepInProgress"),
+                    ("at", "100"),
+                ],
+            ),
         );
-        o.set(
-            "Rollout",
-            "shop",
-            "cart",
-            signal("Promoted", "Promoted", 50, &["HandBack"]),
+        apply(
+            &mut w,
+            object(
+                "shop",
+                "cart",
+                &[
+                    ("phase", "Promoted"),
+                    ("reason", "Promoted"),
+                    ("at", "50"),
+                    ("deadline", "10"),
+                ],
+            ),
         );
-        o.set(
-            "Rollout",
-            "shop",
-            "checkout",
-            signal("Aborted", "GateFailed", 160, &[]),
-        );
+        apply(&mut w, object("shop", "undecided", &[]));
         let text = encode(&registry);
         let want = [
-            r#"sluice_object_state{kind="Rollout",object_namespace="shop",object_name="checkout",phase="Aborted",reason="GateFailed"} 1"#,
-            r#"sluice_object_progressed_timestamp_seconds{kind="Rollout",object_namespace="shop",object_name="checkout"} 160"#,
-            r#"sluice_object_overdue{kind="Rollout",object_namespace="shop",object_name="cart",deadline="HandBack"} 1"#,
+            r#"sluice_object_state{kind="ConfigMap",object_namespace="shop",object_name="checkout",phase="Progressing",reason="StepInProgress"} 1"#,
+            r#"sluice_object_progressed_timestamp_seconds{kind="ConfigMap",object_namespace="shop",object_name="checkout"} 100"#,
+            r#"sluice_object_overdue{kind="ConfigMap",object_namespace="shop",object_name="cart",deadline="HandBack"} 1"#,
+            "# HELP sluice_object_state 1 per object with its phase and reason (kind, object_namespace, object_name); leader only.",
+            "# TYPE sluice_object_progressed_timestamp_seconds gauge",
         ];
         for w in want {
             assert!(text.contains(w), "missing {w} in\n{text}");
         }
+        assert_eq!(text.matches("sluice_object_state{").count(), 2, "{text}");
+        assert!(
+            !text.contains("undecided"),
+            "an object without a signal has series:\n{text}"
+        );
+
+        // The object changed in the store: its old state is gone, with no call to say so.
+        apply(
+            &mut w,
+            object(
+                "shop",
+                "checkout",
+                &[
+                    ("phase", "Aborted"),
+                    ("reason", "GateFailed"),
+                    ("at", "160"),
+                ],
+            ),
+        );
+        let text = encode(&registry);
+        assert!(
+            text.contains(r#"object_name="checkout",phase="Aborted",reason="GateFailed"} 1"#),
+            "{text}"
+        );
         assert!(
             !text.contains("Progressing"),
             "the old state stays:\n{text}"
         );
-        assert_eq!(text.matches("sluice_object_state{").count(), 2, "{text}");
 
-        o.set(
-            "Rollout",
-            "shop",
-            "cart",
-            signal("Promoted", "Promoted", 50, &[]),
-        );
-        o.remove("Rollout", "shop", "checkout");
+        // Deleted: the store no longer holds it, and the next scrape has none of its series.
+        w.apply_watcher_event(&watcher::Event::Delete(object("shop", "checkout", &[])));
         let text = encode(&registry);
         assert!(
             !text.contains("checkout"),
             "a deleted object keeps series:\n{text}"
         );
-        assert!(!text.contains("sluice_object_overdue{"), "{text}");
-        assert_eq!(o.len(), 1);
+        assert!(text.contains(r#"object_name="cart""#), "{text}");
 
-        // Only the leader exports them.
+        // Only the leader exports them, though the store still holds its objects.
         m.set_leader(false);
         let text = encode(&registry);
         assert!(
             !text.contains("cart"),
             "a replica that stopped leading exports:\n{text}"
         );
-        assert!(o.is_empty());
+        assert!(!text.contains("sluice_object_state{"), "{text}");
     }
 
     #[test]
-    fn objects_the_cache_no_longer_holds_are_swept_per_kind() {
+    fn a_replica_that_never_led_or_has_no_signal_for_the_kind_exports_no_object() {
+        let (store, mut w) = reflector::store::<ConfigMap>();
+        apply(&mut w, object("shop", "cart", &[("phase", "Promoted")]));
+
         let mut registry = Registry::default();
         let m = Metrics::register(&mut registry);
+        m.objects().decided_by(decide);
+        assert!(!encode(&registry).contains("cart"), "{}", encode(&registry));
+        assert!(m.objects().objects_of("ConfigMap").is_empty());
+
+        // Led over a kind it decides no signal for (a signal of another kind).
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        m.objects()
+            .decided_by(|_: &k8s_openapi::api::core::v1::Secret, _| Some(ObjectSignal::default()));
+        m.objects().lead(store.clone());
+        assert!(!encode(&registry).contains("cart"), "{}", encode(&registry));
+
+        // The same store, its kind decided: exported.
+        m.objects().decided_by(decide);
+        m.objects().lead(store);
+        assert!(encode(&registry).contains(r#"object_name="cart""#));
+    }
+
+    #[test]
+    fn a_deadline_is_overdue_from_the_first_scrape_after_it() {
+        let (registry, _m, mut w) = leading();
+        SCRAPE_AT.store(1_000, Ordering::SeqCst);
+        apply(
+            &mut w,
+            object(
+                "shop",
+                "cart",
+                &[("phase", "Promoted"), ("deadline", "1060")],
+            ),
+        );
+        let overdue = r#"sluice_object_overdue{kind="ConfigMap",object_namespace="shop",object_name="cart",deadline="HandBack"} 1"#;
+        assert!(
+            !encode(&registry).contains(overdue),
+            "{}",
+            encode(&registry)
+        );
+        SCRAPE_AT.store(1_059, Ordering::SeqCst);
+        assert!(!encode(&registry).contains(overdue));
+        // No reconcile, no store change: the scrape's own time passed the deadline.
+        SCRAPE_AT.store(1_060, Ordering::SeqCst);
+        assert!(encode(&registry).contains(overdue), "{}", encode(&registry));
+    }
+
+    #[test]
+    fn the_objects_of_a_kind_are_those_its_leaders_store_holds() {
+        let (_registry, m, mut w) = leading();
+        apply(&mut w, object("fleet", "west", &[("phase", "Soaking")]));
+        apply(&mut w, object("fleet", "east", &[]));
         let o = m.objects();
-        o.set(
-            "WaveGate",
-            "fleet",
-            "east",
-            signal("Halted", "GateFailed", 1, &[]),
-        );
-        o.set(
-            "WaveGate",
-            "fleet",
-            "west",
-            signal("Soaking", "Soaking", 2, &[]),
-        );
-        o.set(
-            "BundlePin",
-            "fleet",
-            "east",
-            signal("Pinned", "Pinned", 3, &[]),
-        );
-        let removed = o.sweep("WaveGate", |ns, name| ns == "fleet" && name == "west");
-        assert_eq!(removed, 1);
         assert_eq!(
-            o.objects_of("WaveGate"),
+            o.objects_of("ConfigMap"),
+            vec![
+                ("fleet".into(), "east".into()),
+                ("fleet".into(), "west".into())
+            ]
+        );
+        assert!(
+            o.objects_of("WaveGate").is_empty(),
+            "another kind's objects"
+        );
+        w.apply_watcher_event(&watcher::Event::Delete(object("fleet", "east", &[])));
+        assert_eq!(
+            o.objects_of("ConfigMap"),
             vec![("fleet".into(), "west".into())]
         );
-        let text = encode(&registry);
+        m.set_leader(false);
         assert!(
-            !text.contains(r#"kind="WaveGate",object_namespace="fleet",object_name="east""#),
-            "a deleted WaveGate keeps series:\n{text}"
-        );
-        assert!(
-            text.contains(r#"kind="BundlePin",object_namespace="fleet",object_name="east""#),
-            "another kind's object of the same name was swept:\n{text}"
+            o.objects_of("ConfigMap").is_empty(),
+            "a replica that stopped leading"
         );
     }
 

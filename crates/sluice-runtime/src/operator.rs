@@ -445,11 +445,11 @@ pub async fn drive_with<K, Ctx, F, Fut, E, X>(
                 .graceful_shutdown_on(stop.clone().cancelled_owned()),
         );
         let store = controller.store();
+        // Scrapes read the per-object series from this store while this controller runs.
+        hooks.metrics.objects().lead(store.clone());
         let sync_task = {
             let health = hooks.health.clone();
             let stop = stop.clone();
-            let objects = hooks.metrics.objects();
-            let kind = kind.clone();
             tokio::spawn(async move {
                 // The store's readiness signal wakes only one waiter, and the controller waits
                 // on it too: re-poll on a short period instead of relying on the wake-up.
@@ -468,19 +468,6 @@ pub async fn drive_with<K, Ctx, F, Fut, E, X>(
                             Err(_) => {}
                         },
                     }
-                }
-                // The per-object series of objects the cache no longer holds are removed: a
-                // deleted object leaves no series, whether or not its kind has a finalizer.
-                while !stop.is_cancelled() {
-                    tokio::select! {
-                        _ = stop.cancelled() => break,
-                        _ = tokio::time::sleep(OBJECT_SWEEP_PERIOD) => {}
-                    }
-                    objects.sweep(&kind, |ns, name| {
-                        let key = kube::runtime::reflector::ObjectRef::<K>::new(name);
-                        let key = if ns.is_empty() { key } else { key.within(ns) };
-                        store.get(&key).is_some()
-                    });
                 }
             })
         };
@@ -553,9 +540,6 @@ pub async fn drive_with<K, Ctx, F, Fut, E, X>(
         }
     }
 }
-
-/// How often the per-object series of deleted objects are looked for and removed.
-pub const OBJECT_SWEEP_PERIOD: Duration = Duration::from_secs(2);
 
 /// Everything an operator binary sets up before it reconciles.
 pub struct Runtime {

@@ -240,9 +240,6 @@ impl RevertMetrics {
     }
 }
 
-/// The `kind` label of a BundlePin's per-object series.
-pub const OBJECT_KIND: &str = "BundlePin";
-
 /// What the per-object series (`sluice_object_*`, `sluice_runtime::metrics::ObjectSignals`)
 /// say about a BundlePin, from its status alone: its phase; the reason of a Ready condition that
 /// is False (why it was refused or failed), else its Progressing reason, else empty; and when it

@@ -110,9 +110,6 @@ pub struct Context {
     pub clock: fn() -> Timestamp,
     /// revert's metrics.
     pub metrics: RevertMetrics,
-    /// The platform's per-object series (exported while this replica leads; a deleted
-    /// BundlePin's are removed by the runtime).
-    pub signals: sluice_runtime::metrics::ObjectSignals,
     /// Webhook notifications of pins and releases (`main` shares the runtime's).
     pub notifier: sluice_runtime::notify::Notifier,
     /// Whether this replica leads: checked right before every effect (Application patches,
@@ -160,7 +157,6 @@ impl Context {
             recorder,
             clock: Timestamp::now,
             metrics,
-            signals: sluice_runtime::metrics::ObjectSignals::default(),
             notifier: sluice_runtime::notify::Notifier::disabled(),
             bundles,
             leadership: Leadership::always(),
@@ -909,7 +905,6 @@ pub async fn reconcile(
         }
         ctx.metrics
             .forget(&format!("{ns}/{name}"), (ctx.clock)().as_second());
-        ctx.signals.remove(crate::metrics::OBJECT_KIND, &ns, &name);
         return Ok(ControllerAction::await_change());
     }
     let spec = if deleting {
@@ -1063,12 +1058,6 @@ pub async fn reconcile(
             ctx.notifier.notify(obj.as_ref(), n);
         }
     }
-    ctx.signals.set(
-        crate::metrics::OBJECT_KIND,
-        &ns,
-        &name,
-        crate::metrics::object_signal(&decision.status),
-    );
     let seen = status.map_or(0, |s| s.history.len());
     if decision.status.history.len() != seen
         && let Some(entry) = decision.status.history.last()

@@ -294,8 +294,6 @@ impl RolloutMetrics {
     }
 }
 
-/// The `kind` label of a Rollout's per-object series.
-pub const OBJECT_KIND: &str = "Rollout";
 /// The deadline a Promoted Rollout is past when its hand-back is overdue.
 pub const DEADLINE_HAND_BACK: &str = "HandBack";
 

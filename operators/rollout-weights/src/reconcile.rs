@@ -47,7 +47,6 @@ use sluice_runtime::{
     Categorized, Category,
     events::{Announces, EventRecorder},
     leader::{Leadership, NotLeader},
-    metrics::ObjectSignals,
     write::{self, RetryPolicy, Updated, WriteError},
 };
 
@@ -90,9 +89,6 @@ pub struct Context {
     pub baselines: Option<Arc<Engine<PrometheusSource>>>,
     /// The operator's metrics.
     pub metrics: RolloutMetrics,
-    /// The platform's per-object series (`sluice_object_*`): which Rollout is aborted, stuck
-    /// or overdue. `main` shares the runtime's, which only the leader exports.
-    pub signals: ObjectSignals,
     /// Webhook notifications of aborts and promotions (`main` shares the runtime's).
     pub notifier: sluice_runtime::notify::Notifier,
     /// Whether this replica leads: checked right before every route write.
@@ -139,7 +135,6 @@ impl Context {
             analyzer: None,
             baselines: None,
             metrics: metrics::register(&mut Registry::default()),
-            signals: ObjectSignals::default(),
             notifier: sluice_runtime::notify::Notifier::disabled(),
             leadership: Leadership::always(),
             rollouts: RolloutStore::default(),
@@ -1168,19 +1163,12 @@ async fn reconcile_on<K: Driven>(
         // Every hand-back above succeeded (errors returned early): let the deletion finish.
         set_finalizer(&api, &name, &key, false).await?;
         ctx.metrics.phase(&key, None);
-        ctx.signals.remove(metrics::OBJECT_KIND, &ns, &name);
         if let Some(a) = &ctx.analyzer {
             a.forget(&key);
         }
         return Ok(ControllerAction::await_change());
     }
     ctx.metrics.phase(&key, Some(status.phase));
-    ctx.signals.set(
-        metrics::OBJECT_KIND,
-        &ns,
-        &name,
-        metrics::object_signal(&status),
-    );
 
     let mut requeue = decision.requeue.after();
     if ctx.analyzer.is_some()

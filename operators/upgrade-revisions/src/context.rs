@@ -88,9 +88,6 @@ pub struct Context {
     pub metrics_source: Option<Metrics>,
     /// The operator's metrics.
     pub metrics: UpgradeMetrics,
-    /// The platform's per-object series (exported while this replica leads; a deleted
-    /// RevisionUpgrade's are removed by the runtime).
-    pub signals: sluice_runtime::metrics::ObjectSignals,
     /// Webhook notifications of completion, abort and hold (`main` shares the runtime's).
     pub notifier: sluice_runtime::notify::Notifier,
     /// Whether this replica leads: checked right before every relabel, eviction and rollout
@@ -130,7 +127,6 @@ impl Context {
             fleet: None,
             metrics_source: None,
             metrics: UpgradeMetrics::default(),
-            signals: sluice_runtime::metrics::ObjectSignals::default(),
             notifier: sluice_runtime::notify::Notifier::disabled(),
             leadership: Leadership::always(),
             memory: Arc::new(Mutex::new(HashMap::new())),

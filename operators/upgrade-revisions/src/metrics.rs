@@ -353,10 +353,6 @@ impl UpgradeMetrics {
     }
 }
 
-/// The `kind` label of a RevisionUpgrade's per-object series (cluster-scoped: its
-/// `object_namespace` is empty).
-pub const OBJECT_KIND: &str = "RevisionUpgrade";
-
 /// What the per-object series (`sluice_object_*`, `sluice_runtime::metrics::ObjectSignals`)
 /// say about a RevisionUpgrade, from its status alone: its phase; the reason of a Ready
 /// condition that is False, else the Progressing condition's reason (why it is paused, soaking

@@ -179,12 +179,6 @@ pub async fn reconcile(
             ctx.notifier.notify(obj.as_ref(), n);
         }
     }
-    ctx.signals.set(
-        crate::metrics::OBJECT_KIND,
-        "",
-        &name,
-        crate::metrics::object_signal(&decision.status),
-    );
     let granted = decision
         .status
         .issuance_budget

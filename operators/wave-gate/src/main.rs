@@ -6,6 +6,7 @@ use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use clap::Parser;
 use sluice_analysis::{Engine, EngineOptions, MetricsSourceArgs, PrometheusSource};
+use sluice_api::v1alpha1::WaveGate;
 use sluice_runtime::{Runtime, RuntimeArgs};
 use sluice_wave_gate::{OPERATOR, metrics, reconcile};
 
@@ -61,8 +62,11 @@ async fn main() -> ExitCode {
             }
         };
         let wave_metrics = metrics::register(&mut rt.registry);
-        // A WaveGate's series (its verdicts and its site's) go with its per-object series:
-        // when it is deleted, or when this replica stops leading.
+        rt.metrics
+            .objects()
+            .decided_by(|w: &WaveGate, _now| w.status.as_ref().map(metrics::object_signal));
+        // A WaveGate's series (its verdicts and its site's) go when the leader's store no longer
+        // holds it: when it is deleted, or when this replica stops leading.
         {
             let (verdicts, objects) = (wave_metrics.clone(), rt.metrics.objects());
             tokio::spawn(async move {
@@ -80,7 +84,6 @@ async fn main() -> ExitCode {
             allow_free_form_promql: cli.allow_free_form_promql,
             engine,
             metrics: Some(wave_metrics),
-            signals: rt.metrics.objects(),
             notifier: rt.notifier.clone(),
             pin_wait: std::time::Duration::from_secs(cli.pin_wait_seconds),
             caches: Arc::new(sluice_wave_gate::cache::Caches::new(rt.watch_client.clone())),

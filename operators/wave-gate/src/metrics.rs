@@ -359,9 +359,8 @@ impl WaveGateMetrics {
 }
 
 impl WaveGateMetrics {
-    /// Removes the series of every WaveGate not in `live` (namespace, name): the WaveGates that
-    /// still have per-object series, which go when the object is deleted or this replica stops
-    /// leading. Its verdicts go, and every series of its site unless another live WaveGate has
+    /// Removes the series of every WaveGate not in `live` (namespace, name): the WaveGates the
+    /// leader's store holds, none once the object is deleted or this replica stops leading. Its verdicts go, and every series of its site unless another live WaveGate has
     /// that site. Returns how many WaveGates were removed.
     pub fn retain_objects(&self, live: &[(String, String)]) -> usize {
         let gone: BTreeSet<(String, String)> = {
@@ -434,9 +433,9 @@ impl WaveGateMetrics {
         }
     }
 
-    /// [`Self::retain_objects`] for the WaveGates `objects` still exports: called periodically,
-    /// so a WaveGate's series go when it is deleted (the runtime sweeps its per-object series)
-    /// and all go when this replica stops leading (the runtime clears them).
+    /// [`Self::retain_objects`] for the WaveGates the leader's store holds (`objects`, the
+    /// runtime's per-object series): called periodically, so a WaveGate's series go when it is
+    /// deleted and all go when this replica stops leading (it then holds none).
     pub fn follow(&self, objects: &sluice_runtime::metrics::ObjectSignals) -> usize {
         self.retain_objects(&objects.objects_of(OBJECT_KIND))
     }
@@ -501,7 +500,29 @@ mod tests {
             ("Soaking", "Soaking")
         );
     }
+    use kube::runtime::{reflector, watcher};
     use prometheus_client::encoding::text::encode;
+    use sluice_api::v1alpha1::WaveGate;
+
+    /// The runtime's per-object series, leading over a store of WaveGates the returned writer
+    /// changes.
+    fn leading() -> (
+        sluice_runtime::metrics::ObjectSignals,
+        reflector::store::Writer<WaveGate>,
+    ) {
+        let objects = sluice_runtime::metrics::ObjectSignals::default();
+        let (store, writer) = reflector::store();
+        objects.lead(store);
+        (objects, writer)
+    }
+
+    /// WaveGate `fleet`/`name` of `site` with `status`.
+    fn wave_gate(name: &str, site: &str, status: &WaveGateStatus) -> WaveGate {
+        let mut w = WaveGate::new(name, spec(site));
+        w.metadata.namespace = Some("fleet".into());
+        w.status = Some(status.clone());
+        w
+    }
 
     /// A one-wave WaveGate of `site`.
     fn spec(site: &str) -> WaveGateSpec {
@@ -689,7 +710,7 @@ mod tests {
             "{out}"
         );
 
-        // Deleted (its per-object series are gone): its verdicts go too, the other's stay.
+        // Deleted (no longer live): its verdicts go too, the other's stay.
         let removed = m.retain_objects(&[("fleet".to_string(), "east".to_string())]);
         assert_eq!(removed, 1);
         let out = text();
@@ -705,16 +726,17 @@ mod tests {
             text()
         );
 
-        // Following the runtime's per-object series: a WaveGate they dropped (deleted) loses
-        // its verdicts; all go when they are cleared (this replica stopped leading).
-        let objects = sluice_runtime::metrics::ObjectSignals::default();
+        // Following the leader's store of WaveGates: a WaveGate it no longer holds (deleted)
+        // loses its verdicts; all go when this replica stops leading.
+        let (objects, mut store) = leading();
         for (name, site) in [("west", "eu"), ("east", "us")] {
             let st = status("drift", "Inconclusive");
-            objects.set(OBJECT_KIND, "fleet", name, object_signal(&st));
+            store.apply_watcher_event(&watcher::Event::Apply(wave_gate(name, site, &st)));
             m.record("fleet", name, &spec(site), None, &st, t);
         }
         assert_eq!(m.follow(&objects), 0);
-        objects.remove(OBJECT_KIND, "fleet", "west");
+        let west = wave_gate("west", "eu", &status("drift", "Inconclusive"));
+        store.apply_watcher_event(&watcher::Event::Delete(west));
         assert_eq!(m.follow(&objects), 1);
         let out = text();
         assert!(!out.contains("object_name=\"west\""), "{out}");
@@ -722,7 +744,7 @@ mod tests {
             out.contains(&series("fleet", "east", "us", "drift", "Inconclusive", 1)),
             "{out}"
         );
-        objects.clear();
+        objects.step_down();
         assert_eq!(m.follow(&objects), 1);
         assert!(
             !text().contains("sluice_wavegate_gate_verdict{"),
@@ -735,7 +757,7 @@ mod tests {
     fn a_deleted_wave_gates_site_series_go_with_it() {
         let mut r = Registry::default();
         let m = register(&mut r);
-        let objects = sluice_runtime::metrics::ObjectSignals::default();
+        let (objects, mut store) = leading();
         // Two sites, each one WaveGate that passed its wave at a revision and halted once.
         for (name, site) in [("west", "eu"), ("east", "us")] {
             let spec = spec(site);
@@ -752,7 +774,7 @@ mod tests {
                 "halt": {"reason": "GateFailed", "wave": "canary", "haltedAt": "2027-01-15T08:12:00Z"},
             }))
             .unwrap();
-            objects.set(OBJECT_KIND, "fleet", name, object_signal(&status));
+            store.apply_watcher_event(&watcher::Event::Apply(wave_gate(name, site, &status)));
             m.record(
                 "fleet",
                 name,
@@ -783,9 +805,10 @@ mod tests {
             }
         }
 
-        // West is deleted (the runtime dropped its per-object series): no series of its site
-        // is left, east's all stay.
-        objects.remove(OBJECT_KIND, "fleet", "west");
+        // West is deleted (the leader's store no longer holds it): no series of its site is
+        // left, east's all stay.
+        let west = wave_gate("west", "eu", &WaveGateStatus::default());
+        store.apply_watcher_event(&watcher::Event::Delete(west));
         assert_eq!(m.follow(&objects), 1);
         let out = text();
         for family in families {
@@ -799,7 +822,7 @@ mod tests {
         }
 
         // This replica stops leading: every site's series go.
-        objects.clear();
+        objects.step_down();
         assert_eq!(m.follow(&objects), 1);
         let out = text();
         assert!(!out.contains("{site=\"us\""), "{out}");

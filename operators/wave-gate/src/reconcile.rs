@@ -33,7 +33,6 @@ use sluice_runtime::{
     Categorized, Category,
     events::EventRecorder,
     leader::{Leadership, NotLeader},
-    metrics::ObjectSignals,
     write::{self, WriteError},
 };
 
@@ -66,9 +65,6 @@ pub struct Context {
     pub engine: Option<Arc<Engine<PrometheusSource>>>,
     /// The operator's metrics.
     pub metrics: Option<WaveGateMetrics>,
-    /// The platform's per-object series (exported while this replica leads; a deleted
-    /// WaveGate's are removed by the runtime).
-    pub signals: ObjectSignals,
     /// Webhook notifications of halts (`main` shares the runtime's).
     pub notifier: sluice_runtime::notify::Notifier,
     /// How long a halt waits for revert to hold its pins before setting decisions back
@@ -103,7 +99,6 @@ impl Context {
             allow_free_form_promql: false,
             engine: None,
             metrics: None,
-            signals: ObjectSignals::default(),
             notifier: sluice_runtime::notify::Notifier::disabled(),
             pin_wait: crate::decide::DEFAULT_PIN_WAIT,
             leadership: Leadership::always(),
@@ -582,12 +577,6 @@ pub async fn reconcile(
         }
         tracing::info!(phase = ?decision.status.phase, wave = ?decision.status.current_wave, "status written");
     }
-    ctx.signals.set(
-        crate::metrics::OBJECT_KIND,
-        &ns,
-        &name,
-        crate::metrics::object_signal(&decision.status),
-    );
     if let Some(m) = &ctx.metrics {
         m.record(&ns, &name, spec, status, &decision.status, now);
     }
