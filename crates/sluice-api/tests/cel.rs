@@ -164,3 +164,20 @@ fn a_stale_emergency_may_stay_when_the_revision_moves() {
         "new emergency for the new revision: {errs:?}"
     );
 }
+
+#[test]
+fn additional_routes_of_distinct_kind_or_name_pass() {
+    // The same name under another kind is another route; none is routeRef.
+    let spec = set(
+        rollout(),
+        "/additionalRoutes",
+        json!([
+            {"name": "checkout-mesh"},
+            {"kind": "GRPCRoute", "name": "checkout-mesh"},
+            {"kind": "GRPCRoute", "name": "checkout"}
+        ]),
+    );
+    let (r, errs) = check(&schema("rollouts"), object("Rollout", spec));
+    assert!(errs.is_empty(), "{errs:?}");
+    assert_eq!(r["spec"]["additionalRoutes"][0]["name"], "checkout-mesh");
+}

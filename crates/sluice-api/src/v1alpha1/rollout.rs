@@ -73,11 +73,27 @@ pub const FIELD_MANAGER: &str = "sluice-rollout-weights";
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {"rule": "self.stableService.name != self.canaryService.name", "message": "stableService and canaryService must name different Services", "fieldPath": ".canaryService.name"},
-    {"rule": "!has(self.promoteThroughStep) || self.promoteThroughStep < size(self.steps)", "message": "promoteThroughStep must be an index into spec.steps", "fieldPath": ".promoteThroughStep"}
+    {"rule": "!has(self.promoteThroughStep) || self.promoteThroughStep < size(self.steps)", "message": "promoteThroughStep must be an index into spec.steps", "fieldPath": ".promoteThroughStep"},
+    {"rule": "!has(self.additionalRoutes) || self.additionalRoutes.all(a, (has(a.kind) ? a.kind : 'HTTPRoute') != (has(self.routeRef.kind) ? self.routeRef.kind : 'HTTPRoute') || a.name != self.routeRef.name)", "message": "additionalRoutes must not name the route of routeRef", "fieldPath": ".additionalRoutes"}
 ]))]
 pub struct RolloutSpec {
     /// The Gateway API route (same namespace) whose weights this rollout governs.
     pub route_ref: RouteRef,
+    /// More routes (same namespace) that carry the same Service: the ingress route's east-west
+    /// (GAMMA) twin whose parentRef is the Service, or the route on a second Gateway. Every
+    /// route gets the same canary weight at each step, from one plan; a problem on any of them
+    /// blocks the rollout as it would on `routeRef`. There is no atomic write across routes: an
+    /// abort reverts each route on its own (a failed one is retried) and
+    /// `status.abortDetectToRevertMs` runs to the last route reverted. Mirror and header-cohort
+    /// steps are refused while this is set. A route removed from the list mid-rollout is
+    /// aborted on and handed back. At most 7; unique by kind and name, none equal to
+    /// `routeRef`. Default: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 7))]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self.all(a, self.filter(b, (has(b.kind) ? b.kind : 'HTTPRoute') == (has(a.kind) ? a.kind : 'HTTPRoute') && b.name == a.name).size() == 1)", "message": "additionalRoutes must be unique by kind and name"}
+    ]))]
+    pub additional_routes: Vec<RouteRef>,
     /// The backend Service of the current (stable) version; it must be a backendRef of the route.
     pub stable_service: BackendService,
     /// The backend Service of the new (canary) version; added to the managed rule if absent.
@@ -895,6 +911,11 @@ pub struct RolloutStatus {
     /// The route ownership held by this Rollout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owned_route: Option<OwnedRouteStatus>,
+    /// The ownership held on each of `spec.additionalRoutes` (one entry per route this Rollout
+    /// wrote to, kept until it is handed back), with the same fields as `ownedRoute`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub additional_owned_routes: Vec<OwnedRouteStatus>,
     /// When the rollout reached Promoted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub promoted_at: Option<Time>,

@@ -189,6 +189,43 @@ pub fn rejections() -> Vec<Case> {
             "exactly one of templateRef",
         ),
         (
+            "additional route twice",
+            "rollouts",
+            "Rollout",
+            set(
+                rollout(),
+                "/additionalRoutes",
+                json!([{"name": "checkout-mesh"}, {"kind": "HTTPRoute", "name": "checkout-mesh"}]),
+            ),
+            "unique by kind and name",
+        ),
+        (
+            "additional route equal to routeRef",
+            "rollouts",
+            "Rollout",
+            set(
+                rollout(),
+                "/additionalRoutes",
+                json!([{"name": "checkout-mesh"}, {"name": "checkout"}]),
+            ),
+            "must not name the route of routeRef",
+        ),
+        (
+            "eight additional routes",
+            "rollouts",
+            "Rollout",
+            set(
+                rollout(),
+                "/additionalRoutes",
+                json!(
+                    (0..8)
+                        .map(|i| json!({"name": format!("r{i}")}))
+                        .collect::<Vec<_>>()
+                ),
+            ),
+            "additionalRoutes",
+        ),
+        (
             "duplicate gate names",
             "rollouts",
             "Rollout",
