@@ -355,11 +355,7 @@ pub fn share_counted_from(
         .analysis_interval
         .parse()
         .unwrap_or(Duration::from_secs(30));
-    let written = status
-        .owned_route
-        .as_ref()
-        .filter(|o| o.written_weight.is_some() && o.written_weight == status.desired_weight)
-        .and_then(|o| o.weight_written_at.as_ref());
+    let written = weight_in_force_since(spec, status);
     match written {
         Some(at) => {
             let settled =
@@ -371,6 +367,33 @@ pub fn share_counted_from(
         }
         None => Timestamp::MAX,
     }
+}
+
+/// When the desired weight came into force on every route: the latest of the instants the API
+/// server accepted it on `routeRef` and on each of `spec.additionalRoutes` (there is no atomic
+/// write across routes, so a step's weight counts as written only once every route took it);
+/// `None` while any route has not.
+pub fn weight_in_force_since<'a>(
+    spec: &RolloutSpec,
+    status: &'a RolloutStatus,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Time> {
+    let in_force = |o: &'a sluice_api::v1alpha1::rollout::OwnedRouteStatus| {
+        (o.written_weight.is_some() && o.written_weight == status.desired_weight)
+            .then_some(o.weight_written_at.as_ref())
+            .flatten()
+    };
+    let mut latest = in_force(status.owned_route.as_ref()?)?;
+    for r in &spec.additional_routes {
+        let owned = status
+            .additional_owned_routes
+            .iter()
+            .find(|o| crate::step::is_route(o, r.kind, &r.name))?;
+        let at = in_force(owned)?;
+        if at.0 > latest.0 {
+            latest = at;
+        }
+    }
+    Some(latest)
 }
 
 /// Gives the built-in canary gates their sequential test at the analysis interval (a gate's own
@@ -1324,5 +1347,42 @@ mod tests {
         let f = findings(&p, &[], t(30_000));
         let (_, act) = f.gates.iter().find(|(v, _)| v.gate == "t").unwrap();
         assert_eq!(*act, GateAction::Abort);
+    }
+
+    #[test]
+    fn a_weight_counts_as_written_only_once_every_route_accepted_it() {
+        let mut s = spec(serde_json::json!([]));
+        s.additional_routes = serde_json::from_value(serde_json::json!([
+            {"name": "checkout-mesh"},
+            {"kind": "GRPCRoute", "name": "checkout-grpc"}
+        ]))
+        .unwrap();
+        let owned = |name: &str, kind, at: Option<i64>| OwnedRouteStatus {
+            name: name.into(),
+            kind: Some(kind),
+            written_weight: Some(5),
+            weight_written_at: at.map(|ms| Time(t(ms))),
+            ..Default::default()
+        };
+        use sluice_api::v1alpha1::rollout::RouteKindName::{GrpcRoute, HttpRoute};
+        let mut st = RolloutStatus {
+            desired_weight: Some(5),
+            owned_route: Some(owned("checkout", HttpRoute, Some(1_000))),
+            additional_owned_routes: vec![owned("checkout-mesh", HttpRoute, Some(4_000))],
+            ..Default::default()
+        };
+        // One route not yet recorded at all, then recorded but its write not yet accepted.
+        assert_eq!(weight_in_force_since(&s, &st), None);
+        assert_eq!(share_counted_from(&s, &st, t(0)), Timestamp::MAX);
+        st.additional_owned_routes
+            .push(owned("checkout-grpc", GrpcRoute, None));
+        assert_eq!(weight_in_force_since(&s, &st), None);
+        // Every route accepted it: the latest acceptance, plus one interval.
+        st.additional_owned_routes[1].weight_written_at = Some(Time(t(9_000)));
+        assert_eq!(weight_in_force_since(&s, &st), Some(&Time(t(9_000))));
+        assert_eq!(share_counted_from(&s, &st, t(0)), t(39_000));
+        // A route still carrying an earlier weight does not count.
+        st.additional_owned_routes[0].written_weight = Some(1);
+        assert_eq!(weight_in_force_since(&s, &st), None);
     }
 }

@@ -709,6 +709,17 @@ async fn release_of<K: Driven>(
     release::<K>(&ctx.leadership, &api, route_name, old, crd, key).await
 }
 
+/// The figures and log line of an abort's revert, once every route is reverted.
+fn reverted_log(ctx: &Context, status: &RolloutStatus, r: record::Reverted) {
+    ctx.metrics.reverted(r.from_first_failure, r.from_decision);
+    tracing::info!(
+        reason = ?status.abort.as_ref().map(|a| a.reason),
+        detect_to_revert_ms = record::millis(r.from_decision),
+        routes = 1 + status.additional_owned_routes.len(),
+        "route reverted: canary weight 0, cohort and mirror rules removed"
+    );
+}
+
 /// Whether this decision reverts the route of an abort not yet carried out: its route write then
 /// goes first.
 fn reverts_first(actions: &[Action], next: &RolloutStatus) -> bool {
@@ -786,6 +797,187 @@ async fn control_arrives(
     }
 }
 
+/// One of `spec.additionalRoutes` as this reconcile read it, of route kind `K`.
+struct Additional<K: Driven> {
+    name: String,
+    routes: Api<K::Route>,
+    target: Target,
+    crd: CrdSupport,
+    /// The route as read, then as last written (absent: missing, or its CRD not installed).
+    latest: Option<K::Route>,
+}
+
+impl<K: Driven> Additional<K> {
+    /// Reads route `r` (of kind `K`) as the primary is read: its CRD installed, the route, and
+    /// the state machine's view of it against its own managed rule.
+    async fn read(
+        ctx: &Context,
+        ns: &str,
+        spec: &sluice_api::v1alpha1::RolloutSpec,
+        r: &sluice_api::v1alpha1::rollout::RouteRef,
+        primary: &Target,
+        key: &str,
+    ) -> Result<(Self, RouteObs), ReconcileError> {
+        let target = Target {
+            rule_name: r.rule_name.clone(),
+            ..primary.clone()
+        };
+        let routes = K::api(ctx.client.clone(), Some(ns));
+        let installed = ctx.crd_support::<K>().await;
+        let not_installed = installed
+            .is_none()
+            .then(|| K::not_installed(&r.name))
+            .flatten();
+        let crd = installed.unwrap_or(CrdSupport::ALL);
+        let latest = match not_installed {
+            Some(_) => None,
+            None => routes
+                .get_opt(&r.name)
+                .await
+                .map_err(read_err(K::describe(&r.name), key))?,
+        };
+        let obs = match (&latest, not_installed) {
+            (_, Some(obs)) => obs,
+            (None, None) => K::missing(&r.name),
+            (Some(route), None) => K::observe(route, &[], &target, spec, crd),
+        };
+        let me = Self {
+            name: r.name.clone(),
+            routes,
+            target,
+            crd,
+            latest,
+        };
+        Ok((me, obs))
+    }
+
+    /// Brings the route's owned parts to `desired`, fenced by the resourceVersion read (or last
+    /// written); the outcome to record, `None` when there is nothing to write (the route missing,
+    /// or owned by another Rollout).
+    async fn write(
+        &mut self,
+        ctx: &Context,
+        desired: &Desired,
+        key: &str,
+    ) -> Result<Option<Outcome>, ReconcileError> {
+        let Some(read) = self.latest.as_ref() else {
+            return Ok(None);
+        };
+        let in_place = route::owner(read) == Some(&self.target.owner)
+            && K::apply(read, &self.target, desired, self.crd).as_ref() == Ok(read);
+        let written = if in_place {
+            Some(Written {
+                route: read.clone(),
+                changed: false,
+            })
+        } else {
+            write_route::<K>(
+                &ctx.leadership,
+                &self.routes,
+                &self.name,
+                Some(read),
+                &self.target,
+                desired,
+                self.crd,
+                key,
+            )
+            .await?
+        };
+        let Some(w) = written else { return Ok(None) };
+        ctx.metrics
+            .route_write(if w.changed { "Written" } else { "Unchanged" });
+        let outcome = Outcome::AdditionalRouteWritten {
+            kind: kind_name::<K>(),
+            name: self.name.clone(),
+            resource_version: w.route.meta().resource_version.clone(),
+            at: (ctx.clock)(),
+            abort: *desired == Desired::abort(),
+        };
+        self.latest = Some(w.route);
+        Ok(Some(outcome))
+    }
+
+    async fn hand_back(&self, ctx: &Context) -> Result<(), ReconcileError> {
+        if self.latest.is_none() {
+            return Ok(());
+        }
+        hand_back::<K>(
+            &ctx.leadership,
+            &self.routes,
+            &self.name,
+            &self.target.owner,
+        )
+        .await
+    }
+}
+
+/// The kind name of route kind `K`.
+fn kind_name<K: RouteKind>() -> RouteKindName {
+    if K::KIND == Grpc::KIND {
+        RouteKindName::GrpcRoute
+    } else {
+        RouteKindName::HttpRoute
+    }
+}
+
+/// An additional route of either kind.
+enum AnyAdditional {
+    Http(Additional<Http>),
+    Grpc(Additional<Grpc>),
+}
+
+impl AnyAdditional {
+    /// Reads every one of `spec.additionalRoutes`, in order, with what the state machine sees.
+    async fn read_all(
+        ctx: &Context,
+        ns: &str,
+        spec: &sluice_api::v1alpha1::RolloutSpec,
+        primary: &Target,
+        key: &str,
+    ) -> Result<(Vec<Self>, Vec<crate::step::AdditionalRouteObs>), ReconcileError> {
+        let mut routes = Vec::new();
+        let mut seen = Vec::new();
+        for r in &spec.additional_routes {
+            let (route, obs) = match r.kind {
+                RouteKindName::HttpRoute => {
+                    let (a, o) = Additional::<Http>::read(ctx, ns, spec, r, primary, key).await?;
+                    (AnyAdditional::Http(a), o)
+                }
+                RouteKindName::GrpcRoute => {
+                    let (a, o) = Additional::<Grpc>::read(ctx, ns, spec, r, primary, key).await?;
+                    (AnyAdditional::Grpc(a), o)
+                }
+            };
+            routes.push(route);
+            seen.push(crate::step::AdditionalRouteObs {
+                kind: r.kind,
+                name: r.name.clone(),
+                route: obs,
+            });
+        }
+        Ok((routes, seen))
+    }
+
+    async fn write(
+        &mut self,
+        ctx: &Context,
+        desired: &Desired,
+        key: &str,
+    ) -> Result<Option<Outcome>, ReconcileError> {
+        match self {
+            AnyAdditional::Http(a) => a.write(ctx, desired, key).await,
+            AnyAdditional::Grpc(a) => a.write(ctx, desired, key).await,
+        }
+    }
+
+    async fn hand_back(&self, ctx: &Context) -> Result<(), ReconcileError> {
+        match self {
+            AnyAdditional::Http(a) => a.hand_back(ctx).await,
+            AnyAdditional::Grpc(a) => a.hand_back(ctx).await,
+        }
+    }
+}
+
 /// Reconciles one Rollout, on the kind of route its `spec.routeRef.kind` names.
 #[tracing::instrument(skip_all, fields(kind = "Rollout", namespace = obj.namespace().unwrap_or_default(), name = obj.name_any()))]
 pub async fn reconcile(
@@ -855,6 +1047,8 @@ async fn reconcile_on<K: Driven>(
         (None, None) => K::missing(&obj.spec.route_ref.name),
         (Some(r), None) => K::observe(r, &others, &target, &obj.spec, crd),
     };
+    let (mut additional, additional_obs) =
+        AnyAdditional::read_all(&ctx, &ns, &obj.spec, &target, &key).await?;
     let current = obj.status.clone().unwrap_or_default();
     // Readiness before any live weight; the version whenever a plan runs (a new version
     // restarts it).
@@ -884,6 +1078,7 @@ async fn reconcile_on<K: Driven>(
         canary_version,
         canary_service,
         deleting,
+        additional_routes: additional_obs,
         ..Observations::default()
     };
     let interval: Duration = obj
@@ -992,6 +1187,9 @@ async fn reconcile_on<K: Driven>(
 
     // 2. The route.
     let mut route_changed = false;
+    // An abort's first failed route write: the other routes are reverted all the same, the
+    // abort recorded, then this returned.
+    let mut failed: Option<ReconcileError> = None;
     // Later writes of the same decision build on the route the earlier ones left.
     let mut latest = route.clone();
     for action in &decision.actions {
@@ -1027,40 +1225,55 @@ async fn reconcile_on<K: Driven>(
                         // The abort before hand-back cannot apply to this route (its managed
                         // rule is gone): hand it back as it is rather than keep it locked.
                         tracing::warn!(error = %source, "the abort before hand-back does not apply; handing the route back as it is");
-                        continue;
+                        None
+                    }
+                    Err(e) if abort_first => {
+                        // No atomic write across routes: every other route is still reverted.
+                        ctx.metrics.route_write("Failed");
+                        failed.get_or_insert(e);
+                        None
                     }
                     Err(e) => {
                         ctx.metrics.route_write("Failed");
-                        if abort_first {
-                            // The abort is recorded all the same, so it is retried from the
-                            // status rather than decided again on the next analysis tick.
-                            if let Err(record) = record_abort(&api, &obj, &status).await {
-                                tracing::warn!(error = %record, "could not record the abort whose route write failed");
-                            }
-                        }
                         return Err(e);
                     }
                 };
-                let Some(w) = written else { continue };
-                latest = Some(w.route.clone());
-                ctx.metrics
-                    .route_write(if w.changed { "Written" } else { "Unchanged" });
-                if w.changed {
-                    ctx.metrics.weight_written(d.weight);
-                    route_changed = true;
+                if let Some(w) = written {
+                    latest = Some(w.route.clone());
+                    ctx.metrics
+                        .route_write(if w.changed { "Written" } else { "Unchanged" });
+                    if w.changed {
+                        ctx.metrics.weight_written(d.weight);
+                        route_changed = true;
+                    }
+                    let outcome = Outcome::RouteWritten {
+                        resource_version: w.route.meta().resource_version.clone(),
+                        at: (ctx.clock)(),
+                        abort: *d == Desired::abort(),
+                    };
+                    if let Some(r) = record::record(&mut status, &outcome) {
+                        reverted_log(&ctx, &status, r);
+                    }
                 }
-                let outcome = Outcome::RouteWritten {
-                    resource_version: w.route.meta().resource_version.clone(),
-                    at: (ctx.clock)(),
-                    abort: *d == Desired::abort(),
-                };
-                if let Some(r) = record::record(&mut status, &outcome) {
-                    ctx.metrics.reverted(r.from_first_failure, r.from_decision);
-                    tracing::info!(
-                        reason = ?status.abort.as_ref().map(|a| a.reason),
-                        detect_to_revert_ms = record::millis(r.from_decision),
-                        "route reverted: canary weight 0, cohort and mirror rules removed"
-                    );
+                // Every additional route takes the same parts, each written on its own: a
+                // failure on one leaves the others written (retried from the status).
+                for extra in &mut additional {
+                    match extra.write(&ctx, d, &key).await {
+                        Ok(Some(outcome)) => {
+                            if let Some(r) = record::record(&mut status, &outcome) {
+                                reverted_log(&ctx, &status, r);
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(ReconcileError::Edit { source, .. }) if deleting => {
+                            tracing::warn!(error = %source, "the abort before hand-back does not apply to an additional route; handing it back as it is");
+                        }
+                        Err(e) => {
+                            ctx.metrics.route_write("Failed");
+                            tracing::warn!(error = %e, "an additional route's write failed; the other routes are written");
+                            failed.get_or_insert(e);
+                        }
+                    }
                 }
             }
             Action::HandBack => {
@@ -1071,6 +1284,9 @@ async fn reconcile_on<K: Driven>(
                     &target.owner,
                 )
                 .await?;
+                for extra in &additional {
+                    extra.hand_back(&ctx).await?;
+                }
             }
             Action::Release {
                 kind,
@@ -1104,10 +1320,37 @@ async fn reconcile_on<K: Driven>(
                     }
                 }
                 ctx.metrics.route_write("Released");
-                record::record(&mut status, &Outcome::Released);
+                // An additional route's release forgets its own entry only.
+                let primary = status
+                    .owned_route
+                    .as_ref()
+                    .is_some_and(|o| crate::step::is_route(o, *kind, route));
+                let additional = status
+                    .additional_owned_routes
+                    .iter()
+                    .any(|o| crate::step::is_route(o, *kind, route));
+                let outcome = if additional && !primary {
+                    Outcome::AdditionalReleased {
+                        kind: *kind,
+                        name: route.clone(),
+                    }
+                } else {
+                    Outcome::Released
+                };
+                record::record(&mut status, &outcome);
             }
             Action::Event(_) => {}
         }
+    }
+    if let Some(e) = failed {
+        if abort_first {
+            // The abort is recorded all the same, with the routes that did revert, so it is
+            // retried from the status rather than decided again on the next analysis tick.
+            if let Err(record) = record_abort(&api, &obj, &status).await {
+                tracing::warn!(error = %record, "could not record the abort whose route write failed");
+            }
+        }
+        return Err(e);
     }
     let was_verified = current
         .abort

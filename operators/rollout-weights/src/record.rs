@@ -4,12 +4,18 @@
 //!
 //! Owns: the owned route's last written resourceVersion and the instant a weight came into force,
 //! the instant an abort's route was reverted and its detect → revert figure in milliseconds, and
-//! forgetting a released route. Never performs I/O and never decides anything.
+//! forgetting a released route; the same per additional route, with an abort reverted only once
+//! every route is (the figure runs to the last). Never performs I/O and never decides anything.
 
 use std::time::Duration;
 
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
-use sluice_api::v1alpha1::{RolloutPhase, RolloutStatus};
+use sluice_api::v1alpha1::{
+    RolloutPhase, RolloutStatus,
+    rollout::{OwnedRouteStatus, RouteKindName},
+};
+
+use crate::step::is_route;
 
 /// One effect of a decision, carried out.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,6 +31,28 @@ pub enum Outcome {
     },
     /// The route the weights were written to was aborted on and handed back (its target changed).
     Released,
+    /// A write of the decision to one of `spec.additionalRoutes` was accepted (or that route was
+    /// already in that state).
+    AdditionalRouteWritten {
+        /// Its kind.
+        kind: RouteKindName,
+        /// Its name.
+        name: String,
+        /// Its resourceVersion after the write.
+        resource_version: Option<String>,
+        /// When the API server accepted it.
+        at: Timestamp,
+        /// Whether it was the abort's write (canary weight 0).
+        abort: bool,
+    },
+    /// An additional route was aborted on and handed back (it left `spec.additionalRoutes`, or
+    /// the Services changed).
+    AdditionalReleased {
+        /// Its kind.
+        kind: RouteKindName,
+        /// Its name.
+        name: String,
+    },
 }
 
 /// An abort's route revert, recorded for the first time: the figures its metrics and log carry.
@@ -56,25 +84,70 @@ pub fn record(status: &mut RolloutStatus, outcome: &Outcome) -> Option<Reverted>
             if owned.weight_written_at.is_none() {
                 owned.weight_written_at = Some(Time(*at));
             }
-            if !abort || status.phase != RolloutPhase::Aborted {
+            // Several routes have no atomic write: the revert is the last route's.
+            if !abort
+                || status.phase != RolloutPhase::Aborted
+                || !status.additional_owned_routes.iter().all(written_zero)
+            {
                 return None;
             }
-            let a = status.abort.as_mut()?;
-            if a.route_reverted_at.is_some() {
+            reverted_at(status, *at)
+        }
+        Outcome::AdditionalRouteWritten {
+            kind,
+            name,
+            resource_version,
+            at,
+            abort,
+        } => {
+            let owned = status
+                .additional_owned_routes
+                .iter_mut()
+                .find(|o| is_route(o, *kind, name))?;
+            owned.last_written_resource_version = resource_version.clone();
+            if owned.weight_written_at.is_none() {
+                owned.weight_written_at = Some(Time(*at));
+            }
+            let primary = status.owned_route.as_ref().is_none_or(written_zero);
+            if !abort
+                || status.phase != RolloutPhase::Aborted
+                || !primary
+                || !status.additional_owned_routes.iter().all(written_zero)
+            {
                 return None;
             }
-            a.route_reverted_at = Some(Time(*at));
-            let took = |from: Timestamp| at.duration_since(from).unsigned_abs();
-            // The decision is taken the moment the failing verdict comes back.
-            let reverted = Reverted {
-                from_first_failure: a.first_failed_at.as_ref().map(|t| took(t.0)),
-                from_decision: took(a.decided_at.0),
-            };
-            // Stored as a duration: the times above are kept to the second.
-            status.abort_detect_to_revert_ms = Some(millis(reverted.from_decision));
-            Some(reverted)
+            reverted_at(status, *at)
+        }
+        Outcome::AdditionalReleased { kind, name } => {
+            status
+                .additional_owned_routes
+                .retain(|o| !is_route(o, *kind, name));
+            None
         }
     }
+}
+
+/// Whether the route `owned` records has canary weight 0 in force (its abort write accepted).
+fn written_zero(owned: &OwnedRouteStatus) -> bool {
+    owned.written_weight == Some(0) && owned.weight_written_at.is_some()
+}
+
+/// Records the abort's revert at `at` unless it already is; its figures the first time.
+fn reverted_at(status: &mut RolloutStatus, at: Timestamp) -> Option<Reverted> {
+    let a = status.abort.as_mut()?;
+    if a.route_reverted_at.is_some() {
+        return None;
+    }
+    a.route_reverted_at = Some(Time(at));
+    let took = |from: Timestamp| at.duration_since(from).unsigned_abs();
+    // The decision is taken the moment the failing verdict comes back.
+    let reverted = Reverted {
+        from_first_failure: a.first_failed_at.as_ref().map(|t| took(t.0)),
+        from_decision: took(a.decided_at.0),
+    };
+    // Stored as a duration: the times above are kept to the second.
+    status.abort_detect_to_revert_ms = Some(millis(reverted.from_decision));
+    Some(reverted)
 }
 
 /// Whole milliseconds of `d`, saturating.
@@ -197,5 +270,85 @@ mod tests {
         let mut st = aborted();
         assert_eq!(record(&mut st, &Outcome::Released), None);
         assert!(st.owned_route.is_none());
+    }
+
+    fn extra(at: i64, abort: bool, name: &str) -> Outcome {
+        Outcome::AdditionalRouteWritten {
+            kind: RouteKindName::HttpRoute,
+            name: name.into(),
+            resource_version: Some(format!("{name}-{at}")),
+            at: t(at),
+            abort,
+        }
+    }
+
+    fn aborted_on_three_routes() -> RolloutStatus {
+        let mut st = aborted();
+        for name in ["checkout-mesh", "checkout-edge"] {
+            st.additional_owned_routes.push(OwnedRouteStatus {
+                name: name.into(),
+                kind: Some(RouteKindName::HttpRoute),
+                written_weight: Some(0),
+                ..Default::default()
+            });
+        }
+        st
+    }
+
+    #[test]
+    fn with_several_routes_the_revert_is_the_last_routes_even_after_a_failed_write() {
+        let mut st = aborted_on_three_routes();
+        // First reconcile: the primary and one additional route reverted, the other's write
+        // failed (no outcome): not reverted yet.
+        assert_eq!(record(&mut st, &written(10, true)), None);
+        assert_eq!(record(&mut st, &extra(20, true, "checkout-mesh")), None);
+        assert!(st.abort.as_ref().unwrap().route_reverted_at.is_none());
+        assert!(st.abort_detect_to_revert_ms.is_none());
+        // The retry, from the status: the failed route reverts at 500; the figure runs to it.
+        assert_eq!(record(&mut st, &written(500, true)), None);
+        assert_eq!(record(&mut st, &extra(500, true, "checkout-mesh")), None);
+        let r = record(&mut st, &extra(510, true, "checkout-edge"));
+        assert_eq!(r.map(|r| r.from_decision), Some(Duration::from_millis(510)));
+        assert_eq!(
+            st.abort.as_ref().unwrap().route_reverted_at,
+            Some(Time(t(510)))
+        );
+        assert_eq!(st.abort_detect_to_revert_ms, Some(510));
+        let mesh = &st.additional_owned_routes[0];
+        assert_eq!(mesh.weight_written_at, Some(Time(t(20))));
+        assert_eq!(
+            mesh.last_written_resource_version.as_deref(),
+            Some("checkout-mesh-500")
+        );
+    }
+
+    #[test]
+    fn the_primarys_write_last_completes_the_revert_too() {
+        let mut st = aborted_on_three_routes();
+        assert_eq!(record(&mut st, &extra(5, true, "checkout-mesh")), None);
+        assert_eq!(record(&mut st, &extra(6, true, "checkout-edge")), None);
+        let r = record(&mut st, &written(40, true));
+        assert_eq!(r.map(|r| r.from_decision), Some(Duration::from_millis(40)));
+        assert_eq!(st.abort_detect_to_revert_ms, Some(40));
+    }
+
+    #[test]
+    fn a_released_additional_route_is_forgotten_alone() {
+        let mut st = aborted_on_three_routes();
+        let gone = Outcome::AdditionalReleased {
+            kind: RouteKindName::HttpRoute,
+            name: "checkout-mesh".into(),
+        };
+        assert_eq!(record(&mut st, &gone), None);
+        let names: Vec<&str> = st
+            .additional_owned_routes
+            .iter()
+            .map(|o| o.name.as_str())
+            .collect();
+        assert_eq!(names, ["checkout-edge"]);
+        assert!(st.owned_route.is_some());
+        // A write to a route no longer recorded changes nothing.
+        assert_eq!(record(&mut st, &extra(9, true, "checkout-mesh")), None);
+        assert_eq!(st.additional_owned_routes.len(), 1);
     }
 }

@@ -92,6 +92,7 @@ pub fn route_refs<R: Resource>(rollouts: &Store<Rollout>, route: &R) -> Vec<Obje
     let owner = route::owner(route).cloned();
     refs(rollouts, ns.clone(), |r| {
         r.spec.route_ref.name == name
+            || r.spec.additional_routes.iter().any(|a| a.name == name)
             || owner.as_deref()
                 == Some(&format!(
                     "{}/{}",

@@ -21,6 +21,9 @@
 //! name no `grpcMethods` (gRPC has no idempotent verb: only the methods the Rollout declares safe
 //! to receive twice are mirrored); an HTTPRoute refuses `grpcMethods`.
 //!
+//! With `spec.additionalRoutes` (`additional_route_problems`), mirror and header-cohort steps
+//! are refused: several routes share one plan of weight steps.
+//!
 //! Pure; never reads the cluster.
 
 use sluice_api::v1alpha1::{RolloutSpec, gate::template_variables, rollout::RouteKindName};
@@ -35,6 +38,7 @@ pub fn problems(spec: &RolloutSpec, allow_free_form_promql: bool) -> Vec<String>
         .map(ToString::to_string)
         .chain(weight_plan_problems(spec))
         .chain(route_kind_problems(spec))
+        .chain(additional_route_problems(spec))
         .collect();
     for (i, gate) in spec.gates.iter().enumerate() {
         let path = format!("spec.gates[{i}].promql");
@@ -118,6 +122,30 @@ pub fn route_kind_problems(spec: &RolloutSpec) -> Vec<String> {
                  method that is safe to receive twice (service and method), or remove the step"
             ));
         }
+    }
+    out
+}
+
+/// What several routes cannot carry, each naming its field: with `spec.additionalRoutes`, mirror
+/// and header-cohort steps (their rules are written to one route and measured on its requests;
+/// the same plan on every route is weight steps only).
+pub fn additional_route_problems(spec: &RolloutSpec) -> Vec<String> {
+    if spec.additional_routes.is_empty() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (i, step) in spec.steps.iter().enumerate() {
+        let form = if step.mirror.is_some() {
+            "mirror"
+        } else if step.header_cohort.is_some() {
+            "headerCohort"
+        } else {
+            continue;
+        };
+        out.push(format!(
+            "spec.steps[{i}].{form}: not supported with spec.additionalRoutes: every route \
+             takes the same weight steps; remove the step or the additional routes"
+        ));
     }
     out
 }
@@ -328,5 +356,29 @@ mod tests {
             let got = problems(&spec(patch.clone()), false);
             checks::problems_name(&got, &want, &patch);
         }
+    }
+
+    #[test]
+    fn additional_routes_refuse_mirror_and_cohort_steps_naming_the_step() {
+        let steps = serde_json::json!({"steps": [
+            {"mirror": {}},
+            {"headerCohort": {"header": {"name": "x-cohort", "value": "staff"}}},
+            {"setWeight": {"weight": 5}},
+        ]});
+        assert!(additional_route_problems(&spec(steps.clone())).is_empty());
+        let mut both = steps.clone();
+        both["additionalRoutes"] = serde_json::json!([{"name": "checkout-mesh"}]);
+        let got = additional_route_problems(&spec(both));
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(
+            got[0].starts_with("spec.steps[0].mirror: not supported with spec.additionalRoutes")
+        );
+        assert!(
+            got[1].starts_with(
+                "spec.steps[1].headerCohort: not supported with spec.additionalRoutes"
+            )
+        );
+        let weights = spec(serde_json::json!({"additionalRoutes": [{"name": "checkout-mesh"}]}));
+        assert!(problems(&weights, true).is_empty());
     }
 }

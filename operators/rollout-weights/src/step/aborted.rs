@@ -11,7 +11,7 @@ use sluice_runtime::{conditions::Status, events::Notice};
 
 use crate::route_edit::Desired;
 
-use super::model::{Action, Machine, REVERTED_SHARE_PERCENT, RouteState, event_actions};
+use super::model::{Action, Machine, REVERTED_SHARE_PERCENT, RouteObs, RouteState, event_actions};
 
 impl Machine<'_> {
     pub(super) fn abort(
@@ -65,7 +65,16 @@ impl Machine<'_> {
     }
 
     pub(super) fn aborted(&mut self, route: &RouteState) {
-        let reverted = route.canary_weight == 0 && !route.cohort && !route.mirror;
+        // Reverted once every route is: the primary and each additional route read.
+        let reverted = route.canary_weight == 0
+            && !route.cohort
+            && !route.mirror
+            && self.obs.additional_routes.iter().all(|a| match &a.route {
+                RouteObs::Present(r) | RouteObs::Unusable { state: Some(r), .. } => {
+                    r.canary_weight == 0
+                }
+                _ => true,
+            });
         if !self
             .actions
             .iter()

@@ -148,18 +148,29 @@ impl Machine<'_> {
             self.route_problem(reasons::ROUTE_OWNED_BY_OTHER, msg);
             return;
         }
+        // Every additional route is read like routeRef: a problem on one blocks or refuses
+        // exactly as the same problem on routeRef would, naming that route.
+        let Some((extra, extra_unfit)) = self.additional_route_states() else {
+            return;
+        };
+        let blocked = blocked || extra_unfit;
         let pinned = self
             .next
             .abort
             .as_ref()
             .is_some_and(|a| a.reason == AbortReason::PinnedByBundlePin);
         if self.obs.deleting {
-            if route.owner.is_some() {
+            let extra_owned: Vec<&RouteState> = extra
+                .iter()
+                .filter(|r| r.owner.as_ref() == Some(&r.me))
+                .collect();
+            let extra_live = extra_owned.iter().any(|r| r.canary_weight > 0);
+            if route.owner.is_some() || !extra_owned.is_empty() {
                 // Deleting a Rollout before promotion cancels it: the canary is aborted in the
                 // same way as any abort, then the route is handed back. A promoted canary is
                 // the new stable and stays until Git says otherwise; a pinned route is the
                 // pin's.
-                let live = route.canary_weight > 0 || route.cohort || route.mirror;
+                let live = route.canary_weight > 0 || route.cohort || route.mirror || extra_live;
                 let pin = pinned || route.last_writer.as_deref() == Some(REVERT_FIELD_MANAGER);
                 if live && self.next.phase != RolloutPhase::Promoted && !pin {
                     self.actions.push(Action::WriteRoute(Desired::abort()));
@@ -298,6 +309,70 @@ impl Machine<'_> {
             RolloutPhase::Promoted => self.promoted(),
             RolloutPhase::Progressing | RolloutPhase::Paused => self.progressing(),
         }
+    }
+
+    /// The states of `spec.additionalRoutes`, in the spec's order, and whether one of them does
+    /// not fit the steps (its parts still readable: the steps are refused while abort and
+    /// hand-back still apply). A problem is reported as on routeRef (`RouteOwned=False`, naming
+    /// that route). `None` when one of them stops the rollout as the same problem on routeRef
+    /// would (missing, no managed rule, owned by another Rollout, not read); while deleting,
+    /// those are left out instead, so the others are still handed back.
+    fn additional_route_states(&mut self) -> Option<(Vec<RouteState>, bool)> {
+        let (spec, obs) = (self.spec, self.obs);
+        let mut out = Vec::new();
+        let mut stop = false;
+        let mut unfit = false;
+        for r in &spec.additional_routes {
+            let what = format!("spec.additionalRoutes: {} {}", r.kind.as_str(), r.name);
+            let seen = obs
+                .additional_routes
+                .iter()
+                .find(|o| o.kind == r.kind && o.name == r.name)
+                .map(|o| &o.route);
+            match seen {
+                None | Some(RouteObs::Unknown) => stop = true,
+                Some(RouteObs::Missing) => {
+                    if !obs.deleting {
+                        self.route_problem(
+                            reasons::ROUTE_NOT_FOUND,
+                            format!("{what} not found in the Rollout's namespace"),
+                        );
+                    }
+                    stop = true;
+                }
+                Some(RouteObs::Unusable {
+                    reason,
+                    message,
+                    state,
+                }) => {
+                    if !obs.deleting {
+                        self.route_problem(*reason, format!("{what}: {message}"));
+                    }
+                    match state {
+                        Some(st) => {
+                            unfit = true;
+                            out.push(st.clone());
+                        }
+                        None => stop = true,
+                    }
+                }
+                Some(RouteObs::Present(st)) => match st.owner.as_ref().filter(|o| **o != st.me) {
+                    Some(other) => {
+                        if !obs.deleting {
+                            self.route_problem(
+                                reasons::ROUTE_OWNED_BY_OTHER,
+                                format!(
+                                    "{what} is owned by Rollout {other}; one Rollout per route"
+                                ),
+                            );
+                        }
+                        stop = true;
+                    }
+                    None => out.push(st.clone()),
+                },
+            }
+        }
+        (!stop || obs.deleting).then_some((out, unfit))
     }
 
     fn route_problem(&mut self, reason: &'static str, message: String) {

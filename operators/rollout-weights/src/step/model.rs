@@ -51,6 +51,26 @@ pub struct Observations {
     /// The pre-change baselines this tick's analysis judged against, to keep in
     /// `status.capturedBaselines` (`None`: no analysis ran; the status keeps its own).
     pub baselines: Option<Vec<sluice_api::v1alpha1::CapturedBaseline>>,
+    /// What each of `spec.additionalRoutes` looks like, in the spec's order (empty: none, or
+    /// not read).
+    pub additional_routes: Vec<AdditionalRouteObs>,
+}
+
+/// One of `spec.additionalRoutes` as the reconcile found it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AdditionalRouteObs {
+    /// Its kind.
+    pub kind: RouteKindName,
+    /// Its name.
+    pub name: String,
+    /// What it looks like.
+    pub route: RouteObs,
+}
+
+/// Whether `owned` records the route `kind` `name` (a status written before kinds were recorded
+/// counts as HTTPRoute).
+pub fn is_route(owned: &OwnedRouteStatus, kind: RouteKindName, name: &str) -> bool {
+    owned.name == name && owned.kind.unwrap_or_default() == kind
 }
 
 /// An effect the reconcile carries out.
@@ -58,13 +78,16 @@ pub struct Observations {
 pub enum Action {
     /// Publish a Kubernetes Event about the Rollout.
     Event(Notice),
-    /// Bring the route's owned parts to this state (a no-op write is skipped), taking ownership.
+    /// Bring the route's owned parts to this state (a no-op write is skipped), taking ownership;
+    /// the same on every one of `spec.additionalRoutes`, each written on its own.
     WriteRoute(Desired),
-    /// Remove the ownership annotation from the route.
+    /// Remove the ownership annotation from the route and from every additional route.
     HandBack,
     /// The route, stable or canary Service changed under a running rollout: abort on the
     /// route the weights were written to (with the Services they were written for), then hand
-    /// that route back. The reconcile forgets `status.ownedRoute` once both succeeded.
+    /// that route back. The reconcile forgets `status.ownedRoute` once both succeeded. Also for
+    /// an additional route that left `spec.additionalRoutes` (or whose Services changed): the
+    /// reconcile then forgets its entry of `status.additionalOwnedRoutes`.
     Release {
         /// The kind of the route the weights were written to.
         kind: RouteKindName,
@@ -281,6 +304,40 @@ impl Machine<'_> {
             .then(|| crate::route_edit::MIRROR_RULE.into());
         if owned.owned_since.is_none() {
             owned.owned_since = Some(Time(self.now));
+        }
+        // Every additional route gets the same parts (weights only: mirror and cohort steps are
+        // refused with additional routes), each recorded on its own.
+        for r in &self.spec.additional_routes {
+            let at = match self
+                .next
+                .additional_owned_routes
+                .iter()
+                .position(|o| is_route(o, r.kind, &r.name))
+            {
+                // Written for another managed rule: released first (and forgotten), then
+                // recorded afresh.
+                Some(at) if self.next.additional_owned_routes[at].rule_name != r.rule_name => {
+                    continue;
+                }
+                Some(at) => at,
+                None => {
+                    self.next.additional_owned_routes.push(OwnedRouteStatus {
+                        name: r.name.clone(),
+                        kind: Some(r.kind),
+                        owned_since: Some(Time(self.now)),
+                        ..OwnedRouteStatus::default()
+                    });
+                    self.next.additional_owned_routes.len() - 1
+                }
+            };
+            let owned = &mut self.next.additional_owned_routes[at];
+            owned.rule_name = r.rule_name.clone();
+            owned.stable_service = Some(self.spec.stable_service.name.clone());
+            owned.canary_service = Some(self.spec.canary_service.name.clone());
+            if owned.written_weight != Some(d.weight) {
+                owned.weight_written_at = None;
+            }
+            owned.written_weight = Some(d.weight);
         }
         self.actions.push(Action::WriteRoute(d));
     }

@@ -10,7 +10,9 @@ use sluice_api::v1alpha1::{
 };
 use sluice_runtime::{conditions::Status, events::Notice};
 
-use super::model::{Action, Machine, event_actions};
+use sluice_api::v1alpha1::rollout::OwnedRouteStatus;
+
+use super::model::{Action, Machine, event_actions, is_route};
 
 impl Machine<'_> {
     /// Whether the route or a Service changed under a running rollout; if so, releases the
@@ -18,6 +20,7 @@ impl Machine<'_> {
     pub(super) fn target_changed(&mut self) -> bool {
         let spec = self.spec;
         let Some(owned) = self.next.owned_route.clone() else {
+            self.additional_routes_dropped();
             return false;
         };
         let differs = |was: &Option<String>, now: &str| was.as_deref().is_some_and(|w| w != now);
@@ -32,8 +35,16 @@ impl Machine<'_> {
             .abort
             .as_ref()
             .is_some_and(|a| a.reason == AbortReason::PinnedByBundlePin);
-        if !moved || pinned {
+        if pinned {
             return false;
+        }
+        if !moved {
+            self.additional_routes_dropped();
+            return false;
+        }
+        // The weights of every additional route were written for the old Services too.
+        for o in self.next.additional_owned_routes.clone() {
+            self.release(&o);
         }
         let kind = spec.route_ref.kind.as_str();
         let old_kind = owned.kind.unwrap_or(spec.route_ref.kind);
@@ -86,5 +97,43 @@ impl Machine<'_> {
         );
         self.wake(Duration::from_millis(200));
         true
+    }
+
+    /// Releases each additional route this Rollout wrote to that `spec.additionalRoutes` no
+    /// longer names (or names with another managed rule): the canary aborted on it, then the
+    /// route handed back; the reconcile forgets it once both succeeded. The rollout goes on on
+    /// the routes still named.
+    fn additional_routes_dropped(&mut self) {
+        let spec = self.spec;
+        for o in self.next.additional_owned_routes.clone() {
+            let named = spec.additional_routes.iter().any(|r| {
+                is_route(&o, r.kind, &r.name) && (o.rule_name == r.rule_name || o.name.is_empty())
+            });
+            if named {
+                continue;
+            }
+            let kind = o.kind.unwrap_or_default().as_str();
+            self.release(&o);
+            self.event(
+                Severity::Normal,
+                reasons::TARGET_CHANGED,
+                event_actions::OWN,
+                format!(
+                    "{kind} {} left spec.additionalRoutes: the canary is aborted on it and it is handed back",
+                    o.name
+                ),
+            );
+        }
+    }
+
+    /// Aborts on the route `owned` records and hands it back (see [`Action::Release`]).
+    fn release(&mut self, owned: &OwnedRouteStatus) {
+        self.actions.push(Action::Release {
+            kind: owned.kind.unwrap_or_default(),
+            route: owned.name.clone(),
+            rule_name: owned.rule_name.clone(),
+            stable: owned.stable_service.clone(),
+            canary: owned.canary_service.clone(),
+        });
     }
 }

@@ -1277,3 +1277,224 @@ fn resuming_an_unconfirmed_step_never_aborts_for_the_time_spent_paused() {
         d.status.abort
     );
 }
+
+fn two_route_spec() -> RolloutSpec {
+    serde_json::from_value(serde_json::json!({
+        "routeRef": {"name": "checkout"},
+        "additionalRoutes": [{"name": "checkout-mesh"}, {"kind": "GRPCRoute", "name": "checkout-grpc"}],
+        "stableService": {"name": "v1"},
+        "canaryService": {"name": "v2"},
+        "canaryWorkload": {"name": "v2"},
+        "analysisInterval": "1s",
+        "steps": [{"setWeight": {"weight": 5, "duration": "2s"}}, {"setWeight": {"weight": 50, "duration": "2s"}}, {"promote": {}}]
+    }))
+    .unwrap()
+}
+
+fn additional(mesh: RouteObs, grpc: RouteObs) -> Vec<AdditionalRouteObs> {
+    vec![
+        AdditionalRouteObs {
+            kind: RouteKindName::HttpRoute,
+            name: "checkout-mesh".into(),
+            route: mesh,
+        },
+        AdditionalRouteObs {
+            kind: RouteKindName::GrpcRoute,
+            name: "checkout-grpc".into(),
+            route: grpc,
+        },
+    ]
+}
+
+fn additional_weights(st: &RolloutStatus) -> Vec<(String, Option<u32>)> {
+    st.additional_owned_routes
+        .iter()
+        .map(|o| (o.name.clone(), o.written_weight))
+        .collect()
+}
+
+#[test]
+fn several_routes_take_one_plan_and_each_is_recorded() {
+    let s = two_route_spec();
+    let mut obs = Observations {
+        route: route(0, false),
+        additional_routes: additional(route(0, false), route(0, false)),
+        canary_ready: Some(false),
+        canary_service: Some(true),
+        ..Default::default()
+    };
+    let d = step(&s, RolloutStatus::default(), &obs, t(0));
+    assert_eq!(
+        writes(&d),
+        vec![0],
+        "one write action, carried out on every route"
+    );
+    obs.canary_ready = Some(true);
+    assert_eq!(
+        additional_weights(&d.status),
+        vec![
+            ("checkout-mesh".into(), Some(0)),
+            ("checkout-grpc".into(), Some(0))
+        ]
+    );
+    let d = step(&s, d.status, &obs, t(1));
+    assert_eq!(d.status.phase, RolloutPhase::Progressing);
+    assert_eq!(writes(&d).last(), Some(&5));
+    assert_eq!(
+        additional_weights(&d.status),
+        vec![
+            ("checkout-mesh".into(), Some(5)),
+            ("checkout-grpc".into(), Some(5))
+        ]
+    );
+    let grpc = &d.status.additional_owned_routes[1];
+    assert_eq!(grpc.kind, Some(RouteKindName::GrpcRoute));
+    assert_eq!(
+        grpc.weight_written_at, None,
+        "in force once its write is accepted"
+    );
+
+    // An abort is one write action (each route reverted on its own); a route read back at
+    // weight 0 counts as reverted only once every route reads 0.
+    obs.route = route(5, false);
+    obs.additional_routes = additional(route(5, false), route(5, false));
+    let mut aborting = s.clone();
+    aborting.abort = true;
+    let d = step(&aborting, d.status, &obs, t(2));
+    assert_eq!(d.status.phase, RolloutPhase::Aborted);
+    assert_eq!(writes(&d), vec![0]);
+    assert_eq!(
+        additional_weights(&d.status),
+        vec![
+            ("checkout-mesh".into(), Some(0)),
+            ("checkout-grpc".into(), Some(0))
+        ]
+    );
+    obs.route = route(0, false);
+    obs.additional_routes = additional(route(0, false), route(5, false));
+    let d = step(&aborting, d.status, &obs, t(3));
+    assert!(
+        d.status.abort.as_ref().unwrap().route_reverted_at.is_none(),
+        "one route still carries the canary"
+    );
+    assert_eq!(writes(&d), vec![0], "the abort is written again");
+    obs.additional_routes = additional(route(0, false), route(0, false));
+    let d = step(&aborting, d.status, &obs, t(4));
+    assert_eq!(
+        d.status.abort.as_ref().unwrap().route_reverted_at,
+        Some(Time(t(4)))
+    );
+}
+
+#[test]
+fn a_problem_on_an_additional_route_stops_the_rollout_naming_that_route() {
+    let s = two_route_spec();
+    let owned_by_other = RouteObs::Present(RouteState {
+        owner: Some("shop/other".into()),
+        me: "shop/checkout".into(),
+        ..RouteState::default()
+    });
+    for (mesh, reason, names) in [
+        (
+            RouteObs::Missing,
+            reasons::ROUTE_NOT_FOUND,
+            "spec.additionalRoutes: HTTPRoute checkout-mesh not found",
+        ),
+        (
+            owned_by_other,
+            reasons::ROUTE_OWNED_BY_OTHER,
+            "spec.additionalRoutes: HTTPRoute checkout-mesh is owned by Rollout shop/other",
+        ),
+        (
+            RouteObs::Unusable {
+                reason: reasons::ROUTE_NOT_FOUND,
+                message: "no rule sends to Service v1".into(),
+                state: None,
+            },
+            reasons::ROUTE_NOT_FOUND,
+            "spec.additionalRoutes: HTTPRoute checkout-mesh: no rule sends to Service v1",
+        ),
+    ] {
+        let obs = Observations {
+            route: route(0, false),
+            additional_routes: additional(mesh, route(0, false)),
+            canary_ready: Some(true),
+            canary_service: Some(true),
+            ..Default::default()
+        };
+        let d = step(&s, RolloutStatus::default(), &obs, t(0));
+        assert!(writes(&d).is_empty(), "{names}: nothing written");
+        assert_eq!(d.status.phase, RolloutPhase::Pending, "{names}");
+        let c = cond::find(&d.status.conditions, conditions::ROUTE_OWNED).unwrap();
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", reason));
+        assert!(c.message.starts_with(names), "{}", c.message);
+    }
+    // Not read at all: no decision on part of the routes.
+    let obs = Observations {
+        route: route(0, false),
+        canary_ready: Some(true),
+        ..Default::default()
+    };
+    assert!(writes(&step(&s, RolloutStatus::default(), &obs, t(0))).is_empty());
+}
+
+#[test]
+fn an_additional_route_removed_mid_rollout_is_released_and_the_rest_goes_on() {
+    let s = two_route_spec();
+    let obs = Observations {
+        route: route(5, false),
+        additional_routes: additional(route(5, false), route(5, false)),
+        canary_ready: Some(true),
+        canary_service: Some(true),
+        ..Default::default()
+    };
+    let d = step(&s, RolloutStatus::default(), &obs, t(0));
+    let d = step(&s, d.status, &obs, t(1));
+    assert_eq!(writes(&d), vec![5]);
+    let mut fewer = s.clone();
+    fewer.additional_routes.truncate(1);
+    let d = step(&fewer, d.status, &obs, t(2));
+    assert_eq!(
+        kinds(&d),
+        vec![
+            "release GRPCRoute checkout-grpc".to_string(),
+            "write 5".into()
+        ]
+    );
+    assert_eq!(
+        d.status.phase,
+        RolloutPhase::Progressing,
+        "the plan goes on"
+    );
+    assert!(d.status.owned_route.is_some(), "routeRef stays owned");
+    // Forgotten by the record once released, not by the decision.
+    assert_eq!(d.status.additional_owned_routes.len(), 2);
+    // A rule change on a kept route releases it too.
+    let mut other_rule = s.clone();
+    other_rule.additional_routes[0].rule_name = Some("api".into());
+    let d = step(&other_rule, d.status, &obs, t(3));
+    assert!(
+        kinds(&d).contains(&"release HTTPRoute checkout-mesh".to_string()),
+        "{:?}",
+        kinds(&d)
+    );
+}
+
+#[test]
+fn deleting_aborts_and_hands_back_every_route() {
+    let s = two_route_spec();
+    let mut obs = Observations {
+        route: route(5, false),
+        additional_routes: additional(route(5, false), route(5, false)),
+        canary_ready: Some(true),
+        canary_service: Some(true),
+        ..Default::default()
+    };
+    let d = step(&s, RolloutStatus::default(), &obs, t(0));
+    let d = step(&s, d.status, &obs, t(1));
+    obs.deleting = true;
+    // The primary already at 0, an additional route still live: aborted all the same.
+    obs.route = route(0, false);
+    let d = step(&s, d.status, &obs, t(2));
+    assert_eq!(kinds(&d), vec!["write 0".to_string(), "hand back".into()]);
+}
