@@ -1,0 +1,175 @@
+//! End to end, several routes per Rollout: the checkout Service is reached north-south (the
+//! HTTPRoute `checkout` on the ingress Gateway) and east-west (the GAMMA HTTPRoute
+//! `checkout-mesh`, whose parentRef is the stable Service). One plan: both routes carry the same
+//! canary weight at every step; when the canary's 5xx ratio breaches its gate (`canary-abort`'s
+//! fault), both are aborted to weight 0, each written on its own, and the status' figure runs to
+//! the last route reverted; deleting the Rollout hands both back. Prints `detect_to_revert_ms`
+//! (the abort decision → the last route reverted) and `abort_latency_ms` (fault → both routes
+//! seen at 0).
+
+mod common;
+
+use std::{
+    collections::BTreeSet,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use common::*;
+use kube::api::PostParams;
+use serde_json::json;
+use sluice_api::{
+    external::http_route::HttpRoute,
+    v1alpha1::{RolloutPhase, rollout::AbortReason},
+};
+use sluice_rollout_weights::route;
+
+/// The east-west twin of the rich route: parented on the stable Service (GAMMA), its one rule
+/// sending to it.
+fn mesh_route() -> HttpRoute {
+    serde_json::from_value(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": {"name": "checkout-mesh", "namespace": NS},
+        "spec": {
+            "parentRefs": [{"group": "", "kind": "Service", "name": STABLE, "port": 80}],
+            "rules": [{
+                "name": "main",
+                "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                "backendRefs": [{"name": STABLE, "port": 80, "weight": 100}]
+            }]
+        }
+    }))
+    .unwrap()
+}
+
+/// Canary weights seen on (checkout, checkout-mesh) by a fast poller, in order, deduplicated.
+type Seen = Arc<Mutex<Vec<(i32, i32)>>>;
+
+fn watch_both(client: &kube::Client) -> (Seen, tokio::task::JoinHandle<()>) {
+    let seen: Seen = Arc::default();
+    let api = routes(client);
+    let out = seen.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            if let (Ok(a), Ok(b)) = (api.get("checkout").await, api.get("checkout-mesh").await) {
+                let now = (weights(&a).1, weights(&b).1);
+                let mut s = out.lock().unwrap_or_else(|e| e.into_inner());
+                if s.last() != Some(&now) {
+                    s.push(now);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(15)).await;
+        }
+    });
+    (seen, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_gate_aborts_every_route_and_deletion_hands_each_back() {
+    let budget = Duration::from_secs(100);
+    let Some(g) = given(scenario("canary-abort", 4000.0)).await else {
+        return;
+    };
+    // Given the east-west route beside the ingress route, and a Rollout naming both.
+    routes(&g.client)
+        .create(&PostParams::default(), &mesh_route())
+        .await
+        .expect("mesh route created");
+    let prom = g.prometheus.as_ref().unwrap().url().to_owned();
+    let ctl = Controller::start(&g.client, &prom);
+    let (seen, poller) = watch_both(&g.client);
+    let steps = json!([
+        {"setWeight": {"weight": 1, "duration": "3s"}},
+        {"setWeight": {"weight": 5, "duration": "120s"}},
+        {"setWeight": {"weight": 50}},
+        {"promote": {}}
+    ]);
+    let with_mesh = json!({"additionalRoutes": [{"name": "checkout-mesh"}]});
+    create_rollout(&g.client, &rollout(steps, with_mesh)).await;
+
+    // Then both routes are owned and carry the step's weight.
+    share_confirmed_at_step(&g.client, "1% confirmed by telemetry", 0, budget).await;
+    let (a, b) = (
+        routes(&g.client).get("checkout").await.unwrap(),
+        routes(&g.client).get("checkout-mesh").await.unwrap(),
+    );
+    assert_eq!((weights(&a), weights(&b)), ((99, 1), (99, 1)));
+    let me = Some("shop/checkout".to_owned());
+    assert_eq!(
+        (route::owner(&a).cloned(), route::owner(&b).cloned()),
+        (me.clone(), me)
+    );
+
+    // When the fault starts, Then both routes are reverted and the abort recorded once.
+    let fault = g.started + Duration::from_secs(30);
+    let both_zero = eventually("both routes reverted", budget, async || {
+        let s = seen.lock().unwrap_or_else(|e| e.into_inner());
+        s.iter()
+            .skip_while(|w| w.0 == 0 && w.1 == 0)
+            .any(|w| *w == (0, 0))
+            .then(Instant::now)
+            .ok_or(format!("{s:?}"))
+    })
+    .await;
+    let aborted = rollout_until(&g.client, "abort recorded", budget, |r| {
+        r.status
+            .as_ref()
+            .and_then(|s| s.abort.as_ref())
+            .is_some_and(|a| a.route_reverted_at.is_some())
+    })
+    .await;
+    let status = aborted.status.unwrap();
+    assert_eq!(status.phase, RolloutPhase::Aborted);
+    assert_eq!(
+        status.abort.as_ref().unwrap().reason,
+        AbortReason::GateFailed
+    );
+    let detect_ms = status
+        .abort_detect_to_revert_ms
+        .expect("abortDetectToRevertMs set with routeRevertedAt");
+    let mesh = &status.additional_owned_routes;
+    assert_eq!(mesh.len(), 1, "{mesh:?}");
+    assert_eq!(mesh[0].name, "checkout-mesh");
+    assert_eq!(mesh[0].written_weight, Some(0));
+    // The figure runs to the last route reverted: never before either route's revert.
+    let reverted_at = status
+        .abort
+        .as_ref()
+        .unwrap()
+        .route_reverted_at
+        .clone()
+        .unwrap();
+    assert!(
+        mesh[0]
+            .weight_written_at
+            .as_ref()
+            .is_some_and(|t| t.0 <= reverted_at.0),
+        "{mesh:?} vs {reverted_at:?}"
+    );
+
+    // The same weight on both routes at every step: every weight either route carried, the
+    // other carried too.
+    {
+        let s = seen.lock().unwrap_or_else(|e| e.into_inner());
+        let on = |pick: fn(&(i32, i32)) -> i32| s.iter().map(pick).collect::<BTreeSet<i32>>();
+        assert_eq!(on(|w| w.0), on(|w| w.1), "{s:?}");
+        assert!(on(|w| w.0).contains(&1), "{s:?}");
+        assert_eq!(s.last(), Some(&(0, 0)));
+    }
+    println!(
+        "several routes: abort_latency_ms={} detect_to_revert_ms={detect_ms} routes=2",
+        both_zero.saturating_duration_since(fault).as_millis()
+    );
+
+    // When the Rollout is deleted, Then both routes are handed back, weights left at 0.
+    delete_rollout(&g.client, budget).await;
+    for name in ["checkout", "checkout-mesh"] {
+        let r = routes(&g.client).get(name).await.unwrap();
+        assert_eq!(route::owner(&r), None, "{name} handed back");
+        assert_eq!(weights(&r), (100, 0), "{name}");
+    }
+
+    poller.abort();
+    ctl.stop().await;
+}
