@@ -244,6 +244,42 @@ impl Machine<'_> {
                 );
             }
         }
+        // A BundlePin that rewrote an additional route outranks this Rollout there too: the
+        // rollout stops as it would for routeRef, and no route is written again.
+        if !pinned {
+            let pinned_extra = spec.additional_routes.iter().zip(&extra).find(|(r, st)| {
+                let last = self
+                    .next
+                    .additional_owned_routes
+                    .iter()
+                    .find(|o| is_route(o, r.kind, &r.name))
+                    .and_then(|o| o.last_written_resource_version.clone());
+                last.is_some()
+                    && st.resource_version != last
+                    && st.last_writer.as_deref() == Some(REVERT_FIELD_MANAGER)
+            });
+            if let Some((r, _)) = pinned_extra {
+                let msg = format!(
+                    "a BundlePin rewrote {} {} (spec.additionalRoutes); the pin wins and this rollout stops",
+                    r.kind.as_str(),
+                    r.name
+                );
+                if self.next.phase == RolloutPhase::Aborted {
+                    if let Some(a) = self.next.abort.as_mut() {
+                        a.reason = AbortReason::PinnedByBundlePin;
+                    }
+                } else {
+                    self.abort(AbortReason::PinnedByBundlePin, msg.clone(), None);
+                }
+                self.condition(
+                    conditions::ROUTE_OWNED,
+                    Status::False,
+                    reasons::PINNED_BY_BUNDLE_PIN,
+                    msg,
+                );
+                return;
+            }
+        }
         if pinned {
             // The pin wins while revert holds the route. Once it released it (its field
             // ownership is gone), an explicit retry starts the rollout again from here.

@@ -1498,3 +1498,45 @@ fn deleting_aborts_and_hands_back_every_route() {
     let d = step(&s, d.status, &obs, t(2));
     assert_eq!(kinds(&d), vec!["write 0".to_string(), "hand back".into()]);
 }
+
+#[test]
+fn a_bundle_pin_on_an_additional_route_stops_the_rollout_without_writing() {
+    let s = two_route_spec();
+    let obs = Observations {
+        route: route(5, false),
+        additional_routes: additional(route(5, false), route(5, false)),
+        canary_ready: Some(true),
+        canary_service: Some(true),
+        ..Default::default()
+    };
+    let d = step(&s, RolloutStatus::default(), &obs, t(0));
+    let mut st = d.status;
+    for o in &mut st.additional_owned_routes {
+        o.last_written_resource_version = Some("1".into());
+    }
+    let pinned = RouteObs::Present(RouteState {
+        resource_version: Some("9".into()),
+        owner: Some("shop/checkout".into()),
+        me: "shop/checkout".into(),
+        canary_weight: 0,
+        last_writer: Some(REVERT_FIELD_MANAGER.into()),
+        ..RouteState::default()
+    });
+    let obs = Observations {
+        additional_routes: additional(pinned, route(5, false)),
+        ..obs
+    };
+    let d = step(&s, st, &obs, t(1));
+    assert_eq!(d.status.phase, RolloutPhase::Aborted);
+    assert_eq!(
+        d.status.abort.as_ref().unwrap().reason,
+        AbortReason::PinnedByBundlePin
+    );
+    assert!(writes(&d).is_empty(), "the pin's routes are not written");
+    let c = cond::find(&d.status.conditions, conditions::ROUTE_OWNED).unwrap();
+    assert!(
+        c.message.contains("HTTPRoute checkout-mesh"),
+        "{}",
+        c.message
+    );
+}
