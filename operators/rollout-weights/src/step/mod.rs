@@ -382,7 +382,7 @@ impl Machine<'_> {
                     state,
                 }) => {
                     if !obs.deleting {
-                        self.route_problem(*reason, format!("{what}: {message}"));
+                        self.route_problem(reason, format!("{what}: {message}"));
                     }
                     match state {
                         Some(st) => {
