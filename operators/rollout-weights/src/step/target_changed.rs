@@ -114,15 +114,12 @@ impl Machine<'_> {
             }
             let kind = o.kind.unwrap_or_default().as_str();
             self.release(&o);
-            self.event(
-                Severity::Normal,
-                reasons::TARGET_CHANGED,
+            self.event(Notice::normal(reasons::TARGET_CHANGED,
                 event_actions::OWN,
                 format!(
                     "{kind} {} left spec.additionalRoutes: the canary is aborted on it and it is handed back",
                     o.name
-                ),
-            );
+                )));
         }
     }
 
