@@ -1237,7 +1237,13 @@ async fn breach(platform: &Platform<'_>) -> Result<Outcome, ScenarioError> {
     let pin_log = PinLog::watch(pins.clone());
     let fault = Instant::now();
 
-    // Watch the verdict, the pin and the route in the canary cluster closely.
+    // Watch the verdict, the pin and the route in the canary cluster closely. Each round reads
+    // them against their causal order (the route, written by revert from the pin; the pins,
+    // created by wave-gate once its status says Fail; then the WaveGate) and stamps what it
+    // saw with the instant it began: whatever a round sees, it also sees everything that had to
+    // come before it, so the figures keep that order however slowly a round runs. A round with
+    // a failed read records nothing.
+    let routes = dynamic(client(sandbox, CANARY_CLUSTER)?, SHOP, HTTPROUTE);
     let mut seen = BreachSeen::default();
     let mut reverted_by = Vec::new();
     while seen.fail.is_none()
@@ -1245,42 +1251,45 @@ async fn breach(platform: &Platform<'_>) -> Result<Outcome, ScenarioError> {
         || seen.reverted.is_none()
         || seen.pinned.is_none()
     {
-        if seen.fail.is_none()
-            && let Ok(g) = gates.get(&site.name).await
-            && failed_in(&g, 0)
-        {
-            seen.fail = Some(fault.elapsed());
-            if let Some(line) = narrate_wave(&g, 0) {
-                sandbox.say(line);
+        let round = fault.elapsed();
+        let read = async {
+            let route = routes.get_opt(BUNDLE_ROUTE).await.ok()?;
+            let list = pins.list(&ListParams::default()).await.ok()?;
+            let gate = gates.get(&site.name).await.ok()?;
+            Some((route, list.items, gate))
+        };
+        if let Some((route, listed, gate)) = read.await {
+            let route = route.and_then(|r| serde_json::to_value(r).ok());
+            if seen.fail.is_none() && failed_in(&gate, 0) {
+                seen.fail = Some(round);
+                if let Some(line) = narrate_wave(&gate, 0) {
+                    sandbox.say(line);
+                }
             }
-        }
-        if (seen.pin.is_none() || seen.pinned.is_none())
-            && let Ok(list) = pins.list(&ListParams::default()).await
-        {
-            if seen.pin.is_none() && !list.items.is_empty() {
-                seen.pin = Some(fault.elapsed());
+            if seen.pin.is_none() && !listed.is_empty() {
+                seen.pin = Some(round);
                 sandbox.say(format!(
                     "{mgmt}: wave-gate created a BundlePin of {}",
                     short(&running.manifest_digest)
                 ));
             }
-            if !list.items.is_empty() && list.items.iter().all(applied) {
-                seen.pinned = Some(fault.elapsed());
+            if seen.pinned.is_none() && !listed.is_empty() && listed.iter().all(applied) {
+                seen.pinned = Some(round);
                 sandbox.say(format!(
                     "{mgmt}: revert verified the signature and applied the pinned bundle to {CANARY_CLUSTER}"
                 ));
             }
-        }
-        if seen.reverted.is_none()
-            && let Some(route) = route_in(sandbox, CANARY_CLUSTER).await?
-            && route_timeout(&route) == Some(RUNNING_TIMEOUT)
-        {
-            seen.reverted = Some(fault.elapsed());
-            reverted_by = rules_managers(&route);
-            sandbox.say(format!(
-                "{CANARY_CLUSTER}: the previous bundle's route is back (request timeout {RUNNING_TIMEOUT}), written by {}",
-                reverted_by.join(", ")
-            ));
+            if seen.reverted.is_none()
+                && let Some(route) = route
+                && route_timeout(&route) == Some(RUNNING_TIMEOUT)
+            {
+                seen.reverted = Some(round);
+                reverted_by = rules_managers(&route);
+                sandbox.say(format!(
+                    "{CANARY_CLUSTER}: the previous bundle's route is back (request timeout {RUNNING_TIMEOUT}), written by {}",
+                    reverted_by.join(", ")
+                ));
+            }
         }
         tokio::time::sleep(FAST_POLL).await;
     }
