@@ -14,6 +14,25 @@ use crate::route_edit::Desired;
 use super::model::{Action, Machine, REVERTED_SHARE_PERCENT, RouteObs, RouteState, event_actions};
 
 impl Machine<'_> {
+    /// A BundlePin rewrote a route this Rollout owns (`message` names it): the pin wins. The
+    /// rollout stops (an abort already under way keeps going, now for this reason) without
+    /// writing the route again, and RouteOwned says why.
+    pub(super) fn stopped_by_bundle_pin(&mut self, message: String) {
+        if self.next.phase == RolloutPhase::Aborted {
+            if let Some(a) = self.next.abort.as_mut() {
+                a.reason = AbortReason::PinnedByBundlePin;
+            }
+        } else {
+            self.abort(AbortReason::PinnedByBundlePin, message.clone(), None);
+        }
+        self.condition(
+            conditions::ROUTE_OWNED,
+            Status::False,
+            reasons::PINNED_BY_BUNDLE_PIN,
+            message,
+        );
+    }
+
     pub(super) fn abort(
         &mut self,
         reason: AbortReason,

@@ -205,37 +205,32 @@ impl Machine<'_> {
             // or not the owned weights changed: a pin restoring the very weights this Rollout
             // wrote still outranks it.
             if route.last_writer.as_deref() == Some(REVERT_FIELD_MANAGER) {
-                let msg = format!(
+                self.stopped_by_bundle_pin(format!(
                     "a BundlePin rewrote {} {}; the pin wins and this rollout stops",
                     spec.route_ref.kind.as_str(),
                     spec.route_ref.name
-                );
-                if self.next.phase == RolloutPhase::Aborted {
-                    if let Some(a) = self.next.abort.as_mut() {
-                        a.reason = AbortReason::PinnedByBundlePin;
-                    }
-                } else {
-                    self.abort(AbortReason::PinnedByBundlePin, msg.clone(), None);
-                }
-                self.condition(
-                    conditions::ROUTE_OWNED,
-                    Status::False,
-                    reasons::PINNED_BY_BUNDLE_PIN,
-                    msg,
-                );
+                ));
                 return;
             }
             if drifted {
-                self.event(Notice::warning(reasons::FOREIGN_EDIT_RESTORED, event_actions::RESTORE, format!(
+                let note = format!(
                     "{} {} was edited by {}: canary weight {} (wrote {:?}), cohort {}, mirror {}; restoring",
                     spec.route_ref.kind.as_str(),
                     spec.route_ref.name,
-                    route.last_writer.clone().unwrap_or_else(|| "an unknown writer".into()),
+                    route.last_writer.as_deref().unwrap_or("an unknown writer"),
                     route.canary_weight,
-                    self.next.owned_route.as_ref().and_then(|o| o.written_weight),
+                    self.next
+                        .owned_route
+                        .as_ref()
+                        .and_then(|o| o.written_weight),
                     route.cohort,
                     route.mirror
-                )));
+                );
+                self.event(Notice::warning(
+                    reasons::FOREIGN_EDIT_RESTORED,
+                    event_actions::RESTORE,
+                    note,
+                ));
                 self.condition(
                     conditions::ROUTE_OWNED,
                     Status::True,
@@ -259,24 +254,11 @@ impl Machine<'_> {
                     && st.last_writer.as_deref() == Some(REVERT_FIELD_MANAGER)
             });
             if let Some((r, _)) = pinned_extra {
-                let msg = format!(
+                self.stopped_by_bundle_pin(format!(
                     "a BundlePin rewrote {} {} (spec.additionalRoutes); the pin wins and this rollout stops",
                     r.kind.as_str(),
                     r.name
-                );
-                if self.next.phase == RolloutPhase::Aborted {
-                    if let Some(a) = self.next.abort.as_mut() {
-                        a.reason = AbortReason::PinnedByBundlePin;
-                    }
-                } else {
-                    self.abort(AbortReason::PinnedByBundlePin, msg.clone(), None);
-                }
-                self.condition(
-                    conditions::ROUTE_OWNED,
-                    Status::False,
-                    reasons::PINNED_BY_BUNDLE_PIN,
-                    msg,
-                );
+                ));
                 return;
             }
         }
