@@ -1,12 +1,46 @@
 //! The flags every operator takes to reach its metrics source (Prometheus, Thanos Query, Mimir,
 //! Grafana Cloud): timeout, bearer token file, basic auth, extra headers, CA file. One
-//! definition, flattened into each operator's command line; the URL stays each operator's own
-//! flag (its default differs).
+//! definition, flattened into each operator's command line. The operators that gate one
+//! cluster's change (rollout-weights, upgrade-revisions) flatten [`ClusterGateArgs`], which adds
+//! the URL, the cluster and free-form PromQL; wave-gate reads the global view, where the URL is
+//! optional and the cluster is a label, so it keeps those flags its own.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::source::{BasicAuth, PrometheusConfig, SourceError};
+
+/// The gate flags of an operator that judges one cluster's change: where its metrics are, which
+/// `cluster` label value scopes them, whether namespaced gates may carry free-form PromQL, and
+/// how to reach the source. Flatten into the operator's `clap` command line.
+#[derive(Clone, Debug, PartialEq, clap::Args)]
+pub struct ClusterGateArgs {
+    /// Allow free-form PromQL in gates of namespaced objects (it runs with the operator's view
+    /// of all metrics).
+    #[arg(long, env = "SLUICE_ALLOW_FREE_FORM_PROMQL", default_value_t = false)]
+    pub allow_free_form_promql: bool,
+    /// Base URL of the Prometheus HTTP API (Thanos Query in production) the gates query.
+    #[arg(
+        long,
+        env = "SLUICE_PROMETHEUS_URL",
+        default_value = "http://thanos-query.monitoring:9090"
+    )]
+    pub prometheus_url: String,
+    /// Value of the `cluster` label that scopes this cluster's series.
+    #[arg(long, env = "SLUICE_CLUSTER", default_value = "cluster-1")]
+    pub cluster: String,
+    /// Credentials, headers, CA and timeout for the Prometheus URL.
+    #[command(flatten)]
+    pub source: MetricsSourceArgs,
+}
+
+impl ClusterGateArgs {
+    /// The source settings for `--prometheus-url`, checked as [`MetricsSourceArgs::config`]
+    /// does.
+    pub fn config(&self, default_timeout: Duration) -> Result<PrometheusConfig, SourceError> {
+        self.source.config(&self.prometheus_url, default_timeout)
+    }
+}
 
 /// How to reach the metrics source. Flatten into an operator's `clap` command line.
 #[derive(Clone, Debug, Default, PartialEq, clap::Args)]
@@ -116,6 +150,53 @@ mod tests {
         Cli::try_parse_from(std::iter::once("op").chain(args.iter().copied()))
             .expect("flags parse")
             .source
+    }
+
+    #[derive(Debug, Parser)]
+    struct GatingCli {
+        #[command(flatten)]
+        gates: ClusterGateArgs,
+    }
+
+    #[test]
+    fn the_gate_flags_of_one_cluster_parse_with_their_defaults() {
+        let parse = |args: &[&str]| {
+            GatingCli::try_parse_from(std::iter::once("op").chain(args.iter().copied()))
+                .map(|c| c.gates)
+        };
+        let defaults = parse(&[]).expect("no flag is required");
+        assert_eq!(
+            defaults.prometheus_url,
+            "http://thanos-query.monitoring:9090"
+        );
+        assert_eq!(defaults.cluster, "cluster-1");
+        assert!(!defaults.allow_free_form_promql);
+
+        let given = parse(&[
+            "--prometheus-url=https://metrics.example:9443",
+            "--cluster=east-1",
+            "--allow-free-form-promql",
+            "--prometheus-timeout-seconds=7",
+        ])
+        .expect("flags parse");
+        assert_eq!(given.cluster, "east-1");
+        assert!(given.allow_free_form_promql);
+        let config = given
+            .config(Duration::from_secs(5))
+            .expect("source settings");
+        assert_eq!(config.url, "https://metrics.example:9443");
+        assert_eq!(config.timeout, Duration::from_secs(7));
+
+        // The source's own checks still apply, naming the flag.
+        let err = parse(&["--prometheus-timeout-seconds=0"])
+            .expect("flags parse")
+            .config(Duration::from_secs(5))
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("--prometheus-timeout-seconds must be at least 1"),
+            "{err}"
+        );
     }
 
     #[test]

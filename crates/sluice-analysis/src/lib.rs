@@ -57,7 +57,7 @@ pub mod sequential;
 pub mod source;
 pub mod template;
 
-pub use args::MetricsSourceArgs;
+pub use args::{ClusterGateArgs, MetricsSourceArgs};
 pub use builtin::{Reporter, ServiceScope, SourceWorkloads};
 pub use decide::{
     BaselineReading, DistributionTest, GateAction, Observation, OwnerContext, action,

@@ -8,7 +8,7 @@ use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use clap::Parser;
 use kube::runtime::watcher;
-use sluice_analysis::MetricsSourceArgs;
+use sluice_analysis::ClusterGateArgs;
 use sluice_api::v1alpha1::Rollout;
 use sluice_rollout_weights::{OPERATOR, metrics, orphans, reconcile, template_status, triggers};
 use sluice_runtime::{Runtime, RuntimeArgs};
@@ -19,44 +19,28 @@ use sluice_runtime::{Runtime, RuntimeArgs};
 struct Cli {
     #[command(flatten)]
     runtime: RuntimeArgs,
-    /// Allow free-form PromQL in gates of namespaced objects (it runs with the operator's view
-    /// of all metrics).
-    #[arg(long, env = "SLUICE_ALLOW_FREE_FORM_PROMQL", default_value_t = false)]
-    allow_free_form_promql: bool,
-    /// Base URL of the Prometheus HTTP API (Thanos Query in production) the gates query.
-    #[arg(
-        long,
-        env = "SLUICE_PROMETHEUS_URL",
-        default_value = "http://thanos-query.monitoring:9090"
-    )]
-    prometheus_url: String,
-    /// Value of the `cluster` label that scopes this cluster's series.
-    #[arg(long, env = "SLUICE_CLUSTER", default_value = "cluster-1")]
-    cluster: String,
-    /// Credentials, headers, CA and timeout for the Prometheus URL.
+    /// The metrics source, the cluster label value and free-form PromQL.
     #[command(flatten)]
-    prometheus: MetricsSourceArgs,
+    gates: ClusterGateArgs,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result: Result<(), Box<dyn std::error::Error>> = async {
-        let source = cli
-            .prometheus
-            .config(&cli.prometheus_url, Duration::from_secs(5))?;
+        let source = cli.gates.config(Duration::from_secs(5))?;
         let mut rt = Runtime::init(OPERATOR, cli.runtime).await?;
         let api = rt.namespaced_api();
         let metrics = metrics::register(&mut rt.registry);
         let mut ctx = reconcile::Context::new(rt.client.clone(), rt.recorder.clone());
-        ctx.allow_free_form_promql = cli.allow_free_form_promql;
+        ctx.allow_free_form_promql = cli.gates.allow_free_form_promql;
         rt.metrics
             .objects()
             .decided_by(|r: &Rollout, _now| r.status.as_ref().map(metrics::object_signal));
         ctx.notifier = rt.notifier.clone();
         ctx.leadership = rt.leadership()?;
         let ctx = ctx
-            .with_analysis(source, &cli.cluster, metrics)?
+            .with_analysis(source, &cli.gates.cluster, metrics)?
             .with_gate_template_cache(rt.watch_client.clone());
         let watched = triggers::Watched {
             deployments: rt.namespaced_api(),

@@ -5,7 +5,7 @@
 use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use clap::Parser;
-use sluice_analysis::MetricsSourceArgs;
+use sluice_analysis::ClusterGateArgs;
 use sluice_api::v1alpha1::RevisionUpgrade;
 use sluice_runtime::{Runtime, RuntimeArgs};
 use sluice_upgrade_revisions::{OPERATOR, metrics, reconcile};
@@ -16,20 +16,10 @@ use sluice_upgrade_revisions::{OPERATOR, metrics, reconcile};
 struct Cli {
     #[command(flatten)]
     runtime: RuntimeArgs,
-    /// Allow free-form PromQL in gates (it runs with the operator's view of all metrics).
-    #[arg(long, env = "SLUICE_ALLOW_FREE_FORM_PROMQL", default_value_t = false)]
-    allow_free_form_promql: bool,
-    /// Base URL of the Prometheus HTTP API (Thanos Query in production): gates and the
-    /// certificate issuance counter.
-    #[arg(
-        long,
-        env = "SLUICE_PROMETHEUS_URL",
-        default_value = "http://thanos-query.monitoring:9090"
-    )]
-    prometheus_url: String,
-    /// Value of the `cluster` label that scopes this cluster's series.
-    #[arg(long, env = "SLUICE_CLUSTER", default_value = "cluster-1")]
-    cluster: String,
+    /// The metrics source (gates and the certificate issuance counter), the cluster label value
+    /// and free-form PromQL.
+    #[command(flatten)]
+    gates: ClusterGateArgs,
     /// Window background issuance is measured over, seconds (at least 4 scrape intervals).
     #[arg(long, env = "SLUICE_ISSUANCE_WINDOW_SECONDS", default_value_t = 60)]
     issuance_window_seconds: u64,
@@ -42,18 +32,13 @@ struct Cli {
         default_value = sluice_upgrade_revisions::issuance::DEFAULT_ISSUANCE_SERIES
     )]
     issuance_series: String,
-    /// Credentials, headers, CA and timeout for the Prometheus URL.
-    #[command(flatten)]
-    prometheus: MetricsSourceArgs,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result: Result<(), Box<dyn std::error::Error>> = async {
-        let prometheus = cli
-            .prometheus
-            .config(&cli.prometheus_url, Duration::from_secs(10))?;
+        let prometheus = cli.gates.config(Duration::from_secs(10))?;
         let mut rt = Runtime::init(OPERATOR, cli.runtime).await?;
         let api = kube::Api::all(rt.watch_client.clone());
         let metrics = metrics::register(&mut rt.registry);
@@ -65,9 +50,9 @@ async fn main() -> ExitCode {
         let (fleet, _watchers) = reconcile::FleetCache::start(&rt.watch_client);
         let source = reconcile::metrics_source(
             prometheus,
-            &cli.cluster,
+            &cli.gates.cluster,
             Duration::from_secs(cli.issuance_window_seconds.max(1)),
-            cli.allow_free_form_promql,
+            cli.gates.allow_free_form_promql,
         )?
         .with_issuance_series(cli.issuance_series);
         let mut ctx = reconcile::Context::full(
@@ -78,7 +63,7 @@ async fn main() -> ExitCode {
             Some(source),
             metrics,
         );
-        ctx.allow_free_form_promql = cli.allow_free_form_promql;
+        ctx.allow_free_form_promql = cli.gates.allow_free_form_promql;
         ctx.leadership = rt.leadership()?;
         rt.metrics
             .objects()
