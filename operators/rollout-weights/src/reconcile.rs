@@ -17,7 +17,7 @@
 use std::{
     collections::HashMap,
     sync::{
-        Arc, Mutex, OnceLock,
+        Arc, Mutex, RwLock,
         atomic::{AtomicBool, Ordering},
     },
     time::{Duration, Instant},
@@ -104,8 +104,23 @@ pub struct Context {
     crd: Mutex<HashMap<&'static str, (Instant, Option<CrdSupport>)>>,
 }
 
-/// Where the Rollout controller publishes its store for the reconciles.
-pub type RolloutStore = Arc<OnceLock<Store<Rollout>>>;
+/// Where the Rollout controller publishes its store for the reconciles: the store of the
+/// controller that runs now. Each term of leadership runs a new controller with a new store, and
+/// publishes it here in place of the last term's, which no longer updates.
+#[derive(Clone, Debug, Default)]
+pub struct RolloutStore(Arc<RwLock<Option<Store<Rollout>>>>);
+
+impl RolloutStore {
+    /// Publishes `store`, the running controller's, in place of any earlier one.
+    pub fn publish(&self, store: Store<Rollout>) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Some(store);
+    }
+
+    /// The running controller's store; `None` before a controller ran.
+    pub fn current(&self) -> Option<Store<Rollout>> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
 
 /// When a decision made from a stale Rollout is tried again if the watch has not delivered the
 /// newer one by then.
@@ -773,22 +788,20 @@ fn same_status(a: Option<&RolloutStatus>, b: &RolloutStatus) -> bool {
     serde_json::to_value(a.cloned().unwrap_or_default()).ok() == serde_json::to_value(b).ok()
 }
 
-/// Resolves when the controller's store holds a newer generation of the Rollout asking for a
-/// manual control the status has not acted on; never, without a store.
+/// Resolves when the running controller's store holds a newer generation of the Rollout asking
+/// for a manual control the status has not acted on; never, without a store.
 async fn control_arrives(
-    ctx: &Context,
+    rollouts: &RolloutStore,
     ns: &str,
     name: &str,
     obj: &Rollout,
     status: &RolloutStatus,
 ) {
-    let Some(store) = ctx.rollouts.get() else {
-        return std::future::pending().await;
-    };
     let at = ObjectRef::new(name).within(ns);
     loop {
         tokio::time::sleep(CONTROL_POLL).await;
-        if let Some(now) = store.get(&at)
+        // Read each time: a reconcile started late in one term may wait into the next.
+        if let Some(now) = rollouts.current().and_then(|store| store.get(&at))
             && now.metadata.generation != obj.metadata.generation
             && analysis::control_pending(&now.spec, status)
         {
@@ -1124,7 +1137,7 @@ async fn reconcile_on<K: Driven>(
             };
             let (plan, baselines, baseline_problems, outcomes) = tokio::select! {
                 r = analysed => r?,
-                () = control_arrives(&ctx, &ns, &name, &obj, &current) => {
+                () = control_arrives(&ctx.rollouts, &ns, &name, &obj, &current) => {
                     // The Rollout as it is now is reconciled next, control first.
                     tracing::info!("a manual control arrived while analysing; deciding it now");
                     return Ok(ControllerAction::requeue(Duration::ZERO));
@@ -1430,6 +1443,68 @@ async fn reconcile_on<K: Driven>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::runtime::{reflector, watcher};
+
+    /// Rollout `shop/checkout` at `generation`, asking for an abort when `abort`.
+    fn rollout(generation: i64, abort: bool) -> Rollout {
+        let spec = serde_json::from_value(serde_json::json!({
+            "routeRef": {"name": "checkout"},
+            "stableService": {"name": "v1"},
+            "canaryService": {"name": "v2"},
+            "canaryWorkload": {"name": "v2"},
+            "abort": abort,
+            "steps": [{"setWeight": {"weight": 1, "duration": "2m"}}]
+        }))
+        .expect("Rollout spec fixture");
+        let mut r = Rollout::new("checkout", spec);
+        r.metadata.namespace = Some("shop".into());
+        r.metadata.generation = Some(generation);
+        r
+    }
+
+    #[tokio::test]
+    async fn a_manual_abort_reaches_a_waiting_reconcile_through_the_store_of_the_current_term() {
+        let rollouts = RolloutStore::default();
+        // The first term's controller published its store, then this replica lost the Lease
+        // and led again: the second term's controller published a new store.
+        let (first, mut first_writer) = reflector::store::<Rollout>();
+        rollouts.publish(first);
+        first_writer.apply_watcher_event(&watcher::Event::Apply(rollout(1, false)));
+        let (second, mut second_writer) = reflector::store::<Rollout>();
+        rollouts.publish(second);
+
+        let obj = rollout(1, false);
+        let status = RolloutStatus {
+            phase: RolloutPhase::Progressing,
+            ..RolloutStatus::default()
+        };
+        // The abort arrives in the second term: only its store sees it.
+        second_writer.apply_watcher_event(&watcher::Event::Apply(rollout(2, true)));
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            control_arrives(&rollouts, "shop", "checkout", &obj, &status),
+        )
+        .await
+        .expect("the wait gives way to the abort the current store holds");
+    }
+
+    #[tokio::test]
+    async fn without_a_newer_generation_asking_for_a_control_the_wait_goes_on() {
+        let rollouts = RolloutStore::default();
+        let (store, mut writer) = reflector::store::<Rollout>();
+        rollouts.publish(store);
+        writer.apply_watcher_event(&watcher::Event::Apply(rollout(2, false)));
+        let status = RolloutStatus {
+            phase: RolloutPhase::Progressing,
+            ..RolloutStatus::default()
+        };
+        let waited = tokio::time::timeout(
+            CONTROL_POLL * 5,
+            control_arrives(&rollouts, "shop", "checkout", &rollout(1, false), &status),
+        )
+        .await;
+        assert!(waited.is_err(), "no control was asked for");
+    }
 
     #[test]
     fn the_free_form_promql_flag_reaches_the_engine() {

@@ -48,13 +48,14 @@ pub fn template_refs(rollouts: &Store<Rollout>, name: &str) -> Vec<ObjectRef<Rol
 }
 
 /// `extend`, after publishing the controller's store into `slot` (the reconciles read manual
-/// controls there while they wait on analysis).
+/// controls there while they wait on analysis): each new controller's, one per term of
+/// leadership, in place of the last.
 pub fn sharing_store(
     slot: RolloutStore,
     extend: impl Fn(Controller<Rollout>) -> Controller<Rollout>,
 ) -> impl Fn(Controller<Rollout>) -> Controller<Rollout> {
     move |controller| {
-        let _ = slot.set(controller.store());
+        slot.publish(controller.store());
         extend(controller)
     }
 }
