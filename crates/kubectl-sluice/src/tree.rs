@@ -234,22 +234,42 @@ fn step_text(step: &Value) -> String {
     }
 }
 
+/// What a Rollout's status says of one route it owns (`status.ownedRoute` or an entry of
+/// `status.additionalOwnedRoutes`): the canary weight it last wrote there, and that it owns it.
+fn ownership(owned: Option<&Value>) -> String {
+    let mut text = String::new();
+    if let Some(o) = owned {
+        if let Some(w) = n(o, "/writtenWeight") {
+            let _ = write!(text, ", written canary weight {}", num(w));
+        }
+        text.push_str(", owned");
+    }
+    text
+}
+
 /// The status tree of a Rollout.
 pub fn rollout(v: &Value) -> String {
     let mut t = Tree::new(head(Kind::Rollout, v));
     let route = s(v, "/spec/routeRef/name").unwrap_or("?");
     let mut route_line = format!(
-        "route HTTPRoute {route}: stable {} / canary {}",
+        "route {} {route}: stable {} / canary {}",
+        s(v, "/spec/routeRef/kind").unwrap_or("HTTPRoute"),
         s(v, "/spec/stableService/name").unwrap_or("?"),
         s(v, "/spec/canaryService/name").unwrap_or("?")
     );
-    if let Some(w) = n(v, "/status/ownedRoute/writtenWeight") {
-        let _ = write!(route_line, ", written canary weight {}", num(w));
-    }
-    if v.pointer("/status/ownedRoute").is_some() {
-        route_line.push_str(", owned");
-    }
+    route_line.push_str(&ownership(v.pointer("/status/ownedRoute")));
     t.node("", false, &route_line);
+    // spec.additionalRoutes: the same plan on every one of them, each with its own ownership.
+    let owned_extra = arr(v, "/status/additionalOwnedRoutes");
+    for r in arr(v, "/spec/additionalRoutes") {
+        let kind = s(r, "/kind").unwrap_or("HTTPRoute");
+        let name = s(r, "/name").unwrap_or("?");
+        let owned = owned_extra
+            .iter()
+            .find(|o| s(o, "/name") == Some(name) && s(o, "/kind").unwrap_or("HTTPRoute") == kind);
+        let line = format!("route {kind} {name} (additional){}", ownership(owned));
+        t.node("", false, &line);
+    }
     let mut traffic = String::from("traffic: desired weight ");
     match n(v, "/status/desiredWeight") {
         Some(w) => traffic.push_str(&format!("{}%", num(w))),
@@ -757,6 +777,32 @@ mod tests {
         let mut stale = rollout_obj();
         stale["metadata"]["generation"] = json!(3);
         assert!(rollout(&stale).contains("(status is for generation 2, spec is at 3)"));
+    }
+
+    #[test]
+    fn rollout_tree_shows_every_route_of_the_plan_with_its_kind_and_weight() {
+        let mut obj = rollout_obj();
+        obj["spec"]["routeRef"] = json!({"kind": "GRPCRoute", "name": "payments"});
+        obj["spec"]["additionalRoutes"] = json!([
+            {"name": "payments-mesh"},
+            {"kind": "GRPCRoute", "name": "payments-edge"},
+        ]);
+        obj["status"]["additionalOwnedRoutes"] = json!([
+            {"name": "payments-mesh", "kind": "HTTPRoute", "writtenWeight": 25},
+        ]);
+        let text = rollout(&obj);
+        for w in [
+            "route GRPCRoute payments: stable checkout-v1 / canary checkout-v2, written canary weight 25, owned",
+            "route HTTPRoute payments-mesh (additional), written canary weight 25, owned",
+        ] {
+            assert!(text.contains(w), "lacks {w:?} in\n{text}");
+        }
+        // Not owned yet: named, without a weight.
+        assert!(
+            text.lines()
+                .any(|l| l.ends_with("route GRPCRoute payments-edge (additional)")),
+            "{text}"
+        );
     }
 
     #[test]
