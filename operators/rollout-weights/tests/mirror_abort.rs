@@ -107,15 +107,7 @@ async fn mirrored_canary_is_aborted(settings: Settings) {
     let route = routes(&g.client).get("checkout").await.unwrap();
     assert_eq!(weights(&route), (100, 0));
     assert_eq!(rule_names(&route), ["admin", "main"]);
-    let aborted = rollout_until(&g.client, "abort recorded", budget, |r| {
-        r.status
-            .as_ref()
-            .and_then(|s| s.abort.as_ref())
-            .is_some_and(|a| a.route_reverted_at.is_some())
-    })
-    .await;
-    let status = aborted.status.unwrap();
-    assert_eq!(status.phase, RolloutPhase::Aborted);
+    let status = abort_recorded(&g.client, budget).await;
     assert!(!status.mirror_active);
     let abort = status.abort.clone().unwrap();
     assert_eq!(abort.reason, AbortReason::GateFailed, "{abort:?}");

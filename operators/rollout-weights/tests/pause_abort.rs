@@ -129,15 +129,7 @@ async fn held_canary_is_aborted(hold: Hold, settings: Settings) {
     })
     .await;
     let fault_to_revert = fault.elapsed();
-    let aborted = rollout_until(&g.client, "abort recorded", budget, |r| {
-        r.status
-            .as_ref()
-            .and_then(|s| s.abort.as_ref())
-            .is_some_and(|a| a.route_reverted_at.is_some())
-    })
-    .await;
-    let status = aborted.status.unwrap();
-    assert_eq!(status.phase, RolloutPhase::Aborted);
+    let status = abort_recorded(&g.client, budget).await;
     let abort = status.abort.clone().unwrap();
     assert_eq!(abort.reason, AbortReason::GateFailed, "{abort:?}");
     assert_eq!(abort.step_index, Some(held_step));

@@ -18,10 +18,7 @@ use std::{
 use common::*;
 use kube::api::PostParams;
 use serde_json::json;
-use sluice_api::{
-    external::http_route::HttpRoute,
-    v1alpha1::{RolloutPhase, rollout::AbortReason},
-};
+use sluice_api::{external::http_route::HttpRoute, v1alpha1::rollout::AbortReason};
 use sluice_rollout_weights::route;
 
 /// The east-west twin of the rich route: parented on the stable Service (GAMMA), its one rule
@@ -112,15 +109,7 @@ async fn a_failed_gate_aborts_every_route_and_deletion_hands_each_back() {
             .ok_or(format!("{s:?}"))
     })
     .await;
-    let aborted = rollout_until(&g.client, "abort recorded", budget, |r| {
-        r.status
-            .as_ref()
-            .and_then(|s| s.abort.as_ref())
-            .is_some_and(|a| a.route_reverted_at.is_some())
-    })
-    .await;
-    let status = aborted.status.unwrap();
-    assert_eq!(status.phase, RolloutPhase::Aborted);
+    let status = abort_recorded(&g.client, budget).await;
     assert_eq!(
         status.abort.as_ref().unwrap().reason,
         AbortReason::GateFailed

@@ -23,7 +23,10 @@ use kube::{
 use kube_emulator::Emulator;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
-use sluice_api::{external::http_route::HttpRoute, v1alpha1::Rollout};
+use sluice_api::{
+    external::http_route::HttpRoute,
+    v1alpha1::{Rollout, RolloutPhase, RolloutStatus},
+};
 use sluice_rollout_weights::{
     OPERATOR, metrics, orphans, reconcile,
     route::{RouteKind, grpc::Grpc},
@@ -503,6 +506,21 @@ impl Controller {
             sweep.abort();
         }
     }
+}
+
+/// Waits until the Rollout's abort records its routes reverted (`status.abort.routeRevertedAt`)
+/// and returns its status, whose phase is Aborted.
+pub async fn abort_recorded(client: &Client, within: Duration) -> RolloutStatus {
+    let aborted = rollout_until(client, "abort recorded", within, |r| {
+        r.status
+            .as_ref()
+            .and_then(|s| s.abort.as_ref())
+            .is_some_and(|a| a.route_reverted_at.is_some())
+    })
+    .await;
+    let status = aborted.status.expect("an aborted Rollout has a status");
+    assert_eq!(status.phase, RolloutPhase::Aborted, "{status:#?}");
+    status
 }
 
 /// Waits until the Rollout satisfies `check`.
