@@ -174,13 +174,16 @@ impl Machine<'_> {
                 let pin = pinned || route.last_writer.as_deref() == Some(REVERT_FIELD_MANAGER);
                 if live && self.next.phase != RolloutPhase::Promoted && !pin {
                     self.actions.push(Action::WriteRoute(Desired::abort()));
-                    self.event(Notice::warning(reasons::ABORTED_ON_DELETE,
+                    let note = format!(
+                        "deleted before promotion: canary weight 0 and cohort and mirror rules removed on {} {} before hand-back",
+                        spec.route_ref.kind.as_str(),
+                        spec.route_ref.name
+                    );
+                    self.event(Notice::warning(
+                        reasons::ABORTED_ON_DELETE,
                         event_actions::ABORT,
-                        format!(
-                            "deleted before promotion: canary weight 0 and cohort and mirror rules removed on {} {} before hand-back",
-                            spec.route_ref.kind.as_str(),
-                            spec.route_ref.name
-                        )));
+                        note,
+                    ));
                 }
                 self.hand_back();
             }
@@ -260,6 +263,46 @@ impl Machine<'_> {
                     r.name
                 ));
                 return;
+            }
+            // Anyone else's edit of an additional route's owned weight is said as on routeRef;
+            // the next write restores it.
+            let edits: Vec<String> = spec
+                .additional_routes
+                .iter()
+                .zip(&extra)
+                .filter_map(|(r, st)| {
+                    let owned = self
+                        .next
+                        .additional_owned_routes
+                        .iter()
+                        .find(|o| is_route(o, r.kind, &r.name))?;
+                    let edited = owned.last_written_resource_version.is_some()
+                        && st.resource_version != owned.last_written_resource_version
+                        && owned.written_weight != Some(st.canary_weight);
+                    edited.then(|| {
+                        format!(
+                            "{} {} (spec.additionalRoutes) was edited by {}: canary weight {} (wrote {:?}); restoring",
+                            r.kind.as_str(),
+                            r.name,
+                            st.last_writer.as_deref().unwrap_or("an unknown writer"),
+                            st.canary_weight,
+                            owned.written_weight
+                        )
+                    })
+                })
+                .collect();
+            for note in edits {
+                self.event(Notice::warning(
+                    reasons::FOREIGN_EDIT_RESTORED,
+                    event_actions::RESTORE,
+                    note,
+                ));
+                self.condition(
+                    conditions::ROUTE_OWNED,
+                    Status::True,
+                    reasons::FOREIGN_EDIT_RESTORED,
+                    "a foreign edit of owned weights was restored",
+                );
             }
         }
         if pinned {

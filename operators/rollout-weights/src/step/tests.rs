@@ -1540,3 +1540,67 @@ fn a_bundle_pin_on_an_additional_route_stops_the_rollout_without_writing() {
         c.message
     );
 }
+
+#[test]
+fn another_writers_edit_of_an_additional_route_is_said_and_restored() {
+    let s = two_route_spec();
+    let obs = Observations {
+        route: route(5, false),
+        additional_routes: additional(route(5, false), route(5, false)),
+        canary_ready: Some(true),
+        canary_service: Some(true),
+        ..Default::default()
+    };
+    let d = step(&s, RolloutStatus::default(), &obs, t(0));
+    let mut st = d.status;
+    for o in &mut st.additional_owned_routes {
+        o.last_written_resource_version = Some("1".into());
+    }
+    let notes = |d: &Decision| -> Vec<String> {
+        d.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Event(n) if n.reason == reasons::FOREIGN_EDIT_RESTORED => {
+                    Some(n.note.clone())
+                }
+                _ => None,
+            })
+            .collect()
+    };
+
+    // Read back as written: nothing to say.
+    let d = step(&s, st.clone(), &obs, t(1));
+    assert!(notes(&d).is_empty(), "{:?}", notes(&d));
+
+    // Someone set the mesh route's canary weight to 50 by hand.
+    let edited = RouteObs::Present(RouteState {
+        resource_version: Some("9".into()),
+        owner: Some("shop/checkout".into()),
+        me: "shop/checkout".into(),
+        canary_weight: 50,
+        last_writer: Some("kubectl-edit".into()),
+        ..RouteState::default()
+    });
+    let obs = Observations {
+        additional_routes: additional(edited, route(5, false)),
+        ..obs
+    };
+    let d = step(&s, st, &obs, t(2));
+    assert_eq!(
+        notes(&d),
+        [format!(
+            "HTTPRoute checkout-mesh (spec.additionalRoutes) was edited by kubectl-edit: canary weight 50 (wrote {:?}); restoring",
+            d.status.additional_owned_routes[0].written_weight
+        )]
+    );
+    assert_ne!(
+        d.status.phase,
+        RolloutPhase::Aborted,
+        "an edit is restored, not aborted on"
+    );
+    let c = cond::find(&d.status.conditions, conditions::ROUTE_OWNED).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", reasons::FOREIGN_EDIT_RESTORED)
+    );
+}
