@@ -1499,8 +1499,9 @@ fn deleting_aborts_and_hands_back_every_route() {
     assert_eq!(kinds(&d), vec!["write 0".to_string(), "hand back".into()]);
 }
 
-#[test]
-fn a_bundle_pin_on_an_additional_route_stops_the_rollout_without_writing() {
+/// A two-route Rollout whose routes all read canary weight 5, after its first decision, with
+/// every additional route recorded as last written at resourceVersion 1.
+fn every_route_written_at_five() -> (RolloutSpec, Observations, RolloutStatus) {
     let s = two_route_spec();
     let obs = Observations {
         route: route(5, false),
@@ -1509,11 +1510,16 @@ fn a_bundle_pin_on_an_additional_route_stops_the_rollout_without_writing() {
         canary_service: Some(true),
         ..Default::default()
     };
-    let d = step(&s, RolloutStatus::default(), &obs, t(0));
-    let mut st = d.status;
+    let mut st = step(&s, RolloutStatus::default(), &obs, t(0)).status;
     for o in &mut st.additional_owned_routes {
         o.last_written_resource_version = Some("1".into());
     }
+    (s, obs, st)
+}
+
+#[test]
+fn a_bundle_pin_on_an_additional_route_stops_the_rollout_without_writing() {
+    let (s, obs, st) = every_route_written_at_five();
     let pinned = RouteObs::Present(RouteState {
         resource_version: Some("9".into()),
         owner: Some("shop/checkout".into()),
@@ -1543,19 +1549,7 @@ fn a_bundle_pin_on_an_additional_route_stops_the_rollout_without_writing() {
 
 #[test]
 fn another_writers_edit_of_an_additional_route_is_said_and_restored() {
-    let s = two_route_spec();
-    let obs = Observations {
-        route: route(5, false),
-        additional_routes: additional(route(5, false), route(5, false)),
-        canary_ready: Some(true),
-        canary_service: Some(true),
-        ..Default::default()
-    };
-    let d = step(&s, RolloutStatus::default(), &obs, t(0));
-    let mut st = d.status;
-    for o in &mut st.additional_owned_routes {
-        o.last_written_resource_version = Some("1".into());
-    }
+    let (s, obs, st) = every_route_written_at_five();
     let notes = |d: &Decision| -> Vec<String> {
         d.actions
             .iter()
