@@ -1241,9 +1241,8 @@ async fn breach(platform: &Platform<'_>) -> Result<Outcome, ScenarioError> {
     // them against their causal order (the route, written by revert from the pin; the pins,
     // created by wave-gate once its status says Fail; then the WaveGate) and stamps what it
     // saw with the instant it began: whatever a round sees, it also sees everything that had to
-    // come before it, so the figures keep that order however slowly a round runs. A round with
-    // a failed read records nothing.
-    let routes = dynamic(client(sandbox, CANARY_CLUSTER)?, SHOP, HTTPROUTE);
+    // come before it, so the figures keep that order however slowly a round runs. A round whose
+    // pins or WaveGate read failed records nothing (a failed route read sees no route).
     let mut seen = BreachSeen::default();
     let mut reverted_by = Vec::new();
     while seen.fail.is_none()
@@ -1252,14 +1251,13 @@ async fn breach(platform: &Platform<'_>) -> Result<Outcome, ScenarioError> {
         || seen.pinned.is_none()
     {
         let round = fault.elapsed();
+        let route = route_in(sandbox, CANARY_CLUSTER).await?;
         let read = async {
-            let route = routes.get_opt(BUNDLE_ROUTE).await.ok()?;
             let list = pins.list(&ListParams::default()).await.ok()?;
             let gate = gates.get(&site.name).await.ok()?;
-            Some((route, list.items, gate))
+            Some((list.items, gate))
         };
-        if let Some((route, listed, gate)) = read.await {
-            let route = route.and_then(|r| serde_json::to_value(r).ok());
+        if let Some((listed, gate)) = read.await {
             if seen.fail.is_none() && failed_in(&gate, 0) {
                 seen.fail = Some(round);
                 if let Some(line) = narrate_wave(&gate, 0) {
