@@ -3,9 +3,10 @@
 #
 #   bash scripts/test.sh
 #
-# Runs every suite (Rust unit, integration and doc tests of the whole workspace, the end-to-end
-# scenarios on a real kube-apiserver, then the Helm chart checks), keeps going after a failing suite so one run shows every failure, prints a
-# summary, and exits non-zero if any suite failed. Benchmarks are never run here.
+# Runs every suite (Rust unit, integration and doc tests of the whole workspace, the sandbox's
+# scenarios and the end-to-end scenarios on a real kube-apiserver, then the Helm chart checks),
+# keeps going after a failing suite so one run shows every failure, prints a summary, and exits
+# non-zero if any suite failed. Benchmarks are never run here.
 #
 # Needs the tools of scripts/install-tools.sh (prometheus, docker-registry, git, helm, kubectl,
 # kubernetes-validate, the released upstream CRDs in .tools/crds); .tools/bin is put on PATH.
@@ -17,7 +18,8 @@
 #
 # Environment:
 #   SLUICE_REQUIRE_ALL   1 (default): a missing prerequisite fails; 0: it is skipped and counted
-#   SLUICE_TEST_ONLY     run only these suites (space-separated: cargo e2e-real floor chart)
+#   SLUICE_TEST_ONLY     run only these suites (space-separated: cargo sandbox e2e-real floor
+#                        chart; sandbox needs the operator binaries cargo's suite builds)
 #   SLUICE_TEST_TIMEOUT  seconds the cargo suite may take before it is stopped (default 4200)
 #   CARGO_TARGET_DIR     honoured as usual
 set -uo pipefail
@@ -28,7 +30,7 @@ export PATH="$ROOT/.tools/bin:$PATH"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 export SLUICE_REQUIRE_ALL="${SLUICE_REQUIRE_ALL:-1}"
-ONLY="${SLUICE_TEST_ONLY:-cargo e2e-real floor chart}"
+ONLY="${SLUICE_TEST_ONLY:-cargo sandbox e2e-real floor chart}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 # Each skipped test appends one line here (sluice_testkit::prereq); tests that need a component
@@ -63,7 +65,12 @@ run_suite() {
 }
 
 run_suite cargo timeout --signal=TERM --kill-after=30 "$CARGO_TIMEOUT" \
-  cargo test --workspace --locked --no-fail-fast
+  cargo test --workspace --locked --no-fail-fast --exclude sluice-sandbox
+# The sandbox's scenarios, each once, on a real kube-apiserver per cluster (their figures, the
+# dashboard and alert queries, nothing left running); the operator binaries are the ones the
+# cargo suite built. The interactive test starts the sandbox as the README does, on the emulator.
+run_suite sandbox env SLUICE_E2E_CONTROL_PLANE=real timeout --signal=TERM --kill-after=30 2400 \
+  cargo test --locked --no-fail-fast -p sluice-sandbox
 # The end-to-end scenarios again, each on its own real kube-apiserver (built by
 # scripts/install-control-plane.sh) instead of the emulator: the real server enforces the chart's
 # RBAC and admission policies.

@@ -6,6 +6,8 @@
 //! against the sandbox's Prometheus during it; the Rollouts dashboard's queries return data,
 //! and SluiceRolloutStuck, SluiceRolloutAborted and SluiceRolloutAnalysisInconclusive (the starved
 //! gate's hold before the fault) name the Rollout.
+//! `canary-pause-abort`: the same fault while a `pause: untilPromoted` step holds the 1%; the
+//! pause does not stop the gates, and the abort comes in the pause step.
 
 mod common;
 
@@ -48,6 +50,36 @@ fn canary_abort_scenario_aborts_and_reports_its_figures() {
     assert!(
         hold < 30_000,
         "inconclusive_hold_ms {hold}: the starved gate's 2 s then one analysis: {last}"
+    );
+    let share = result["canary_share_after"]
+        .as_f64()
+        .expect("canary_share_after is a number");
+    assert!(
+        share <= 0.001,
+        "canary share after the revert {share}: {last}"
+    );
+}
+
+/// `canary-pause-abort`'s own budget (150 s) and the start and stop around it.
+const PAUSE_BUDGET: Duration = Duration::from_secs(190);
+
+#[test]
+fn a_fault_during_a_pause_until_promoted_still_aborts_in_the_pause_step() {
+    let Some(run) = common::run_scenario("canary-pause-abort", PAUSE_BUDGET) else {
+        return;
+    };
+    let (result, last) = (&run.result, &run.last);
+    // `pass` already says the abort came in step 1, the pause.
+    assert_eq!(result["failed_gate"], "error-ratio", "{last}");
+    let paused = run.ms("paused_ms");
+    assert!(
+        paused >= 5_000,
+        "paused_ms {paused}: the fault starts after the 5 s hold in the pause: {last}"
+    );
+    let abort_latency = run.ms("abort_latency_ms");
+    assert!(
+        abort_latency > 0 && abort_latency < 90_000,
+        "abort_latency_ms {abort_latency}: {last}"
     );
     let share = result["canary_share_after"]
         .as_f64()

@@ -1,6 +1,7 @@
 //! Interactive mode: the sandbox prints `export KUBECONFIG=...`; real kubectl sees one context
 //! per cluster and can list sluice objects and the checkout route; SIGTERM stops it with exit 0,
-//! leaving no process, port or file behind.
+//! leaving no process, port or file behind. It starts the sandbox as the README does, on the API
+//! emulator, whatever `SLUICE_E2E_CONTROL_PLANE` says.
 
 mod common;
 

@@ -6,6 +6,8 @@
 //! The run is checked by [`common::dashboards`] too: every dashboard and alert query runs
 //! against the sandbox's Prometheus during it; the BundlePins dashboard's queries return data,
 //! and SluiceBundlePinTooOld names the pin.
+//! `pin-exact`: a bad change that adds fields outside atomic lists (a DestinationRule
+//! connectionPool, a route annotation) leaves none of them live once pinned, nor while pinned.
 
 mod common;
 
@@ -54,5 +56,24 @@ fn pin_release_pins_holds_reverts_in_git_and_releases() {
     assert_ne!(
         result["pinned_digest"], result["released_at_digest"],
         "release happens at the merged revert's own digest, not the pinned one: {last}"
+    );
+}
+
+/// `pin-exact`'s own budget (90 s) and the start and stop around it.
+const EXACT_BUDGET: Duration = Duration::from_secs(130);
+
+#[test]
+fn a_pin_leaves_no_field_of_the_bad_change_live_and_releases() {
+    let Some(run) = common::run_scenario("pin-exact", EXACT_BUDGET) else {
+        return;
+    };
+    let (result, last) = (&run.result, &run.last);
+    // `pass` already says no bad field was live while pinned and the policy came back.
+    assert_eq!(result["bad_fields_at_pinned"].as_u64(), Some(0), "{last}");
+    let pin_ms = run.ms("pin_ms");
+    assert!(pin_ms < 30_000, "pin_ms {pin_ms}: {last}");
+    assert!(
+        result["release_ms"].as_u64().is_some(),
+        "release_ms missing: {last}"
     );
 }

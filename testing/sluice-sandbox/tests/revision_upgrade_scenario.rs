@@ -5,6 +5,8 @@
 //! The run is checked by [`common::dashboards`] too: every dashboard and alert query runs
 //! against the sandbox's Prometheus during it; the upgrades dashboard's queries return data,
 //! and SluiceUpgradePaused names the RevisionUpgrade.
+//! `upgrade-no-pdb`: with no PodDisruptionBudget anywhere, no workload goes below replicas −
+//! maxUnavailable while its proxies move.
 
 mod common;
 
@@ -48,5 +50,25 @@ fn revision_upgrade_completes_within_the_issuance_budget() {
         result["svids_issued"].as_u64(),
         Some(proxies),
         "one certificate per restarted proxy: {last}"
+    );
+}
+
+/// `upgrade-no-pdb`'s own budget (150 s) and the start and stop around it.
+const NO_PDB_BUDGET: Duration = Duration::from_secs(190);
+
+#[test]
+fn without_disruption_budgets_no_workload_goes_below_its_floor() {
+    let Some(run) = common::run_scenario("upgrade-no-pdb", NO_PDB_BUDGET) else {
+        return;
+    };
+    let (result, last) = (&run.result, &run.last);
+    let margin = result["min_available_margin"]
+        .as_i64()
+        .expect("min_available_margin is a number");
+    assert!(margin >= 0, "a workload went below its floor: {last}");
+    let proxies = result["proxies"].as_u64().expect("proxies is a number");
+    assert!(
+        proxies >= 10,
+        "every workload's proxies moved ({proxies}): {last}"
     );
 }

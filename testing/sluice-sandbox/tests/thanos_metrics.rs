@@ -3,17 +3,17 @@
 //! operators reading through Thanos Query.
 //! - `canary-abort` and `waves-breach` pass as they do on one Prometheus (the gates and
 //!   wave-gate's cross-site waits read through Thanos Query); `waves-breach` runs on the real
-//!   control plane (`--control-plane real`), so the two real backends are proven together (it
-//!   stands for that scenario's run in `real_control_plane.rs`).
+//!   control plane (`--control-plane real`) whatever `SLUICE_E2E_CONTROL_PLANE` says, so the two
+//!   real backends are proven together.
 //! - `canary-store-down`: with east-1's store down no gate passes, the Rollout holds, and its
 //!   gates report Inconclusive with the query failure. It also runs on the real control plane, so
 //!   a store outage is proven against a real API server's status writes and watches.
 //!
-//! Each leaves nothing running. They run one after the other.
+//! Each leaves nothing running. They run one after the other; `canary-abort` runs on the
+//! control plane `SLUICE_E2E_CONTROL_PLANE` names (see `common::on_control_plane`).
 
 mod common;
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 /// A watchdog on the whole run (start, scenario, stop) that only stops a hung run; the
@@ -21,20 +21,12 @@ use std::time::Duration;
 /// Prometheus, six sidecars and Thanos Query to the sandbox's start.
 const BUDGET: Duration = Duration::from_secs(300);
 
-/// What the real control plane adds to a run's start (six API servers, four controller
-/// managers: about 50 s on two cores).
-const REAL_START: Duration = Duration::from_secs(120);
-
-/// One sandbox at a time: two at once on a small machine double each other's start.
-static SERIAL: Mutex<()> = Mutex::new(());
-
 fn run(name: &str) -> Option<common::ScenarioResult> {
     run_with(name, &[], BUDGET)
 }
 
 /// `run`, with more sandbox arguments.
 fn run_with(name: &str, more: &[&str], budget: Duration) -> Option<common::ScenarioResult> {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     sluice_testkit::prereq::or_skip(sluice_testkit::thanos::binary())?;
     let args: Vec<&str> = ["--metrics", "thanos"]
         .iter()
@@ -72,7 +64,7 @@ fn waves_breach_through_thanos_query_on_a_real_control_plane_halts_in_wave_zero_
     let Some(run) = run_with(
         "waves-breach",
         &["--control-plane", "real"],
-        BUDGET + REAL_START,
+        BUDGET + common::REAL_START,
     ) else {
         return;
     };
@@ -95,7 +87,7 @@ fn with_a_store_down_on_a_real_control_plane_no_gate_passes_and_the_reason_names
     let Some(run) = run_with(
         "canary-store-down",
         &["--control-plane", "real"],
-        BUDGET + REAL_START,
+        BUDGET + common::REAL_START,
     ) else {
         return;
     };

@@ -13,12 +13,18 @@ const BUDGET: Duration = Duration::from_secs(170);
 
 #[test]
 fn world_scenario_passes_and_leaves_nothing_behind() {
+    let _one = common::one_sandbox();
     if !common::prerequisites() {
         return;
     }
-    let mut run = common::start(&["--scenario", "world", "--until-done", "--base-port", "0"]);
+    let Some((flags, budget)) = common::on_control_plane(&[], BUDGET) else {
+        return;
+    };
+    let mut args = vec!["--scenario", "world", "--until-done", "--base-port", "0"];
+    args.extend(flags);
+    let mut run = common::start(&args);
     let pid = run.child.id();
-    let status = run.wait_exit(BUDGET);
+    let status = run.wait_exit(budget);
     let last = run.seen.last().cloned().unwrap_or_default();
     assert!(status.success(), "exit {status:?}; last line: {last}");
     let result: serde_json::Value = serde_json::from_str(&last)

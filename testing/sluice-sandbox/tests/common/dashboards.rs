@@ -670,9 +670,6 @@ fn evaluate(
     true
 }
 
-/// Scenarios run one at a time: each starts a whole sandbox, and the machine has 2 cores.
-static ONE_SANDBOX: Mutex<()> = Mutex::new(());
-
 /// Runs `runs` one after the other with every query evaluated during each, and returns each
 /// run's checked result (as [`super::run_scenario`] does: exit 0, `pass`, nothing left
 /// running); then every query of `dashboards_checked` must have returned data in at least one
@@ -685,7 +682,7 @@ pub fn run_checked(
     dashboards_checked: &[&str],
     objects: &[(&str, &str, &str, &str)],
 ) -> Option<Vec<ScenarioResult>> {
-    let _one = ONE_SANDBOX.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = super::one_sandbox();
     let alerts = alert_queries()?;
     if !super::prerequisites() {
         return None;
@@ -698,6 +695,7 @@ pub fn run_checked(
         .skip();
         return None;
     }
+    let (flags, start) = super::on_control_plane(&[], Duration::ZERO)?;
     let dashboards = dashboards();
     let mut queries: Vec<Query> = Vec::new();
     for (file, d) in &dashboards {
@@ -710,6 +708,7 @@ pub fn run_checked(
     for expect in runs {
         results.push(run_one(
             expect,
+            (&flags, start),
             &dashboards,
             &queries,
             objects,
@@ -803,8 +802,11 @@ pub fn run_scenario_checked(
     run_checked(&[Expect { scenario, budget }], &checked, &[object]).map(|mut r| r.remove(0))
 }
 
+/// Runs one scenario with the sandbox `flags` of its control plane, whose start adds `start` to
+/// its budget.
 fn run_one(
     expect: &Expect,
+    (flags, start): (&[&str], Duration),
     dashboards: &[(String, Value)],
     queries: &[Query],
     objects: &[(&str, &str, &str, &str)],
@@ -816,7 +818,10 @@ fn run_one(
     // Without --until-done the sandbox keeps running once the scenario has ended (as a person
     // would look at Grafana afterwards): the last round reads the end state, then SIGTERM stops
     // it and it prints the scenario's result line.
-    let mut run = super::start(&["--scenario", expect.scenario, "--base-port", "0"]);
+    let budget = expect.budget + start;
+    let mut args = vec!["--scenario", expect.scenario, "--base-port", "0"];
+    args.extend_from_slice(flags);
+    let mut run = super::start(&args);
     let ended = format!("scenario {}: ", expect.scenario);
     let targets: Arc<Mutex<Vec<Target>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
@@ -862,10 +867,10 @@ fn run_one(
             break status;
         }
         assert!(
-            started.elapsed() < expect.budget,
+            started.elapsed() < budget,
             "{} did not finish within {:?}; saw:\n{}",
             expect.scenario,
-            expect.budget,
+            budget,
             run.seen.join("\n")
         );
         if let Some(port) = prometheus

@@ -11,7 +11,7 @@ use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Mutex, MutexGuard, mpsc};
 use std::time::{Duration, Instant};
 
 /// Whether the sandbox's prerequisites are here: the released CRDs, prometheus, docker-registry
@@ -367,11 +367,48 @@ pub fn run_scenario(name: &str, budget: Duration) -> Option<ScenarioResult> {
     run_scenario_with(name, &[], budget)
 }
 
+/// Scenarios run one at a time: each starts a whole sandbox, and two at once on a small machine
+/// double each other's start.
+static ONE_SANDBOX: Mutex<()> = Mutex::new(());
+
+/// Holds the machine for one sandbox run until dropped.
+pub fn one_sandbox() -> MutexGuard<'static, ()> {
+    ONE_SANDBOX.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The environment variable that chooses what serves a scenario's clusters, as for the
+/// end-to-end suite: `real` runs each cluster on a real kube-apiserver (`--control-plane real`;
+/// scripts/test.sh sets it for this crate), anything else or unset on the API emulator.
+pub const CONTROL_PLANE_ENV: &str = "SLUICE_E2E_CONTROL_PLANE";
+
+/// What the real control plane adds to a run's start: six API servers and four controller
+/// managers start in about 50 s on two cores, twice that on a loaded machine.
+pub const REAL_START: Duration = Duration::from_secs(120);
+
+/// The sandbox flags that put a run on the control plane [`CONTROL_PLANE_ENV`] names (none
+/// where `flags` already name one) and the time its start adds to the run's budget. `None`,
+/// said why, when the real control plane is asked for and its binaries are missing.
+pub fn on_control_plane<'a>(
+    flags: &[&'a str],
+    budget: Duration,
+) -> Option<(Vec<&'a str>, Duration)> {
+    let mut args = flags.to_vec();
+    let real = std::env::var(CONTROL_PLANE_ENV).is_ok_and(|v| v == "real");
+    if !real || flags.contains(&"--control-plane") {
+        return Some((args, budget));
+    }
+    sluice_testkit::control_plane::require()?;
+    args.extend(["--control-plane", "real"]);
+    Some((args, budget + REAL_START))
+}
+
 /// [`run_scenario`] with more flags (e.g. `--metrics thanos`).
 pub fn run_scenario_with(name: &str, flags: &[&str], budget: Duration) -> Option<ScenarioResult> {
+    let _one = one_sandbox();
     if !prerequisites() {
         return None;
     }
+    let (flags, budget) = on_control_plane(flags, budget)?;
     if operators_flag() != "--operators=on" {
         sluice_testkit::prereq::Missing::new(
             format!("the operator binaries (scenario {name} runs them)"),
@@ -381,7 +418,7 @@ pub fn run_scenario_with(name: &str, flags: &[&str], budget: Duration) -> Option
         return None;
     }
     let mut args = vec!["--scenario", name, "--until-done", "--base-port", "0"];
-    args.extend_from_slice(flags);
+    args.extend_from_slice(&flags);
     let mut run = start(&args);
     let status = run.wait_exit(budget);
     let last = run.seen.last().cloned().unwrap_or_default();
