@@ -148,6 +148,102 @@ pub fn is_conflict(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(s) if s.code == 409)
 }
 
+/// The failures every operator's reconcile shares, whatever its object: leadership lost before a
+/// write, an object without the namespace it must be written back to, a status write that did not
+/// happen. Each operator's error carries it as one variant ([`reconcile_failures!`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileFailure {
+    /// This replica no longer leads: the write was not sent.
+    #[error(transparent)]
+    NotLeader(#[from] crate::leader::NotLeader),
+    /// A namespaced object came without a namespace (a watch or API bug).
+    #[error("{kind} {name} has no metadata.namespace; it cannot be written back")]
+    NoNamespace {
+        /// The object's kind.
+        kind: String,
+        /// The object's name.
+        name: String,
+    },
+    /// Writing the object's status failed.
+    #[error("writing {kind} status: {source}")]
+    Status {
+        /// The object's kind.
+        kind: String,
+        /// Why the write did not happen.
+        source: crate::write::WriteError,
+    },
+}
+
+impl ReconcileFailure {
+    /// The namespace of `obj`, a namespaced object, or [`ReconcileFailure::NoNamespace`]
+    /// naming it.
+    pub fn namespace_of<K>(obj: &K) -> Result<String, ReconcileFailure>
+    where
+        K: kube::Resource<DynamicType = ()>,
+    {
+        obj.meta()
+            .namespace
+            .clone()
+            .ok_or_else(|| ReconcileFailure::NoNamespace {
+                kind: K::kind(&()).into_owned(),
+                name: obj.meta().name.clone().unwrap_or_default(),
+            })
+    }
+
+    /// A failed status write of a `K`.
+    pub fn status<K>(source: crate::write::WriteError) -> ReconcileFailure
+    where
+        K: kube::Resource<DynamicType = ()>,
+    {
+        ReconcileFailure::Status {
+            kind: K::kind(&()).into_owned(),
+            source,
+        }
+    }
+}
+
+impl Categorized for ReconcileFailure {
+    fn category(&self) -> Category {
+        match self {
+            ReconcileFailure::NotLeader(e) => e.category(),
+            ReconcileFailure::NoNamespace { .. } => Category::Internal,
+            ReconcileFailure::Status { source, .. } => source.category(),
+        }
+    }
+}
+
+/// Wires [`ReconcileFailure`] into an operator's error as its variant `$variant`: `?` turns a
+/// `ReconcileFailure` and a [`NotLeader`](crate::leader::NotLeader) into it and, with
+/// `status of $kind`, a [`WriteError`](crate::write::WriteError) into a failed status write of
+/// that kind (for an operator whose only fenced write is its status).
+///
+/// ```ignore
+/// sluice_runtime::reconcile_failures!(ReconcileError::Failure, status of BundlePin);
+/// ```
+#[macro_export]
+macro_rules! reconcile_failures {
+    ($error:ident :: $variant:ident) => {
+        impl From<$crate::error::ReconcileFailure> for $error {
+            fn from(failure: $crate::error::ReconcileFailure) -> Self {
+                $error::$variant(failure)
+            }
+        }
+        impl From<$crate::leader::NotLeader> for $error {
+            fn from(e: $crate::leader::NotLeader) -> Self {
+                $error::$variant(e.into())
+            }
+        }
+    };
+    ($error:ident :: $variant:ident, status of $kind:ty) => {
+        $crate::reconcile_failures!($error::$variant);
+        impl From<$crate::write::WriteError> for $error {
+            fn from(e: $crate::write::WriteError) -> Self {
+                $error::$variant($crate::error::ReconcileFailure::status::<$kind>(e))
+            }
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,6 +315,57 @@ mod tests {
             s(2),
             "back-off first"
         );
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    enum OperatorError {
+        #[error(transparent)]
+        Failure(ReconcileFailure),
+    }
+    crate::reconcile_failures!(OperatorError::Failure, status of k8s_openapi::api::core::v1::ConfigMap);
+
+    impl Categorized for OperatorError {
+        fn category(&self) -> Category {
+            match self {
+                OperatorError::Failure(e) => e.category(),
+            }
+        }
+    }
+
+    #[test]
+    fn the_shared_failures_name_the_kind_and_keep_their_category() {
+        let unnamespaced = k8s_openapi::api::core::v1::ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some("routes".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let e: OperatorError = ReconcileFailure::namespace_of(&unnamespaced)
+            .unwrap_err()
+            .into();
+        assert_eq!(
+            e.to_string(),
+            "ConfigMap routes has no metadata.namespace; it cannot be written back"
+        );
+        assert_eq!(e.category(), Category::Internal);
+
+        let stale: OperatorError = crate::write::WriteError::Stale {
+            kind: "ConfigMap".into(),
+            name: "shop/routes".into(),
+            resource_version: "7".into(),
+        }
+        .into();
+        assert_eq!(
+            stale.to_string(),
+            "writing ConfigMap status: ConfigMap shop/routes: resourceVersion 7 is stale (409 \
+             Conflict); the object changed since it was read, re-read it and decide again"
+        );
+        assert_eq!(stale.category(), Category::Conflict);
+
+        let lost: OperatorError = crate::leader::NotLeader.into();
+        assert_eq!(lost.category(), Category::Conflict);
+        assert_eq!(lost.to_string(), crate::leader::NotLeader.to_string());
     }
 
     #[test]

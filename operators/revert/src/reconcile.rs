@@ -38,9 +38,10 @@ use sluice_bundle::{BundleRef, ByteLru, RegistryOptions, VerifiedObjects};
 use sluice_gitops::{ForgeClient, GitConfig, PullRequestRequest, RevertBranch};
 use sluice_runtime::{
     Categorized, Category, conditions as cond,
+    error::ReconcileFailure,
     events::{EventRecorder, Severity},
-    leader::{Leadership, NotLeader},
-    write::{self, WriteError},
+    leader::Leadership,
+    write,
 };
 
 use crate::{
@@ -180,18 +181,10 @@ impl Context {
 /// A reconcile that did not complete; retried with back-off.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
-    /// This replica no longer leads: the side effect was not taken.
+    /// Leadership lost before a side effect, the BundlePin without a namespace, or its status
+    /// write failed.
     #[error(transparent)]
-    NotLeader(#[from] NotLeader),
-    /// The BundlePin came without a namespace (a watch or API bug).
-    #[error("BundlePin {name} has no metadata.namespace; it cannot be written back")]
-    NoNamespace {
-        /// Object name.
-        name: String,
-    },
-    /// Writing the status failed.
-    #[error("writing BundlePin status: {0}")]
-    Status(#[from] WriteError),
+    Failure(ReconcileFailure),
     /// Reading an object the decision needs failed.
     #[error("reading {what}: {source}")]
     Read {
@@ -226,12 +219,12 @@ pub enum ReconcileError {
     },
 }
 
+sluice_runtime::reconcile_failures!(ReconcileError::Failure, status of BundlePin);
+
 impl Categorized for ReconcileError {
     fn category(&self) -> Category {
         match self {
-            ReconcileError::NoNamespace { .. } => Category::Internal,
-            ReconcileError::NotLeader(e) => e.category(),
-            ReconcileError::Status(e) => e.category(),
+            ReconcileError::Failure(e) => e.category(),
             ReconcileError::Read { source, .. } => Category::of_kube(source),
             ReconcileError::Effect(_, c) => *c,
             ReconcileError::NotRestored(_) => Category::Conflict,
@@ -885,9 +878,7 @@ pub async fn reconcile(
     obj: Arc<BundlePin>,
     ctx: Arc<Context>,
 ) -> Result<ControllerAction, ReconcileError> {
-    let ns = obj.namespace().ok_or_else(|| ReconcileError::NoNamespace {
-        name: obj.name_any(),
-    })?;
+    let ns = ReconcileFailure::namespace_of(obj.as_ref())?;
     let name = obj.name_any();
     let api: Api<BundlePin> = Api::namespaced(ctx.client.clone(), &ns);
     let status = obj.status.as_ref();

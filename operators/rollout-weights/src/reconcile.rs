@@ -45,8 +45,9 @@ use sluice_api::v1alpha1::{
 };
 use sluice_runtime::{
     Categorized, Category,
+    error::ReconcileFailure,
     events::{Announces, EventRecorder},
-    leader::{Leadership, NotLeader},
+    leader::Leadership,
     write::{self, RetryPolicy, Updated, WriteError},
 };
 
@@ -266,12 +267,10 @@ pub fn engine_options(allow_free_form_promql: bool) -> EngineOptions {
 /// A reconcile that did not complete; retried with back-off.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
-    /// The Rollout came without a namespace (a watch or API bug).
-    #[error("Rollout {name} has no metadata.namespace; it cannot be written back")]
-    NoNamespace {
-        /// Object name.
-        name: String,
-    },
+    /// Leadership lost before a write, the Rollout without a namespace, or its status write
+    /// failed.
+    #[error(transparent)]
+    Failure(ReconcileFailure),
     /// Reading an object failed.
     #[error("reading {what} for Rollout {rollout}: {source}; retrying")]
     Read {
@@ -283,9 +282,6 @@ pub enum ReconcileError {
         #[source]
         source: kube::Error,
     },
-    /// Writing the status failed.
-    #[error("writing Rollout status: {0}")]
-    Status(WriteError),
     /// Writing the route failed.
     #[error("writing the route: {0}")]
     Route(WriteError),
@@ -312,9 +308,6 @@ pub enum ReconcileError {
         /// The resourceVersion the decision was made from.
         read: String,
     },
-    /// This replica no longer leads: the route write was not sent.
-    #[error(transparent)]
-    NotLeader(#[from] NotLeader),
     /// Adding or removing the finalizer failed.
     #[error("updating the finalizer of Rollout {rollout}: {source}")]
     Finalizer {
@@ -326,15 +319,14 @@ pub enum ReconcileError {
     },
 }
 
+sluice_runtime::reconcile_failures!(ReconcileError::Failure);
+
 impl Categorized for ReconcileError {
     fn category(&self) -> Category {
         match self {
-            ReconcileError::NoNamespace { .. } => Category::Internal,
-            ReconcileError::NotLeader(e) => e.category(),
+            ReconcileError::Failure(e) => e.category(),
             ReconcileError::Read { source, .. } => Category::of_kube(source),
-            ReconcileError::Status(e)
-            | ReconcileError::Route(e)
-            | ReconcileError::Finalizer { source: e, .. } => e.category(),
+            ReconcileError::Route(e) | ReconcileError::Finalizer { source: e, .. } => e.category(),
             ReconcileError::Edit { .. } | ReconcileError::RouteChanged { .. } => Category::Conflict,
         }
     }
@@ -761,7 +753,7 @@ async fn record_abort(
     match write::apply_status(api, FIELD_MANAGER, obj, status).await {
         Ok(_) => return Ok(true),
         Err(WriteError::Stale { .. }) => {}
-        Err(e) => return Err(ReconcileError::Status(e)),
+        Err(e) => return Err(ReconcileFailure::status::<Rollout>(e).into()),
     }
     let newer = api
         .get(&obj.name_any())
@@ -779,7 +771,7 @@ async fn record_abort(
     match write::apply_status(api, FIELD_MANAGER, &newer, status).await {
         Ok(_) => Ok(true),
         Err(WriteError::Stale { .. }) => Ok(false),
-        Err(e) => Err(ReconcileError::Status(e)),
+        Err(e) => Err(ReconcileFailure::status::<Rollout>(e).into()),
     }
 }
 
@@ -1008,9 +1000,7 @@ async fn reconcile_on<K: Driven>(
     obj: Arc<Rollout>,
     ctx: Arc<Context>,
 ) -> Result<ControllerAction, ReconcileError> {
-    let ns = obj.namespace().ok_or_else(|| ReconcileError::NoNamespace {
-        name: obj.name_any(),
-    })?;
+    let ns = ReconcileFailure::namespace_of(obj.as_ref())?;
     let name = obj.name_any();
     let key = format!("{ns}/{name}");
     let api: Api<Rollout> = Api::namespaced(ctx.client.clone(), &ns);
@@ -1190,7 +1180,7 @@ async fn reconcile_on<K: Driven>(
                 tracing::debug!("decided from a stale Rollout; deciding again from the newer one");
                 return Ok(ControllerAction::requeue(STALE_RETRY));
             }
-            Err(e) => return Err(ReconcileError::Status(e)),
+            Err(e) => return Err(ReconcileFailure::status::<Rollout>(e).into()),
         };
         // The transition is recorded: tell whoever asked (an abort, a promotion).
         if let Some(n) = crate::notice::notice(obj.status.as_ref(), &status) {
@@ -1395,7 +1385,7 @@ async fn reconcile_on<K: Driven>(
         } else {
             write::apply_status(&api, FIELD_MANAGER, &stored, &status)
                 .await
-                .map_err(ReconcileError::Status)?;
+                .map_err(ReconcileFailure::status::<Rollout>)?;
         }
     }
 

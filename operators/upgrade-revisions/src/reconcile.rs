@@ -16,11 +16,7 @@ use kube::{Api, ResourceExt, api::ListParams, runtime::controller::Action as Con
 use sluice_api::v1alpha1::{
     RevisionUpgrade, RevisionUpgradeStatus, revision_upgrade::NamespaceState,
 };
-use sluice_runtime::{
-    Categorized, Category,
-    leader::NotLeader,
-    write::{self, WriteError},
-};
+use sluice_runtime::{Categorized, Category, error::ReconcileFailure, write};
 
 use crate::{
     FIELD_MANAGER,
@@ -40,9 +36,9 @@ pub use crate::{
 /// A reconcile that did not complete; retried with back-off.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
-    /// Writing the status failed.
-    #[error("writing RevisionUpgrade status: {0}")]
-    Status(#[from] WriteError),
+    /// Leadership lost before a write, or the RevisionUpgrade's status write failed.
+    #[error(transparent)]
+    Failure(ReconcileFailure),
     /// Relabelling a namespace failed.
     #[error(
         "relabelling namespace {namespace} istio.io/rev: {source}; check the operator may patch namespaces"
@@ -69,9 +65,6 @@ pub enum ReconcileError {
         #[source]
         source: kube::Error,
     },
-    /// This replica no longer leads: the write was not sent.
-    #[error(transparent)]
-    NotLeader(#[from] NotLeader),
     /// Listing workloads failed.
     #[error("listing workloads in {namespace}: {source}; check the operator may list workloads")]
     Workloads {
@@ -83,11 +76,12 @@ pub enum ReconcileError {
     },
 }
 
+sluice_runtime::reconcile_failures!(ReconcileError::Failure, status of RevisionUpgrade);
+
 impl Categorized for ReconcileError {
     fn category(&self) -> Category {
         match self {
-            ReconcileError::Status(e) => e.category(),
-            ReconcileError::NotLeader(e) => e.category(),
+            ReconcileError::Failure(e) => e.category(),
             ReconcileError::Relabel { source, .. }
             | ReconcileError::RolloutRestart { source, .. }
             | ReconcileError::Workloads { source, .. } => Category::of_kube(source),

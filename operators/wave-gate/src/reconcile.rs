@@ -30,10 +30,8 @@ use sluice_api::{
     },
 };
 use sluice_runtime::{
-    Categorized, Category,
-    events::EventRecorder,
-    leader::{Leadership, NotLeader},
-    write::{self, WriteError},
+    Categorized, Category, error::ReconcileFailure, events::EventRecorder, leader::Leadership,
+    write,
 };
 
 use crate::{
@@ -110,18 +108,10 @@ impl Context {
 /// A reconcile that did not complete; retried with back-off.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
-    /// This replica no longer leads: the write was not sent.
+    /// Leadership lost before a write, the WaveGate without a namespace, or its status write
+    /// failed.
     #[error(transparent)]
-    NotLeader(#[from] NotLeader),
-    /// The WaveGate came without a namespace (a watch or API bug).
-    #[error("WaveGate {name} has no metadata.namespace; it cannot be written back")]
-    NoNamespace {
-        /// Object name.
-        name: String,
-    },
-    /// Writing the status failed.
-    #[error("writing WaveGate status: {0}")]
-    Status(#[from] WriteError),
+    Failure(ReconcileFailure),
     /// A watch cache the decision reads from has not listed yet.
     #[error("reading {what} for WaveGate {namespace}/{name}: {source}; retrying")]
     Cache {
@@ -170,14 +160,13 @@ pub enum ReconcileError {
     },
 }
 
+sluice_runtime::reconcile_failures!(ReconcileError::Failure, status of WaveGate);
+
 impl Categorized for ReconcileError {
     fn category(&self) -> Category {
         match self {
-            ReconcileError::NotLeader(e) => e.category(),
-            ReconcileError::NoNamespace { .. } | ReconcileError::Unpublishable { .. } => {
-                Category::Internal
-            }
-            ReconcileError::Status(e) => e.category(),
+            ReconcileError::Failure(e) => e.category(),
+            ReconcileError::Unpublishable { .. } => Category::Internal,
             ReconcileError::Read { source, .. } | ReconcileError::Act { source, .. } => {
                 Category::of_kube(source)
             }
@@ -427,9 +416,7 @@ pub async fn reconcile(
     obj: Arc<WaveGate>,
     ctx: Arc<Context>,
 ) -> Result<ControllerAction, ReconcileError> {
-    let ns = obj.namespace().ok_or_else(|| ReconcileError::NoNamespace {
-        name: obj.name_any(),
-    })?;
+    let ns = ReconcileFailure::namespace_of(obj.as_ref())?;
     let name = obj.name_any();
     let api: Api<WaveGate> = Api::namespaced(ctx.client.clone(), &ns);
     let now = (ctx.clock)();
