@@ -170,7 +170,7 @@ pub enum ReconcileFailure {
         /// The object's kind.
         kind: String,
         /// Why the write did not happen.
-        source: crate::write::WriteError,
+        source: Box<crate::write::WriteError>,
     },
 }
 
@@ -197,7 +197,7 @@ impl ReconcileFailure {
     {
         ReconcileFailure::Status {
             kind: K::kind(&()).into_owned(),
-            source,
+            source: Box::new(source),
         }
     }
 }

@@ -75,33 +75,23 @@ pub struct RolloutMetrics {
     route_writes: Family<ReasonLabels, Counter>,
 }
 
-fn percent_histogram() -> Histogram {
-    Histogram::new([0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 75.0, 100.0])
-}
-
-fn controller_histogram() -> Histogram {
-    // 2 ms .. ~50 s in steps of 1.5×: the controller's own delay is meant to be well under a
-    // second, and its percentiles are read from these buckets.
-    Histogram::new(exponential_buckets(0.002, 1.5, 26))
-}
-
-fn latency_histogram() -> Histogram {
-    // 10 ms .. ~5.5 min: a controller revert takes milliseconds, a verified one a rate window.
-    Histogram::new(exponential_buckets(0.01, 2.0, 16))
-}
-
 /// Registers every metric of the operator in `registry` under the `sluice_` prefix.
 pub fn register(registry: &mut Registry) -> RolloutMetrics {
+    let percent = || Histogram::new([0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 75.0, 100.0]);
+    // 10 ms .. ~5.5 min: a controller revert takes milliseconds, a verified one a rate window.
+    let latency = || Histogram::new(exponential_buckets(0.01, 2.0, 16));
     let m = RolloutMetrics {
         rollouts: Family::default(),
         phases: Arc::default(),
-        desired_weight: percent_histogram(),
-        applied_share: percent_histogram(),
+        desired_weight: percent(),
+        applied_share: percent(),
         verdicts: Family::default(),
         aborts: Family::default(),
-        abort_latency: latency_histogram(),
-        detect_to_revert: controller_histogram(),
-        revert_verified: latency_histogram(),
+        abort_latency: latency(),
+        // 2 ms .. ~50 s in steps of 1.5×: the controller's own delay is meant to be well under
+        // a second, and its percentiles are read from these buckets.
+        detect_to_revert: Histogram::new(exponential_buckets(0.002, 1.5, 26)),
+        revert_verified: latency(),
         ticks: Counter::default(),
         queries: Counter::default(),
         failed_queries: Counter::default(),

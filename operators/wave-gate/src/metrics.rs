@@ -137,24 +137,20 @@ pub struct WaveGateMetrics {
     halt_reasons: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>>,
 }
 
-fn wave_histogram() -> Histogram {
-    // 1 s .. ~9 h: a wave is convergence plus a soak of minutes.
-    Histogram::new(exponential_buckets(1.0, 2.0, 16))
-}
-
-fn decision_histogram() -> Histogram {
-    // 1 ms .. ~65 s.
-    Histogram::new(exponential_buckets(0.001, 2.0, 17))
-}
-
 /// Registers every wave-gate metric under the `sluice_` prefix.
 pub fn register(registry: &mut Registry) -> WaveGateMetrics {
     let m = WaveGateMetrics {
         current_wave: Family::default(),
         phase: Family::default(),
         verdicts: Family::default(),
-        wave_seconds: Family::new_with_constructor(wave_histogram as fn() -> Histogram),
-        decision_seconds: Family::new_with_constructor(decision_histogram as fn() -> Histogram),
+        // 1 s .. ~9 h: a wave is convergence plus a soak of minutes.
+        wave_seconds: Family::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(1.0, 2.0, 16))) as fn() -> Histogram,
+        ),
+        // 1 ms .. ~65 s.
+        decision_seconds: Family::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(0.001, 2.0, 17))) as fn() -> Histogram,
+        ),
         halts: Family::default(),
         passed: Family::default(),
         exported: Arc::default(),
