@@ -1208,6 +1208,9 @@ async fn reconcile_on<K: Driven>(
                         route: r.clone(),
                         changed: false,
                     })),
+                    // routeRef was not read (gone, or its kind not installed): only a deletion
+                    // decides a write then, for the additional routes alone.
+                    None if route.is_none() => Ok(None),
                     None => {
                         write_route::<K>(
                             &ctx.leadership,
@@ -1280,13 +1283,16 @@ async fn reconcile_on<K: Driven>(
                 }
             }
             Action::HandBack => {
-                hand_back::<K>(
-                    &ctx.leadership,
-                    &routes,
-                    &obj.spec.route_ref.name,
-                    &target.owner,
-                )
-                .await?;
+                // routeRef not read (gone, or its kind not installed): nothing there to hand back.
+                if route.is_some() {
+                    hand_back::<K>(
+                        &ctx.leadership,
+                        &routes,
+                        &obj.spec.route_ref.name,
+                        &target.owner,
+                    )
+                    .await?;
+                }
                 for extra in &additional {
                     extra.hand_back(&ctx).await?;
                 }

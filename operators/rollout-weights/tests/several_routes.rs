@@ -5,7 +5,8 @@
 //! fault), both are aborted to weight 0, each written on its own, and the status' figure runs to
 //! the last route reverted; deleting the Rollout hands both back. Prints `detect_to_revert_ms`
 //! (the abort decision → the last route reverted) and `abort_latency_ms` (fault → both routes
-//! seen at 0).
+//! seen at 0). A Rollout deleted after its routeRef is gone still takes the live canary off the
+//! other route and hands it back.
 
 mod common;
 
@@ -16,7 +17,7 @@ use std::{
 };
 
 use common::*;
-use kube::api::PostParams;
+use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 use sluice_api::{external::http_route::HttpRoute, v1alpha1::rollout::AbortReason};
 use sluice_rollout_weights::route;
@@ -160,5 +161,44 @@ async fn a_failed_gate_aborts_every_route_and_deletion_hands_each_back() {
     }
 
     poller.abort();
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_after_the_route_ref_is_gone_reverts_and_hands_back_the_other_route() {
+    let budget = Duration::from_secs(100);
+    let Some(g) = given(scenario("canary-promote", 4000.0)).await else {
+        return;
+    };
+    // Given both routes at a confirmed 1%.
+    routes(&g.client)
+        .create(&PostParams::default(), &mesh_route())
+        .await
+        .expect("mesh route created");
+    let prom = g.prometheus.as_ref().unwrap().url().to_owned();
+    let ctl = Controller::start(&g.client, &prom);
+    let steps = json!([
+        {"setWeight": {"weight": 1, "duration": "120s"}},
+        {"promote": {}}
+    ]);
+    let with_mesh = json!({"additionalRoutes": [{"name": "checkout-mesh"}]});
+    create_rollout(&g.client, &rollout(steps, with_mesh)).await;
+    share_confirmed_at_step(&g.client, "1% confirmed by telemetry", 0, budget).await;
+    let mesh = routes(&g.client).get("checkout-mesh").await.unwrap();
+    assert_eq!(weights(&mesh), (99, 1));
+
+    // When routeRef goes (Git removed it), then the Rollout is deleted.
+    routes(&g.client)
+        .delete("checkout", &DeleteParams::default())
+        .await
+        .expect("routeRef deleted");
+    delete_rollout(&g.client, budget).await;
+
+    // Then the other route is back at 100/0 and handed back: the canary did not outlive the
+    // Rollout.
+    let mesh = routes(&g.client).get("checkout-mesh").await.unwrap();
+    assert_eq!(route::owner(&mesh), None, "checkout-mesh handed back");
+    assert_eq!(weights(&mesh), (100, 0));
+
     ctl.stop().await;
 }

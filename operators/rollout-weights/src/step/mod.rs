@@ -114,6 +114,7 @@ impl Machine<'_> {
                     spec.route_ref.name
                 );
                 self.route_problem(reasons::ROUTE_NOT_FOUND, msg);
+                self.delete_without_route_ref(false);
                 return;
             }
             RouteObs::Unusable {
@@ -126,10 +127,7 @@ impl Machine<'_> {
                 match state {
                     Some(st) => st.clone(),
                     None => {
-                        if self.obs.deleting {
-                            // The reconcile hands back only a route this Rollout owns.
-                            self.hand_back();
-                        }
+                        self.delete_without_route_ref(true);
                         return;
                     }
                 }
@@ -160,33 +158,7 @@ impl Machine<'_> {
             .as_ref()
             .is_some_and(|a| a.reason == AbortReason::PinnedByBundlePin);
         if self.obs.deleting {
-            let extra_owned: Vec<&RouteState> = extra
-                .iter()
-                .filter(|r| r.owner.as_ref() == Some(&r.me))
-                .collect();
-            let extra_live = extra_owned.iter().any(|r| r.canary_weight > 0);
-            if route.owner.is_some() || !extra_owned.is_empty() {
-                // Deleting a Rollout before promotion cancels it: the canary is aborted in the
-                // same way as any abort, then the route is handed back. A promoted canary is
-                // the new stable and stays until Git says otherwise; a pinned route is the
-                // pin's.
-                let live = route.canary_weight > 0 || route.cohort || route.mirror || extra_live;
-                let pin = pinned || route.last_writer.as_deref() == Some(REVERT_FIELD_MANAGER);
-                if live && self.next.phase != RolloutPhase::Promoted && !pin {
-                    self.actions.push(Action::WriteRoute(Desired::abort()));
-                    let note = format!(
-                        "deleted before promotion: canary weight 0 and cohort and mirror rules removed on {} {} before hand-back",
-                        spec.route_ref.kind.as_str(),
-                        spec.route_ref.name
-                    );
-                    self.event(Notice::warning(
-                        reasons::ABORTED_ON_DELETE,
-                        event_actions::ABORT,
-                        note,
-                    ));
-                }
-                self.hand_back();
-            }
+            self.delete(Some(&route), &extra);
             return;
         }
         let last_written = self
@@ -369,6 +341,98 @@ impl Machine<'_> {
             }
             RolloutPhase::Promoted => self.promoted(),
             RolloutPhase::Progressing | RolloutPhase::Paused => self.progressing(),
+        }
+    }
+
+    /// Deleting a Rollout before promotion cancels it: the canary is aborted on every route it
+    /// owns in the same way as any abort, then the routes are handed back. A promoted canary is
+    /// the new stable and stays until Git says otherwise; a pinned route is the pin's. `route`
+    /// is routeRef's state, `None` when it cannot be read (gone, or without its managed rule):
+    /// the additional routes are then still aborted and handed back, so their canary does not
+    /// outlive the Rollout (the reconcile writes and hands back only routes that exist and this
+    /// Rollout owns).
+    fn delete(&mut self, route: Option<&RouteState>, extra: &[RouteState]) {
+        let spec = self.spec;
+        let extra_owned: Vec<&RouteState> = extra
+            .iter()
+            .filter(|r| r.owner.as_ref() == Some(&r.me))
+            .collect();
+        if route.is_some_and(|r| r.owner.is_none()) && extra_owned.is_empty() {
+            return;
+        }
+        let pinned = self
+            .next
+            .abort
+            .as_ref()
+            .is_some_and(|a| a.reason == AbortReason::PinnedByBundlePin)
+            || route
+                .into_iter()
+                .chain(extra_owned.iter().copied())
+                .any(|r| r.last_writer.as_deref() == Some(REVERT_FIELD_MANAGER));
+        let live = route.is_some_and(|r| r.canary_weight > 0 || r.cohort || r.mirror)
+            || extra_owned.iter().any(|r| r.canary_weight > 0);
+        let route_ref = format!("{} {}", spec.route_ref.kind.as_str(), spec.route_ref.name);
+        // The additional routes it owns, by kind and name, for the notes.
+        let obs = self.obs;
+        let additional = || {
+            obs.additional_routes
+                .iter()
+                .filter(|o| match &o.route {
+                    RouteObs::Present(st)
+                    | RouteObs::Unusable {
+                        state: Some(st), ..
+                    } => st.owner.as_ref() == Some(&st.me),
+                    _ => false,
+                })
+                .map(|o| format!("{} {}", o.kind.as_str(), o.name))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        if live && self.next.phase != RolloutPhase::Promoted && !pinned {
+            self.actions.push(Action::WriteRoute(Desired::abort()));
+            let note = match route {
+                Some(_) => format!(
+                    "deleted before promotion: canary weight 0 and cohort and mirror rules removed on {route_ref} before hand-back"
+                ),
+                None => format!(
+                    "deleted before promotion: canary weight 0 on {} (spec.additionalRoutes) before hand-back; {route_ref} (spec.routeRef) could not be read",
+                    additional()
+                ),
+            };
+            self.event(Notice::warning(
+                reasons::ABORTED_ON_DELETE,
+                event_actions::ABORT,
+                note,
+            ));
+        }
+        if route.is_some() {
+            self.hand_back();
+        } else {
+            self.actions.push(Action::HandBack);
+            let note = format!(
+                "{} (spec.additionalRoutes) handed back; {route_ref} (spec.routeRef) could not be read, and is handed back too if it is there and owned",
+                additional()
+            );
+            self.event(Notice::normal("HandedBack", event_actions::OWN, note));
+        }
+    }
+
+    /// Deleting while routeRef cannot be read: [`Machine::delete`] with the additional routes'
+    /// states (every readable one, whatever the others). Without an additional route it owns,
+    /// routeRef alone is handed back when it `exists` (the reconcile does so only if this
+    /// Rollout owns it), and nothing happens when it is gone.
+    fn delete_without_route_ref(&mut self, exists: bool) {
+        if !self.obs.deleting {
+            return;
+        }
+        let extra = self
+            .additional_route_states()
+            .map(|(extra, _)| extra)
+            .unwrap_or_default();
+        if extra.iter().any(|r| r.owner.as_ref() == Some(&r.me)) {
+            self.delete(None, &extra);
+        } else if exists {
+            self.hand_back();
         }
     }
 

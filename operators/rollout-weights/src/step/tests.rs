@@ -1499,6 +1499,66 @@ fn deleting_aborts_and_hands_back_every_route() {
     assert_eq!(kinds(&d), vec!["write 0".to_string(), "hand back".into()]);
 }
 
+#[test]
+fn deleting_with_route_ref_gone_still_aborts_and_hands_back_the_additional_routes() {
+    let s = two_route_spec();
+    let mut obs = Observations {
+        route: route(5, false),
+        additional_routes: additional(route(5, false), route(5, false)),
+        canary_ready: Some(true),
+        canary_service: Some(true),
+        ..Default::default()
+    };
+    let d = step(&s, RolloutStatus::default(), &obs, t(0));
+    let live = step(&s, d.status, &obs, t(1)).status;
+    obs.deleting = true;
+    obs.route = RouteObs::Missing;
+    let notes = |d: &Decision, reason: &str| -> Vec<String> {
+        d.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Event(n) if n.reason == reason => Some(n.note.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+
+    // Before promotion: the live canary on the additional routes is aborted, then they are
+    // handed back, though routeRef is gone.
+    let d = step(&s, live.clone(), &obs, t(2));
+    assert_eq!(kinds(&d), vec!["write 0".to_string(), "hand back".into()]);
+    assert_eq!(
+        notes(&d, reasons::ABORTED_ON_DELETE),
+        vec![
+            "deleted before promotion: canary weight 0 on HTTPRoute checkout-mesh, GRPCRoute \
+             checkout-grpc (spec.additionalRoutes) before hand-back; HTTPRoute checkout \
+             (spec.routeRef) could not be read"
+                .to_string()
+        ]
+    );
+    assert_eq!(
+        notes(&d, "HandedBack"),
+        vec![
+            "HTTPRoute checkout-mesh, GRPCRoute checkout-grpc (spec.additionalRoutes) handed \
+             back; HTTPRoute checkout (spec.routeRef) could not be read, and is handed back too \
+             if it is there and owned"
+                .to_string()
+        ]
+    );
+
+    // Promoted: the canary is the new stable; the routes are only handed back.
+    let mut promoted = live.clone();
+    promoted.phase = RolloutPhase::Promoted;
+    let d = step(&s, promoted, &obs, t(2));
+    assert_eq!(kinds(&d), vec!["hand back".to_string()]);
+    assert!(notes(&d, reasons::ABORTED_ON_DELETE).is_empty());
+
+    // No route of this Rollout's left to read: nothing is written or handed back.
+    obs.additional_routes = additional(RouteObs::Missing, RouteObs::Missing);
+    let d = step(&s, live, &obs, t(2));
+    assert!(kinds(&d).is_empty(), "{:?}", kinds(&d));
+}
+
 /// A two-route Rollout whose routes all read canary weight 5, after its first decision, with
 /// every additional route recorded as last written at resourceVersion 1.
 fn every_route_written_at_five() -> (RolloutSpec, Observations, RolloutStatus) {
