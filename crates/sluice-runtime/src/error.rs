@@ -217,8 +217,19 @@ impl Categorized for ReconcileFailure {
 /// `status of $kind`, a [`WriteError`](crate::write::WriteError) into a failed status write of
 /// that kind (for an operator whose only fenced write is its status).
 ///
-/// ```ignore
-/// sluice_runtime::reconcile_failures!(ReconcileError::Failure, status of BundlePin);
+/// ```
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use sluice_runtime::{error::ReconcileFailure, leader::NotLeader};
+///
+/// #[derive(Debug, thiserror::Error)]
+/// enum ReconcileError {
+///     #[error(transparent)]
+///     Failure(ReconcileFailure),
+/// }
+/// sluice_runtime::reconcile_failures!(ReconcileError::Failure, status of ConfigMap);
+///
+/// let lost: ReconcileError = NotLeader.into();
+/// assert!(matches!(lost, ReconcileError::Failure(ReconcileFailure::NotLeader(_))));
 /// ```
 #[macro_export]
 macro_rules! reconcile_failures {

@@ -33,3 +33,24 @@ pub use write::FieldManager;
 
 /// Re-exported so operators name the same kube-runtime types the runtime uses.
 pub use kube::runtime::controller::Action;
+
+/// Implements `Debug` for a type by its name alone: an operator's context, caches and verifiers
+/// hold clients, closures and key material with nothing worth printing.
+///
+/// ```
+/// struct Context {
+///     _clock: fn() -> u64,
+/// }
+/// sluice_runtime::opaque_debug!(Context);
+/// assert_eq!(format!("{:?}", Context { _clock: || 0 }), "Context { .. }");
+/// ```
+#[macro_export]
+macro_rules! opaque_debug {
+    ($type:ident) => {
+        impl std::fmt::Debug for $type {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($type)).finish_non_exhaustive()
+            }
+        }
+    };
+}

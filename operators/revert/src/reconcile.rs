@@ -127,11 +127,7 @@ pub struct Context {
     application_namespace: Option<String>,
 }
 
-impl std::fmt::Debug for Context {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Context").finish_non_exhaustive()
-    }
-}
+sluice_runtime::opaque_debug!(Context);
 
 impl Context {
     /// A context reading the system clock.

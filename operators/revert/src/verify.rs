@@ -36,11 +36,7 @@ pub struct Verifier {
     trusted_root: Option<PathBuf>,
 }
 
-impl std::fmt::Debug for Verifier {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Verifier").finish_non_exhaustive()
-    }
-}
+sluice_runtime::opaque_debug!(Verifier);
 
 impl Verifier {
     /// A verifier caching up to `cache_bytes` of verified bundles; `platform_kinds` `None`:

@@ -164,11 +164,7 @@ pub(crate) fn spawn_pod_watch(api: Api<Pod>, births: Births, views: PodViews) ->
     tokio::spawn(stream)
 }
 
-impl std::fmt::Debug for FleetCache {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FleetCache").finish_non_exhaustive()
-    }
-}
+sluice_runtime::opaque_debug!(FleetCache);
 
 pub(crate) fn spawn_reflector<K>(api: Api<K>) -> (Store<K>, JoinHandle<()>)
 where

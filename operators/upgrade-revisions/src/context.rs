@@ -109,11 +109,7 @@ impl Drop for Context {
     }
 }
 
-impl std::fmt::Debug for Context {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Context").finish_non_exhaustive()
-    }
-}
+sluice_runtime::opaque_debug!(Context);
 
 impl Context {
     /// A context reading the system clock, validating only (no fleet cache, no metrics source).

@@ -137,11 +137,7 @@ pub struct Caches {
     pins: PerNamespace<BundlePin>,
 }
 
-impl std::fmt::Debug for Caches {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Caches").finish_non_exhaustive()
-    }
-}
+sluice_runtime::opaque_debug!(Caches);
 
 impl Caches {
     /// Caches whose watches run on `watch_client`.
