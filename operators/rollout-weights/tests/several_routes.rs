@@ -63,6 +63,20 @@ fn watch_both(client: &kube::Client) -> (Seen, tokio::task::JoinHandle<()>) {
     (seen, task)
 }
 
+/// Creates the east-west route, starts the operator and creates the Rollout with `steps` on both
+/// routes.
+async fn start_on_both_routes(g: &Given, steps: serde_json::Value) -> Controller {
+    routes(&g.client)
+        .create(&PostParams::default(), &mesh_route())
+        .await
+        .expect("mesh route created");
+    let prom = g.prometheus.as_ref().unwrap().url().to_owned();
+    let ctl = Controller::start(&g.client, &prom);
+    let with_mesh = json!({"additionalRoutes": [{"name": "checkout-mesh"}]});
+    create_rollout(&g.client, &rollout(steps, with_mesh)).await;
+    ctl
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_gate_aborts_every_route_and_deletion_hands_each_back() {
     let budget = Duration::from_secs(100);
@@ -70,12 +84,6 @@ async fn a_failed_gate_aborts_every_route_and_deletion_hands_each_back() {
         return;
     };
     // Given the east-west route beside the ingress route, and a Rollout naming both.
-    routes(&g.client)
-        .create(&PostParams::default(), &mesh_route())
-        .await
-        .expect("mesh route created");
-    let prom = g.prometheus.as_ref().unwrap().url().to_owned();
-    let ctl = Controller::start(&g.client, &prom);
     let (seen, poller) = watch_both(&g.client);
     let steps = json!([
         {"setWeight": {"weight": 1, "duration": "3s"}},
@@ -83,8 +91,7 @@ async fn a_failed_gate_aborts_every_route_and_deletion_hands_each_back() {
         {"setWeight": {"weight": 50}},
         {"promote": {}}
     ]);
-    let with_mesh = json!({"additionalRoutes": [{"name": "checkout-mesh"}]});
-    create_rollout(&g.client, &rollout(steps, with_mesh)).await;
+    let ctl = start_on_both_routes(&g, steps).await;
 
     // Then both routes are owned and carry the step's weight.
     share_confirmed_at_step(&g.client, "1% confirmed by telemetry", 0, budget).await;
@@ -171,18 +178,11 @@ async fn deleting_after_the_route_ref_is_gone_reverts_and_hands_back_the_other_r
         return;
     };
     // Given both routes at a confirmed 1%.
-    routes(&g.client)
-        .create(&PostParams::default(), &mesh_route())
-        .await
-        .expect("mesh route created");
-    let prom = g.prometheus.as_ref().unwrap().url().to_owned();
-    let ctl = Controller::start(&g.client, &prom);
     let steps = json!([
         {"setWeight": {"weight": 1, "duration": "120s"}},
         {"promote": {}}
     ]);
-    let with_mesh = json!({"additionalRoutes": [{"name": "checkout-mesh"}]});
-    create_rollout(&g.client, &rollout(steps, with_mesh)).await;
+    let ctl = start_on_both_routes(&g, steps).await;
     share_confirmed_at_step(&g.client, "1% confirmed by telemetry", 0, budget).await;
     let mesh = routes(&g.client).get("checkout-mesh").await.unwrap();
     assert_eq!(weights(&mesh), (99, 1));

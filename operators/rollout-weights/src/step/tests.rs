@@ -1480,29 +1480,10 @@ fn an_additional_route_removed_mid_rollout_is_released_and_the_rest_goes_on() {
     );
 }
 
-#[test]
-fn deleting_aborts_and_hands_back_every_route() {
+/// A two-route Rollout live at 5% on every route (its second decision), and what it reads.
+fn two_routes_live_at_five() -> (RolloutSpec, Observations, RolloutStatus) {
     let s = two_route_spec();
-    let mut obs = Observations {
-        route: route(5, false),
-        additional_routes: additional(route(5, false), route(5, false)),
-        canary_ready: Some(true),
-        canary_service: Some(true),
-        ..Default::default()
-    };
-    let d = step(&s, RolloutStatus::default(), &obs, t(0));
-    let d = step(&s, d.status, &obs, t(1));
-    obs.deleting = true;
-    // The primary already at 0, an additional route still live: aborted all the same.
-    obs.route = route(0, false);
-    let d = step(&s, d.status, &obs, t(2));
-    assert_eq!(kinds(&d), vec!["write 0".to_string(), "hand back".into()]);
-}
-
-#[test]
-fn deleting_with_route_ref_gone_still_aborts_and_hands_back_the_additional_routes() {
-    let s = two_route_spec();
-    let mut obs = Observations {
+    let obs = Observations {
         route: route(5, false),
         additional_routes: additional(route(5, false), route(5, false)),
         canary_ready: Some(true),
@@ -1511,6 +1492,22 @@ fn deleting_with_route_ref_gone_still_aborts_and_hands_back_the_additional_route
     };
     let d = step(&s, RolloutStatus::default(), &obs, t(0));
     let live = step(&s, d.status, &obs, t(1)).status;
+    (s, obs, live)
+}
+
+#[test]
+fn deleting_aborts_and_hands_back_every_route() {
+    let (s, mut obs, live) = two_routes_live_at_five();
+    obs.deleting = true;
+    // The primary already at 0, an additional route still live: aborted all the same.
+    obs.route = route(0, false);
+    let d = step(&s, live, &obs, t(2));
+    assert_eq!(kinds(&d), vec!["write 0".to_string(), "hand back".into()]);
+}
+
+#[test]
+fn deleting_with_route_ref_gone_still_aborts_and_hands_back_the_additional_routes() {
+    let (s, mut obs, live) = two_routes_live_at_five();
     obs.deleting = true;
     obs.route = RouteObs::Missing;
     let notes = |d: &Decision, reason: &str| -> Vec<String> {
