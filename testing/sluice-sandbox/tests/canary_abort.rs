@@ -27,36 +27,14 @@ fn canary_abort_scenario_aborts_and_reports_its_figures() {
     ) else {
         return;
     };
-    let (result, last) = (&run.result, &run.last);
-    assert_eq!(result["failed_gate"], "error-ratio", "{last}");
-    let abort_latency = run.ms("abort_latency_ms");
-    let detect_to_revert = run.ms("detect_to_revert_ms");
-    let revert_verified = run.ms("revert_verified_ms");
     // The fault must first show in a 5 s window and fail its gate: the abort cannot precede it,
     // and the controller's own delay is a small part of what a user feels.
-    assert!(
-        abort_latency > 0 && abort_latency < 60_000,
-        "abort_latency_ms {abort_latency}"
-    );
-    assert!(
-        detect_to_revert <= abort_latency + 1000,
-        "detect_to_revert_ms {detect_to_revert} exceeds abort_latency_ms {abort_latency} (+1 s timestamp precision)"
-    );
-    assert!(
-        revert_verified < 60_000,
-        "revert_verified_ms {revert_verified}"
-    );
+    run.aborted_on("error-ratio", Duration::from_secs(60));
     let hold = run.ms("inconclusive_hold_ms");
     assert!(
         hold < 30_000,
-        "inconclusive_hold_ms {hold}: the starved gate's 2 s then one analysis: {last}"
-    );
-    let share = result["canary_share_after"]
-        .as_f64()
-        .expect("canary_share_after is a number");
-    assert!(
-        share <= 0.001,
-        "canary share after the revert {share}: {last}"
+        "inconclusive_hold_ms {hold}: the starved gate's 2 s then one analysis: {}",
+        run.last
     );
 }
 
@@ -68,24 +46,12 @@ fn a_fault_during_a_pause_until_promoted_still_aborts_in_the_pause_step() {
     let Some(run) = common::run_scenario("canary-pause-abort", PAUSE_BUDGET) else {
         return;
     };
-    let (result, last) = (&run.result, &run.last);
     // `pass` already says the abort came in step 1, the pause.
-    assert_eq!(result["failed_gate"], "error-ratio", "{last}");
+    run.aborted_on("error-ratio", Duration::from_secs(90));
     let paused = run.ms("paused_ms");
     assert!(
         paused >= 5_000,
-        "paused_ms {paused}: the fault starts after the 5 s hold in the pause: {last}"
-    );
-    let abort_latency = run.ms("abort_latency_ms");
-    assert!(
-        abort_latency > 0 && abort_latency < 90_000,
-        "abort_latency_ms {abort_latency}: {last}"
-    );
-    let share = result["canary_share_after"]
-        .as_f64()
-        .expect("canary_share_after is a number");
-    assert!(
-        share <= 0.001,
-        "canary share after the revert {share}: {last}"
+        "paused_ms {paused}: the fault starts after the 5 s hold in the pause: {}",
+        run.last
     );
 }

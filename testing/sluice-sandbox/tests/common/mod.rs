@@ -358,6 +358,37 @@ impl ScenarioResult {
             .as_u64()
             .unwrap_or_else(|| panic!("{name} is not a number of ms: {}", self.last))
     }
+
+    /// Checks what every abort scenario promises: the Rollout aborted on `gate` within `within`
+    /// of the fault; the controller's own delay (`detect_to_revert_ms`) is part of that, to the
+    /// second the timestamps carry; the revert was verified within a minute; and the mesh
+    /// reports at most 0.1% on the canary afterwards.
+    pub fn aborted_on(&self, gate: &str, within: Duration) {
+        let last = &self.last;
+        assert_eq!(self.result["failed_gate"], gate, "{last}");
+        let abort_latency = self.ms("abort_latency_ms");
+        assert!(
+            abort_latency > 0 && u128::from(abort_latency) < within.as_millis(),
+            "abort_latency_ms {abort_latency} (within {within:?}): {last}"
+        );
+        let detect_to_revert = self.ms("detect_to_revert_ms");
+        assert!(
+            detect_to_revert <= abort_latency + 1000,
+            "detect_to_revert_ms {detect_to_revert} exceeds abort_latency_ms {abort_latency} (+1 s timestamp precision): {last}"
+        );
+        let revert_verified = self.ms("revert_verified_ms");
+        assert!(
+            revert_verified < 60_000,
+            "revert_verified_ms {revert_verified}: {last}"
+        );
+        let share = self.result["canary_share_after"]
+            .as_f64()
+            .expect("canary_share_after is a number");
+        assert!(
+            share <= 0.001,
+            "canary share after the revert {share}: {last}"
+        );
+    }
 }
 
 /// Runs `sluice-sandbox --scenario <name> --until-done` on free ports within `budget` and checks
