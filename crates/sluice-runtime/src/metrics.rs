@@ -11,11 +11,17 @@
 //! nothing records or removes them one by one. Their labels are `kind`, `object_namespace` and
 //! `object_name`, never a bare `namespace` or `name`, which a scrape's own target labels would
 //! overwrite.
+//!
+//! An operator's fleet gauges over its own kind (e.g. `sluice_rollouts{phase}`, the age of the
+//! oldest BundlePin in force) are read from the same store at the same moment
+//! ([`ObjectSignals::fleet_by`]): the leader's figures are never those of its last reconcile, a
+//! deleted object counts for nothing at the next scrape, and a replica that does not lead
+//! exports them as over no object (every phase at 0).
 
 use std::{
     any::Any,
     collections::BTreeSet,
-    sync::{Arc, RwLock},
+    sync::{Arc, RwLock, atomic::AtomicU64},
     time::Duration,
 };
 
@@ -161,6 +167,70 @@ impl ObjectSignal {
 /// when the object says nothing yet (no status written).
 pub type SignalOf<K> = Arc<dyn Fn(&K, Timestamp) -> Option<ObjectSignal> + Send + Sync>;
 
+/// One gauge family an operator reads over every object of its kind at a scrape's time
+/// ([`ObjectSignals::fleet_by`]). Its labels come from fixed sets, as every fleet series'.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FleetGauge {
+    /// The family's name under the `sluice_` prefix, e.g. `rollouts`.
+    pub name: &'static str,
+    /// Its help text, without the final period.
+    pub help: &'static str,
+    /// Each series: its labels (name, bounded value) and its value.
+    pub series: Vec<(Vec<(&'static str, String)>, f64)>,
+}
+
+impl FleetGauge {
+    /// How many objects are in each of `phases`, from the phase of each object (`objects`):
+    /// one series per phase labelled `phase`, 0 when no object is in it, so a dashboard's count
+    /// reads 0 rather than "no data" before the first one. A phase outside `phases` gets its
+    /// own series.
+    pub fn count_by_phase<'a>(
+        name: &'static str,
+        help: &'static str,
+        phases: &[&str],
+        objects: impl IntoIterator<Item = &'a str>,
+    ) -> Self {
+        let mut counts: Vec<(String, f64)> =
+            phases.iter().map(|p| ((*p).to_owned(), 0.0)).collect();
+        for phase in objects {
+            match counts.iter_mut().find(|(p, _)| p == phase) {
+                Some((_, n)) => *n += 1.0,
+                None => counts.push((phase.to_owned(), 1.0)),
+            }
+        }
+        FleetGauge {
+            name,
+            help,
+            series: counts
+                .into_iter()
+                .map(|(phase, n)| (vec![("phase", phase)], n))
+                .collect(),
+        }
+    }
+
+    /// One series without labels.
+    pub fn single(name: &'static str, help: &'static str, value: f64) -> Self {
+        FleetGauge {
+            name,
+            help,
+            series: vec![(Vec::new(), value)],
+        }
+    }
+}
+
+/// How an operator reads its fleet gauges over all the objects of its kind `K` (`now`: the
+/// scrape's time); a replica that does not lead reads them over no object.
+pub type FleetOf<K> = Arc<dyn Fn(&[Arc<K>], Timestamp) -> Vec<FleetGauge> + Send + Sync>;
+
+/// An operator's fleet gauges of its kind, as [`ObjectSignals::fleet_by`] was given them.
+#[derive(Clone)]
+struct Fleet {
+    /// The [`FleetOf`] the kind, behind `Any` (the kind is known where the store is made).
+    of: Arc<dyn Any + Send + Sync>,
+    /// The same read over no object, for a replica that does not lead.
+    over_none: Arc<dyn Fn(Timestamp) -> Vec<FleetGauge> + Send + Sync>,
+}
+
 /// The objects a scrape reads the per-object series from: the leader's store of the operator's
 /// kind and the operator's signal for it.
 trait LedObjects: Send + Sync {
@@ -170,12 +240,15 @@ trait LedObjects: Send + Sync {
     fn names(&self) -> Vec<(String, String)>;
     /// Every object's signal at `now`, with its labels.
     fn signals(&self, now: Timestamp) -> Vec<(ObjectLabels, ObjectSignal)>;
+    /// The operator's fleet gauges over every object at `now` (none when it reads none).
+    fn fleet(&self, now: Timestamp) -> Vec<FleetGauge>;
 }
 
 struct Led<K: Resource<DynamicType = ()> + Clone + 'static> {
     kind: String,
     store: Store<K>,
     signal: SignalOf<K>,
+    fleet: Option<FleetOf<K>>,
 }
 
 impl<K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static> Led<K> {
@@ -214,6 +287,13 @@ impl<K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static> LedObjects f
             .filter_map(|o| (self.signal)(o, now).map(|s| (self.labels(o), s)))
             .collect()
     }
+
+    fn fleet(&self, now: Timestamp) -> Vec<FleetGauge> {
+        self.fleet
+            .as_ref()
+            .map(|f| f(&self.store.state(), now))
+            .unwrap_or_default()
+    }
 }
 
 /// The platform's per-object series, shared by every operator: `sluice_object_state` (1 with
@@ -230,6 +310,8 @@ pub struct ObjectSignals {
     /// The operator's [`SignalOf`] of its kind, behind `Any` (the kind is known where the store is
     /// made, not here).
     decide: Arc<RwLock<Option<Arc<dyn Any + Send + Sync>>>>,
+    /// The operator's fleet gauges of its kind ([`ObjectSignals::fleet_by`]).
+    fleet: Arc<RwLock<Option<Fleet>>>,
     /// What a scrape reads while this replica leads.
     led: Arc<RwLock<Option<Arc<dyn LedObjects>>>>,
 }
@@ -239,6 +321,7 @@ impl Default for ObjectSignals {
         Self {
             clock: Timestamp::now,
             decide: Arc::default(),
+            fleet: Arc::default(),
             led: Arc::default(),
         }
     }
@@ -289,6 +372,26 @@ impl ObjectSignals {
         *write(&self.decide) = Some(Arc::new(signal));
     }
 
+    /// Reads the operator's fleet gauges of kind `K` with `fleet` at every scrape: over every
+    /// object the leader's store holds, over none on a replica that does not lead. The operator
+    /// calls it once at start-up, beside [`ObjectSignals::decided_by`].
+    pub fn fleet_by<K>(
+        &self,
+        fleet: impl Fn(&[Arc<K>], Timestamp) -> Vec<FleetGauge> + Send + Sync + 'static,
+    ) where
+        K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    {
+        let fleet: FleetOf<K> = Arc::new(fleet);
+        let over_none = {
+            let fleet = fleet.clone();
+            Arc::new(move |now| fleet(&[], now))
+        };
+        *write(&self.fleet) = Some(Fleet {
+            of: Arc::new(fleet),
+            over_none,
+        });
+    }
+
     /// This replica leads over the objects `store` holds: scrapes read their series from it
     /// until [`ObjectSignals::step_down`]. The controller loop calls it with its store each
     /// time it starts. An object has series only when the signal of `K`
@@ -301,10 +404,14 @@ impl ObjectSignals {
             .as_ref()
             .and_then(|d| d.downcast_ref::<SignalOf<K>>().cloned())
             .unwrap_or_else(|| Arc::new(|_: &K, _| None));
+        let fleet = read(&self.fleet)
+            .as_ref()
+            .and_then(|f| f.of.downcast_ref::<FleetOf<K>>().cloned());
         *write(&self.led) = Some(Arc::new(Led {
             kind: K::kind(&()).into_owned(),
             store,
             signal,
+            fleet,
         }));
     }
 
@@ -352,25 +459,46 @@ impl ObjectSignals {
 
 /// Encodes `family` under `name` with `help` (ended with a period, as the registry does for
 /// the metrics registered in it).
-fn encode_gauges<L>(
+fn encode_gauges<L, G>(
     encoder: &mut DescriptorEncoder,
     (name, help): (&str, &str),
-    family: &Family<L, Gauge>,
+    family: &Family<L, G>,
 ) -> Result<(), std::fmt::Error>
 where
     L: EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static,
+    G: EncodeMetric + prometheus_client::metrics::TypedMetric,
 {
     let metric =
         encoder.encode_descriptor(name, &format!("{help}."), None, family.metric_type())?;
     family.encode(metric)
 }
 
+impl ObjectSignals {
+    /// The fleet gauges at `now`: over the leader's objects, or over none.
+    fn fleet(&self, now: Timestamp) -> Vec<FleetGauge> {
+        if let Some(led) = read(&self.led).clone() {
+            return led.fleet(now);
+        }
+        let over_none = read(&self.fleet).as_ref().map(|f| f.over_none.clone());
+        over_none.map(|f| f(now)).unwrap_or_default()
+    }
+}
+
 impl Collector for ObjectSignals {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let (state, progressed, overdue) = self.families((self.clock)());
+        let now = (self.clock)();
+        let (state, progressed, overdue) = self.families(now);
         encode_gauges(&mut encoder, OBJECT_STATE, &state)?;
         encode_gauges(&mut encoder, OBJECT_PROGRESSED, &progressed)?;
-        encode_gauges(&mut encoder, OBJECT_OVERDUE, &overdue)
+        encode_gauges(&mut encoder, OBJECT_OVERDUE, &overdue)?;
+        for gauge in self.fleet(now) {
+            let family = Family::<Vec<(&'static str, String)>, Gauge<f64, AtomicU64>>::default();
+            for (labels, value) in gauge.series {
+                family.get_or_create(&labels).set(value);
+            }
+            encode_gauges(&mut encoder, (gauge.name, gauge.help), &family)?;
+        }
+        Ok(())
     }
 }
 
@@ -600,10 +728,17 @@ mod tests {
     /// A registry with the shared metrics, the per-object series decided by [`decide`] at
     /// [`scrape_at`], and a store writer for the leader's objects.
     fn leading() -> (Registry, Metrics, reflector::store::Writer<ConfigMap>) {
+        leading_at(scrape_at)
+    }
+
+    /// [`leading`] with scrapes at `clock`'s time.
+    fn leading_at(
+        clock: fn() -> Timestamp,
+    ) -> (Registry, Metrics, reflector::store::Writer<ConfigMap>) {
         let mut registry = Registry::default();
         let mut m = Metrics::register(&mut Registry::default());
         m.objects = ObjectSignals {
-            clock: scrape_at,
+            clock,
             ..ObjectSignals::default()
         };
         registry
@@ -756,6 +891,95 @@ mod tests {
         // No reconcile, no store change: the scrape's own time passed the deadline.
         SCRAPE_AT.store(1_060, Ordering::SeqCst);
         assert!(encode(&registry).contains(overdue), "{}", encode(&registry));
+    }
+
+    /// The test kind's fleet: its objects by phase (those without one as `Pending`) and the
+    /// age at `now` of the oldest one `Pinned` (its `since`), 0 when none.
+    fn fleet(objects: &[Arc<ConfigMap>], now: Timestamp) -> Vec<FleetGauge> {
+        let field = |cm: &ConfigMap, k: &str| cm.data.as_ref().and_then(|d| d.get(k).cloned());
+        let phases: Vec<String> = objects
+            .iter()
+            .map(|cm| field(cm, "phase").unwrap_or_else(|| "Pending".into()))
+            .collect();
+        let oldest = objects
+            .iter()
+            .filter(|cm| field(cm, "phase").as_deref() == Some("Pinned"))
+            .filter_map(|cm| field(cm, "since")?.parse::<i64>().ok())
+            .min()
+            .map_or(0, |since| now.as_second() - since);
+        vec![
+            FleetGauge::count_by_phase(
+                "things",
+                "Things by phase",
+                &["Pending", "Pinned", "Released"],
+                phases.iter().map(String::as_str),
+            ),
+            FleetGauge::single(
+                "oldest_pinned_seconds",
+                "Oldest pinned thing",
+                oldest as f64,
+            ),
+        ]
+    }
+
+    #[test]
+    fn fleet_gauges_are_read_over_the_leaders_objects_at_scrape_time_and_over_none_elsewhere() {
+        static FLEET_AT: AtomicI64 = AtomicI64::new(5_000);
+        let (registry, m, _before) =
+            leading_at(|| Timestamp::from_second(FLEET_AT.load(Ordering::SeqCst)).unwrap());
+        // Led before the fleet was given: the next lead (the controller's next start) reads it.
+        m.objects().fleet_by(fleet);
+        let (store, mut w) = reflector::store();
+        m.objects().lead(store);
+        apply(
+            &mut w,
+            object("ops", "a", &[("phase", "Pinned"), ("since", "1000")]),
+        );
+        apply(
+            &mut w,
+            object("ops", "b", &[("phase", "Pinned"), ("since", "4000")]),
+        );
+        apply(&mut w, object("ops", "c", &[]));
+        apply(&mut w, object("ops", "d", &[("phase", "Refused")]));
+        let text = encode(&registry);
+        let want = [
+            "# HELP sluice_things Things by phase.",
+            "# TYPE sluice_things gauge",
+            r#"sluice_things{phase="Pinned"} 2.0"#,
+            r#"sluice_things{phase="Pending"} 1.0"#,
+            r#"sluice_things{phase="Released"} 0.0"#,
+            r#"sluice_things{phase="Refused"} 1.0"#,
+            "sluice_oldest_pinned_seconds 4000.0",
+        ];
+        for line in want {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+
+        // No reconcile: the scrape's time ages the oldest, a deletion leaves its count at once.
+        FLEET_AT.store(5_060, Ordering::SeqCst);
+        w.apply_watcher_event(&watcher::Event::Delete(object("ops", "d", &[])));
+        let text = encode(&registry);
+        assert!(
+            text.contains("sluice_oldest_pinned_seconds 4060.0"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("Refused"),
+            "a deleted object still counts:\n{text}"
+        );
+        w.apply_watcher_event(&watcher::Event::Delete(object("ops", "a", &[])));
+        assert!(encode(&registry).contains("sluice_oldest_pinned_seconds 1060.0"));
+
+        // A replica that stopped leading reads them over no object: every phase at 0.
+        m.set_leader(false);
+        let text = encode(&registry);
+        for line in [
+            r#"sluice_things{phase="Pinned"} 0.0"#,
+            r#"sluice_things{phase="Pending"} 0.0"#,
+            "sluice_oldest_pinned_seconds 0.0",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
     }
 
     #[test]

@@ -256,9 +256,7 @@ async fn main() -> ExitCode {
             reconcile::Context::new(rt.client.clone(), rt.recorder.clone(), settings, metrics)
                 .map_err(anyhow::Error::from)?;
         ctx.leadership = rt.leadership().map_err(anyhow::Error::from)?;
-        rt.metrics
-            .objects()
-            .decided_by(|p: &BundlePin, _now| p.status.as_ref().map(metrics::object_signal));
+        metrics::read_at_scrape(&rt.metrics.objects());
         ctx.notifier = rt.notifier.clone();
         let ctx = Arc::new(ctx);
         run(rt, ctx).await

@@ -1,36 +1,30 @@
 //! revert's metrics, all prefixed `sluice_revert_`: pins by phase, the age of the oldest active
-//! pin (the chart pages when it passes 2 h), time from BundlePin creation to every object
+//! pin (the BundlePins dashboard's; the 2-hour page reads each pin's `sluice_object_*` series),
+//! time from BundlePin creation to every object
 //! applied, objects applied and pruned, refusals and releases by reason, git reverts by result.
 //!
-//! Owns the metric names and the bookkeeping of active pins. Labels carry only bounded values
-//! (phases, reasons, results), never a pin's name or a digest.
+//! Owns the metric names. Labels carry only bounded values (phases, reasons, results), never a
+//! pin's name or a digest. The pins by phase and the oldest pin's age are read from the
+//! leader's store at each scrape ([`fleet`]): a pin in force ages between its reconciles, and a
+//! deleted one counts for nothing at the next scrape.
 
-use std::{
-    collections::BTreeMap,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
-};
+use std::sync::Arc;
+
+use jiff::Timestamp;
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{
         counter::Counter,
         family::Family,
-        gauge::Gauge,
         histogram::{Histogram, exponential_buckets},
     },
     registry::Registry,
 };
-use sluice_api::v1alpha1::BundlePinPhase;
+use sluice_api::v1alpha1::{BundlePin, BundlePinPhase, BundlePinStatus};
+use sluice_runtime::metrics::{FleetGauge, ObjectSignal, ObjectSignals};
 
-/// A phase label.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct PhaseLabels {
-    /// BundlePin phase.
-    pub phase: String,
-}
+use crate::decide;
 
 /// A reason label (condition reasons: bounded).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -49,11 +43,6 @@ pub struct ResultLabels {
 /// Every metric revert exports.
 #[derive(Debug, Clone)]
 pub struct RevertMetrics {
-    /// `sluice_revert_pins{phase}`: BundlePins by phase (as last reconciled).
-    pub pins: Family<PhaseLabels, Gauge>,
-    /// `sluice_revert_oldest_pin_age_seconds`: age of the oldest pin still in force (Pinning,
-    /// Pinned, or Failed while holding a suspended Application), 0 when none.
-    pub oldest_pin_age_seconds: Gauge<f64, AtomicU64>,
     /// `sluice_revert_pin_duration_seconds`: BundlePin created → every object applied.
     pub pin_duration_seconds: Histogram,
     /// `sluice_revert_objects_applied_total`.
@@ -69,35 +58,11 @@ pub struct RevertMetrics {
     pub releases: Family<ReasonLabels, Counter>,
     /// `sluice_revert_git_reverts_total{result}`.
     pub git_reverts: Family<ResultLabels, Counter>,
-    active: Arc<Mutex<BTreeMap<String, Entry>>>,
-}
-
-#[derive(Debug, Clone)]
-struct Entry {
-    phase: BundlePinPhase,
-    holding: bool,
-    since: Option<i64>,
-    seen: i64,
-}
-
-/// How long an active pin's entry survives without a reconcile: longer than the runtime's
-/// longest back-off (300 s) between two attempts of a pin whose effects keep failing, so a pin
-/// stuck in Pinning stays counted (a deleted pin is forgotten at once).
-const FORGET_AFTER_SECONDS: i64 = 900;
-
-impl Entry {
-    /// Still in force: Pinning, Pinned, or Failed while holding a suspended Application.
-    fn in_force(&self) -> bool {
-        matches!(self.phase, BundlePinPhase::Pinning | BundlePinPhase::Pinned)
-            || (self.phase == BundlePinPhase::Failed && self.holding)
-    }
 }
 
 /// Registers revert's metrics in `registry`.
 pub fn register(registry: &mut Registry) -> RevertMetrics {
     let m = RevertMetrics {
-        pins: Family::default(),
-        oldest_pin_age_seconds: Gauge::default(),
         // 50 ms .. ~27 min.
         pin_duration_seconds: Histogram::new(exponential_buckets(0.05, 2.0, 16)),
         objects_applied: Counter::default(),
@@ -106,15 +71,8 @@ pub fn register(registry: &mut Registry) -> RevertMetrics {
         refusals: Family::default(),
         releases: Family::default(),
         git_reverts: Family::default(),
-        active: Arc::default(),
     };
     let sub = registry.sub_registry_with_prefix("sluice_revert");
-    sub.register("pins", "BundlePins by phase", m.pins.clone());
-    sub.register(
-        "oldest_pin_age_seconds",
-        "Age in seconds of the oldest BundlePin still in force (Pinning, Pinned, or Failed while holding a suspended Application); 0 when none",
-        m.oldest_pin_age_seconds.clone(),
-    );
     sub.register(
         "pin_duration_seconds",
         "Seconds from BundlePin creation to every object applied, signature verification included",
@@ -175,69 +133,51 @@ const PHASES: [BundlePinPhase; 7] = [
     BundlePinPhase::Failed,
 ];
 
-impl RevertMetrics {
-    /// Records a pin's phase after a reconcile; `created` is its creation time (seconds), `now`
-    /// the clock (seconds). Recomputes the phase gauges and the oldest pin age.
-    pub fn observe(&self, key: &str, phase: BundlePinPhase, created: Option<i64>, now: i64) {
-        self.observe_holding(key, phase, false, created, now);
-    }
+/// Says how a scrape reads the BundlePins the leader's store holds: each one's signal
+/// ([`object_signal`]) and [`fleet`]. The operator calls it once at start-up.
+pub fn read_at_scrape(objects: &ObjectSignals) {
+    objects.decided_by(|p: &BundlePin, _now| p.status.as_ref().map(object_signal));
+    objects.fleet_by(fleet);
+}
 
-    /// [`RevertMetrics::observe`], saying whether the pin still holds an Application suspended
-    /// (a Failed pin that does is still in force: the 2-hour page covers it).
-    pub fn observe_holding(
-        &self,
-        key: &str,
-        phase: BundlePinPhase,
-        holding: bool,
-        created: Option<i64>,
-        now: i64,
-    ) {
-        let mut active = self.active.lock().expect("metrics lock");
-        active.insert(
-            key.to_owned(),
-            Entry {
-                phase,
-                holding,
-                since: created,
-                seen: now,
-            },
-        );
-        self.publish(&mut active, now);
+/// Still in force: Pinning, Pinned, or Failed while holding a suspended Application (its
+/// release, explicit or by deletion, restores it).
+fn in_force(status: Option<&BundlePinStatus>) -> bool {
+    match status.map(|s| s.phase) {
+        Some(BundlePinPhase::Pinning | BundlePinPhase::Pinned) => true,
+        Some(BundlePinPhase::Failed) => !decide::is_over(status),
+        _ => false,
     }
+}
 
-    /// Forgets a pin that was deleted (`now`: the clock, seconds): it no longer counts in any
-    /// phase, nor as the oldest pin.
-    pub fn forget(&self, key: &str, now: i64) {
-        let mut active = self.active.lock().expect("metrics lock");
-        active.remove(key);
-        self.publish(&mut active, now);
-    }
-
-    /// Drops pins in force that stopped being reconciled, then sets the phase gauges and the
-    /// oldest pin age from what remains.
-    fn publish(&self, active: &mut BTreeMap<String, Entry>, now: i64) {
-        active.retain(|_, e| !e.in_force() || now - e.seen <= FORGET_AFTER_SECONDS);
-        for p in PHASES {
-            let n = active.values().filter(|e| e.phase == p).count();
-            self.pins
-                .get_or_create(&PhaseLabels {
-                    phase: phase_name(p).into(),
-                })
-                .set(n as i64);
-        }
-        let oldest = active
-            .values()
-            .filter(|e| e.in_force())
-            .filter_map(|e| e.since)
-            .min()
-            .map_or(0, |since| (now - since).max(0));
-        self.oldest_pin_age_seconds.set(oldest as f64);
-    }
-
-    /// The current oldest-pin age (tests).
-    pub fn oldest_pin_age(&self) -> f64 {
-        f64::from_bits(self.oldest_pin_age_seconds.inner().load(Ordering::Relaxed))
-    }
+/// `sluice_revert_pins{phase}` (every phase exported, at 0 when none is in it; a pin without a
+/// status yet is `Verifying`) and `sluice_revert_oldest_pin_age_seconds`: the age at `now` of
+/// the oldest pin in force, from its creation, 0 when none (the BundlePins dashboard's "oldest
+/// pin").
+pub fn fleet(pins: &[Arc<BundlePin>], now: Timestamp) -> Vec<FleetGauge> {
+    let phases = pins
+        .iter()
+        .map(|p| phase_name(p.status.as_ref().map(|s| s.phase).unwrap_or_default()));
+    let oldest = pins
+        .iter()
+        .filter(|p| in_force(p.status.as_ref()))
+        .filter_map(|p| p.metadata.creation_timestamp.as_ref())
+        .map(|created| created.0.as_second())
+        .min()
+        .map_or(0, |since| (now.as_second() - since).max(0));
+    vec![
+        FleetGauge::count_by_phase(
+            "revert_pins",
+            "BundlePins by phase, from the leader's store at the scrape's time (0 on other replicas)",
+            &PHASES.map(phase_name),
+            phases,
+        ),
+        FleetGauge::single(
+            "revert_oldest_pin_age_seconds",
+            "Age in seconds of the oldest BundlePin still in force (Pinning, Pinned, or Failed while holding a suspended Application); 0 when none",
+            oldest as f64,
+        ),
+    ]
 }
 
 /// What the per-object series (`sluice_object_*`, `sluice_runtime::metrics::ObjectSignals`)
@@ -245,14 +185,9 @@ impl RevertMetrics {
 /// is False (why it was refused or failed), else its Progressing reason, else empty; and when it
 /// last progressed: its `pinnedAt` while Pinned (so `time() -` it is how long the pin has held
 /// its Applications), its `releasedAt` once Released, else the latest condition transition.
-pub fn object_signal(
-    status: &sluice_api::v1alpha1::BundlePinStatus,
-) -> sluice_runtime::metrics::ObjectSignal {
-    let mut signal = sluice_runtime::metrics::ObjectSignal::from_conditions(
-        &format!("{:?}", status.phase),
-        &status.conditions,
-        None,
-    );
+pub fn object_signal(status: &BundlePinStatus) -> ObjectSignal {
+    let mut signal =
+        ObjectSignal::from_conditions(&format!("{:?}", status.phase), &status.conditions, None);
     let at = match status.phase {
         BundlePinPhase::Pinned => status.pinned_at.as_ref(),
         BundlePinPhase::Released => status.released_at.as_ref(),
@@ -297,80 +232,122 @@ mod tests {
         assert_eq!(s.progressed_at, Some(1_796_120_400));
     }
 
+    /// A BundlePin created at `created` (Unix seconds) in `phase` (`None`: no status yet),
+    /// whose one Application is `app` (its state; `None`: no Application).
+    fn pin(created: i64, phase: Option<&str>, app: Option<&str>) -> Arc<BundlePin> {
+        let spec = serde_json::json!({
+            "targets": [{"name": "shop", "namespace": "argocd"}],
+            "bundle": {"repository": "oci://registry.local:5000/shop/config", "digest": "sha256:1111"},
+            "publicKeysSecretRef": {"name": "cosign"},
+            "reason": "5xx after change 42",
+        });
+        let mut p = BundlePin::new("p", serde_json::from_value(spec).expect("spec fixture"));
+        p.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            Timestamp::from_second(created).unwrap(),
+        ));
+        p.status = phase.map(|phase| {
+            let apps: Vec<serde_json::Value> = app
+                .map(|state| serde_json::json!({"name": "shop", "namespace": "argocd", "state": state}))
+                .into_iter()
+                .collect();
+            serde_json::from_value(serde_json::json!({"phase": phase, "applications": apps}))
+                .expect("status fixture")
+        });
+        Arc::new(p)
+    }
+
+    /// The fleet's oldest pin age at `now`, and its count of pins in `phase`.
+    fn read(pins: &[Arc<BundlePin>], now: i64, phase: &str) -> (f64, f64) {
+        let gauges = fleet(pins, Timestamp::from_second(now).unwrap());
+        let count = gauges[0]
+            .series
+            .iter()
+            .find(|(labels, _)| labels == &vec![("phase", phase.to_owned())])
+            .map_or(-1.0, |(_, n)| *n);
+        (gauges[1].series[0].1, count)
+    }
+
     #[test]
-    fn oldest_pin_age_counts_only_pins_in_force() {
+    fn the_oldest_pin_age_counts_only_pins_in_force_from_their_creation() {
+        // (pins, now, want oldest age)
+        let table: [(Vec<Arc<BundlePin>>, i64, f64); 6] = [
+            (vec![pin(0, Some("Verifying"), None)], 10, 0.0),
+            (vec![pin(0, Some("Pinned"), Some("Pinned"))], 20, 20.0),
+            (
+                vec![
+                    pin(0, Some("Pinned"), Some("Pinned")),
+                    pin(15, Some("Pinning"), None),
+                ],
+                30,
+                30.0,
+            ),
+            (
+                vec![
+                    pin(0, Some("Released"), Some("Released")),
+                    pin(15, Some("Pinned"), None),
+                ],
+                40,
+                25.0,
+            ),
+            (
+                vec![pin(0, Some("Refused"), None), pin(15, None, None)],
+                50,
+                0.0,
+            ),
+            (vec![], 60, 0.0),
+        ];
+        for (pins, now, want) in table {
+            assert_eq!(read(&pins, now, "Pinned").0, want, "{now}");
+        }
+    }
+
+    #[test]
+    fn the_oldest_age_covers_a_stuck_pinning_and_a_failed_pin_still_holding_without_a_reconcile() {
+        // A pin stuck in Pinning since 0, beside a fresh one: at 7,300 s it is 7,300 s old,
+        // whenever it was last reconciled.
+        let pins = [
+            pin(0, Some("Pinning"), None),
+            pin(7000, Some("Pinned"), None),
+        ];
+        assert_eq!(read(&pins, 7300, "Pinning"), (7300.0, 1.0));
+        // A Failed pin holding a suspended Application counts; one holding nothing does not.
+        let holding = [pin(0, Some("Failed"), Some("Suspended"))];
+        assert_eq!(read(&holding, 7300, "Failed"), (7300.0, 1.0));
+        let over = [pin(0, Some("Failed"), Some("Released"))];
+        assert_eq!(read(&over, 7300, "Failed"), (0.0, 1.0));
+    }
+
+    #[test]
+    fn every_phase_is_exported_at_zero_without_pins_and_a_pin_without_status_is_verifying() {
+        let gauges = fleet(&[], Timestamp::from_second(10).unwrap());
+        assert_eq!(
+            (gauges[0].name, gauges[1].name),
+            ("revert_pins", "revert_oldest_pin_age_seconds")
+        );
+        let phases: Vec<&str> = gauges[0]
+            .series
+            .iter()
+            .map(|(l, _)| l[0].1.as_str())
+            .collect();
+        assert_eq!(phases, PHASES.map(phase_name));
+        assert!(gauges[0].series.iter().all(|(_, n)| *n == 0.0));
+        assert_eq!(read(&[pin(0, None, None)], 10, "Verifying"), (0.0, 1.0));
+    }
+
+    #[test]
+    fn the_operators_own_metrics_are_prefixed() {
         let mut registry = Registry::default();
         let m = register(&mut registry);
-        // (key, phase, created, now, want oldest age)
-        let table = [
-            ("a", BundlePinPhase::Verifying, 0, 10, 0.0),
-            ("a", BundlePinPhase::Pinned, 0, 20, 20.0),
-            ("b", BundlePinPhase::Pinned, 15, 30, 30.0),
-            ("a", BundlePinPhase::Released, 0, 40, 25.0),
-            ("b", BundlePinPhase::Released, 15, 50, 0.0),
-        ];
-        for (key, phase, created, now, want) in table {
-            m.observe(key, phase, Some(created), now);
-            assert_eq!(m.oldest_pin_age(), want, "{key} {phase:?} at {now}");
-        }
-        // A pin in force that stops being reconciled (deleted) is forgotten.
-        m.observe("c", BundlePinPhase::Pinned, Some(100), 100);
-        m.observe(
-            "d",
-            BundlePinPhase::Released,
-            Some(0),
-            100 + FORGET_AFTER_SECONDS + 1,
-        );
-        assert_eq!(m.oldest_pin_age(), 0.0);
+        m.objects_applied.inc();
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         for name in [
-            "sluice_revert_pins{phase=\"Released\"}",
-            "sluice_revert_oldest_pin_age_seconds",
             "sluice_revert_pin_duration_seconds_bucket",
             "sluice_revert_objects_applied_total",
             "sluice_revert_objects_pruned_total",
             "sluice_revert_fields_removed_total",
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
-        }
-    }
-
-    #[test]
-    fn the_page_covers_stuck_pinning_and_failed_pins_still_holding() {
-        let mut registry = Registry::default();
-        let m = register(&mut registry);
-        // A pin stuck in Pinning, retried at the longest back-off, beside a healthy one.
-        m.observe("stuck", BundlePinPhase::Pinning, Some(0), 10);
-        m.observe("fresh", BundlePinPhase::Pinned, Some(7000), 7000);
-        for now in (310..7300).step_by(300) {
-            m.observe("stuck", BundlePinPhase::Pinning, Some(0), now);
-        }
-        m.observe("fresh", BundlePinPhase::Pinned, Some(7000), 7300);
-        assert!(m.oldest_pin_age() >= 7200.0, "{}", m.oldest_pin_age());
-        // A Failed pin holding a suspended Application counts; one holding nothing does not.
-        let m = register(&mut Registry::default());
-        m.observe_holding("failed", BundlePinPhase::Failed, true, Some(0), 7300);
-        assert_eq!(m.oldest_pin_age(), 7300.0);
-        m.observe_holding("failed", BundlePinPhase::Failed, false, Some(0), 7301);
-        assert_eq!(m.oldest_pin_age(), 0.0);
-    }
-
-    #[test]
-    fn a_deleted_pin_leaves_every_phase_and_the_oldest_age() {
-        let mut registry = Registry::default();
-        let m = register(&mut registry);
-        m.observe("ns/a", BundlePinPhase::Pinned, Some(0), 10);
-        m.observe("ns/b", BundlePinPhase::Released, Some(0), 10);
-        assert_eq!(m.oldest_pin_age(), 10.0);
-        m.forget("ns/a", 11);
-        m.forget("ns/b", 11);
-        assert_eq!(m.oldest_pin_age(), 0.0);
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-        for phase in ["Pinned", "Released"] {
-            let line = format!("sluice_revert_pins{{phase=\"{phase}\"}} 0");
-            assert!(text.contains(&line), "{line} missing from:\n{text}");
         }
     }
 }

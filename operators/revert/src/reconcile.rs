@@ -890,8 +890,6 @@ pub async fn reconcile(
         if has_finalizer {
             set_finalizer(&api, &obj, false).await?;
         }
-        ctx.metrics
-            .forget(&format!("{ns}/{name}"), (ctx.clock)().as_second());
         return Ok(ControllerAction::await_change());
     }
     let spec = if deleting {
@@ -1019,18 +1017,6 @@ pub async fn reconcile(
                 .await;
         }
         tracing::warn!(error = %message, "effect failed; retrying with back-off");
-        // A pin whose effects keep failing is still in force: it stays on the page.
-        let current = obj.status.as_ref();
-        ctx.metrics.observe_holding(
-            &format!("{ns}/{name}"),
-            current.map(|s| s.phase).unwrap_or_default(),
-            current.is_some_and(|s| !decide::is_over(Some(s))),
-            obj.metadata
-                .creation_timestamp
-                .as_ref()
-                .map(|t| t.0.as_second()),
-            now.as_second(),
-        );
         return Err(before_deadline(
             err,
             decide::deadline_left(&spec, &decision.status, now),
@@ -1135,16 +1121,6 @@ pub async fn reconcile(
             _ => {}
         }
     }
-    ctx.metrics.observe_holding(
-        &format!("{ns}/{name}"),
-        phase,
-        !decide::is_over(Some(&decision.status)),
-        obj.metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| t.0.as_second()),
-        now.as_second(),
-    );
     Ok(decision.requeue.action(Duration::ZERO, Duration::ZERO))
 }
 

@@ -9,7 +9,6 @@ use std::{process::ExitCode, sync::Arc, time::Duration};
 use clap::Parser;
 use kube::runtime::watcher;
 use sluice_analysis::ClusterGateArgs;
-use sluice_api::v1alpha1::Rollout;
 use sluice_rollout_weights::{OPERATOR, metrics, orphans, reconcile, template_status, triggers};
 use sluice_runtime::{Runtime, RuntimeArgs};
 
@@ -34,9 +33,7 @@ async fn main() -> ExitCode {
         let metrics = metrics::register(&mut rt.registry);
         let mut ctx = reconcile::Context::new(rt.client.clone(), rt.recorder.clone());
         ctx.allow_free_form_promql = cli.gates.allow_free_form_promql;
-        rt.metrics
-            .objects()
-            .decided_by(|r: &Rollout, _now| r.status.as_ref().map(metrics::object_signal));
+        metrics::read_at_scrape(&rt.metrics.objects());
         ctx.notifier = rt.notifier.clone();
         ctx.leadership = rt.leadership()?;
         let ctx = ctx

@@ -8,11 +8,7 @@
 //! trouble is said by the platform's per-object series (`sluice_object_*` of
 //! `sluice_runtime::metrics::ObjectSignals`), whose Rollout signal [`object_signal`] decides.
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -25,19 +21,12 @@ use prometheus_client::{
     registry::Registry,
 };
 use sluice_api::v1alpha1::{
-    RolloutPhase, RolloutStatus, Verdict, VerdictReason,
+    Rollout, RolloutPhase, RolloutStatus, Verdict, VerdictReason,
     rollout::{conditions, reasons},
 };
-use sluice_runtime::metrics::ObjectSignal;
+use sluice_runtime::metrics::{FleetGauge, ObjectSignal, ObjectSignals};
 
 use crate::analysis::TickFigures;
-
-/// Labels naming a Rollout phase.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct PhaseLabels {
-    /// Pending, WaitingForCanary, Progressing, Paused, Promoted, Aborted or Invalid.
-    pub phase: String,
-}
 
 /// Labels of a gate verdict.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -58,8 +47,6 @@ pub struct ReasonLabels {
 /// Handles to the operator's metrics; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct RolloutMetrics {
-    rollouts: Family<PhaseLabels, Gauge>,
-    phases: Arc<Mutex<HashMap<String, RolloutPhase>>>,
     desired_weight: Histogram,
     applied_share: Histogram,
     verdicts: Family<VerdictLabels, Counter>,
@@ -81,8 +68,6 @@ pub fn register(registry: &mut Registry) -> RolloutMetrics {
     // 10 ms .. ~5.5 min: a controller revert takes milliseconds, a verified one a rate window.
     let latency = || Histogram::new(exponential_buckets(0.01, 2.0, 16));
     let m = RolloutMetrics {
-        rollouts: Family::default(),
-        phases: Arc::default(),
         desired_weight: percent(),
         applied_share: percent(),
         verdicts: Family::default(),
@@ -99,29 +84,7 @@ pub fn register(registry: &mut Registry) -> RolloutMetrics {
         rollouts_per_tick: Gauge::default(),
         route_writes: Family::default(),
     };
-    // Every phase is exported from the start (at 0): a dashboard's count of Promoted or Aborted
-    // Rollouts reads 0, not "no data", before the first one.
-    for p in [
-        RolloutPhase::Pending,
-        RolloutPhase::WaitingForCanary,
-        RolloutPhase::Progressing,
-        RolloutPhase::Paused,
-        RolloutPhase::Promoted,
-        RolloutPhase::Aborted,
-        RolloutPhase::Invalid,
-    ] {
-        m.rollouts
-            .get_or_create(&PhaseLabels {
-                phase: phase_name(p),
-            })
-            .set(0);
-    }
     let sub = registry.sub_registry_with_prefix("sluice");
-    sub.register(
-        "rollouts",
-        "Rollouts this replica reconciles, by phase",
-        m.rollouts.clone(),
-    );
     sub.register(
         "rollout_desired_weight_percent",
         "Canary weights written to routes, percent",
@@ -194,33 +157,40 @@ fn phase_name(p: RolloutPhase) -> String {
     format!("{p:?}")
 }
 
-impl RolloutMetrics {
-    /// Records the phase of Rollout `key` (`None`: it is gone).
-    pub fn phase(&self, key: &str, phase: Option<RolloutPhase>) {
-        let mut phases = self.phases.lock().unwrap_or_else(|e| e.into_inner());
-        let before = match phase {
-            Some(p) => phases.insert(key.to_owned(), p),
-            None => phases.remove(key),
-        };
-        if before == phase {
-            return;
-        }
-        if let Some(b) = before {
-            self.rollouts
-                .get_or_create(&PhaseLabels {
-                    phase: phase_name(b),
-                })
-                .dec();
-        }
-        if let Some(p) = phase {
-            self.rollouts
-                .get_or_create(&PhaseLabels {
-                    phase: phase_name(p),
-                })
-                .inc();
-        }
-    }
+/// Every Rollout phase, in the order of its lifecycle.
+const PHASES: [&str; 7] = [
+    "Pending",
+    "WaitingForCanary",
+    "Progressing",
+    "Paused",
+    "Promoted",
+    "Aborted",
+    "Invalid",
+];
 
+/// Says how a scrape reads the Rollouts the leader's store holds: each one's signal
+/// ([`object_signal`]) and [`fleet`]. The operator calls it once at start-up.
+pub fn read_at_scrape(objects: &ObjectSignals) {
+    objects.decided_by(|r: &Rollout, _now| r.status.as_ref().map(object_signal));
+    objects.fleet_by(|rollouts: &[Arc<Rollout>], _now| vec![fleet(rollouts)]);
+}
+
+/// `sluice_rollouts{phase}`: the Rollouts in each phase (one not yet reconciled is `Pending`),
+/// every phase exported, at 0 when none is in it.
+pub fn fleet(rollouts: &[Arc<Rollout>]) -> FleetGauge {
+    let phases: Vec<String> = rollouts
+        .iter()
+        .map(|r| phase_name(r.status.as_ref().map(|s| s.phase).unwrap_or_default()))
+        .collect();
+    FleetGauge::count_by_phase(
+        "rollouts",
+        "Rollouts by phase, from the leader's store at the scrape's time (0 on other replicas)",
+        &PHASES,
+        phases.iter().map(String::as_str),
+    )
+}
+
+impl RolloutMetrics {
     /// Records a canary weight written to a route.
     pub fn weight_written(&self, weight: u32) {
         self.desired_weight.observe(f64::from(weight));
@@ -392,27 +362,59 @@ mod tests {
         }
     }
 
-    #[test]
-    fn every_phase_reads_zero_before_its_first_rollout() {
-        let mut registry = Registry::default();
-        let _m = register(&mut registry);
-        let text = sluice_runtime::metrics::encode(&registry);
-        for phase in ["Promoted", "Aborted", "Progressing", "Paused"] {
-            assert!(
-                text.contains(&format!("sluice_rollouts{{phase=\"{phase}\"}} 0")),
-                "{phase} is not exported at 0:\n{text}"
-            );
-        }
+    fn rollout(phase: Option<&str>) -> Arc<Rollout> {
+        let spec = serde_json::json!({
+            "routeRef": {"name": "checkout"},
+            "stableService": {"name": "v1"},
+            "canaryService": {"name": "v2"},
+            "canaryWorkload": {"name": "v2"},
+            "steps": [{"setWeight": {"weight": 1}}]
+        });
+        let mut r = Rollout::new(
+            "checkout",
+            serde_json::from_value(spec).expect("spec fixture"),
+        );
+        r.status = phase.map(|p| status(serde_json::json!({ "phase": p })));
+        Arc::new(r)
     }
 
     #[test]
-    fn every_metric_is_prefixed_and_phases_are_counted() {
+    fn rollouts_are_counted_by_phase_with_every_phase_exported() {
+        let count = |rollouts: &[Arc<Rollout>]| -> Vec<(String, f64)> {
+            fleet(rollouts)
+                .series
+                .into_iter()
+                .filter(|(_, n)| *n > 0.0)
+                .map(|(labels, n)| (labels[0].1.clone(), n))
+                .collect()
+        };
+        // Before the first Rollout (and on a replica that does not lead): every phase at 0.
+        let none = fleet(&[]);
+        assert_eq!(none.name, "rollouts");
+        let phases: Vec<&str> = none.series.iter().map(|(l, _)| l[0].1.as_str()).collect();
+        assert_eq!(phases, PHASES);
+        assert!(none.series.iter().all(|(_, n)| *n == 0.0));
+
+        let rollouts = [
+            rollout(Some("Progressing")),
+            rollout(Some("Progressing")),
+            rollout(Some("Aborted")),
+            rollout(None),
+        ];
+        assert_eq!(
+            count(&rollouts),
+            vec![
+                ("Pending".into(), 1.0),
+                ("Progressing".into(), 2.0),
+                ("Aborted".into(), 1.0)
+            ]
+        );
+    }
+
+    #[test]
+    fn every_metric_is_prefixed() {
         let mut registry = Registry::default();
         let m = register(&mut registry);
-        m.phase("shop/a", Some(RolloutPhase::Progressing));
-        m.phase("shop/b", Some(RolloutPhase::Progressing));
-        m.phase("shop/a", Some(RolloutPhase::Aborted));
-        m.phase("shop/b", None);
         m.weight_written(5);
         m.share(4.8);
         m.verdict(Verdict::Fail, VerdictReason::ThresholdBreached);
@@ -432,16 +434,8 @@ mod tests {
             .filter(|l| l.starts_with("# TYPE "))
             .filter_map(|l| l.split_whitespace().nth(2))
             .collect();
-        assert_eq!(names.len(), 14, "{text}");
+        assert_eq!(names.len(), 13, "{text}");
         assert!(names.iter().all(|n| n.starts_with("sluice_")), "{names:?}");
-        assert!(
-            text.contains("sluice_rollouts{phase=\"Progressing\"} 0"),
-            "{text}"
-        );
-        assert!(
-            text.contains("sluice_rollouts{phase=\"Aborted\"} 1"),
-            "{text}"
-        );
         assert!(
             text.contains("sluice_rollout_analysis_queries_per_tick 3"),
             "{text}"

@@ -1414,13 +1414,11 @@ async fn reconcile_on<K: Driven>(
     if deleting {
         // Every hand-back above succeeded (errors returned early): let the deletion finish.
         set_finalizer(&api, &name, &key, false).await?;
-        ctx.metrics.phase(&key, None);
         if let Some(a) = &ctx.analyzer {
             a.forget(&key);
         }
         return Ok(ControllerAction::await_change());
     }
-    ctx.metrics.phase(&key, Some(status.phase));
 
     let mut requeue = decision.requeue.after();
     if ctx.analyzer.is_some()

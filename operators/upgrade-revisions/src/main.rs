@@ -6,7 +6,6 @@ use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use clap::Parser;
 use sluice_analysis::ClusterGateArgs;
-use sluice_api::v1alpha1::RevisionUpgrade;
 use sluice_runtime::{Runtime, RuntimeArgs};
 use sluice_upgrade_revisions::{OPERATOR, metrics, reconcile};
 
@@ -65,9 +64,7 @@ async fn main() -> ExitCode {
         );
         ctx.allow_free_form_promql = cli.gates.allow_free_form_promql;
         ctx.leadership = rt.leadership()?;
-        rt.metrics
-            .objects()
-            .decided_by(|u: &RevisionUpgrade, _now| u.status.as_ref().map(metrics::object_signal));
+        metrics::read_at_scrape(&rt.metrics.objects());
         ctx.notifier = rt.notifier.clone();
         let _forgetting = ctx.forget_deleted(&rt.watch_client);
         rt.run(api, Arc::new(ctx), reconcile::reconcile).await?;

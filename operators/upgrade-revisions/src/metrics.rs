@@ -353,6 +353,14 @@ impl UpgradeMetrics {
     }
 }
 
+/// Says how a scrape reads the RevisionUpgrades the leader's store holds: each one's signal
+/// ([`object_signal`]). The operator calls it once at start-up.
+pub fn read_at_scrape(objects: &sluice_runtime::metrics::ObjectSignals) {
+    objects.decided_by(|u: &sluice_api::v1alpha1::RevisionUpgrade, _now| {
+        u.status.as_ref().map(object_signal)
+    });
+}
+
 /// What the per-object series (`sluice_object_*`, `sluice_runtime::metrics::ObjectSignals`)
 /// say about a RevisionUpgrade, from its status alone: its phase; the reason of a Ready
 /// condition that is False, else the Progressing condition's reason (why it is paused, soaking

@@ -6,7 +6,6 @@ use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use clap::Parser;
 use sluice_analysis::{Engine, EngineOptions, MetricsSourceArgs, PrometheusSource};
-use sluice_api::v1alpha1::WaveGate;
 use sluice_runtime::{Runtime, RuntimeArgs};
 use sluice_wave_gate::{OPERATOR, metrics, reconcile};
 
@@ -62,9 +61,7 @@ async fn main() -> ExitCode {
             }
         };
         let wave_metrics = metrics::register(&mut rt.registry);
-        rt.metrics
-            .objects()
-            .decided_by(|w: &WaveGate, _now| w.status.as_ref().map(metrics::object_signal));
+        metrics::read_at_scrape(&rt.metrics.objects());
         // A WaveGate's series (its verdicts and its site's) go when the leader's store no longer
         // holds it: when it is deleted, or when this replica stops leading.
         {

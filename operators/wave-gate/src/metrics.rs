@@ -440,6 +440,14 @@ impl WaveGateMetrics {
 /// The `kind` label of a WaveGate's per-object series.
 pub const OBJECT_KIND: &str = "WaveGate";
 
+/// Says how a scrape reads the WaveGates the leader's store holds: each one's signal
+/// ([`object_signal`]). The operator calls it once at start-up.
+pub fn read_at_scrape(objects: &sluice_runtime::metrics::ObjectSignals) {
+    objects.decided_by(|w: &sluice_api::v1alpha1::WaveGate, _now| {
+        w.status.as_ref().map(object_signal)
+    });
+}
+
 /// What the per-object series (`sluice_object_*`, `sluice_runtime::metrics::ObjectSignals`)
 /// say about a WaveGate, from its status alone: its phase; the halt's reason when Halted, else
 /// the reason of a Ready condition that is False, else the Progressing condition's reason; and

@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
 use sluice_chart_tests::{read_chart_file, sluice_metric_names};
+use sluice_runtime::metrics::{Metrics, ObjectSignals};
 
 /// Every operator's metrics and the shared runtime's, in one registry.
 fn registry() -> Registry {
@@ -17,7 +18,16 @@ fn registry() -> Registry {
     sluice_wave_gate::metrics::register(&mut registry);
     sluice_revert::metrics::register(&mut registry);
     sluice_upgrade_revisions::metrics::register(&mut registry);
-    sluice_runtime::metrics::Metrics::register(&mut registry);
+    // Each operator's runtime metrics, with the fleet gauges it reads at scrape time.
+    let reads: [fn(&ObjectSignals); 4] = [
+        sluice_rollout_weights::metrics::read_at_scrape,
+        sluice_wave_gate::metrics::read_at_scrape,
+        sluice_revert::metrics::read_at_scrape,
+        sluice_upgrade_revisions::metrics::read_at_scrape,
+    ];
+    for read in reads {
+        read(&Metrics::register(&mut registry).objects());
+    }
     registry
 }
 
@@ -136,13 +146,25 @@ fn every_dashboard_and_alert_metric_is_exported() {
 fn registered_names_are_read_with_their_prefixes() {
     let names = registered(&registry());
     for name in [
-        "sluice_rollouts",
+        "sluice_rollout_gate_verdicts",
         "sluice_wavegate_phase",
-        "sluice_revert_oldest_pin_age_seconds",
+        "sluice_revert_pin_duration_seconds",
         "sluice_upgrade_proxies",
         "sluice_leader",
     ] {
         assert!(names.contains(name), "{name} not among {names:?}");
+    }
+}
+
+#[test]
+fn the_fleet_gauges_read_at_scrape_time_are_exported() {
+    let exported = exported();
+    for name in [
+        "sluice_rollouts",
+        "sluice_revert_pins",
+        "sluice_revert_oldest_pin_age_seconds",
+    ] {
+        assert!(exported.contains(name), "{name} not among {exported:?}");
     }
 }
 

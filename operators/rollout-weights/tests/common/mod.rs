@@ -401,7 +401,8 @@ pub async fn create_rollout(client: &Client, rollout: &Rollout) {
 
 /// The controller running in-process.
 pub struct Controller {
-    pub registry: Registry,
+    /// The operator's own metrics and the runtime's (`sluice_object_*`, `sluice_rollouts`).
+    registries: [Registry; 2],
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
     /// The orphaned-ownership sweeps; they have no shutdown of their own, so `stop` aborts them.
@@ -467,7 +468,8 @@ impl Controller {
             }
         };
         let ctx = ctx.with_gate_template_cache(client.clone());
-        let (hooks, _) = Hooks::standalone();
+        let (hooks, shared) = Hooks::standalone();
+        metrics::read_at_scrape(&hooks.metrics.objects());
         let hooks = hooks.with_primary_changes(sluice_rollout_weights::PRIMARY_CHANGES);
         hooks.health.set_leader(true);
         let shutdown = CancellationToken::new();
@@ -486,7 +488,7 @@ impl Controller {
             extend,
         ));
         Controller {
-            registry,
+            registries: [registry, shared],
             shutdown,
             task,
             sweeps,
@@ -495,7 +497,8 @@ impl Controller {
 
     /// The operator's metrics, encoded.
     pub fn metrics(&self) -> String {
-        sluice_runtime::metrics::encode(&self.registry)
+        let [own, shared] = &self.registries;
+        sluice_runtime::metrics::encode(own) + &sluice_runtime::metrics::encode(shared)
     }
 
     /// Stops the controller, then the sweeps.
