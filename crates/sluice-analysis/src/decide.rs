@@ -631,10 +631,11 @@ fn finish(
 
 /// The verdict of a gate that could not be evaluated as configured (a missing GateTemplate, a
 /// variable its owner cannot supply, a query that cannot be built or run): Inconclusive, never a
-/// pass, with why in the message (at most 1,024 characters, cut on a character boundary). The
-/// Inconclusive streak and the Fail count carry over from `previous`, so the gate's sustained-
-/// Inconclusive policy applies after its deadline as for a metrics outage. Every operator that
-/// gates records such a gate through this one function.
+/// pass, with why in the message (at most 1,024 characters, cut on a character boundary) and the
+/// gate's name cut to the 63 characters a status' verdict holds. The Inconclusive streak and the
+/// Fail count carry over from `previous`, so the gate's sustained-Inconclusive policy applies
+/// after its deadline as for a metrics outage. Every operator that gates records such a gate
+/// through this one function.
 pub fn unevaluated(
     gate: &str,
     message: &str,
@@ -642,15 +643,7 @@ pub fn unevaluated(
     now: Timestamp,
 ) -> GateVerdict {
     GateVerdict {
-        gate: gate.to_owned(),
-        verdict: Verdict::Inconclusive,
-        reason: VerdictReason::QueryError,
         message: Some(message.chars().take(1024).collect()),
-        value: None,
-        baseline: None,
-        threshold: None,
-        samples: None,
-        min_samples: None,
         consecutive_failures: previous.map_or(0, |p| p.consecutive_failures),
         inconclusive_since: Some(
             previous
@@ -658,7 +651,12 @@ pub fn unevaluated(
                 .and_then(|p| p.inconclusive_since.clone())
                 .unwrap_or_else(|| time(now)),
         ),
-        evaluated_at: time(now),
+        ..GateVerdict::new(
+            gate.chars().take(63).collect::<String>(),
+            Verdict::Inconclusive,
+            VerdictReason::QueryError,
+            time(now),
+        )
     }
 }
 
@@ -1103,6 +1101,9 @@ mod tests {
             Some(1024)
         );
         assert!(first.message.as_deref().unwrap().ends_with('→'));
+        // A name longer than a verdict holds (a built-in gate's with a long suffix) is cut.
+        let named = unevaluated(&"g".repeat(70), "GateTemplate absent", None, t(0));
+        assert_eq!(named.gate, "g".repeat(63));
         assert_eq!(first.inconclusive_since, Some(time(t(0))));
         assert_eq!(action(&g, &first, t(0)), GateAction::Wait);
 

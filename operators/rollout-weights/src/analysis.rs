@@ -68,21 +68,6 @@ pub struct Misconfigured {
 
 pub use sluice_analysis::policy_action;
 
-/// The Inconclusive verdict of a misconfigured gate, carrying its streak from `previous`.
-fn misconfigured_verdict(
-    gate: &str,
-    message: &str,
-    previous: Option<&GateVerdict>,
-    now: Timestamp,
-) -> GateVerdict {
-    sluice_analysis::unevaluated(
-        gate,
-        &format!("configuration error: {message}"),
-        previous,
-        now,
-    )
-}
-
 /// What the analysis produced for the state machine.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Findings {
@@ -450,7 +435,8 @@ pub fn findings(plan: &Plan, outcomes: &[CheckOutcome], now: Timestamp) -> Findi
     let mut out = Findings::default();
     out.problems.extend(plan.refused.iter().cloned());
     for p in &plan.problems {
-        let v = misconfigured_verdict(&p.gate, &p.message, p.previous.as_ref(), now);
+        let message = format!("configuration error: {}", p.message);
+        let v = sluice_analysis::unevaluated(&p.gate, &message, p.previous.as_ref(), now);
         let act = policy_action(&plan.inconclusive, &v, now);
         out.problems.push(p.message.clone());
         out.gates.push((v, act));
@@ -484,7 +470,13 @@ pub fn findings(plan: &Plan, outcomes: &[CheckOutcome], now: Timestamp) -> Findi
             // A check that cannot be planned is a configuration problem, never an outage.
             Err(e) if plan.judged.contains(&check.gate.name) => {
                 let msg = format!("spec.gates {}: {e}", check.gate.name);
-                let v = misconfigured_verdict(&check.gate.name, &msg, check.previous.as_ref(), now);
+                let why = format!("configuration error: {msg}");
+                let v = sluice_analysis::unevaluated(
+                    &check.gate.name,
+                    &why,
+                    check.previous.as_ref(),
+                    now,
+                );
                 out.gates.push((v.clone(), action(&check.gate, &v, now)));
                 out.problems.push(msg);
             }
@@ -1255,19 +1247,13 @@ mod tests {
             ..Default::default()
         };
         let p = plan(&s, &status, ("shop", "checkout"), "c1", &HashMap::new());
-        let verdict = |gate: &str, v: sluice_api::v1alpha1::Verdict| GateVerdict {
-            gate: gate.into(),
-            verdict: v,
-            reason: sluice_api::v1alpha1::VerdictReason::ThresholdMet,
-            message: None,
-            value: None,
-            baseline: None,
-            threshold: None,
-            samples: None,
-            min_samples: None,
-            consecutive_failures: 0,
-            inconclusive_since: None,
-            evaluated_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t(0)),
+        let verdict = |gate: &str, v: sluice_api::v1alpha1::Verdict| {
+            GateVerdict::new(
+                gate,
+                v,
+                sluice_api::v1alpha1::VerdictReason::ThresholdMet,
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t(0)),
+            )
         };
         let measured = |v: Option<f64>| {
             Some(Observation::Measured {

@@ -270,7 +270,7 @@ pub(crate) async fn gates(
                 if !misconfigured.contains(&message) {
                     misconfigured.push(message);
                 }
-                let v = problem(
+                let v = sluice_analysis::unevaluated(
                     &check.gate.name,
                     &e.to_string(),
                     check.previous.as_ref(),
@@ -381,22 +381,6 @@ pub(crate) async fn pre_wave_baselines(
         }
     }
     (kept, why)
-}
-
-/// A gate that could not be evaluated: Inconclusive with the reason in the message, its streak
-/// carried from `previous` (the analysis crate's one rule for it).
-pub(crate) fn problem(
-    gate: &str,
-    message: &str,
-    previous: Option<&GateVerdict>,
-    now: Timestamp,
-) -> GateVerdict {
-    sluice_analysis::unevaluated(
-        &gate.chars().take(63).collect::<String>(),
-        message,
-        previous,
-        now,
-    )
 }
 
 /// `gate` resolved against the wave's GateTemplates, under the RevisionUpgrade's `inconclusive`

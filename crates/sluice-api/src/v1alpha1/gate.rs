@@ -788,6 +788,32 @@ pub struct GateVerdict {
     pub evaluated_at: Time,
 }
 
+impl GateVerdict {
+    /// The verdict `verdict` of `gate` for `reason` at `evaluated_at`, with no message, figures
+    /// or streak yet: what a judgement fills in, field by field.
+    pub fn new(
+        gate: impl Into<String>,
+        verdict: Verdict,
+        reason: VerdictReason,
+        evaluated_at: Time,
+    ) -> Self {
+        GateVerdict {
+            gate: gate.into(),
+            verdict,
+            reason,
+            message: None,
+            value: None,
+            baseline: None,
+            threshold: None,
+            samples: None,
+            min_samples: None,
+            consecutive_failures: 0,
+            inconclusive_since: None,
+            evaluated_at,
+        }
+    }
+}
+
 /// A baseline captured once from a pre-change window, kept in status so it survives restarts
 /// and can be batched.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]

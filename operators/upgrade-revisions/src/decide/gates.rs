@@ -43,12 +43,8 @@ pub(super) fn judge(
         .unwrap_or_default();
     let mut actions = Vec::new();
     for u in &report.unresolved {
-        let v = sluice_analysis::unevaluated(
-            &u.gate.chars().take(63).collect::<String>(),
-            &u.message,
-            find_verdict(previous, &u.gate),
-            now,
-        );
+        let v =
+            sluice_analysis::unevaluated(&u.gate, &u.message, find_verdict(previous, &u.gate), now);
         actions.push(sluice_analysis::policy_action(&spec.inconclusive, &v, now));
         judged.verdicts.push(v);
     }

@@ -78,18 +78,13 @@ mod held_after_soak {
         .unwrap();
         let now: Timestamp = "2027-01-15T08:00:20Z".parse().unwrap();
         let verdict = GateVerdict {
-            gate: "mesh-error-ratio".into(),
-            verdict: Verdict::Inconclusive,
-            reason: VerdictReason::NoData,
-            message: None,
-            value: None,
-            baseline: None,
-            threshold: None,
-            samples: None,
-            min_samples: None,
-            consecutive_failures: 0,
             inconclusive_since: Some(Time(now)),
-            evaluated_at: Time(now),
+            ..GateVerdict::new(
+                "mesh-error-ratio",
+                Verdict::Inconclusive,
+                VerdictReason::NoData,
+                Time(now),
+            )
         };
         let o = Observations {
             applications: vec![AppView {

@@ -53,21 +53,11 @@ pub fn gates_due(spec: &WaveGateSpec, status: &WaveGateStatus, now: Timestamp) -
 /// exporter): Inconclusive, reason Skipped. Reported, and never counted as a pass of that gate.
 pub fn skipped_verdict(gate: &str, now: Timestamp) -> GateVerdict {
     GateVerdict {
-        gate: gate.to_owned(),
-        verdict: Verdict::Inconclusive,
-        reason: VerdictReason::Skipped,
         message: Some(
             "skipped: driftGate.exporter is None (the platform has no drift exporter); proxies' acknowledgement is not checked"
                 .into(),
         ),
-        value: None,
-        baseline: None,
-        threshold: None,
-        samples: None,
-        min_samples: None,
-        consecutive_failures: 0,
-        inconclusive_since: None,
-        evaluated_at: Time(now),
+        ..GateVerdict::new(gate, Verdict::Inconclusive, VerdictReason::Skipped, Time(now))
     }
 }
 
