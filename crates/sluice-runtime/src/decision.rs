@@ -58,6 +58,16 @@ pub struct Decision<S, A> {
     pub requeue: Requeue,
 }
 
+impl<S, A: crate::events::Announces> Decision<S, A> {
+    /// The reasons of the Events the decision publishes, in order.
+    pub fn event_reasons(&self) -> Vec<&'static str> {
+        self.actions
+            .iter()
+            .filter_map(crate::events::Announces::event_reason)
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

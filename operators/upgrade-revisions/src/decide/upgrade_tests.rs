@@ -239,16 +239,6 @@ fn busy_for(d: &Decision) -> Duration {
         .unwrap_or_default()
 }
 
-fn event_reasons(d: &Decision) -> Vec<&'static str> {
-    d.actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Event(n) => Some(n.reason),
-            _ => None,
-        })
-        .collect()
-}
-
 /// Runs ticks one second apart until `stop` holds or 200 ticks passed; `lose` names ticks
 /// whose actions are lost (the operator died after writing status) and `again` ticks that
 /// are decided twice (a restarted operator deciding from the status just written).
@@ -329,7 +319,7 @@ fn first_tick_starts_the_first_wave_and_relabels_its_namespaces() {
         }]
     );
     assert_eq!(evictions(&d), 0, "no restart before the new label is seen");
-    assert!(event_reasons(&d).contains(&event_reasons::WAVE_STARTED));
+    assert!(d.event_reasons().contains(&event_reasons::WAVE_STARTED));
     assert_eq!(d.status.namespaces.len(), 1);
     assert_eq!(d.status.namespaces[0].state, NamespaceState::Restarting);
     assert_eq!(
@@ -406,12 +396,13 @@ fn full_upgrade_moves_every_wave_within_the_budget_and_retires_the_old_revision(
         per_tick.iter().all(|&(_, n)| n <= 19 + 19),
         "never more than the bucket and its refill over the 2 s horizon"
     );
-    let completes = event_reasons(&decide(
+    let completes = decide(
         &s,
         Some(&st),
         &observe(&model, Some(&st), GateAction::Proceed),
         t(tick * 1000 + 5000),
-    ));
+    )
+    .event_reasons();
     assert!(
         !completes.contains(&reasons::NO_OLD_PROXIES),
         "completion is announced once"
@@ -531,7 +522,7 @@ fn a_gate_failure_in_the_second_wave_retags_it_back_and_keeps_the_first() {
         t(401_000),
     );
     assert_eq!(d.status.resumes_handled, 1);
-    assert!(event_reasons(&d).contains(&event_reasons::RESUMED));
+    assert!(d.event_reasons().contains(&event_reasons::RESUMED));
     assert_eq!(d.status.current_wave.as_deref(), Some("tier-2"));
     assert!(d.actions.contains(&Action::Relabel {
         namespace: "b".into(),
@@ -545,7 +536,7 @@ fn a_gate_failure_in_the_second_wave_retags_it_back_and_keeps_the_first() {
         t(402_000),
     );
     assert!(
-        !event_reasons(&again).contains(&event_reasons::RESUMED),
+        !again.event_reasons().contains(&event_reasons::RESUMED),
         "a resume is acted on once"
     );
 }
@@ -734,7 +725,7 @@ fn manual_abort_rolls_back_the_current_wave() {
         t((tick + 1) * 1000),
     );
     assert_eq!(d.status.phase, RevisionUpgradePhase::RollingBack);
-    assert!(event_reasons(&d).contains(&reasons::ABORTED_MANUALLY));
+    assert!(d.event_reasons().contains(&reasons::ABORTED_MANUALLY));
     assert!(d.actions.contains(&Action::Relabel {
         namespace: "b".into(),
         from: "canary".into(),
@@ -770,7 +761,10 @@ fn relabel_back_by_someone_else_is_reported_and_not_fought() {
         &d.status.conditions,
         conditions::RELABELLED_BACK
     ));
-    assert!(event_reasons(&d).contains(&reasons::NAMESPACE_RELABELLED_BACK));
+    assert!(
+        d.event_reasons()
+            .contains(&reasons::NAMESPACE_RELABELLED_BACK)
+    );
     assert!(
         !d.actions
             .iter()
@@ -784,7 +778,8 @@ fn relabel_back_by_someone_else_is_reported_and_not_fought() {
         t((tick + 2) * 1000),
     );
     assert!(
-        !event_reasons(&d2).contains(&reasons::NAMESPACE_RELABELLED_BACK),
+        !d2.event_reasons()
+            .contains(&reasons::NAMESPACE_RELABELLED_BACK),
         "reported once"
     );
     assert_eq!(
@@ -860,7 +855,7 @@ fn holds_nothing_moves_without_tags_reading_or_while_paused() {
         .insert("canary".into(), "1-26".into());
     let d = decide(&s, None, &o, t(0));
     assert!(d.actions.iter().all(|a| matches!(a, Action::Event(_))));
-    assert!(event_reasons(&d).contains(&reasons::TAG_MISMATCH));
+    assert!(d.event_reasons().contains(&reasons::TAG_MISMATCH));
     assert_eq!(d.status.phase, RevisionUpgradePhase::Pending);
     // Paused.
     let mut paused = s.clone();
@@ -1247,7 +1242,7 @@ fn a_workload_without_a_pdb_keeps_its_floor_and_a_single_replica_surges() {
     assert!(r.message.contains("Job pod"), "{}", r.message);
     let overrides_reported = decisions
         .iter()
-        .flat_map(event_reasons)
+        .flat_map(|d| d.event_reasons())
         .filter(|r| *r == reasons::POD_REVISION_OVERRIDE)
         .count();
     assert_eq!(overrides_reported, 1, "the override is announced once");
@@ -1308,7 +1303,7 @@ fn a_replacement_back_on_the_old_revision_stops_its_workload() {
     );
     let warned = decisions
         .iter()
-        .flat_map(event_reasons)
+        .flat_map(|d| d.event_reasons())
         .filter(|r| *r == reasons::REINJECTED_BY_OLD_REVISION)
         .count();
     assert_eq!(warned, 1, "reported once");
@@ -1345,14 +1340,21 @@ fn namespaces_argo_cd_manages_are_reported_with_the_setting() {
         "{}",
         c.message
     );
-    assert!(event_reasons(&d).contains(&reasons::ARGO_CD_MANAGES_NAMESPACE_LABELS));
+    assert!(
+        d.event_reasons()
+            .contains(&reasons::ARGO_CD_MANAGES_NAMESPACE_LABELS)
+    );
     let again = decide(
         &spec(),
         Some(&d.status),
         &observe_floor(&model, Some(&d.status)),
         t(1000),
     );
-    assert!(!event_reasons(&again).contains(&reasons::ARGO_CD_MANAGES_NAMESPACE_LABELS));
+    assert!(
+        !again
+            .event_reasons()
+            .contains(&reasons::ARGO_CD_MANAGES_NAMESPACE_LABELS)
+    );
 }
 
 #[test]
@@ -1551,7 +1553,8 @@ fn an_unresolvable_gate_is_not_ready_and_the_upgrades_inconclusive_policy_applie
             o.gates = unresolvable(status.as_ref(), false);
             let d = decide(&s, status.as_ref(), &o, t(tick * 1000));
             model.apply(&d.actions);
-            warned += event_reasons(&d)
+            warned += d
+                .event_reasons()
                 .iter()
                 .filter(|r| **r == GATE_MISCONFIGURED)
                 .count();
@@ -1634,7 +1637,7 @@ fn a_fixed_gate_makes_the_upgrade_ready_again_at_its_next_evaluation() {
     o.gates = None;
     let d = decide(&s, status.as_ref(), &o, t(3000));
     assert_eq!(ready(&d.status).1, GATE_MISCONFIGURED);
-    assert!(event_reasons(&d).is_empty(), "{:?}", event_reasons(&d));
+    assert!(d.event_reasons().is_empty(), "{:?}", d.event_reasons());
     // Evaluated with every gate resolved: Ready again, from now, and no "spec accepted" again.
     let mut o = observe(&model, Some(&d.status), GateAction::Proceed);
     o.gates = unresolvable(Some(&d.status), true);
@@ -1646,9 +1649,9 @@ fn a_fixed_gate_makes_the_upgrade_ready_again_at_its_next_evaluation() {
     let c = cond::find(&d.status.conditions, conditions::READY).unwrap();
     assert_eq!(c.last_transition_time.0, t(4000));
     assert!(
-        !event_reasons(&d).contains(&cond::VALID),
+        !d.event_reasons().contains(&cond::VALID),
         "{:?}",
-        event_reasons(&d)
+        d.event_reasons()
     );
 }
 
@@ -1712,9 +1715,9 @@ fn a_finished_upgrade_does_not_keep_a_gate_misconfigured_ready_false() {
             "{policy}"
         );
         assert!(
-            !event_reasons(&next).contains(&GATE_MISCONFIGURED),
+            !next.event_reasons().contains(&GATE_MISCONFIGURED),
             "{policy}: {:?}",
-            event_reasons(&next)
+            next.event_reasons()
         );
     }
 }

@@ -122,16 +122,6 @@ fn all_gates(v: Verdict, at: i64) -> Option<Vec<EvaluatedGate>> {
     )
 }
 
-fn events(d: &Decision) -> Vec<&'static str> {
-    d.actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Event(n) => Some(n.reason),
-            _ => None,
-        })
-        .collect()
-}
-
 fn pins_of(d: &Decision) -> Vec<&PinPlan> {
     d.actions
         .iter()
@@ -198,7 +188,7 @@ fn adoption_then_wave_zero_admitted() {
     assert_eq!(d.status.phase, WaveGatePhase::Progressing);
     assert_eq!(d.status.current_wave.as_deref(), Some("canary"));
     assert_eq!(
-        events(&d),
+        d.event_reasons(),
         vec![
             reasons::VALID,
             reasons::APPLICATION_SET_OK,
@@ -335,7 +325,10 @@ fn unsafe_application_set_is_refused_table() {
             assert_eq!(d.status.phase, WaveGatePhase::Refused, "{reason}");
             let c = cond::find(&d.status.conditions, conditions::APPLICATION_SET_SAFE).unwrap();
             assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", reason));
-            assert!(events(&d).contains(&reason), "{reason}: a Warning Event");
+            assert!(
+                d.event_reasons().contains(&reason),
+                "{reason}: a Warning Event"
+            );
             assert_eq!(
                 d.status.decisions,
                 status.map(|s| s.decisions.clone()).unwrap_or_default(),
@@ -507,8 +500,8 @@ fn soak_and_gates_table() {
                 on(&[("c1", "b"), ("c2", "b"), ("c3", "b")]),
                 "{name}"
             );
-            assert!(events(&d).contains(&reasons::WAVE_PASSED));
-            assert!(events(&d).contains(&reasons::WAVE_ADMITTED));
+            assert!(d.event_reasons().contains(&reasons::WAVE_PASSED));
+            assert!(d.event_reasons().contains(&reasons::WAVE_ADMITTED));
         }
     }
 }
@@ -544,10 +537,13 @@ fn restart_during_a_soak_continues_the_same_soak() {
     assert_eq!(d.status.waves[0].converged_at, Some(Time(t(10))));
     assert_eq!(d.status.waves[0].admitted_at, Some(Time(t(0))));
     assert!(
-        !events(&d).contains(&reasons::WAVE_ADMITTED),
+        !d.event_reasons().contains(&reasons::WAVE_ADMITTED),
         "no re-admission"
     );
-    assert!(!events(&d).contains(&reasons::SOAKING), "no new soak");
+    assert!(
+        !d.event_reasons().contains(&reasons::SOAKING),
+        "no new soak"
+    );
     assert!(!d.actions.contains(&Action::NudgeApplicationSet));
 }
 
@@ -629,7 +625,7 @@ fn breach_halts_pins_admitted_clusters_then_sets_decisions_back() {
         on(&[("c1", "b"), ("c2", "a"), ("c3", "a")]),
         "decisions go back only after the pins exist"
     );
-    assert!(events(&halted).contains(&reasons::GATE_FAILED));
+    assert!(halted.event_reasons().contains(&reasons::GATE_FAILED));
 
     // A retried reconcile (pin creation failed) asks for the same pin again.
     let retry = run(&s, Some(&halted.status), &obs(&["c1"]), 16);
@@ -694,7 +690,7 @@ fn breach_halts_pins_admitted_clusters_then_sets_decisions_back() {
         WaveState::Pending,
         "no later wave admitted"
     );
-    assert!(events(&pinned).contains(&reasons::PINNED_BACK));
+    assert!(pinned.event_reasons().contains(&reasons::PINNED_BACK));
     let later = run(&s, Some(&pinned.status), &o, 100);
     assert_eq!(later.status, pinned.status, "a halt stays put");
     assert!(later.actions.is_empty());
@@ -736,7 +732,7 @@ fn new_revision_after_a_halt_table() {
                 "the halted revision is never a pin target"
             );
             assert_eq!(revisions(&d), on(&[("c1", "c"), ("c2", "a"), ("c3", "a")]));
-            assert!(events(&d).contains(&reasons::SUPERSEDED));
+            assert!(d.event_reasons().contains(&reasons::SUPERSEDED));
             let h = &d.status.history;
             assert_eq!(h[h.len() - 2].outcome, Some(ChangeOutcome::Halted));
         } else {
@@ -744,7 +740,7 @@ fn new_revision_after_a_halt_table() {
             assert_eq!(revisions(&d), on(&[("c1", "a"), ("c2", "a"), ("c3", "a")]));
             let c = cond::find(&d.status.conditions, conditions::PROGRESSING).unwrap();
             assert_eq!(c.reason, reasons::BLOCKED_BY_HALT);
-            assert!(events(&d).contains(&reasons::BLOCKED_BY_HALT));
+            assert!(d.event_reasons().contains(&reasons::BLOCKED_BY_HALT));
         }
     }
 }
@@ -766,7 +762,7 @@ fn a_new_revision_during_a_soak_starts_again_from_wave_zero() {
         "a fresh soak for the new revision"
     );
     assert_eq!(revisions(&d), on(&[("c1", "c"), ("c2", "a"), ("c3", "a")]));
-    assert!(events(&d).contains(&reasons::SUPERSEDED));
+    assert!(d.event_reasons().contains(&reasons::SUPERSEDED));
     let h = &d.status.history;
     assert_eq!(h[h.len() - 2].outcome, Some(ChangeOutcome::Superseded));
     assert_eq!(h[h.len() - 1].revision, rev('c'));
@@ -826,7 +822,10 @@ fn a_new_revision_with_the_previous_commit_is_refused() {
     assert_eq!(d.status.current_revision, Some(rev('b')), "not started");
     let c = cond::find(&d.status.conditions, types::PROGRESSING).unwrap();
     assert_eq!(c.reason, reasons::SOURCE_COMMIT_UNCHANGED, "{}", c.message);
-    assert!(events(&d).contains(&reasons::SOURCE_COMMIT_UNCHANGED));
+    assert!(
+        d.event_reasons()
+            .contains(&reasons::SOURCE_COMMIT_UNCHANGED)
+    );
     // With the new commit it starts.
     let fixed = spec_with(serde_json::json!({"revision": rev('c'), "sourceCommit": "cde5678"}));
     let d = run(&fixed, Some(&d.status), &obs(&["c1", "c2", "c3"]), 31);
@@ -940,7 +939,7 @@ fn emergency_admits_every_wave_audited() {
     assert_eq!(revisions(&d), on(&[("c1", "b"), ("c2", "b"), ("c3", "b")]));
     assert!(d.status.waves.iter().all(|w| w.state == WaveState::Skipped));
     assert_eq!(d.status.phase, WaveGatePhase::Complete);
-    assert!(events(&d).contains(&reasons::EMERGENCY));
+    assert!(d.event_reasons().contains(&reasons::EMERGENCY));
     let last = d.status.history.last().unwrap();
     assert_eq!(last.outcome, Some(ChangeOutcome::Emergency));
     assert!(last.reason.as_deref().unwrap().contains("CVE fix"));
@@ -960,7 +959,7 @@ fn an_emergency_for_another_revision_is_ignored() {
         "only the first wave moves; the spec is not refused"
     );
     assert_ne!(d.status.phase, WaveGatePhase::Complete);
-    assert!(!events(&d).contains(&reasons::EMERGENCY));
+    assert!(!d.event_reasons().contains(&reasons::EMERGENCY));
     assert!(crate::validity::problems(&s, false).is_empty());
 }
 
@@ -1033,7 +1032,7 @@ fn cross_site_waits_table() {
         let d = run(&sp, Some(&waiting), &o, 20);
         assert_eq!(d.status.waves[1].state, want, "{name}");
         if let Some(e) = event {
-            assert!(events(&d).contains(&e), "{name}");
+            assert!(d.event_reasons().contains(&e), "{name}");
             assert!(
                 d.status
                     .history
@@ -1104,7 +1103,7 @@ fn invalid_spec_publishes_nothing_new() {
     let d = run(&s, None, &obs(&[]), 0);
     assert_eq!(d.status.phase, WaveGatePhase::Refused);
     assert!(d.status.decisions.is_empty());
-    assert_eq!(events(&d), vec![reasons::INVALID_SPEC]);
+    assert_eq!(d.event_reasons(), vec![reasons::INVALID_SPEC]);
     assert_eq!(d.requeue, Requeue::AwaitChange);
 }
 
