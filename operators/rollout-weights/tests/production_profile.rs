@@ -4,8 +4,11 @@
 //! analysis plan and findings and the real engine run every 30 s of a virtual clock; a simulated
 //! mesh keeps Istio's counters (requests, 5xx, duration buckets) per Service from the weight the
 //! last route write set, and answers the engine's range queries from them. A healthy canary
-//! promotes, a canary whose 5xx ratio is 2.3× stable's aborts (reason GateFailed). A few seconds
-//! of real time per scenario.
+//! promotes, a canary whose 5xx ratio is 2.3× stable's aborts (reason GateFailed). The same
+//! holds for a Rollout on two routes (the ingress route and its east-west twin carrying 30% of
+//! the requests), also when the twin's writes land one interval after routeRef's: the plan is
+//! one, the gates judge the canary Service's requests from both. A few seconds of real time per
+//! scenario.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -16,10 +19,12 @@ use k8s_openapi::jiff::Timestamp;
 use sluice_analysis::{
     Engine, EngineOptions, MetricsSource, RangeValues, SeriesValue, SourceError,
 };
-use sluice_api::v1alpha1::rollout::{AbortReason, FIELD_MANAGER};
+use sluice_api::v1alpha1::rollout::{AbortReason, FIELD_MANAGER, RouteKindName};
 use sluice_api::v1alpha1::{RolloutPhase, RolloutSpec, RolloutStatus};
 use sluice_rollout_weights::analysis::{findings, plan, wants_analysis};
-use sluice_rollout_weights::step::{Action, Observations, RouteObs, RouteState, step};
+use sluice_rollout_weights::step::{
+    Action, AdditionalRouteObs, Observations, RouteObs, RouteState, step,
+};
 
 const STABLE: &str = "checkout-v1";
 const CANARY: &str = "checkout-v2";
@@ -166,20 +171,49 @@ impl MetricsSource for Mesh {
     }
 }
 
-fn spec(weights: &[u32]) -> RolloutSpec {
+fn spec(weights: &[u32], twin: Option<Twin>) -> RolloutSpec {
     let mut steps: Vec<serde_json::Value> = weights
         .iter()
         .map(|w| serde_json::json!({"setWeight": {"weight": w}}))
         .collect();
     steps.push(serde_json::json!({"promote": {}}));
+    let additional: Vec<serde_json::Value> = twin
+        .map(|_| serde_json::json!({"name": TWIN}))
+        .into_iter()
+        .collect();
     serde_json::from_value(serde_json::json!({
         "routeRef": {"name": "checkout"},
+        "additionalRoutes": additional,
         "stableService": {"name": STABLE},
         "canaryService": {"name": CANARY},
         "canaryWorkload": {"name": CANARY},
         "steps": steps,
     }))
     .unwrap()
+}
+
+/// The east-west twin of the ingress route, one of `spec.additionalRoutes`.
+const TWIN: &str = "checkout-mesh";
+
+/// How the twin route takes part: the share of all requests it carries, and how many intervals
+/// after routeRef's each of its writes lands (its write failing and retried meanwhile).
+#[derive(Clone, Copy, Debug)]
+struct Twin {
+    share_of_requests: f64,
+    lag_intervals: i64,
+}
+
+/// A route's state as the reconcile reads it: written by this Rollout once `written`.
+fn route_state(weight: u32, written: bool, version: i64) -> RouteState {
+    RouteState {
+        resource_version: Some(version.to_string()),
+        owner: written.then(|| "shop/checkout".to_owned()),
+        me: "shop/checkout".into(),
+        canary_weight: weight,
+        cohort: false,
+        mirror: false,
+        last_writer: written.then(|| FIELD_MANAGER.to_owned()),
+    }
 }
 
 /// Runs one Rollout on the virtual clock until it is Promoted or Aborted (or `limit` passes);
@@ -191,7 +225,20 @@ async fn run(
     seed: u64,
     limit: Duration,
 ) -> (RolloutStatus, Duration) {
-    let spec = spec(weights);
+    run_on(weights, None, rps, canary_error_ratio, seed, limit).await
+}
+
+/// [`run`] on routeRef and, when given, its `twin`. Every tick also checks the plan is one: the
+/// twin's recorded weight is routeRef's.
+async fn run_on(
+    weights: &[u32],
+    twin: Option<Twin>,
+    rps: f64,
+    canary_error_ratio: f64,
+    seed: u64,
+    limit: Duration,
+) -> (RolloutStatus, Duration) {
+    let spec = spec(weights, twin);
     let mesh = Mesh::default();
     let engine = Engine::new(mesh, EngineOptions::default()).unwrap();
     let mut rng = Rng(seed);
@@ -199,6 +246,10 @@ async fn run(
     let mut status = RolloutStatus::default();
     let mut weight = 0u32;
     let mut written = false;
+    // The twin's weight in force, whether this Rollout wrote it, its resource version, and the
+    // write on its way (weight, the tick it lands).
+    let (mut twin_weight, mut twin_written, mut twin_version) = (0u32, false, 0i64);
+    let mut twin_pending: Option<(u32, i64)> = None;
     let mut totals: HashMap<&'static str, Counters> = HashMap::new();
     let templates = HashMap::new();
     let mut tick = 0i64;
@@ -206,9 +257,13 @@ async fn run(
         // The interval that just ended: traffic split by the weight in force.
         let t_ms = start.as_millisecond() + tick * INTERVAL_S * 1000;
         let n = rps * INTERVAL_S as f64;
+        // The canary's share of the Service's requests: each route's weight over its requests.
+        let twin_share = twin.map_or(0.0, |t| t.share_of_requests);
+        let canary_share = (1.0 - twin_share) * f64::from(weight) / 100.0
+            + twin_share * f64::from(twin_weight) / 100.0;
         for (svc, share, ratio) in [
-            (CANARY, f64::from(weight) / 100.0, canary_error_ratio),
-            (STABLE, 1.0 - f64::from(weight) / 100.0, STABLE_ERROR_RATIO),
+            (CANARY, canary_share, canary_error_ratio),
+            (STABLE, 1.0 - canary_share, STABLE_ERROR_RATIO),
         ] {
             let errors = rng.poisson(n * share * ratio);
             let ok = rng.poisson(n * share * (1.0 - ratio));
@@ -225,21 +280,29 @@ async fn run(
             .unwrap()
             .insert(t_ms, totals.clone());
         // The reconcile, one second later.
-        let now = Timestamp::from_millisecond(t_ms + 1000).unwrap();
+        let now = now_of(t_ms);
+        // The twin's write lands (the interval just ended ran on its old weight).
+        if let Some((w, _)) = twin_pending.filter(|(_, due)| *due <= tick) {
+            (twin_weight, twin_written, twin_pending) = (w, true, None);
+            twin_version += 1;
+            if let Some(owned) = status.additional_owned_routes.first_mut() {
+                owned.weight_written_at.get_or_insert(Time(now_of(t_ms)));
+            }
+        }
         let mut obs = Observations {
             generation: Some(1),
             canary_ready: Some(true),
             canary_service: Some(true),
             canary_version: Some("v2".into()),
-            route: RouteObs::Present(RouteState {
-                resource_version: Some(tick.to_string()),
-                owner: written.then(|| "shop/checkout".to_owned()),
-                me: "shop/checkout".into(),
-                canary_weight: weight,
-                cohort: false,
-                mirror: false,
-                last_writer: written.then(|| FIELD_MANAGER.to_owned()),
-            }),
+            route: RouteObs::Present(route_state(weight, written, tick)),
+            additional_routes: twin
+                .map(|_| AdditionalRouteObs {
+                    kind: RouteKindName::HttpRoute,
+                    name: TWIN.into(),
+                    route: RouteObs::Present(route_state(twin_weight, twin_written, twin_version)),
+                })
+                .into_iter()
+                .collect(),
             ..Default::default()
         };
         if wants_analysis(&spec, &status) {
@@ -266,7 +329,34 @@ async fn run(
                 // The API server accepts the write at once (as the reconcile records it).
                 let owned = status.owned_route.get_or_insert_with(Default::default);
                 owned.weight_written_at.get_or_insert(Time(now));
+                // The twin's lands now or `lag_intervals` later (a write already on its way
+                // with the same weight is not sent again).
+                if let Some(t) = twin {
+                    let target = twin_pending.map_or(twin_weight, |(w, _)| w);
+                    if target != desired.weight || (!twin_written && twin_pending.is_none()) {
+                        twin_pending = Some((desired.weight, tick + t.lag_intervals));
+                    }
+                    if t.lag_intervals == 0 {
+                        (twin_weight, twin_written, twin_pending) = (desired.weight, true, None);
+                        twin_version += 1;
+                        if let Some(o) = status.additional_owned_routes.first_mut() {
+                            o.weight_written_at.get_or_insert(Time(now));
+                        }
+                    }
+                }
             }
+        }
+        if twin.is_some() && written {
+            // One plan: the twin's recorded weight is routeRef's at every tick.
+            let written_weight = |o: Option<&sluice_api::v1alpha1::rollout::OwnedRouteStatus>| {
+                o.and_then(|o| o.written_weight)
+            };
+            assert_eq!(
+                written_weight(status.additional_owned_routes.first()),
+                written_weight(status.owned_route.as_ref()),
+                "tick {tick}: {:?}",
+                status.additional_owned_routes
+            );
         }
         let elapsed = Duration::from_secs((tick * INTERVAL_S) as u64);
         if matches!(status.phase, RolloutPhase::Promoted | RolloutPhase::Aborted)
@@ -276,6 +366,11 @@ async fn run(
         }
         tick += 1;
     }
+}
+
+/// The reconcile's time for the interval boundary `t_ms`: one second later.
+fn now_of(t_ms: i64) -> Timestamp {
+    Timestamp::from_millisecond(t_ms + 1000).unwrap()
 }
 
 #[tokio::test]
@@ -363,4 +458,55 @@ async fn at_20_requests_per_second_a_healthy_1_percent_step_is_held_with_its_rea
         "{}",
         progressing.message
     );
+}
+
+#[tokio::test]
+async fn on_two_routes_at_production_settings_one_plan_promotes_a_healthy_canary_and_aborts_a_2_3x_one()
+ {
+    // The east-west twin carries 30% of the requests; its writes land with routeRef's, or one
+    // 30 s interval later (its write failing and retried meanwhile).
+    let limit = Duration::from_secs(4 * 3600);
+    for lag in [0, 1] {
+        let twin = Some(Twin {
+            share_of_requests: 0.3,
+            lag_intervals: lag,
+        });
+        for (rps, weights) in [(200.0, &[1, 5, 25, 50][..]), (20.0, &[5, 25, 50][..])] {
+            let (healthy, took) = run_on(weights, twin, rps, STABLE_ERROR_RATIO, 7, limit).await;
+            println!(
+                "two routes (twin lag {lag}), {rps} requests/s, steps {weights:?}, healthy: {:?} after {} s",
+                healthy.phase,
+                took.as_secs()
+            );
+            assert_eq!(
+                healthy.phase,
+                RolloutPhase::Promoted,
+                "lag {lag}, {rps} requests/s: a healthy canary promotes on both routes; conditions {:?}",
+                healthy.conditions
+            );
+            let twin_owned = &healthy.additional_owned_routes;
+            assert_eq!(twin_owned.len(), 1, "{twin_owned:?}");
+            assert_eq!(twin_owned[0].written_weight, Some(100), "{twin_owned:?}");
+
+            let (faulty, took) =
+                run_on(weights, twin, rps, STABLE_ERROR_RATIO * 2.3, 11, limit).await;
+            println!(
+                "two routes (twin lag {lag}), {rps} requests/s, steps {weights:?}, 2.3x: {:?} after {} s ({:?})",
+                faulty.phase,
+                took.as_secs(),
+                faulty.abort.as_ref().map(|a| a.message.clone())
+            );
+            assert_eq!(
+                faulty.abort.as_ref().map(|a| a.reason),
+                Some(AbortReason::GateFailed),
+                "lag {lag}, {rps} requests/s: 2.3x aborts on the gates, never on the share; {:?}",
+                faulty.conditions
+            );
+            assert_eq!(
+                faulty.additional_owned_routes[0].written_weight,
+                Some(0),
+                "the abort writes the twin back to 0 too"
+            );
+        }
+    }
 }
