@@ -665,6 +665,7 @@ async fn release<K: Driven>(
     api: &Api<K::Route>,
     route_name: &str,
     old: &Target,
+    abort: bool,
     crd: CrdSupport,
     key: &str,
 ) -> Result<(), ReconcileError> {
@@ -678,6 +679,9 @@ async fn release<K: Driven>(
     let ours = route::owner(&route) == Some(&old.owner);
     if !ours {
         return Ok(());
+    }
+    if !abort {
+        return hand_back::<K>(leadership, api, route_name, &old.owner).await;
     }
     match write_route::<K>(
         leadership,
@@ -707,13 +711,14 @@ async fn release_of<K: Driven>(
     ns: &str,
     route_name: &str,
     old: &Target,
+    abort: bool,
     key: &str,
 ) -> Result<(), ReconcileError> {
     let Some(crd) = ctx.crd_support::<K>().await else {
         return Ok(());
     };
     let api = K::api(ctx.client.clone(), Some(ns));
-    release::<K>(&ctx.leadership, &api, route_name, old, crd, key).await
+    release::<K>(&ctx.leadership, &api, route_name, old, abort, crd, key).await
 }
 
 /// The figures and log line of an abort's revert, once every route is reverted.
@@ -1303,6 +1308,7 @@ async fn reconcile_on<K: Driven>(
                 rule_name,
                 stable,
                 canary,
+                abort,
             } => {
                 let old = Target {
                     owner: target.owner.clone(),
@@ -1318,14 +1324,15 @@ async fn reconcile_on<K: Driven>(
                 };
                 match kind {
                     k if k.as_str() == K::KIND => {
-                        release::<K>(&ctx.leadership, &routes, route, &old, crd, &key).await?
+                        release::<K>(&ctx.leadership, &routes, route, &old, *abort, crd, &key)
+                            .await?
                     }
                     // routeRef.kind changed: the old route is of the other kind.
                     RouteKindName::HttpRoute => {
-                        release_of::<Http>(&ctx, &ns, route, &old, &key).await?
+                        release_of::<Http>(&ctx, &ns, route, &old, *abort, &key).await?
                     }
                     RouteKindName::GrpcRoute => {
-                        release_of::<Grpc>(&ctx, &ns, route, &old, &key).await?
+                        release_of::<Grpc>(&ctx, &ns, route, &old, *abort, &key).await?
                     }
                 }
                 ctx.metrics.route_write("Released");

@@ -6,7 +6,8 @@
 //! the last route reverted; deleting the Rollout hands both back. Prints `detect_to_revert_ms`
 //! (the abort decision → the last route reverted) and `abort_latency_ms` (fault → both routes
 //! seen at 0). A Rollout deleted after its routeRef is gone still takes the live canary off the
-//! other route and hands it back.
+//! other route and hands it back. A route that leaves `spec.additionalRoutes` after promotion is
+//! handed back at the promoted weight: no abort sends it back to the old version.
 
 mod common;
 
@@ -17,7 +18,7 @@ use std::{
 };
 
 use common::*;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use sluice_api::{external::http_route::HttpRoute, v1alpha1::rollout::AbortReason};
 use sluice_rollout_weights::route;
@@ -199,6 +200,71 @@ async fn deleting_after_the_route_ref_is_gone_reverts_and_hands_back_the_other_r
     let mesh = routes(&g.client).get("checkout-mesh").await.unwrap();
     assert_eq!(route::owner(&mesh), None, "checkout-mesh handed back");
     assert_eq!(weights(&mesh), (100, 0));
+
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_leaving_the_spec_after_promotion_keeps_the_promoted_weight_and_is_handed_back() {
+    let budget = Duration::from_secs(100);
+    let Some(g) = given(scenario("canary-promote", 4000.0)).await else {
+        return;
+    };
+    // Given a Rollout Promoted on both routes (100% canary).
+    let steps = json!([
+        {"setWeight": {"weight": 1, "duration": "3s"}},
+        {"promote": {}}
+    ]);
+    let ctl = start_on_both_routes(&g, steps).await;
+    rollout_until(&g.client, "Promoted", budget, |r| {
+        r.status
+            .as_ref()
+            .is_some_and(|s| s.phase == sluice_api::v1alpha1::RolloutPhase::Promoted)
+    })
+    .await;
+    let mesh = routes(&g.client).get("checkout-mesh").await.unwrap();
+    assert_eq!(weights(&mesh), (0, 100));
+
+    // When the east-west route leaves spec.additionalRoutes.
+    rollouts(&g.client)
+        .patch(
+            "checkout",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"additionalRoutes": null}})),
+        )
+        .await
+        .expect("additionalRoutes removed");
+
+    // Then it is handed back as it stands: the promoted canary keeps its traffic there, and
+    // routeRef stays owned at 100%.
+    let mesh = eventually("checkout-mesh handed back", budget, async || {
+        let r = routes(&g.client)
+            .get("checkout-mesh")
+            .await
+            .map_err(|e| e.to_string())?;
+        route::owner(&r)
+            .is_none()
+            .then_some(r.clone())
+            .ok_or(format!("{:?}", r.metadata.annotations))
+    })
+    .await;
+    assert_eq!(weights(&mesh), (0, 100), "the promoted weight is kept");
+    let main = routes(&g.client).get("checkout").await.unwrap();
+    assert_eq!(weights(&main), (0, 100));
+    assert_eq!(
+        route::owner(&main).map(String::as_str),
+        Some("shop/checkout")
+    );
+    let forgotten = rollout_until(&g.client, "the release recorded", budget, |r| {
+        r.status
+            .as_ref()
+            .is_some_and(|s| s.additional_owned_routes.is_empty())
+    })
+    .await;
+    assert_eq!(
+        forgotten.status.unwrap().phase,
+        sluice_api::v1alpha1::RolloutPhase::Promoted
+    );
 
     ctl.stop().await;
 }

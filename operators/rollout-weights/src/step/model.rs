@@ -87,7 +87,8 @@ pub enum Action {
     /// route the weights were written to (with the Services they were written for), then hand
     /// that route back. The reconcile forgets `status.ownedRoute` once both succeeded. Also for
     /// an additional route that left `spec.additionalRoutes` (or whose Services changed): the
-    /// reconcile then forgets its entry of `status.additionalOwnedRoutes`.
+    /// reconcile then forgets its entry of `status.additionalOwnedRoutes`. A Promoted rollout's
+    /// route is handed back as it stands, as a deletion would: no abort.
     Release {
         /// The kind of the route the weights were written to.
         kind: RouteKindName,
@@ -99,6 +100,9 @@ pub enum Action {
         stable: Option<String>,
         /// The canary Service written for (`None`: the spec's).
         canary: Option<String>,
+        /// Whether the canary is aborted on it before the hand-back (false once Promoted: the
+        /// promoted version keeps its traffic; the old one may already be scaled down).
+        abort: bool,
     },
 }
 

@@ -1,6 +1,9 @@
 //! The release check: the route, its rule or a Service changed under a running rollout, so the
 //! canary is aborted on the route the weights were written to, that route is handed back, and
-//! the rollout starts over from Pending. Never releases a route a BundlePin holds.
+//! the rollout starts over from Pending. A Promoted rollout's routes are handed back as they
+//! stand, as a deletion would: aborting them would send their traffic back to the version the
+//! promotion replaced, which may be scaled down by then. Never releases a route a BundlePin
+//! holds.
 
 use std::time::Duration;
 
@@ -49,8 +52,13 @@ impl Machine<'_> {
         let kind = spec.route_ref.kind.as_str();
         let old_kind = owned.kind.unwrap_or(spec.route_ref.kind);
         let was = old_kind.as_str();
+        let what = if self.aborts_on_release() {
+            "the canary is aborted on"
+        } else {
+            "the promoted canary keeps its weight on"
+        };
         let note = format!(
-            "the rollout's target changed ({was} {} with {} / {} -> {kind} {} with {} / {}): the canary is aborted on {was} {} and it is handed back; the rollout starts over",
+            "the rollout's target changed ({was} {} with {} / {} -> {kind} {} with {} / {}): {what} {was} {} and it is handed back; the rollout starts over",
             owned.name,
             owned.stable_service.as_deref().unwrap_or("?"),
             owned.canary_service.as_deref().unwrap_or("?"),
@@ -65,6 +73,7 @@ impl Machine<'_> {
             rule_name: owned.rule_name.clone(),
             stable: owned.stable_service.clone(),
             canary: owned.canary_service.clone(),
+            abort: self.aborts_on_release(),
         });
         self.event(Notice::warning(
             reasons::TARGET_CHANGED,
@@ -113,17 +122,25 @@ impl Machine<'_> {
                 continue;
             }
             let kind = o.kind.unwrap_or_default().as_str();
+            let what = if self.aborts_on_release() {
+                "the canary is aborted on it"
+            } else {
+                "the promoted canary keeps its weight on it"
+            };
             self.release(&o);
-            self.event(Notice::normal(reasons::TARGET_CHANGED,
+            self.event(Notice::normal(
+                reasons::TARGET_CHANGED,
                 event_actions::OWN,
                 format!(
-                    "{kind} {} left spec.additionalRoutes: the canary is aborted on it and it is handed back",
+                    "{kind} {} left spec.additionalRoutes: {what} and it is handed back",
                     o.name
-                )));
+                ),
+            ));
         }
     }
 
-    /// Aborts on the route `owned` records and hands it back (see [`Action::Release`]).
+    /// Aborts on the route `owned` records (unless Promoted) and hands it back (see
+    /// [`Action::Release`]).
     fn release(&mut self, owned: &OwnedRouteStatus) {
         self.actions.push(Action::Release {
             kind: owned.kind.unwrap_or_default(),
@@ -131,6 +148,13 @@ impl Machine<'_> {
             rule_name: owned.rule_name.clone(),
             stable: owned.stable_service.clone(),
             canary: owned.canary_service.clone(),
+            abort: self.aborts_on_release(),
         });
+    }
+
+    /// Whether a release aborts the canary first: not once Promoted (the status as read, before
+    /// this step starts over).
+    fn aborts_on_release(&self) -> bool {
+        self.next.phase != RolloutPhase::Promoted
     }
 }

@@ -624,9 +624,13 @@ fn kinds(d: &Decision) -> Vec<String> {
         .filter_map(|a| match a {
             Action::WriteRoute(w) => Some(format!("write {}", w.weight)),
             Action::HandBack => Some("hand back".into()),
-            Action::Release { kind, route, .. } => {
-                Some(format!("release {} {route}", kind.as_str()))
-            }
+            Action::Release {
+                kind, route, abort, ..
+            } => Some(format!(
+                "release {} {route}{}",
+                kind.as_str(),
+                if *abort { "" } else { " as promoted" }
+            )),
             Action::Event(_) => None,
         })
         .collect()
@@ -1477,6 +1481,110 @@ fn an_additional_route_removed_mid_rollout_is_released_and_the_rest_goes_on() {
         kinds(&d).contains(&"release HTTPRoute checkout-mesh".to_string()),
         "{:?}",
         kinds(&d)
+    );
+}
+
+/// The two-route Rollout of [`two_routes_live_at_five`] Promoted (100% canary on every route),
+/// and what it reads.
+fn two_routes_promoted() -> (RolloutSpec, Observations, RolloutStatus) {
+    let (s, mut obs, mut st) = two_routes_live_at_five();
+    st.phase = RolloutPhase::Promoted;
+    st.current_step_index = Some(2);
+    st.desired_weight = Some(100);
+    st.promoted_at = Some(Time(t(10)));
+    for o in st
+        .owned_route
+        .iter_mut()
+        .chain(&mut st.additional_owned_routes)
+    {
+        o.written_weight = Some(100);
+    }
+    obs.route = route(100, false);
+    obs.additional_routes = additional(route(100, false), route(100, false));
+    (s, obs, st)
+}
+
+#[test]
+fn a_promoted_rollouts_routes_are_handed_back_as_they_stand_when_its_target_changes() {
+    let (s, obs, promoted) = two_routes_promoted();
+    // Only the releases (a Promoted rollout's route write of 100% is a no-op the reconcile
+    // skips).
+    let releases = |d: &Decision| -> Vec<String> {
+        kinds(d)
+            .into_iter()
+            .filter(|k| k.starts_with("release"))
+            .collect()
+    };
+    let d = step(&s, promoted.clone(), &obs, t(20));
+    assert_eq!(d.status.phase, RolloutPhase::Promoted);
+    assert!(releases(&d).is_empty(), "{:?}", kinds(&d));
+    let notes = |d: &Decision| -> Vec<String> {
+        d.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Event(n) if n.reason == reasons::TARGET_CHANGED => Some(n.note.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+
+    // A route that leaves spec.additionalRoutes keeps the promoted canary's traffic: no abort
+    // sends it back to the version the promotion replaced.
+    let mut fewer = s.clone();
+    fewer.additional_routes.truncate(1);
+    let d = step(&fewer, promoted.clone(), &obs, t(20));
+    assert_eq!(
+        releases(&d),
+        vec!["release GRPCRoute checkout-grpc as promoted".to_string()]
+    );
+    assert!(
+        writes(&d).iter().all(|w| *w == 100),
+        "no weight but 100: {:?}",
+        kinds(&d)
+    );
+    assert_eq!(d.status.phase, RolloutPhase::Promoted);
+    assert_eq!(
+        notes(&d),
+        vec![
+            "GRPCRoute checkout-grpc left spec.additionalRoutes: the promoted canary keeps its weight on it and it is handed back"
+                .to_string()
+        ]
+    );
+
+    // The next release (a new canary Service): every route is handed back at 100% canary and
+    // the rollout starts over.
+    let mut next = s.clone();
+    next.canary_service.name = "v3".into();
+    let d = step(&next, promoted.clone(), &obs, t(20));
+    assert_eq!(
+        releases(&d),
+        vec![
+            "release HTTPRoute checkout-mesh as promoted".to_string(),
+            "release GRPCRoute checkout-grpc as promoted".into(),
+            "release HTTPRoute checkout as promoted".into(),
+        ]
+    );
+    assert_eq!(d.status.phase, RolloutPhase::Pending);
+    assert!(writes(&d).is_empty(), "{:?}", kinds(&d));
+    assert!(
+        notes(&d)[0].contains("the promoted canary keeps its weight on HTTPRoute checkout"),
+        "{:?}",
+        notes(&d)
+    );
+
+    // Before promotion the same edits abort first, as they always did.
+    let (s, obs, live) = two_routes_live_at_five();
+    let mut fewer = s.clone();
+    fewer.additional_routes.truncate(1);
+    let d = step(&fewer, live, &obs, t(20));
+    assert_eq!(
+        releases(&d),
+        vec!["release GRPCRoute checkout-grpc".to_string()]
+    );
+    assert!(
+        notes(&d)[0].contains("the canary is aborted on it"),
+        "{:?}",
+        notes(&d)
     );
 }
 
