@@ -420,6 +420,24 @@ impl ObjectSignals {
         *write(&self.led) = None;
     }
 
+    /// Calls `follow` with these signals every `period` (the first time after one period): an
+    /// operator's own series kept per object follow the leader's store with it, removed when
+    /// their object is deleted and all of them once this replica stops leading, so a dashboard
+    /// never shows a former leader's last figures beside the leader's.
+    pub fn follow_every(
+        &self,
+        period: Duration,
+        follow: impl Fn(&ObjectSignals) + Send + 'static,
+    ) -> tokio::task::JoinHandle<()> {
+        let objects = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                follow(&objects);
+            }
+        })
+    }
+
     /// `(namespace, name)` of every object of `kind` the leader's store holds (none while this
     /// replica does not lead).
     pub fn objects_of(&self, kind: &str) -> Vec<(String, String)> {

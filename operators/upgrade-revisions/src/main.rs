@@ -41,6 +41,15 @@ async fn main() -> ExitCode {
         let mut rt = Runtime::init(OPERATOR, cli.runtime).await?;
         let api = kube::Api::all(rt.watch_client.clone());
         let metrics = metrics::register(&mut rt.registry);
+        // An upgrade's series go when the leader's store no longer holds it: when it is deleted,
+        // or when this replica stops leading.
+        let followed = metrics.clone();
+        let _following =
+            rt.metrics
+                .objects()
+                .follow_every(Duration::from_secs(10), move |objects| {
+                    followed.follow(objects);
+                });
         // Evictions need a client that does not retry 429: a PodDisruptionBudget's refusal
         // must come back at once, so the tick moves on to other pods.
         let (mut config, _) = sluice_runtime::client::config(&rt.args).await?;

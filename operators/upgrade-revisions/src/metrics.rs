@@ -217,6 +217,23 @@ impl UpgradeMetrics {
             .collect()
     }
 
+    /// Removes the series of every upgrade the leader's store (`objects`, the runtime's
+    /// per-object series) does not hold: a deleted one, and all of them once this replica stops
+    /// leading (it then holds none), so a dashboard shows the leader's figures only, never a
+    /// former leader's last phase beside them. Called periodically; returns how many it removed.
+    pub fn follow(&self, objects: &sluice_runtime::metrics::ObjectSignals) -> usize {
+        let live: std::collections::BTreeSet<String> = objects
+            .objects_of(OBJECT_KIND)
+            .into_iter()
+            .map(|(_, name)| name)
+            .collect();
+        let gone: Vec<String> = self.upgrades().difference(&live).cloned().collect();
+        for upgrade in &gone {
+            self.forget(upgrade);
+        }
+        gone.len()
+    }
+
     /// Removes every series of upgrade `upgrade` (it was deleted): a dashboard shows what
     /// exists, not the last value of an upgrade that is gone.
     pub fn forget(&self, upgrade: &str) {
@@ -352,6 +369,9 @@ impl UpgradeMetrics {
             .set(i64::from(status.completed_at.is_some()));
     }
 }
+
+/// The `kind` label of a RevisionUpgrade's per-object series.
+pub const OBJECT_KIND: &str = "RevisionUpgrade";
 
 /// Says how a scrape reads the RevisionUpgrades the leader's store holds: each one's signal
 /// ([`object_signal`]). The operator calls it once at start-up.
@@ -524,6 +544,54 @@ mod tests {
         assert!(
             out.contains("sluice_upgrade_proxies{upgrade=\"b\",revision=\"1-27\"} 7"),
             "another upgrade's series stay: {out}"
+        );
+    }
+
+    #[test]
+    fn only_the_upgrades_the_leaders_store_holds_keep_series_and_none_once_it_steps_down() {
+        use kube::runtime::{reflector, watcher};
+        let mut registry = Registry::default();
+        let m = register(&mut registry);
+        for name in ["a", "b"] {
+            m.observe(
+                name,
+                &spec(),
+                &status(RevisionUpgradePhase::Progressing, &["w1"]),
+                &[("1-27".to_owned(), 3)].into_iter().collect(),
+                1,
+            );
+        }
+        let text = |registry: &Registry| {
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+            out
+        };
+        // Leading over a store that holds only `a` (`b` was deleted while the watch was down).
+        let objects = sluice_runtime::metrics::ObjectSignals::default();
+        let (store, mut writer) = reflector::store();
+        let a = sluice_api::v1alpha1::RevisionUpgrade::new("a", spec());
+        writer.apply_watcher_event(&watcher::Event::Apply(a));
+        objects.lead(store);
+        assert_eq!(m.follow(&objects), 1);
+        let out = text(&registry);
+        assert!(
+            out.contains("sluice_upgrade_phase{upgrade=\"a\",phase=\"Progressing\"} 1"),
+            "{out}"
+        );
+        assert!(
+            !out.contains("upgrade=\"b\""),
+            "a deleted upgrade keeps series:\n{out}"
+        );
+        assert_eq!(m.follow(&objects), 0, "nothing more to remove");
+
+        // This replica stops leading: its last figures go, so a dashboard's phase of `a` is the
+        // new leader's alone.
+        objects.step_down();
+        assert_eq!(m.follow(&objects), 1);
+        let out = text(&registry);
+        assert!(
+            !out.contains("upgrade=\"a\""),
+            "a former leader's series stay:\n{out}"
         );
     }
 

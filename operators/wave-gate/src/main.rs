@@ -64,15 +64,13 @@ async fn main() -> ExitCode {
         metrics::read_at_scrape(&rt.metrics.objects());
         // A WaveGate's series (its verdicts and its site's) go when the leader's store no longer
         // holds it: when it is deleted, or when this replica stops leading.
-        {
-            let (verdicts, objects) = (wave_metrics.clone(), rt.metrics.objects());
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(Duration::from_secs(10)).await;
-                    verdicts.follow(&objects);
-                }
+        let followed = wave_metrics.clone();
+        let _following = rt
+            .metrics
+            .objects()
+            .follow_every(Duration::from_secs(10), move |objects| {
+                followed.follow(objects);
             });
-        }
         let api = rt.namespaced_api();
         let leadership = rt.leadership()?;
         let ctx = Arc::new(reconcile::Context {
