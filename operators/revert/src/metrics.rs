@@ -1,7 +1,7 @@
 //! revert's metrics, all prefixed `sluice_revert_`: pins by phase, the age of the oldest active
 //! pin (the BundlePins dashboard's; the 2-hour page reads each pin's `sluice_object_*` series),
-//! time from BundlePin creation to every object
-//! applied, objects applied and pruned, refusals and releases by reason, git reverts by result.
+//! time from BundlePin creation to every object applied, objects applied and pruned, refusals
+//! and releases by reason, git reverts by result.
 //!
 //! Owns the metric names. Labels carry only bounded values (phases, reasons, results), never a
 //! pin's name or a digest. The pins by phase and the oldest pin's age are read from the
