@@ -986,18 +986,13 @@ mod tests {
         for (name, comparison, observation, owner, prev_failures, want, reason, failures) in cases {
             let g = gate(comparison);
             let previous = GateVerdict {
-                gate: "g".into(),
-                verdict: Verdict::Inconclusive,
-                reason: VerdictReason::Pending,
-                message: None,
-                value: None,
-                baseline: None,
-                threshold: None,
-                samples: None,
-                min_samples: None,
                 consecutive_failures: prev_failures,
-                inconclusive_since: None,
-                evaluated_at: time(t(0)),
+                ..GateVerdict::new(
+                    "g",
+                    Verdict::Inconclusive,
+                    VerdictReason::Pending,
+                    time(t(0)),
+                )
             };
             let v = decide(&g, &observation, Some(&previous), owner, t(30));
             assert_eq!(
@@ -1207,18 +1202,8 @@ mod tests {
             g.inconclusive_action = policy;
             g.inconclusive_after = Duration::from_secs(300);
             let v = GateVerdict {
-                gate: "g".into(),
-                verdict,
-                reason: VerdictReason::NoData,
-                message: None,
-                value: None,
-                baseline: None,
-                threshold: None,
-                samples: None,
-                min_samples: None,
-                consecutive_failures: 0,
                 inconclusive_since: (verdict == Verdict::Inconclusive).then(|| time(t(0))),
-                evaluated_at: time(t(lasted)),
+                ..GateVerdict::new("g", verdict, VerdictReason::NoData, time(t(lasted)))
             };
             assert_eq!(
                 action(&g, &v, t(lasted)),
