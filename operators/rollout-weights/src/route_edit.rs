@@ -207,9 +207,11 @@ pub enum EditError {
     /// A match of the managed rule already matches on the cohort header.
     #[strum(serialize = "InvalidSpec")]
     #[error(
-        "HTTPRoute {route}: the managed rule already matches on header {header}; choose another cohort header"
+        "{kind} {route}: the managed rule already matches on header {header}; choose another cohort header"
     )]
     CohortHeaderTaken {
+        /// Route kind (`HTTPRoute`, `GRPCRoute`).
+        kind: &'static str,
         /// Route name.
         route: String,
         /// Header name.
@@ -308,18 +310,6 @@ pub enum EditError {
         route: String,
         /// Canary Service.
         canary: String,
-    },
-    /// A step the route kind cannot carry (a header-cohort or mirror step on a GRPCRoute;
-    /// validation refuses those specs, so this is only reached by a spec it did not see).
-    #[strum(serialize = "InvalidSpec")]
-    #[error("{kind} {route}: a {what} step is not supported for a {kind}; use setWeight steps")]
-    Unsupported {
-        /// Route kind.
-        kind: &'static str,
-        /// Route name.
-        route: String,
-        /// headerCohort or mirror.
-        what: &'static str,
     },
 }
 
@@ -724,6 +714,7 @@ pub fn apply(
                 .any(|h| h.name.eq_ignore_ascii_case(&header.name))
         }) {
             return Err(EditError::CohortHeaderTaken {
+                kind: Http::KIND,
                 route: name,
                 header: header.name.clone(),
             });
@@ -871,6 +862,7 @@ mod tests {
             ),
             (
                 EditError::CohortHeaderTaken {
+                    kind: "HTTPRoute",
                     route: route(),
                     header: "x-canary".into(),
                 },
@@ -929,14 +921,6 @@ mod tests {
                 },
                 "RouteFull",
             ),
-            (
-                EditError::Unsupported {
-                    kind: "GRPCRoute",
-                    route: route(),
-                    what: "mirror",
-                },
-                "InvalidSpec",
-            ),
         ];
         for (e, category) in &table {
             // Every variant named: a new one fails to compile here until it has a row above.
@@ -951,8 +935,7 @@ mod tests {
                 | EditError::GrpcMirrorWouldCapture { .. }
                 | EditError::MirrorMatchesNothing { .. }
                 | EditError::OtherBackendWeighted { .. }
-                | EditError::NoBackendRoom { .. }
-                | EditError::Unsupported { .. } => {}
+                | EditError::NoBackendRoom { .. } => {}
             }
             assert_eq!(e.category(), *category, "{e:?}");
         }

@@ -17,9 +17,9 @@
 //! 0% to 100% with no live weight ever judged).
 //!
 //! The steps must fit the route kind (`route_kind_problems`), each problem naming its field: a
-//! GRPCRoute (`spec.routeRef.kind: GRPCRoute`) refuses header-cohort steps and mirror steps that
-//! name no `grpcMethods` (gRPC has no idempotent verb: only the methods the Rollout declares safe
-//! to receive twice are mirrored); an HTTPRoute refuses `grpcMethods`.
+//! GRPCRoute (`spec.routeRef.kind: GRPCRoute`) refuses mirror steps that name no `grpcMethods`
+//! (gRPC has no idempotent verb: only the methods the Rollout declares safe to receive twice are
+//! mirrored); an HTTPRoute refuses `grpcMethods`.
 //!
 //! With `spec.additionalRoutes` (`additional_route_problems`), mirror and header-cohort steps
 //! are refused: several routes share one plan of weight steps.
@@ -84,9 +84,8 @@ pub fn weight_plan_problems(spec: &RolloutSpec) -> Vec<String> {
     out
 }
 
-/// What the route kind cannot carry, each naming its field: on a GRPCRoute, header-cohort steps
-/// (the cohort rule is built for HTTPRoute only) and mirror steps without `grpcMethods` (gRPC has
-/// no idempotent verb to mirror by); on an HTTPRoute, `grpcMethods`.
+/// What the route kind cannot carry, each naming its field: on a GRPCRoute, mirror steps without
+/// `grpcMethods` (gRPC has no idempotent verb to mirror by); on an HTTPRoute, `grpcMethods`.
 pub fn route_kind_problems(spec: &RolloutSpec) -> Vec<String> {
     let mut out = Vec::new();
     if spec.route_ref.kind != RouteKindName::GrpcRoute {
@@ -105,12 +104,6 @@ pub fn route_kind_problems(spec: &RolloutSpec) -> Vec<String> {
         return out;
     }
     for (i, step) in spec.steps.iter().enumerate() {
-        if step.header_cohort.is_some() {
-            out.push(format!(
-                "spec.steps[{i}].headerCohort: not supported for a GRPCRoute (spec.routeRef.kind): \
-                 header-cohort rules are built for HTTPRoute only; use setWeight steps"
-            ));
-        }
         if step
             .mirror
             .as_ref()
@@ -272,7 +265,7 @@ mod tests {
     }
 
     #[test]
-    fn a_grpc_route_takes_weight_steps_and_mirrors_only_declared_methods() {
+    fn a_grpc_route_takes_weight_and_cohort_steps_and_mirrors_only_declared_methods() {
         let on = |kind: &str| {
             spec(serde_json::json!({
                 "routeRef": {"kind": kind, "name": "payments"},
@@ -287,9 +280,6 @@ mod tests {
         assert_eq!(
             problems(&on("GRPCRoute"), false),
             vec![
-                "spec.steps[0].headerCohort: not supported for a GRPCRoute (spec.routeRef.kind): \
-                 header-cohort rules are built for HTTPRoute only; use setWeight steps"
-                    .to_owned(),
                 "spec.steps[1].mirror.grpcMethods: required for a GRPCRoute \
                  (spec.routeRef.kind): gRPC has no idempotent method to mirror by, so name each \
                  method that is safe to receive twice (service and method), or remove the step"

@@ -3,7 +3,8 @@
 //! `promoteThroughStep`, the manual promotion): a Rollout whose `routeRef.kind` is GRPCRoute goes
 //! 0 → 5% → 50% → 100% promoted, an abort sets the canary weight to 0 and the deletion then
 //! hands the route back, a mirror step copies only the methods it declares and goes with the
-//! first weight, an orphaned ownership annotation is removed, and a missing GRPCRoute CRD is a
+//! first weight, a header-cohort step sends the calls carrying its header to the canary, is kept
+//! into the 5% step with `keepCohort` and goes with the abort, an orphaned ownership annotation is removed, and a missing GRPCRoute CRD is a
 //! condition naming it until it is installed (then GRPCRoutes are watched without a restart). Every field the operator does not own (parentRefs, hostnames,
 //! matches, filters, the other backendRefs and their fields, the other rule) is compared with
 //! the route as first stored, as serialized JSON text.
@@ -383,6 +384,104 @@ async fn a_mirror_step_on_a_grpcroute_copies_only_the_declared_methods_then_goes
     )
     .await;
     assert_eq!(spec_text(&at_five), expected_spec(&original, 95, 5));
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cohort_step_on_a_grpcroute_sends_the_header_to_the_canary_is_kept_then_goes_with_the_abort()
+ {
+    let Some(g) = given_route(GRPC, RouteCrd::Installed).await else {
+        return;
+    };
+    let client = g.client.clone();
+    let api = grpc_routes(&client);
+    let original = api.get(ROUTE).await.unwrap();
+    let ctl = Controller::start_on(&client, GRPC, None).await;
+    create_rollout(
+        &client,
+        &rollout_on(
+            GRPC,
+            json!([
+                {"headerCohort": {"header": {"name": "x-cohort", "value": "staff"}}},
+                {"setWeight": {"weight": 5}},
+                {"promote": {}}
+            ]),
+            json!({
+                "stepDuration": "600s", "appliedShareDeadline": "600s", "gates": [],
+                "keepCohort": true
+            }),
+        ),
+    )
+    .await;
+
+    // The cohort rule: the charge rule (filters kept) whose match also requires x-cohort:
+    // staff, sending to the canary only, just before the charge rule; the rest as read. The
+    // released v1.6.1 schema accepts it.
+    let mut cohort = original.data["spec"]["rules"][0].clone();
+    cohort["name"] = json!("sluice-cohort");
+    cohort["matches"][0]["headers"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "Exact", "name": "x-cohort", "value": "staff"}));
+    cohort["backendRefs"] =
+        json!([{"group": "", "kind": "Service", "name": CANARY, "port": 80, "weight": 1}]);
+    let with_cohort = |spec: &str| {
+        let mut spec: Value = serde_json::from_str(spec).unwrap();
+        spec["rules"]
+            .as_array_mut()
+            .unwrap()
+            .insert(0, cohort.clone());
+        serde_json::to_string(&spec).unwrap()
+    };
+    let first = eventually("the cohort rule on the GRPCRoute", BUDGET, async || {
+        let r = api.get(ROUTE).await.map_err(|e| e.to_string())?;
+        if r.data["spec"]["rules"][0]["name"] == "sluice-cohort" {
+            Ok(r)
+        } else {
+            Err(spec_text(&r))
+        }
+    })
+    .await;
+    assert_eq!(
+        spec_text(&first),
+        with_cohort(&serde_json::to_string(&original.data["spec"]).unwrap())
+    );
+    assert_eq!(owner(&first).as_deref(), Some("shop/checkout"));
+    assert_eq!(foreign_metadata(&first), foreign_metadata(&original));
+    rollout_until(&client, "the cohort recorded", BUDGET, |r| {
+        r.status.as_ref().is_some_and(|s| s.cohort_active)
+    })
+    .await;
+
+    // Kept into the 5% step (keepCohort): one write sets 5% with the cohort rule still there.
+    control(&client, json!({"promoteThroughStep": 0})).await;
+    let at_five = eventually("5% with the cohort kept", BUDGET, async || {
+        let r = api.get(ROUTE).await.map_err(|e| e.to_string())?;
+        let managed = &r.data["spec"]["rules"][1]["backendRefs"];
+        if managed[1]["weight"] == 5 {
+            Ok(r)
+        } else {
+            Err(spec_text(&r))
+        }
+    })
+    .await;
+    assert_eq!(
+        spec_text(&at_five),
+        with_cohort(&expected_spec(&original, 95, 5))
+    );
+
+    // The abort removes the cohort rule in the same write that sets the canary to 0.
+    control(&client, json!({"abort": true})).await;
+    let aborted = eventually("the abort on the GRPCRoute", BUDGET, async || {
+        let r = api.get(ROUTE).await.map_err(|e| e.to_string())?;
+        if r.data["spec"]["rules"][0]["name"] == "charge" {
+            Ok(r)
+        } else {
+            Err(spec_text(&r))
+        }
+    })
+    .await;
+    assert_eq!(spec_text(&aborted), expected_spec(&original, 100, 0));
     ctl.stop().await;
 }
 

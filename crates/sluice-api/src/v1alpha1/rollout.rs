@@ -248,8 +248,8 @@ impl RolloutSpec {
 #[serde(rename_all = "camelCase")]
 pub struct RouteRef {
     /// Kind of the route (gateway.networking.k8s.io/v1): `HTTPRoute` or `GRPCRoute`. Default:
-    /// HTTPRoute. A GRPCRoute takes weight steps and mirror steps that name their
-    /// `grpcMethods` (header-cohort steps are refused for it).
+    /// HTTPRoute. A GRPCRoute takes weight steps, header-cohort steps (the header is matched
+    /// as gRPC metadata) and mirror steps that name their `grpcMethods`.
     #[serde(default, skip_serializing_if = "RouteKindName::is_http")]
     pub kind: RouteKindName,
     /// Name of the route, in the Rollout's namespace.
@@ -270,7 +270,7 @@ pub enum RouteKindName {
     #[default]
     #[serde(rename = "HTTPRoute")]
     HttpRoute,
-    /// GRPCRoute (weight steps, and mirror steps naming their gRPC methods).
+    /// GRPCRoute (weight and header-cohort steps, and mirror steps naming their gRPC methods).
     #[serde(rename = "GRPCRoute")]
     GrpcRoute,
 }

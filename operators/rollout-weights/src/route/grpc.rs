@@ -1,17 +1,27 @@
 //! GRPCRoute (gateway.networking.k8s.io/v1, Gateway API v1.6.1 standard channel), the second
-//! [`RouteKind`], driven by weight steps and by mirror steps that name their gRPC methods
-//! (validation refuses header-cohort steps on it, and a mirror step without `grpcMethods`: gRPC
-//! has no idempotent verb, so only the methods the Rollout declares safe to receive twice are
-//! mirrored). A GRPCRoute is handled as a dynamic object: only `spec.rules[].name`,
+//! [`RouteKind`], driven by weight steps, header-cohort steps and mirror steps that name their
+//! gRPC methods (validation refuses a mirror step without `grpcMethods`: gRPC has no idempotent
+//! verb, so only the methods the Rollout declares safe to receive twice are mirrored). A
+//! GRPCRoute is handled as a dynamic object: only `spec.rules[].name`,
 //! `spec.rules[].backendRefs[]` (name, group, kind, namespace, weight), the managed rule's
-//! `matches[].method` and, to rule out a clash, the other rules' matches and the routes'
-//! parentRefs and hostnames are read. Only a backendRef's `weight` is written (and the canary's
-//! backendRef added when a live weight needs it), plus the mirror rule `sluice-mirror` while a
-//! mirror step runs: a copy of the managed rule whose matches are narrowed to the mirrored
-//! methods (`method: {type: Exact, service, method}`), with a `RequestMirror` filter to the
-//! canary Service, placed just before the managed rule. Everything else (parentRefs, hostnames,
-//! other matches, filters, other backendRefs' fields, unknown fields) stays as read. Never does
-//! I/O.
+//! `matches[]` (method and headers) and, to rule out a clash, the other rules' matches and the
+//! routes' parentRefs and hostnames are read. Only a backendRef's `weight` is written (and the
+//! canary's backendRef added when a live weight needs it), plus this operator's rules, placed
+//! just before the managed rule:
+//!
+//! - the cohort rule `sluice-cohort` while a header-cohort step runs (or is kept): a copy of the
+//!   managed rule whose every match also requires the cohort header (a `GRPCHeaderMatch`), sending
+//!   to the canary Service only. GRPCRoute precedence ranks the service, then the method, then
+//!   the number of header matches, so one header more outranks the managed rule's match; while
+//!   the mirror rule is there it also holds each mirrored method with the header, since an
+//!   exact method outranks any header count (a cohort call of a mirrored method would otherwise
+//!   land on the mirror rule, on stable);
+//! - the mirror rule `sluice-mirror` while a mirror step runs: a copy of the managed rule whose
+//!   matches are narrowed to the mirrored methods (`method: {type: Exact, service, method}`),
+//!   with a `RequestMirror` filter to the canary Service.
+//!
+//! Everything else (parentRefs, hostnames, other matches, filters, other backendRefs' fields,
+//! unknown fields) stays as read. Never does I/O.
 
 use kube::{
     Api, Client,
@@ -22,14 +32,16 @@ use sluice_api::{
     external::http_route::{FILTER_REQUEST_MIRROR, MAX_BACKEND_REFS, ParentReference},
     v1alpha1::{
         RolloutSpec,
-        rollout::{GrpcMethod, reasons},
+        rollout::{GrpcMethod, HeaderMatch, HeaderMatchType, reasons},
     },
 };
 
 use super::{Driven, RouteKind};
 use crate::{
     observe, route,
-    route_edit::{self, Attachment, CrdSupport, Desired, EditError, MIRROR_RULE, Mirror, Target},
+    route_edit::{
+        self, Attachment, COHORT_RULE, CrdSupport, Desired, EditError, MIRROR_RULE, Target,
+    },
     step::{RouteObs, RouteState, desired_at},
 };
 
@@ -167,12 +179,13 @@ fn canary_backend(stable: Option<&Value>, target: &Target, weight: i32) -> Value
 }
 
 /// Returns the GRPCRoute with the managed rule's canary weight set to `desired.weight` percent
-/// (stable gets the rest), the mirror rule present exactly when `desired.mirror` asks for it,
-/// and ownership taken; every other field is carried over unchanged. Like the HTTPRoute
-/// editor: another weighted backend of the managed rule is refused (or set to 0 with
-/// `zeroOtherBackends`) unless the weight is 0, the canary's backendRef is added only for a
-/// live weight, and a mirror rule that would take requests another rule of the route serves
-/// today is refused.
+/// (stable gets the rest), the cohort and mirror rules present exactly when `desired.cohort`
+/// and `desired.mirror` ask for them, and ownership taken; every other field is carried over
+/// unchanged. Like the HTTPRoute editor: another weighted backend of the managed rule is
+/// refused (or set to 0 with `zeroOtherBackends`) unless the weight is 0, the canary's
+/// backendRef is added only for a live weight, a cohort header the managed rule already
+/// matches on is refused, and a mirror rule that would take requests another rule of the route
+/// serves today is refused.
 pub fn apply(
     route: &DynamicObject,
     target: &Target,
@@ -180,13 +193,12 @@ pub fn apply(
     crd: CrdSupport,
 ) -> Result<DynamicObject, EditError> {
     let name = route_name(route);
-    let unsupported = |what| EditError::Unsupported {
-        kind: Grpc::KIND,
-        route: name.clone(),
-        what,
-    };
-    if desired.cohort.is_some() {
-        return Err(unsupported("headerCohort"));
+    if desired.cohort.is_some() && !crd.rule_name {
+        return Err(EditError::FieldPruned {
+            kind: Grpc::KIND,
+            field: "spec.rules[].name",
+            what: "headerCohort",
+        });
     }
     if let Some(m) = &desired.mirror {
         let pruned = if !crd.rule_name {
@@ -248,8 +260,8 @@ pub fn apply(
             Grpc::set_weight(&mut out, index, &target.stable, 100 - canary);
         }
     }
-    if let Some(mirror) = &desired.mirror {
-        with_mirror_rule(&mut out, index, target, mirror, &name)?;
+    if desired.cohort.is_some() || desired.mirror.is_some() {
+        with_our_rules(&mut out, index, target, desired, &name)?;
     } else {
         without_our_rules(&mut out);
     }
@@ -379,13 +391,50 @@ fn capture_error(route: &str, whose: String, rule: String, generated: &Value) ->
     }
 }
 
-/// Rebuilds the mirror rule from the managed rule (index `index`, already weighted) just before
-/// it: its matches narrowed to the mirrored methods, a RequestMirror filter to the canary added.
-fn with_mirror_rule(
+/// `m` also requiring the cohort header.
+fn with_header(m: &Value, header: &HeaderMatch) -> Value {
+    let mut m = m.clone();
+    let h = json!({
+        "type": match header.match_type {
+            HeaderMatchType::Exact => "Exact",
+            HeaderMatchType::RegularExpression => "RegularExpression",
+        },
+        "name": header.name,
+        "value": header.value,
+    });
+    match m["headers"].as_array_mut() {
+        Some(headers) => headers.push(h),
+        None => m["headers"] = json!([h]),
+    }
+    m
+}
+
+/// The canary Service as a backendRef of a rule this operator adds (its port from the managed
+/// rule's stable backendRef, as the weighted one).
+fn canary_ref(managed: &Value, target: &Target) -> Map<String, Value> {
+    let stable = managed["backendRefs"]
+        .as_array()
+        .and_then(|refs| refs.iter().find(|b| is_service(b, &target.stable)));
+    let mut backend = Map::new();
+    backend.insert("group".into(), Value::from(""));
+    backend.insert("kind".into(), Value::from("Service"));
+    backend.insert("name".into(), Value::from(target.canary.clone()));
+    if let Some(port) = canary_backend(stable, target, 0).get("port") {
+        backend.insert("port".into(), port.clone());
+    }
+    backend
+}
+
+/// Rebuilds this operator's rules from the managed rule (index `index`, already weighted), in
+/// the order cohort, mirror, managed: the cohort rule when `desired.cohort` asks for it (the
+/// managed rule's matches and, with a mirror, each mirrored method, every one with the cohort
+/// header; the canary Service its only backendRef), the mirror rule when `desired.mirror` does
+/// (its matches narrowed to the mirrored methods, a RequestMirror filter to the canary added).
+fn with_our_rules(
     route: &mut DynamicObject,
     index: usize,
     target: &Target,
-    mirror: &Mirror,
+    desired: &Desired,
     name: &str,
 ) -> Result<(), EditError> {
     let mut kept: Vec<Value> = Vec::new();
@@ -400,57 +449,91 @@ fn with_mirror_rule(
         kept.push(r.clone());
     }
     let managed = kept[managed_at].clone();
-    let generated = mirror_matches(&matches_of(&managed), &mirror.grpc_methods);
-    if generated.is_empty() {
-        return Err(EditError::MirrorMatchesNothing {
-            route: name.to_owned(),
-            methods: mirror
-                .grpc_methods
-                .iter()
-                .map(|g| format!("{}/{}", g.service, g.method))
-                .collect::<Vec<_>>()
-                .join(", "),
+    let base = matches_of(&managed);
+    let generated = match &desired.mirror {
+        Some(mirror) => {
+            let generated = mirror_matches(&base, &mirror.grpc_methods);
+            if generated.is_empty() {
+                return Err(EditError::MirrorMatchesNothing {
+                    route: name.to_owned(),
+                    methods: mirror
+                        .grpc_methods
+                        .iter()
+                        .map(|g| format!("{}/{}", g.service, g.method))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
+            if let Some((rule, g)) = captured(&kept, Some(managed_at), &generated) {
+                return Err(capture_error(name, "this route".into(), rule, g));
+            }
+            generated
+        }
+        None => Vec::new(),
+    };
+    let mut added: Vec<(&'static str, Value)> = Vec::new();
+    if let Some(header) = &desired.cohort {
+        let taken = base.iter().any(|m| {
+            m["headers"].as_array().into_iter().flatten().any(|h| {
+                h["name"]
+                    .as_str()
+                    .is_some_and(|n| n.eq_ignore_ascii_case(&header.name))
+            })
         });
+        if taken {
+            return Err(EditError::CohortHeaderTaken {
+                kind: Grpc::KIND,
+                route: name.to_owned(),
+                header: header.name.clone(),
+            });
+        }
+        let mut matches: Vec<Value> = base.iter().map(|m| with_header(m, header)).collect();
+        for g in generated.iter().filter(|g| !base.contains(g)) {
+            matches.push(with_header(g, header));
+        }
+        let mut backend = canary_ref(&managed, target);
+        backend.insert("weight".into(), Value::from(1));
+        let mut rule = managed.clone();
+        rule["name"] = Value::from(COHORT_RULE);
+        rule["matches"] = Value::Array(matches);
+        rule["backendRefs"] = json!([Value::Object(backend)]);
+        added.push(("headerCohort", rule));
     }
-    if let Some((rule, g)) = captured(&kept, Some(managed_at), &generated) {
-        return Err(capture_error(name, "this route".into(), rule, g));
+    if let Some(mirror) = &desired.mirror {
+        let mut request_mirror = Map::new();
+        request_mirror.insert(
+            "backendRef".into(),
+            Value::Object(canary_ref(&managed, target)),
+        );
+        if mirror.percent < 100 {
+            request_mirror.insert("percent".into(), Value::from(mirror.percent));
+        }
+        let mut rule = managed;
+        rule["name"] = Value::from(MIRROR_RULE);
+        rule["matches"] = Value::Array(generated);
+        let filter = json!({"type": FILTER_REQUEST_MIRROR, "requestMirror": request_mirror});
+        match rule["filters"].as_array_mut() {
+            Some(filters) => filters.push(filter),
+            None => rule["filters"] = json!([filter]),
+        }
+        added.push(("mirror", rule));
     }
-    let stable = managed["backendRefs"]
-        .as_array()
-        .and_then(|refs| refs.iter().find(|b| is_service(b, &target.stable)));
-    let mut backend = Map::new();
-    backend.insert("group".into(), Value::from(""));
-    backend.insert("kind".into(), Value::from("Service"));
-    backend.insert("name".into(), Value::from(target.canary.clone()));
-    if let Some(port) = canary_backend(stable, target, 0).get("port") {
-        backend.insert("port".into(), port.clone());
-    }
-    let mut request_mirror = Map::new();
-    request_mirror.insert("backendRef".into(), Value::Object(backend));
-    if mirror.percent < 100 {
-        request_mirror.insert("percent".into(), Value::from(mirror.percent));
-    }
-    let mut rule = managed;
-    rule["name"] = Value::from(MIRROR_RULE);
-    let count = generated.len();
-    rule["matches"] = Value::Array(generated);
-    let filter = json!({"type": FILTER_REQUEST_MIRROR, "requestMirror": request_mirror});
-    match rule["filters"].as_array_mut() {
-        Some(filters) => filters.push(filter),
-        None => rule["filters"] = json!([filter]),
-    }
-    kept.insert(managed_at, rule);
-    let matches: usize = kept.iter().map(|r| matches_of(r).len()).sum();
-    if kept.len() > MAX_RULES || matches > MAX_MATCHES || count > MAX_RULE_MATCHES {
-        return Err(EditError::RouteFull {
-            kind: Grpc::KIND,
-            route: name.to_owned(),
-            what: "mirror",
-            rules: kept.len(),
-            matches,
-            max_rules: MAX_RULES,
-            max_matches: MAX_MATCHES,
-        });
+    for (what, rule) in added {
+        let count = matches_of(&rule).len();
+        kept.insert(managed_at, rule);
+        managed_at += 1;
+        let matches: usize = kept.iter().map(|r| matches_of(r).len()).sum();
+        if kept.len() > MAX_RULES || matches > MAX_MATCHES || count > MAX_RULE_MATCHES {
+            return Err(EditError::RouteFull {
+                kind: Grpc::KIND,
+                route: name.to_owned(),
+                what,
+                rules: kept.len(),
+                matches,
+                max_rules: MAX_RULES,
+                max_matches: MAX_MATCHES,
+            });
+        }
     }
     route.data["spec"]["rules"] = Value::Array(kept);
     Ok(())
@@ -540,7 +623,7 @@ impl Driven for Grpc {
             owner: route::owner(route).cloned(),
             me: target.owner.clone(),
             canary_weight,
-            cohort: false,
+            cohort: Self::rule_by_name(route, COHORT_RULE).is_some(),
             mirror: Self::rule_by_name(route, MIRROR_RULE).is_some(),
             last_writer: observe::rules_writer(&route.metadata),
         };
@@ -599,7 +682,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::route;
+    use crate::{route, route_edit::Mirror};
 
     /// A GRPCRoute as Gateway API v1.6.1 allows it, with a field no release defines.
     fn doc() -> Value {
@@ -820,7 +903,7 @@ mod tests {
     }
 
     #[test]
-    fn another_weighted_backend_is_refused_or_zeroed_and_cohort_is_unsupported() {
+    fn another_weighted_backend_is_refused_or_zeroed_and_a_cohort_header_taken_is_refused() {
         let r = grpc_route();
         let t = target("payments-canary");
         let err = apply(&r, &t, &weight(5), CrdSupport::ALL).unwrap_err();
@@ -842,17 +925,18 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![json!(95), json!(5), json!(0), json!(0)]
         );
-        let cohort = Desired {
+        // The managed rule already matches on x-tenant: a cohort on it cannot be told apart.
+        let taken = Desired {
             cohort: Some(
-                serde_json::from_value(json!({"name": "x-cohort", "value": "staff"})).unwrap(),
+                serde_json::from_value(json!({"name": "X-Tenant", "value": "staff"})).unwrap(),
             ),
-            ..weight(5)
+            ..weight(0)
         };
-        let err = apply(&r, &t, &cohort, CrdSupport::ALL).unwrap_err();
+        let err = apply(&r, &t, &taken, CrdSupport::ALL).unwrap_err();
         assert_eq!(err.category(), "InvalidSpec");
         assert_eq!(
             err.to_string(),
-            "GRPCRoute payments: a headerCohort step is not supported for a GRPCRoute; use setWeight steps"
+            "GRPCRoute payments: the managed rule already matches on header X-Tenant; choose another cohort header"
         );
         let missing = Target {
             rule_name: Some("refund".into()),
@@ -995,6 +1079,127 @@ mod tests {
             panic!("governable")
         };
         assert!(!state.mirror);
+    }
+
+    fn cohort(d: Desired) -> Desired {
+        Desired {
+            cohort: Some(
+                serde_json::from_value(json!({"name": "x-cohort", "value": "staff"})).unwrap(),
+            ),
+            ..d
+        }
+    }
+
+    /// The ledger's spec with `steps`.
+    fn ledger_spec(steps: Value) -> RolloutSpec {
+        serde_json::from_value(json!({
+            "routeRef": {"kind": "GRPCRoute", "name": "ledger"},
+            "stableService": {"name": "payments-stable"},
+            "canaryService": {"name": "payments-canary"},
+            "canaryWorkload": {"name": "payments-canary"},
+            "steps": steps
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_cohort_step_adds_one_rule_with_the_header_on_every_match_and_abort_removes_it() {
+        let r: DynamicObject = serde_json::from_value(ledger()).unwrap();
+        let t = ledger_target();
+        let d = cohort(weight(0));
+        let out = apply(&r, &t, &d, CrdSupport::ALL).unwrap();
+        let rules = out.data["spec"]["rules"].as_array().unwrap();
+        assert_eq!(rules.len(), 3, "{rules:#?}");
+        // The cohort rule: the managed rule (filters kept) whose every match also requires the
+        // cohort header, sending to the canary only, just before it.
+        let mut expect = ledger()["spec"]["rules"][0].clone();
+        expect["name"] = json!("sluice-cohort");
+        expect["matches"] = json!([
+            {"method": {"service": "pay.v1.Ledger"},
+             "headers": [{"type": "Exact", "name": "x-cohort", "value": "staff"}]},
+            {"method": {"type": "Exact", "service": "pay.v1.Ledger", "method": "Post"},
+             "headers": [{"name": "x-tenant", "value": "a"}, {"type": "Exact", "name": "x-cohort", "value": "staff"}]}
+        ]);
+        expect["backendRefs"] = json!([
+            {"group": "", "kind": "Service", "name": "payments-canary", "port": 9000, "weight": 1}
+        ]);
+        assert_eq!(rules[0], expect);
+        // The managed rule and the other rule as read (no live weight yet).
+        assert_eq!(rules[1], ledger()["spec"]["rules"][0]);
+        assert_eq!(rules[2], ledger()["spec"]["rules"][1]);
+        // The same state again is the same route: no write.
+        assert_eq!(apply(&out, &t, &d, CrdSupport::ALL), Ok(out.clone()));
+        // Kept into a 5% step: the cohort rule stays, the managed rule is weighted.
+        let kept = apply(&out, &t, &cohort(weight(5)), CrdSupport::ALL).unwrap();
+        assert_eq!(kept.data["spec"]["rules"][0], expect);
+        assert_eq!(
+            kept.data["spec"]["rules"][1]["backendRefs"],
+            json!([
+                {"name": "payments-stable", "port": 9000, "weight": 95},
+                {"name": "payments-canary", "port": 9000, "weight": 5}
+            ])
+        );
+        // Abort and a weight step without the cohort: the rule goes in the same write.
+        let aborted = apply(&kept, &t, &Desired::abort(), CrdSupport::ALL).unwrap();
+        assert_eq!(aborted.data["spec"], ledger()["spec"]);
+        let weighted = apply(&out, &t, &weight(5), CrdSupport::ALL).unwrap();
+        assert_eq!(weighted.data["spec"]["rules"].as_array().unwrap().len(), 2);
+        // Observed as the cohort rule; its step fits the route.
+        let spec = ledger_spec(json!([
+            {"headerCohort": {"header": {"name": "x-cohort", "value": "staff"}}},
+            {"setWeight": {"weight": 5}}
+        ]));
+        let RouteObs::Present(state) = Grpc::observe(&out, &[], &t, &spec, CrdSupport::ALL) else {
+            panic!("governable")
+        };
+        assert!(state.cohort && !state.mirror);
+        let RouteObs::Present(state) = Grpc::observe(&aborted, &[], &t, &spec, CrdSupport::ALL)
+        else {
+            panic!("governable")
+        };
+        assert!(!state.cohort);
+        // A CRD that prunes rule names cannot keep the rule apart.
+        let pruning = CrdSupport {
+            rule_name: false,
+            mirror_percent: false,
+        };
+        let err = apply(&r, &t, &d, pruning).unwrap_err();
+        assert_eq!(err.category(), "RouteFieldPruned");
+    }
+
+    #[test]
+    fn with_a_mirror_the_cohort_rule_also_holds_each_mirrored_method_so_cohort_calls_reach_the_canary()
+     {
+        let r: DynamicObject = serde_json::from_value(ledger()).unwrap();
+        let t = ledger_target();
+        let d = cohort(mirroring(10, &[("pay.v1.Ledger", "GetBalance")]));
+        let out = apply(&r, &t, &d, CrdSupport::ALL).unwrap();
+        let rules = out.data["spec"]["rules"].as_array().unwrap();
+        let names: Vec<&str> = rules.iter().map(|r| r["name"].as_str().unwrap()).collect();
+        assert_eq!(
+            names,
+            ["sluice-cohort", "sluice-mirror", "ledger", "health"]
+        );
+        // The mirrored method's exact match outranks any header count, so the cohort rule holds
+        // it with the header too (one header more than the mirror rule's match).
+        assert_eq!(
+            rules[0]["matches"],
+            json!([
+                {"method": {"service": "pay.v1.Ledger"},
+                 "headers": [{"type": "Exact", "name": "x-cohort", "value": "staff"}]},
+                {"method": {"type": "Exact", "service": "pay.v1.Ledger", "method": "Post"},
+                 "headers": [{"name": "x-tenant", "value": "a"}, {"type": "Exact", "name": "x-cohort", "value": "staff"}]},
+                {"method": {"type": "Exact", "service": "pay.v1.Ledger", "method": "GetBalance"},
+                 "headers": [{"type": "Exact", "name": "x-cohort", "value": "staff"}]}
+            ])
+        );
+        assert_eq!(
+            rules[1]["matches"],
+            json!([{"method": {"type": "Exact", "service": "pay.v1.Ledger", "method": "GetBalance"}}])
+        );
+        assert_eq!(apply(&out, &t, &d, CrdSupport::ALL), Ok(out.clone()));
+        let aborted = apply(&out, &t, &Desired::abort(), CrdSupport::ALL).unwrap();
+        assert_eq!(aborted.data["spec"], ledger()["spec"]);
     }
 
     #[test]

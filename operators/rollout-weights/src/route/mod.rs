@@ -6,8 +6,9 @@
 //! finding the managed rule.
 //!
 //! Implementations: [`http::Http`] (HTTPRoute, the default of a Rollout's `routeRef.kind`) and
-//! [`grpc::Grpc`] (GRPCRoute: weight steps only). Each kind keeps every field it does not name
-//! exactly as read, so a read-modify-write never drops foreign configuration. [`Driven`] is
+//! [`grpc::Grpc`] (GRPCRoute: weight, header-cohort and mirror steps). Each kind keeps every
+//! field it does not name exactly as read, so a read-modify-write never drops foreign
+//! configuration. [`Driven`] is
 //! what the reconcile needs of a kind on top (its observations, its editor, what a missing route
 //! or CRD looks like); the reconcile, the triggers and the orphan controller are generic over
 //! it and dispatch on `spec.routeRef.kind`. Must never do I/O beyond building an API handle, and
