@@ -819,13 +819,15 @@ struct Additional<K: Driven> {
 
 impl<K: Driven> Additional<K> {
     /// Reads route `r` (of kind `K`) as the primary is read: its CRD installed, the route, and
-    /// the state machine's view of it against its own managed rule.
+    /// the state machine's view of it against its own managed rule; with `with_others` (a step
+    /// mirrors), also the namespace's routes of its kind its mirror rule competes with.
     async fn read(
         ctx: &Context,
         ns: &str,
         spec: &sluice_api::v1alpha1::RolloutSpec,
         r: &sluice_api::v1alpha1::rollout::RouteRef,
         primary: &Target,
+        with_others: bool,
         key: &str,
     ) -> Result<(Self, RouteObs), ReconcileError> {
         let target = Target {
@@ -846,10 +848,20 @@ impl<K: Driven> Additional<K> {
                 .await
                 .map_err(read_err(K::describe(&r.name), key))?,
         };
+        let others = match &latest {
+            Some(_) if with_others => {
+                routes
+                    .list(&Default::default())
+                    .await
+                    .map_err(read_err(format!("{}s in {ns}", K::KIND), key))?
+                    .items
+            }
+            _ => Vec::new(),
+        };
         let obs = match (&latest, not_installed) {
             (_, Some(obs)) => obs,
             (None, None) => K::missing(&r.name),
-            (Some(route), None) => K::observe(route, &[], &target, spec, crd),
+            (Some(route), None) => K::observe(route, &others, &target, spec, crd),
         };
         let me = Self {
             name: r.name.clone(),
@@ -937,12 +949,14 @@ enum AnyAdditional {
 }
 
 impl AnyAdditional {
-    /// Reads every one of `spec.additionalRoutes`, in order, with what the state machine sees.
+    /// Reads every one of `spec.additionalRoutes`, in order, with what the state machine sees
+    /// (`with_others`: as [`Additional::read`]).
     async fn read_all(
         ctx: &Context,
         ns: &str,
         spec: &sluice_api::v1alpha1::RolloutSpec,
         primary: &Target,
+        with_others: bool,
         key: &str,
     ) -> Result<(Vec<Self>, Vec<crate::step::AdditionalRouteObs>), ReconcileError> {
         let mut routes = Vec::new();
@@ -950,11 +964,15 @@ impl AnyAdditional {
         for r in &spec.additional_routes {
             let (route, obs) = match r.kind {
                 RouteKindName::HttpRoute => {
-                    let (a, o) = Additional::<Http>::read(ctx, ns, spec, r, primary, key).await?;
+                    let (a, o) =
+                        Additional::<Http>::read(ctx, ns, spec, r, primary, with_others, key)
+                            .await?;
                     (AnyAdditional::Http(a), o)
                 }
                 RouteKindName::GrpcRoute => {
-                    let (a, o) = Additional::<Grpc>::read(ctx, ns, spec, r, primary, key).await?;
+                    let (a, o) =
+                        Additional::<Grpc>::read(ctx, ns, spec, r, primary, with_others, key)
+                            .await?;
                     (AnyAdditional::Grpc(a), o)
                 }
             };
@@ -1039,9 +1057,9 @@ async fn reconcile_on<K: Driven>(
     };
     // A mirror rule competes with every route on the same parent and hostname: the namespace's
     // routes are read only when a step mirrors.
-    let mirrors = obj.spec.steps.iter().any(|s| s.mirror.is_some());
+    let with_others = !deleting && obj.spec.steps.iter().any(|s| s.mirror.is_some());
     let others = match &route {
-        Some(_) if mirrors && !deleting => {
+        Some(_) if with_others => {
             routes
                 .list(&Default::default())
                 .await
@@ -1056,7 +1074,7 @@ async fn reconcile_on<K: Driven>(
         (Some(r), None) => K::observe(r, &others, &target, &obj.spec, crd),
     };
     let (mut additional, additional_obs) =
-        AnyAdditional::read_all(&ctx, &ns, &obj.spec, &target, &key).await?;
+        AnyAdditional::read_all(&ctx, &ns, &obj.spec, &target, with_others, &key).await?;
     let current = obj.status.clone().unwrap_or_default();
     // Readiness before any live weight; the version whenever a plan runs (a new version
     // restarts it).

@@ -21,8 +21,9 @@
 //! (gRPC has no idempotent verb: only the methods the Rollout declares safe to receive twice are
 //! mirrored); an HTTPRoute refuses `grpcMethods`.
 //!
-//! With `spec.additionalRoutes` (`additional_route_problems`), mirror and header-cohort steps
-//! are refused: several routes share one plan of weight steps.
+//! With `spec.additionalRoutes` (`additional_route_problems`), every route takes every step of
+//! the one plan; only a mirror step with routes of two kinds is refused (its methods are named
+//! for one kind).
 //!
 //! Pure; never reads the cluster.
 
@@ -119,28 +120,34 @@ pub fn route_kind_problems(spec: &RolloutSpec) -> Vec<String> {
     out
 }
 
-/// What several routes cannot carry, each naming its field: with `spec.additionalRoutes`, mirror
-/// and header-cohort steps (their rules are written to one route and measured on its requests;
-/// the same plan on every route is weight steps only).
+/// What several routes cannot carry, each naming its field: with `spec.additionalRoutes` of
+/// another kind than `spec.routeRef`'s, mirror steps (a mirror step names the methods of one
+/// route kind: `methods` for HTTPRoute, `grpcMethods` for GRPCRoute). Every route takes the
+/// plan's every step otherwise, header-cohort and mirror steps included.
 pub fn additional_route_problems(spec: &RolloutSpec) -> Vec<String> {
-    if spec.additional_routes.is_empty() {
+    let Some(other) = spec
+        .additional_routes
+        .iter()
+        .find(|r| r.kind != spec.route_ref.kind)
+    else {
         return Vec::new();
-    }
-    let mut out = Vec::new();
-    for (i, step) in spec.steps.iter().enumerate() {
-        let form = if step.mirror.is_some() {
-            "mirror"
-        } else if step.header_cohort.is_some() {
-            "headerCohort"
-        } else {
-            continue;
-        };
-        out.push(format!(
-            "spec.steps[{i}].{form}: not supported with spec.additionalRoutes: every route \
-             takes the same weight steps; remove the step or the additional routes"
-        ));
-    }
-    out
+    };
+    spec.steps
+        .iter()
+        .enumerate()
+        .filter(|(_, step)| step.mirror.is_some())
+        .map(|(i, _)| {
+            format!(
+                "spec.steps[{i}].mirror: not supported with spec.additionalRoutes of another kind \
+                 ({} {}, beside {} {}): a mirror step names the methods of one route kind; \
+                 remove the step or route every route of the plan with one kind",
+                other.kind.as_str(),
+                other.name,
+                spec.route_ref.kind.as_str(),
+                spec.route_ref.name
+            )
+        })
+        .collect()
 }
 
 /// What is wrong with a gate's PromQL once its variables have values, if anything. Unknown
@@ -349,24 +356,26 @@ mod tests {
     }
 
     #[test]
-    fn additional_routes_refuse_mirror_and_cohort_steps_naming_the_step() {
+    fn additional_routes_take_every_step_and_only_a_mirror_across_two_kinds_is_refused() {
         let steps = serde_json::json!({"steps": [
             {"mirror": {}},
             {"headerCohort": {"header": {"name": "x-cohort", "value": "staff"}}},
             {"setWeight": {"weight": 5}},
         ]});
-        assert!(additional_route_problems(&spec(steps.clone())).is_empty());
-        let mut both = steps.clone();
-        both["additionalRoutes"] = serde_json::json!([{"name": "checkout-mesh"}]);
-        let got = additional_route_problems(&spec(both));
-        assert_eq!(got.len(), 2, "{got:?}");
-        assert!(
-            got[0].starts_with("spec.steps[0].mirror: not supported with spec.additionalRoutes")
-        );
-        assert!(
-            got[1].starts_with(
-                "spec.steps[1].headerCohort: not supported with spec.additionalRoutes"
-            )
+        let mut same_kind = steps.clone();
+        same_kind["additionalRoutes"] = serde_json::json!([{"name": "checkout-mesh"}]);
+        assert_eq!(problems(&spec(same_kind), false), Vec::<String>::new());
+        let mut two_kinds = steps.clone();
+        two_kinds["additionalRoutes"] = serde_json::json!([{"name": "checkout-mesh"}, {"kind": "GRPCRoute", "name": "checkout-grpc"}]);
+        assert_eq!(
+            additional_route_problems(&spec(two_kinds)),
+            vec![
+                "spec.steps[0].mirror: not supported with spec.additionalRoutes of another kind \
+                 (GRPCRoute checkout-grpc, beside HTTPRoute checkout): a mirror step names the \
+                 methods of one route kind; remove the step or route every route of the plan \
+                 with one kind"
+                    .to_owned()
+            ]
         );
         let weights = spec(serde_json::json!({"additionalRoutes": [{"name": "checkout-mesh"}]}));
         assert!(problems(&weights, true).is_empty());

@@ -7,7 +7,8 @@
 //! (the abort decision → the last route reverted) and `abort_latency_ms` (fault → both routes
 //! seen at 0). A Rollout deleted after its routeRef is gone still takes the live canary off the
 //! other route and hands it back. A route that leaves `spec.additionalRoutes` after promotion is
-//! handed back at the promoted weight: no abort sends it back to the old version.
+//! handed back at the promoted weight: no abort sends it back to the old version. Mirror and
+//! header-cohort steps go to both routes, and the first weight step takes their rules off both.
 
 mod common;
 
@@ -41,6 +42,9 @@ fn mesh_route() -> HttpRoute {
     }))
     .unwrap()
 }
+
+/// This operator's rules (names) on (checkout, checkout-mesh).
+type OurRules = (Vec<String>, Vec<String>);
 
 /// Canary weights seen on (checkout, checkout-mesh) by a fast poller, in order, deduplicated.
 type Seen = Arc<Mutex<Vec<(i32, i32)>>>;
@@ -266,5 +270,75 @@ async fn a_route_leaving_the_spec_after_promotion_keeps_the_promoted_weight_and_
         sluice_api::v1alpha1::RolloutPhase::Promoted
     );
 
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mirror_and_cohort_steps_go_to_both_routes_and_the_first_weight_takes_them_off_both() {
+    let budget = Duration::from_secs(100);
+    let Some(g) = given(scenario("canary-promote", 4000.0)).await else {
+        return;
+    };
+    let steps = json!([
+        {"mirror": {"percent": 50, "duration": "3s"}},
+        {"headerCohort": {"header": {"name": "x-cohort", "value": "staff"}, "duration": "3s"}},
+        {"setWeight": {"weight": 5, "duration": "3s"}},
+        {"promote": {}}
+    ]);
+    let ctl = start_on_both_routes(&g, steps).await;
+    // This operator's rules on (checkout, checkout-mesh), as a fast poller sees them.
+    let ours = |r: &HttpRoute| -> Vec<String> {
+        rule_names(r)
+            .into_iter()
+            .filter(|n| n.starts_with("sluice-"))
+            .collect()
+    };
+    let seen: Arc<Mutex<Vec<OurRules>>> = Arc::default();
+    let poller = {
+        let (api, seen) = (routes(&g.client), seen.clone());
+        tokio::spawn(async move {
+            loop {
+                if let (Ok(a), Ok(b)) = (api.get("checkout").await, api.get("checkout-mesh").await)
+                {
+                    let now = (ours(&a), ours(&b));
+                    let mut s = seen.lock().unwrap_or_else(|e| e.into_inner());
+                    if s.last() != Some(&now) {
+                        s.push(now);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(15)).await;
+            }
+        })
+    };
+    rollout_until(&g.client, "Promoted", budget, |r| {
+        r.status
+            .as_ref()
+            .is_some_and(|s| s.phase == sluice_api::v1alpha1::RolloutPhase::Promoted)
+    })
+    .await;
+    poller.abort();
+
+    // Both routes carried the mirror rule, then the mirror and the cohort rules (the mirror
+    // stays until the first weight), then none: every set of rules one route carried, the
+    // other carried too.
+    let s = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let on = |pick: fn(&OurRules) -> &Vec<String>| {
+        s.iter()
+            .map(pick)
+            .cloned()
+            .collect::<BTreeSet<Vec<String>>>()
+    };
+    assert_eq!(on(|w| &w.0), on(|w| &w.1), "{s:?}");
+    for rules in [
+        vec!["sluice-mirror".to_owned()],
+        vec!["sluice-cohort".to_owned(), "sluice-mirror".to_owned()],
+    ] {
+        assert!(on(|w| &w.0).contains(&rules), "{rules:?} never seen: {s:?}");
+    }
+    assert_eq!(s.last(), Some(&(Vec::new(), Vec::new())), "{s:?}");
+    for name in ["checkout", "checkout-mesh"] {
+        let r = routes(&g.client).get(name).await.unwrap();
+        assert_eq!(weights(&r), (0, 100), "{name}");
+    }
     ctl.stop().await;
 }

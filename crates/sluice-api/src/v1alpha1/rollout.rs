@@ -85,9 +85,10 @@ pub struct RolloutSpec {
     /// blocks the rollout as it would on `routeRef`. There is no atomic write across routes: an
     /// abort reverts each route on its own (a failed one is retried) and
     /// `status.abortDetectToRevertMs` runs to the last route reverted. Mirror and header-cohort
-    /// steps are refused while this is set. A route removed from the list mid-rollout is
-    /// aborted on and handed back. At most 7; unique by kind and name, none equal to
-    /// `routeRef`. Default: none.
+    /// steps add their rules to every route (a mirror step only when every route is of
+    /// `routeRef`'s kind: its methods are named for one kind). A route removed from the list
+    /// mid-rollout is aborted on and handed back (once Promoted, handed back as it stands). At
+    /// most 7; unique by kind and name, none equal to `routeRef`. Default: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 7))]
     #[schemars(extend("x-kubernetes-validations" = [

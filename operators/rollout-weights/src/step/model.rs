@@ -309,8 +309,8 @@ impl Machine<'_> {
         if owned.owned_since.is_none() {
             owned.owned_since = Some(Time(self.now));
         }
-        // Every additional route gets the same parts (weights only: mirror and cohort steps are
-        // refused with additional routes), each recorded on its own.
+        // Every additional route gets the same parts (weight, cohort and mirror rules), each
+        // recorded on its own.
         for r in &self.spec.additional_routes {
             let at = match self
                 .next
@@ -342,6 +342,14 @@ impl Machine<'_> {
                 owned.weight_written_at = None;
             }
             owned.written_weight = Some(d.weight);
+            owned.cohort_rule_name = d
+                .cohort
+                .is_some()
+                .then(|| crate::route_edit::COHORT_RULE.into());
+            owned.mirror_rule_name = d
+                .mirror
+                .is_some()
+                .then(|| crate::route_edit::MIRROR_RULE.into());
         }
         self.actions.push(Action::WriteRoute(d));
     }

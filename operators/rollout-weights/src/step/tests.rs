@@ -1443,6 +1443,87 @@ fn a_problem_on_an_additional_route_stops_the_rollout_naming_that_route() {
 }
 
 #[test]
+fn a_cohort_and_a_mirror_step_go_to_every_route_of_the_plan_each_recorded() {
+    let mut s = two_route_spec();
+    // One kind on every route (a mirror step names the methods of one kind).
+    s.additional_routes.truncate(1);
+    s.steps.insert(
+        0,
+        serde_json::from_value(
+            serde_json::json!({"headerCohort": {"header": {"name": "x-cohort", "value": "staff"}}}),
+        )
+        .unwrap(),
+    );
+    s.steps.insert(
+        0,
+        serde_json::from_value(serde_json::json!({"mirror": {"percent": 50}})).unwrap(),
+    );
+    let obs = Observations {
+        route: route(0, false),
+        additional_routes: additional(route(0, false), route(0, false))
+            .into_iter()
+            .take(1)
+            .collect(),
+        canary_ready: Some(true),
+        canary_service: Some(true),
+        ..Default::default()
+    };
+    let d = step(&s, RolloutStatus::default(), &obs, t(0));
+    let d = step(&s, d.status, &obs, t(1));
+    let parts = |d: &Decision| -> Vec<(bool, bool)> {
+        d.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::WriteRoute(w) => Some((w.mirror.is_some(), w.cohort.is_some())),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(
+        parts(&d),
+        vec![(true, false)],
+        "the mirror step, one write for every route"
+    );
+    let recorded = |st: &RolloutStatus| {
+        st.additional_owned_routes
+            .iter()
+            .map(|o| {
+                (
+                    o.name.clone(),
+                    o.mirror_rule_name.clone(),
+                    o.cohort_rule_name.clone(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        recorded(&d.status),
+        vec![("checkout-mesh".into(), Some("sluice-mirror".into()), None)]
+    );
+    // Promoted through the mirror step by hand: the cohort step, on every route too.
+    let mut next = s.clone();
+    next.promote_through_step = Some(0);
+    let d = step(&next, d.status, &obs, t(2));
+    let d = step(&next, d.status, &obs, t(3));
+    assert_eq!(
+        d.status.current_step_index,
+        Some(1),
+        "{:?}",
+        d.status.conditions
+    );
+    // The mirror rule stays until the first weight step, on every route too.
+    assert_eq!(parts(&d), vec![(true, true)]);
+    assert_eq!(
+        recorded(&d.status),
+        vec![(
+            "checkout-mesh".into(),
+            Some("sluice-mirror".into()),
+            Some("sluice-cohort".into())
+        )]
+    );
+}
+
+#[test]
 fn an_additional_route_removed_mid_rollout_is_released_and_the_rest_goes_on() {
     let s = two_route_spec();
     let obs = Observations {
