@@ -140,6 +140,20 @@ fn managers(route: &DynamicObject) -> Vec<String> {
         .collect()
 }
 
+/// Waits until the route's first rule is `name` (a rule this operator adds, or the charge rule
+/// once they are gone).
+async fn first_rule(api: &Api<DynamicObject>, what: &str, name: &str) -> DynamicObject {
+    eventually(what, BUDGET, async || {
+        let r = api.get(ROUTE).await.map_err(|e| e.to_string())?;
+        if r.data["spec"]["rules"][0]["name"] == name {
+            Ok(r)
+        } else {
+            Err(spec_text(&r))
+        }
+    })
+    .await
+}
+
 async fn control(client: &Client, patch: Value) {
     rollouts(client)
         .patch(
@@ -358,15 +372,7 @@ async fn a_mirror_step_on_a_grpcroute_copies_only_the_declared_methods_then_goes
     let mut expected = original.data["spec"].clone();
     expected["rules"].as_array_mut().unwrap().insert(0, mirror);
     let expected = serde_json::to_string(&expected).unwrap();
-    let mirrored = eventually("the mirror rule on the GRPCRoute", BUDGET, async || {
-        let r = api.get(ROUTE).await.map_err(|e| e.to_string())?;
-        if r.data["spec"]["rules"][0]["name"] == "sluice-mirror" {
-            Ok(r)
-        } else {
-            Err(spec_text(&r))
-        }
-    })
-    .await;
+    let mirrored = first_rule(&api, "the mirror rule on the GRPCRoute", "sluice-mirror").await;
     assert_eq!(spec_text(&mirrored), expected);
     assert_eq!(owner(&mirrored).as_deref(), Some("shop/checkout"));
     assert_eq!(foreign_metadata(&mirrored), foreign_metadata(&original));
@@ -433,15 +439,7 @@ async fn a_cohort_step_on_a_grpcroute_sends_the_header_to_the_canary_is_kept_the
             .insert(0, cohort.clone());
         serde_json::to_string(&spec).unwrap()
     };
-    let first = eventually("the cohort rule on the GRPCRoute", BUDGET, async || {
-        let r = api.get(ROUTE).await.map_err(|e| e.to_string())?;
-        if r.data["spec"]["rules"][0]["name"] == "sluice-cohort" {
-            Ok(r)
-        } else {
-            Err(spec_text(&r))
-        }
-    })
-    .await;
+    let first = first_rule(&api, "the cohort rule on the GRPCRoute", "sluice-cohort").await;
     assert_eq!(
         spec_text(&first),
         with_cohort(&serde_json::to_string(&original.data["spec"]).unwrap())
@@ -472,15 +470,7 @@ async fn a_cohort_step_on_a_grpcroute_sends_the_header_to_the_canary_is_kept_the
 
     // The abort removes the cohort rule in the same write that sets the canary to 0.
     control(&client, json!({"abort": true})).await;
-    let aborted = eventually("the abort on the GRPCRoute", BUDGET, async || {
-        let r = api.get(ROUTE).await.map_err(|e| e.to_string())?;
-        if r.data["spec"]["rules"][0]["name"] == "charge" {
-            Ok(r)
-        } else {
-            Err(spec_text(&r))
-        }
-    })
-    .await;
+    let aborted = first_rule(&api, "the abort on the GRPCRoute", "charge").await;
     assert_eq!(spec_text(&aborted), expected_spec(&original, 100, 0));
     ctl.stop().await;
 }

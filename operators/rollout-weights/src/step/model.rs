@@ -292,20 +292,7 @@ impl Machine<'_> {
         owned.rule_name = self.spec.route_ref.rule_name.clone();
         owned.stable_service = Some(self.spec.stable_service.name.clone());
         owned.canary_service = Some(self.spec.canary_service.name.clone());
-        // A new weight is in force only once the API server accepts the write: the reconcile
-        // records that instant (the applied share counts from it).
-        if owned.written_weight != Some(d.weight) {
-            owned.weight_written_at = None;
-        }
-        owned.written_weight = Some(d.weight);
-        owned.cohort_rule_name = d
-            .cohort
-            .is_some()
-            .then(|| crate::route_edit::COHORT_RULE.into());
-        owned.mirror_rule_name = d
-            .mirror
-            .is_some()
-            .then(|| crate::route_edit::MIRROR_RULE.into());
+        record_parts(owned, &d);
         if owned.owned_since.is_none() {
             owned.owned_since = Some(Time(self.now));
         }
@@ -338,19 +325,26 @@ impl Machine<'_> {
             owned.rule_name = r.rule_name.clone();
             owned.stable_service = Some(self.spec.stable_service.name.clone());
             owned.canary_service = Some(self.spec.canary_service.name.clone());
-            if owned.written_weight != Some(d.weight) {
-                owned.weight_written_at = None;
-            }
-            owned.written_weight = Some(d.weight);
-            owned.cohort_rule_name = d
-                .cohort
-                .is_some()
-                .then(|| crate::route_edit::COHORT_RULE.into());
-            owned.mirror_rule_name = d
-                .mirror
-                .is_some()
-                .then(|| crate::route_edit::MIRROR_RULE.into());
+            record_parts(owned, &d);
         }
         self.actions.push(Action::WriteRoute(d));
     }
+}
+
+/// Records on a route's ownership the parts `d` writes: its weight (a new weight is in force
+/// only once the API server accepts the write: the reconcile records that instant, and the
+/// applied share counts from it) and which of this operator's rules it carries.
+fn record_parts(owned: &mut OwnedRouteStatus, d: &Desired) {
+    if owned.written_weight != Some(d.weight) {
+        owned.weight_written_at = None;
+    }
+    owned.written_weight = Some(d.weight);
+    owned.cohort_rule_name = d
+        .cohort
+        .is_some()
+        .then(|| crate::route_edit::COHORT_RULE.into());
+    owned.mirror_rule_name = d
+        .mirror
+        .is_some()
+        .then(|| crate::route_edit::MIRROR_RULE.into());
 }
