@@ -158,14 +158,14 @@ fn phase_name(p: RolloutPhase) -> String {
 }
 
 /// Every Rollout phase, in the order of its lifecycle.
-const PHASES: [&str; 7] = [
-    "Pending",
-    "WaitingForCanary",
-    "Progressing",
-    "Paused",
-    "Promoted",
-    "Aborted",
-    "Invalid",
+const PHASES: [RolloutPhase; 7] = [
+    RolloutPhase::Pending,
+    RolloutPhase::WaitingForCanary,
+    RolloutPhase::Progressing,
+    RolloutPhase::Paused,
+    RolloutPhase::Promoted,
+    RolloutPhase::Aborted,
+    RolloutPhase::Invalid,
 ];
 
 /// Says how a scrape reads the Rollouts the leader's store holds: each one's signal
@@ -178,6 +178,7 @@ pub fn read_at_scrape(objects: &ObjectSignals) {
 /// `sluice_rollouts{phase}`: the Rollouts in each phase (one not yet reconciled is `Pending`),
 /// every phase exported, at 0 when none is in it.
 pub fn fleet(rollouts: &[Arc<Rollout>]) -> FleetGauge {
+    let every = PHASES.map(phase_name);
     let phases: Vec<String> = rollouts
         .iter()
         .map(|r| phase_name(r.status.as_ref().map(|s| s.phase).unwrap_or_default()))
@@ -185,7 +186,7 @@ pub fn fleet(rollouts: &[Arc<Rollout>]) -> FleetGauge {
     FleetGauge::count_by_phase(
         "rollouts",
         "Rollouts by phase, from the leader's store at the scrape's time (0 on other replicas)",
-        &PHASES,
+        &every.each_ref().map(String::as_str),
         phases.iter().map(String::as_str),
     )
 }
@@ -392,7 +393,18 @@ mod tests {
         let none = fleet(&[]);
         assert_eq!(none.name, "rollouts");
         let phases: Vec<&str> = none.series.iter().map(|(l, _)| l[0].1.as_str()).collect();
-        assert_eq!(phases, PHASES);
+        assert_eq!(
+            phases,
+            [
+                "Pending",
+                "WaitingForCanary",
+                "Progressing",
+                "Paused",
+                "Promoted",
+                "Aborted",
+                "Invalid"
+            ]
+        );
         assert!(none.series.iter().all(|(_, n)| *n == 0.0));
 
         let rollouts = [
