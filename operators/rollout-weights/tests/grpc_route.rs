@@ -154,6 +154,22 @@ async fn first_rule(api: &Api<DynamicObject>, what: &str, name: &str) -> Dynamic
     .await
 }
 
+/// Waits until the route's first rule is `name`, then checks the route is `expected` (its spec
+/// as serialized text), owned by the Rollout, with the rest of `original`'s metadata as it was.
+async fn rule_written(
+    api: &Api<DynamicObject>,
+    what: &str,
+    name: &str,
+    expected: &str,
+    original: &DynamicObject,
+) -> DynamicObject {
+    let route = first_rule(api, what, name).await;
+    assert_eq!(spec_text(&route), expected);
+    assert_eq!(owner(&route).as_deref(), Some("shop/checkout"));
+    assert_eq!(foreign_metadata(&route), foreign_metadata(original));
+    route
+}
+
 async fn control(client: &Client, patch: Value) {
     rollouts(client)
         .patch(
@@ -372,10 +388,14 @@ async fn a_mirror_step_on_a_grpcroute_copies_only_the_declared_methods_then_goes
     let mut expected = original.data["spec"].clone();
     expected["rules"].as_array_mut().unwrap().insert(0, mirror);
     let expected = serde_json::to_string(&expected).unwrap();
-    let mirrored = first_rule(&api, "the mirror rule on the GRPCRoute", "sluice-mirror").await;
-    assert_eq!(spec_text(&mirrored), expected);
-    assert_eq!(owner(&mirrored).as_deref(), Some("shop/checkout"));
-    assert_eq!(foreign_metadata(&mirrored), foreign_metadata(&original));
+    rule_written(
+        &api,
+        "the mirror rule on the GRPCRoute",
+        "sluice-mirror",
+        &expected,
+        &original,
+    )
+    .await;
     rollout_until(&client, "the mirror recorded", BUDGET, |r| {
         r.status.as_ref().is_some_and(|s| s.mirror_active)
     })
@@ -439,13 +459,14 @@ async fn a_cohort_step_on_a_grpcroute_sends_the_header_to_the_canary_is_kept_the
             .insert(0, cohort.clone());
         serde_json::to_string(&spec).unwrap()
     };
-    let first = first_rule(&api, "the cohort rule on the GRPCRoute", "sluice-cohort").await;
-    assert_eq!(
-        spec_text(&first),
-        with_cohort(&serde_json::to_string(&original.data["spec"]).unwrap())
-    );
-    assert_eq!(owner(&first).as_deref(), Some("shop/checkout"));
-    assert_eq!(foreign_metadata(&first), foreign_metadata(&original));
+    rule_written(
+        &api,
+        "the cohort rule on the GRPCRoute",
+        "sluice-cohort",
+        &with_cohort(&serde_json::to_string(&original.data["spec"]).unwrap()),
+        &original,
+    )
+    .await;
     rollout_until(&client, "the cohort recorded", BUDGET, |r| {
         r.status.as_ref().is_some_and(|s| s.cohort_active)
     })
