@@ -760,45 +760,72 @@ impl ControlPlane {
         let dir = self.procs.path().to_path_buf();
         let kubeconfig = dir.join("kube-controller-manager.kubeconfig");
         self.write_kubeconfig(&kubeconfig)?;
-        let port = free_port()?;
-        let mut cmd = Command::new(bin);
-        cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(format!("--controllers={}", controllers.join(",")))
-            .arg("--leader-elect=false")
-            .arg("--bind-address=127.0.0.1")
-            .arg(format!("--secure-port={port}"))
-            .arg(format!("--cert-dir={}", dir.join("kcm-certs").display()))
-            .arg(format!(
-                "--service-account-private-key-file={}",
-                dir.join("service-accounts.key").display()
-            ))
-            .arg(format!("--root-ca-file={}", dir.join("ca.crt").display()))
-            .arg("--use-service-account-credentials=false")
-            // Controllers react in tests' time, not a production cluster's.
-            .arg("--concurrent-gc-syncs=5")
-            .arg("--v=1");
-        let log = self.procs.spawn("kube-controller-manager", cmd)?;
-        self.controller_manager_port = Some(port);
+        // A port probed free may be taken before it binds: it starts again on fresh ports, as
+        // kube-apiserver does.
+        let mut attempts = 0;
+        'start: loop {
+            attempts += 1;
+            let port = free_port()?;
+            let mut cmd = Command::new(bin);
+            cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
+                .arg(format!("--controllers={}", controllers.join(",")))
+                .arg("--leader-elect=false")
+                .arg("--bind-address=127.0.0.1")
+                .arg(format!("--secure-port={port}"))
+                .arg(format!("--cert-dir={}", dir.join("kcm-certs").display()))
+                .arg(format!(
+                    "--service-account-private-key-file={}",
+                    dir.join("service-accounts.key").display()
+                ))
+                .arg(format!("--root-ca-file={}", dir.join("ca.crt").display()))
+                .arg("--use-service-account-credentials=false")
+                // Controllers react in tests' time, not a production cluster's.
+                .arg("--concurrent-gc-syncs=5")
+                .arg("--v=1");
+            let log = self.procs.spawn("kube-controller-manager", cmd)?;
+            self.controller_manager_port = Some(port);
+            if let Some(outcome) = self.wait_controller_manager(&log, attempts).await {
+                return outcome;
+            }
+            self.procs.kill("kube-controller-manager");
+            continue 'start;
+        }
+    }
+
+    /// Waits until kube-controller-manager is ready; `None` when it exited early and may start
+    /// again on fresh ports (attempt `attempts` of [`START_ATTEMPTS`]).
+    async fn wait_controller_manager(
+        &mut self,
+        log: &Path,
+        attempts: usize,
+    ) -> Option<Result<(), ControlPlaneError>> {
         // Ready when the serviceaccount controller has created `default` in `default`.
-        let sas: Api<ServiceAccount> = Api::namespaced(self.client().await?, "default");
+        let client = match self.client().await {
+            Ok(c) => c,
+            Err(e) => return Some(Err(e)),
+        };
+        let sas: Api<ServiceAccount> = Api::namespaced(client, "default");
         let start = Instant::now();
         loop {
             if let Some(status) = self.procs.exited("kube-controller-manager") {
-                return Err(self.not_ready(
+                if attempts < START_ATTEMPTS {
+                    return None;
+                }
+                return Some(Err(self.not_ready(
                     "kube-controller-manager",
                     format!("kube-controller-manager exited ({status})"),
-                    &log,
-                ));
+                    log,
+                )));
             }
             if let Ok(Some(_)) = sas.get_opt("default").await {
-                return Ok(());
+                return Some(Ok(()));
             }
             if start.elapsed() > READY_TIMEOUT {
-                return Err(self.not_ready(
+                return Some(Err(self.not_ready(
                     "kube-controller-manager",
                     format!("the default ServiceAccount did not appear within {READY_TIMEOUT:?}"),
-                    &log,
-                ));
+                    log,
+                )));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
