@@ -269,9 +269,7 @@ async fn shop(t: &Target, prom: &Prometheus) -> Option<World> {
     }
     let mut world = World::builder()
         .cluster_with(cluster_config(t, Duration::from_millis(300)), t.admin())
-        .prometheus(prom.url())
-        .scenario(scenario)
-        .interval(Duration::from_secs(1))
+        .telemetry(prom.url(), scenario, Duration::from_secs(1))
         .start()
         .expect("world starts");
     serve_injector(t, &mut world).await;
@@ -563,9 +561,7 @@ async fn edge_fleet(t: &Target, prom: &Prometheus) -> World {
     .unwrap();
     let mut world = World::builder()
         .cluster_with(cluster_config(t, Duration::from_millis(200)), t.admin())
-        .prometheus(prom.url())
-        .scenario(scenario)
-        .interval(Duration::from_secs(1))
+        .telemetry(prom.url(), scenario, Duration::from_secs(1))
         .start()
         .unwrap();
     // The injector serves before the Deployment exists: on a real control plane the ReplicaSet

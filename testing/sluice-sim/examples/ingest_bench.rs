@@ -37,9 +37,7 @@ async fn main() {
     let emu = kube_emulator::Emulator::start().await;
     let world = World::builder()
         .telemetry_only("bench", emu.client())
-        .prometheus(prometheus.url())
-        .scenario(scenario(services))
-        .interval(interval)
+        .telemetry(prometheus.url(), scenario(services), interval)
         .start()
         .expect("world starts");
     let started = Instant::now();

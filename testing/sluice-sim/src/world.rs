@@ -96,6 +96,12 @@ impl WorldBuilder {
         self
     }
 
+    /// The mesh telemetry in one call: the scenario it plays, written to the Prometheus at
+    /// `url` every `interval` ([`Self::prometheus`], [`Self::scenario`], [`Self::interval`]).
+    pub fn telemetry(self, url: impl Into<String>, scenario: Scenario, interval: Duration) -> Self {
+        self.prometheus(url).scenario(scenario).interval(interval)
+    }
+
     /// Starts everything. Must be called inside a tokio runtime.
     pub fn start(self) -> Result<World, WorldError> {
         if self.clusters.is_empty() {

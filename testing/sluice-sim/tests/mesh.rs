@@ -60,9 +60,7 @@ async fn given_a_world_at_90_10() -> Option<(Emulator, Prometheus, World)> {
     scenario.propagation_delay = DELAY;
     let world = World::builder()
         .cluster_with(ClusterConfig::new("cluster-1"), emu.client())
-        .prometheus(prometheus.url())
-        .scenario(scenario)
-        .interval(Duration::from_secs(1))
+        .telemetry(prometheus.url(), scenario, Duration::from_secs(1))
         .start()
         .unwrap();
     Some((emu, prometheus, world))

@@ -281,9 +281,7 @@ pub async fn given(scenario: Scenario) -> Option<Given> {
     config.readiness_delay = Duration::from_millis(300);
     let world = World::builder()
         .cluster_with(config, client.clone())
-        .prometheus(prometheus.url())
-        .scenario(scenario)
-        .interval(Duration::from_secs(1))
+        .telemetry(prometheus.url(), scenario, Duration::from_secs(1))
         .start()
         .expect("world starts");
     Some(Given {

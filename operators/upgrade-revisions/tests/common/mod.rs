@@ -226,9 +226,7 @@ impl Harness {
         config.readiness_delay = Duration::from_millis(200);
         let world = World::builder()
             .cluster_with(config, client.clone())
-            .prometheus(prometheus.url())
-            .scenario(scenario)
-            .interval(Duration::from_secs(1))
+            .telemetry(prometheus.url(), scenario, Duration::from_secs(1))
             .start()
             .unwrap();
         let svid = world.svid(CLUSTER).unwrap().clone();
