@@ -152,24 +152,22 @@ mod tests {
 
     #[test]
     fn problems_name_their_field() {
-        let table = [
-            (serde_json::json!({}), vec![]),
-            (
-                serde_json::json!({"allowedKinds": [{"group": "networking.istio.io", "kind": "VirtualService"}]}),
-                vec![],
-            ),
-            (
-                serde_json::json!({"allowedKinds": [{"group": "networking.istio.io", "kind": "VirtualService"}, {"kind": "Secret"}]}),
-                vec!["spec.allowedKinds[1]"],
-            ),
-            (
-                serde_json::json!({"allowedKinds": [{"group": "rbac.authorization.k8s.io", "kind": "ClusterRoleBinding"}]}),
-                vec!["spec.allowedKinds[0]"],
-            ),
-        ];
-        for (patch, want) in table {
-            let got = problems(&spec(patch.clone()));
-            checks::problems_name(&got, &want, &patch);
-        }
+        checks::problems_name_their_fields(
+            |patch| problems(&spec(patch.clone())),
+            [
+                (
+                    serde_json::json!({"allowedKinds": [{"group": "networking.istio.io", "kind": "VirtualService"}]}),
+                    vec![],
+                ),
+                (
+                    serde_json::json!({"allowedKinds": [{"group": "networking.istio.io", "kind": "VirtualService"}, {"kind": "Secret"}]}),
+                    vec!["spec.allowedKinds[1]"],
+                ),
+                (
+                    serde_json::json!({"allowedKinds": [{"group": "rbac.authorization.k8s.io", "kind": "ClusterRoleBinding"}]}),
+                    vec!["spec.allowedKinds[0]"],
+                ),
+            ],
+        );
     }
 }

@@ -330,29 +330,27 @@ mod tests {
 
     #[test]
     fn problems_name_their_field() {
-        let table = [
-            (serde_json::json!({}), vec![]),
-            (
-                serde_json::json!({"analysisInterval": "0s"}),
-                vec!["spec.analysisInterval"],
-            ),
-            (
-                serde_json::json!({"stepDuration": "0m", "handBackDeadline": "0h"}),
-                vec!["spec.stepDuration", "spec.handBackDeadline"],
-            ),
-            (
-                serde_json::json!({"steps": [{"setWeight": {"weight": 5, "duration": "0s"}}]}),
-                vec!["spec.steps[0].setWeight.duration"],
-            ),
-            (
-                serde_json::json!({"steps": [{"setWeight": {"weight": 5}}, {"pause": {"duration": "0ms"}}]}),
-                vec!["spec.steps[1].pause.duration"],
-            ),
-        ];
-        for (patch, want) in table {
-            let got = problems(&spec(patch.clone()), false);
-            checks::problems_name(&got, &want, &patch);
-        }
+        checks::problems_name_their_fields(
+            |patch| problems(&spec(patch.clone()), false),
+            [
+                (
+                    serde_json::json!({"analysisInterval": "0s"}),
+                    vec!["spec.analysisInterval"],
+                ),
+                (
+                    serde_json::json!({"stepDuration": "0m", "handBackDeadline": "0h"}),
+                    vec!["spec.stepDuration", "spec.handBackDeadline"],
+                ),
+                (
+                    serde_json::json!({"steps": [{"setWeight": {"weight": 5, "duration": "0s"}}]}),
+                    vec!["spec.steps[0].setWeight.duration"],
+                ),
+                (
+                    serde_json::json!({"steps": [{"setWeight": {"weight": 5}}, {"pause": {"duration": "0ms"}}]}),
+                    vec!["spec.steps[1].pause.duration"],
+                ),
+            ],
+        );
     }
 
     #[test]

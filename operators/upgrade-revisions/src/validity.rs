@@ -31,23 +31,21 @@ mod tests {
 
     #[test]
     fn problems_name_their_field() {
-        let table = [
-            (serde_json::json!({}), vec![]),
-            (
-                serde_json::json!({"analysisInterval": "0s"}),
-                vec!["spec.analysisInterval"],
-            ),
-            (
-                serde_json::json!({"waves": [
-                    {"name": "all", "namespaceSelector": {}},
-                    {"name": "tier-1", "namespaceSelector": {"matchLabels": {"sluice.dev/risk-tier": "tier-1"}}},
-                ]}),
-                vec!["spec.waves[0].namespaceSelector"],
-            ),
-        ];
-        for (patch, want) in table {
-            let got = problems(&spec(patch.clone()), false);
-            checks::problems_name(&got, &want, &patch);
-        }
+        checks::problems_name_their_fields(
+            |patch| problems(&spec(patch.clone()), false),
+            [
+                (
+                    serde_json::json!({"waves": [
+                        {"name": "all", "namespaceSelector": {}},
+                        {"name": "tier-1", "namespaceSelector": {"matchLabels": {"sluice.dev/risk-tier": "tier-1"}}},
+                    ]}),
+                    vec!["spec.waves[0].namespaceSelector"],
+                ),
+                (
+                    serde_json::json!({"analysisInterval": "0s"}),
+                    vec!["spec.analysisInterval"],
+                ),
+            ],
+        );
     }
 }

@@ -45,28 +45,26 @@ mod tests {
 
     #[test]
     fn problems_name_their_field() {
-        let table = [
-            (serde_json::json!({}), vec![]),
-            (
-                serde_json::json!({"driftGate": {"exporter": "Platform"}}),
-                vec!["spec.driftGate.metric", "spec.sourceCommit"],
-            ),
-            (
-                serde_json::json!({"driftGate": {"exporter": "Platform", "metric": "m"}, "sourceCommit": "abc1234"}),
-                vec![],
-            ),
-            (
-                serde_json::json!({"convergenceTimeout": "0m", "analysisInterval": "0s"}),
-                vec!["spec.convergenceTimeout", "spec.analysisInterval"],
-            ),
-            (
-                serde_json::json!({"waves": [{"name": "a", "clusters": ["c1"]}, {"name": "a", "clusters": ["c2"]}]}),
-                vec!["spec.waves[1].name"],
-            ),
-        ];
-        for (patch, want) in table {
-            let got = problems(&spec(patch.clone()), false);
-            checks::problems_name(&got, &want, &patch);
-        }
+        checks::problems_name_their_fields(
+            |patch| problems(&spec(patch.clone()), false),
+            [
+                (
+                    serde_json::json!({"driftGate": {"exporter": "Platform"}}),
+                    vec!["spec.driftGate.metric", "spec.sourceCommit"],
+                ),
+                (
+                    serde_json::json!({"driftGate": {"exporter": "Platform", "metric": "m"}, "sourceCommit": "abc1234"}),
+                    vec![],
+                ),
+                (
+                    serde_json::json!({"convergenceTimeout": "0m", "analysisInterval": "0s"}),
+                    vec!["spec.convergenceTimeout", "spec.analysisInterval"],
+                ),
+                (
+                    serde_json::json!({"waves": [{"name": "a", "clusters": ["c1"]}, {"name": "a", "clusters": ["c2"]}]}),
+                    vec!["spec.waves[1].name"],
+                ),
+            ],
+        );
     }
 }

@@ -5,7 +5,7 @@
 //!
 //! Test support only: asserts, never decides anything and never touches the cluster.
 
-use std::fmt::{Debug, Display};
+use std::fmt::Debug;
 
 use k8s_openapi::jiff::Timestamp;
 use serde::de::DeserializeOwned;
@@ -215,11 +215,20 @@ pub fn patched<T: DeserializeOwned>(mut base: serde_json::Value, patch: &serde_j
     serde_json::from_value(base).expect("fixture deserializes")
 }
 
-/// Asserts that `got`, the problems found in a spec, are exactly one per field of `want`, in
-/// order, each starting with its field's path; `context` names the spec in a failure.
-pub fn problems_name(got: &[String], want: &[&str], context: impl Display) {
-    assert_eq!(got.len(), want.len(), "{context}: {got:?}");
-    for (g, w) in got.iter().zip(want) {
-        assert!(g.starts_with(&format!("{w}: ")), "{context}: {g}");
+/// Asserts that the problems `problems_of` finds in the fixture spec patched with each row's
+/// patch are exactly one per field the row names, in order, each starting with its field's
+/// path. The fixture itself (the empty patch) must have none: every row changes a valid spec.
+pub fn problems_name_their_fields<const N: usize>(
+    problems_of: impl Fn(&serde_json::Value) -> Vec<String>,
+    rows: [(serde_json::Value, Vec<&str>); N],
+) {
+    let valid = problems_of(&serde_json::json!({}));
+    assert!(valid.is_empty(), "the fixture spec is not valid: {valid:?}");
+    for (patch, want) in rows {
+        let got = problems_of(&patch);
+        assert_eq!(got.len(), want.len(), "{patch}: {got:?}");
+        for (g, w) in got.iter().zip(&want) {
+            assert!(g.starts_with(&format!("{w}: ")), "{patch}: {g}");
+        }
     }
 }
