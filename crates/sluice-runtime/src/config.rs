@@ -7,7 +7,7 @@
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use clap::{Args, ValueEnum};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, ValueEnum};
 
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -16,6 +16,44 @@ pub enum LogFormat {
     Json,
     /// Human-readable text (local runs).
     Text,
+}
+
+/// An operator binary's command line: the flags every operator shares, then the operator's
+/// own (`F`; `clap::Args`). `--help` names the binary and says what it does; `--version` prints
+/// the workspace's version.
+#[derive(Debug, Parser)]
+#[command(version)]
+pub struct OperatorCli<F: Args> {
+    /// The shared flags (Kubernetes client, Lease, server, logging).
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+    /// The operator's own flags.
+    #[command(flatten)]
+    pub flags: F,
+}
+
+impl<F: Args> OperatorCli<F> {
+    /// Parses this process's arguments as the binary `name`, which `about` describes; on a bad
+    /// flag, `--help` or `--version` prints clap's message and exits, as a derived parser does.
+    pub fn parse_as(name: &'static str, about: &'static str) -> Self {
+        Self::try_parse_as(name, about, std::env::args_os()).unwrap_or_else(|e| e.exit())
+    }
+
+    /// [`Self::parse_as`] over `argv` (its first item is the binary's path), returning clap's
+    /// error instead of exiting.
+    pub fn try_parse_as<I, T>(
+        name: &'static str,
+        about: &'static str,
+        argv: I,
+    ) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let mut command = Self::command().name(name).bin_name(name).about(about);
+        let matches = command.try_get_matches_from_mut(argv)?;
+        Self::from_arg_matches(&matches).map_err(|e| e.format(&mut command))
+    }
 }
 
 /// Flags shared by every sluice operator. Flatten it with `#[command(flatten)]`.
@@ -207,13 +245,16 @@ fn default_identity() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
 
-    #[derive(Debug, Parser)]
-    struct Cli {
-        #[command(flatten)]
-        runtime: RuntimeArgs,
+    /// An operator with one flag of its own.
+    #[derive(Debug, Args)]
+    struct Own {
+        /// How many widgets.
+        #[arg(long, env = "SLUICE_TEST_WIDGETS", default_value_t = 3)]
+        widgets: u32,
     }
+
+    type Cli = OperatorCli<Own>;
 
     fn parse(args: &[&str]) -> RuntimeArgs {
         let mut argv = vec!["op"];
@@ -329,5 +370,46 @@ mod tests {
         assert_eq!(parse(&[]).log_format, LogFormat::Json);
         let bad = Cli::try_parse_from(["op", "--log-format", "xml"]);
         assert!(bad.is_err());
+    }
+
+    #[test]
+    fn an_operators_command_line_holds_its_flags_beside_the_shared_ones_under_its_name() {
+        let cli = Cli::try_parse_as(
+            "sluice-widgets",
+            "Counts widgets.",
+            ["/bin/op", "--widgets", "7", "--namespace", "team-a"],
+        )
+        .expect("flags parse");
+        assert_eq!(cli.flags.widgets, 7);
+        assert_eq!(cli.runtime.namespace_scope(), Some("team-a"));
+
+        let help = Cli::try_parse_as("sluice-widgets", "Counts widgets.", ["op", "--help"])
+            .expect_err("--help stops")
+            .to_string();
+        assert!(help.starts_with("Counts widgets.\n"), "{help}");
+        assert!(help.contains("Usage: sluice-widgets [OPTIONS]"), "{help}");
+        assert!(help.contains("--widgets <WIDGETS>"), "{help}");
+        assert!(help.contains("--lease-duration-seconds"), "{help}");
+
+        let version = Cli::try_parse_as("sluice-widgets", "Counts widgets.", ["op", "--version"])
+            .expect_err("--version stops")
+            .to_string();
+        assert_eq!(
+            version,
+            format!("sluice-widgets {}\n", env!("CARGO_PKG_VERSION"))
+        );
+
+        let bad = Cli::try_parse_as(
+            "sluice-widgets",
+            "Counts widgets.",
+            ["op", "--widgets", "x"],
+        )
+        .expect_err("a bad value is refused")
+        .to_string();
+        assert!(
+            bad.contains("invalid value 'x' for '--widgets <WIDGETS>'"),
+            "{bad}"
+        );
+        assert!(bad.contains("try '--help'"), "{bad}");
     }
 }

@@ -26,7 +26,7 @@ pub mod write;
 #[cfg(test)]
 mod testing;
 
-pub use config::RuntimeArgs;
+pub use config::{OperatorCli, RuntimeArgs};
 pub use error::{Categorized, Category};
 pub use operator::Runtime;
 pub use write::FieldManager;

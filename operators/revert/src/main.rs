@@ -4,7 +4,7 @@
 
 use std::{path::PathBuf, process::ExitCode, sync::Arc};
 
-use clap::Parser;
+use clap::Args;
 use kube::runtime::watcher;
 use sluice_api::{external::argocd::Application, v1alpha1::BundlePin};
 use sluice_bundle::RegistryOptions;
@@ -13,14 +13,11 @@ use sluice_revert::{
     OPERATOR, controller, metrics,
     reconcile::{self, Settings},
 };
-use sluice_runtime::{Runtime, RuntimeArgs};
+use sluice_runtime::{OperatorCli, Runtime, RuntimeArgs};
 
-/// Pins Argo CD Applications to a previously rendered, signed bundle, ahead of Git.
-#[derive(Debug, Parser)]
-#[command(name = OPERATOR, version)]
-struct Cli {
-    #[command(flatten)]
-    runtime: RuntimeArgs,
+/// The operator's own flags (the shared ones are `RuntimeArgs`).
+#[derive(Debug, Args)]
+struct Flags {
     /// Namespace of the per-cluster identity Secrets (label `sluice.dev/revert-cluster=true`).
     /// Default: the operator's namespace.
     #[arg(long, env = "SLUICE_REVERT_CLUSTER_NAMESPACE")]
@@ -137,30 +134,30 @@ fn read_token(path: &PathBuf, flag: &str) -> anyhow::Result<String> {
     Ok(token.trim().to_owned())
 }
 
-fn settings(cli: &Cli, namespace: &str) -> anyhow::Result<Settings> {
-    let git = cli
+fn settings(flags: &Flags, runtime: &RuntimeArgs, namespace: &str) -> anyhow::Result<Settings> {
+    let git = flags
         .git_url
         .as_ref()
         .map(|url| -> anyhow::Result<GitConfig> {
             Ok(GitConfig {
                 url: url.clone(),
-                token: cli
+                token: flags
                     .git_token_file
                     .as_ref()
                     .map(|p| read_token(p, "--git-token-file"))
                     .transpose()?,
-                author_name: cli.git_author.clone(),
-                author_email: cli.git_email.clone(),
+                author_name: flags.git_author.clone(),
+                author_email: flags.git_email.clone(),
             })
         })
         .transpose()?;
-    let forge = match (&cli.forge_url, &cli.forge_owner, &cli.forge_repo) {
+    let forge = match (&flags.forge_url, &flags.forge_owner, &flags.forge_repo) {
         (None, _, _) => None,
         (Some(url), Some(owner), Some(repo)) => Some(ForgeConfig {
             base_url: url.clone(),
             owner: owner.clone(),
             repo: repo.clone(),
-            token: cli
+            token: flags
                 .forge_token_file
                 .as_ref()
                 .map(|p| read_token(p, "--forge-token-file"))
@@ -171,45 +168,48 @@ fn settings(cli: &Cli, namespace: &str) -> anyhow::Result<Settings> {
         _ => anyhow::bail!("--forge-url needs --forge-owner and --forge-repo"),
     };
     Ok(Settings {
-        cluster_namespace: cli
+        cluster_namespace: flags
             .cluster_namespace
             .clone()
             .unwrap_or_else(|| namespace.to_owned()),
-        registry_ca_config_map: cli
+        registry_ca_config_map: flags
             .registry_ca_configmap
             .as_ref()
             .filter(|name| !name.is_empty())
             .map(|name| (namespace.to_owned(), name.clone())),
-        registry_credentials: cli
+        registry_credentials: flags
             .registry_credentials_secret
             .as_ref()
             .filter(|name| !name.is_empty())
             .map(|name| (namespace.to_owned(), name.clone())),
         registry: RegistryOptions {
-            ca_bundle: cli
+            ca_bundle: flags
                 .registry_ca_file
                 .as_deref()
                 .map(sluice_bundle::CaBundle::from_file)
                 .transpose()
                 .map_err(|e| anyhow::anyhow!("--registry-ca-file: {e}"))?,
-            plain_http_hosts: cli.insecure_registries.clone(),
-            allowed_registries: cli
+            plain_http_hosts: flags.insecure_registries.clone(),
+            allowed_registries: flags
                 .allowed_registries
                 .iter()
                 .map(|r| r.trim().to_owned())
                 .filter(|r| !r.is_empty())
                 .collect(),
-            max_unpacked_bytes: Some(cli.max_bundle_unpacked_bytes),
+            max_unpacked_bytes: Some(flags.max_bundle_unpacked_bytes),
             ..RegistryOptions::default()
         },
         git,
         forge,
-        signature_grace: Some(std::time::Duration::from_secs(cli.signature_grace_seconds)),
-        verified_cache_bytes: Some(cli.verified_cache_bytes),
-        application_namespace: cli.runtime.namespace_scope().map(str::to_owned),
-        trusted_root: cli.trusted_root.clone(),
-        allowed_kinds: (!cli.allowed_kinds.is_empty()).then(|| {
-            cli.allowed_kinds
+        signature_grace: Some(std::time::Duration::from_secs(
+            flags.signature_grace_seconds,
+        )),
+        verified_cache_bytes: Some(flags.verified_cache_bytes),
+        application_namespace: runtime.namespace_scope().map(str::to_owned),
+        trusted_root: flags.trusted_root.clone(),
+        allowed_kinds: (!flags.allowed_kinds.is_empty()).then(|| {
+            flags
+                .allowed_kinds
                 .iter()
                 .map(|k| {
                     let (kind, group) = k.trim().split_once('.').unwrap_or((k.trim(), ""));
@@ -238,7 +238,7 @@ async fn run(rt: Runtime, ctx: Arc<reconcile::Context>) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = OperatorCli::<Flags>::parse_as(OPERATOR, env!("CARGO_PKG_DESCRIPTION"));
     let result = async {
         let mut rt = Runtime::init(OPERATOR, cli.runtime.clone())
             .await
@@ -251,7 +251,7 @@ async fn main() -> ExitCode {
             .or_else(|| std::env::var("POD_NAMESPACE").ok())
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| "default".to_owned());
-        let settings = settings(&cli, &own_namespace)?;
+        let settings = settings(&cli.flags, &cli.runtime, &own_namespace)?;
         let mut ctx =
             reconcile::Context::new(rt.client.clone(), rt.recorder.clone(), settings, metrics)
                 .map_err(anyhow::Error::from)?;

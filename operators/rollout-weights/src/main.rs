@@ -6,38 +6,26 @@
 
 use std::{process::ExitCode, sync::Arc, time::Duration};
 
-use clap::Parser;
 use kube::runtime::watcher;
 use sluice_analysis::ClusterGateArgs;
 use sluice_rollout_weights::{OPERATOR, metrics, orphans, reconcile, template_status, triggers};
-use sluice_runtime::{Runtime, RuntimeArgs};
-
-/// Sole writer of canary weights on a Gateway API HTTPRoute or GRPCRoute for the life of a Rollout.
-#[derive(Debug, Parser)]
-#[command(name = OPERATOR, version)]
-struct Cli {
-    #[command(flatten)]
-    runtime: RuntimeArgs,
-    /// The metrics source, the cluster label value and free-form PromQL.
-    #[command(flatten)]
-    gates: ClusterGateArgs,
-}
+use sluice_runtime::{OperatorCli, Runtime};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = OperatorCli::<ClusterGateArgs>::parse_as(OPERATOR, env!("CARGO_PKG_DESCRIPTION"));
     let result: Result<(), Box<dyn std::error::Error>> = async {
-        let source = cli.gates.config(Duration::from_secs(5))?;
+        let source = cli.flags.config(Duration::from_secs(5))?;
         let mut rt = Runtime::init(OPERATOR, cli.runtime).await?;
         let api = rt.namespaced_api();
         let metrics = metrics::register(&mut rt.registry);
         let mut ctx = reconcile::Context::new(rt.client.clone(), rt.recorder.clone());
-        ctx.allow_free_form_promql = cli.gates.allow_free_form_promql;
+        ctx.allow_free_form_promql = cli.flags.allow_free_form_promql;
         metrics::read_at_scrape(&rt.metrics.objects());
         ctx.notifier = rt.notifier.clone();
         ctx.leadership = rt.leadership()?;
         let ctx = ctx
-            .with_analysis(source, &cli.gates.cluster, metrics)?
+            .with_analysis(source, &cli.flags.cluster, metrics)?
             .with_gate_template_cache(rt.watch_client.clone());
         let watched = triggers::Watched {
             deployments: rt.namespaced_api(),

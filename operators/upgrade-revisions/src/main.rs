@@ -4,17 +4,14 @@
 
 use std::{process::ExitCode, sync::Arc, time::Duration};
 
-use clap::Parser;
+use clap::Args;
 use sluice_analysis::ClusterGateArgs;
-use sluice_runtime::{Runtime, RuntimeArgs};
+use sluice_runtime::{OperatorCli, Runtime};
 use sluice_upgrade_revisions::{OPERATOR, metrics, reconcile};
 
-/// Moves namespaces between Istio revision tags in waves, never upgrading in place.
-#[derive(Debug, Parser)]
-#[command(name = OPERATOR, version)]
-struct Cli {
-    #[command(flatten)]
-    runtime: RuntimeArgs,
+/// The operator's own flags (the shared ones are `RuntimeArgs`).
+#[derive(Debug, Args)]
+struct Flags {
     /// The metrics source (gates and the certificate issuance counter), the cluster label value
     /// and free-form PromQL.
     #[command(flatten)]
@@ -35,9 +32,9 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = OperatorCli::<Flags>::parse_as(OPERATOR, env!("CARGO_PKG_DESCRIPTION"));
     let result: Result<(), Box<dyn std::error::Error>> = async {
-        let prometheus = cli.gates.config(Duration::from_secs(10))?;
+        let prometheus = cli.flags.gates.config(Duration::from_secs(10))?;
         let mut rt = Runtime::init(OPERATOR, cli.runtime).await?;
         let api = kube::Api::all(rt.watch_client.clone());
         let metrics = metrics::register(&mut rt.registry);
@@ -58,11 +55,11 @@ async fn main() -> ExitCode {
         let (fleet, _watchers) = reconcile::FleetCache::start(&rt.watch_client);
         let source = reconcile::metrics_source(
             prometheus,
-            &cli.gates.cluster,
-            Duration::from_secs(cli.issuance_window_seconds.max(1)),
-            cli.gates.allow_free_form_promql,
+            &cli.flags.gates.cluster,
+            Duration::from_secs(cli.flags.issuance_window_seconds.max(1)),
+            cli.flags.gates.allow_free_form_promql,
         )?
-        .with_issuance_series(cli.issuance_series);
+        .with_issuance_series(cli.flags.issuance_series);
         let mut ctx = reconcile::Context::full(
             rt.client.clone(),
             evict_client,
@@ -71,7 +68,7 @@ async fn main() -> ExitCode {
             Some(source),
             metrics,
         );
-        ctx.allow_free_form_promql = cli.gates.allow_free_form_promql;
+        ctx.allow_free_form_promql = cli.flags.gates.allow_free_form_promql;
         ctx.leadership = rt.leadership()?;
         metrics::read_at_scrape(&rt.metrics.objects());
         ctx.notifier = rt.notifier.clone();

@@ -4,17 +4,14 @@
 
 use std::{process::ExitCode, sync::Arc, time::Duration};
 
-use clap::Parser;
+use clap::Args;
 use sluice_analysis::{Engine, EngineOptions, MetricsSourceArgs, PrometheusSource};
-use sluice_runtime::{Runtime, RuntimeArgs};
+use sluice_runtime::{OperatorCli, Runtime};
 use sluice_wave_gate::{OPERATOR, metrics, reconcile};
 
-/// Gates a site's ApplicationSet across cluster waves of mesh configuration changes.
-#[derive(Debug, Parser)]
-#[command(name = OPERATOR, version)]
-struct Cli {
-    #[command(flatten)]
-    runtime: RuntimeArgs,
+/// The operator's own flags (the shared ones are `RuntimeArgs`).
+#[derive(Debug, Args)]
+struct Flags {
     /// Allow free-form PromQL in gates of namespaced objects (it runs with the operator's view
     /// of all metrics).
     #[arg(long, env = "SLUICE_ALLOW_FREE_FORM_PROMQL", default_value_t = false)]
@@ -43,15 +40,15 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = OperatorCli::<Flags>::parse_as(OPERATOR, env!("CARGO_PKG_DESCRIPTION"));
     let result = async {
         let mut rt = Runtime::init(OPERATOR, cli.runtime).await?;
-        let engine = match cli.prometheus_url {
+        let engine = match cli.flags.prometheus_url {
             Some(url) => Some(Arc::new(Engine::new(
-                PrometheusSource::new(cli.prometheus.config(url, Duration::from_secs(10))?),
+                PrometheusSource::new(cli.flags.prometheus.config(url, Duration::from_secs(10))?),
                 EngineOptions {
-                    allow_inline_promql_in_namespaced: cli.allow_free_form_promql,
-                    cluster_label: cli.cluster_label,
+                    allow_inline_promql_in_namespaced: cli.flags.allow_free_form_promql,
+                    cluster_label: cli.flags.cluster_label,
                     ..EngineOptions::default()
                 },
             )?)),
@@ -75,12 +72,12 @@ async fn main() -> ExitCode {
         let leadership = rt.leadership()?;
         let ctx = Arc::new(reconcile::Context {
             leadership,
-            wave_passed_job: cli.wave_passed_job,
-            allow_free_form_promql: cli.allow_free_form_promql,
+            wave_passed_job: cli.flags.wave_passed_job,
+            allow_free_form_promql: cli.flags.allow_free_form_promql,
             engine,
             metrics: Some(wave_metrics),
             notifier: rt.notifier.clone(),
-            pin_wait: std::time::Duration::from_secs(cli.pin_wait_seconds),
+            pin_wait: std::time::Duration::from_secs(cli.flags.pin_wait_seconds),
             caches: Arc::new(sluice_wave_gate::cache::Caches::new(rt.watch_client.clone())),
             ..reconcile::Context::new(rt.client.clone(), rt.recorder.clone())
         });
