@@ -52,6 +52,33 @@ pub fn new(
     }
 }
 
+/// The generation and time a decision stamps the conditions it sets with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    /// The object's `metadata.generation` the decision read (`observedGeneration`).
+    pub generation: Option<i64>,
+    /// The decision's time (`lastTransitionTime` of a condition that changed).
+    pub now: Timestamp,
+}
+
+impl Stamp {
+    /// Sets the condition `type_` in `conditions` ([`new`] then [`set`]); true when its status,
+    /// reason, message or observed generation changed.
+    pub fn set(
+        self,
+        conditions: &mut Vec<Condition>,
+        type_: &str,
+        status: Status,
+        reason: &str,
+        message: impl Into<String>,
+    ) -> bool {
+        set(
+            conditions,
+            new(type_, status, reason, message, self.generation, self.now),
+        )
+    }
+}
+
 /// Whether two conditions say the same thing (type, status, reason, message, observed
 /// generation), ignoring `lastTransitionTime`.
 pub fn same_ignoring_time(a: &Condition, b: &Condition) -> bool {
@@ -296,5 +323,24 @@ mod tests {
         b[1].message = "changed".into();
         assert!(!lists_equal_ignoring_time(&a, &b));
         assert!(!lists_equal_ignoring_time(&a, &b[..1]));
+    }
+
+    #[test]
+    fn a_stamp_sets_at_its_generation_and_keeps_the_transition_time_of_an_unchanged_condition() {
+        let mut conditions = Vec::new();
+        let at = |generation, secs| Stamp {
+            generation: Some(generation),
+            now: t(secs),
+        };
+        assert!(at(1, 0).set(&mut conditions, "Ready", Status::True, "Valid", "ok"));
+        assert!(!at(1, 30).set(&mut conditions, "Ready", Status::True, "Valid", "ok"));
+        assert_eq!(conditions, vec![ready(Status::True, "Valid", "ok", 1, 0)]);
+        assert!(at(2, 60).set(&mut conditions, "Ready", Status::True, "Valid", "ok"));
+        assert_eq!(conditions, vec![ready(Status::True, "Valid", "ok", 2, 0)]);
+        assert!(at(2, 90).set(&mut conditions, "Ready", Status::False, "InvalidSpec", "no"));
+        assert_eq!(
+            conditions,
+            vec![ready(Status::False, "InvalidSpec", "no", 2, 90)]
+        );
     }
 }

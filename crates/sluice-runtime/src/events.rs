@@ -41,21 +41,29 @@ pub struct Notice {
 
 impl Notice {
     /// A Normal Event.
-    pub fn normal(reason: &'static str, action: &'static str, note: impl Into<String>) -> Self {
+    pub fn normal(
+        reason: &'static str,
+        action: impl Into<&'static str>,
+        note: impl Into<String>,
+    ) -> Self {
         Self {
             severity: Severity::Normal,
             reason,
-            action,
+            action: action.into(),
             note: note.into(),
         }
     }
 
     /// A Warning Event.
-    pub fn warning(reason: &'static str, action: &'static str, note: impl Into<String>) -> Self {
+    pub fn warning(
+        reason: &'static str,
+        action: impl Into<&'static str>,
+        note: impl Into<String>,
+    ) -> Self {
         Self {
             severity: Severity::Warning,
             reason,
-            action,
+            action: action.into(),
             note: note.into(),
         }
     }

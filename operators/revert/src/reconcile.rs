@@ -49,7 +49,7 @@ use crate::{
     apply::{self, Kinds},
     clusters::Clusters,
     decide::{
-        self, Action, AppKey, AppObservation, AppView, ObjectKey, Observations,
+        self, Action, AppKey, AppObservation, AppView, EventAction, ObjectKey, Observations,
         OwningApplicationSet,
     },
     metrics::RevertMetrics,
@@ -1011,7 +1011,7 @@ pub async fn reconcile(
                     obj.as_ref(),
                     Severity::Warning,
                     reason,
-                    decide::PIN,
+                    EventAction::Pin.into(),
                     &message,
                 )
                 .await;
@@ -1110,10 +1110,11 @@ pub async fn reconcile(
                         Severity::Normal,
                         reason,
                         if *reason == reasons::ALL_PINNED {
-                            decide::PIN
+                            EventAction::Pin
                         } else {
-                            decide::RELEASE
-                        },
+                            EventAction::Release
+                        }
+                        .into(),
                         note,
                     )
                     .await

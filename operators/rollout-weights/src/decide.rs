@@ -18,9 +18,6 @@ use sluice_runtime::{conditions as cond, events::Notice, validity::Step};
 pub use crate::step::{Action, Decision, Observations, Requeue};
 use crate::{step, validity};
 
-/// The Event action name of validation outcomes.
-pub const VALIDATE: &str = sluice_runtime::validity::VALIDATE;
-
 /// Decides the next status of a Rollout: validity, then the state machine when the spec is
 /// valid. `allow_free_form_promql` is the platform's policy for free-form PromQL gates.
 pub fn decide(
@@ -102,7 +99,7 @@ fn gate_configuration(
             if before.is_none() {
                 checked.actions.push(Action::Event(Notice::warning(
                     reasons::GATE_MISCONFIGURED,
-                    VALIDATE,
+                    sluice_runtime::validity::VALIDATE,
                     message,
                 )));
             }

@@ -8,7 +8,7 @@ use sluice_api::v1alpha1::{
 };
 use sluice_runtime::conditions::{self as cond, Status};
 
-use super::model::{Decision, Observations, VERIFY, condition};
+use super::model::{Decision, EventAction, Observations, condition};
 use super::plan::spec_targets;
 
 /// How the spec differs from what the pin verified and holds (empty: it does not, or nothing
@@ -94,7 +94,7 @@ pub(super) fn check_drift(
             message,
             obs.generation,
             now,
-            VERIFY,
+            EventAction::Verify,
         );
         return true;
     }
@@ -112,7 +112,7 @@ pub(super) fn check_drift(
             ),
             obs.generation,
             now,
-            VERIFY,
+            EventAction::Verify,
         );
     }
     false

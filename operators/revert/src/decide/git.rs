@@ -12,8 +12,8 @@ use sluice_api::v1alpha1::{
 use sluice_runtime::conditions::Status;
 
 use super::model::{
-    Action, BRANCH_PREFIX, Decision, GIT_RETRY_MAX, GIT_RETRY_MIN, Observations, PIN, Requeue,
-    condition,
+    Action, BRANCH_PREFIX, Decision, EventAction, GIT_RETRY_MAX, GIT_RETRY_MIN, Observations,
+    Requeue, condition,
 };
 use super::plan::bundle_to_verify;
 
@@ -94,7 +94,7 @@ pub(super) fn git_revert(
             "spec.gitRevert is set but the operator has no intent repository configured (--git-url); revert the change in Git by hand".into(),
             gen_,
             now,
-            PIN,
+            EventAction::Pin,
         );
         return;
     }

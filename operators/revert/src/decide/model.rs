@@ -373,14 +373,16 @@ pub use sluice_runtime::decision::Requeue;
 /// The outcome of [`decide`](super::decide): the status is written once every effect succeeded.
 pub type Decision = sluice_runtime::decision::Decision<BundlePinStatus, Action>;
 
-/// The Event action name of validation outcomes.
-pub const VALIDATE: &str = sluice_runtime::validity::VALIDATE;
-/// The Event action name of verification outcomes.
-pub const VERIFY: &str = "Verify";
-/// The Event action name of pinning.
-pub const PIN: &str = "Pin";
-/// The Event action name of releasing.
-pub const RELEASE: &str = "Release";
+/// What an Event of this operator is about: its `action`, as the Events API shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+pub enum EventAction {
+    /// Verification outcomes.
+    Verify,
+    /// Pinning.
+    Pin,
+    /// Releasing.
+    Release,
+}
 
 /// Whether an Application of this pin may still have its automated sync suspended by revert:
 /// Suspended or Pinned, or Failed after its original sync policy was recorded. A Failed pin that
@@ -426,7 +428,7 @@ pub(super) fn condition(
     message: String,
     generation: Option<i64>,
     now: Timestamp,
-    action: &'static str,
+    action: EventAction,
 ) {
     let severity = if status == Status::False && reason != reasons::FORWARD_FIX_WAITING {
         Severity::Warning
@@ -441,7 +443,7 @@ pub(super) fn condition(
         d.actions.push(Action::Event(Notice {
             severity,
             reason,
-            action,
+            action: action.into(),
             note: message,
         }));
     }

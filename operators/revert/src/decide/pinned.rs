@@ -12,8 +12,8 @@ use sluice_runtime::{conditions::Status, events::Notice};
 
 use super::git::git_revert;
 use super::model::{
-    Action, Decision, FIGHT_WINDOW, MAX_RESUSPEND_BACKOFF, MAX_RESUSPENSIONS, Observations, PIN,
-    POLL, RELEASE, Requeue, app_key, condition, policy_prunes, view,
+    Action, Decision, EventAction, FIGHT_WINDOW, MAX_RESUSPEND_BACKOFF, MAX_RESUSPENSIONS,
+    Observations, POLL, Requeue, app_key, condition, policy_prunes, view,
 };
 use super::release::release;
 
@@ -72,7 +72,7 @@ pub(super) fn pinned(
         let names: Vec<String> = resuspend.iter().map(|(_, w)| w.clone()).collect();
         d.actions.push(Action::Event(Notice::warning(
             reasons::RESUSPENDED,
-            PIN,
+            EventAction::Pin,
             format!(
                 "automated sync was turned back on for {} while pinned; suspended again",
                 names.join(", ")
@@ -94,7 +94,7 @@ pub(super) fn pinned(
             ),
             gen_,
             now,
-            PIN,
+            EventAction::Pin,
         );
     }
     if spec.release_policy == ReleasePolicy::Explicit {
@@ -155,7 +155,7 @@ pub(super) fn pinned(
             ),
             gen_,
             now,
-            RELEASE,
+            EventAction::Release,
         );
     }
 }

@@ -12,8 +12,8 @@ use sluice_api::v1alpha1::{
 use sluice_runtime::conditions::{self as cond, Status};
 
 use super::model::{
-    Action, AppView, BundleSummary, Decision, ObjectKey, Observations, PIN, POLL, RETRY, Requeue,
-    SHORT, Verification, allowed_kinds, app_key, condition, policy_prunes, view,
+    Action, AppView, BundleSummary, Decision, EventAction, ObjectKey, Observations, POLL, RETRY,
+    Requeue, SHORT, Verification, allowed_kinds, app_key, condition, policy_prunes, view,
 };
 use super::plan::bundle_to_verify;
 
@@ -97,7 +97,7 @@ pub(super) fn pinning(
                 format!("verification failed while pinning: {message}"),
                 gen_,
                 now,
-                PIN,
+                EventAction::Pin,
             );
             d.requeue = Requeue::AwaitChange;
             return;
@@ -250,7 +250,7 @@ pub(super) fn pinning(
             failed.join("; "),
             gen_,
             now,
-            PIN,
+            EventAction::Pin,
         );
     }
     let all_pinned = d

@@ -10,8 +10,8 @@ use sluice_api::v1alpha1::{
 use sluice_runtime::conditions::{self as cond, Status};
 
 use super::model::{
-    Action, Decision, Observations, OtherPin, PIN, Requeue, app_key, condition, holds_application,
-    view,
+    Action, Decision, EventAction, Observations, OtherPin, Requeue, app_key, condition,
+    holds_application, view,
 };
 
 /// What release sets `automated.enabled` back to: `None` when the original policy had no
@@ -141,7 +141,7 @@ pub(super) fn give_back(
         note.clone(),
         obs.generation,
         now,
-        PIN,
+        EventAction::Pin,
     );
     d.actions.push(Action::Audit {
         reason: reasons::DEADLINE_EXCEEDED,

@@ -12,8 +12,9 @@ use sluice_api::v1alpha1::{
 use sluice_runtime::{conditions::Status, events::Notice};
 
 use super::model::{
-    Action, AppView, BundleSummary, Decision, MAX_OBJECTS, Observations, OtherPin, RETRY, Requeue,
-    SHORT, VERIFY, Verification, allowed_kinds, condition, holds_application, policy_prunes,
+    Action, AppView, BundleSummary, Decision, EventAction, MAX_OBJECTS, Observations, OtherPin,
+    RETRY, Requeue, SHORT, Verification, allowed_kinds, condition, holds_application,
+    policy_prunes,
 };
 use super::pinning::to_prune;
 use crate::binding;
@@ -47,7 +48,7 @@ pub(super) fn verifying(
                 ),
                 gen_,
                 now,
-                VERIFY,
+                EventAction::Verify,
             );
             d.requeue = Requeue::After(RETRY);
             return;
@@ -62,7 +63,7 @@ pub(super) fn verifying(
                 format!("refused, nothing applied: {message}"),
                 gen_,
                 now,
-                VERIFY,
+                EventAction::Verify,
             );
             d.requeue = Requeue::AwaitChange;
             return;
@@ -76,7 +77,7 @@ pub(super) fn verifying(
                 format!("cannot verify yet, nothing applied: {message}"),
                 gen_,
                 now,
-                VERIFY,
+                EventAction::Verify,
             );
             d.requeue = Requeue::After(RETRY);
             return;
@@ -96,7 +97,7 @@ pub(super) fn verifying(
             ),
             gen_,
             now,
-            VERIFY,
+            EventAction::Verify,
         );
         return;
     }
@@ -113,7 +114,7 @@ pub(super) fn verifying(
             ),
             gen_,
             now,
-            VERIFY,
+            EventAction::Verify,
         );
         d.requeue = Requeue::AwaitChange;
         return;
@@ -198,7 +199,7 @@ pub(super) fn verifying(
                 }
                 if spec.allow_any_revision && !v.history.contains(&summary.digest) {
                     d.actions.push(Action::Event(Notice::warning(reasons::ANY_REVISION_ALLOWED,
-                        VERIFY,
+                        EventAction::Verify,
                         format!(
                             "{who}: pinning {}, a digest Argo CD never deployed for it (spec.allowAnyRevision)",
                             summary.digest
@@ -224,7 +225,7 @@ pub(super) fn verifying(
             format!("refused, nothing applied: {message}"),
             gen_,
             now,
-            VERIFY,
+            EventAction::Verify,
         );
         d.requeue = Requeue::AwaitChange;
         return;
@@ -270,7 +271,7 @@ pub(super) fn verifying(
         ),
         gen_,
         now,
-        VERIFY,
+        EventAction::Verify,
     );
     // The original policies are now recorded; the next reconcile (from this status) touches
     // the Applications.

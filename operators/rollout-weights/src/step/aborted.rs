@@ -11,7 +11,7 @@ use sluice_runtime::{conditions::Status, events::Notice};
 
 use crate::route_edit::Desired;
 
-use super::model::{Action, Machine, REVERTED_SHARE_PERCENT, RouteObs, RouteState, event_actions};
+use super::model::{Action, EventAction, Machine, REVERTED_SHARE_PERCENT, RouteObs, RouteState};
 
 impl Machine<'_> {
     /// A BundlePin rewrote a route this Rollout owns (`message` names it): the pin wins. The
@@ -78,7 +78,7 @@ impl Machine<'_> {
         }
         self.event(Notice::warning(
             why,
-            event_actions::ABORT,
+            EventAction::Abort,
             format!("rollout aborted: {message}"),
         ));
     }
@@ -117,7 +117,7 @@ impl Machine<'_> {
                     a.revert_verified_at = Some(Time(self.now));
                     self.event(Notice::normal(
                         "RevertVerified",
-                        event_actions::ABORT,
+                        EventAction::Abort,
                         format!("the mesh reports canary share {s:.2}% after the abort"),
                     ));
                 }

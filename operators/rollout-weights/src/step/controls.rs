@@ -8,7 +8,7 @@ use sluice_api::v1alpha1::{
 };
 use sluice_runtime::events::Notice;
 
-use super::model::{Machine, event_actions};
+use super::model::{EventAction, Machine};
 
 impl Machine<'_> {
     /// The controls on a Rollout that owns its route: `spec.abort` aborts, and a `spec.retry`
@@ -40,7 +40,7 @@ impl Machine<'_> {
             self.next.captured_baselines.clear();
             self.event(Notice::normal(
                 reasons::STEP_IN_PROGRESS,
-                event_actions::STEP,
+                EventAction::Step,
                 format!("retry {} from the first step", spec.retry),
             ));
         }

@@ -203,7 +203,7 @@ impl Machine<'_> {
                 );
                 self.event(Notice::warning(
                     reasons::FOREIGN_EDIT_RESTORED,
-                    event_actions::RESTORE,
+                    EventAction::Restore,
                     note,
                 ));
                 self.condition(
@@ -266,7 +266,7 @@ impl Machine<'_> {
             for note in edits {
                 self.event(Notice::warning(
                     reasons::FOREIGN_EDIT_RESTORED,
-                    event_actions::RESTORE,
+                    EventAction::Restore,
                     note,
                 ));
                 self.condition(
@@ -325,7 +325,7 @@ impl Machine<'_> {
                 self.next.phase = RolloutPhase::WaitingForCanary;
                 self.event(Notice::normal(
                     "Owned",
-                    event_actions::OWN,
+                    EventAction::Own,
                     format!(
                         "took ownership of {} {}",
                         spec.route_ref.kind.as_str(),
@@ -401,7 +401,7 @@ impl Machine<'_> {
             };
             self.event(Notice::warning(
                 reasons::ABORTED_ON_DELETE,
-                event_actions::ABORT,
+                EventAction::Abort,
                 note,
             ));
         }
@@ -413,7 +413,7 @@ impl Machine<'_> {
                 "{} (spec.additionalRoutes) handed back; {route_ref} (spec.routeRef) could not be read, and is handed back too if it is there and owned",
                 additional()
             );
-            self.event(Notice::normal("HandedBack", event_actions::OWN, note));
+            self.event(Notice::normal("HandedBack", EventAction::Own, note));
         }
     }
 
@@ -510,7 +510,7 @@ impl Machine<'_> {
             message.clone(),
         );
         if before.as_deref() != Some(reason) {
-            self.event(Notice::warning(reason, event_actions::OWN, message));
+            self.event(Notice::warning(reason, EventAction::Own, message));
         }
         self.wake(self.interval());
     }

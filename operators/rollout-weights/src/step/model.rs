@@ -159,20 +159,21 @@ pub struct RouteState {
     pub last_writer: Option<String>,
 }
 
-/// Event action names.
-pub mod event_actions {
+/// What an Event of this operator is about: its `action`, as the Events API shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+pub enum EventAction {
     /// Route ownership taken or handed back.
-    pub const OWN: &str = "Own";
+    Own,
     /// A step started or finished.
-    pub const STEP: &str = "Step";
+    Step,
     /// The applied share was judged.
-    pub const SHARE: &str = "Share";
+    Share,
     /// The rollout aborted or its abort was verified.
-    pub const ABORT: &str = "Abort";
+    Abort,
     /// Promotion.
-    pub const PROMOTE: &str = "Promote";
+    Promote,
     /// A foreign edit was restored.
-    pub const RESTORE: &str = "Restore";
+    Restore,
 }
 
 /// The route parts a step wants: weight of the last setWeight at or before `index` (100 for
@@ -264,15 +265,11 @@ impl Machine<'_> {
         reason: &str,
         message: impl Into<String>,
     ) {
-        let c = cond::new(
-            type_,
-            status,
-            reason,
-            message,
-            self.obs.generation,
-            self.now,
-        );
-        cond::set(&mut self.next.conditions, c);
+        let stamp = cond::Stamp {
+            generation: self.obs.generation,
+            now: self.now,
+        };
+        stamp.set(&mut self.next.conditions, type_, status, reason, message);
     }
 
     pub(super) fn interval(&self) -> Duration {

@@ -12,7 +12,7 @@ use sluice_runtime::{
     events::Notice,
 };
 
-use super::model::{Machine, desired_at, event_actions};
+use super::model::{EventAction, Machine, desired_at};
 
 impl Machine<'_> {
     /// What changed under a running plan: a new canary version (from the canary workload's
@@ -58,7 +58,7 @@ impl Machine<'_> {
             );
             self.event(Notice::warning(
                 reasons::CANARY_VERSION_CHANGED,
-                event_actions::STEP,
+                EventAction::Step,
                 note,
             ));
             self.next.steps_hash = Some(hash);
@@ -109,7 +109,7 @@ impl Machine<'_> {
         );
         self.event(Notice::normal(
             reasons::STEPS_CHANGED,
-            event_actions::STEP,
+            EventAction::Step,
             note,
         ));
         self.start_step(index);

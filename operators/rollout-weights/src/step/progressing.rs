@@ -16,7 +16,7 @@ use sluice_runtime::{
 
 use crate::route_edit::Desired;
 
-use super::model::{MAX_HISTORY, Machine, desired_at, dur, event_actions, since};
+use super::model::{EventAction, MAX_HISTORY, Machine, desired_at, dur, since};
 
 impl Machine<'_> {
     pub(super) fn progressing(&mut self) {
@@ -198,7 +198,7 @@ impl Machine<'_> {
         );
         self.event(Notice::normal(
             reasons::STEP_IN_PROGRESS,
-            event_actions::STEP,
+            EventAction::Step,
             note,
         ));
         self.write(d);
@@ -244,7 +244,7 @@ impl Machine<'_> {
         if before.as_deref() != Some(reasons::CANARY_SERVICE_MISSING) {
             self.event(Notice::warning(
                 reasons::CANARY_SERVICE_MISSING,
-                event_actions::STEP,
+                EventAction::Step,
                 msg,
             ));
         }

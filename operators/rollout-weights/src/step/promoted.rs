@@ -15,7 +15,7 @@ use sluice_runtime::{
 
 use crate::route_edit::Desired;
 
-use super::model::{Action, Machine, dur, event_actions, since};
+use super::model::{Action, EventAction, Machine, dur, since};
 
 impl Machine<'_> {
     pub(super) fn promote(&mut self, why: String) {
@@ -29,7 +29,7 @@ impl Machine<'_> {
         );
         self.event(Notice::normal(
             reasons::PROMOTED,
-            event_actions::PROMOTE,
+            EventAction::Promote,
             format!("promoted to 100%: {why}"),
         ));
         self.write(Desired {
@@ -62,7 +62,7 @@ impl Machine<'_> {
             if !already {
                 self.event(Notice::warning(
                     reasons::HAND_BACK_OVERDUE,
-                    event_actions::PROMOTE,
+                    EventAction::Promote,
                     note,
                 ));
             }
@@ -75,7 +75,7 @@ impl Machine<'_> {
         self.actions.push(Action::HandBack);
         self.event(Notice::normal(
             "HandedBack",
-            event_actions::OWN,
+            EventAction::Own,
             format!(
                 "{} {} handed back",
                 self.spec.route_ref.kind.as_str(),

@@ -15,7 +15,7 @@ use sluice_runtime::{conditions::Status, events::Notice};
 
 use sluice_api::v1alpha1::rollout::OwnedRouteStatus;
 
-use super::model::{Action, Machine, event_actions, is_route};
+use super::model::{Action, EventAction, Machine, is_route};
 
 impl Machine<'_> {
     /// Whether the route or a Service changed under a running rollout; if so, releases the
@@ -77,7 +77,7 @@ impl Machine<'_> {
         });
         self.event(Notice::warning(
             reasons::TARGET_CHANGED,
-            event_actions::OWN,
+            EventAction::Own,
             note.clone(),
         ));
         if self.obs.deleting {
@@ -130,7 +130,7 @@ impl Machine<'_> {
             self.release(&o);
             self.event(Notice::normal(
                 reasons::TARGET_CHANGED,
-                event_actions::OWN,
+                EventAction::Own,
                 format!(
                     "{kind} {} left spec.additionalRoutes: {what} and it is handed back",
                     o.name

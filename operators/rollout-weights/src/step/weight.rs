@@ -16,7 +16,7 @@ use sluice_runtime::{
     events::Notice,
 };
 
-use super::model::{Machine, dur, event_actions, expected_share, since};
+use super::model::{EventAction, Machine, dur, expected_share, since};
 
 impl Machine<'_> {
     pub(super) fn run_weight(&mut self, index: usize, duration: Duration) -> bool {
@@ -67,7 +67,7 @@ impl Machine<'_> {
                 );
                 self.event(Notice::normal(
                     reasons::SHARE_WITHIN_TOLERANCE,
-                    event_actions::SHARE,
+                    EventAction::Share,
                     note,
                 ));
                 self.wake(interval);
@@ -129,7 +129,7 @@ impl Machine<'_> {
             if was.as_deref() != Some(reasons::SHARE_NOT_YET_APPLIED) && elapsed >= interval * 2 {
                 self.event(Notice::warning(
                     reasons::SHARE_NOT_YET_APPLIED,
-                    event_actions::SHARE,
+                    EventAction::Share,
                     note,
                 ));
             }

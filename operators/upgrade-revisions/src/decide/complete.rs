@@ -12,7 +12,7 @@ use sluice_runtime::{
     events::Notice,
 };
 
-use super::model::{COMPLETE, REPORT_LIMIT, Tick};
+use super::model::{EventAction, REPORT_LIMIT, Tick};
 
 impl Tick<'_> {
     pub(super) fn set_phase(&mut self) {
@@ -99,7 +99,11 @@ impl Tick<'_> {
                 reasons::NO_OLD_PROXIES,
                 format!("complete: {} proxies on {}", p.new, self.spec.to_revision),
             );
-            self.event(Notice::normal(reasons::NO_OLD_PROXIES, COMPLETE, msg));
+            self.event(Notice::normal(
+                reasons::NO_OLD_PROXIES,
+                EventAction::Complete,
+                msg,
+            ));
             return;
         }
         let mut where_ = Vec::new();

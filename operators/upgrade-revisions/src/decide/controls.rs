@@ -5,7 +5,7 @@ use sluice_api::v1alpha1::revision_upgrade::{
 };
 use sluice_runtime::events::Notice;
 
-use super::model::{RESUME, Tick, event_reasons};
+use super::model::{EventAction, Tick, event_reasons};
 
 impl Tick<'_> {
     /// Abort and resume.
@@ -58,6 +58,10 @@ impl Tick<'_> {
             self.spec.resume,
             restarted.as_deref().unwrap_or("(none)")
         );
-        self.event(Notice::normal(event_reasons::RESUMED, RESUME, note));
+        self.event(Notice::normal(
+            event_reasons::RESUMED,
+            EventAction::Resume,
+            note,
+        ));
     }
 }

@@ -12,7 +12,7 @@ use sluice_runtime::{
     events::Notice,
 };
 
-use super::model::{Tick, WAVE, event_reasons};
+use super::model::{EventAction, Tick, event_reasons};
 use crate::fleet::{self};
 
 impl Tick<'_> {
@@ -31,7 +31,7 @@ impl Tick<'_> {
             if !known {
                 self.event(Notice::normal(
                     reasons::WAITING_FOR_UPGRADE,
-                    WAVE,
+                    EventAction::Wave,
                     msg.clone(),
                 ));
             }
@@ -81,7 +81,7 @@ impl Tick<'_> {
             if !known {
                 self.event(Notice::warning(
                     reasons::STARTED_WAVE_REMOVED,
-                    WAVE,
+                    EventAction::Wave,
                     msg.clone(),
                 ));
             }
@@ -210,7 +210,7 @@ impl Tick<'_> {
         }
         let proxies: u32 = members.iter().map(|m| self.count(m, "").pods).sum();
         self.event(Notice::normal(event_reasons::WAVE_STARTED,
-            WAVE,
+            EventAction::Wave,
             format!(
                 "wave {name} started: {} namespace(s), {proxies} proxies, moving from tag {} ({}) to {} ({})",
                 members.len(),

@@ -20,7 +20,7 @@ use sluice_runtime::{
     events::Notice,
 };
 
-use super::model::{Action, Decision, GATE_MISCONFIGURED, GateReport, Observations, VALIDATE};
+use super::model::{Action, Decision, GATE_MISCONFIGURED, GateReport, Observations};
 
 /// `report` with its unresolved gates judged: each Inconclusive (its streak carried from its
 /// verdict in `status`) with the action `spec.inconclusive` calls for, combined with the
@@ -102,7 +102,7 @@ pub(super) fn set_ready(
             if changed {
                 d.actions.push(Action::Event(Notice::warning(
                     GATE_MISCONFIGURED,
-                    VALIDATE,
+                    sluice_runtime::validity::VALIDATE,
                     format!(
                         "a gate cannot be evaluated as configured; it stays Inconclusive under its Inconclusive policy: {message}"
                     ),

@@ -189,18 +189,20 @@ pub use sluice_runtime::decision::Requeue;
 /// succeeded, the status to write, and when to reconcile again.
 pub type Decision = sluice_runtime::decision::Decision<RevisionUpgradeStatus, Action>;
 
-/// The Event action name of validation outcomes.
-pub const VALIDATE: &str = sluice_runtime::validity::VALIDATE;
-/// The Event action name of wave transitions.
-pub const WAVE: &str = "Wave";
-/// The Event action name of relabels.
-pub const RELABEL: &str = "Relabel";
-/// The Event action name of aborts and rollbacks.
-pub const ABORT: &str = "Abort";
-/// The Event action name of completion.
-pub const COMPLETE: &str = "Complete";
-/// The Event action name of resume.
-pub const RESUME: &str = "Resume";
+/// What an Event of this operator is about: its `action`, as the Events API shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+pub enum EventAction {
+    /// Wave transitions.
+    Wave,
+    /// Relabels.
+    Relabel,
+    /// Aborts and rollbacks.
+    Abort,
+    /// Completion.
+    Complete,
+    /// Resume.
+    Resume,
+}
 
 /// Event reasons this module adds to the kind's condition reasons.
 pub mod event_reasons {
@@ -293,8 +295,11 @@ impl Tick<'_> {
     }
 
     pub(super) fn condition(&mut self, type_: &str, status: Status, reason: &str, message: String) {
-        let c = cond::new(type_, status, reason, message, self.generation(), self.now);
-        cond::set(&mut self.next.conditions, c);
+        let stamp = cond::Stamp {
+            generation: self.generation(),
+            now: self.now,
+        };
+        stamp.set(&mut self.next.conditions, type_, status, reason, message);
     }
 
     pub(super) fn ns_view(&self, name: &str) -> Option<&NamespaceView> {

@@ -14,7 +14,7 @@ use sluice_runtime::{
 };
 
 use super::model::{
-    Action, REINJECTION_GRACE, RELABEL, REPORT_LIMIT, TICK, Tick, WAVE, elapsed, to_ms,
+    Action, EventAction, REINJECTION_GRACE, REPORT_LIMIT, TICK, Tick, elapsed, to_ms,
 };
 use crate::fleet::NamespaceView;
 
@@ -57,7 +57,7 @@ impl Tick<'_> {
             }
             if !before.contains(&namespace) {
                 self.event(Notice::warning(reasons::NAMESPACE_RELABELLED_BACK,
-                    RELABEL,
+                    EventAction::Relabel,
                     format!(
                         "namespace {namespace} was relabelled istio.io/rev={rev:?} by someone else after sluice set {}; its pods are not restarted until the label is {} again (with Argo CD, see the README's ignoreDifferences setting)",
                         self.spec.to_tag, self.spec.to_tag
@@ -118,7 +118,11 @@ impl Tick<'_> {
         let known = cond::find(&self.next.conditions, conditions::PROGRESSING)
             .is_some_and(|c| c.reason == reasons::TAG_MISMATCH && c.message == msg);
         if !known {
-            self.event(Notice::warning(reasons::TAG_MISMATCH, WAVE, msg.clone()));
+            self.event(Notice::warning(
+                reasons::TAG_MISMATCH,
+                EventAction::Wave,
+                msg.clone(),
+            ));
         }
         self.condition(
             conditions::PROGRESSING,
@@ -234,7 +238,7 @@ impl Tick<'_> {
                 break;
             }
             self.event(Notice::warning(reasons::REINJECTED_BY_OLD_REVISION,
-                RELABEL,
+                EventAction::Relabel,
                 format!(
                     "{} {}/{}: pod {} was created after namespace {} carried istio.io/rev={label} and was injected by revision {}, not {target}; the workload is not restarted again (check a pod-level istio.io/rev label added at admission, or the {label} tag's injector)",
                     r.kind, r.namespace, r.name, r.pod, r.namespace, r.found

@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use sluice_api::v1alpha1::revision_upgrade::{WorkloadReport, conditions, reasons};
 use sluice_runtime::{conditions::Status, events::Notice};
 
-use super::model::{RELABEL, REPORT_LIMIT, Tick};
+use super::model::{EventAction, REPORT_LIMIT, Tick};
 use crate::fleet::{self};
 
 impl Tick<'_> {
@@ -31,7 +31,7 @@ impl Tick<'_> {
             if self.next.injection_enabled_namespaces != legacy {
                 self.event(Notice::warning(
                     reasons::LEGACY_INJECTION_LABEL,
-                    RELABEL,
+                    EventAction::Relabel,
                     msg.clone(),
                 ));
             }
@@ -116,7 +116,7 @@ impl Tick<'_> {
             .collect();
         if !new.is_empty() {
             self.event(Notice::warning(reasons::POD_REVISION_OVERRIDE,
-                RELABEL,
+                EventAction::Relabel,
                 format!(
                     "pods pin their revision with their own istio.io/rev label, which wins over the namespace's, so they are not restarted: {}; set their label to {} (or remove it) to move them",
                     new.join(", "),
@@ -181,7 +181,7 @@ impl Tick<'_> {
             );
             self.event(Notice::warning(
                 reasons::ARGO_CD_MANAGES_NAMESPACE_LABELS,
-                RELABEL,
+                EventAction::Relabel,
                 note,
             ));
         }

@@ -13,7 +13,7 @@ use sluice_api::v1alpha1::revision_upgrade::{
 };
 use sluice_runtime::{conditions::Status, events::Notice};
 
-use super::model::{Action, Tick, WAVE, elapsed, workload_key};
+use super::model::{Action, EventAction, Tick, elapsed, workload_key};
 use crate::{
     availability_floor::{self, Plan},
     fleet::{NamespaceView, PodView, Workload},
@@ -351,7 +351,7 @@ impl Tick<'_> {
                 reasons::SOAKING,
                 msg.clone(),
             );
-            self.event(Notice::normal(reasons::SOAKING, WAVE, msg));
+            self.event(Notice::normal(reasons::SOAKING, EventAction::Wave, msg));
         } else if blocked {
             self.condition(
                 conditions::PROGRESSING,

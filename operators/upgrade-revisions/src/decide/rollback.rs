@@ -12,7 +12,7 @@ use sluice_runtime::{
     events::Notice,
 };
 
-use super::model::{ABORT, Tick};
+use super::model::{EventAction, Tick};
 use crate::fleet::PodView;
 
 impl Tick<'_> {
@@ -64,7 +64,7 @@ impl Tick<'_> {
             self.spec.to_revision
         );
         self.condition(conditions::PROGRESSING, Status::True, reason, msg.clone());
-        self.event(Notice::warning(reason, ABORT, msg));
+        self.event(Notice::warning(reason, EventAction::Abort, msg));
     }
 
     pub(super) fn roll_back(&mut self) {
@@ -130,7 +130,11 @@ impl Tick<'_> {
             msg.clone(),
         );
         if !was {
-            self.event(Notice::warning(reasons::ROLLED_BACK, ABORT, msg));
+            self.event(Notice::warning(
+                reasons::ROLLED_BACK,
+                EventAction::Abort,
+                msg,
+            ));
         }
     }
 }

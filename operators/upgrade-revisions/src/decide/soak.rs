@@ -8,7 +8,7 @@ use sluice_analysis::GateAction;
 use sluice_api::v1alpha1::revision_upgrade::{UpgradeWaveState, conditions, reasons};
 use sluice_runtime::{conditions::Status, events::Notice};
 
-use super::model::{Tick, WAVE, elapsed, event_reasons};
+use super::model::{EventAction, Tick, elapsed, event_reasons};
 
 impl Tick<'_> {
     pub(super) fn soak(&mut self, index: usize) {
@@ -82,7 +82,7 @@ impl Tick<'_> {
         w.finished_at = Some(Time(self.now));
         self.event(Notice::normal(
             event_reasons::WAVE_PASSED,
-            WAVE,
+            EventAction::Wave,
             format!("wave {wave} passed its soak with every gate green"),
         ));
         // Start the next wave in the same tick, so no tick is lost between waves.

@@ -7,7 +7,7 @@ use sluice_runtime::{conditions::Status, events::Notice};
 
 use crate::decisions;
 
-use super::model::{Action, Ctx, Requeue, actions, convergence_timeout, interval};
+use super::model::{Action, Ctx, EventAction, Requeue, convergence_timeout, interval};
 
 pub(super) fn admit(cx: &mut Ctx<'_>, i: usize) -> Requeue {
     let spec = cx.spec;
@@ -46,7 +46,7 @@ pub(super) fn admit(cx: &mut Ctx<'_>, i: usize) -> Requeue {
         ) {
             cx.event(Notice::normal(
                 reasons::WAITING_FOR_SITE,
-                actions::ADMIT,
+                EventAction::Admit,
                 note,
             ));
         }
@@ -57,7 +57,7 @@ pub(super) fn admit(cx: &mut Ctx<'_>, i: usize) -> Requeue {
         cx.history_note(&note);
         cx.event(Notice::warning(
             reasons::WAIT_RELEASED,
-            actions::ADMIT,
+            EventAction::Admit,
             note,
         ));
     }
@@ -78,7 +78,11 @@ pub(super) fn admit(cx: &mut Ctx<'_>, i: usize) -> Requeue {
         reasons::WAVE_ADMITTED,
         note.clone(),
     );
-    cx.event(Notice::normal(reasons::WAVE_ADMITTED, actions::ADMIT, note));
+    cx.event(Notice::normal(
+        reasons::WAVE_ADMITTED,
+        EventAction::Admit,
+        note,
+    ));
     cx.actions.push(Action::NudgeApplicationSet);
     Requeue::After(interval(spec).min(convergence_timeout(spec)))
 }

@@ -11,7 +11,7 @@ use sluice_runtime::{
 
 use crate::decisions;
 
-use super::model::{Ctx, Requeue, actions, active_wave, admitted, done};
+use super::model::{Ctx, EventAction, Requeue, active_wave, admitted, done};
 
 /// Starts the change to `spec.revision`, or returns why it waits.
 pub(super) fn start_change(cx: &mut Ctx<'_>) -> Option<Requeue> {
@@ -31,7 +31,7 @@ pub(super) fn start_change(cx: &mut Ctx<'_>) -> Option<Requeue> {
         ) {
             cx.event(Notice::warning(
                 reasons::BLOCKED_BY_HALT,
-                actions::CHANGE,
+                EventAction::Change,
                 note,
             ));
         }
@@ -57,7 +57,7 @@ pub(super) fn start_change(cx: &mut Ctx<'_>) -> Option<Requeue> {
         ) {
             cx.event(Notice::warning(
                 reasons::SOURCE_COMMIT_UNCHANGED,
-                actions::CHANGE,
+                EventAction::Change,
                 note,
             ));
         }
@@ -73,7 +73,11 @@ pub(super) fn start_change(cx: &mut Ctx<'_>) -> Option<Requeue> {
             spec.revision,
             spec.waves[0].name
         );
-        cx.event(Notice::normal(reasons::SUPERSEDED, actions::CHANGE, note));
+        cx.event(Notice::normal(
+            reasons::SUPERSEDED,
+            EventAction::Change,
+            note,
+        ));
     }
     // What a breach pins back to: the spec's word, else the last completed revision.
     let previous = spec.previous_revision.clone().or_else(|| {

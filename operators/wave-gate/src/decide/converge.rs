@@ -13,8 +13,8 @@ use sluice_runtime::{conditions::Status, events::Notice};
 
 use super::halt::{finish_halt, halt};
 use super::model::{
-    AppView, Ctx, Observations, Requeue, actions, add, ceil_second, convergence_timeout, interval,
-    soak, ts, until,
+    AppView, Ctx, EventAction, Observations, Requeue, add, ceil_second, convergence_timeout,
+    interval, soak, ts, until,
 };
 
 /// What a wave's clusters report.
@@ -126,7 +126,7 @@ pub(super) fn converge(cx: &mut Ctx<'_>, i: usize) -> Option<Requeue> {
             reasons::SOAKING,
             note.clone(),
         );
-        cx.event(Notice::normal(reasons::SOAKING, actions::SOAK, note));
+        cx.event(Notice::normal(reasons::SOAKING, EventAction::Soak, note));
         // Gates are due at once.
         return Some(Requeue::After(Duration::ZERO));
     }

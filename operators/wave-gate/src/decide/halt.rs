@@ -15,7 +15,7 @@ use crate::{
     pins::{self, AppRef, PinPlan},
 };
 
-use super::model::{Action, Ctx, Observations, Requeue, actions, admitted, until};
+use super::model::{Action, Ctx, EventAction, Observations, Requeue, admitted, until};
 
 pub(super) fn admitted_clusters(spec: &WaveGateSpec, s: &WaveGateStatus) -> Vec<String> {
     spec.waves
@@ -122,7 +122,7 @@ pub(super) fn halt(
     cx.condition(types::HALTED, Status::True, r, note.clone());
     cx.condition(types::PROGRESSING, Status::False, r, note.clone());
     cx.history_finish(ChangeOutcome::Halted);
-    cx.event(Notice::warning(r, actions::HALT, note));
+    cx.event(Notice::warning(r, EventAction::Halt, note));
 }
 
 /// Pins first; once every pin exists, the admitted clusters' decisions go back to the previous
@@ -143,7 +143,11 @@ pub(super) fn finish_halt(cx: &mut Ctx<'_>) -> Requeue {
             reasons::GATE_FAILED,
             note.clone(),
         ) {
-            cx.event(Notice::warning(reasons::GATE_FAILED, actions::PIN, note));
+            cx.event(Notice::warning(
+                reasons::GATE_FAILED,
+                EventAction::Pin,
+                note,
+            ));
         }
         return Requeue::AwaitChange;
     };
@@ -228,7 +232,11 @@ pub(super) fn finish_halt(cx: &mut Ctx<'_>) -> Requeue {
         reasons::PINNED_BACK,
         note.clone(),
     );
-    cx.event(Notice::warning(reasons::PINNED_BACK, actions::PIN, note));
+    cx.event(Notice::warning(
+        reasons::PINNED_BACK,
+        EventAction::Pin,
+        note,
+    ));
     cx.actions.push(Action::NudgeApplicationSet);
     Requeue::AwaitChange
 }

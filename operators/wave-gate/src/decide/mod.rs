@@ -129,13 +129,13 @@ fn step(cx: &mut Ctx<'_>) -> Requeue {
         if v.valid {
             cx.event(Notice::normal(
                 reasons::VALID,
-                actions::VALIDATE,
+                sluice_runtime::validity::VALIDATE,
                 "spec accepted",
             ));
         } else {
             cx.event(Notice::warning(
                 reasons::INVALID_SPEC,
-                actions::VALIDATE,
+                sluice_runtime::validity::VALIDATE,
                 v.message,
             ));
         }
@@ -213,7 +213,7 @@ fn step(cx: &mut Ctx<'_>) -> Requeue {
                 Severity::Warning
             },
             reason,
-            action: actions::CHECK_APPLICATION_SET,
+            action: EventAction::CheckApplicationSet.into(),
             note: message,
         });
     }
@@ -270,7 +270,7 @@ fn step(cx: &mut Ctx<'_>) -> Requeue {
                     reasons::ADOPTED,
                     note.clone(),
                 );
-                cx.event(Notice::normal(reasons::ADOPTED, actions::ADOPT, note));
+                cx.event(Notice::normal(reasons::ADOPTED, EventAction::Adopt, note));
                 cx.actions.push(Action::NudgeApplicationSet);
             }
             Err(why) => {
@@ -282,7 +282,7 @@ fn step(cx: &mut Ctx<'_>) -> Requeue {
                 ) {
                     cx.event(Notice::warning(
                         reasons::ADOPTION_PENDING,
-                        actions::ADOPT,
+                        EventAction::Adopt,
                         why,
                     ));
                 }

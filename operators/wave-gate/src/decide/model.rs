@@ -191,28 +191,24 @@ pub use sluice_runtime::decision::Requeue;
 /// The outcome of [`decide`]: effects are carried out after the status write succeeded.
 pub type Decision = sluice_runtime::decision::Decision<WaveGateStatus, Action>;
 
-/// Event action names.
-pub mod actions {
-    /// Validation outcomes.
-    pub const VALIDATE: &str = "Validate";
+/// What an Event of this operator is about: its `action`, as the Events API shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+pub enum EventAction {
     /// ApplicationSet checks.
-    pub const CHECK_APPLICATION_SET: &str = "CheckApplicationSet";
+    CheckApplicationSet,
     /// Adoption.
-    pub const ADOPT: &str = "Adopt";
+    Adopt,
     /// Wave admission.
-    pub const ADMIT: &str = "Admit";
+    Admit,
     /// Soak start and end.
-    pub const SOAK: &str = "Soak";
+    Soak,
     /// Halts.
-    pub const HALT: &str = "Halt";
+    Halt,
     /// Pins and decisions set back.
-    pub const PIN: &str = "Pin";
+    Pin,
     /// New revisions.
-    pub const CHANGE: &str = "Change";
+    Change,
 }
-
-/// The Event action name of validation outcomes.
-pub const VALIDATE: &str = actions::VALIDATE;
 
 pub(super) fn ts(t: &Time) -> Timestamp {
     t.0
@@ -298,18 +294,11 @@ impl Ctx<'_> {
         reason: &str,
         message: String,
     ) -> bool {
-        let before = cond::find(&self.next.conditions, type_).cloned();
-        let c = cond::new(
-            type_,
-            status,
-            reason,
-            message,
-            self.obs.generation,
-            self.now,
-        );
-        let changed = before.is_none_or(|b| !cond::same_ignoring_time(&b, &c));
-        cond::set(&mut self.next.conditions, c);
-        changed
+        let stamp = cond::Stamp {
+            generation: self.obs.generation,
+            now: self.now,
+        };
+        stamp.set(&mut self.next.conditions, type_, status, reason, message)
     }
 
     pub(super) fn history_finish(&mut self, outcome: ChangeOutcome) {

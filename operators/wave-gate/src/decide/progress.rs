@@ -10,7 +10,7 @@ use crate::decisions;
 
 use super::admit::admit;
 use super::converge::converge;
-use super::model::{Action, Ctx, Requeue, actions, active_wave, done, interval};
+use super::model::{Action, Ctx, EventAction, Requeue, active_wave, done, interval};
 use super::soak::soak_step;
 
 pub(super) fn emergency_applies(spec: &WaveGateSpec) -> Option<&str> {
@@ -51,7 +51,11 @@ pub(super) fn progress(cx: &mut Ctx<'_>) -> Requeue {
             reasons::EMERGENCY,
             note.clone(),
         );
-        cx.event(Notice::warning(reasons::EMERGENCY, actions::ADMIT, note));
+        cx.event(Notice::warning(
+            reasons::EMERGENCY,
+            EventAction::Admit,
+            note,
+        ));
         cx.actions.push(Action::NudgeApplicationSet);
         return Requeue::AwaitChange;
     }
@@ -68,7 +72,7 @@ pub(super) fn progress(cx: &mut Ctx<'_>) -> Requeue {
                     note.clone(),
                 ) {
                     cx.history_finish(ChangeOutcome::Complete);
-                    cx.event(Notice::normal(reasons::COMPLETE, actions::ADMIT, note));
+                    cx.event(Notice::normal(reasons::COMPLETE, EventAction::Admit, note));
                 }
             }
             return Requeue::AwaitChange;

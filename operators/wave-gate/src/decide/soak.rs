@@ -14,7 +14,7 @@ use sluice_runtime::{conditions::Status, events::Notice};
 use super::converge::convergence;
 use super::halt::{finish_halt, halt};
 use super::model::{
-    Ctx, Requeue, actions, active_wave, add, convergence_timeout, interval, soak, ts, until,
+    Ctx, EventAction, Requeue, active_wave, add, convergence_timeout, interval, soak, ts, until,
 };
 
 /// When the soak of wave `i` ends (`None` while it has not converged).
@@ -146,7 +146,11 @@ pub(super) fn soak_step(cx: &mut Ctx<'_>, i: usize) -> Option<Requeue> {
             reasons::WAVE_PASSED,
             note.clone(),
         );
-        cx.event(Notice::normal(reasons::WAVE_PASSED, actions::SOAK, note));
+        cx.event(Notice::normal(
+            reasons::WAVE_PASSED,
+            EventAction::Soak,
+            note,
+        ));
         return None;
     }
     // Say what holds the wave past its soak (readable in `kubectl describe`).
