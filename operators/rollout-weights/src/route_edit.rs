@@ -46,6 +46,9 @@ use crate::route::{self, Located, RouteKind, http::Http};
 
 /// Name of the header-cohort rule this operator adds.
 pub const COHORT_RULE: &str = "sluice-cohort";
+/// Header matches one match of an HTTPRoute or GRPCRoute may hold (the released CRDs'
+/// `maxItems`); the cohort rule adds one to each match of the managed rule.
+pub const MAX_MATCH_HEADERS: usize = 16;
 /// Name of the mirror rule this operator adds.
 pub const MIRROR_RULE: &str = "sluice-mirror";
 
@@ -203,6 +206,20 @@ pub enum EditError {
         field: &'static str,
         /// cohort or mirror.
         what: &'static str,
+    },
+    /// A match of the managed rule already holds the most header matches the CRD allows, so
+    /// the cohort header cannot be added to it (the API server would refuse the write).
+    #[strum(serialize = "RouteFull")]
+    #[error(
+        "{kind} {route}: a match of the managed rule already has {max} header matches, the most a match may hold, so the cohort header cannot be added to it; remove the headerCohort step or match on fewer headers"
+    )]
+    CohortHeaderNoRoom {
+        /// Route kind (`HTTPRoute`, `GRPCRoute`).
+        kind: &'static str,
+        /// Route name.
+        route: String,
+        /// The CRD's limit on header matches in one match.
+        max: usize,
     },
     /// A match of the managed rule already matches on the cohort header.
     #[strum(serialize = "InvalidSpec")]
@@ -719,6 +736,16 @@ pub fn apply(
                 header: header.name.clone(),
             });
         }
+        if base
+            .iter()
+            .any(|m| m.headers.as_ref().map_or(0, Vec::len) >= MAX_MATCH_HEADERS)
+        {
+            return Err(EditError::CohortHeaderNoRoom {
+                kind: Http::KIND,
+                route: name,
+                max: MAX_MATCH_HEADERS,
+            });
+        }
         let mut matches: Vec<HttpRouteMatch> =
             base.iter().map(|m| with_header(m, header)).collect();
         if let Some(mirror) = &desired.mirror {
@@ -869,6 +896,14 @@ mod tests {
                 "InvalidSpec",
             ),
             (
+                EditError::CohortHeaderNoRoom {
+                    kind: "GRPCRoute",
+                    route: route(),
+                    max: MAX_MATCH_HEADERS,
+                },
+                "RouteFull",
+            ),
+            (
                 EditError::MirrorWouldCapture {
                     route: route(),
                     rule: "admin".into(),
@@ -930,6 +965,7 @@ mod tests {
                 | EditError::RouteFull { .. }
                 | EditError::FieldPruned { .. }
                 | EditError::CohortHeaderTaken { .. }
+                | EditError::CohortHeaderNoRoom { .. }
                 | EditError::MirrorWouldCapture { .. }
                 | EditError::MirrorWouldCaptureOtherRoute { .. }
                 | EditError::GrpcMirrorWouldCapture { .. }
@@ -1344,6 +1380,15 @@ mod tests {
                 json!([{"name": "X-Cohort", "value": "a"}]);
             v
         };
+        // A match already at the CRD's 16 header matches cannot take the cohort header; the
+        // weights alone still can be written.
+        let headers_full = {
+            let mut v = rich();
+            v["spec"]["rules"][1]["matches"][0]["headers"] = (0..16)
+                .map(|i| json!({"name": format!("x-h{i}"), "value": "1"}))
+                .collect();
+            v
+        };
         let old_crd = CrdSupport {
             rule_name: false,
             mirror_percent: false,
@@ -1395,6 +1440,22 @@ mod tests {
                 CrdSupport::ALL,
                 "InvalidSpec",
                 "x-cohort",
+            ),
+            (
+                "cohort on a match with 16 headers",
+                headers_full.clone(),
+                want(0, true, false),
+                CrdSupport::ALL,
+                "RouteFull",
+                "HTTPRoute checkout: a match of the managed rule already has 16 header matches, the most a match may hold, so the cohort header cannot be added to it; remove the headerCohort step or match on fewer headers",
+            ),
+            (
+                "weights on a match with 16 headers",
+                headers_full,
+                want(5, false, false),
+                CrdSupport::ALL,
+                "",
+                "",
             ),
             (
                 "mirror beside a rule on the same path with header matches only",

@@ -487,6 +487,16 @@ fn with_our_rules(
                 header: header.name.clone(),
             });
         }
+        let full = base
+            .iter()
+            .any(|m| m["headers"].as_array().map_or(0, Vec::len) >= route_edit::MAX_MATCH_HEADERS);
+        if full {
+            return Err(EditError::CohortHeaderNoRoom {
+                kind: Grpc::KIND,
+                route: name.to_owned(),
+                max: route_edit::MAX_MATCH_HEADERS,
+            });
+        }
         let mut matches: Vec<Value> = base.iter().map(|m| with_header(m, header)).collect();
         for g in generated.iter().filter(|g| !base.contains(g)) {
             matches.push(with_header(g, header));
@@ -937,6 +947,23 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "GRPCRoute payments: the managed rule already matches on header X-Tenant; choose another cohort header"
+        );
+        // A match at the CRD's 16 header matches has no room for the cohort header.
+        let mut full = r.clone();
+        full.data["spec"]["rules"][0]["matches"][0]["headers"] = (0..16)
+            .map(|i| json!({"name": format!("x-h{i}"), "value": "1"}))
+            .collect();
+        let cohort = Desired {
+            cohort: Some(
+                serde_json::from_value(json!({"name": "x-cohort", "value": "staff"})).unwrap(),
+            ),
+            ..weight(0)
+        };
+        let err = apply(&full, &t, &cohort, CrdSupport::ALL).unwrap_err();
+        assert_eq!(err.category(), "RouteFull");
+        assert_eq!(
+            err.to_string(),
+            "GRPCRoute payments: a match of the managed rule already has 16 header matches, the most a match may hold, so the cohort header cannot be added to it; remove the headerCohort step or match on fewer headers"
         );
         let missing = Target {
             rule_name: Some("refund".into()),
