@@ -1,6 +1,11 @@
 //! The shape of every operator's pure decide step: from spec, status, observations and the time,
 //! a [`Decision`] — the effects to carry out, the next status, and when to look again.
 //!
+//! Every operator's pure machine writes into one [`Decision`] as it goes: effects pushed in order,
+//! Events with [`Decision::event`], the next look with [`Decision::wake`], conditions with
+//! [`crate::conditions::Stamp`]. Three operators hold it in a `Machine` beside what their phases
+//! read (spec, observations, time); revert's phases are functions over `&mut Decision`.
+//!
 //! Owns only that shape and the conversion of [`Requeue`] into the controller's action; what an
 //! operator's effects are and in which order it carries them out stay with the operator.
 
@@ -58,7 +63,29 @@ pub struct Decision<S, A> {
     pub requeue: Requeue,
 }
 
+impl<S, A> Decision<S, A> {
+    /// The decision to start a decide step from: `status` as it is, no effect, and nothing to
+    /// look at again until a change.
+    pub fn starting_from(status: S) -> Self {
+        Decision {
+            actions: Vec::new(),
+            status,
+            requeue: Requeue::AwaitChange,
+        }
+    }
+
+    /// Looks again after `after` at the latest: the sooner of this and any earlier ask.
+    pub fn wake(&mut self, after: Duration) {
+        self.requeue = self.requeue.sooner(Requeue::After(after));
+    }
+}
+
 impl<S, A: crate::events::Announces> Decision<S, A> {
+    /// Publishes `notice` (after the effects queued before it).
+    pub fn event(&mut self, notice: crate::events::Notice) {
+        self.actions.push(A::announce(notice));
+    }
+
     /// The reasons of the Events the decision publishes, in order.
     pub fn event_reasons(&self) -> Vec<&'static str> {
         self.actions
@@ -66,6 +93,14 @@ impl<S, A: crate::events::Announces> Decision<S, A> {
             .filter_map(crate::events::Announces::event_reason)
             .collect()
     }
+}
+
+/// Appends `entry` to a status's history and drops the oldest entries beyond `max`, so a
+/// long-lived object's status stays bounded.
+pub fn record_bounded<T>(history: &mut Vec<T>, entry: T, max: usize) {
+    history.push(entry);
+    let excess = history.len().saturating_sub(max);
+    history.drain(..excess);
 }
 
 #[cfg(test)]
@@ -121,5 +156,16 @@ mod tests {
         );
         assert_eq!(Requeue::After(ms(5)).after(), Some(ms(5)));
         assert_eq!(Requeue::AwaitChange.after(), None);
+    }
+
+    #[test]
+    fn a_bounded_history_keeps_the_newest_entries() {
+        let mut history = vec![1, 2, 3];
+        record_bounded(&mut history, 4, 3);
+        assert_eq!(history, vec![2, 3, 4]);
+        record_bounded(&mut history, 5, 5);
+        assert_eq!(history, vec![2, 3, 4, 5]);
+        record_bounded(&mut history, 6, 0);
+        assert!(history.is_empty());
     }
 }

@@ -70,7 +70,10 @@ impl Notice {
 }
 
 /// An operator's action type, some of whose actions are Events.
-pub trait Announces {
+pub trait Announces: Sized {
+    /// The action that publishes `notice`.
+    fn announce(notice: Notice) -> Self;
+
     /// The Event this action is; `None` for an effect.
     fn notice(&self) -> Option<&Notice>;
 
@@ -86,6 +89,10 @@ pub trait Announces {
 macro_rules! announces {
     ($action:ident) => {
         impl $crate::events::Announces for $action {
+            fn announce(notice: $crate::events::Notice) -> Self {
+                $action::Event(notice)
+            }
+
             fn notice(&self) -> Option<&$crate::events::Notice> {
                 match self {
                     $action::Event(notice) => Some(notice),

@@ -97,11 +97,11 @@ fn gate_configuration(
             );
             cond::set(&mut checked.status.conditions, c);
             if before.is_none() {
-                checked.actions.push(Action::Event(Notice::warning(
+                checked.event(Notice::warning(
                     reasons::GATE_MISCONFIGURED,
                     sluice_runtime::validity::VALIDATE,
                     message,
-                )));
+                ));
             }
         }
         // Not analysed this time: the last finding stands while gates are still evaluated.

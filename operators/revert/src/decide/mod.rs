@@ -94,7 +94,7 @@ fn record(d: &mut Decision, now: Timestamp) {
     let c = cond::find(&d.status.conditions, by_type)
         .or_else(|| cond::find(&d.status.conditions, conditions::READY));
     let message = c.map(|c| c.message.chars().take(1024).collect::<String>());
-    d.status.history.push(PinHistoryEntry {
+    let entry = PinHistoryEntry {
         at: Time(now),
         phase,
         reason: c.map(|c| c.reason.clone()).unwrap_or_default(),
@@ -102,9 +102,8 @@ fn record(d: &mut Decision, now: Timestamp) {
         to_digest: d.status.to_digest.clone(),
         created_by: d.status.created_by.clone(),
         message,
-    });
-    let excess = d.status.history.len().saturating_sub(MAX_HISTORY);
-    d.status.history.drain(..excess);
+    };
+    sluice_runtime::decision::record_bounded(&mut d.status.history, entry, MAX_HISTORY);
 }
 
 /// The state machine after validation.

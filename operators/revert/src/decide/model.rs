@@ -440,11 +440,11 @@ pub(super) fn condition(
         cond::new(type_, status, reason, message.clone(), generation, now),
     );
     if changed {
-        d.actions.push(Action::Event(Notice {
+        d.event(Notice {
             severity,
             reason,
             action: action.into(),
             note: message,
-        }));
+        });
     }
 }

@@ -70,14 +70,14 @@ pub(super) fn pinned(
     }
     if !resuspend.is_empty() {
         let names: Vec<String> = resuspend.iter().map(|(_, w)| w.clone()).collect();
-        d.actions.push(Action::Event(Notice::warning(
+        d.event(Notice::warning(
             reasons::RESUSPENDED,
             EventAction::Pin,
             format!(
                 "automated sync was turned back on for {} while pinned; suspended again",
                 names.join(", ")
             ),
-        )));
+        ));
         d.actions
             .splice(0..0, resuspend.into_iter().map(|(a, _)| a));
     }

@@ -12,9 +12,8 @@ use sluice_api::v1alpha1::{
 use sluice_runtime::{conditions::Status, events::Notice};
 
 use super::model::{
-    Action, AppView, BundleSummary, Decision, EventAction, MAX_OBJECTS, Observations, OtherPin,
-    RETRY, Requeue, SHORT, Verification, allowed_kinds, condition, holds_application,
-    policy_prunes,
+    AppView, BundleSummary, Decision, EventAction, MAX_OBJECTS, Observations, OtherPin, RETRY,
+    Requeue, SHORT, Verification, allowed_kinds, condition, holds_application, policy_prunes,
 };
 use super::pinning::to_prune;
 use crate::binding;
@@ -198,12 +197,12 @@ pub(super) fn verifying(
                     app.message = Some(m);
                 }
                 if spec.allow_any_revision && !v.history.contains(&summary.digest) {
-                    d.actions.push(Action::Event(Notice::warning(reasons::ANY_REVISION_ALLOWED,
+                    d.event(Notice::warning(reasons::ANY_REVISION_ALLOWED,
                         EventAction::Verify,
                         format!(
                             "{who}: pinning {}, a digest Argo CD never deployed for it (spec.allowAnyRevision)",
                             summary.digest
-                        ))));
+                        )));
                 }
             }
         }

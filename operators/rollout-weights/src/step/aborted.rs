@@ -18,8 +18,8 @@ impl Machine<'_> {
     /// rollout stops (an abort already under way keeps going, now for this reason) without
     /// writing the route again, and RouteOwned says why.
     pub(super) fn stopped_by_bundle_pin(&mut self, message: String) {
-        if self.next.phase == RolloutPhase::Aborted {
-            if let Some(a) = self.next.abort.as_mut() {
+        if self.decision.status.phase == RolloutPhase::Aborted {
+            if let Some(a) = self.decision.status.abort.as_mut() {
                 a.reason = AbortReason::PinnedByBundlePin;
             }
         } else {
@@ -39,7 +39,7 @@ impl Machine<'_> {
         message: String,
         gate: Option<GateVerdict>,
     ) {
-        let idx = self.next.current_step_index;
+        let idx = self.decision.status.current_step_index;
         let first_failed_at = gate.as_ref().map(|g| {
             let back = self.interval() * g.consecutive_failures.saturating_sub(1);
             Time(
@@ -52,8 +52,8 @@ impl Machine<'_> {
             )
         });
         self.finish_step(StepOutcome::Aborted);
-        self.next.phase = RolloutPhase::Aborted;
-        self.next.abort = Some(AbortStatus {
+        self.decision.status.phase = RolloutPhase::Aborted;
+        self.decision.status.abort = Some(AbortStatus {
             reason,
             message: Some(truncate(&message)),
             gate,
@@ -76,7 +76,7 @@ impl Machine<'_> {
         if reason != AbortReason::PinnedByBundlePin {
             self.write(Desired::abort());
         }
-        self.event(Notice::warning(
+        self.decision.event(Notice::warning(
             why,
             EventAction::Abort,
             format!("rollout aborted: {message}"),
@@ -95,13 +95,14 @@ impl Machine<'_> {
                 _ => true,
             });
         if !self
+            .decision
             .actions
             .iter()
             .any(|a| matches!(a, Action::WriteRoute(_)))
         {
             self.write(Desired::abort());
         }
-        let Some(a) = self.next.abort.clone() else {
+        let Some(a) = self.decision.status.abort.clone() else {
             return;
         };
         let mut a = a;
@@ -115,7 +116,7 @@ impl Machine<'_> {
                         && a.route_reverted_at.as_ref().is_some_and(|t| t.0 < self.now) =>
                 {
                     a.revert_verified_at = Some(Time(self.now));
-                    self.event(Notice::normal(
+                    self.decision.event(Notice::normal(
                         "RevertVerified",
                         EventAction::Abort,
                         format!("the mesh reports canary share {s:.2}% after the abort"),
@@ -124,7 +125,7 @@ impl Machine<'_> {
                 _ => self.wake(self.interval()),
             }
         }
-        self.next.abort = Some(a);
+        self.decision.status.abort = Some(a);
     }
 }
 

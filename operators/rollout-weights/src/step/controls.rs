@@ -16,29 +16,29 @@ impl Machine<'_> {
     /// wait for the canary, keeping nothing measured in the aborted attempt.
     pub(super) fn controls(&mut self) {
         let spec = self.spec;
-        if spec.abort && self.next.phase != RolloutPhase::Aborted {
+        if spec.abort && self.decision.status.phase != RolloutPhase::Aborted {
             self.abort(AbortReason::Manual, "spec.abort is true".into(), None);
         }
-        if self.next.phase == RolloutPhase::Aborted
+        if self.decision.status.phase == RolloutPhase::Aborted
             && !spec.abort
-            && spec.retry > self.next.retries_handled
+            && spec.retry > self.decision.status.retries_handled
         {
-            self.next.retries_handled = spec.retry;
-            self.next.abort = None;
-            self.next.abort_detect_to_revert_ms = None;
-            self.next.phase = RolloutPhase::WaitingForCanary;
-            self.next.current_step_index = None;
+            self.decision.status.retries_handled = spec.retry;
+            self.decision.status.abort = None;
+            self.decision.status.abort_detect_to_revert_ms = None;
+            self.decision.status.phase = RolloutPhase::WaitingForCanary;
+            self.decision.status.current_step_index = None;
             // The canary-ready deadline of the retry counts from the retry.
-            self.next.current_step_started_at = Some(Time(self.now));
-            self.next.canary_version = None;
+            self.decision.status.current_step_started_at = Some(Time(self.now));
+            self.decision.status.canary_version = None;
             // Nothing measured in the aborted attempt carries over into the new one.
-            self.next.gates.clear();
-            self.next.applied_share = None;
-            self.next.applied_share_observed_at = None;
-            self.next.cohort_share = None;
-            self.next.promoted_at = None;
-            self.next.captured_baselines.clear();
-            self.event(Notice::normal(
+            self.decision.status.gates.clear();
+            self.decision.status.applied_share = None;
+            self.decision.status.applied_share_observed_at = None;
+            self.decision.status.cohort_share = None;
+            self.decision.status.promoted_at = None;
+            self.decision.status.captured_baselines.clear();
+            self.decision.event(Notice::normal(
                 reasons::STEP_IN_PROGRESS,
                 EventAction::Step,
                 format!("retry {} from the first step", spec.retry),

@@ -18,14 +18,17 @@ impl Machine<'_> {
     /// step, where it can hold or complete the step.
     pub(super) fn judge_live(&mut self, index: usize, held: &str) -> bool {
         if let Some(s) = self.obs.applied_share {
-            self.next.applied_share = Some(s);
-            self.next.applied_share_observed_at = Some(Time(self.now));
+            self.decision.status.applied_share = Some(s);
+            self.decision.status.applied_share_observed_at = Some(Time(self.now));
         }
         for (v, _) in &self.obs.gates {
-            self.next.gates.retain(|g| g.gate != v.gate);
-            self.next.gates.push(v.clone());
+            self.decision.status.gates.retain(|g| g.gate != v.gate);
+            self.decision.status.gates.push(v.clone());
         }
-        self.next.gates.sort_by(|a, b| a.gate.cmp(&b.gate));
+        self.decision
+            .status
+            .gates
+            .sort_by(|a, b| a.gate.cmp(&b.gate));
         let failed = self
             .obs
             .gates

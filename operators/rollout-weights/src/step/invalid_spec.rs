@@ -33,9 +33,9 @@ impl Machine<'_> {
         if route.owner.as_ref().is_some_and(|o| *o != route.me) {
             return;
         }
-        let index = self.next.current_step_index.unwrap_or(0) as usize;
+        let index = self.decision.status.current_step_index.unwrap_or(0) as usize;
         let first = problems.first().cloned().unwrap_or_default();
-        match self.next.phase {
+        match self.decision.status.phase {
             RolloutPhase::Progressing | RolloutPhase::Paused => {
                 let unjudgeable = problems
                     .iter()
@@ -57,7 +57,7 @@ impl Machine<'_> {
                         reasons::INVALID_SPEC,
                         format!(
                             "step {index} held at canary weight {} while the spec is invalid ({first}); the gates still judge the canary and a Fail aborts",
-                            self.next.desired_weight.unwrap_or(0)
+                            self.decision.status.desired_weight.unwrap_or(0)
                         ),
                     );
                     self.wake(self.interval());

@@ -85,16 +85,10 @@ fn drive(
         spec,
         obs,
         now,
-        next: status,
-        actions: Vec::new(),
-        requeue: None,
+        decision: Decision::starting_from(status),
     };
     run(&mut m);
-    Decision {
-        actions: m.actions,
-        status: m.next,
-        requeue: m.requeue.map_or(Requeue::AwaitChange, Requeue::After),
-    }
+    m.decision
 }
 
 impl Machine<'_> {
@@ -153,7 +147,8 @@ impl Machine<'_> {
         };
         let blocked = blocked || extra_unfit;
         let pinned = self
-            .next
+            .decision
+            .status
             .abort
             .as_ref()
             .is_some_and(|a| a.reason == AbortReason::PinnedByBundlePin);
@@ -162,7 +157,8 @@ impl Machine<'_> {
             return;
         }
         let last_written = self
-            .next
+            .decision
+            .status
             .owned_route
             .as_ref()
             .and_then(|o| o.last_written_resource_version.clone());
@@ -170,12 +166,13 @@ impl Machine<'_> {
         if changed_by_other && !pinned {
             let drifted = Some(route.canary_weight)
                 != self
-                    .next
+                    .decision
+                    .status
                     .owned_route
                     .as_ref()
                     .and_then(|o| o.written_weight)
-                || route.cohort != self.next.cohort_active
-                || route.mirror != self.next.mirror_active;
+                || route.cohort != self.decision.status.cohort_active
+                || route.mirror != self.decision.status.mirror_active;
             // A BundlePin is recognised by who rewrote spec.rules since our last write, whether
             // or not the owned weights changed: a pin restoring the very weights this Rollout
             // wrote still outranks it.
@@ -194,14 +191,15 @@ impl Machine<'_> {
                     spec.route_ref.name,
                     route.last_writer.as_deref().unwrap_or("an unknown writer"),
                     route.canary_weight,
-                    self.next
+                    self.decision
+                        .status
                         .owned_route
                         .as_ref()
                         .and_then(|o| o.written_weight),
                     route.cohort,
                     route.mirror
                 );
-                self.event(Notice::warning(
+                self.decision.event(Notice::warning(
                     reasons::FOREIGN_EDIT_RESTORED,
                     EventAction::Restore,
                     note,
@@ -219,7 +217,8 @@ impl Machine<'_> {
         if !pinned {
             let pinned_extra = spec.additional_routes.iter().zip(&extra).find(|(r, st)| {
                 let last = self
-                    .next
+                    .decision
+                    .status
                     .additional_owned_routes
                     .iter()
                     .find(|o| is_route(o, r.kind, &r.name))
@@ -244,7 +243,7 @@ impl Machine<'_> {
                 .zip(&extra)
                 .filter_map(|(r, st)| {
                     let owned = self
-                        .next
+                        .decision.status
                         .additional_owned_routes
                         .iter()
                         .find(|o| is_route(o, r.kind, &r.name))?;
@@ -264,7 +263,7 @@ impl Machine<'_> {
                 })
                 .collect();
             for note in edits {
-                self.event(Notice::warning(
+                self.decision.event(Notice::warning(
                     reasons::FOREIGN_EDIT_RESTORED,
                     EventAction::Restore,
                     note,
@@ -281,17 +280,17 @@ impl Machine<'_> {
             // The pin wins while revert holds the route. Once it released it (its field
             // ownership is gone), an explicit retry starts the rollout again from here.
             let released = route.last_writer.as_deref() != Some(REVERT_FIELD_MANAGER);
-            if !(released && !spec.abort && spec.retry > self.next.retries_handled) {
+            if !(released && !spec.abort && spec.retry > self.decision.status.retries_handled) {
                 return;
             }
-            if let Some(o) = self.next.owned_route.as_mut() {
+            if let Some(o) = self.decision.status.owned_route.as_mut() {
                 // The route as the pin left it is the starting point, not a foreign edit.
                 o.last_written_resource_version = route.resource_version.clone();
             }
         }
         // A restore stays reported (RouteOwned=True, ForeignEditRestored) until ownership
         // changes; otherwise the route is simply owned.
-        let restored = cond::find(&self.next.conditions, conditions::ROUTE_OWNED)
+        let restored = cond::find(&self.decision.status.conditions, conditions::ROUTE_OWNED)
             .is_some_and(|c| c.status == "True" && c.reason == reasons::FOREIGN_EDIT_RESTORED);
         if route.owner.is_some() && !restored && !blocked {
             self.condition(
@@ -308,22 +307,22 @@ impl Machine<'_> {
 
         self.controls();
         self.plan_changes();
-        if blocked && self.next.phase != RolloutPhase::Aborted {
+        if blocked && self.decision.status.phase != RolloutPhase::Aborted {
             let live = matches!(
-                self.next.phase,
+                self.decision.status.phase,
                 RolloutPhase::Progressing | RolloutPhase::Paused
             );
-            let index = self.next.current_step_index.unwrap_or(0) as usize;
+            let index = self.decision.status.current_step_index.unwrap_or(0) as usize;
             if !live || !self.judge_live(index, "the route does not fit the steps") {
                 return;
             }
         }
-        match self.next.phase {
+        match self.decision.status.phase {
             RolloutPhase::Aborted => self.aborted(&route),
             RolloutPhase::Invalid => {}
             RolloutPhase::Pending => {
-                self.next.phase = RolloutPhase::WaitingForCanary;
-                self.event(Notice::normal(
+                self.decision.status.phase = RolloutPhase::WaitingForCanary;
+                self.decision.event(Notice::normal(
                     "Owned",
                     EventAction::Own,
                     format!(
@@ -361,7 +360,8 @@ impl Machine<'_> {
             return;
         }
         let pinned = self
-            .next
+            .decision
+            .status
             .abort
             .as_ref()
             .is_some_and(|a| a.reason == AbortReason::PinnedByBundlePin)
@@ -388,8 +388,10 @@ impl Machine<'_> {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        if live && self.next.phase != RolloutPhase::Promoted && !pinned {
-            self.actions.push(Action::WriteRoute(Desired::abort()));
+        if live && self.decision.status.phase != RolloutPhase::Promoted && !pinned {
+            self.decision
+                .actions
+                .push(Action::WriteRoute(Desired::abort()));
             let note = match route {
                 Some(_) => format!(
                     "deleted before promotion: canary weight 0 and cohort and mirror rules removed on {route_ref} before hand-back"
@@ -399,7 +401,7 @@ impl Machine<'_> {
                     additional()
                 ),
             };
-            self.event(Notice::warning(
+            self.decision.event(Notice::warning(
                 reasons::ABORTED_ON_DELETE,
                 EventAction::Abort,
                 note,
@@ -408,12 +410,13 @@ impl Machine<'_> {
         if route.is_some() {
             self.hand_back();
         } else {
-            self.actions.push(Action::HandBack);
+            self.decision.actions.push(Action::HandBack);
             let note = format!(
                 "{} (spec.additionalRoutes) handed back; {route_ref} (spec.routeRef) could not be read, and is handed back too if it is there and owned",
                 additional()
             );
-            self.event(Notice::normal("HandedBack", EventAction::Own, note));
+            self.decision
+                .event(Notice::normal("HandedBack", EventAction::Own, note));
         }
     }
 
@@ -501,8 +504,8 @@ impl Machine<'_> {
     }
 
     fn route_problem(&mut self, reason: &'static str, message: String) {
-        let before =
-            cond::find(&self.next.conditions, conditions::ROUTE_OWNED).map(|c| c.reason.clone());
+        let before = cond::find(&self.decision.status.conditions, conditions::ROUTE_OWNED)
+            .map(|c| c.reason.clone());
         self.condition(
             conditions::ROUTE_OWNED,
             Status::False,
@@ -510,7 +513,8 @@ impl Machine<'_> {
             message.clone(),
         );
         if before.as_deref() != Some(reason) {
-            self.event(Notice::warning(reason, EventAction::Own, message));
+            self.decision
+                .event(Notice::warning(reason, EventAction::Own, message));
         }
         self.wake(self.interval());
     }

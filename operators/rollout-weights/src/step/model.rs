@@ -238,24 +238,19 @@ pub(super) fn since(t: Option<&Time>, now: Timestamp) -> Duration {
     t.map_or(Duration::ZERO, |t| now.duration_since(t.0).unsigned_abs())
 }
 
-/// The context every phase writes into: the decision being built.
+/// What every phase reads (the spec, the observations, the time) and the decision it writes
+/// into: the one shape of the operators' pure machines.
 pub(super) struct Machine<'a> {
     pub(super) spec: &'a RolloutSpec,
     pub(super) obs: &'a Observations,
     pub(super) now: Timestamp,
-    pub(super) next: RolloutStatus,
-    pub(super) actions: Vec<Action>,
-    pub(super) requeue: Option<Duration>,
+    pub(super) decision: Decision,
 }
 
 impl Machine<'_> {
-    pub(super) fn event(&mut self, notice: Notice) {
-        self.actions.push(Action::Event(notice));
-    }
-
+    /// Looks again after `after` at the latest, never sooner than 200 ms.
     pub(super) fn wake(&mut self, after: Duration) {
-        let after = after.max(Duration::from_millis(200));
-        self.requeue = Some(self.requeue.map_or(after, |r| r.min(after)));
+        self.decision.wake(after.max(Duration::from_millis(200)));
     }
 
     pub(super) fn condition(
@@ -269,7 +264,13 @@ impl Machine<'_> {
             generation: self.obs.generation,
             now: self.now,
         };
-        stamp.set(&mut self.next.conditions, type_, status, reason, message);
+        stamp.set(
+            &mut self.decision.status.conditions,
+            type_,
+            status,
+            reason,
+            message,
+        );
     }
 
     pub(super) fn interval(&self) -> Duration {
@@ -277,11 +278,12 @@ impl Machine<'_> {
     }
 
     pub(super) fn write(&mut self, d: Desired) {
-        self.next.desired_weight = Some(d.weight);
-        self.next.cohort_active = d.cohort.is_some();
-        self.next.mirror_active = d.mirror.is_some();
+        self.decision.status.desired_weight = Some(d.weight);
+        self.decision.status.cohort_active = d.cohort.is_some();
+        self.decision.status.mirror_active = d.mirror.is_some();
         let owned = self
-            .next
+            .decision
+            .status
             .owned_route
             .get_or_insert_with(OwnedRouteStatus::default);
         owned.name = self.spec.route_ref.name.clone();
@@ -297,34 +299,41 @@ impl Machine<'_> {
         // recorded on its own.
         for r in &self.spec.additional_routes {
             let at = match self
-                .next
+                .decision
+                .status
                 .additional_owned_routes
                 .iter()
                 .position(|o| is_route(o, r.kind, &r.name))
             {
                 // Written for another managed rule: released first (and forgotten), then
                 // recorded afresh.
-                Some(at) if self.next.additional_owned_routes[at].rule_name != r.rule_name => {
+                Some(at)
+                    if self.decision.status.additional_owned_routes[at].rule_name
+                        != r.rule_name =>
+                {
                     continue;
                 }
                 Some(at) => at,
                 None => {
-                    self.next.additional_owned_routes.push(OwnedRouteStatus {
-                        name: r.name.clone(),
-                        kind: Some(r.kind),
-                        owned_since: Some(Time(self.now)),
-                        ..OwnedRouteStatus::default()
-                    });
-                    self.next.additional_owned_routes.len() - 1
+                    self.decision
+                        .status
+                        .additional_owned_routes
+                        .push(OwnedRouteStatus {
+                            name: r.name.clone(),
+                            kind: Some(r.kind),
+                            owned_since: Some(Time(self.now)),
+                            ..OwnedRouteStatus::default()
+                        });
+                    self.decision.status.additional_owned_routes.len() - 1
                 }
             };
-            let owned = &mut self.next.additional_owned_routes[at];
+            let owned = &mut self.decision.status.additional_owned_routes[at];
             owned.rule_name = r.rule_name.clone();
             owned.stable_service = Some(self.spec.stable_service.name.clone());
             owned.canary_service = Some(self.spec.canary_service.name.clone());
             record_parts(owned, &d);
         }
-        self.actions.push(Action::WriteRoute(d));
+        self.decision.actions.push(Action::WriteRoute(d));
     }
 }
 

@@ -24,11 +24,14 @@ impl Machine<'_> {
         let spec = self.spec;
         let hash = crate::observe::steps_hash(spec);
         let running = matches!(
-            self.next.phase,
+            self.decision.status.phase,
             RolloutPhase::Progressing | RolloutPhase::Paused | RolloutPhase::Promoted
         );
         if running
-            && let (Some(was), Some(seen)) = (&self.next.canary_version, &self.obs.canary_version)
+            && let (Some(was), Some(seen)) = (
+                &self.decision.status.canary_version,
+                &self.obs.canary_version,
+            )
             && was != seen
         {
             let note = format!(
@@ -36,18 +39,21 @@ impl Machine<'_> {
                 spec.canary_workload.kind, spec.canary_workload.name
             );
             self.finish_step(StepOutcome::Restarted);
-            self.next.phase = RolloutPhase::WaitingForCanary;
-            self.next.current_step_index = None;
-            self.next.current_step_started_at = Some(Time(self.now));
-            self.next.canary_version = None;
-            self.next.promoted_at = None;
-            self.next.cohort_share = None;
-            self.next.gates.clear();
-            self.next.applied_share = None;
-            self.next.applied_share_observed_at = None;
-            cond::remove(&mut self.next.conditions, conditions::HAND_BACK_OVERDUE);
+            self.decision.status.phase = RolloutPhase::WaitingForCanary;
+            self.decision.status.current_step_index = None;
+            self.decision.status.current_step_started_at = Some(Time(self.now));
+            self.decision.status.canary_version = None;
+            self.decision.status.promoted_at = None;
+            self.decision.status.cohort_share = None;
+            self.decision.status.gates.clear();
+            self.decision.status.applied_share = None;
+            self.decision.status.applied_share_observed_at = None;
             cond::remove(
-                &mut self.next.conditions,
+                &mut self.decision.status.conditions,
+                conditions::HAND_BACK_OVERDUE,
+            );
+            cond::remove(
+                &mut self.decision.status.conditions,
                 conditions::APPLIED_SHARE_CONFIRMED,
             );
             self.condition(
@@ -56,20 +62,20 @@ impl Machine<'_> {
                 reasons::CANARY_VERSION_CHANGED,
                 note.clone(),
             );
-            self.event(Notice::warning(
+            self.decision.event(Notice::warning(
                 reasons::CANARY_VERSION_CHANGED,
                 EventAction::Step,
                 note,
             ));
-            self.next.steps_hash = Some(hash);
+            self.decision.status.steps_hash = Some(hash);
             return;
         }
-        match self.next.steps_hash.clone() {
-            None => self.next.steps_hash = Some(hash),
+        match self.decision.status.steps_hash.clone() {
+            None => self.decision.status.steps_hash = Some(hash),
             Some(was) if was != hash => {
-                self.next.steps_hash = Some(hash);
+                self.decision.status.steps_hash = Some(hash);
                 if matches!(
-                    self.next.phase,
+                    self.decision.status.phase,
                     RolloutPhase::Progressing | RolloutPhase::Paused
                 ) {
                     self.replan();
@@ -84,7 +90,7 @@ impl Machine<'_> {
     /// the weight already judged, never straight to 100%. The restarted step is judged in full.
     fn replan(&mut self) {
         let spec = self.spec;
-        let current = self.next.desired_weight.unwrap_or(0);
+        let current = self.decision.status.desired_weight.unwrap_or(0);
         let weight_steps: Vec<usize> = (0..spec.steps.len())
             .filter(|i| spec.steps[*i].kind() == Some(StepKind::SetWeight))
             .collect();
@@ -107,7 +113,7 @@ impl Machine<'_> {
         let note = format!(
             "spec.steps changed at canary weight {current}%: the plan restarts at step {index}"
         );
-        self.event(Notice::normal(
+        self.decision.event(Notice::normal(
             reasons::STEPS_CHANGED,
             EventAction::Step,
             note,

@@ -26,7 +26,7 @@ impl Machine<'_> {
             self.promote("spec.promoteFull".into());
             return;
         }
-        let mut index = self.next.current_step_index.unwrap_or(0) as usize;
+        let mut index = self.decision.status.current_step_index.unwrap_or(0) as usize;
         if self.obs.canary_service == Some(false) {
             self.hold_without_service(index);
             return;
@@ -35,7 +35,7 @@ impl Machine<'_> {
             if self.judge_live(index, "spec.paused") {
                 return;
             }
-            self.next.phase = RolloutPhase::Paused;
+            self.decision.status.phase = RolloutPhase::Paused;
             self.condition(
                 conditions::PROGRESSING,
                 Status::True,
@@ -47,12 +47,13 @@ impl Machine<'_> {
             let unconfirmed = spec.steps.get(index).and_then(|s| s.kind())
                 == Some(StepKind::SetWeight)
                 && self
-                    .next
+                    .decision
+                    .status
                     .history
                     .last()
                     .is_some_and(|h| h.share_confirmed_at.is_none());
             if unconfirmed {
-                self.next.current_step_started_at = Some(Time(self.now));
+                self.decision.status.current_step_started_at = Some(Time(self.now));
             }
             self.write(desired_at(spec, index));
             return;
@@ -64,7 +65,7 @@ impl Machine<'_> {
                 return;
             };
             if !self.run_step(index) {
-                if self.next.phase != RolloutPhase::Aborted {
+                if self.decision.status.phase != RolloutPhase::Aborted {
                     self.write(desired_at(spec, index));
                 }
                 return;
@@ -80,7 +81,7 @@ impl Machine<'_> {
             self.finish_step(outcome);
             index += 1;
             self.start_step(index);
-            if self.next.phase == RolloutPhase::Promoted {
+            if self.decision.status.phase == RolloutPhase::Promoted {
                 return;
             }
         }
@@ -98,7 +99,7 @@ impl Machine<'_> {
         {
             return true;
         }
-        let started = self.next.current_step_started_at.clone();
+        let started = self.decision.status.current_step_started_at.clone();
         let elapsed = since(started.as_ref(), self.now);
         let duration = spec
             .step_duration_of(index)
@@ -118,8 +119,12 @@ impl Machine<'_> {
                 {
                     // The cohort's share, for the expected share of later steps that keep it:
                     // the highest reading, since the windowed share climbs from 0 to it.
-                    self.next.cohort_share =
-                        Some(self.next.cohort_share.map_or(share, |c| c.max(share)));
+                    self.decision.status.cohort_share = Some(
+                        self.decision
+                            .status
+                            .cohort_share
+                            .map_or(share, |c| c.max(share)),
+                    );
                 }
                 let d = duration.unwrap_or_default();
                 if elapsed >= d {
@@ -132,7 +137,7 @@ impl Machine<'_> {
             Some(StepKind::Pause) => match duration {
                 Some(d) if elapsed >= d => true,
                 Some(d) => {
-                    self.next.phase = RolloutPhase::Paused;
+                    self.decision.status.phase = RolloutPhase::Paused;
                     self.condition(
                         conditions::PROGRESSING,
                         Status::True,
@@ -143,7 +148,7 @@ impl Machine<'_> {
                     false
                 }
                 None => {
-                    self.next.phase = RolloutPhase::Paused;
+                    self.decision.status.phase = RolloutPhase::Paused;
                     self.condition(conditions::PROGRESSING, Status::True, reasons::PAUSED, format!("pause step {index} waits for spec.promoteThroughStep >= {index} or spec.promoteFull"));
                     false
                 }
@@ -154,11 +159,11 @@ impl Machine<'_> {
     }
 
     pub(super) fn start_step(&mut self, index: usize) {
-        self.next.gates.clear();
-        self.next.applied_share = None;
-        self.next.applied_share_observed_at = None;
+        self.decision.status.gates.clear();
+        self.decision.status.applied_share = None;
+        self.decision.status.applied_share_observed_at = None;
         cond::remove(
-            &mut self.next.conditions,
+            &mut self.decision.status.conditions,
             conditions::APPLIED_SHARE_CONFIRMED,
         );
         let Some(step) = self.spec.steps.get(index) else {
@@ -167,24 +172,26 @@ impl Machine<'_> {
         };
         let kind = step.kind().unwrap_or(StepKind::Pause);
         if kind == StepKind::Promote {
-            self.next.current_step_index = Some(index as u32);
+            self.decision.status.current_step_index = Some(index as u32);
             self.promote(format!("step {index} promotes"));
             return;
         }
-        self.next.phase = RolloutPhase::Progressing;
-        self.next.current_step_index = Some(index as u32);
-        self.next.current_step_started_at = Some(Time(self.now));
-        self.next.history.push(StepRecord {
-            index: index as u32,
-            kind,
-            weight: step.set_weight.as_ref().map(|w| w.weight),
-            started_at: Time(self.now),
-            share_confirmed_at: None,
-            finished_at: None,
-            outcome: None,
-        });
-        let excess = self.next.history.len().saturating_sub(MAX_HISTORY);
-        self.next.history.drain(..excess);
+        self.decision.status.phase = RolloutPhase::Progressing;
+        self.decision.status.current_step_index = Some(index as u32);
+        self.decision.status.current_step_started_at = Some(Time(self.now));
+        sluice_runtime::decision::record_bounded(
+            &mut self.decision.status.history,
+            StepRecord {
+                index: index as u32,
+                kind,
+                weight: step.set_weight.as_ref().map(|w| w.weight),
+                started_at: Time(self.now),
+                share_confirmed_at: None,
+                finished_at: None,
+                outcome: None,
+            },
+            MAX_HISTORY,
+        );
         let d = desired_at(self.spec, index);
         let note = format!(
             "step {index} ({kind:?}) started, canary weight {}",
@@ -196,7 +203,7 @@ impl Machine<'_> {
             reasons::STEP_IN_PROGRESS,
             note.clone(),
         );
-        self.event(Notice::normal(
+        self.decision.event(Notice::normal(
             reasons::STEP_IN_PROGRESS,
             EventAction::Step,
             note,
@@ -205,9 +212,10 @@ impl Machine<'_> {
     }
 
     pub(super) fn finish_step(&mut self, outcome: StepOutcome) {
-        let idx = self.next.current_step_index;
+        let idx = self.decision.status.current_step_index;
         if let Some(rec) = self
-            .next
+            .decision
+            .status
             .history
             .iter_mut()
             .rev()
@@ -227,8 +235,8 @@ impl Machine<'_> {
             "canary Service {} does not exist: canary weight 0 until it does, then step {index} starts over",
             self.spec.canary_service.name
         );
-        let before =
-            cond::find(&self.next.conditions, conditions::CANARY_READY).map(|c| c.reason.clone());
+        let before = cond::find(&self.decision.status.conditions, conditions::CANARY_READY)
+            .map(|c| c.reason.clone());
         self.condition(
             conditions::CANARY_READY,
             Status::False,
@@ -242,20 +250,20 @@ impl Machine<'_> {
             msg.clone(),
         );
         if before.as_deref() != Some(reasons::CANARY_SERVICE_MISSING) {
-            self.event(Notice::warning(
+            self.decision.event(Notice::warning(
                 reasons::CANARY_SERVICE_MISSING,
                 EventAction::Step,
                 msg,
             ));
         }
-        self.next.phase = RolloutPhase::Paused;
-        self.next.current_step_started_at = Some(Time(self.now));
-        self.next.gates.clear();
-        if let Some(rec) = self.next.history.last_mut() {
+        self.decision.status.phase = RolloutPhase::Paused;
+        self.decision.status.current_step_started_at = Some(Time(self.now));
+        self.decision.status.gates.clear();
+        if let Some(rec) = self.decision.status.history.last_mut() {
             rec.share_confirmed_at = None;
         }
         cond::remove(
-            &mut self.next.conditions,
+            &mut self.decision.status.conditions,
             conditions::APPLIED_SHARE_CONFIRMED,
         );
         self.write(Desired::abort());

@@ -19,15 +19,15 @@ use super::model::{Action, EventAction, Machine, dur, since};
 
 impl Machine<'_> {
     pub(super) fn promote(&mut self, why: String) {
-        self.next.phase = RolloutPhase::Promoted;
-        self.next.promoted_at = Some(Time(self.now));
+        self.decision.status.phase = RolloutPhase::Promoted;
+        self.decision.status.promoted_at = Some(Time(self.now));
         self.condition(
             conditions::PROGRESSING,
             Status::False,
             reasons::PROMOTED,
             why.clone(),
         );
-        self.event(Notice::normal(
+        self.decision.event(Notice::normal(
             reasons::PROMOTED,
             EventAction::Promote,
             format!("promoted to 100%: {why}"),
@@ -45,10 +45,13 @@ impl Machine<'_> {
         let spec = self.spec;
         self.write(desired_promoted());
         let deadline = dur(&spec.hand_back_deadline, Duration::from_secs(86_400));
-        let waited = since(self.next.promoted_at.as_ref(), self.now);
+        let waited = since(self.decision.status.promoted_at.as_ref(), self.now);
         if waited >= deadline {
-            let already = cond::find(&self.next.conditions, conditions::HAND_BACK_OVERDUE)
-                .is_some_and(|c| c.status == "True");
+            let already = cond::find(
+                &self.decision.status.conditions,
+                conditions::HAND_BACK_OVERDUE,
+            )
+            .is_some_and(|c| c.status == "True");
             let note = format!(
                 "promoted {}s ago; the Git change making the canary stable should delete this Rollout",
                 waited.as_secs()
@@ -60,7 +63,7 @@ impl Machine<'_> {
                 note.clone(),
             );
             if !already {
-                self.event(Notice::warning(
+                self.decision.event(Notice::warning(
                     reasons::HAND_BACK_OVERDUE,
                     EventAction::Promote,
                     note,
@@ -72,8 +75,8 @@ impl Machine<'_> {
     }
 
     pub(super) fn hand_back(&mut self) {
-        self.actions.push(Action::HandBack);
-        self.event(Notice::normal(
+        self.decision.actions.push(Action::HandBack);
+        self.decision.event(Notice::normal(
             "HandedBack",
             EventAction::Own,
             format!(

@@ -22,7 +22,7 @@ impl Machine<'_> {
     /// route the weights were written to and starts over from Pending.
     pub(super) fn target_changed(&mut self) -> bool {
         let spec = self.spec;
-        let Some(owned) = self.next.owned_route.clone() else {
+        let Some(owned) = self.decision.status.owned_route.clone() else {
             self.additional_routes_dropped();
             return false;
         };
@@ -34,7 +34,8 @@ impl Machine<'_> {
             || differs(&owned.stable_service, &spec.stable_service.name)
             || differs(&owned.canary_service, &spec.canary_service.name);
         let pinned = self
-            .next
+            .decision
+            .status
             .abort
             .as_ref()
             .is_some_and(|a| a.reason == AbortReason::PinnedByBundlePin);
@@ -46,7 +47,7 @@ impl Machine<'_> {
             return false;
         }
         // The weights of every additional route were written for the old Services too.
-        for o in self.next.additional_owned_routes.clone() {
+        for o in self.decision.status.additional_owned_routes.clone() {
             self.release(&o);
         }
         let kind = spec.route_ref.kind.as_str();
@@ -67,7 +68,7 @@ impl Machine<'_> {
             spec.canary_service.name,
             owned.name
         );
-        self.actions.push(Action::Release {
+        self.decision.actions.push(Action::Release {
             kind: old_kind,
             route: owned.name.clone(),
             rule_name: owned.rule_name.clone(),
@@ -75,7 +76,7 @@ impl Machine<'_> {
             canary: owned.canary_service.clone(),
             abort: self.aborts_on_release(),
         });
-        self.event(Notice::warning(
+        self.decision.event(Notice::warning(
             reasons::TARGET_CHANGED,
             EventAction::Own,
             note.clone(),
@@ -84,20 +85,20 @@ impl Machine<'_> {
             return true;
         }
         self.finish_step(StepOutcome::Restarted);
-        self.next.phase = RolloutPhase::Pending;
-        self.next.current_step_index = None;
-        self.next.current_step_started_at = None;
-        self.next.desired_weight = Some(0);
-        self.next.cohort_active = false;
-        self.next.mirror_active = false;
-        self.next.gates.clear();
-        self.next.applied_share = None;
-        self.next.applied_share_observed_at = None;
-        self.next.cohort_share = None;
-        self.next.promoted_at = None;
-        self.next.canary_version = None;
-        self.next.abort = None;
-        self.next.abort_detect_to_revert_ms = None;
+        self.decision.status.phase = RolloutPhase::Pending;
+        self.decision.status.current_step_index = None;
+        self.decision.status.current_step_started_at = None;
+        self.decision.status.desired_weight = Some(0);
+        self.decision.status.cohort_active = false;
+        self.decision.status.mirror_active = false;
+        self.decision.status.gates.clear();
+        self.decision.status.applied_share = None;
+        self.decision.status.applied_share_observed_at = None;
+        self.decision.status.cohort_share = None;
+        self.decision.status.promoted_at = None;
+        self.decision.status.canary_version = None;
+        self.decision.status.abort = None;
+        self.decision.status.abort_detect_to_revert_ms = None;
         self.condition(
             conditions::PROGRESSING,
             Status::True,
@@ -114,7 +115,7 @@ impl Machine<'_> {
     /// the routes still named.
     fn additional_routes_dropped(&mut self) {
         let spec = self.spec;
-        for o in self.next.additional_owned_routes.clone() {
+        for o in self.decision.status.additional_owned_routes.clone() {
             let named = spec.additional_routes.iter().any(|r| {
                 is_route(&o, r.kind, &r.name) && (o.rule_name == r.rule_name || o.name.is_empty())
             });
@@ -128,7 +129,7 @@ impl Machine<'_> {
                 "the promoted canary keeps its weight on it"
             };
             self.release(&o);
-            self.event(Notice::normal(
+            self.decision.event(Notice::normal(
                 reasons::TARGET_CHANGED,
                 EventAction::Own,
                 format!(
@@ -142,7 +143,7 @@ impl Machine<'_> {
     /// Aborts on the route `owned` records (unless Promoted) and hands it back (see
     /// [`Action::Release`]).
     fn release(&mut self, owned: &OwnedRouteStatus) {
-        self.actions.push(Action::Release {
+        self.decision.actions.push(Action::Release {
             kind: owned.kind.unwrap_or_default(),
             route: owned.name.clone(),
             rule_name: owned.rule_name.clone(),
@@ -155,6 +156,6 @@ impl Machine<'_> {
     /// Whether a release aborts the canary first: not once Promoted (the status as read, before
     /// this step starts over).
     fn aborts_on_release(&self) -> bool {
-        self.next.phase != RolloutPhase::Promoted
+        self.decision.status.phase != RolloutPhase::Promoted
     }
 }

@@ -15,8 +15,8 @@ impl Machine<'_> {
         let service_missing = self.obs.canary_service == Some(false);
         match self.obs.canary_ready {
             Some(true) if !service_missing => {
-                self.next.canary_version = self.obs.canary_version.clone();
-                self.next.steps_hash = Some(crate::observe::steps_hash(spec));
+                self.decision.status.canary_version = self.obs.canary_version.clone();
+                self.decision.status.steps_hash = Some(crate::observe::steps_hash(spec));
                 self.condition(
                     conditions::CANARY_READY,
                     Status::True,
@@ -38,11 +38,16 @@ impl Machine<'_> {
                 // From ownership, or from the retry or new canary version that restarted the
                 // wait.
                 let waited = since(
-                    self.next.current_step_started_at.as_ref().or(self
-                        .next
-                        .owned_route
+                    self.decision
+                        .status
+                        .current_step_started_at
                         .as_ref()
-                        .and_then(|o| o.owned_since.as_ref())),
+                        .or(self
+                            .decision
+                            .status
+                            .owned_route
+                            .as_ref()
+                            .and_then(|o| o.owned_since.as_ref())),
                     self.now,
                 );
                 let msg = if service_missing {

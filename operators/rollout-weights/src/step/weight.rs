@@ -20,7 +20,7 @@ use super::model::{EventAction, Machine, dur, expected_share, since};
 
 impl Machine<'_> {
     pub(super) fn run_weight(&mut self, index: usize, duration: Duration) -> bool {
-        let target = expected_share(self.spec, &self.next, index);
+        let target = expected_share(self.spec, &self.decision.status, index);
         let tol = f64::from(self.spec.applied_share_tolerance_percent) / 100.0;
         let interval = self.interval();
         // Verdicts, a share or an error: the analysis ran this tick. Between analyses the
@@ -29,14 +29,15 @@ impl Machine<'_> {
             || self.obs.applied_share.is_some()
             || self.obs.analysis_error.is_some();
         if analysed {
-            self.next.phase = RolloutPhase::Progressing;
+            self.decision.status.phase = RolloutPhase::Progressing;
         }
         if let Some(s) = self.obs.applied_share {
-            self.next.applied_share = Some(s);
-            self.next.applied_share_observed_at = Some(Time(self.now));
+            self.decision.status.applied_share = Some(s);
+            self.decision.status.applied_share_observed_at = Some(Time(self.now));
         }
         let confirmed = self
-            .next
+            .decision
+            .status
             .history
             .last()
             .and_then(|r| r.share_confirmed_at.clone());
@@ -51,7 +52,7 @@ impl Machine<'_> {
                 .applied_share
                 .is_some_and(|s| (s - target).abs() <= tol * target.max(f64::EPSILON));
             if within {
-                if let Some(rec) = self.next.history.last_mut() {
+                if let Some(rec) = self.decision.status.history.last_mut() {
                     rec.share_confirmed_at = Some(Time(self.now));
                 }
                 let note = format!(
@@ -65,7 +66,7 @@ impl Machine<'_> {
                     reasons::SHARE_WITHIN_TOLERANCE,
                     note.clone(),
                 );
-                self.event(Notice::normal(
+                self.decision.event(Notice::normal(
                     reasons::SHARE_WITHIN_TOLERANCE,
                     EventAction::Share,
                     note,
@@ -74,7 +75,10 @@ impl Machine<'_> {
                 return false;
             }
             let deadline = dur(&self.spec.applied_share_deadline, Duration::from_secs(600));
-            let elapsed = since(self.next.current_step_started_at.as_ref(), self.now);
+            let elapsed = since(
+                self.decision.status.current_step_started_at.as_ref(),
+                self.now,
+            );
             let seen = match (self.obs.applied_share, &self.obs.analysis_error) {
                 (Some(s), _) => format!("{s:.2}%"),
                 (None, Some(e)) => format!("no data (metrics unavailable: {e})"),
@@ -88,12 +92,13 @@ impl Machine<'_> {
             // intervals (a metrics outage), the step is held instead, never aborted on missing
             // data (the canary's gates then have no data either: a Fail still aborts).
             let recent = self
-                .next
+                .decision
+                .status
                 .applied_share_observed_at
                 .as_ref()
                 .is_some_and(|t| since(Some(t), self.now) <= interval * 2);
             if elapsed >= deadline && !recent {
-                self.next.phase = RolloutPhase::Paused;
+                self.decision.status.phase = RolloutPhase::Paused;
                 self.condition(
                     conditions::PROGRESSING,
                     Status::True,
@@ -118,8 +123,11 @@ impl Machine<'_> {
                 self.wake(interval.min(deadline - elapsed));
                 return false;
             }
-            let was = cond::find(&self.next.conditions, conditions::APPLIED_SHARE_CONFIRMED)
-                .map(|c| c.reason.clone());
+            let was = cond::find(
+                &self.decision.status.conditions,
+                conditions::APPLIED_SHARE_CONFIRMED,
+            )
+            .map(|c| c.reason.clone());
             self.condition(
                 conditions::APPLIED_SHARE_CONFIRMED,
                 Status::False,
@@ -127,7 +135,7 @@ impl Machine<'_> {
                 note.clone(),
             );
             if was.as_deref() != Some(reasons::SHARE_NOT_YET_APPLIED) && elapsed >= interval * 2 {
-                self.event(Notice::warning(
+                self.decision.event(Notice::warning(
                     reasons::SHARE_NOT_YET_APPLIED,
                     EventAction::Share,
                     note,
@@ -144,10 +152,12 @@ impl Machine<'_> {
                 reasons::STEP_IN_PROGRESS,
                 format!("step {index} held: metrics unavailable ({e}); no promotion without data"),
             );
-        } else if cond::find(&self.next.conditions, conditions::PROGRESSING).is_some_and(|c| {
-            c.message
-                .starts_with(&format!("step {index} held: metrics"))
-        }) {
+        } else if cond::find(&self.decision.status.conditions, conditions::PROGRESSING).is_some_and(
+            |c| {
+                c.message
+                    .starts_with(&format!("step {index} held: metrics"))
+            },
+        ) {
             self.condition(
                 conditions::PROGRESSING,
                 Status::True,
@@ -159,8 +169,8 @@ impl Machine<'_> {
             if v.evaluated_at.0 < confirmed.0 {
                 continue;
             }
-            self.next.gates.retain(|g| g.gate != v.gate);
-            self.next.gates.push(v.clone());
+            self.decision.status.gates.retain(|g| g.gate != v.gate);
+            self.decision.status.gates.push(v.clone());
             match act {
                 GateAction::Abort => {
                     let (reason, why) = if v.verdict == Verdict::Fail {
@@ -182,13 +192,16 @@ impl Machine<'_> {
                     return false;
                 }
                 GateAction::Pause => {
-                    self.next.phase = RolloutPhase::Paused;
+                    self.decision.status.phase = RolloutPhase::Paused;
                     self.condition(conditions::PROGRESSING, Status::True, reasons::INCONCLUSIVE, format!("gate {} inconclusive for too long ({}: {}); held (policy Pause) until it passes or a person acts", v.gate, v.reason.as_str(), v.message.clone().unwrap_or_default()));
                 }
                 GateAction::Proceed | GateAction::Wait => {}
             }
         }
-        self.next.gates.sort_by(|a, b| a.gate.cmp(&b.gate));
+        self.decision
+            .status
+            .gates
+            .sort_by(|a, b| a.gate.cmp(&b.gate));
         let names: Vec<String> = self
             .spec
             .effective_gates()
@@ -203,7 +216,8 @@ impl Machine<'_> {
             })
         };
         let all_pass = names.iter().all(|n| {
-            self.next
+            self.decision
+                .status
                 .gates
                 .iter()
                 .any(|g| &g.gate == n && g.verdict == Verdict::Pass)

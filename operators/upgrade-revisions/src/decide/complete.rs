@@ -12,11 +12,11 @@ use sluice_runtime::{
     events::Notice,
 };
 
-use super::model::{EventAction, REPORT_LIMIT, Tick};
+use super::model::{EventAction, Machine, REPORT_LIMIT};
 
-impl Tick<'_> {
+impl Machine<'_> {
     pub(super) fn set_phase(&mut self) {
-        let n = &self.next;
+        let n = &self.decision.status;
         let rolling_back = n
             .namespaces
             .iter()
@@ -31,7 +31,7 @@ impl Tick<'_> {
             .is_some_and(|c| c.reason == reasons::TAG_MISMATCH);
         let all_passed =
             !n.waves.is_empty() && n.waves.iter().all(|w| w.state == UpgradeWaveState::Passed);
-        self.next.phase = if rolling_back {
+        self.decision.status.phase = if rolling_back {
             if self.spec.paused {
                 RevisionUpgradePhase::Paused
             } else {
@@ -59,10 +59,11 @@ impl Tick<'_> {
     }
 
     pub(super) fn retirable(&mut self) {
-        let p = self.next.proxies.clone().unwrap_or_default();
-        let all_passed = !self.next.waves.is_empty()
+        let p = self.decision.status.proxies.clone().unwrap_or_default();
+        let all_passed = !self.decision.status.waves.is_empty()
             && self
-                .next
+                .decision
+                .status
                 .waves
                 .iter()
                 .all(|w| w.state == UpgradeWaveState::Passed);
@@ -80,9 +81,13 @@ impl Tick<'_> {
             .map(|n| format!("{} (istio.io/rev={})", n.name, n.rev().unwrap_or_default()))
             .collect();
         referencing.sort();
-        if all_passed && p.old == 0 && referencing.is_empty() && self.next.aborted_at.is_none() {
-            self.next.completed_at = Some(Time(self.now));
-            self.next.phase = RevisionUpgradePhase::Complete;
+        if all_passed
+            && p.old == 0
+            && referencing.is_empty()
+            && self.decision.status.aborted_at.is_none()
+        {
+            self.decision.status.completed_at = Some(Time(self.now));
+            self.decision.status.phase = RevisionUpgradePhase::Complete;
             let msg = format!(
                 "zero proxies run revision {}; its control plane may be removed (sluice never removes it)",
                 self.spec.from_revision
@@ -99,7 +104,7 @@ impl Tick<'_> {
                 reasons::NO_OLD_PROXIES,
                 format!("complete: {} proxies on {}", p.new, self.spec.to_revision),
             );
-            self.event(Notice::normal(
+            self.decision.event(Notice::normal(
                 reasons::NO_OLD_PROXIES,
                 EventAction::Complete,
                 msg,
@@ -107,25 +112,31 @@ impl Tick<'_> {
             return;
         }
         let mut where_ = Vec::new();
-        let bare: u32 = self.next.namespaces.iter().map(|n| n.bare_pods).sum();
+        let bare: u32 = self
+            .decision
+            .status
+            .namespaces
+            .iter()
+            .map(|n| n.bare_pods)
+            .sum();
         if bare > 0 {
             where_.push(format!(
                 "{bare} bare pod(s) with no controller (restart them yourself)"
             ));
         }
-        if !self.next.injection_enabled_namespaces.is_empty() {
+        if !self.decision.status.injection_enabled_namespaces.is_empty() {
             where_.push("namespaces with istio-injection=enabled".to_owned());
         }
-        if !self.next.reinjected_by_old_revision.is_empty() {
+        if !self.decision.status.reinjected_by_old_revision.is_empty() {
             where_.push(format!(
                 "{} workload(s) re-injected by the old revision",
-                self.next.reinjected_by_old_revision.len()
+                self.decision.status.reinjected_by_old_revision.len()
             ));
         }
-        if !self.next.pod_revision_overrides.is_empty() {
+        if !self.decision.status.pod_revision_overrides.is_empty() {
             where_.push(format!(
                 "{} workload(s) pinning a revision with a pod label",
-                self.next.pod_revision_overrides.len()
+                self.decision.status.pod_revision_overrides.len()
             ));
         }
         let jobs = self

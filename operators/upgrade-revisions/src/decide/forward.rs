@@ -12,10 +12,10 @@ use sluice_runtime::{
     events::Notice,
 };
 
-use super::model::{EventAction, Tick, event_reasons};
+use super::model::{EventAction, Machine, event_reasons};
 use crate::fleet::{self};
 
-impl Tick<'_> {
+impl Machine<'_> {
     pub(super) fn forward(&mut self) {
         if !self.tags_ok() {
             return;
@@ -26,10 +26,10 @@ impl Tick<'_> {
             let msg = format!(
                 "RevisionUpgrade {other} was created earlier and is still in progress; this one starts no relabel, restart or wave until it is Complete, Aborted or deleted"
             );
-            let known = cond::find(&self.next.conditions, conditions::PROGRESSING)
+            let known = cond::find(&self.decision.status.conditions, conditions::PROGRESSING)
                 .is_some_and(|c| c.reason == reasons::WAITING_FOR_UPGRADE && c.message == msg);
             if !known {
-                self.event(Notice::normal(
+                self.decision.event(Notice::normal(
                     reasons::WAITING_FOR_UPGRADE,
                     EventAction::Wave,
                     msg.clone(),
@@ -58,13 +58,14 @@ impl Tick<'_> {
         // nothing would finish or roll back its namespaces. The upgrade holds until it is back
         // or the upgrade is aborted (which retags them).
         let removed: Vec<String> = self
-            .next
+            .decision
+            .status
             .waves
             .iter()
             .filter(|w| w.state != UpgradeWaveState::Pending)
             .filter(|w| !self.spec.waves.iter().any(|s| s.name == w.name))
             .filter(|w| {
-                self.next.namespaces.iter().any(|n| {
+                self.decision.status.namespaces.iter().any(|n| {
                     n.wave == w.name
                         && matches!(n.state, NamespaceState::Restarting | NamespaceState::Moved)
                 })
@@ -76,10 +77,10 @@ impl Tick<'_> {
                 "wave(s) {} started but were removed from spec.waves: their namespaces would be left half-moved; put them back, or set spec.abort to retag them",
                 removed.join(", ")
             );
-            let known = cond::find(&self.next.conditions, conditions::PROGRESSING)
+            let known = cond::find(&self.decision.status.conditions, conditions::PROGRESSING)
                 .is_some_and(|c| c.reason == reasons::STARTED_WAVE_REMOVED && c.message == msg);
             if !known {
-                self.event(Notice::warning(
+                self.decision.event(Notice::warning(
                     reasons::STARTED_WAVE_REMOVED,
                     EventAction::Wave,
                     msg.clone(),
@@ -94,17 +95,18 @@ impl Tick<'_> {
             self.update_counts(&self.spec.to_revision.clone());
             return;
         }
-        if self.next.waves.len() != self.spec.waves.len()
+        if self.decision.status.waves.len() != self.spec.waves.len()
             || self
-                .next
+                .decision
+                .status
                 .waves
                 .iter()
                 .zip(&self.spec.waves)
                 .any(|(s, w)| s.name != w.name)
         {
             // Keep the readings of waves that still exist, in spec order.
-            let old = std::mem::take(&mut self.next.waves);
-            self.next.waves =
+            let old = std::mem::take(&mut self.decision.status.waves);
+            self.decision.status.waves =
                 self.spec
                     .waves
                     .iter()
@@ -120,19 +122,20 @@ impl Tick<'_> {
         }
         // The current wave: the first that has not passed.
         let Some(index) = self
-            .next
+            .decision
+            .status
             .waves
             .iter()
             .position(|w| w.state != UpgradeWaveState::Passed)
         else {
-            self.next.current_wave = None;
-            self.next.current_wave_index = None;
+            self.decision.status.current_wave = None;
+            self.decision.status.current_wave_index = None;
             self.update_counts(&self.spec.to_revision.clone());
             return;
         };
-        self.next.current_wave = Some(self.next.waves[index].name.clone());
-        self.next.current_wave_index = Some(index as u32);
-        if self.next.waves[index].state == UpgradeWaveState::Pending {
+        self.decision.status.current_wave = Some(self.decision.status.waves[index].name.clone());
+        self.decision.status.current_wave_index = Some(index as u32);
+        if self.decision.status.waves[index].state == UpgradeWaveState::Pending {
             self.start_wave(index);
         }
         let target = self.spec.to_revision.clone();
@@ -142,11 +145,11 @@ impl Tick<'_> {
             &self.spec.to_tag.clone(),
         );
         self.update_counts(&target);
-        let wave_name = self.next.waves[index].name.clone();
+        let wave_name = self.decision.status.waves[index].name.clone();
         // Gates judge the wave from its start; a Fail aborts at any point.
         if let Some(report) = self.gates.filter(|g| g.wave == wave_name) {
-            self.next.waves[index].gates = report.verdicts.clone();
-            self.next.captured_baselines = report.baselines.clone();
+            self.decision.status.waves[index].gates = report.verdicts.clone();
+            self.decision.status.captured_baselines = report.baselines.clone();
             if report.action == Some(GateAction::Abort) {
                 let failed: Vec<String> = report
                     .verdicts
@@ -170,7 +173,7 @@ impl Tick<'_> {
                 return;
             }
         }
-        match self.next.waves[index].state {
+        match self.decision.status.waves[index].state {
             UpgradeWaveState::Restarting => self.restart_wave(index),
             UpgradeWaveState::Soaking => self.soak(index),
             _ => {}
@@ -179,7 +182,8 @@ impl Tick<'_> {
 
     pub(super) fn start_wave(&mut self, index: usize) {
         let taken: BTreeSet<String> = self
-            .next
+            .decision
+            .status
             .namespaces
             .iter()
             .map(|n| n.name.clone())
@@ -196,20 +200,20 @@ impl Tick<'_> {
                 return;
             }
         };
-        let wave = &mut self.next.waves[index];
+        let wave = &mut self.decision.status.waves[index];
         wave.state = UpgradeWaveState::Restarting;
         wave.started_at = Some(Time(self.now));
         wave.namespaces = members.len() as u32;
         let name = wave.name.clone();
         for m in &members {
-            self.next.namespaces.push(NamespaceProgress {
+            self.decision.status.namespaces.push(NamespaceProgress {
                 name: m.clone(),
                 wave: name.clone(),
                 ..NamespaceProgress::default()
             });
         }
         let proxies: u32 = members.iter().map(|m| self.count(m, "").pods).sum();
-        self.event(Notice::normal(event_reasons::WAVE_STARTED,
+        self.decision.event(Notice::normal(event_reasons::WAVE_STARTED,
             EventAction::Wave,
             format!(
                 "wave {name} started: {} namespace(s), {proxies} proxies, moving from tag {} ({}) to {} ({})",

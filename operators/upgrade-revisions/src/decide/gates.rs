@@ -20,7 +20,7 @@ use sluice_runtime::{
     events::Notice,
 };
 
-use super::model::{Action, Decision, GATE_MISCONFIGURED, GateReport, Observations};
+use super::model::{Decision, GATE_MISCONFIGURED, GateReport, Observations};
 
 /// `report` with its unresolved gates judged: each Inconclusive (its streak carried from its
 /// verdict in `status`) with the action `spec.inconclusive` calls for, combined with the
@@ -100,13 +100,13 @@ pub(super) fn set_ready(
             }
             replace(&mut d.status.conditions, c);
             if changed {
-                d.actions.push(Action::Event(Notice::warning(
+                d.event(Notice::warning(
                     GATE_MISCONFIGURED,
                     sluice_runtime::validity::VALIDATE,
                     format!(
                         "a gate cannot be evaluated as configured; it stays Inconclusive under its Inconclusive policy: {message}"
                     ),
-                )));
+                ));
             }
         }
         (Some(_), Some(_)) => {

@@ -12,7 +12,7 @@
 //! touch a namespace relabelled by someone else, and never remove the old control plane.
 //!
 //! One file per phase of a tick, the shared model below them: `model` (observations, actions,
-//! the decision, constants, the `Tick` and its counting helpers), `validate`, `reports`,
+//! the decision, constants, the `Machine` and its counting helpers), `validate`, `reports`,
 //! `controls` (abort, resume), `relabel`, `forward` (waves in order), `gates` (the wave's
 //! gates as judged: unresolved ones under `spec.inconclusive`, `Ready` from their
 //! configuration), `restart` (issuance budget, availability floor), `soak`, `rollback` and
@@ -80,7 +80,7 @@ pub fn decide(
                 *by_workload.entry((p.namespace.as_str(), w)).or_default() += 1;
             }
         }
-        Tick {
+        Machine {
             spec,
             obs,
             fleet,
@@ -88,8 +88,7 @@ pub fn decide(
             by_workload,
             now,
             gates: judged.as_ref(),
-            next: &mut d.status,
-            actions: &mut d.actions,
+            decision: &mut d,
             held_by_floor: 0,
         }
         .run();
@@ -103,27 +102,28 @@ pub fn decide(
     d
 }
 
-impl Tick<'_> {
+impl Machine<'_> {
     fn run(mut self) {
         let counts = fleet::proxy_counts(self.spec, &self.fleet.pods);
-        self.next.proxies = Some(ProxyCounts {
+        self.decision.status.proxies = Some(ProxyCounts {
             observed_at: Some(Time(self.now)),
             ..counts
         });
         self.report_injection_label();
-        if self.next.completed_at.is_some() {
-            self.next.phase = RevisionUpgradePhase::Complete;
+        if self.decision.status.completed_at.is_some() {
+            self.decision.status.phase = RevisionUpgradePhase::Complete;
             return;
         }
         self.report_overrides();
         self.controls();
         self.watch_relabels();
         let rolling_back = self
-            .next
+            .decision
+            .status
             .namespaces
             .iter()
             .any(|n| n.state == NamespaceState::RollingBack);
-        if rolling_back || self.next.aborted_at.is_some() {
+        if rolling_back || self.decision.status.aborted_at.is_some() {
             self.roll_back();
         } else {
             self.forward();

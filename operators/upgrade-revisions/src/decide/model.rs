@@ -1,6 +1,6 @@
 //! The shared model of the upgrade's decision, below its phases: what the reconcile observed
 //! (`Observations`, `Fleet`), what it must do (`Action`), the `Decision`, the timing constants,
-//! and one `Tick` with the per-namespace counts and helpers every phase uses. Must never do I/O
+//! and one `Machine` with the per-namespace counts and helpers every phase uses. Must never do I/O
 //! or read the clock.
 
 use std::{
@@ -251,8 +251,10 @@ pub fn workload_key(namespace: &str, workload: &Workload) -> String {
     format!("{namespace}/{}/{}", workload.kind, workload.name)
 }
 
-/// One tick of a valid upgrade.
-pub(super) struct Tick<'a> {
+/// One tick of a valid upgrade: what every phase reads (the spec, the observations, the fleet
+/// and its counts, the time) and the decision it writes into, the one shape of the operators'
+/// pure machines.
+pub(super) struct Machine<'a> {
     pub(super) spec: &'a RevisionUpgradeSpec,
     pub(super) obs: &'a Observations,
     pub(super) fleet: &'a Fleet,
@@ -265,8 +267,8 @@ pub(super) struct Tick<'a> {
     /// The current wave's gates as judged this tick ([`Observations::gates`] with its
     /// unresolved gates judged under `spec.inconclusive`).
     pub(super) gates: Option<&'a GateReport>,
-    pub(super) next: &'a mut RevisionUpgradeStatus,
-    pub(super) actions: &'a mut Vec<Action>,
+    /// The decision this tick writes into.
+    pub(super) decision: &'a mut Decision,
     /// Pods this tick did not offer for restart because their workload is at its
     /// availability floor.
     pub(super) held_by_floor: u32,
@@ -285,13 +287,9 @@ pub(super) struct NsCount {
     pub(super) not_ready: u32,
 }
 
-impl Tick<'_> {
+impl Machine<'_> {
     pub(super) fn generation(&self) -> Option<i64> {
         self.obs.generation
-    }
-
-    pub(super) fn event(&mut self, notice: Notice) {
-        self.actions.push(Action::Event(notice));
     }
 
     pub(super) fn condition(&mut self, type_: &str, status: Status, reason: &str, message: String) {
@@ -299,7 +297,13 @@ impl Tick<'_> {
             generation: self.generation(),
             now: self.now,
         };
-        stamp.set(&mut self.next.conditions, type_, status, reason, message);
+        stamp.set(
+            &mut self.decision.status.conditions,
+            type_,
+            status,
+            reason,
+            message,
+        );
     }
 
     pub(super) fn ns_view(&self, name: &str) -> Option<&NamespaceView> {
@@ -356,7 +360,8 @@ impl Tick<'_> {
             return true;
         }
         if self
-            .next
+            .decision
+            .status
             .reinjected_by_old_revision
             .iter()
             .any(|r| r.namespace == p.namespace && r.kind == w.kind && r.name == w.name)

@@ -14,16 +14,16 @@ use sluice_runtime::{
 };
 
 use super::model::{
-    Action, EventAction, REINJECTION_GRACE, REPORT_LIMIT, TICK, Tick, elapsed, to_ms,
+    Action, EventAction, Machine, REINJECTION_GRACE, REPORT_LIMIT, TICK, elapsed, to_ms,
 };
 use crate::fleet::NamespaceView;
 
-impl Tick<'_> {
+impl Machine<'_> {
     /// Detects namespaces relabelled by someone else after sluice moved them (and clears the
     /// report once the label is back on the new tag).
     pub(super) fn watch_relabels(&mut self) {
         let mut found = Vec::new();
-        for n in &self.next.namespaces {
+        for n in &self.decision.status.namespaces {
             let moved = matches!(n.state, NamespaceState::Restarting | NamespaceState::Moved)
                 && n.relabelled_at.is_some();
             if !moved {
@@ -39,7 +39,8 @@ impl Tick<'_> {
             }
         }
         let before: BTreeSet<String> = self
-            .next
+            .decision
+            .status
             .relabelled_back
             .iter()
             .map(|r| r.namespace.clone())
@@ -47,7 +48,8 @@ impl Tick<'_> {
         let mut list = Vec::new();
         for (namespace, rev) in found {
             if let Some(old) = self
-                .next
+                .decision
+                .status
                 .relabelled_back
                 .iter()
                 .find(|r| r.namespace == namespace && r.found == rev)
@@ -56,7 +58,7 @@ impl Tick<'_> {
                 continue;
             }
             if !before.contains(&namespace) {
-                self.event(Notice::warning(reasons::NAMESPACE_RELABELLED_BACK,
+                self.decision.event(Notice::warning(reasons::NAMESPACE_RELABELLED_BACK,
                     EventAction::Relabel,
                     format!(
                         "namespace {namespace} was relabelled istio.io/rev={rev:?} by someone else after sluice set {}; its pods are not restarted until the label is {} again (with Argo CD, see the README's ignoreDifferences setting)",
@@ -89,7 +91,7 @@ impl Tick<'_> {
                 ),
             );
         }
-        self.next.relabelled_back = list;
+        self.decision.status.relabelled_back = list;
     }
 
     pub(super) fn tags_ok(&mut self) -> bool {
@@ -115,10 +117,10 @@ impl Tick<'_> {
             "{}; nothing is moved until the tags point to the spec's revisions (istioctl tag set)",
             problems.join("; ")
         );
-        let known = cond::find(&self.next.conditions, conditions::PROGRESSING)
+        let known = cond::find(&self.decision.status.conditions, conditions::PROGRESSING)
             .is_some_and(|c| c.reason == reasons::TAG_MISMATCH && c.message == msg);
         if !known {
-            self.event(Notice::warning(
+            self.decision.event(Notice::warning(
                 reasons::TAG_MISMATCH,
                 EventAction::Wave,
                 msg.clone(),
@@ -136,18 +138,23 @@ impl Tick<'_> {
     /// Relabels the namespaces of wave `index` (or every rolling-back namespace when `index` is
     /// `usize::MAX`) from `from` to `to`, and records when the new label was first seen.
     pub(super) fn relabel(&mut self, index: usize, from: &str, to: &str) {
-        let wave = self.next.waves.get(index).map(|w| w.name.clone());
+        let wave = self
+            .decision
+            .status
+            .waves
+            .get(index)
+            .map(|w| w.name.clone());
         // When the relabel was asked for (the wave's start, or the abort, which asks at once):
         // it is asked again only a tick later, while the quicker rechecks wait for the watch to
         // show it.
         let asked = match &wave {
-            Some(_) => self.next.waves[index].started_at.clone(),
-            None => self.next.aborted_at.clone(),
+            Some(_) => self.decision.status.waves[index].started_at.clone(),
+            None => self.decision.status.aborted_at.clone(),
         };
         let asked = asked.as_ref();
         let mut actions = Vec::new();
-        for i in 0..self.next.namespaces.len() {
-            let n = &self.next.namespaces[i];
+        for i in 0..self.decision.status.namespaces.len() {
+            let n = &self.decision.status.namespaces[i];
             let ours = match &wave {
                 Some(w) => &n.wave == w,
                 None => n.state == NamespaceState::RollingBack,
@@ -162,7 +169,7 @@ impl Tick<'_> {
                 .find(|v| v.name == n.name)
                 .and_then(NamespaceView::rev)
                 .map(str::to_owned);
-            let n = &mut self.next.namespaces[i];
+            let n = &mut self.decision.status.namespaces[i];
             match n.state {
                 NamespaceState::Pending => {
                     n.state = NamespaceState::Restarting;
@@ -191,7 +198,7 @@ impl Tick<'_> {
                 _ => {}
             }
         }
-        self.actions.extend(actions);
+        self.decision.actions.extend(actions);
     }
 
     /// Stops (and reports) every workload of a moving namespace carrying its target label
@@ -200,7 +207,13 @@ impl Tick<'_> {
     pub(super) fn detect_reinjection(&mut self, state: NamespaceState, target: &str, label: &str) {
         let grace = REINJECTION_GRACE.as_millis() as i64;
         let mut found: Vec<WorkloadReport> = Vec::new();
-        for n in self.next.namespaces.iter().filter(|n| n.state == state) {
+        for n in self
+            .decision
+            .status
+            .namespaces
+            .iter()
+            .filter(|n| n.state == state)
+        {
             let Some(seen) = n.relabelled_at.as_ref() else {
                 continue;
             };
@@ -219,7 +232,13 @@ impl Tick<'_> {
                 let known = |r: &WorkloadReport| {
                     r.namespace == p.namespace && r.kind == w.kind && r.name == w.name
                 };
-                if self.next.reinjected_by_old_revision.iter().any(known) || found.iter().any(known)
+                if self
+                    .decision
+                    .status
+                    .reinjected_by_old_revision
+                    .iter()
+                    .any(known)
+                    || found.iter().any(known)
                 {
                     continue;
                 }
@@ -234,18 +253,18 @@ impl Tick<'_> {
             }
         }
         for r in found {
-            if self.next.reinjected_by_old_revision.len() >= REPORT_LIMIT {
+            if self.decision.status.reinjected_by_old_revision.len() >= REPORT_LIMIT {
                 break;
             }
-            self.event(Notice::warning(reasons::REINJECTED_BY_OLD_REVISION,
+            self.decision.event(Notice::warning(reasons::REINJECTED_BY_OLD_REVISION,
                 EventAction::Relabel,
                 format!(
                     "{} {}/{}: pod {} was created after namespace {} carried istio.io/rev={label} and was injected by revision {}, not {target}; the workload is not restarted again (check a pod-level istio.io/rev label added at admission, or the {label} tag's injector)",
                     r.kind, r.namespace, r.name, r.pod, r.namespace, r.found
                 )));
-            self.next.reinjected_by_old_revision.push(r);
+            self.decision.status.reinjected_by_old_revision.push(r);
         }
-        if self.next.reinjected_by_old_revision.is_empty() {
+        if self.decision.status.reinjected_by_old_revision.is_empty() {
             self.condition(
                 conditions::REINJECTED_BY_OLD_REVISION,
                 Status::False,
@@ -254,7 +273,8 @@ impl Tick<'_> {
             );
         } else {
             let list: Vec<String> = self
-                .next
+                .decision
+                .status
                 .reinjected_by_old_revision
                 .iter()
                 .map(|r| format!("{} {}/{} ({})", r.kind, r.namespace, r.name, r.found))

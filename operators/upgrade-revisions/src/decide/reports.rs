@@ -8,10 +8,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use sluice_api::v1alpha1::revision_upgrade::{WorkloadReport, conditions, reasons};
 use sluice_runtime::{conditions::Status, events::Notice};
 
-use super::model::{EventAction, REPORT_LIMIT, Tick};
+use super::model::{EventAction, Machine, REPORT_LIMIT};
 use crate::fleet::{self};
 
-impl Tick<'_> {
+impl Machine<'_> {
     pub(super) fn report_injection_label(&mut self) {
         let legacy = fleet::injection_enabled(&self.fleet.namespaces);
         if legacy.is_empty() {
@@ -28,8 +28,8 @@ impl Tick<'_> {
                 legacy.join(", "),
                 self.spec.from_tag
             );
-            if self.next.injection_enabled_namespaces != legacy {
-                self.event(Notice::warning(
+            if self.decision.status.injection_enabled_namespaces != legacy {
+                self.decision.event(Notice::warning(
                     reasons::LEGACY_INJECTION_LABEL,
                     EventAction::Relabel,
                     msg.clone(),
@@ -42,7 +42,7 @@ impl Tick<'_> {
                 msg,
             );
         }
-        self.next.injection_enabled_namespaces = legacy;
+        self.decision.status.injection_enabled_namespaces = legacy;
     }
 
     /// Reports the workloads whose pods pin a revision with their own `istio.io/rev` label
@@ -50,7 +50,8 @@ impl Tick<'_> {
     /// namespaces whose labels Argo CD manages.
     pub(super) fn report_overrides(&mut self) {
         let ours: BTreeSet<String> = self
-            .next
+            .decision
+            .status
             .namespaces
             .iter()
             .map(|n| n.name.clone())
@@ -79,7 +80,8 @@ impl Tick<'_> {
                     continue;
                 }
                 let detected_at = self
-                    .next
+                    .decision
+                    .status
                     .pod_revision_overrides
                     .iter()
                     .find(|r| r.namespace == p.namespace && r.kind == w.kind && r.name == w.name)
@@ -102,7 +104,8 @@ impl Tick<'_> {
             .iter()
             .filter(|r| {
                 !self
-                    .next
+                    .decision
+                    .status
                     .pod_revision_overrides
                     .iter()
                     .any(|o| o.namespace == r.namespace && o.kind == r.kind && o.name == r.name)
@@ -115,7 +118,7 @@ impl Tick<'_> {
             })
             .collect();
         if !new.is_empty() {
-            self.event(Notice::warning(reasons::POD_REVISION_OVERRIDE,
+            self.decision.event(Notice::warning(reasons::POD_REVISION_OVERRIDE,
                 EventAction::Relabel,
                 format!(
                     "pods pin their revision with their own istio.io/rev label, which wins over the namespace's, so they are not restarted: {}; set their label to {} (or remove it) to move them",
@@ -151,7 +154,7 @@ impl Tick<'_> {
                 ),
             );
         }
-        self.next.pod_revision_overrides = overrides;
+        self.decision.status.pod_revision_overrides = overrides;
 
         let mut argo: Vec<String> = self
             .fleet
@@ -169,7 +172,7 @@ impl Tick<'_> {
         );
         let new: Vec<&String> = argo
             .iter()
-            .filter(|n| !self.next.argo_cd_managed_namespaces.contains(n))
+            .filter(|n| !self.decision.status.argo_cd_managed_namespaces.contains(n))
             .collect();
         if !new.is_empty() {
             let note = format!(
@@ -179,7 +182,7 @@ impl Tick<'_> {
                     .collect::<Vec<_>>()
                     .join(", ")
             );
-            self.event(Notice::warning(
+            self.decision.event(Notice::warning(
                 reasons::ARGO_CD_MANAGES_NAMESPACE_LABELS,
                 EventAction::Relabel,
                 note,
@@ -203,6 +206,6 @@ impl Tick<'_> {
                 ),
             );
         }
-        self.next.argo_cd_managed_namespaces = argo;
+        self.decision.status.argo_cd_managed_namespaces = argo;
     }
 }

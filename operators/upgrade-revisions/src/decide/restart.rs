@@ -13,18 +13,18 @@ use sluice_api::v1alpha1::revision_upgrade::{
 };
 use sluice_runtime::{conditions::Status, events::Notice};
 
-use super::model::{Action, EventAction, Tick, elapsed, workload_key};
+use super::model::{Action, EventAction, Machine, elapsed, workload_key};
 use crate::{
     availability_floor::{self, Plan},
     fleet::{NamespaceView, PodView, Workload},
     pacing::{self, Hold},
 };
 
-impl Tick<'_> {
+impl Machine<'_> {
     /// Recounts the pods of every namespace in the upgrade against its direction's target.
     pub(super) fn update_counts(&mut self, forward_target: &str) {
-        for i in 0..self.next.namespaces.len() {
-            let n = &self.next.namespaces[i];
+        for i in 0..self.decision.status.namespaces.len() {
+            let n = &self.decision.status.namespaces[i];
             let target = match n.state {
                 NamespaceState::RollingBack | NamespaceState::RolledBack => {
                     self.spec.from_revision.clone()
@@ -33,8 +33,9 @@ impl Tick<'_> {
             };
             let name = n.name.clone();
             let c = self.count(&name, &target);
-            let surging = self.next.namespaces[i].relabelled_at.is_some() && self.surging(&name);
-            let n = &mut self.next.namespaces[i];
+            let surging =
+                self.decision.status.namespaces[i].relabelled_at.is_some() && self.surging(&name);
+            let n = &mut self.decision.status.namespaces[i];
             // While its pods are being replaced, a namespace keeps the most pods it was seen
             // with, so an evicted pod whose replacement does not exist yet is still awaited.
             // Rollout restarts surge above the workloads' replicas: there the count stays the
@@ -58,7 +59,8 @@ impl Tick<'_> {
         label: &str,
     ) -> Vec<&Arc<PodView>> {
         let namespaces: BTreeSet<&str> = self
-            .next
+            .decision
+            .status
             .namespaces
             .iter()
             .filter(|n| n.state == state && n.relabelled_at.is_some())
@@ -168,7 +170,8 @@ impl Tick<'_> {
         self.held_by_floor = floored;
         for ((namespace, workload), n) in by_workload {
             let marker = self
-                .next
+                .decision
+                .status
                 .namespaces
                 .iter()
                 .find(|x| x.name == namespace)
@@ -199,7 +202,7 @@ impl Tick<'_> {
             ));
         }
         let wanted: u32 = units.iter().map(|u| u.0).sum();
-        let mut previous = self.next.issuance_budget.clone();
+        let mut previous = self.decision.status.issuance_budget.clone();
         let due = previous
             .as_ref()
             .and_then(|p| p.updated_at.as_ref())
@@ -237,15 +240,15 @@ impl Tick<'_> {
                     after: *start,
                 },
             };
-            self.actions.push(action);
+            self.decision.actions.push(action);
         }
         if g.restarts > 0 {
-            self.actions.push(Action::ScheduleBusy(g.busy_for));
+            self.decision.actions.push(Action::ScheduleBusy(g.busy_for));
         }
         if wanted > 0 || g.held_by != Some(Hold::NoReading) {
             self.budget_conditions(g.held_by, &g.state);
         }
-        self.next.issuance_budget = Some(g.state);
+        self.decision.status.issuance_budget = Some(g.state);
         g.restarts
     }
 
@@ -311,10 +314,10 @@ impl Tick<'_> {
         // Namespaces whose every restartable pod runs the target are moved; the replacements'
         // readiness is what PodDisruptionBudgets gate while restarting, and what the wave waits
         // for before it passes its soak.
-        let wave = self.next.waves[index].name.clone();
+        let wave = self.decision.status.waves[index].name.clone();
         let mut pending = 0;
-        for i in 0..self.next.namespaces.len() {
-            let n = &self.next.namespaces[i];
+        for i in 0..self.decision.status.namespaces.len() {
+            let n = &self.decision.status.namespaces[i];
             if n.wave != wave || n.state != NamespaceState::Restarting {
                 continue;
             }
@@ -322,7 +325,7 @@ impl Tick<'_> {
             let labelled = n.relabelled_at.is_some()
                 && self.ns_view(&n.name).and_then(NamespaceView::rev)
                     == Some(self.spec.to_tag.as_str());
-            let n = &mut self.next.namespaces[i];
+            let n = &mut self.decision.status.namespaces[i];
             let expected = n.pods;
             let settled =
                 c.done + c.bare_not_done + c.held_not_done == c.pods && c.pods >= expected;
@@ -335,7 +338,7 @@ impl Tick<'_> {
         }
         let blocked = !self.obs.blocked.is_empty();
         if pending == 0 {
-            let w = &mut self.next.waves[index];
+            let w = &mut self.decision.status.waves[index];
             w.state = UpgradeWaveState::Soaking;
             w.soak_started_at = Some(Time(self.now));
             let soak = self
@@ -351,7 +354,8 @@ impl Tick<'_> {
                 reasons::SOAKING,
                 msg.clone(),
             );
-            self.event(Notice::normal(reasons::SOAKING, EventAction::Wave, msg));
+            self.decision
+                .event(Notice::normal(reasons::SOAKING, EventAction::Wave, msg));
         } else if blocked {
             self.condition(
                 conditions::PROGRESSING,

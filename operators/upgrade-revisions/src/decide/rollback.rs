@@ -12,10 +12,10 @@ use sluice_runtime::{
     events::Notice,
 };
 
-use super::model::{EventAction, Tick};
+use super::model::{EventAction, Machine};
 use crate::fleet::PodView;
 
-impl Tick<'_> {
+impl Machine<'_> {
     /// Retags the namespaces of waves that have not passed back to the old tag.
     pub(super) fn start_rollback(
         &mut self,
@@ -24,14 +24,15 @@ impl Tick<'_> {
         wave_state: UpgradeWaveState,
     ) {
         let passed: BTreeSet<String> = self
-            .next
+            .decision
+            .status
             .waves
             .iter()
             .filter(|w| w.state == UpgradeWaveState::Passed)
             .map(|w| w.name.clone())
             .collect();
         let mut back = Vec::new();
-        for n in &mut self.next.namespaces {
+        for n in &mut self.decision.status.namespaces {
             if passed.contains(&n.wave) {
                 continue;
             }
@@ -47,7 +48,7 @@ impl Tick<'_> {
                 NamespaceState::RollingBack | NamespaceState::RolledBack => {}
             }
         }
-        for w in &mut self.next.waves {
+        for w in &mut self.decision.status.waves {
             if !matches!(
                 w.state,
                 UpgradeWaveState::Passed | UpgradeWaveState::Pending
@@ -56,7 +57,7 @@ impl Tick<'_> {
                 w.finished_at = Some(Time(self.now));
             }
         }
-        self.next.aborted_at = Some(Time(self.now));
+        self.decision.status.aborted_at = Some(Time(self.now));
         let msg = format!(
             "{why}; retagging {} namespace(s) back to {} and restarting them within the issuance budget; waves that passed stay on {}",
             back.len(),
@@ -64,7 +65,8 @@ impl Tick<'_> {
             self.spec.to_revision
         );
         self.condition(conditions::PROGRESSING, Status::True, reason, msg.clone());
-        self.event(Notice::warning(reason, EventAction::Abort, msg));
+        self.decision
+            .event(Notice::warning(reason, EventAction::Abort, msg));
     }
 
     pub(super) fn roll_back(&mut self) {
@@ -90,14 +92,14 @@ impl Tick<'_> {
             .collect();
         self.restart(pods);
         let mut pending = 0;
-        for i in 0..self.next.namespaces.len() {
-            if self.next.namespaces[i].state != NamespaceState::RollingBack {
+        for i in 0..self.decision.status.namespaces.len() {
+            if self.decision.status.namespaces[i].state != NamespaceState::RollingBack {
                 continue;
             }
-            let name = self.next.namespaces[i].name.clone();
+            let name = self.decision.status.namespaces[i].name.clone();
             let c = self.count(&name, &target);
-            let labelled = self.next.namespaces[i].relabelled_at.is_some();
-            let n = &mut self.next.namespaces[i];
+            let labelled = self.decision.status.namespaces[i].relabelled_at.is_some();
+            let n = &mut self.decision.status.namespaces[i];
             let expected = n.pods;
             let settled =
                 c.done + c.bare_not_done + c.held_not_done == c.pods && c.pods >= expected;
@@ -111,13 +113,13 @@ impl Tick<'_> {
         if pending > 0 {
             return;
         }
-        for w in &mut self.next.waves {
+        for w in &mut self.decision.status.waves {
             if w.state == UpgradeWaveState::Failed {
                 w.state = UpgradeWaveState::RolledBack;
             }
         }
-        let p = self.next.proxies.clone().unwrap_or_default();
-        let was = cond::find(&self.next.conditions, conditions::PROGRESSING)
+        let p = self.decision.status.proxies.clone().unwrap_or_default();
+        let was = cond::find(&self.decision.status.conditions, conditions::PROGRESSING)
             .is_some_and(|c| c.reason == reasons::ROLLED_BACK);
         let msg = format!(
             "rolled back: {} prox(ies) on {}, {} on {}; a mixed fleet is a valid stopping point; set spec.abort=false and increase spec.resume to try again",
@@ -130,7 +132,7 @@ impl Tick<'_> {
             msg.clone(),
         );
         if !was {
-            self.event(Notice::warning(
+            self.decision.event(Notice::warning(
                 reasons::ROLLED_BACK,
                 EventAction::Abort,
                 msg,

@@ -8,17 +8,17 @@ use sluice_analysis::GateAction;
 use sluice_api::v1alpha1::revision_upgrade::{UpgradeWaveState, conditions, reasons};
 use sluice_runtime::{conditions::Status, events::Notice};
 
-use super::model::{EventAction, Tick, elapsed, event_reasons};
+use super::model::{EventAction, Machine, elapsed, event_reasons};
 
-impl Tick<'_> {
+impl Machine<'_> {
     pub(super) fn soak(&mut self, index: usize) {
-        let wave = self.next.waves[index].name.clone();
+        let wave = self.decision.status.waves[index].name.clone();
         let soak = self
             .spec
             .soak_of(index)
             .and_then(|s| s.parse().ok())
             .unwrap_or(Duration::from_secs(900));
-        let started = self.next.waves[index]
+        let started = self.decision.status.waves[index]
             .soak_started_at
             .clone()
             .unwrap_or(Time(self.now));
@@ -38,7 +38,8 @@ impl Tick<'_> {
         }
         let target = self.spec.to_revision.clone();
         let members: Vec<String> = self
-            .next
+            .decision
+            .status
             .namespaces
             .iter()
             .filter(|n| n.wave == wave)
@@ -77,20 +78,20 @@ impl Tick<'_> {
             );
             return;
         }
-        let w = &mut self.next.waves[index];
+        let w = &mut self.decision.status.waves[index];
         w.state = UpgradeWaveState::Passed;
         w.finished_at = Some(Time(self.now));
-        self.event(Notice::normal(
+        self.decision.event(Notice::normal(
             event_reasons::WAVE_PASSED,
             EventAction::Wave,
             format!("wave {wave} passed its soak with every gate green"),
         ));
         // Start the next wave in the same tick, so no tick is lost between waves.
-        if index + 1 < self.next.waves.len() {
+        if index + 1 < self.decision.status.waves.len() {
             self.forward();
         } else {
-            self.next.current_wave = None;
-            self.next.current_wave_index = None;
+            self.decision.status.current_wave = None;
+            self.decision.status.current_wave_index = None;
         }
     }
 }

@@ -7,9 +7,9 @@ use sluice_runtime::{conditions::Status, events::Notice};
 
 use crate::decisions;
 
-use super::model::{Action, Ctx, EventAction, Requeue, convergence_timeout, interval};
+use super::model::{Action, EventAction, Machine, Requeue, convergence_timeout, interval};
 
-pub(super) fn admit(cx: &mut Ctx<'_>, i: usize) -> Requeue {
+pub(super) fn admit(cx: &mut Machine<'_>, i: usize) -> Requeue {
     let spec = cx.spec;
     let wave = &spec.waves[i];
     let rev = spec.revision.clone();
@@ -34,7 +34,7 @@ pub(super) fn admit(cx: &mut Ctx<'_>, i: usize) -> Requeue {
     }
     if !waiting.is_empty() {
         let what = waiting.join(", ");
-        let ws = &mut cx.next.waves[i];
+        let ws = &mut cx.decision.status.waves[i];
         ws.state = WaveState::Waiting;
         ws.waiting_for = Some(what.clone());
         let note = format!("wave {} waits for {what} at {rev}", wave.name);
@@ -44,7 +44,7 @@ pub(super) fn admit(cx: &mut Ctx<'_>, i: usize) -> Requeue {
             reasons::WAITING_FOR_SITE,
             note.clone(),
         ) {
-            cx.event(Notice::normal(
+            cx.decision.event(Notice::normal(
                 reasons::WAITING_FOR_SITE,
                 EventAction::Admit,
                 note,
@@ -55,18 +55,18 @@ pub(super) fn admit(cx: &mut Ctx<'_>, i: usize) -> Requeue {
     for r in &released {
         let note = format!("wave {}: cross-site wait {r}", wave.name);
         cx.history_note(&note);
-        cx.event(Notice::warning(
+        cx.decision.event(Notice::warning(
             reasons::WAIT_RELEASED,
             EventAction::Admit,
             note,
         ));
     }
-    let ws = &mut cx.next.waves[i];
+    let ws = &mut cx.decision.status.waves[i];
     ws.state = WaveState::Converging;
     ws.revision = Some(rev.clone());
     ws.admitted_at = Some(Time(cx.now));
     ws.waiting_for = None;
-    decisions::set_revision(&mut cx.next.decisions, &wave.clusters, &rev);
+    decisions::set_revision(&mut cx.decision.status.decisions, &wave.clusters, &rev);
     let note = format!(
         "wave {} ({}) admitted at {rev}",
         wave.name,
@@ -78,11 +78,11 @@ pub(super) fn admit(cx: &mut Ctx<'_>, i: usize) -> Requeue {
         reasons::WAVE_ADMITTED,
         note.clone(),
     );
-    cx.event(Notice::normal(
+    cx.decision.event(Notice::normal(
         reasons::WAVE_ADMITTED,
         EventAction::Admit,
         note,
     ));
-    cx.actions.push(Action::NudgeApplicationSet);
+    cx.decision.actions.push(Action::NudgeApplicationSet);
     Requeue::After(interval(spec).min(convergence_timeout(spec)))
 }

@@ -11,17 +11,21 @@ use sluice_runtime::{
 
 use crate::decisions;
 
-use super::model::{Ctx, EventAction, Requeue, active_wave, admitted, done};
+use super::model::{EventAction, Machine, Requeue, active_wave, admitted, done};
 
 /// Starts the change to `spec.revision`, or returns why it waits.
-pub(super) fn start_change(cx: &mut Ctx<'_>) -> Option<Requeue> {
+pub(super) fn start_change(cx: &mut Machine<'_>) -> Option<Requeue> {
     let spec = cx.spec;
-    let halted = cx.next.halt.is_some();
+    let halted = cx.decision.status.halt.is_some();
     if halted && !spec.supersede_halted {
         let note = format!(
             "spec.revision {} waits: the change to {} halted; set spec.supersedeHalted to start the new revision from the first wave",
             spec.revision,
-            cx.next.current_revision.as_deref().unwrap_or("?")
+            cx.decision
+                .status
+                .current_revision
+                .as_deref()
+                .unwrap_or("?")
         );
         if cx.condition(
             types::PROGRESSING,
@@ -29,7 +33,7 @@ pub(super) fn start_change(cx: &mut Ctx<'_>) -> Option<Requeue> {
             reasons::BLOCKED_BY_HALT,
             note.clone(),
         ) {
-            cx.event(Notice::warning(
+            cx.decision.event(Notice::warning(
                 reasons::BLOCKED_BY_HALT,
                 EventAction::Change,
                 note,
@@ -41,13 +45,17 @@ pub(super) fn start_change(cx: &mut Ctx<'_>) -> Option<Requeue> {
     // the old commit's drift (about 0) and would converge at once.
     if spec.drift_gate.exporter == DriftExporter::Platform
         && spec.source_commit.is_some()
-        && spec.source_commit == cx.next.source_commit
+        && spec.source_commit == cx.decision.status.source_commit
     {
         let note = format!(
             "spec.revision {} waits: spec.sourceCommit {} is the commit of the previous revision {}; set the new bundle's commit (its org.opencontainers.image.revision)",
             spec.revision,
             spec.source_commit.as_deref().unwrap_or_default(),
-            cx.next.current_revision.as_deref().unwrap_or("?")
+            cx.decision
+                .status
+                .current_revision
+                .as_deref()
+                .unwrap_or("?")
         );
         if cx.condition(
             types::PROGRESSING,
@@ -55,7 +63,7 @@ pub(super) fn start_change(cx: &mut Ctx<'_>) -> Option<Requeue> {
             reasons::SOURCE_COMMIT_UNCHANGED,
             note.clone(),
         ) {
-            cx.event(Notice::warning(
+            cx.decision.event(Notice::warning(
                 reasons::SOURCE_COMMIT_UNCHANGED,
                 EventAction::Change,
                 note,
@@ -63,17 +71,22 @@ pub(super) fn start_change(cx: &mut Ctx<'_>) -> Option<Requeue> {
         }
         return Some(Requeue::AwaitChange);
     }
-    let in_progress = !cx.next.waves.is_empty() && active_wave(&cx.next).is_some();
+    let in_progress =
+        !cx.decision.status.waves.is_empty() && active_wave(&cx.decision.status).is_some();
     let complete = !halted && !in_progress;
     if halted || in_progress {
         cx.history_finish(ChangeOutcome::Superseded);
         let note = format!(
             "the change to {} is superseded by {}; starting again from wave {}",
-            cx.next.current_revision.as_deref().unwrap_or("?"),
+            cx.decision
+                .status
+                .current_revision
+                .as_deref()
+                .unwrap_or("?"),
             spec.revision,
             spec.waves[0].name
         );
-        cx.event(Notice::normal(
+        cx.decision.event(Notice::normal(
             reasons::SUPERSEDED,
             EventAction::Change,
             note,
@@ -82,9 +95,9 @@ pub(super) fn start_change(cx: &mut Ctx<'_>) -> Option<Requeue> {
     // What a breach pins back to: the spec's word, else the last completed revision.
     let previous = spec.previous_revision.clone().or_else(|| {
         if complete {
-            cx.next.current_revision.clone()
+            cx.decision.status.current_revision.clone()
         } else {
-            cx.next.previous_revision.clone()
+            cx.decision.status.previous_revision.clone()
         }
     });
     // Superseding a change mid-way: clusters of waves admitted but not yet passed would stay on
@@ -97,24 +110,24 @@ pub(super) fn start_change(cx: &mut Ctx<'_>) -> Option<Requeue> {
         let back: Vec<String> = spec
             .waves
             .iter()
-            .zip(&cx.next.waves)
+            .zip(&cx.decision.status.waves)
             .filter(|(_, ws)| admitted(ws.state) && !done(ws.state))
             .flat_map(|(w, _)| w.clusters.iter().cloned())
             .collect();
         if !back.is_empty() {
-            decisions::set_revision(&mut cx.next.decisions, &back, prev);
+            decisions::set_revision(&mut cx.decision.status.decisions, &back, prev);
             cx.history_note(&format!(
                 "superseded mid-wave: {} set back to {prev} until the new change reaches them",
                 back.join(", ")
             ));
         }
     }
-    cx.next.previous_revision = previous;
-    cx.next.current_revision = Some(spec.revision.clone());
-    cx.next.source_commit = spec.source_commit.clone();
-    cx.next.halt = None;
-    cond::remove(&mut cx.next.conditions, types::HALTED);
-    cx.next.waves = spec
+    cx.decision.status.previous_revision = previous;
+    cx.decision.status.current_revision = Some(spec.revision.clone());
+    cx.decision.status.source_commit = spec.source_commit.clone();
+    cx.decision.status.halt = None;
+    cond::remove(&mut cx.decision.status.conditions, types::HALTED);
+    cx.decision.status.waves = spec
         .waves
         .iter()
         .map(|w| WaveStatus {

@@ -13,7 +13,7 @@ use sluice_runtime::{conditions::Status, events::Notice};
 
 use super::halt::{finish_halt, halt};
 use super::model::{
-    AppView, Ctx, EventAction, Observations, Requeue, add, ceil_second, convergence_timeout,
+    AppView, EventAction, Machine, Observations, Requeue, add, ceil_second, convergence_timeout,
     interval, soak, ts, until,
 };
 
@@ -102,10 +102,10 @@ pub(super) fn convergence(
     }
 }
 
-pub(super) fn converge(cx: &mut Ctx<'_>, i: usize) -> Option<Requeue> {
+pub(super) fn converge(cx: &mut Machine<'_>, i: usize) -> Option<Requeue> {
     let spec = cx.spec;
     let c = convergence(spec, i, &spec.revision, cx.obs);
-    let ws = &mut cx.next.waves[i];
+    let ws = &mut cx.decision.status.waves[i];
     ws.applications = Some(c.counts.clone());
     ws.proxies_behind = c.proxies_behind;
     let admitted_at = ws.admitted_at.as_ref().map_or(cx.now, ts);
@@ -126,7 +126,8 @@ pub(super) fn converge(cx: &mut Ctx<'_>, i: usize) -> Option<Requeue> {
             reasons::SOAKING,
             note.clone(),
         );
-        cx.event(Notice::normal(reasons::SOAKING, EventAction::Soak, note));
+        cx.decision
+            .event(Notice::normal(reasons::SOAKING, EventAction::Soak, note));
         // Gates are due at once.
         return Some(Requeue::After(Duration::ZERO));
     }

@@ -15,7 +15,7 @@ use crate::{
     pins::{self, AppRef, PinPlan},
 };
 
-use super::model::{Action, Ctx, EventAction, Observations, Requeue, admitted, until};
+use super::model::{Action, EventAction, Machine, Observations, Requeue, admitted, until};
 
 pub(super) fn admitted_clusters(spec: &WaveGateSpec, s: &WaveGateStatus) -> Vec<String> {
     spec.waves
@@ -87,17 +87,17 @@ pub fn pin_plans(spec: &WaveGateSpec, status: &WaveGateStatus, obs: &Observation
 }
 
 pub(super) fn halt(
-    cx: &mut Ctx<'_>,
+    cx: &mut Machine<'_>,
     i: usize,
     reason: HaltReason,
     message: String,
     gate: Option<GateVerdict>,
 ) {
     let spec = cx.spec;
-    cx.next.waves[i].state = WaveState::Failed;
-    cx.next.waves[i].finished_at = Some(Time(cx.now));
-    let reverted = admitted_clusters(spec, &cx.next);
-    cx.next.halt = Some(HaltStatus {
+    cx.decision.status.waves[i].state = WaveState::Failed;
+    cx.decision.status.waves[i].finished_at = Some(Time(cx.now));
+    let reverted = admitted_clusters(spec, &cx.decision.status);
+    cx.decision.status.halt = Some(HaltStatus {
         reason,
         message: Some(message.chars().take(4096).collect()),
         wave: spec.waves[i].name.clone(),
@@ -107,11 +107,11 @@ pub(super) fn halt(
         reverted_clusters: reverted,
         pinned_at: None,
     });
-    let names: Vec<String> = pin_plans(spec, &cx.next, cx.obs)
+    let names: Vec<String> = pin_plans(spec, &cx.decision.status, cx.obs)
         .into_iter()
         .map(|p| p.name)
         .collect();
-    if let Some(h) = cx.next.halt.as_mut() {
+    if let Some(h) = cx.decision.status.halt.as_mut() {
         h.pins = names;
     }
     let r = match reason {
@@ -122,20 +122,21 @@ pub(super) fn halt(
     cx.condition(types::HALTED, Status::True, r, note.clone());
     cx.condition(types::PROGRESSING, Status::False, r, note.clone());
     cx.history_finish(ChangeOutcome::Halted);
-    cx.event(Notice::warning(r, EventAction::Halt, note));
+    cx.decision
+        .event(Notice::warning(r, EventAction::Halt, note));
 }
 
 /// Pins first; once every pin exists, the admitted clusters' decisions go back to the previous
 /// revision so Argo CD converges on what the pins applied.
-pub(super) fn finish_halt(cx: &mut Ctx<'_>) -> Requeue {
+pub(super) fn finish_halt(cx: &mut Machine<'_>) -> Requeue {
     let spec = cx.spec;
-    let Some(h) = cx.next.halt.clone() else {
+    let Some(h) = cx.decision.status.halt.clone() else {
         return Requeue::AwaitChange;
     };
     if h.pinned_at.is_some() {
         return Requeue::AwaitChange;
     }
-    let Some(previous) = cx.next.previous_revision.clone() else {
+    let Some(previous) = cx.decision.status.previous_revision.clone() else {
         let note = "halted, but no previous revision is known (set spec.previousRevision); nothing pinned and decisions unchanged".to_owned();
         if cx.condition(
             types::HALTED,
@@ -143,7 +144,7 @@ pub(super) fn finish_halt(cx: &mut Ctx<'_>) -> Requeue {
             reasons::GATE_FAILED,
             note.clone(),
         ) {
-            cx.event(Notice::warning(
+            cx.decision.event(Notice::warning(
                 reasons::GATE_FAILED,
                 EventAction::Pin,
                 note,
@@ -151,13 +152,14 @@ pub(super) fn finish_halt(cx: &mut Ctx<'_>) -> Requeue {
         }
         return Requeue::AwaitChange;
     };
-    let plans = pin_plans(spec, &cx.next, cx.obs);
+    let plans = pin_plans(spec, &cx.decision.status, cx.obs);
     let missing: Vec<PinPlan> = plans
         .into_iter()
         .filter(|p| !cx.obs.existing_pins.contains(&p.name))
         .collect();
     if !missing.is_empty() {
-        cx.actions
+        cx.decision
+            .actions
             .extend(missing.into_iter().map(Action::CreatePin));
         // The pins' creation is observed on the next reconcile.
         return Requeue::After(Duration::from_millis(200));
@@ -166,7 +168,7 @@ pub(super) fn finish_halt(cx: &mut Ctx<'_>) -> Requeue {
     // applied): set back earlier, Argo CD would sync the previous revision itself, racing revert
     // and leaving its audit without the halted revision. A pin revert refused or failed, or one
     // not in force within `pin_wait`, does not hold the set-back: Argo CD then reverts.
-    let plans = pin_plans(spec, &cx.next, cx.obs);
+    let plans = pin_plans(spec, &cx.decision.status, cx.obs);
     let phase = |name: &str| cx.obs.pin_phases.get(name).copied();
     let pending: Vec<&str> = plans
         .iter()
@@ -208,8 +210,12 @@ pub(super) fn finish_halt(cx: &mut Ctx<'_>) -> Requeue {
             cx.obs.pin_wait.as_secs()
         ));
     }
-    decisions::set_revision(&mut cx.next.decisions, &h.reverted_clusters, &previous);
-    for ws in cx.next.waves.iter_mut() {
+    decisions::set_revision(
+        &mut cx.decision.status.decisions,
+        &h.reverted_clusters,
+        &previous,
+    );
+    for ws in cx.decision.status.waves.iter_mut() {
         if admitted(ws.state) && ws.state != WaveState::Failed {
             ws.state = WaveState::Reverted;
         }
@@ -223,7 +229,7 @@ pub(super) fn finish_halt(cx: &mut Ctx<'_>) -> Requeue {
     if !caveats.is_empty() {
         note.push_str(&format!(" ({})", caveats.join("; ")));
     }
-    if let Some(hh) = cx.next.halt.as_mut() {
+    if let Some(hh) = cx.decision.status.halt.as_mut() {
         hh.pinned_at = Some(Time(cx.now));
     }
     cx.condition(
@@ -232,11 +238,11 @@ pub(super) fn finish_halt(cx: &mut Ctx<'_>) -> Requeue {
         reasons::PINNED_BACK,
         note.clone(),
     );
-    cx.event(Notice::warning(
+    cx.decision.event(Notice::warning(
         reasons::PINNED_BACK,
         EventAction::Pin,
         note,
     ));
-    cx.actions.push(Action::NudgeApplicationSet);
+    cx.decision.actions.push(Action::NudgeApplicationSet);
     Requeue::AwaitChange
 }

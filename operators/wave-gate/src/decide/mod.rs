@@ -58,39 +58,44 @@ pub fn decide(
     obs: &Observations,
     now: Timestamp,
 ) -> Decision {
-    let mut cx = Ctx {
+    let mut cx = Machine {
         spec,
         obs,
         now,
-        next: status.cloned().unwrap_or_default(),
-        actions: Vec::new(),
+        decision: Decision::starting_from(status.cloned().unwrap_or_default()),
     };
-    cx.next.observed_generation = obs.generation;
+    cx.decision.status.observed_generation = obs.generation;
     let requeue = step(&mut cx);
     // Released pins this WaveGate created go, once no halt may still create or count them (a
     // halt's pins are created and judged only until it pinned back): revert gave their
     // Applications back, and a Released pin holds nothing.
-    if cx.next.halt.as_ref().is_none_or(|h| h.pinned_at.is_some()) {
-        cx.actions
+    if cx
+        .decision
+        .status
+        .halt
+        .as_ref()
+        .is_none_or(|h| h.pinned_at.is_some())
+    {
+        cx.decision
+            .actions
             .extend(obs.released_pins.iter().cloned().map(Action::DeletePin));
     }
-    cx.next.phase = phase(&cx.next);
-    let active = active_wave(&cx.next);
-    let shown = match (&cx.next.halt, active) {
+    cx.decision.status.phase = phase(&cx.decision.status);
+    let active = active_wave(&cx.decision.status);
+    let shown = match (&cx.decision.status.halt, active) {
         (Some(h), _) => spec.waves.iter().position(|w| w.name == h.wave),
         (None, Some(i)) => Some(i),
-        (None, None) if !cx.next.waves.is_empty() => Some(cx.next.waves.len() - 1),
+        (None, None) if !cx.decision.status.waves.is_empty() => {
+            Some(cx.decision.status.waves.len() - 1)
+        }
         _ => None,
     };
-    cx.next.current_wave_index = shown.map(|i| i as u32);
-    cx.next.current_wave = shown
+    cx.decision.status.current_wave_index = shown.map(|i| i as u32);
+    cx.decision.status.current_wave = shown
         .and_then(|i| spec.waves.get(i))
         .map(|w| w.name.clone());
-    Decision {
-        actions: cx.actions,
-        status: cx.next,
-        requeue,
-    }
+    cx.decision.requeue = requeue;
+    cx.decision
 }
 
 fn phase(s: &WaveGateStatus) -> WaveGatePhase {
@@ -113,27 +118,27 @@ fn phase(s: &WaveGateStatus) -> WaveGatePhase {
     }
 }
 
-fn step(cx: &mut Ctx<'_>) -> Requeue {
+fn step(cx: &mut Machine<'_>) -> Requeue {
     let spec = cx.spec;
     let every = interval(spec);
 
     // 1. The spec.
     let problems = validity::problems(spec, cx.obs.allow_free_form_promql);
     let v = cond::set_validity(
-        &mut cx.next.conditions,
+        &mut cx.decision.status.conditions,
         &problems,
         cx.obs.generation,
         cx.now,
     );
     if v.transitioned {
         if v.valid {
-            cx.event(Notice::normal(
+            cx.decision.event(Notice::normal(
                 reasons::VALID,
                 sluice_runtime::validity::VALIDATE,
                 "spec accepted",
             ));
         } else {
-            cx.event(Notice::warning(
+            cx.decision.event(Notice::warning(
                 reasons::INVALID_SPEC,
                 sluice_runtime::validity::VALIDATE,
                 v.message,
@@ -206,7 +211,7 @@ fn step(cx: &mut Ctx<'_>) -> Requeue {
     };
     let status = if safe { Status::True } else { Status::False };
     if cx.condition(types::APPLICATION_SET_SAFE, status, reason, message.clone()) {
-        cx.event(Notice {
+        cx.decision.event(Notice {
             severity: if safe {
                 Severity::Normal
             } else {
@@ -243,16 +248,16 @@ fn step(cx: &mut Ctx<'_>) -> Requeue {
     };
 
     // 4. Adoption: publish the revision the site runs for every cluster.
-    if cx.next.decisions.is_empty() {
+    if cx.decision.status.decisions.is_empty() {
         match adoption_revision(spec, cx.obs) {
             Ok(r) => {
-                cx.next.decisions = decisions::complete(spec, &[], &r);
-                cx.next.current_revision = Some(r.clone());
+                cx.decision.status.decisions = decisions::complete(spec, &[], &r);
+                cx.decision.status.current_revision = Some(r.clone());
                 if r == spec.revision {
-                    cx.next.source_commit = spec.source_commit.clone();
+                    cx.decision.status.source_commit = spec.source_commit.clone();
                 }
-                cx.next.waves.clear();
-                cx.next.history.push(ChangeRecord {
+                cx.decision.status.waves.clear();
+                cx.decision.status.history.push(ChangeRecord {
                     revision: r.clone(),
                     previous_revision: None,
                     started_at: Time(cx.now),
@@ -270,8 +275,9 @@ fn step(cx: &mut Ctx<'_>) -> Requeue {
                     reasons::ADOPTED,
                     note.clone(),
                 );
-                cx.event(Notice::normal(reasons::ADOPTED, EventAction::Adopt, note));
-                cx.actions.push(Action::NudgeApplicationSet);
+                cx.decision
+                    .event(Notice::normal(reasons::ADOPTED, EventAction::Adopt, note));
+                cx.decision.actions.push(Action::NudgeApplicationSet);
             }
             Err(why) => {
                 if cx.condition(
@@ -280,7 +286,7 @@ fn step(cx: &mut Ctx<'_>) -> Requeue {
                     reasons::ADOPTION_PENDING,
                     why.clone(),
                 ) {
-                    cx.event(Notice::warning(
+                    cx.decision.event(Notice::warning(
                         reasons::ADOPTION_PENDING,
                         EventAction::Adopt,
                         why,
@@ -292,20 +298,23 @@ fn step(cx: &mut Ctx<'_>) -> Requeue {
     } else {
         // Keep the list complete if spec.waves changed.
         let fallback = cx
-            .next
+            .decision
+            .status
             .previous_revision
             .clone()
-            .or(cx.next.current_revision.clone())
+            .or(cx.decision.status.current_revision.clone())
             .unwrap_or_else(|| spec.revision.clone());
-        cx.next.decisions = decisions::complete(spec, &cx.next.decisions, &fallback);
+        cx.decision.status.decisions =
+            decisions::complete(spec, &cx.decision.status.decisions, &fallback);
     }
     align_waves(cx);
 
     // 5. A halt: pins first, then decisions back; nothing else moves until both are done.
-    let new_revision = cx.next.current_revision.as_deref() != Some(spec.revision.as_str());
+    let new_revision =
+        cx.decision.status.current_revision.as_deref() != Some(spec.revision.as_str());
     let mut halt_requeue = Requeue::AwaitChange;
-    if let Some(h) = &cx.next.halt {
-        let pinned = h.pinned_at.is_some() || cx.next.previous_revision.is_none();
+    if let Some(h) = &cx.decision.status.halt {
+        let pinned = h.pinned_at.is_some() || cx.decision.status.previous_revision.is_none();
         let r = finish_halt(cx);
         if !new_revision || (!pinned && spec.supersede_halted) {
             return r;
@@ -316,7 +325,7 @@ fn step(cx: &mut Ctx<'_>) -> Requeue {
     // 6. A new revision. While an unfinished halt holds it (no supersede), the halt's own
     // requeue (its pin wait) is kept: waiting only for a change would lose the fallback.
     if new_revision && let Some(r) = start_change(cx) {
-        return match &cx.next.halt {
+        return match &cx.decision.status.halt {
             Some(h) if h.pinned_at.is_none() => r.sooner(halt_requeue),
             _ => r,
         };
@@ -327,17 +336,18 @@ fn step(cx: &mut Ctx<'_>) -> Requeue {
 }
 
 /// Keeps `status.waves` in spec order, carrying each wave's state by name.
-fn align_waves(cx: &mut Ctx<'_>) {
-    if cx.next.waves.is_empty() {
+fn align_waves(cx: &mut Machine<'_>) {
+    if cx.decision.status.waves.is_empty() {
         return;
     }
     let old: BTreeMap<String, WaveStatus> = cx
-        .next
+        .decision
+        .status
         .waves
         .drain(..)
         .map(|w| (w.name.clone(), w))
         .collect();
-    cx.next.waves = cx
+    cx.decision.status.waves = cx
         .spec
         .waves
         .iter()

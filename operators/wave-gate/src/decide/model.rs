@@ -1,6 +1,6 @@
 //! The shared model of the WaveGate decision, below its phases: what the reconcile observed
 //! (`Observations`), what it must do (`Action`), the `Decision` it returns, the ApplicationSet
-//! checks beyond its spec, the timing helpers every phase reads, and the context (`Ctx`) every
+//! checks beyond its spec, the timing helpers every phase reads, and the context (`Machine`) every
 //! phase writes the next status, its conditions, history and Events into. Must never do I/O or
 //! read the clock.
 
@@ -273,19 +273,16 @@ pub fn active_wave(status: &WaveGateStatus) -> Option<usize> {
     status.waves.iter().position(|w| !done(w.state))
 }
 
-pub(super) struct Ctx<'a> {
+/// What every phase reads (the spec, the observations, the time) and the decision it writes
+/// into: the one shape of the operators' pure machines.
+pub(super) struct Machine<'a> {
     pub(super) spec: &'a WaveGateSpec,
     pub(super) obs: &'a Observations,
     pub(super) now: Timestamp,
-    pub(super) next: WaveGateStatus,
-    pub(super) actions: Vec<Action>,
+    pub(super) decision: Decision,
 }
 
-impl Ctx<'_> {
-    pub(super) fn event(&mut self, notice: Notice) {
-        self.actions.push(Action::Event(notice));
-    }
-
+impl Machine<'_> {
     /// Sets a condition; true when it changed status, reason or message.
     pub(super) fn condition(
         &mut self,
@@ -298,11 +295,17 @@ impl Ctx<'_> {
             generation: self.obs.generation,
             now: self.now,
         };
-        stamp.set(&mut self.next.conditions, type_, status, reason, message)
+        stamp.set(
+            &mut self.decision.status.conditions,
+            type_,
+            status,
+            reason,
+            message,
+        )
     }
 
     pub(super) fn history_finish(&mut self, outcome: ChangeOutcome) {
-        if let Some(last) = self.next.history.last_mut()
+        if let Some(last) = self.decision.status.history.last_mut()
             && last.outcome.is_none()
         {
             last.outcome = Some(outcome);
@@ -311,20 +314,22 @@ impl Ctx<'_> {
     }
 
     pub(super) fn history_start(&mut self, reason: Option<String>) {
-        self.next.history.push(ChangeRecord {
-            revision: self.spec.revision.clone(),
-            previous_revision: self.next.previous_revision.clone(),
-            started_at: Time(self.now),
-            finished_at: None,
-            outcome: None,
-            reason,
-        });
-        let excess = self.next.history.len().saturating_sub(MAX_HISTORY);
-        self.next.history.drain(..excess);
+        sluice_runtime::decision::record_bounded(
+            &mut self.decision.status.history,
+            ChangeRecord {
+                revision: self.spec.revision.clone(),
+                previous_revision: self.decision.status.previous_revision.clone(),
+                started_at: Time(self.now),
+                finished_at: None,
+                outcome: None,
+                reason,
+            },
+            MAX_HISTORY,
+        );
     }
 
     pub(super) fn history_note(&mut self, note: &str) {
-        if let Some(last) = self.next.history.last_mut() {
+        if let Some(last) = self.decision.status.history.last_mut() {
             let text = match &last.reason {
                 Some(r) => format!("{r}; {note}"),
                 None => note.to_owned(),

@@ -10,7 +10,7 @@ use crate::decisions;
 
 use super::admit::admit;
 use super::converge::converge;
-use super::model::{Action, Ctx, EventAction, Requeue, active_wave, done, interval};
+use super::model::{Action, EventAction, Machine, Requeue, active_wave, done, interval};
 use super::soak::soak_step;
 
 pub(super) fn emergency_applies(spec: &WaveGateSpec) -> Option<&str> {
@@ -20,16 +20,16 @@ pub(super) fn emergency_applies(spec: &WaveGateSpec) -> Option<&str> {
         .map(|e| e.reason.as_str())
 }
 
-pub(super) fn progress(cx: &mut Ctx<'_>) -> Requeue {
+pub(super) fn progress(cx: &mut Machine<'_>) -> Requeue {
     let spec = cx.spec;
     let every = interval(spec);
     if let Some(reason) = emergency_applies(spec)
-        && active_wave(&cx.next).is_some()
+        && active_wave(&cx.decision.status).is_some()
     {
         let reason = reason.to_owned();
         let rev = spec.revision.clone();
         for (i, w) in spec.waves.iter().enumerate() {
-            let ws = &mut cx.next.waves[i];
+            let ws = &mut cx.decision.status.waves[i];
             if done(ws.state) {
                 continue;
             }
@@ -38,7 +38,7 @@ pub(super) fn progress(cx: &mut Ctx<'_>) -> Requeue {
             ws.admitted_at.get_or_insert(Time(cx.now));
             ws.finished_at = Some(Time(cx.now));
             ws.waiting_for = None;
-            decisions::set_revision(&mut cx.next.decisions, &w.clusters, &rev);
+            decisions::set_revision(&mut cx.decision.status.decisions, &w.clusters, &rev);
         }
         cx.history_note(&format!("emergency: {reason}"));
         cx.history_finish(ChangeOutcome::Emergency);
@@ -51,19 +51,19 @@ pub(super) fn progress(cx: &mut Ctx<'_>) -> Requeue {
             reasons::EMERGENCY,
             note.clone(),
         );
-        cx.event(Notice::warning(
+        cx.decision.event(Notice::warning(
             reasons::EMERGENCY,
             EventAction::Admit,
             note,
         ));
-        cx.actions.push(Action::NudgeApplicationSet);
+        cx.decision.actions.push(Action::NudgeApplicationSet);
         return Requeue::AwaitChange;
     }
 
     // Several steps may happen in one reconcile (a wave passes, the next is admitted).
     for _ in 0..=spec.waves.len() {
-        let Some(i) = active_wave(&cx.next) else {
-            if !cx.next.waves.is_empty() {
+        let Some(i) = active_wave(&cx.decision.status) else {
+            if !cx.decision.status.waves.is_empty() {
                 let note = format!("every wave runs {}", spec.revision);
                 if cx.condition(
                     types::PROGRESSING,
@@ -72,12 +72,13 @@ pub(super) fn progress(cx: &mut Ctx<'_>) -> Requeue {
                     note.clone(),
                 ) {
                     cx.history_finish(ChangeOutcome::Complete);
-                    cx.event(Notice::normal(reasons::COMPLETE, EventAction::Admit, note));
+                    cx.decision
+                        .event(Notice::normal(reasons::COMPLETE, EventAction::Admit, note));
                 }
             }
             return Requeue::AwaitChange;
         };
-        match cx.next.waves[i].state {
+        match cx.decision.status.waves[i].state {
             WaveState::Pending | WaveState::Waiting => return admit(cx, i),
             WaveState::Converging => {
                 if let Some(r) = converge(cx, i) {

@@ -14,7 +14,7 @@ use sluice_runtime::{conditions::Status, events::Notice};
 use super::converge::convergence;
 use super::halt::{finish_halt, halt};
 use super::model::{
-    Ctx, EventAction, Requeue, active_wave, add, convergence_timeout, interval, soak, ts, until,
+    EventAction, Machine, Requeue, active_wave, add, convergence_timeout, interval, soak, ts, until,
 };
 
 /// When the soak of wave `i` ends (`None` while it has not converged).
@@ -61,12 +61,12 @@ pub fn skipped_verdict(gate: &str, now: Timestamp) -> GateVerdict {
     }
 }
 
-pub(super) fn soak_step(cx: &mut Ctx<'_>, i: usize) -> Option<Requeue> {
+pub(super) fn soak_step(cx: &mut Machine<'_>, i: usize) -> Option<Requeue> {
     let spec = cx.spec;
     let every = interval(spec);
     let c = convergence(spec, i, &spec.revision, cx.obs);
     {
-        let ws = &mut cx.next.waves[i];
+        let ws = &mut cx.decision.status.waves[i];
         ws.applications = Some(c.counts.clone());
         ws.proxies_behind = c.proxies_behind;
     }
@@ -81,7 +81,7 @@ pub(super) fn soak_step(cx: &mut Ctx<'_>, i: usize) -> Option<Requeue> {
                 }
             }
         }
-        cx.next.waves[i].gates = verdicts;
+        cx.decision.status.waves[i].gates = verdicts;
         if let (GateAction::Abort, Some(first)) =
             sluice_analysis::combined_action(evaluated.iter().map(|g| g.action))
         {
@@ -110,9 +110,9 @@ pub(super) fn soak_step(cx: &mut Ctx<'_>, i: usize) -> Option<Requeue> {
             return Some(finish_halt(cx));
         }
     }
-    let end = soak_end(spec, &cx.next, i).unwrap_or(cx.now);
+    let end = soak_end(spec, &cx.decision.status, i).unwrap_or(cx.now);
     if cx.now < end {
-        let next_eval = cx.next.waves[i]
+        let next_eval = cx.decision.status.waves[i]
             .gates
             .iter()
             .filter(|g| g.reason != VerdictReason::Skipped)
@@ -122,7 +122,7 @@ pub(super) fn soak_step(cx: &mut Ctx<'_>, i: usize) -> Option<Requeue> {
         return Some(Requeue::After(until(cx.now, next_eval.min(end))));
     }
     // The soak has ended: every gate green, evaluated after the end, and still converged.
-    let ws = &cx.next.waves[i];
+    let ws = &cx.decision.status.waves[i];
     let fresh = !ws.gates.is_empty()
         && ws
             .gates
@@ -133,7 +133,7 @@ pub(super) fn soak_step(cx: &mut Ctx<'_>, i: usize) -> Option<Requeue> {
         sluice_analysis::combined_action(gs.iter().map(|g| g.action)).0 == GateAction::Proceed
     });
     if fresh && green && c.ok {
-        let ws = &mut cx.next.waves[i];
+        let ws = &mut cx.decision.status.waves[i];
         ws.state = WaveState::Passed;
         ws.finished_at = Some(Time(cx.now));
         let note = format!(
@@ -146,7 +146,7 @@ pub(super) fn soak_step(cx: &mut Ctx<'_>, i: usize) -> Option<Requeue> {
             reasons::WAVE_PASSED,
             note.clone(),
         );
-        cx.event(Notice::normal(
+        cx.decision.event(Notice::normal(
             reasons::WAVE_PASSED,
             EventAction::Soak,
             note,
