@@ -6,7 +6,7 @@
 //! Owns the analysis schedule (a grid of the analysis interval, so Rollouts with the same
 //! interval are due together and share a tick) and the translation of engine outcomes into the
 //! state machine's observations. Must never write to the cluster and never judge a step itself:
-//! `step` does, from the verdicts returned here.
+//! the state machine (`decide::machine`) does, from the verdicts returned here.
 
 use std::{
     collections::HashMap,
@@ -229,7 +229,7 @@ pub fn plan(
     let aborting = status.phase == RolloutPhase::Aborted;
     let share_judged = share_confirmed(spec, status);
     let target = match status.current_step_index {
-        Some(i) if !aborting => crate::step::expected_share(spec, status, i as usize) / 100.0,
+        Some(i) if !aborting => crate::decide::expected_share(spec, status, i as usize) / 100.0,
         _ => 0.0,
     };
     let previous = |gate: &str| status.gates.iter().find(|g| g.gate == gate).cloned();
@@ -372,7 +372,7 @@ pub fn weight_in_force_since<'a>(
         let owned = status
             .additional_owned_routes
             .iter()
-            .find(|o| crate::step::is_route(o, r.kind, &r.name))?;
+            .find(|o| crate::decide::is_route(o, r.kind, &r.name))?;
         let at = in_force(owned)?;
         if at.0 > latest.0 {
             latest = at;

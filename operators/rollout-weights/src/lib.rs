@@ -1,6 +1,6 @@
 //! The rollout-weights operator: canary weights on a Gateway API HTTPRoute for the life of a `Rollout`.
 //!
-//! Pure logic: `decide` (validity, then the state machine), `step` (the state machine),
+//! Pure logic: `decide` (validity, then the state machine in `decide::machine`),
 //! `route` (the route seam: each route kind's resource, ownership and weights), `route_edit`
 //! (HTTPRoute editing), `observe` (route and workload readings), `analysis` (gate
 //! checks and the analysis schedule; its batcher shares one engine), `record` (the outcomes of
@@ -20,7 +20,6 @@ pub mod reconcile;
 pub mod record;
 pub mod route;
 pub mod route_edit;
-pub mod step;
 pub mod template_status;
 pub mod triggers;
 pub mod validity;

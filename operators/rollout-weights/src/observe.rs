@@ -10,9 +10,9 @@ use serde_json::Value;
 use sluice_api::v1alpha1::RolloutSpec;
 
 use crate::{
+    decide::{RouteObs, RouteState, desired_at},
     route::{Route, RouteKind, Wired},
     route_edit::{self, CrdSupport, Target},
-    step::{RouteObs, RouteState, desired_at},
 };
 
 /// The route target of a Rollout `<namespace>/<name>`.

@@ -54,13 +54,13 @@ use sluice_runtime::{
 use crate::{
     FIELD_MANAGER,
     analysis::{self, Analyzer},
+    decide::RouteObs,
     decide::{self, Action, Observations},
     metrics::{self, RolloutMetrics},
     observe,
     record::{self, Outcome},
     route::{self, Driven, RouteKind, Wired, grpc::Grpc, http::Http},
     route_edit::{CrdSupport, Desired, EditError, Target},
-    step::RouteObs,
 };
 
 /// The finalizer that makes deleting a Rollout hand its route back first.
@@ -958,7 +958,7 @@ impl AnyAdditional {
         primary: &Target,
         with_others: bool,
         key: &str,
-    ) -> Result<(Vec<Self>, Vec<crate::step::AdditionalRouteObs>), ReconcileError> {
+    ) -> Result<(Vec<Self>, Vec<crate::decide::AdditionalRouteObs>), ReconcileError> {
         let mut routes = Vec::new();
         let mut seen = Vec::new();
         for r in &spec.additional_routes {
@@ -977,7 +977,7 @@ impl AnyAdditional {
                 }
             };
             routes.push(route);
-            seen.push(crate::step::AdditionalRouteObs {
+            seen.push(crate::decide::AdditionalRouteObs {
                 kind: r.kind,
                 name: r.name.clone(),
                 route: obs,
@@ -1358,11 +1358,11 @@ async fn reconcile_on<K: Driven>(
                 let primary = status
                     .owned_route
                     .as_ref()
-                    .is_some_and(|o| crate::step::is_route(o, *kind, route));
+                    .is_some_and(|o| crate::decide::is_route(o, *kind, route));
                 let additional = status
                     .additional_owned_routes
                     .iter()
-                    .any(|o| crate::step::is_route(o, *kind, route));
+                    .any(|o| crate::decide::is_route(o, *kind, route));
                 let outcome = if additional && !primary {
                     Outcome::AdditionalReleased {
                         kind: *kind,

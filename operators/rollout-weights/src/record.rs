@@ -15,7 +15,7 @@ use sluice_api::v1alpha1::{
     rollout::{OwnedRouteStatus, RouteKindName},
 };
 
-use crate::step::is_route;
+use crate::decide::is_route;
 
 /// One effect of a decision, carried out.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,6 +1,6 @@
 //! Production-settings profile on simulated time: the Rollout's defaults (30 s analysis interval,
 //! 5 m steps, the three default gates) with weight steps 1 → 5 → 25 → 50% and promote, at 20 and
-//! 200 requests/s of seeded Poisson traffic (stable 5xx at 1%). The state machine (`step`), the
+//! 200 requests/s of seeded Poisson traffic (stable 5xx at 1%). The state machine (`decide::machine`), the
 //! analysis plan and findings and the real engine run every 30 s of a virtual clock; a simulated
 //! mesh keeps Istio's counters (requests, 5xx, duration buckets) per Service from the weight the
 //! last route write set, and answers the engine's range queries from them. A healthy canary
@@ -22,7 +22,7 @@ use sluice_analysis::{
 use sluice_api::v1alpha1::rollout::{AbortReason, FIELD_MANAGER, RouteKindName};
 use sluice_api::v1alpha1::{RolloutPhase, RolloutSpec, RolloutStatus};
 use sluice_rollout_weights::analysis::{findings, plan, wants_analysis};
-use sluice_rollout_weights::step::{
+use sluice_rollout_weights::decide::{
     Action, AdditionalRouteObs, Observations, RouteObs, RouteState, step,
 };
 

@@ -38,11 +38,11 @@ use sluice_api::{
 
 use super::{Driven, RouteKind};
 use crate::{
+    decide::{RouteObs, RouteState, desired_at},
     observe, route,
     route_edit::{
         self, Attachment, COHORT_RULE, CrdSupport, Desired, EditError, MIRROR_RULE, Target,
     },
-    step::{RouteObs, RouteState, desired_at},
 };
 
 /// Most rules a GRPCRoute holds (the v1.6.1 CRD's `maxItems`).

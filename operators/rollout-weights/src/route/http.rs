@@ -9,9 +9,9 @@ use sluice_api::{external::http_route::HttpRoute, v1alpha1::RolloutSpec};
 
 use super::{Driven, RouteKind};
 use crate::{
+    decide::RouteObs,
     observe,
     route_edit::{self, CrdSupport, Desired, EditError, Target},
-    step::RouteObs,
 };
 
 /// The HTTPRoute kind.

@@ -24,8 +24,8 @@ use kube::{Api, Client, Resource};
 use sluice_api::v1alpha1::{RolloutSpec, rollout::ROUTE_OWNER_ANNOTATION};
 
 use crate::{
+    decide::RouteObs,
     route_edit::{CrdSupport, Desired, EditError, Target},
-    step::RouteObs,
 };
 
 /// The API group of every Gateway API route kind.

@@ -3,7 +3,7 @@
 //!
 //! Owns the order of judgement: validity first (what CEL cannot express; sets
 //! `status.observedGeneration` and the `Ready` condition), then the state machine in
-//! [`crate::step`]: the whole of it for a valid spec, its invalid-spec part otherwise. Phase
+//! [`machine`]: the whole of it for a valid spec, its invalid-spec part otherwise. Phase
 //! `Invalid` is only for a Rollout that never started: one that did keeps its phase, so an
 //! invalid edit never resets it and a live canary keeps being judged (or is aborted). Must never
 //! do I/O or read the clock.
@@ -15,8 +15,11 @@ use sluice_api::v1alpha1::{
 };
 use sluice_runtime::{conditions as cond, events::Notice, validity::Step};
 
-pub use crate::step::{Action, Decision, Observations, Requeue};
-use crate::{step, validity};
+pub mod machine;
+
+pub use machine::*;
+
+use crate::validity;
 
 /// Decides the next status of a Rollout: validity, then the state machine when the spec is
 /// valid. `allow_free_form_promql` is the platform's policy for free-form PromQL gates.
@@ -52,9 +55,9 @@ pub fn decide(
     }
     let mut next = if problems.is_empty() || obs.deleting {
         // A Rollout being deleted hands its route back whatever its spec.
-        step::step(spec, checked.status, obs, now)
+        machine::step(spec, checked.status, obs, now)
     } else {
-        step::invalid(spec, checked.status, obs, now, &problems)
+        machine::invalid(spec, checked.status, obs, now, &problems)
     };
     let mut actions = checked.actions;
     actions.append(&mut next.actions);
@@ -148,7 +151,7 @@ pub fn decide_validity(
 }
 
 #[cfg(test)]
-mod tests {
+mod validity_tests {
     use super::*;
     use sluice_runtime::{
         events::Announces,
@@ -247,7 +250,7 @@ mod tests {
         };
         Observations {
             generation: Some(2),
-            route: crate::step::RouteObs::Present(crate::step::RouteState {
+            route: crate::decide::RouteObs::Present(crate::decide::RouteState {
                 resource_version: Some("1".into()),
                 owner: Some("shop/checkout".into()),
                 me: "shop/checkout".into(),
