@@ -52,6 +52,30 @@ impl Requeue {
     }
 }
 
+/// Declares an operator's decision types over its status and its action enum (whose Events are
+/// its `Event(Notice)` variant): `Decision` (this module's [`Decision`] of the two, with the
+/// doc given first, which says in what order the operator carries it out), `Requeue`, and
+/// [`crate::events::Announces`] for the action.
+///
+/// ```text
+/// sluice_runtime::decision_types! {
+///     /// The outcome of `decide`: effects are carried out after the status write succeeded.
+///     WaveGateStatus, Action
+/// }
+/// ```
+#[macro_export]
+macro_rules! decision_types {
+    ($(#[$doc:meta])* $status:ty, $action:ident) => {
+        $crate::announces!($action);
+
+        /// When to look at the object again.
+        pub use $crate::decision::Requeue;
+
+        $(#[$doc])*
+        pub type Decision = $crate::decision::Decision<$status, $action>;
+    };
+}
+
 /// What an operator's decide step returns.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision<S, A> {

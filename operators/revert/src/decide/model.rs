@@ -366,12 +366,10 @@ impl Action {
     }
 }
 
-sluice_runtime::announces!(Action);
-
-pub use sluice_runtime::decision::Requeue;
-
-/// The outcome of [`decide`](super::decide): the status is written once every effect succeeded.
-pub type Decision = sluice_runtime::decision::Decision<BundlePinStatus, Action>;
+sluice_runtime::decision_types! {
+    /// The outcome of [`decide`](super::decide): the status is written once every effect succeeded.
+    BundlePinStatus, Action
+}
 
 /// What an Event of this operator is about: its `action`, as the Events API shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]

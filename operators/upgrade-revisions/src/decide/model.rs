@@ -180,14 +180,11 @@ pub enum Action {
     ScheduleBusy(Duration),
 }
 
-sluice_runtime::announces!(Action);
-
-/// When to look at the object again.
-pub use sluice_runtime::decision::Requeue;
-
-/// The outcome of [`decide`](super::decide): the effects to carry out after the status write
-/// succeeded, the status to write, and when to reconcile again.
-pub type Decision = sluice_runtime::decision::Decision<RevisionUpgradeStatus, Action>;
+sluice_runtime::decision_types! {
+    /// The outcome of [`decide`](super::decide): the effects to carry out after the status write
+    /// succeeded, the status to write, and when to reconcile again.
+    RevisionUpgradeStatus, Action
+}
 
 /// What an Event of this operator is about: its `action`, as the Events API shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]

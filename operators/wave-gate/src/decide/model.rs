@@ -183,13 +183,10 @@ pub enum Action {
     DeletePin(String),
 }
 
-sluice_runtime::announces!(Action);
-
-/// When to look at the object again.
-pub use sluice_runtime::decision::Requeue;
-
-/// The outcome of [`decide`]: effects are carried out after the status write succeeded.
-pub type Decision = sluice_runtime::decision::Decision<WaveGateStatus, Action>;
+sluice_runtime::decision_types! {
+    /// The outcome of [`decide`]: effects are carried out after the status write succeeded.
+    WaveGateStatus, Action
+}
 
 /// What an Event of this operator is about: its `action`, as the Events API shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]

@@ -19,9 +19,6 @@ use sluice_runtime::{
 
 use crate::route_edit::{Desired, Mirror};
 
-/// When to look at the object again.
-pub use sluice_runtime::decision::Requeue;
-
 /// What the reconcile saw, for the state machine.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Observations {
@@ -106,10 +103,10 @@ pub enum Action {
     },
 }
 
-sluice_runtime::announces!(Action);
-
-/// The outcome of [`step`](super::step).
-pub type Decision = sluice_runtime::decision::Decision<RolloutStatus, Action>;
+sluice_runtime::decision_types! {
+    /// The outcome of [`step`](super::step).
+    RolloutStatus, Action
+}
 
 /// A canary share at or below this (percent) counts as ~0 when verifying an abort.
 pub const REVERTED_SHARE_PERCENT: f64 = 0.5;
