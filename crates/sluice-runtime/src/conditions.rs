@@ -62,6 +62,11 @@ pub struct Stamp {
 }
 
 impl Stamp {
+    /// The stamp of a decision made from `generation` at `now`.
+    pub fn new(generation: Option<i64>, now: Timestamp) -> Self {
+        Stamp { generation, now }
+    }
+
     /// Sets the condition `type_` in `conditions` ([`new`] then [`set`]); true when its status,
     /// reason, message or observed generation changed.
     pub fn set(

@@ -11,6 +11,7 @@
 
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::runtime::controller::Action;
 
 /// When an object is reconciled again, besides on a change of what it watches.
@@ -54,8 +55,8 @@ impl Requeue {
 
 /// Declares an operator's decision types over its status and its action enum (whose Events are
 /// its `Event(Notice)` variant): `Decision` (this module's [`Decision`] of the two, with the
-/// doc given first, which says in what order the operator carries it out), `Requeue`, and
-/// [`crate::events::Announces`] for the action.
+/// doc given first, which says in what order the operator carries it out), `Requeue`,
+/// [`crate::events::Announces`] and [`Acts`] for the action.
 ///
 /// ```text
 /// sluice_runtime::decision_types! {
@@ -67,6 +68,16 @@ impl Requeue {
 macro_rules! decision_types {
     ($(#[$doc:meta])* $status:ty, $action:ident) => {
         $crate::announces!($action);
+
+        impl $crate::decision::Acts for $action {
+            type Status = $status;
+
+            fn conditions(
+                status: &mut $status,
+            ) -> &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+                &mut status.conditions
+            }
+        }
 
         /// When to look at the object again.
         pub use $crate::decision::Requeue;
@@ -101,6 +112,39 @@ impl<S, A> Decision<S, A> {
     /// Looks again after `after` at the latest: the sooner of this and any earlier ask.
     pub fn wake(&mut self, after: Duration) {
         self.requeue = self.requeue.sooner(Requeue::After(after));
+    }
+}
+
+/// An operator's action enum tied to its kind's status: where that status keeps its conditions.
+/// [`decision_types!`](crate::decision_types) implements it (every sluice status has
+/// `conditions`).
+pub trait Acts: crate::events::Announces {
+    /// The status of the kind the operator decides on.
+    type Status;
+
+    /// The status' conditions.
+    fn conditions(status: &mut Self::Status) -> &mut Vec<Condition>;
+}
+
+impl<A: Acts> Decision<A::Status, A> {
+    /// Sets the condition `type_` of the next status as of `stamp` (see
+    /// [`crate::conditions::Stamp::set`]); true when its status, reason, message or observed
+    /// generation changed.
+    pub fn condition(
+        &mut self,
+        stamp: crate::conditions::Stamp,
+        type_: &str,
+        status: crate::conditions::Status,
+        reason: &str,
+        message: impl Into<String>,
+    ) -> bool {
+        stamp.set(
+            A::conditions(&mut self.status),
+            type_,
+            status,
+            reason,
+            message,
+        )
     }
 }
 

@@ -433,10 +433,8 @@ pub(super) fn condition(
     } else {
         Severity::Normal
     };
-    let changed = cond::set(
-        &mut d.status.conditions,
-        cond::new(type_, status, reason, message.clone(), generation, now),
-    );
+    let stamp = cond::Stamp::new(generation, now);
+    let changed = d.condition(stamp, type_, status, reason, message.clone());
     if changed {
         d.event(Notice {
             severity,

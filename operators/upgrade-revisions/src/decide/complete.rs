@@ -92,13 +92,15 @@ impl Machine<'_> {
                 "zero proxies run revision {}; its control plane may be removed (sluice never removes it)",
                 self.spec.from_revision
             );
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::OLD_REVISION_RETIRABLE,
                 Status::True,
                 reasons::NO_OLD_PROXIES,
                 msg.clone(),
             );
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::PROGRESSING,
                 Status::False,
                 reasons::NO_OLD_PROXIES,
@@ -180,7 +182,8 @@ impl Machine<'_> {
                 where_.join(", ")
             )
         };
-        self.condition(
+        self.decision.condition(
+            self.stamp(),
             conditions::OLD_REVISION_RETIRABLE,
             Status::False,
             reasons::OLD_PROXIES_REMAIN,

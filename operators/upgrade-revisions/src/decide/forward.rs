@@ -35,7 +35,8 @@ impl Machine<'_> {
                     msg.clone(),
                 ));
             }
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::PROGRESSING,
                 Status::False,
                 reasons::WAITING_FOR_UPGRADE,
@@ -45,11 +46,12 @@ impl Machine<'_> {
             return;
         }
         if self.spec.paused {
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::PROGRESSING,
                 Status::False,
                 reasons::PAUSED,
-                "held by spec.paused: no relabel, restart or wave starts".into(),
+                "held by spec.paused: no relabel, restart or wave starts",
             );
             self.update_counts(&self.spec.to_revision.clone());
             return;
@@ -86,7 +88,8 @@ impl Machine<'_> {
                     msg.clone(),
                 ));
             }
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::PROGRESSING,
                 Status::False,
                 reasons::STARTED_WAVE_REMOVED,
@@ -191,7 +194,8 @@ impl Machine<'_> {
         let members = match fleet::wave_members(self.spec, index, &self.fleet.namespaces, &taken) {
             Ok(m) => m,
             Err(e) => {
-                self.condition(
+                self.decision.condition(
+                    self.stamp(),
                     conditions::PROGRESSING,
                     Status::False,
                     reasons::INVALID_SPEC,

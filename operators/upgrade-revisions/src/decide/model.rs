@@ -16,7 +16,7 @@ use sluice_api::v1alpha1::{
     revision_upgrade::{NamespaceState, RestartMode},
 };
 use sluice_runtime::{
-    conditions::{self as cond, Status},
+    conditions::{self as cond},
     events::Notice,
 };
 
@@ -289,18 +289,9 @@ impl Machine<'_> {
         self.obs.generation
     }
 
-    pub(super) fn condition(&mut self, type_: &str, status: Status, reason: &str, message: String) {
-        let stamp = cond::Stamp {
-            generation: self.generation(),
-            now: self.now,
-        };
-        stamp.set(
-            &mut self.decision.status.conditions,
-            type_,
-            status,
-            reason,
-            message,
-        );
+    /// The generation and time this decision stamps its conditions with.
+    pub(super) fn stamp(&self) -> cond::Stamp {
+        cond::Stamp::new(self.generation(), self.now)
     }
 
     pub(super) fn ns_view(&self, name: &str) -> Option<&NamespaceView> {

@@ -72,15 +72,17 @@ impl Machine<'_> {
             });
         }
         if list.is_empty() {
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::RELABELLED_BACK,
                 Status::False,
                 reasons::NAMESPACE_RELABELLED_BACK,
-                "every moved namespace keeps the new tag".into(),
+                "every moved namespace keeps the new tag",
             );
         } else {
             let names: Vec<&str> = list.iter().map(|r| r.namespace.as_str()).collect();
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::RELABELLED_BACK,
                 Status::True,
                 reasons::NAMESPACE_RELABELLED_BACK,
@@ -126,7 +128,8 @@ impl Machine<'_> {
                 msg.clone(),
             ));
         }
-        self.condition(
+        self.decision.condition(
+            self.stamp(),
             conditions::PROGRESSING,
             Status::False,
             reasons::TAG_MISMATCH,
@@ -265,11 +268,12 @@ impl Machine<'_> {
             self.decision.status.reinjected_by_old_revision.push(r);
         }
         if self.decision.status.reinjected_by_old_revision.is_empty() {
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::REINJECTED_BY_OLD_REVISION,
                 Status::False,
                 reasons::NO_REINJECTION,
-                "every replacement came back on its namespace's new revision".into(),
+                "every replacement came back on its namespace's new revision",
             );
         } else {
             let list: Vec<String> = self
@@ -279,7 +283,8 @@ impl Machine<'_> {
                 .iter()
                 .map(|r| format!("{} {}/{} ({})", r.kind, r.namespace, r.name, r.found))
                 .collect();
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::REINJECTED_BY_OLD_REVISION,
                 Status::True,
                 reasons::REINJECTED_BY_OLD_REVISION,

@@ -15,11 +15,12 @@ impl Machine<'_> {
     pub(super) fn report_injection_label(&mut self) {
         let legacy = fleet::injection_enabled(&self.fleet.namespaces);
         if legacy.is_empty() {
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::INJECTION_LABEL_FOUND,
                 Status::False,
                 reasons::LEGACY_INJECTION_LABEL,
-                "no namespace uses istio-injection=enabled".into(),
+                "no namespace uses istio-injection=enabled",
             );
         } else {
             let msg = format!(
@@ -35,7 +36,8 @@ impl Machine<'_> {
                     msg.clone(),
                 ));
             }
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::INJECTION_LABEL_FOUND,
                 Status::True,
                 reasons::LEGACY_INJECTION_LABEL,
@@ -127,11 +129,12 @@ impl Machine<'_> {
                 )));
         }
         if overrides.is_empty() {
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::POD_REVISION_OVERRIDE,
                 Status::False,
                 reasons::NO_POD_OVERRIDE,
-                "no pod of the upgrade's namespaces pins another revision".into(),
+                "no pod of the upgrade's namespaces pins another revision",
             );
         } else {
             let list: Vec<String> = overrides
@@ -143,7 +146,8 @@ impl Machine<'_> {
                     )
                 })
                 .collect();
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::POD_REVISION_OVERRIDE,
                 Status::True,
                 reasons::POD_REVISION_OVERRIDE,
@@ -189,14 +193,16 @@ impl Machine<'_> {
             ));
         }
         if argo.is_empty() {
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::ARGO_CD_MANAGED_NAMESPACES,
                 Status::False,
                 reasons::NO_ARGO_CD_NAMESPACES,
-                "no namespace of the upgrade carries Argo CD's tracking".into(),
+                "no namespace of the upgrade carries Argo CD's tracking",
             );
         } else {
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::ARGO_CD_MANAGED_NAMESPACES,
                 Status::True,
                 reasons::ARGO_CD_MANAGES_NAMESPACE_LABELS,

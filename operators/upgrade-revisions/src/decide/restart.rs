@@ -256,7 +256,8 @@ impl Machine<'_> {
         match held {
             Some(Hold::OverBudget) => {
                 let b = &self.spec.issuance_budget;
-                self.condition(
+                self.decision.condition(
+                    self.stamp(),
                     conditions::BUDGET_THROTTLED,
                     Status::True,
                     reasons::OVER_BUDGET,
@@ -272,7 +273,8 @@ impl Machine<'_> {
                     .issuance_problem
                     .clone()
                     .unwrap_or_else(|| "no issuance reading yet".into());
-                self.condition(
+                self.decision.condition(
+                    self.stamp(),
                     conditions::BUDGET_THROTTLED,
                     Status::True,
                     reasons::OVER_BUDGET,
@@ -280,16 +282,19 @@ impl Machine<'_> {
                 );
             }
             Some(Hold::NotDue) => {}
-            _ => self.condition(
-                conditions::BUDGET_THROTTLED,
-                Status::False,
-                reasons::WITHIN_BUDGET,
-                format!(
-                    "background issuance {:.1}/s leaves {:.1} restarts/s",
-                    state.background_rate,
-                    pacing::headroom(&self.spec.issuance_budget, state.background_rate)
-                ),
-            ),
+            _ => {
+                self.decision.condition(
+                    self.stamp(),
+                    conditions::BUDGET_THROTTLED,
+                    Status::False,
+                    reasons::WITHIN_BUDGET,
+                    format!(
+                        "background issuance {:.1}/s leaves {:.1} restarts/s",
+                        state.background_rate,
+                        pacing::headroom(&self.spec.issuance_budget, state.background_rate)
+                    ),
+                );
+            }
         }
     }
 
@@ -348,7 +353,8 @@ impl Machine<'_> {
                 .unwrap_or_default();
             let msg =
                 format!("wave {wave}: every namespace moved; soaking {soak} with gates evaluated");
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::PROGRESSING,
                 Status::True,
                 reasons::SOAKING,
@@ -357,7 +363,8 @@ impl Machine<'_> {
             self.decision
                 .event(Notice::normal(reasons::SOAKING, EventAction::Wave, msg));
         } else if blocked {
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::PROGRESSING,
                 Status::True,
                 reasons::DISRUPTION_BUDGET_BLOCKED,
@@ -367,7 +374,8 @@ impl Machine<'_> {
                 ),
             );
         } else if self.held_by_floor > 0 && started == 0 {
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::PROGRESSING,
                 Status::True,
                 reasons::AT_AVAILABILITY_FLOOR,
@@ -377,7 +385,8 @@ impl Machine<'_> {
                 ),
             );
         } else {
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::PROGRESSING,
                 Status::True,
                 reasons::WAVE_RESTARTING,

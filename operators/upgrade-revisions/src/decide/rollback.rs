@@ -64,18 +64,25 @@ impl Machine<'_> {
             self.spec.from_tag,
             self.spec.to_revision
         );
-        self.condition(conditions::PROGRESSING, Status::True, reason, msg.clone());
+        self.decision.condition(
+            self.stamp(),
+            conditions::PROGRESSING,
+            Status::True,
+            reason,
+            msg.clone(),
+        );
         self.decision
             .event(Notice::warning(reason, EventAction::Abort, msg));
     }
 
     pub(super) fn roll_back(&mut self) {
         if self.spec.paused {
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::PROGRESSING,
                 Status::False,
                 reasons::PAUSED,
-                "held by spec.paused: the rollback starts no relabel or restart".into(),
+                "held by spec.paused: the rollback starts no relabel or restart",
             );
             self.update_counts(&self.spec.to_revision.clone());
             return;
@@ -125,7 +132,8 @@ impl Machine<'_> {
             "rolled back: {} prox(ies) on {}, {} on {}; a mixed fleet is a valid stopping point; set spec.abort=false and increase spec.resume to try again",
             p.old, self.spec.from_revision, p.new, self.spec.to_revision
         );
-        self.condition(
+        self.decision.condition(
+            self.stamp(),
             conditions::PROGRESSING,
             Status::False,
             reasons::ROLLED_BACK,

@@ -25,7 +25,8 @@ impl Machine<'_> {
         let gates = self.gates.filter(|g| g.wave == wave);
         let action = gates.and_then(|g| g.action);
         if action == Some(GateAction::Pause) {
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::PROGRESSING,
                 Status::False,
                 reasons::PAUSED,
@@ -50,7 +51,8 @@ impl Machine<'_> {
             .map(|n| self.count(n, &target).not_ready)
             .sum();
         if unready > 0 {
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::PROGRESSING,
                 Status::True,
                 reasons::SOAKING,
@@ -70,7 +72,8 @@ impl Machine<'_> {
             } else {
                 "waiting for every gate to pass"
             };
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::PROGRESSING,
                 Status::True,
                 reasons::SOAKING,

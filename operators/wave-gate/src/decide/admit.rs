@@ -38,7 +38,8 @@ pub(super) fn admit(cx: &mut Machine<'_>, i: usize) -> Requeue {
         ws.state = WaveState::Waiting;
         ws.waiting_for = Some(what.clone());
         let note = format!("wave {} waits for {what} at {rev}", wave.name);
-        if cx.condition(
+        if cx.decision.condition(
+            cx.stamp(),
             types::PROGRESSING,
             Status::True,
             reasons::WAITING_FOR_SITE,
@@ -72,7 +73,8 @@ pub(super) fn admit(cx: &mut Machine<'_>, i: usize) -> Requeue {
         wave.name,
         wave.clusters.join(", ")
     );
-    cx.condition(
+    cx.decision.condition(
+        cx.stamp(),
         types::PROGRESSING,
         Status::True,
         reasons::WAVE_ADMITTED,

@@ -27,7 +27,8 @@ pub(super) fn start_change(cx: &mut Machine<'_>) -> Option<Requeue> {
                 .as_deref()
                 .unwrap_or("?")
         );
-        if cx.condition(
+        if cx.decision.condition(
+            cx.stamp(),
             types::PROGRESSING,
             Status::False,
             reasons::BLOCKED_BY_HALT,
@@ -57,7 +58,8 @@ pub(super) fn start_change(cx: &mut Machine<'_>) -> Option<Requeue> {
                 .as_deref()
                 .unwrap_or("?")
         );
-        if cx.condition(
+        if cx.decision.condition(
+            cx.stamp(),
             types::PROGRESSING,
             Status::False,
             reasons::SOURCE_COMMIT_UNCHANGED,

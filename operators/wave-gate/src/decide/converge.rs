@@ -120,7 +120,8 @@ pub(super) fn converge(cx: &mut Machine<'_>, i: usize) -> Option<Requeue> {
             "wave {} converged at {}; soaking until {end}",
             spec.waves[i].name, spec.revision
         );
-        cx.condition(
+        cx.decision.condition(
+            cx.stamp(),
             types::PROGRESSING,
             Status::True,
             reasons::SOAKING,

@@ -119,8 +119,15 @@ pub(super) fn halt(
         HaltReason::GateFailed | HaltReason::InconclusiveTimeout => reasons::GATE_FAILED,
     };
     let note = format!("halted: {message}");
-    cx.condition(types::HALTED, Status::True, r, note.clone());
-    cx.condition(types::PROGRESSING, Status::False, r, note.clone());
+    cx.decision
+        .condition(cx.stamp(), types::HALTED, Status::True, r, note.clone());
+    cx.decision.condition(
+        cx.stamp(),
+        types::PROGRESSING,
+        Status::False,
+        r,
+        note.clone(),
+    );
     cx.history_finish(ChangeOutcome::Halted);
     cx.decision
         .event(Notice::warning(r, EventAction::Halt, note));
@@ -138,7 +145,8 @@ pub(super) fn finish_halt(cx: &mut Machine<'_>) -> Requeue {
     }
     let Some(previous) = cx.decision.status.previous_revision.clone() else {
         let note = "halted, but no previous revision is known (set spec.previousRevision); nothing pinned and decisions unchanged".to_owned();
-        if cx.condition(
+        if cx.decision.condition(
+            cx.stamp(),
             types::HALTED,
             Status::True,
             reasons::GATE_FAILED,
@@ -232,7 +240,8 @@ pub(super) fn finish_halt(cx: &mut Machine<'_>) -> Requeue {
     if let Some(hh) = cx.decision.status.halt.as_mut() {
         hh.pinned_at = Some(Time(cx.now));
     }
-    cx.condition(
+    cx.decision.condition(
+        cx.stamp(),
         types::HALTED,
         Status::True,
         reasons::PINNED_BACK,

@@ -210,7 +210,13 @@ fn step(cx: &mut Machine<'_>) -> Requeue {
         other => (other.0, reason, message),
     };
     let status = if safe { Status::True } else { Status::False };
-    if cx.condition(types::APPLICATION_SET_SAFE, status, reason, message.clone()) {
+    if cx.decision.condition(
+        cx.stamp(),
+        types::APPLICATION_SET_SAFE,
+        status,
+        reason,
+        message.clone(),
+    ) {
         cx.decision.event(Notice {
             severity: if safe {
                 Severity::Normal
@@ -228,13 +234,15 @@ fn step(cx: &mut Machine<'_>) -> Requeue {
 
     // 3. The drift signal, stated explicitly.
     match spec.drift_gate.exporter {
-        DriftExporter::None => cx.condition(
+        DriftExporter::None => cx.decision.condition(
+            cx.stamp(),
             types::DRIFT_SIGNAL,
             Status::False,
             reasons::DRIFT_EXPORTER_ABSENT,
-            "driftGate.exporter is None: the platform has no drift exporter, so proxies' acknowledgement is not checked and the proxies-behind gate is reported as skipped".into(),
+            "driftGate.exporter is None: the platform has no drift exporter, so proxies' acknowledgement is not checked and the proxies-behind gate is reported as skipped",
         ),
-        DriftExporter::Platform => cx.condition(
+        DriftExporter::Platform => cx.decision.condition(
+            cx.stamp(),
             types::DRIFT_SIGNAL,
             Status::True,
             reasons::DRIFT_SIGNAL_PRESENT,
@@ -269,7 +277,8 @@ fn step(cx: &mut Machine<'_>) -> Requeue {
                     "adopted: every cluster of site {} published at {r}",
                     spec.site
                 );
-                cx.condition(
+                cx.decision.condition(
+                    cx.stamp(),
                     types::PROGRESSING,
                     Status::False,
                     reasons::ADOPTED,
@@ -280,7 +289,8 @@ fn step(cx: &mut Machine<'_>) -> Requeue {
                 cx.decision.actions.push(Action::NudgeApplicationSet);
             }
             Err(why) => {
-                if cx.condition(
+                if cx.decision.condition(
+                    cx.stamp(),
                     types::PROGRESSING,
                     Status::Unknown,
                     reasons::ADOPTION_PENDING,

@@ -14,7 +14,7 @@ use sluice_api::external::argocd::{SYNC_STATUS_SYNCED, UnsafeApplicationSet};
 use sluice_api::v1alpha1::wave_gate::{ChangeOutcome, ChangeRecord, WaveState};
 use sluice_api::v1alpha1::{BundlePinPhase, GateVerdict, WaveGateSpec, WaveGateStatus};
 use sluice_runtime::{
-    conditions::{self as cond, Status},
+    conditions::{self as cond},
     events::Notice,
 };
 
@@ -280,25 +280,9 @@ pub(super) struct Machine<'a> {
 }
 
 impl Machine<'_> {
-    /// Sets a condition; true when it changed status, reason or message.
-    pub(super) fn condition(
-        &mut self,
-        type_: &str,
-        status: Status,
-        reason: &str,
-        message: String,
-    ) -> bool {
-        let stamp = cond::Stamp {
-            generation: self.obs.generation,
-            now: self.now,
-        };
-        stamp.set(
-            &mut self.decision.status.conditions,
-            type_,
-            status,
-            reason,
-            message,
-        )
+    /// The generation and time this decision stamps its conditions with.
+    pub(super) fn stamp(&self) -> cond::Stamp {
+        cond::Stamp::new(self.obs.generation, self.now)
     }
 
     pub(super) fn history_finish(&mut self, outcome: ChangeOutcome) {

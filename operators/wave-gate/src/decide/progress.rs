@@ -45,7 +45,8 @@ pub(super) fn progress(cx: &mut Machine<'_>) -> Requeue {
         let note = format!(
             "emergency change: every wave admitted at {rev} without soak or gates; reason: {reason}"
         );
-        cx.condition(
+        cx.decision.condition(
+            cx.stamp(),
             types::PROGRESSING,
             Status::False,
             reasons::EMERGENCY,
@@ -65,7 +66,8 @@ pub(super) fn progress(cx: &mut Machine<'_>) -> Requeue {
         let Some(i) = active_wave(&cx.decision.status) else {
             if !cx.decision.status.waves.is_empty() {
                 let note = format!("every wave runs {}", spec.revision);
-                if cx.condition(
+                if cx.decision.condition(
+                    cx.stamp(),
                     types::PROGRESSING,
                     Status::False,
                     reasons::COMPLETE,

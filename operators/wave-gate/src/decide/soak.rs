@@ -140,7 +140,8 @@ pub(super) fn soak_step(cx: &mut Machine<'_>, i: usize) -> Option<Requeue> {
             "wave {} passed at {}: soak ended with every gate green",
             spec.waves[i].name, spec.revision
         );
-        cx.condition(
+        cx.decision.condition(
+            cx.stamp(),
             types::PROGRESSING,
             Status::True,
             reasons::WAVE_PASSED,
@@ -181,7 +182,13 @@ pub(super) fn soak_step(cx: &mut Machine<'_>, i: usize) -> Option<Requeue> {
                 spec.waves[i].name,
                 holding.join("; ")
             );
-            cx.condition(types::PROGRESSING, Status::True, reasons::SOAKING, note);
+            cx.decision.condition(
+                cx.stamp(),
+                types::PROGRESSING,
+                Status::True,
+                reasons::SOAKING,
+                note,
+            );
         }
     }
     if !c.ok && cx.now >= add(end, convergence_timeout(spec)) {

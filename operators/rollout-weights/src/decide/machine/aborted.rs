@@ -25,7 +25,8 @@ impl Machine<'_> {
         } else {
             self.abort(AbortReason::PinnedByBundlePin, message.clone(), None);
         }
-        self.condition(
+        self.decision.condition(
+            self.stamp(),
             conditions::ROUTE_OWNED,
             Status::False,
             reasons::PINNED_BY_BUNDLE_PIN,
@@ -72,7 +73,13 @@ impl Machine<'_> {
             AbortReason::CanaryNotReady => reasons::WAITING_FOR_CANARY,
             AbortReason::InvalidSpec => reasons::INVALID_SPEC,
         };
-        self.condition(conditions::PROGRESSING, Status::False, why, message.clone());
+        self.decision.condition(
+            self.stamp(),
+            conditions::PROGRESSING,
+            Status::False,
+            why,
+            message.clone(),
+        );
         if reason != AbortReason::PinnedByBundlePin {
             self.write(Desired::abort());
         }

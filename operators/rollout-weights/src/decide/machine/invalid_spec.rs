@@ -51,7 +51,8 @@ impl Machine<'_> {
                         None,
                     );
                 } else if !self.judge_live(index, "spec invalid") {
-                    self.condition(
+                    self.decision.condition(
+                        self.stamp(),
                         conditions::PROGRESSING,
                         Status::True,
                         reasons::INVALID_SPEC,

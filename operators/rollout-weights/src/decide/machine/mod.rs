@@ -204,7 +204,8 @@ impl Machine<'_> {
                     EventAction::Restore,
                     note,
                 ));
-                self.condition(
+                self.decision.condition(
+                    self.stamp(),
                     conditions::ROUTE_OWNED,
                     Status::True,
                     reasons::FOREIGN_EDIT_RESTORED,
@@ -268,7 +269,8 @@ impl Machine<'_> {
                     EventAction::Restore,
                     note,
                 ));
-                self.condition(
+                self.decision.condition(
+                    self.stamp(),
                     conditions::ROUTE_OWNED,
                     Status::True,
                     reasons::FOREIGN_EDIT_RESTORED,
@@ -293,7 +295,8 @@ impl Machine<'_> {
         let restored = cond::find(&self.decision.status.conditions, conditions::ROUTE_OWNED)
             .is_some_and(|c| c.status == "True" && c.reason == reasons::FOREIGN_EDIT_RESTORED);
         if route.owner.is_some() && !restored && !blocked {
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::ROUTE_OWNED,
                 Status::True,
                 "Owned",
@@ -506,7 +509,8 @@ impl Machine<'_> {
     fn route_problem(&mut self, reason: &'static str, message: String) {
         let before = cond::find(&self.decision.status.conditions, conditions::ROUTE_OWNED)
             .map(|c| c.reason.clone());
-        self.condition(
+        self.decision.condition(
+            self.stamp(),
             conditions::ROUTE_OWNED,
             Status::False,
             reason,

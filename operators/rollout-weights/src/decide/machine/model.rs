@@ -13,7 +13,7 @@ use sluice_api::v1alpha1::{
     rollout::{OwnedRouteStatus, RouteKindName},
 };
 use sluice_runtime::{
-    conditions::{self as cond, Status},
+    conditions::{self as cond},
     events::Notice,
 };
 
@@ -250,24 +250,9 @@ impl Machine<'_> {
         self.decision.wake(after.max(Duration::from_millis(200)));
     }
 
-    pub(super) fn condition(
-        &mut self,
-        type_: &str,
-        status: Status,
-        reason: &str,
-        message: impl Into<String>,
-    ) {
-        let stamp = cond::Stamp {
-            generation: self.obs.generation,
-            now: self.now,
-        };
-        stamp.set(
-            &mut self.decision.status.conditions,
-            type_,
-            status,
-            reason,
-            message,
-        );
+    /// The generation and time this decision stamps its conditions with.
+    pub(super) fn stamp(&self) -> cond::Stamp {
+        cond::Stamp::new(self.obs.generation, self.now)
     }
 
     pub(super) fn interval(&self) -> Duration {

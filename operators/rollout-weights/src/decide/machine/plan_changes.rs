@@ -56,7 +56,8 @@ impl Machine<'_> {
                 &mut self.decision.status.conditions,
                 conditions::APPLIED_SHARE_CONFIRMED,
             );
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::PROGRESSING,
                 Status::True,
                 reasons::CANARY_VERSION_CHANGED,

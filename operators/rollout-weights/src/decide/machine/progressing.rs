@@ -36,7 +36,8 @@ impl Machine<'_> {
                 return;
             }
             self.decision.status.phase = RolloutPhase::Paused;
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::PROGRESSING,
                 Status::True,
                 reasons::PAUSED,
@@ -138,7 +139,8 @@ impl Machine<'_> {
                 Some(d) if elapsed >= d => true,
                 Some(d) => {
                     self.decision.status.phase = RolloutPhase::Paused;
-                    self.condition(
+                    self.decision.condition(
+                        self.stamp(),
                         conditions::PROGRESSING,
                         Status::True,
                         reasons::PAUSED,
@@ -149,7 +151,7 @@ impl Machine<'_> {
                 }
                 None => {
                     self.decision.status.phase = RolloutPhase::Paused;
-                    self.condition(conditions::PROGRESSING, Status::True, reasons::PAUSED, format!("pause step {index} waits for spec.promoteThroughStep >= {index} or spec.promoteFull"));
+                    self.decision.condition(self.stamp(), conditions::PROGRESSING, Status::True, reasons::PAUSED, format!("pause step {index} waits for spec.promoteThroughStep >= {index} or spec.promoteFull"));
                     false
                 }
             },
@@ -197,7 +199,8 @@ impl Machine<'_> {
             "step {index} ({kind:?}) started, canary weight {}",
             d.weight
         );
-        self.condition(
+        self.decision.condition(
+            self.stamp(),
             conditions::PROGRESSING,
             Status::True,
             reasons::STEP_IN_PROGRESS,
@@ -237,13 +240,15 @@ impl Machine<'_> {
         );
         let before = cond::find(&self.decision.status.conditions, conditions::CANARY_READY)
             .map(|c| c.reason.clone());
-        self.condition(
+        self.decision.condition(
+            self.stamp(),
             conditions::CANARY_READY,
             Status::False,
             reasons::CANARY_SERVICE_MISSING,
             msg.clone(),
         );
-        self.condition(
+        self.decision.condition(
+            self.stamp(),
             conditions::PROGRESSING,
             Status::True,
             reasons::CANARY_SERVICE_MISSING,

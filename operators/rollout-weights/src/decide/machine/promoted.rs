@@ -21,7 +21,8 @@ impl Machine<'_> {
     pub(super) fn promote(&mut self, why: String) {
         self.decision.status.phase = RolloutPhase::Promoted;
         self.decision.status.promoted_at = Some(Time(self.now));
-        self.condition(
+        self.decision.condition(
+            self.stamp(),
             conditions::PROGRESSING,
             Status::False,
             reasons::PROMOTED,
@@ -56,7 +57,8 @@ impl Machine<'_> {
                 "promoted {}s ago; the Git change making the canary stable should delete this Rollout",
                 waited.as_secs()
             );
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::HAND_BACK_OVERDUE,
                 Status::True,
                 reasons::HAND_BACK_OVERDUE,

@@ -99,7 +99,8 @@ impl Machine<'_> {
         self.decision.status.canary_version = None;
         self.decision.status.abort = None;
         self.decision.status.abort_detect_to_revert_ms = None;
-        self.condition(
+        self.decision.condition(
+            self.stamp(),
             conditions::PROGRESSING,
             Status::True,
             reasons::TARGET_CHANGED,

@@ -17,7 +17,8 @@ impl Machine<'_> {
             Some(true) if !service_missing => {
                 self.decision.status.canary_version = self.obs.canary_version.clone();
                 self.decision.status.steps_hash = Some(crate::observe::steps_hash(spec));
-                self.condition(
+                self.decision.condition(
+                    self.stamp(),
                     conditions::CANARY_READY,
                     Status::True,
                     "Ready",
@@ -61,7 +62,8 @@ impl Machine<'_> {
                         spec.canary_workload.kind, spec.canary_workload.name
                     )
                 };
-                self.condition(
+                self.decision.condition(
+                    self.stamp(),
                     conditions::CANARY_READY,
                     Status::False,
                     reasons::WAITING_FOR_CANARY,

@@ -60,7 +60,8 @@ impl Machine<'_> {
                     self.obs.applied_share.unwrap_or_default(),
                     tol * 100.0
                 );
-                self.condition(
+                self.decision.condition(
+                    self.stamp(),
                     conditions::APPLIED_SHARE_CONFIRMED,
                     Status::True,
                     reasons::SHARE_WITHIN_TOLERANCE,
@@ -99,7 +100,8 @@ impl Machine<'_> {
                 .is_some_and(|t| since(Some(t), self.now) <= interval * 2);
             if elapsed >= deadline && !recent {
                 self.decision.status.phase = RolloutPhase::Paused;
-                self.condition(
+                self.decision.condition(
+                    self.stamp(),
                     conditions::PROGRESSING,
                     Status::True,
                     reasons::METRICS_UNAVAILABLE,
@@ -128,7 +130,8 @@ impl Machine<'_> {
                 conditions::APPLIED_SHARE_CONFIRMED,
             )
             .map(|c| c.reason.clone());
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::APPLIED_SHARE_CONFIRMED,
                 Status::False,
                 reasons::SHARE_NOT_YET_APPLIED,
@@ -146,7 +149,8 @@ impl Machine<'_> {
         };
         // The share is confirmed: judge the gates evaluated since.
         if let Some(e) = &self.obs.analysis_error {
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::PROGRESSING,
                 Status::True,
                 reasons::STEP_IN_PROGRESS,
@@ -158,7 +162,8 @@ impl Machine<'_> {
                     .starts_with(&format!("step {index} held: metrics"))
             },
         ) {
-            self.condition(
+            self.decision.condition(
+                self.stamp(),
                 conditions::PROGRESSING,
                 Status::True,
                 reasons::STEP_IN_PROGRESS,
@@ -193,7 +198,7 @@ impl Machine<'_> {
                 }
                 GateAction::Pause => {
                     self.decision.status.phase = RolloutPhase::Paused;
-                    self.condition(conditions::PROGRESSING, Status::True, reasons::INCONCLUSIVE, format!("gate {} inconclusive for too long ({}: {}); held (policy Pause) until it passes or a person acts", v.gate, v.reason.as_str(), v.message.clone().unwrap_or_default()));
+                    self.decision.condition(self.stamp(), conditions::PROGRESSING, Status::True, reasons::INCONCLUSIVE, format!("gate {} inconclusive for too long ({}: {}); held (policy Pause) until it passes or a person acts", v.gate, v.reason.as_str(), v.message.clone().unwrap_or_default()));
                 }
                 GateAction::Proceed | GateAction::Wait => {}
             }
