@@ -3,7 +3,7 @@
 //!
 //! Every operator's pure machine writes into one [`Decision`] as it goes: effects pushed in order,
 //! Events with [`Decision::event`], the next look with [`Decision::wake`], conditions with
-//! [`crate::conditions::Stamp`]. Three operators hold it in a `Machine` beside what their phases
+//! [`Decision::condition`]. Three operators hold it in a `Machine` beside what their phases
 //! read (spec, observations, time); revert's phases are functions over `&mut Decision`.
 //!
 //! Owns only that shape and the conversion of [`Requeue`] into the controller's action; what an
@@ -235,5 +235,54 @@ mod tests {
         assert_eq!(history, vec![2, 3, 4, 5]);
         record_bounded(&mut history, 6, 0);
         assert!(history.is_empty());
+    }
+
+    mod toy {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+        use crate::events::Notice;
+
+        #[derive(Debug, Clone, Default, PartialEq)]
+        pub struct ToyStatus {
+            pub conditions: Vec<Condition>,
+        }
+
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum Action {
+            Write(u32),
+            Event(Notice),
+        }
+
+        crate::decision_types! {
+            /// A toy operator's decision.
+            ToyStatus, Action
+        }
+    }
+
+    #[test]
+    fn a_decision_collects_effects_events_conditions_and_the_soonest_look_in_order() {
+        use crate::{
+            conditions::{Stamp, Status},
+            events::Notice,
+        };
+        use toy::{Action, Decision};
+
+        let ms = Duration::from_millis;
+        let now = k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap();
+        let mut d = Decision::starting_from(toy::ToyStatus::default());
+        assert_eq!(d.requeue, toy::Requeue::AwaitChange);
+        d.actions.push(Action::Write(1));
+        d.event(Notice::normal("Started", "Step", "step 0"));
+        d.wake(ms(3000));
+        d.wake(ms(1000));
+        d.wake(ms(2000));
+        let stamp = Stamp::new(Some(4), now);
+        assert!(d.condition(stamp, "Ready", Status::True, "Valid", "ok"));
+        assert!(!d.condition(stamp, "Ready", Status::True, "Valid", "ok"));
+        assert_eq!(d.requeue, Requeue::After(ms(1000)));
+        assert_eq!(d.event_reasons(), vec!["Started"]);
+        assert_eq!(d.actions[0], Action::Write(1));
+        assert_eq!(d.status.conditions.len(), 1);
+        assert_eq!(d.status.conditions[0].observed_generation, Some(4));
     }
 }
