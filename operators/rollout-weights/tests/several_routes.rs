@@ -226,8 +226,18 @@ async fn a_route_leaving_the_spec_after_promotion_keeps_the_promoted_weight_and_
             .is_some_and(|s| s.phase == sluice_api::v1alpha1::RolloutPhase::Promoted)
     })
     .await;
-    let mesh = routes(&g.client).get("checkout-mesh").await.unwrap();
-    assert_eq!(weights(&mesh), (0, 100));
+    // The status is written before the route writes it decided (reconcile's order of effects),
+    // so the promoted weight reaches the east-west route just after the phase does.
+    eventually("checkout-mesh at the promoted 0/100", budget, async || {
+        let r = routes(&g.client)
+            .get("checkout-mesh")
+            .await
+            .map_err(|e| e.to_string())?;
+        (weights(&r) == (0, 100))
+            .then_some(())
+            .ok_or_else(|| format!("weights {:?}", weights(&r)))
+    })
+    .await;
 
     // When the east-west route leaves spec.additionalRoutes.
     rollouts(&g.client)
