@@ -306,6 +306,13 @@ async fn an_abort_reaches_a_json_and_a_slack_receiver_once() {
         "{body}"
     );
 
+    // A receiver holds a notice before the notifier has read its answer and counted it sent.
+    wait_for("every notice counted sent", Duration::from_secs(10), || {
+        metrics.sent("platform-webhook", "Rollout", NoticeEvent::Abort) == 1
+            && metrics.sent("platform-webhook", "Rollout", NoticeEvent::Promotion) == 1
+            && metrics.sent("mesh-slack", "Rollout", NoticeEvent::Abort) == 1
+    })
+    .await;
     assert_eq!(
         metrics.sent("platform-webhook", "Rollout", NoticeEvent::Abort),
         1
@@ -488,13 +495,17 @@ async fn a_dead_target_does_not_hold_back_the_others() {
     }
     // Held back by the hung target, 20 notices would wait out its 5 s timeout a round of
     // in-flight requests at a time (25 s and more); 15 s leaves room for a loaded machine.
+    // The receiver holds a notice before the notifier has read its answer and counted it sent,
+    // so both are waited for.
     wait_for(
-        "every abort at the answering target while the other hangs",
+        "every abort at the answering target, and counted sent, while the other hangs",
         Duration::from_secs(15),
-        || ok_got.lock().unwrap().len() == 20,
+        || {
+            ok_got.lock().unwrap().len() == 20
+                && metrics.sent("answering", "Rollout", NoticeEvent::Abort) == 20
+        },
     )
     .await;
-    assert_eq!(metrics.sent("answering", "Rollout", NoticeEvent::Abort), 20);
     let held = hung_got.lock().unwrap().len();
     assert!(
         held <= sluice_runtime::notify::TARGET_IN_FLIGHT,
