@@ -986,8 +986,13 @@ async fn clean(platform: &Platform<'_>) -> Result<Outcome, ScenarioError> {
         })
         .collect();
     let mut order = Vec::new();
+    // Each round stamps what it saw with the instant it began. The sites are read one after the
+    // other, and a wave of one may wait for a wave of the other: read apart, the wave that
+    // waited could be seen admitted in the same round that first sees what it waited for passed,
+    // but at an earlier instant. Stamped with the round, the two are seen together, in order.
     let finals = loop {
         let mut finals = Vec::new();
+        let round = given.elapsed();
         for site in sites {
             let Ok(g) = gates_api(sandbox, site)?.get(&site.name).await else {
                 continue;
@@ -1005,7 +1010,7 @@ async fn clean(platform: &Platform<'_>) -> Result<Outcome, ScenarioError> {
                 else {
                     continue;
                 };
-                let at = given.elapsed();
+                let at = round;
                 if rec.state != Some(w.state) {
                     rec.state = Some(w.state);
                     if let Some(line) = narrate_wave(&g, i) {
