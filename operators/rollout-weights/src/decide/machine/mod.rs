@@ -92,6 +92,22 @@ fn drive(
 }
 
 impl Machine<'_> {
+    /// Says that another writer's edit of an owned route (`note` names it) was restored.
+    fn foreign_edit_restored(&mut self, note: String) {
+        self.decision.event(Notice::warning(
+            reasons::FOREIGN_EDIT_RESTORED,
+            EventAction::Restore,
+            note,
+        ));
+        self.decision.condition(
+            self.stamp(),
+            conditions::ROUTE_OWNED,
+            Status::True,
+            reasons::FOREIGN_EDIT_RESTORED,
+            "a foreign edit of owned weights was restored",
+        );
+    }
+
     /// The step between phases: a changed target first, then the route as read, its ownership,
     /// deletion, foreign edits and pins, the controls and plan changes, then the phase.
     fn run(&mut self) {
@@ -199,18 +215,7 @@ impl Machine<'_> {
                     route.cohort,
                     route.mirror
                 );
-                self.decision.event(Notice::warning(
-                    reasons::FOREIGN_EDIT_RESTORED,
-                    EventAction::Restore,
-                    note,
-                ));
-                self.decision.condition(
-                    self.stamp(),
-                    conditions::ROUTE_OWNED,
-                    Status::True,
-                    reasons::FOREIGN_EDIT_RESTORED,
-                    "a foreign edit of owned weights was restored",
-                );
+                self.foreign_edit_restored(note);
             }
         }
         // A BundlePin that rewrote an additional route outranks this Rollout there too: the
@@ -264,18 +269,7 @@ impl Machine<'_> {
                 })
                 .collect();
             for note in edits {
-                self.decision.event(Notice::warning(
-                    reasons::FOREIGN_EDIT_RESTORED,
-                    EventAction::Restore,
-                    note,
-                ));
-                self.decision.condition(
-                    self.stamp(),
-                    conditions::ROUTE_OWNED,
-                    Status::True,
-                    reasons::FOREIGN_EDIT_RESTORED,
-                    "a foreign edit of owned weights was restored",
-                );
+                self.foreign_edit_restored(note);
             }
         }
         if pinned {
